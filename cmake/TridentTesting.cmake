@@ -1,0 +1,26 @@
+# Test helpers.
+#   trident_add_unit_test(name SOURCES ...)        one rank, GoogleTest, discovered cases
+#   trident_add_mpi_test(name NP n COMMAND ...)   runs COMMAND under mpiexec -n n
+include(GoogleTest)
+
+function(trident_add_unit_test name)
+  cmake_parse_arguments(A "" "" "SOURCES;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE trident_core GTest::gtest trident_test_main)
+  set(labels unit ${A_LABELS})
+  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+endfunction()
+
+function(trident_add_mpi_test name)
+  cmake_parse_arguments(A "" "NP;TIMEOUT" "COMMAND;LABELS;FIXTURES" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 600)
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${MPIEXEC_PREFLAGS} ${A_COMMAND} ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(${name} PROPERTIES LABELS "mpi;np${A_NP};${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+                                         PROCESSORS ${A_NP})
+  if(A_FIXTURES)
+    set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${A_FIXTURES}")
+  endif()
+endfunction()

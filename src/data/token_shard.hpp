@@ -1,0 +1,76 @@
+// Token shards: one HDF5 file per shard, the format of DESIGN.md ("Token shards").
+//   /tokens             1-D, uint16 when vocab_size <= 65536, else int32; chunked
+//   /document_offsets   int64, n_docs + 1; document d is tokens[off[d]:off[d+1]]
+//   /sentence_offsets   optional int64; sentence boundaries (token offsets) when split
+//   root attributes: format = "trident.tokens", format_version, tokenizer, vocab_size, eod_id
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/hdf5_handle.hpp"
+
+namespace trident {
+
+inline constexpr const char* kTokenShardFormat = "trident.tokens";
+inline constexpr std::int64_t kTokenShardVersion = 1;
+
+struct TokenShardMeta {
+  std::string path;
+  std::string tokenizer;
+  std::int64_t format_version = 0;
+  std::int64_t vocab_size = 0;
+  std::int64_t eod_id = -1;
+  std::int64_t num_tokens = 0;
+  std::int64_t num_documents = 0;
+  bool has_sentences = false;
+};
+
+// Writes one shard. Data goes to "<path>.tmp" and is renamed to <path> by close(), so a
+// crashed writer never leaves a file that looks complete. Serial HDF5 access (each MPI rank of
+// preprocess_data writes its own shards).
+class TokenShardWriter {
+ public:
+  TokenShardWriter(const std::string& path, const std::string& tokenizer, std::int64_t vocab_size,
+                   std::int64_t eod_id, bool with_sentences);
+  ~TokenShardWriter();  // abandons (removes the .tmp) if close() was not called
+  TokenShardWriter(const TokenShardWriter&) = delete;
+  TokenShardWriter& operator=(const TokenShardWriter&) = delete;
+
+  // Appends one document (its EOD token already appended by the caller when wanted).
+  // sentence_ends: token counts, relative to the document start, at which sentences end
+  // (only with with_sentences; the last must equal tokens.size()).
+  void add_document(const std::vector<std::int32_t>& tokens,
+                    const std::vector<std::int64_t>& sentence_ends = {});
+  std::int64_t num_tokens() const;
+  std::int64_t num_documents() const;
+  void close();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads one shard. Metadata and offsets are loaded on open (and validated: a malformed file
+// throws Error::all naming the file and what is wrong); token ranges are streamed from disk by
+// hyperslab reads.
+class TokenShardReader {
+ public:
+  explicit TokenShardReader(const std::string& path);
+  ~TokenShardReader();
+  TokenShardReader(TokenShardReader&&) noexcept;
+  TokenShardReader& operator=(TokenShardReader&&) noexcept;
+
+  const TokenShardMeta& meta() const;
+  const std::vector<std::int64_t>& document_offsets() const;
+  const std::vector<std::int64_t>& sentence_offsets() const;  // empty when absent
+  // tokens[begin, begin + count) into out (count int32 values). Throws Error::all on a bad range.
+  void read(std::int64_t begin, std::int64_t count, std::int32_t* out) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trident

@@ -1,0 +1,79 @@
+// RAII ownership of HDF5 identifiers and a few helpers shared by shards, checkpoints and dumps.
+#pragma once
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trident {
+
+// Owns one hid_t and closes it with the matching H5?close.
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  H5Handle(H5Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), closer_(o.closer_) {}
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, -1);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  ~H5Handle() { reset(); }
+  void reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = -1;
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+inline H5Handle h5_file(hid_t id) { return H5Handle(id, H5Fclose); }
+inline H5Handle h5_group(hid_t id) { return H5Handle(id, H5Gclose); }
+inline H5Handle h5_dataset(hid_t id) { return H5Handle(id, H5Dclose); }
+inline H5Handle h5_space(hid_t id) { return H5Handle(id, H5Sclose); }
+inline H5Handle h5_type(hid_t id) { return H5Handle(id, H5Tclose); }
+inline H5Handle h5_plist(hid_t id) { return H5Handle(id, H5Pclose); }
+inline H5Handle h5_attr(hid_t id) { return H5Handle(id, H5Aclose); }
+
+// Silences HDF5's automatic error stack printing for the lifetime of the object (we report
+// our own errors with the file and object name).
+class H5QuietErrors {
+ public:
+  H5QuietErrors();
+  ~H5QuietErrors();
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// Attribute helpers on an object (file root or group). Readers throw Error::all naming the
+// attribute and `where` when it is missing or of the wrong kind.
+void h5_write_attr(hid_t obj, const std::string& name, const std::string& value);
+void h5_write_attr(hid_t obj, const std::string& name, std::int64_t value);
+void h5_write_attr(hid_t obj, const std::string& name, double value);
+bool h5_has_attr(hid_t obj, const std::string& name);
+std::string h5_read_attr_string(hid_t obj, const std::string& name, const std::string& where);
+std::int64_t h5_read_attr_int(hid_t obj, const std::string& name, const std::string& where);
+double h5_read_attr_double(hid_t obj, const std::string& name, const std::string& where);
+
+// Dimensions of a dataset's dataspace.
+std::vector<hsize_t> h5_dims(hid_t dataset);
+
+// Creates intermediate groups of `path` ("a/b/c" creates a and a/b) below loc.
+void h5_make_parents(hid_t loc, const std::string& path);
+
+}  // namespace trident
