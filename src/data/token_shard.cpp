@@ -1,0 +1,322 @@
+// Token shard writer and reader (format: token_shard.hpp / DESIGN.md "Token shards").
+// The writer keeps at most kFlushTokens tokens in memory: /tokens is an extendible chunked
+// dataset grown by one hyperslab write per flush. Offsets (8 bytes per document / sentence)
+// stay in memory until close(). The reader validates the whole structure on open so that a
+// training job fails at start-up, naming the file, rather than mid-run.
+#include "data/token_shard.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+namespace {
+
+constexpr hsize_t kTokenChunk = hsize_t(1) << 17;          // elements per chunk of /tokens
+constexpr std::size_t kFlushTokens = std::size_t(1) << 20;  // buffered tokens before a write
+
+std::string where_of(const std::string& path) { return "token shard '" + path + "'"; }
+
+// Writes a 1-D int64 dataset in one go.
+void write_int64_dataset(hid_t file, const char* name, const std::vector<std::int64_t>& v, const std::string& path) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(v.size())};
+  H5Handle space = h5_space(H5Screate_simple(1, dims, nullptr));
+  H5Handle ds = h5_dataset(H5Dcreate2(file, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  TRIDENT_REQUIRE(ds.valid(), where_of(path) << ": cannot create dataset " << name);
+  if (!v.empty()) {
+    TRIDENT_REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0,
+                    where_of(path) << ": cannot write dataset " << name);
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Writer
+// ------------------------------------------------------------------------------------------
+
+struct TokenShardWriter::Impl {
+  std::string path, tmp_path;
+  std::int64_t vocab_size = 0;
+  std::int64_t eod_id = -1;
+  std::string tokenizer;
+  bool with_sentences = false;
+  bool closed = false;
+  bool wide = false;  // int32 tokens (else uint16)
+  H5Handle file, tokens;
+  std::vector<std::int32_t> buffer;
+  std::int64_t written = 0;  // tokens already in the file
+  std::vector<std::int64_t> doc_offsets{0};
+  std::vector<std::int64_t> sent_offsets{0};
+
+  std::int64_t total() const { return written + static_cast<std::int64_t>(buffer.size()); }
+
+  void flush() {
+    if (buffer.empty()) return;
+    H5QuietErrors quiet;
+    const hsize_t new_size[1] = {static_cast<hsize_t>(written + buffer.size())};
+    TRIDENT_REQUIRE(H5Dset_extent(tokens, new_size) >= 0, where_of(tmp_path) << ": cannot extend /tokens");
+    H5Handle fspace = h5_space(H5Dget_space(tokens));
+    const hsize_t start[1] = {static_cast<hsize_t>(written)};
+    const hsize_t count[1] = {static_cast<hsize_t>(buffer.size())};
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    H5Handle mspace = h5_space(H5Screate_simple(1, count, nullptr));
+    // HDF5 converts the int32 buffer to the file type (uint16 or int32); values were
+    // range-checked in add_document.
+    TRIDENT_REQUIRE(H5Dwrite(tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, buffer.data()) >= 0,
+                    where_of(tmp_path) << ": cannot write tokens (disk full?)");
+    written += static_cast<std::int64_t>(buffer.size());
+    buffer.clear();
+  }
+};
+
+TokenShardWriter::TokenShardWriter(const std::string& path, const std::string& tokenizer, std::int64_t vocab_size,
+                                   std::int64_t eod_id, bool with_sentences)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  TRIDENT_REQUIRE(vocab_size > 0 && vocab_size <= std::int64_t(std::numeric_limits<std::int32_t>::max()) + 1,
+                  where_of(path) << ": vocab_size " << vocab_size << " out of range");
+  TRIDENT_REQUIRE(eod_id >= -1 && eod_id < vocab_size,
+                  where_of(path) << ": eod_id " << eod_id << " outside [-1, vocab_size)");
+  m.path = path;
+  m.tmp_path = path + ".tmp";
+  m.tokenizer = tokenizer;
+  m.vocab_size = vocab_size;
+  m.eod_id = eod_id;
+  m.with_sentences = with_sentences;
+  m.wide = vocab_size > 65536;
+  m.buffer.reserve(kFlushTokens);
+
+  H5QuietErrors quiet;
+  // Serial (default) file access: each rank writes its own shard.
+  m.file = h5_file(H5Fcreate(m.tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  TRIDENT_REQUIRE(m.file.valid(), where_of(path) << ": cannot create '" << m.tmp_path
+                                                 << "' (does the directory exist and is it writable?)");
+  const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kTokenChunk};
+  H5Handle space = h5_space(H5Screate_simple(1, dims, maxdims));
+  H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl, 1, chunk);
+  m.tokens = h5_dataset(H5Dcreate2(m.file, "tokens", m.wide ? H5T_STD_I32LE : H5T_STD_U16LE, space, H5P_DEFAULT,
+                                   dcpl, H5P_DEFAULT));
+  TRIDENT_REQUIRE(m.tokens.valid(), where_of(path) << ": cannot create dataset /tokens");
+}
+
+TokenShardWriter::~TokenShardWriter() {
+  if (!impl_ || impl_->closed) return;
+  // Abandoned: drop the partial file.
+  impl_->tokens.reset();
+  impl_->file.reset();
+  std::error_code ec;
+  std::filesystem::remove(impl_->tmp_path, ec);
+}
+
+void TokenShardWriter::add_document(const std::vector<std::int32_t>& tokens,
+                                    const std::vector<std::int64_t>& sentence_ends) {
+  Impl& m = *impl_;
+  TRIDENT_REQUIRE(!m.closed, where_of(m.path) << ": add_document after close()");
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  for (std::int32_t t : tokens) {
+    TRIDENT_REQUIRE(t >= 0 && t < m.vocab_size,
+                    where_of(m.path) << ": token id " << t << " outside [0, vocab_size=" << m.vocab_size << ")");
+  }
+  const std::int64_t base = m.total();
+  if (m.with_sentences) {
+    // Ends strictly increasing, the last one closing the document; none given = one sentence.
+    std::int64_t prev = 0;
+    for (std::size_t k = 0; k < sentence_ends.size(); ++k) {
+      const std::int64_t e = sentence_ends[k];
+      TRIDENT_REQUIRE(e > prev && e <= n, where_of(m.path) << ": sentence end " << e << " of a document of " << n
+                                                           << " tokens must increase strictly within (0, " << n
+                                                           << "]");
+      prev = e;
+    }
+    TRIDENT_REQUIRE(sentence_ends.empty() || prev == n,
+                    where_of(m.path) << ": the last sentence end (" << prev << ") must equal the document length ("
+                                     << n << ")");
+    if (sentence_ends.empty()) {
+      if (n > 0) m.sent_offsets.push_back(base + n);
+    } else {
+      for (std::int64_t e : sentence_ends) m.sent_offsets.push_back(base + e);
+    }
+  } else {
+    TRIDENT_REQUIRE(sentence_ends.empty(), where_of(m.path) << ": sentence ends given to a writer without sentences");
+  }
+  // Append, flushing whenever the buffer is full (bounded memory even for huge documents).
+  std::size_t pos = 0;
+  while (pos < tokens.size()) {
+    const std::size_t take = std::min(tokens.size() - pos, kFlushTokens - m.buffer.size());
+    m.buffer.insert(m.buffer.end(), tokens.begin() + pos, tokens.begin() + pos + take);
+    pos += take;
+    if (m.buffer.size() >= kFlushTokens) m.flush();
+  }
+  m.doc_offsets.push_back(base + n);
+}
+
+std::int64_t TokenShardWriter::num_tokens() const { return impl_->total(); }
+std::int64_t TokenShardWriter::num_documents() const {
+  return static_cast<std::int64_t>(impl_->doc_offsets.size()) - 1;
+}
+
+void TokenShardWriter::close() {
+  Impl& m = *impl_;
+  if (m.closed) return;
+  m.flush();
+  {
+    H5QuietErrors quiet;
+    write_int64_dataset(m.file, "document_offsets", m.doc_offsets, m.tmp_path);
+    if (m.with_sentences) write_int64_dataset(m.file, "sentence_offsets", m.sent_offsets, m.tmp_path);
+    h5_write_attr(m.file, "format", std::string(kTokenShardFormat));
+    h5_write_attr(m.file, "format_version", kTokenShardVersion);
+    h5_write_attr(m.file, "tokenizer", m.tokenizer);
+    h5_write_attr(m.file, "vocab_size", m.vocab_size);
+    h5_write_attr(m.file, "eod_id", m.eod_id);
+    m.tokens.reset();
+    TRIDENT_REQUIRE(H5Fflush(m.file, H5F_SCOPE_GLOBAL) >= 0, where_of(m.path) << ": cannot flush '" << m.tmp_path << "'");
+    m.file.reset();
+  }
+  std::error_code ec;
+  std::filesystem::rename(m.tmp_path, m.path, ec);
+  TRIDENT_REQUIRE(!ec, where_of(m.path) << ": cannot rename '" << m.tmp_path << "' to it: " << ec.message());
+  m.closed = true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Reader
+// ------------------------------------------------------------------------------------------
+
+struct TokenShardReader::Impl {
+  TokenShardMeta meta;
+  H5Handle file, tokens;
+  std::vector<std::int64_t> doc_offsets, sent_offsets;
+};
+
+namespace {
+
+// Opens a 1-D integer dataset, or throws naming the problem.
+H5Handle open_1d_integer(hid_t file, const char* name, const std::string& where, hsize_t& length) {
+  TRIDENT_REQUIRE(H5Lexists(file, name, H5P_DEFAULT) > 0, where << ": missing dataset /" << name);
+  H5Handle ds = h5_dataset(H5Dopen2(file, name, H5P_DEFAULT));
+  TRIDENT_REQUIRE(ds.valid(), where << ": cannot open dataset /" << name);
+  H5Handle type = h5_type(H5Dget_type(ds));
+  TRIDENT_REQUIRE(H5Tget_class(type) == H5T_INTEGER, where << ": dataset /" << name << " is not of an integer type");
+  const std::vector<hsize_t> dims = h5_dims(ds);
+  TRIDENT_REQUIRE(dims.size() == 1, where << ": dataset /" << name << " must be 1-D, has " << dims.size()
+                                          << " dimensions");
+  length = dims[0];
+  return ds;
+}
+
+std::vector<std::int64_t> read_offsets(hid_t file, const char* name, const std::string& where) {
+  hsize_t n = 0;
+  H5Handle ds = open_1d_integer(file, name, where, n);
+  std::vector<std::int64_t> v(n);
+  if (n > 0) {
+    TRIDENT_REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0,
+                    where << ": cannot read dataset /" << name);
+  }
+  return v;
+}
+
+// Offsets must start at 0, never decrease and end at the number of tokens.
+void check_offsets(const std::vector<std::int64_t>& v, const char* name, std::int64_t num_tokens,
+                   const std::string& where) {
+  TRIDENT_REQUIRE(!v.empty(), where << ": /" << name << " is empty (needs at least the leading 0)");
+  TRIDENT_REQUIRE(v.front() == 0, where << ": /" << name << " must start at 0, starts at " << v.front());
+  for (std::size_t k = 1; k < v.size(); ++k) {
+    TRIDENT_REQUIRE(v[k] >= v[k - 1], where << ": /" << name << " decreases at entry " << k << " (" << v[k - 1]
+                                            << " -> " << v[k] << ")");
+  }
+  TRIDENT_REQUIRE(v.back() == num_tokens, where << ": /" << name << " ends at " << v.back()
+                                                << " but /tokens holds " << num_tokens << " tokens");
+}
+
+}  // namespace
+
+TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  const std::string where = where_of(path);
+  m.meta.path = path;
+  std::error_code ec;
+  TRIDENT_REQUIRE(std::filesystem::exists(path, ec), where << ": file does not exist");
+  TRIDENT_REQUIRE(std::filesystem::is_regular_file(path, ec), where << ": not a regular file");
+  H5QuietErrors quiet;
+  m.file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  TRIDENT_REQUIRE(m.file.valid(), where << ": cannot be opened as an HDF5 file");
+
+  TRIDENT_REQUIRE(h5_has_attr(m.file, "format"), where << ": missing attribute 'format' (not a Trident token shard)");
+  const std::string format = h5_read_attr_string(m.file, "format", where);
+  TRIDENT_REQUIRE(format == kTokenShardFormat, where << ": attribute 'format' is '" << format << "', expected '"
+                                                     << kTokenShardFormat << "'");
+  m.meta.format_version = h5_read_attr_int(m.file, "format_version", where);
+  TRIDENT_REQUIRE(m.meta.format_version >= 1 && m.meta.format_version <= kTokenShardVersion,
+                  where << ": format_version " << m.meta.format_version << " is not supported (this build reads "
+                        << "1.." << kTokenShardVersion << ")");
+  m.meta.tokenizer = h5_read_attr_string(m.file, "tokenizer", where);
+  m.meta.vocab_size = h5_read_attr_int(m.file, "vocab_size", where);
+  TRIDENT_REQUIRE(m.meta.vocab_size > 0, where << ": attribute 'vocab_size' must be positive, is "
+                                               << m.meta.vocab_size);
+  m.meta.eod_id = h5_read_attr_int(m.file, "eod_id", where);
+  TRIDENT_REQUIRE(m.meta.eod_id >= -1 && m.meta.eod_id < m.meta.vocab_size,
+                  where << ": attribute 'eod_id' " << m.meta.eod_id << " outside [-1, vocab_size)");
+
+  hsize_t n_tokens = 0;
+  m.tokens = open_1d_integer(m.file, "tokens", where, n_tokens);
+  {
+    H5Handle type = h5_type(H5Dget_type(m.tokens));
+    const std::size_t size = H5Tget_size(type);
+    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+    TRIDENT_REQUIRE(size < 4 || (size == 4 && is_signed),
+                    where << ": /tokens has an integer type of " << size << " bytes"
+                          << (is_signed ? "" : " (unsigned)") << "; expected uint16 or int32");
+  }
+  m.meta.num_tokens = static_cast<std::int64_t>(n_tokens);
+
+  m.doc_offsets = read_offsets(m.file, "document_offsets", where);
+  check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where);
+  m.meta.num_documents = static_cast<std::int64_t>(m.doc_offsets.size()) - 1;
+
+  if (H5Lexists(m.file, "sentence_offsets", H5P_DEFAULT) > 0) {
+    m.sent_offsets = read_offsets(m.file, "sentence_offsets", where);
+    check_offsets(m.sent_offsets, "sentence_offsets", m.meta.num_tokens, where);
+    // Every document boundary is a sentence boundary.
+    std::size_t s = 0;
+    for (std::size_t d = 0; d < m.doc_offsets.size(); ++d) {
+      while (s < m.sent_offsets.size() && m.sent_offsets[s] < m.doc_offsets[d]) ++s;
+      TRIDENT_REQUIRE(s < m.sent_offsets.size() && m.sent_offsets[s] == m.doc_offsets[d],
+                      where << ": document boundary " << m.doc_offsets[d] << " (document " << d
+                            << ") is missing from /sentence_offsets");
+    }
+    m.meta.has_sentences = true;
+  }
+}
+
+TokenShardReader::~TokenShardReader() = default;
+TokenShardReader::TokenShardReader(TokenShardReader&&) noexcept = default;
+TokenShardReader& TokenShardReader::operator=(TokenShardReader&&) noexcept = default;
+
+const TokenShardMeta& TokenShardReader::meta() const { return impl_->meta; }
+const std::vector<std::int64_t>& TokenShardReader::document_offsets() const { return impl_->doc_offsets; }
+const std::vector<std::int64_t>& TokenShardReader::sentence_offsets() const { return impl_->sent_offsets; }
+
+void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t* out) const {
+  const Impl& m = *impl_;
+  TRIDENT_REQUIRE(begin >= 0 && count >= 0 && begin <= m.meta.num_tokens && count <= m.meta.num_tokens - begin,
+                  where_of(m.meta.path) << ": token range [" << begin << ", " << begin + count
+                                        << ") outside [0, " << m.meta.num_tokens << ")");
+  if (count == 0) return;
+  H5QuietErrors quiet;
+  H5Handle fspace = h5_space(H5Dget_space(m.tokens));
+  const hsize_t start[1] = {static_cast<hsize_t>(begin)};
+  const hsize_t cnt[1] = {static_cast<hsize_t>(count)};
+  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+  H5Handle mspace = h5_space(H5Screate_simple(1, cnt, nullptr));
+  TRIDENT_REQUIRE(H5Dread(m.tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, out) >= 0,
+                  where_of(m.meta.path) << ": cannot read tokens [" << begin << ", " << begin + count << ")");
+}
+
+}  // namespace trident
