@@ -4,6 +4,7 @@
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <string>
 
 namespace trident {
 
@@ -29,8 +30,9 @@ inline Kokkos::RangePolicy<ExecSpace> range(std::int64_t n) {
   return Kokkos::RangePolicy<ExecSpace>(0, n);
 }
 
-// A zero-initialised device view with a label.
-inline FloatView zeros(const char* label, std::int64_t n) { return FloatView(label, n); }
+// Zero-initialised device views with a label (Kokkos 3.4 wants size_t extents).
+inline FloatView make_float(const char* label, std::int64_t n) { return FloatView(std::string(label), static_cast<size_t>(n)); }
+inline IntView make_int(const char* label, std::int64_t n) { return IntView(std::string(label), static_cast<size_t>(n)); }
 
 // Device subview [offset, offset + n) of a flat buffer.
 template <class V>

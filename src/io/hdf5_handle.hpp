@@ -32,6 +32,8 @@ class H5Handle {
     id_ = -1;
   }
   hid_t get() const { return id_; }
+  // Gives up ownership without closing (the caller closes and checks the result).
+  hid_t release() { return std::exchange(id_, -1); }
   bool valid() const { return id_ >= 0; }
   operator hid_t() const { return id_; }
 

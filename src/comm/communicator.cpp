@@ -1,0 +1,75 @@
+// Communicator implementation (MPI). Large buffers are reduced in chunks below INT_MAX.
+#include "comm/communicator.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+Communicator::Communicator(Communicator&& o) noexcept
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+
+Communicator& Communicator::operator=(Communicator&& o) noexcept {
+  if (this != &o) {
+    release();
+    comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
+    rank_ = o.rank_;
+    size_ = o.size_;
+  }
+  return *this;
+}
+
+Communicator::~Communicator() { release(); }
+
+void Communicator::release() {
+  if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  comm_ = MPI_COMM_NULL;
+}
+
+void Communicator::allreduce_sum(float* data, std::int64_t n) const {
+  if (size_ == 1 || n == 0) return;
+  Kokkos::fence();
+  const std::int64_t chunk = 1 << 28;
+  for (std::int64_t off = 0; off < n; off += chunk) {
+    const int count = static_cast<int>(std::min(chunk, n - off));
+    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm_));
+  }
+}
+
+double Communicator::allreduce_sum(double v) const {
+  double out = v;
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
+  return out;
+}
+
+double Communicator::allreduce_max(double v) const {
+  double out = v;
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  return out;
+}
+
+std::int64_t Communicator::allreduce_sum(std::int64_t v) const {
+  std::int64_t out = v;
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_));
+  return out;
+}
+
+void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
+  TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));
+}
+
+void Communicator::barrier() const { TRIDENT_CHECK_MPI(MPI_Barrier(comm_)); }
+
+}  // namespace trident

@@ -1,0 +1,62 @@
+// Topology: communicator splits in Megatron's rank order.
+#include "comm/topology.hpp"
+
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+RankCoords Topology::coords_of(int g, int tp, int dp, int pp) {
+  (void)pp;
+  RankCoords c;
+  c.tp = g % tp;
+  c.dp = (g / tp) % dp;
+  c.pp = g / (tp * dp);
+  return c;
+}
+
+int Topology::global_of(const RankCoords& c, int tp, int dp, int pp) {
+  (void)pp;
+  return c.tp + c.dp * tp + c.pp * tp * dp;
+}
+
+Topology::Topology(MPI_Comm world, int tp, int pp) : world_(world), tp_(tp), pp_(pp) {
+  const int n = world_.size();
+  TRIDENT_REQUIRE(tp >= 1, "parallel.tp must be >= 1 (got " << tp << ")");
+  TRIDENT_REQUIRE(pp >= 1, "parallel.pp must be >= 1 (got " << pp << ")");
+  TRIDENT_REQUIRE(n % (tp * pp) == 0, "the world size " << n << " is not divisible by parallel.tp x parallel.pp = "
+                                                         << tp << " x " << pp << " = " << tp * pp);
+  dp_ = n / (tp * pp);
+  me_ = coords_of(world_.rank(), tp_, dp_, pp_);
+  MPI_Comm c;
+  // tp group: same (dp, pp); key = tp rank
+  MPI_Comm_split(world, me_.dp + me_.pp * dp_, me_.tp, &c);
+  tp_group_ = Communicator(c);
+  MPI_Comm_split(world, me_.tp + me_.pp * tp_, me_.dp, &c);
+  dp_group_ = Communicator(c);
+  MPI_Comm_split(world, me_.tp + me_.dp * tp_, me_.pp, &c);
+  pp_group_ = Communicator(c);
+  const bool in_embedding = me_.pp == 0 || me_.pp == pp_ - 1;
+  MPI_Comm_split(world, in_embedding ? me_.tp + me_.dp * tp_ : MPI_UNDEFINED, me_.pp, &c);
+  if (c != MPI_COMM_NULL) embedding_group_ = Communicator(c);
+}
+
+void Topology::print(std::ostream& os) const {
+  if (world_.rank() != 0) return;
+  std::ostringstream s;
+  s << "Topology: world " << world_.size() << " = tp " << tp_ << " x dp " << dp_ << " x pp " << pp_
+    << "  (global = tp_rank + dp_rank*tp + pp_rank*tp*dp)\n";
+  s << "  rank  tp  dp  pp\n";
+  const int n = world_.size();
+  const int show = n <= 64 ? n : 16;
+  for (int g = 0; g < show; ++g) {
+    RankCoords c = coords_of(g, tp_, dp_, pp_);
+    s << "  " << std::setw(4) << g << std::setw(4) << c.tp << std::setw(4) << c.dp << std::setw(4) << c.pp << "\n";
+  }
+  if (show < n) s << "  ... (" << n - show << " more ranks)\n";
+  os << s.str() << std::flush;
+}
+
+}  // namespace trident

@@ -1,0 +1,56 @@
+// Topology: the world split into tensor-, pipeline- and data-parallel groups, Megatron's order
+// (tp varies fastest, then dp, then pp):
+//     global = tp_rank + dp_rank * tp + pp_rank * tp * dp
+// Example, world = 8, tp = 2, pp = 2, dp = 2:
+//     rank:     0 1 2 3 4 5 6 7
+//     tp_rank:  0 1 0 1 0 1 0 1
+//     dp_rank:  0 0 1 1 0 0 1 1
+//     pp_rank:  0 0 0 0 1 1 1 1
+//   tp groups {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} {4,6} {5,7};
+//   pp groups {0,4} {1,5} {2,6} {3,7}; embedding groups = first and last stage of each pp group.
+#pragma once
+#include <ostream>
+
+#include "comm/communicator.hpp"
+
+namespace trident {
+
+struct RankCoords {
+  int tp = 0, dp = 0, pp = 0;
+};
+
+class Topology {
+ public:
+  // dp = world / (tp * pp); throws Error::all naming the sizes when they do not divide.
+  Topology(MPI_Comm world, int tp, int pp);
+
+  static RankCoords coords_of(int global, int tp, int dp, int pp);
+  static int global_of(const RankCoords& c, int tp, int dp, int pp);
+
+  int world_size() const { return world_.size(); }
+  int world_rank() const { return world_.rank(); }
+  int tp_size() const { return tp_; }
+  int pp_size() const { return pp_; }
+  int dp_size() const { return dp_; }
+  const RankCoords& coords() const { return me_; }
+  bool is_first_stage() const { return me_.pp == 0; }
+  bool is_last_stage() const { return me_.pp == pp_ - 1; }
+
+  const Communicator& world() const { return world_; }
+  const Communicator& tp_group() const { return tp_group_; }
+  const Communicator& dp_group() const { return dp_group_; }
+  const Communicator& pp_group() const { return pp_group_; }
+  // First and last pipeline stage of this rank's pp group (null communicator elsewhere).
+  const Communicator& embedding_group() const { return embedding_group_; }
+
+  // The table of all ranks and their groups (call on every rank; prints on world rank 0).
+  void print(std::ostream& os) const;
+
+ private:
+  Communicator world_;
+  int tp_, pp_, dp_;
+  RankCoords me_;
+  Communicator tp_group_, dp_group_, pp_group_, embedding_group_;
+};
+
+}  // namespace trident

@@ -1,0 +1,121 @@
+// Corpus over token shards.
+#include "data/corpus.hpp"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+namespace {
+bool is_number(const std::string& s) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end && *end == '\0';
+}
+
+std::vector<std::string> expand(const std::string& pattern) {
+  glob_t g{};
+  int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  TRIDENT_REQUIRE(!out.empty(), "data.train_shards: '" << pattern << "' matches no file");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+std::vector<WeightedPaths> parse_shard_spec(const std::string& spec) {
+  std::istringstream is(spec);
+  std::vector<std::string> words;
+  for (std::string w; is >> w;) {
+    // allow commas as separators too
+    std::stringstream ws(w);
+    for (std::string p; std::getline(ws, p, ',');)
+      if (!p.empty()) words.push_back(p);
+  }
+  TRIDENT_REQUIRE(!words.empty(), "data.train_shards is empty");
+  std::vector<WeightedPaths> out;
+  const bool weighted = is_number(words[0]);
+  if (!weighted) {
+    WeightedPaths all;
+    for (auto& w : words) {
+      TRIDENT_REQUIRE(!is_number(w), "data.train_shards: weights must precede every path (Megatron's form) or none");
+      for (auto& p : expand(w)) all.paths.push_back(p);
+    }
+    out.push_back(std::move(all));
+    return out;
+  }
+  TRIDENT_REQUIRE(words.size() % 2 == 0, "data.train_shards: expected 'weight path' pairs, got an odd number of words");
+  for (size_t i = 0; i < words.size(); i += 2) {
+    TRIDENT_REQUIRE(is_number(words[i]), "data.train_shards: '" << words[i] << "' is not a weight");
+    WeightedPaths wp;
+    wp.weight = std::strtod(words[i].c_str(), nullptr);
+    TRIDENT_REQUIRE(wp.weight > 0, "data.train_shards: weight " << words[i] << " must be > 0");
+    wp.paths = expand(words[i + 1]);
+    out.push_back(std::move(wp));
+  }
+  return out;
+}
+
+Corpus::Corpus(const std::vector<std::string>& paths) {
+  TRIDENT_REQUIRE(!paths.empty(), "corpus: no shard files");
+  for (auto& p : paths) shards_.emplace_back(p);
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const auto& m = shards_[s].meta();
+    if (s == 0) {
+      vocab_size_ = m.vocab_size;
+      eod_id_ = m.eod_id;
+      tokenizer_ = m.tokenizer;
+    } else {
+      TRIDENT_REQUIRE(m.vocab_size == vocab_size_ && m.tokenizer == tokenizer_,
+                      "shard '" << m.path << "' (tokenizer " << m.tokenizer << ", vocab_size " << m.vocab_size
+                                << ") does not match '" << shards_[0].meta().path << "' (tokenizer " << tokenizer_
+                                << ", vocab_size " << vocab_size_ << ")");
+    }
+    const auto& off = shards_[s].document_offsets();
+    for (size_t d = 0; d + 1 < off.size(); ++d) {
+      if (off[d + 1] == off[d]) continue;  // empty documents carry no tokens
+      doc_shard_.push_back(static_cast<std::int32_t>(s));
+      doc_begin_.push_back(off[d]);
+      doc_end_.push_back(off[d + 1]);
+    }
+    num_tokens_ += m.num_tokens;
+  }
+  TRIDENT_REQUIRE(!doc_shard_.empty(), "corpus: the shards hold no documents");
+}
+
+void Corpus::read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const {
+  shards_[doc_shard_[d]].read(doc_begin_[d] + offset, count, out);
+}
+
+std::vector<std::int64_t> split_documents(const std::string& ratios, std::int64_t n) {
+  std::vector<double> r;
+  std::stringstream ss(ratios);
+  for (std::string p; std::getline(ss, p, ',');) {
+    TRIDENT_REQUIRE(is_number(p) && std::strtod(p.c_str(), nullptr) >= 0,
+                    "data.split: '" << ratios << "' is not a list of non-negative numbers");
+    r.push_back(std::strtod(p.c_str(), nullptr));
+  }
+  TRIDENT_REQUIRE(!r.empty() && r.size() <= 3, "data.split: '" << ratios << "' needs 1 to 3 ratios");
+  while (r.size() < 3) r.push_back(0.0);
+  const double sum = r[0] + r[1] + r[2];
+  TRIDENT_REQUIRE(sum > 0, "data.split: ratios sum to zero");
+  std::vector<std::int64_t> b = {0};
+  double acc = 0;
+  for (int i = 0; i < 3; ++i) {
+    acc += r[i] / sum;
+    b.push_back(static_cast<std::int64_t>(std::llround(acc * static_cast<double>(n))));
+  }
+  b[3] = n;
+  return b;
+}
+
+}  // namespace trident

@@ -1,0 +1,49 @@
+// Corpus: an ordered set of token shards seen as one list of documents. Shard metadata and
+// document offsets are held in memory; tokens are streamed from the files on demand.
+// data.train_shards takes files or globs, each optionally preceded by a weight (Megatron's
+// --data-path form). Without weights all files form one corpus; with weights each
+// (weight, glob) pair is a corpus and the corpora are blended.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/token_shard.hpp"
+
+namespace trident {
+
+struct WeightedPaths {
+  double weight = 1.0;
+  std::vector<std::string> paths;  // sorted glob expansion
+};
+
+// Parses "a.h5 b_*.h5" or "0.3 a_*.h5 0.7 b.h5". Globs that match nothing are errors.
+std::vector<WeightedPaths> parse_shard_spec(const std::string& spec);
+
+class Corpus {
+ public:
+  explicit Corpus(const std::vector<std::string>& paths);
+
+  std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_shard_.size()); }
+  std::int64_t document_length(std::int64_t d) const { return doc_end_[d] - doc_begin_[d]; }
+  // Reads tokens [offset, offset + count) of document d.
+  void read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const;
+  std::int64_t vocab_size() const { return vocab_size_; }
+  std::int64_t eod_id() const { return eod_id_; }
+  const std::string& tokenizer() const { return tokenizer_; }
+  std::int64_t num_tokens() const { return num_tokens_; }
+  const std::vector<TokenShardReader>& shards() const { return shards_; }
+
+ private:
+  std::vector<TokenShardReader> shards_;
+  std::vector<std::int32_t> doc_shard_;
+  std::vector<std::int64_t> doc_begin_, doc_end_;
+  std::int64_t vocab_size_ = 0, eod_id_ = -1, num_tokens_ = 0;
+  std::string tokenizer_;
+};
+
+// Megatron's split of documents by ratios "a,b,c": boundaries round(cumsum(ratios) * n).
+// Returns the 4 boundaries [0, n_train, n_train + n_valid, n].
+std::vector<std::int64_t> split_documents(const std::string& ratios, std::int64_t n_docs);
+
+}  // namespace trident

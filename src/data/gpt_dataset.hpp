@@ -1,0 +1,67 @@
+// GPT dataset as Megatron builds it: the documents of one split are shuffled per epoch and
+// concatenated; sample i is the window of seq_length + 1 tokens starting at token
+// i * seq_length of that stream (consecutive windows share one token), and samples are served
+// in a shuffled order. Everything is a pure function of (seed, documents, seq_length), so a run
+// resumes exactly from a consumed-samples count. Only the index lives in memory; tokens are
+// read from the shards per sample.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/corpus.hpp"
+
+namespace trident {
+
+class GptDataset {
+ public:
+  // Documents [doc_begin, doc_end) of corpus; at least num_samples samples (more epochs as needed).
+  GptDataset(const Corpus& corpus, std::int64_t doc_begin, std::int64_t doc_end, std::int64_t seq_length,
+             std::int64_t num_samples, std::uint64_t seed, const std::string& name, bool shuffle = true);
+
+  std::int64_t size() const { return num_samples_; }
+  std::int64_t epochs() const { return epochs_; }
+  // Writes seq_length + 1 tokens of sample i (i taken modulo size()).
+  void get(std::int64_t i, std::int32_t* out) const;
+
+ private:
+  const Corpus* corpus_;
+  std::int64_t seq_length_, num_samples_ = 0, epochs_ = 0;
+  std::vector<std::int64_t> doc_idx_;     // document of each stream position (epochs x docs)
+  std::vector<std::int64_t> doc_start_;   // stream token offset where doc_idx_[k] starts (+ end)
+  std::vector<std::int64_t> shuffle_;     // sample order
+};
+
+// Megatron's blending: sample i goes to the dataset whose realised share lags its weight most.
+class BlendedDataset {
+ public:
+  BlendedDataset(std::vector<std::unique_ptr<GptDataset>> datasets, const std::vector<double>& weights,
+                 std::int64_t num_samples);
+  std::int64_t size() const { return static_cast<std::int64_t>(which_.size()); }
+  void get(std::int64_t i, std::int32_t* out) const;
+
+ private:
+  std::vector<std::unique_ptr<GptDataset>> datasets_;
+  std::vector<std::int32_t> which_;
+  std::vector<std::int64_t> index_;
+};
+
+// Builds the train and valid datasets of data.train_shards for a run. Owns the corpora.
+class GptData {
+ public:
+  GptData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length,
+          std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed);
+  const BlendedDataset& train() const { return *train_; }
+  const BlendedDataset* valid() const { return valid_.get(); }
+  std::int64_t vocab_size() const { return vocab_size_; }
+  std::string describe() const { return description_; }
+
+ private:
+  std::vector<std::unique_ptr<Corpus>> corpora_;
+  std::unique_ptr<BlendedDataset> train_, valid_;
+  std::int64_t vocab_size_ = 0;
+  std::string description_;
+};
+
+}  // namespace trident

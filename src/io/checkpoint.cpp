@@ -1,0 +1,241 @@
+// HDF5 checkpoint writer/reader (parallel HDF5 for writing, independent reads for loading).
+#include "io/checkpoint.hpp"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "io/hdf5_handle.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trident {
+
+namespace {
+
+std::string iter_dir_name(std::int64_t it) {
+  std::ostringstream os;
+  os << "iter_" << std::setw(7) << std::setfill('0') << it;
+  return os.str();
+}
+
+std::string shape_str(const std::vector<hsize_t>& d) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? ", " : "") << d[i];
+  os << "]";
+  return os.str();
+}
+
+// Ranks that hold a unique copy of their slice write it: one replica per data-parallel group.
+bool writes_slice(const Topology& topo) { return topo.coords().dp == 0; }
+
+H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
+  H5Handle fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+  H5Handle f = h5_file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+  return f;
+}
+
+// Writes every parameter of `store` from `host` (a host copy of a buffer laid out like the
+// store) as global datasets prefix + name. Collective: every rank creates every dataset.
+void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host,
+                   bool i_write) {
+  for (const auto& p : store.params()) {
+    const std::string name = prefix + p.name;
+    h5_make_parents(file, name);
+    std::vector<hsize_t> gdims(p.global_shape.begin(), p.global_shape.end());
+    H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
+    H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
+    if (!i_write) continue;
+    const int nd = static_cast<int>(p.shape.size());
+    std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
+    std::vector<hsize_t> zero(nd, 0), count(p.valid.begin(), p.valid.end()),
+        goff(p.global_offset.begin(), p.global_offset.end());
+    H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
+    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, zero.data(), nullptr, count.data(), nullptr);
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, goff.data(), nullptr, count.data(), nullptr);
+    if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, host + p.offset) < 0)
+      throw Error::one("checkpoint: writing '" + name + "' failed");
+  }
+}
+
+void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store, float* host,
+                  const std::string& where) {
+  for (const auto& p : store.params()) {
+    const std::string name = prefix + p.name;
+    TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+                        H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
+                    "checkpoint " << where << " has no tensor '" << name << "'");
+    H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+    const auto dims = h5_dims(dset);
+    std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());
+    TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
+                                                << " but this model needs " << shape_str(want));
+    const int nd = static_cast<int>(p.shape.size());
+    std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
+    std::vector<hsize_t> zero(nd, 0), count(p.valid.begin(), p.valid.end()),
+        goff(p.global_offset.begin(), p.global_offset.end());
+    H5Handle fspace = h5_space(H5Dget_space(dset));
+    H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
+    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, zero.data(), nullptr, count.data(), nullptr);
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, goff.data(), nullptr, count.data(), nullptr);
+    TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, host + p.offset) >= 0,
+                    "checkpoint " << where << ": reading '" << name << "' failed");
+  }
+}
+
+void make_dirs(const std::string& d) {
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  TRIDENT_REQUIRE(!ec, "cannot create directory '" << d << "': " << ec.message());
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error::one("cannot write '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error::one("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
+                            const AdamW* opt, const Topology& topo) {
+  const Communicator& world = topo.world();
+  const std::string dir = save_dir + "/" + iter_dir_name(st.iteration);
+  const std::string final_path = dir + "/checkpoint.h5", tmp_path = final_path + ".tmp";
+  collectively(world.get(), [&] {
+    if (world.rank() == 0) make_dirs(dir);
+  });
+  auto values = Kokkos::create_mirror_view_and_copy(HostSpace(), store.values());
+  HostFloatView m, v;
+  if (opt) {
+    m = Kokkos::create_mirror_view_and_copy(HostSpace(), opt->exp_avg());
+    v = Kokkos::create_mirror_view_and_copy(HostSpace(), opt->exp_avg_sq());
+  }
+  std::string err;
+  {
+    H5QuietErrors quiet;
+    H5Handle file = open_parallel_create(tmp_path, world.get());
+    if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
+    agree_or_throw(world.get(), err);
+    const bool w = writes_slice(topo);
+    write_tensors(file, "", store, values.data(), w);
+    if (opt) {
+      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w);
+      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w);
+    }
+    // Attributes are written collectively (same values on every rank).
+    h5_write_attr(file, "format", std::string(kCheckpointFormat));
+    h5_write_attr(file, "format_version", kCheckpointVersion);
+    h5_write_attr(file, "model", st.model);
+    h5_write_attr(file, "iteration", st.iteration);
+    h5_write_attr(file, "consumed_samples", st.consumed_samples);
+    h5_write_attr(file, "optimizer_steps", st.optimizer_steps);
+    h5_write_attr(file, "seed", st.seed);
+    h5_write_attr(file, "loss_scale", st.loss_scale);
+    h5_write_attr(file, "deck", st.deck);
+    h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(opt ? 1 : 0));
+    h5_write_attr(file, "parallel_layout", "tp=" + std::to_string(topo.tp_size()) + " pp=" +
+                                               std::to_string(topo.pp_size()) + " dp=" + std::to_string(topo.dp_size()));
+    if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
+  }
+  agree_or_throw(world.get(), err);
+  collectively(world.get(), [&] {
+    if (world.rank() != 0) return;
+    if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
+      throw Error::one("cannot rename '" + tmp_path + "': " + std::strerror(errno));
+    write_text_atomically(save_dir + "/latest", std::to_string(st.iteration) + "\n");
+  });
+  return final_path;
+}
+
+std::string resolve_checkpoint(const std::string& load) {
+  std::error_code ec;
+  TRIDENT_REQUIRE(fs::exists(load, ec), "checkpoint.load: '" << load << "' does not exist");
+  if (fs::is_regular_file(load, ec)) return load;
+  if (fs::exists(load + "/checkpoint.h5", ec)) return load + "/checkpoint.h5";
+  const std::string latest = load + "/latest";
+  TRIDENT_REQUIRE(fs::exists(latest, ec), "checkpoint.load: '" << load << "' has neither 'latest' nor checkpoint.h5");
+  std::ifstream in(latest);
+  std::int64_t it = -1;
+  in >> it;
+  TRIDENT_REQUIRE(in && it >= 0, "checkpoint.load: '" << latest << "' does not hold an iteration number");
+  const std::string file = load + "/" + iter_dir_name(it) + "/checkpoint.h5";
+  TRIDENT_REQUIRE(fs::exists(file, ec), "checkpoint.load: 'latest' names iteration " << it << " but '" << file
+                                                                                     << "' is missing");
+  return file;
+}
+
+CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
+                                AdamW* opt, const Topology& topo) {
+  CheckpointState st;
+  auto values = Kokkos::create_mirror_view(store.values());
+  HostFloatView m, v;
+  if (opt) {
+    m = Kokkos::create_mirror_view(opt->exp_avg());
+    v = Kokkos::create_mirror_view(opt->exp_avg_sq());
+  }
+  collectively(topo.world().get(), [&] {
+    H5QuietErrors quiet;
+    TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
+    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+    const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
+    TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
+    const auto ver = h5_read_attr_int(file, "format_version", path);
+    TRIDENT_REQUIRE(ver <= kCheckpointVersion, "checkpoint '" << path << "' has format_version " << ver
+                                                              << ", newer than this Trident (" << kCheckpointVersion << ")");
+    st.model = h5_read_attr_string(file, "model", path);
+    TRIDENT_REQUIRE(st.model == expected_model, "checkpoint '" << path << "' holds a " << st.model << " model, not "
+                                                               << expected_model);
+    st.iteration = h5_read_attr_int(file, "iteration", path);
+    st.consumed_samples = h5_read_attr_int(file, "consumed_samples", path);
+    st.optimizer_steps = h5_read_attr_int(file, "optimizer_steps", path);
+    st.seed = h5_read_attr_int(file, "seed", path);
+    st.loss_scale = h5_read_attr_double(file, "loss_scale", path);
+    st.deck = h5_read_attr_string(file, "deck", path);
+    read_tensors(file, "", store, values.data(), path);
+    if (opt) {
+      TRIDENT_REQUIRE(h5_read_attr_int(file, "has_optimizer", path) == 1,
+                      "checkpoint '" << path << "' has no optimizer state to resume from");
+      read_tensors(file, "optimizer/exp_avg/", store, m.data(), path);
+      read_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), path);
+    }
+  });
+  Kokkos::deep_copy(store.values(), values);
+  if (opt) {
+    Kokkos::deep_copy(opt->exp_avg(), m);
+    Kokkos::deep_copy(opt->exp_avg_sq(), v);
+    opt->set_steps(st.optimizer_steps);
+  }
+  return st;
+}
+
+void save_named_tensors(const std::string& path, const std::string& prefix, const ParamStore& store,
+                        const FloatView& buffer, std::int64_t iteration, const Topology& topo) {
+  auto host = Kokkos::create_mirror_view_and_copy(HostSpace(), buffer);
+  std::string err;
+  H5QuietErrors quiet;
+  H5Handle file = open_parallel_create(path, topo.world().get());
+  if (!file.valid()) err = "cannot create '" + path + "'";
+  agree_or_throw(topo.world().get(), err);
+  write_tensors(file, prefix, store, host.data(), writes_slice(topo));
+  h5_write_attr(file, "iteration", iteration);
+}
+
+}  // namespace trident

@@ -1,0 +1,45 @@
+// HDF5 checkpoints (DESIGN.md "Checkpoints"):
+//   <save>/iter_0000100/checkpoint.h5 and <save>/latest (the iteration as text), both written
+//   under a temporary name and renamed, so an interrupted save never damages the previous one.
+// Tensors are stored GLOBAL: every rank writes its slice by hyperslab through parallel HDF5
+// (MPI-IO), so a checkpoint loads under any parallel layout. Model tensors under model/...,
+// AdamW moments under optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "comm/topology.hpp"
+#include "layers/param_store.hpp"
+#include "optim/adamw.hpp"
+
+namespace trident {
+
+inline constexpr const char* kCheckpointFormat = "trident.checkpoint";
+inline constexpr std::int64_t kCheckpointVersion = 1;
+
+struct CheckpointState {
+  std::string model;  // "gpt", "bert", "t5"
+  std::int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0, seed = 0;
+  double loss_scale = 1.0;
+  std::string deck;   // resolved INI text
+};
+
+// Collective over topo.world(). Returns the path of the file written.
+std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state, const ParamStore& store,
+                            const AdamW* optimizer, const Topology& topo);
+
+// `load` is a save directory (uses its 'latest'), an iter_* directory, or a checkpoint.h5.
+// Throws Error::all naming the problem when nothing usable is there.
+std::string resolve_checkpoint(const std::string& load);
+
+// Collective over topo.world(). Loads parameters (and the optimizer state when optimizer is
+// given) and returns the state attributes. Shape or kind mismatches name the tensor.
+CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,
+                                AdamW* optimizer, const Topology& topo);
+
+// Writes one flat buffer laid out like `store` as named global tensors (prefix + name) into a
+// new HDF5 file (collective; e.g. gradients for validation). Attributes: iteration.
+void save_named_tensors(const std::string& path, const std::string& prefix, const ParamStore& store,
+                        const FloatView& buffer, std::int64_t iteration, const Topology& topo);
+
+}  // namespace trident

@@ -1,0 +1,270 @@
+// Deck parsing with Boost.Program_options (INI files and --section.key overrides).
+#include "io/deck.hpp"
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace trident {
+
+namespace {
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+std::string fmt(std::int64_t v) { return std::to_string(v); }
+std::string fmt(bool v) { return v ? "true" : "false"; }
+std::string fmt(const std::string& v) { return v; }
+
+struct Entry {
+  std::string key;  // section.key
+  std::function<std::string()> show;
+};
+
+// Declares every deck key once: the option table for Boost and the printer for to_ini().
+class Registry {
+ public:
+  explicit Registry(Deck& d) : desc_("Deck keys (INI [section] key = value, or --section.key value)") { declare(d); }
+  po::options_description& desc() { return desc_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  template <class T>
+  void add(const std::string& key, T* field, const char* help) {
+    desc_.add_options()(key.c_str(), po::value<T>(field)->default_value(*field, fmt(*field)), help);
+    entries_.push_back({key, [field] { return fmt(*field); }});
+  }
+  void declare(Deck& d) {
+    add("model.num_layers", &d.model.num_layers, "transformer layers");
+    add("model.hidden_size", &d.model.hidden_size, "hidden size h");
+    add("model.num_heads", &d.model.num_heads, "attention heads");
+    add("model.ffn_hidden_size", &d.model.ffn_hidden_size, "MLP hidden size (0: 4h)");
+    add("model.seq_length", &d.model.seq_length, "sequence length s");
+    add("model.max_position_embeddings", &d.model.max_position_embeddings, "learned positions (0: seq_length)");
+    add("model.vocab_size", &d.model.vocab_size, "vocabulary size (0: from the shards)");
+    add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by, "vocabulary padding multiple (x tp)");
+    add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "LayerNorm epsilon");
+    add("model.init_method_std", &d.model.init_method_std, "std of normal init");
+    add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
+    add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
+    add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
+    add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
+    add("train.micro_batch_size", &d.train.micro_batch_size, "samples per micro-batch per DP rank");
+    add("train.global_batch_size", &d.train.global_batch_size, "samples per iteration (all DP ranks)");
+    add("train.iters", &d.train.iters, "training iterations");
+    add("train.seed", &d.train.seed, "random seed (init and data order)");
+    add("optim.lr", &d.optim.lr, "peak learning rate");
+    add("optim.min_lr", &d.optim.min_lr, "final learning rate");
+    add("optim.warmup_iters", &d.optim.warmup_iters, "linear warm-up iterations");
+    add("optim.decay_iters", &d.optim.decay_iters, "decay length in iterations (0: train.iters)");
+    add("optim.decay_style", &d.optim.decay_style, "constant | linear | cosine");
+    add("optim.weight_decay", &d.optim.weight_decay, "AdamW decoupled weight decay");
+    add("optim.clip_grad", &d.optim.clip_grad, "global gradient-norm clip (0: off)");
+    add("optim.beta1", &d.optim.beta1, "Adam beta1");
+    add("optim.beta2", &d.optim.beta2, "Adam beta2");
+    add("optim.eps", &d.optim.eps, "Adam epsilon");
+    add("precision.dtype", &d.precision.dtype, "fp32 (bf16, fp16: not yet available)");
+    add("precision.loss_scale", &d.precision.loss_scale, "fixed loss scale (0: dynamic for fp16)");
+    add("precision.recompute", &d.precision.recompute, "none (selective, full: not yet available)");
+    add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
+    add("data.split", &d.data.split, "train,valid,test document ratios");
+    add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (for text output)");
+    add("data.merges_file", &d.data.merges_file, "BPE merges (for text output)");
+    add("checkpoint.save", &d.checkpoint.save, "checkpoint directory to write");
+    add("checkpoint.load", &d.checkpoint.load, "checkpoint directory to resume from");
+    add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");
+    add("checkpoint.save_initial", &d.checkpoint.save_initial, "also save iteration 0 (initial weights)");
+    add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
+    add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
+    add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
+    add("eval.shard", &d.eval.shard, "shard for eval.only");
+    add("eval.windows", &d.eval.windows, "windows scored by eval.only");
+    add("log.interval", &d.log.interval, "iterations between log lines");
+    add("log.metrics_file", &d.log.metrics_file, "metrics file (.csv or .jsonl)");
+    add("perf.peak_tflops", &d.perf.peak_tflops, "peak TFLOP/s per rank for MFU (0: no MFU)");
+    add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
+    add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
+    add("debug.dump_grads", &d.debug.dump_grads, "HDF5 file receiving the gradients of iteration 1 (validation)");
+  }
+
+  po::options_description desc_;
+  std::vector<Entry> entries_;
+};
+
+void check_choice(const std::string& key, const std::string& v, const std::set<std::string>& allowed) {
+  if (allowed.count(v)) return;
+  std::ostringstream os;
+  os << "deck: " << key << " = '" << v << "' is not one of";
+  for (auto& a : allowed) os << " " << a;
+  throw Error::all(os.str());
+}
+
+void validate(const Deck& d) {
+  auto positive = [](const char* key, std::int64_t v) {
+    TRIDENT_REQUIRE(v > 0, "deck: " << key << " must be > 0 (got " << v << ")");
+  };
+  auto nonneg = [](const char* key, double v) {
+    TRIDENT_REQUIRE(v >= 0, "deck: " << key << " must be >= 0 (got " << v << ")");
+  };
+  positive("model.num_layers", d.model.num_layers);
+  positive("model.hidden_size", d.model.hidden_size);
+  positive("model.num_heads", d.model.num_heads);
+  positive("model.seq_length", d.model.seq_length);
+  positive("model.make_vocab_size_divisible_by", d.model.make_vocab_size_divisible_by);
+  TRIDENT_REQUIRE(d.model.hidden_size % d.model.num_heads == 0,
+                  "deck: model.hidden_size (" << d.model.hidden_size << ") is not divisible by model.num_heads ("
+                                              << d.model.num_heads << ")");
+  TRIDENT_REQUIRE(d.model.ffn_hidden_size >= 0, "deck: model.ffn_hidden_size must be >= 0");
+  TRIDENT_REQUIRE(d.model.vocab_size >= 0, "deck: model.vocab_size must be >= 0");
+  TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 || d.model.max_position_embeddings >= d.model.seq_length,
+                  "deck: model.max_position_embeddings (" << d.model.max_position_embeddings
+                                                          << ") is smaller than model.seq_length (" << d.model.seq_length << ")");
+  TRIDENT_REQUIRE(d.model.layernorm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
+  TRIDENT_REQUIRE(d.model.init_method_std > 0, "deck: model.init_method_std must be > 0");
+  positive("parallel.tp", d.parallel.tp);
+  positive("parallel.pp", d.parallel.pp);
+  positive("parallel.vp", d.parallel.vp);
+  TRIDENT_REQUIRE(d.parallel.tp == 1 && d.parallel.pp == 1 && d.parallel.vp == 1 && !d.parallel.sequence_parallel,
+                  "deck: parallel.tp/pp/vp > 1 and parallel.sequence_parallel are not available in this version of "
+                  "Trident (data parallelism only); set them to 1/false");
+  positive("train.micro_batch_size", d.train.micro_batch_size);
+  if (!d.eval.only) {
+    positive("train.global_batch_size", d.train.global_batch_size);
+    TRIDENT_REQUIRE(d.train.iters >= 0, "deck: train.iters must be >= 0");
+    TRIDENT_REQUIRE(d.train.global_batch_size % d.train.micro_batch_size == 0,
+                    "deck: train.global_batch_size (" << d.train.global_batch_size
+                                                      << ") is not divisible by train.micro_batch_size ("
+                                                      << d.train.micro_batch_size << ")");
+  }
+  TRIDENT_REQUIRE(d.optim.lr >= 0, "deck: optim.lr must be >= 0");
+  nonneg("optim.min_lr", d.optim.min_lr);
+  TRIDENT_REQUIRE(d.optim.min_lr <= d.optim.lr, "deck: optim.min_lr (" << d.optim.min_lr << ") exceeds optim.lr ("
+                                                                        << d.optim.lr << ")");
+  nonneg("optim.weight_decay", d.optim.weight_decay);
+  nonneg("optim.clip_grad", d.optim.clip_grad);
+  TRIDENT_REQUIRE(d.optim.beta1 >= 0 && d.optim.beta1 < 1, "deck: optim.beta1 must be in [0, 1)");
+  TRIDENT_REQUIRE(d.optim.beta2 >= 0 && d.optim.beta2 < 1, "deck: optim.beta2 must be in [0, 1)");
+  TRIDENT_REQUIRE(d.optim.eps > 0, "deck: optim.eps must be > 0");
+  TRIDENT_REQUIRE(d.optim.warmup_iters >= 0, "deck: optim.warmup_iters must be >= 0");
+  TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
+  check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
+  check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
+  TRIDENT_REQUIRE(d.precision.dtype == "fp32",
+                  "deck: precision.dtype = " << d.precision.dtype << " is not available in this version of Trident (fp32 only)");
+  check_choice("precision.recompute", d.precision.recompute, {"none", "selective", "full"});
+  TRIDENT_REQUIRE(d.precision.recompute == "none", "deck: precision.recompute = "
+                                                       << d.precision.recompute
+                                                       << " is not available in this version of Trident (none only)");
+  nonneg("precision.loss_scale", d.precision.loss_scale);
+  TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
+  TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");
+  TRIDENT_REQUIRE(d.eval.iters >= 0, "deck: eval.iters must be >= 0");
+  TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");
+  nonneg("perf.peak_tflops", d.perf.peak_tflops);
+  if (d.eval.only) {
+    TRIDENT_REQUIRE(!d.checkpoint.load.empty(), "deck: eval.only needs checkpoint.load");
+    TRIDENT_REQUIRE(!d.eval.shard.empty(), "deck: eval.only needs eval.shard");
+    TRIDENT_REQUIRE(d.eval.windows > 0, "deck: eval.only needs eval.windows > 0");
+  } else {
+    TRIDENT_REQUIRE(!d.data.train_shards.empty(), "deck: data.train_shards is empty");
+  }
+}
+
+void finish(Deck& d) {
+  if (d.model.ffn_hidden_size == 0) d.model.ffn_hidden_size = 4 * d.model.hidden_size;
+  if (d.model.max_position_embeddings == 0) d.model.max_position_embeddings = d.model.seq_length;
+  if (d.optim.decay_iters == 0) d.optim.decay_iters = d.train.iters;
+}
+
+void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& cmdline_args, std::istream* ini,
+                const std::string& where) {
+  try {
+    po::variables_map vm;
+    if (!cmdline_args.empty()) {
+      po::store(po::command_line_parser(cmdline_args).options(reg.desc()).style(po::command_line_style::default_style &
+                                                                                 ~po::command_line_style::allow_guessing)
+                    .run(),
+                vm);
+    }
+    if (ini) po::store(po::parse_config_file(*ini, reg.desc(), /*allow_unregistered=*/false), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error::all("deck " + where + ": " + e.what());
+  }
+  finish(d);
+  validate(d);
+}
+
+}  // namespace
+
+std::string Deck::to_ini() const {
+  Deck copy = *this;
+  Registry reg(copy);
+  std::ostringstream os;
+  std::string section;
+  for (auto& e : reg.entries()) {
+    const auto dot = e.key.find('.');
+    const std::string sec = e.key.substr(0, dot), key = e.key.substr(dot + 1);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    os << key << " = " << e.show() << "\n";
+  }
+  return os.str();
+}
+
+bool parse_deck(int argc, const char* const* argv, Deck& deck, std::string* help_out) {
+  deck = Deck();
+  std::vector<std::string> args;
+  std::string deck_path;
+  bool help = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      help = true;
+    } else if (a == "--deck") {
+      TRIDENT_REQUIRE(i + 1 < argc, "--deck needs a file name");
+      deck_path = argv[++i];
+    } else if (a.rfind("--deck=", 0) == 0) {
+      deck_path = a.substr(7);
+    } else {
+      args.push_back(a);
+    }
+  }
+  Registry reg(deck);
+  if (help) {
+    if (help_out) {
+      std::ostringstream os;
+      os << "usage: " << (argc > 0 ? argv[0] : "app") << " --deck FILE [--section.key value ...]\n\n" << reg.desc();
+      *help_out = os.str();
+    }
+    return false;
+  }
+  TRIDENT_REQUIRE(!deck_path.empty(), "no input deck: pass --deck FILE (see inputs/README.md)");
+  std::ifstream in(deck_path);
+  TRIDENT_REQUIRE(in.good(), "cannot open the input deck '" << deck_path << "'");
+  deck.deck_path = deck_path;
+  parse_into(deck, reg, args, &in, "'" + deck_path + "'");
+  deck.deck_path = deck_path;
+  return true;
+}
+
+Deck parse_deck_text(const std::string& ini, const std::vector<std::string>& overrides) {
+  Deck d;
+  Registry reg(d);
+  std::istringstream in(ini);
+  parse_into(d, reg, overrides, &in, "(text)");
+  return d;
+}
+
+}  // namespace trident

@@ -1,0 +1,73 @@
+// Input deck: INI sections, every key overridable on the command line as --section.key value.
+// Unknown keys, bad values and inconsistent combinations are errors that name the key. The
+// resolved configuration (every key, defaults included) is kept as INI text for checkpoints
+// and logs. inputs/README.md documents every key.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+struct Deck {
+  struct Model {
+    std::int64_t num_layers = 0, hidden_size = 0, num_heads = 0, ffn_hidden_size = 0, seq_length = 0;
+    std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
+    double layernorm_epsilon = 1e-5, init_method_std = 0.02;
+  } model;
+  struct Parallel {
+    std::int64_t tp = 1, pp = 1, vp = 1;
+    bool sequence_parallel = false;
+  } parallel;
+  struct Train {
+    std::int64_t micro_batch_size = 1, global_batch_size = 0, iters = 0, seed = 1234;
+  } train;
+  struct Optim {
+    double lr = 1e-4, min_lr = 0.0, weight_decay = 0.01, clip_grad = 1.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    std::int64_t warmup_iters = 0, decay_iters = 0;
+    std::string decay_style = "cosine";
+  } optim;
+  struct Precision {
+    std::string dtype = "fp32", recompute = "none";
+    double loss_scale = 0.0;
+  } precision;
+  struct Data {
+    std::string train_shards, split = "969,30,1", vocab_file, merges_file;
+  } data;
+  struct Checkpoint {
+    std::string save, load;
+    std::int64_t interval = 0;
+    bool save_initial = false;
+  } checkpoint;
+  struct Eval {
+    std::int64_t interval = 0, iters = 10, windows = 0;
+    bool only = false;
+    std::string shard;
+  } eval;
+  struct Log {
+    std::int64_t interval = 1;
+    std::string metrics_file;
+  } log;
+  struct Perf {
+    double peak_tflops = 0.0;
+    std::string peak_name;
+  } perf;
+  struct Debug {
+    std::string dump_batches, dump_grads;
+  } debug;
+
+  std::string deck_path;
+  // The resolved configuration as INI text.
+  std::string to_ini() const;
+};
+
+// Parses `--deck FILE` plus `--section.key value` overrides (command line wins). Throws
+// Error::all with a message naming the offending key. `help_out` receives the option list and
+// the function returns false when --help was given.
+bool parse_deck(int argc, const char* const* argv, Deck& deck, std::string* help_out = nullptr);
+
+// Parses a deck from INI text (tests).
+Deck parse_deck_text(const std::string& ini, const std::vector<std::string>& overrides = {});
+
+}  // namespace trident

@@ -1,0 +1,23 @@
+// LayerNorm layer.
+#include "layers/layer_norm.hpp"
+
+#include "ops/layernorm.hpp"
+
+namespace trident {
+
+LayerNorm::LayerNorm(ParamStore& store, const std::string& name, std::int64_t C, float eps) : store_(&store), C_(C), eps_(eps) {
+  w_ = store.declare(name + "/weight", {C}, false, 0.f, 1.f);
+  b_ = store.declare(name + "/bias", {C}, false, 0.f, 0.f);
+}
+
+void LayerNorm::forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+                        std::int64_t N) const {
+  layernorm_forward(out, mean, rstd, x, store_->value(w_), store_->value(b_), N, C_, eps_);
+}
+
+void LayerNorm::backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
+                         const FloatView& rstd, std::int64_t N) const {
+  layernorm_backward(dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value(w_), mean, rstd, N, C_);
+}
+
+}  // namespace trident

@@ -1,0 +1,26 @@
+// LayerNorm layer (weight 1, bias 0 at init; no weight decay).
+#pragma once
+#include <string>
+
+#include "layers/param_store.hpp"
+
+namespace trident {
+
+class LayerNorm {
+ public:
+  LayerNorm() = default;
+  LayerNorm(ParamStore& store, const std::string& name, std::int64_t C, float eps);
+  void forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+               std::int64_t N) const;
+  // dx += d/dx ; parameter grads accumulated
+  void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
+                const FloatView& rstd, std::int64_t N) const;
+
+ private:
+  ParamStore* store_ = nullptr;
+  ParamId w_ = -1, b_ = -1;
+  std::int64_t C_ = 0;
+  float eps_ = 1e-5f;
+};
+
+}  // namespace trident

@@ -1,0 +1,65 @@
+// ParamStore: every parameter of a model lives in one flat, contiguous buffer (and its gradient
+// in a second one of the same layout), so that data-parallel reduction, clipping and the
+// optimizer each run as one kernel or one collective over the whole model.
+//
+// A parameter knows its checkpoint name, the GLOBAL shape stored in checkpoints, and which
+// slice of it this rank holds (offsets, and how many local rows/columns are real rather than
+// padding), so checkpoints are written global and load under any layout.
+// Layout of the flat buffer: parameters with weight decay first, then those without, so the
+// optimizer applies decay to the prefix [0, decay_size()).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "common/types.hpp"
+
+namespace trident {
+
+struct ParamInfo {
+  std::string name;                   // e.g. "model/layers/0/mlp/fc1/weight"
+  std::vector<std::int64_t> shape;    // local shape (1-D or 2-D), row-major
+  std::vector<std::int64_t> global_shape;
+  std::vector<std::int64_t> global_offset;  // start of the local slice in the global tensor
+  std::vector<std::int64_t> valid;    // local extent that maps onto the global tensor (rest: padding)
+  bool weight_decay = false;
+  float init_std = 0.f;               // normal(0, init_std); 0 means constant init_value
+  float init_value = 0.f;
+  std::int64_t offset = -1;           // into the flat buffers, set by allocate()
+  std::int64_t numel() const;
+};
+
+using ParamId = int;
+
+class ParamStore {
+ public:
+  // A parameter whose local shape is its global shape (no sharding, no padding).
+  ParamId declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
+                  float init_value = 0.f);
+  ParamId declare(ParamInfo info);
+  void allocate();
+  bool allocated() const { return values_.extent(0) > 0 || total_ == 0; }
+
+  FloatView value(ParamId id) const;
+  FloatView grad(ParamId id) const;
+  const ParamInfo& info(ParamId id) const { return params_.at(id); }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const FloatView& values() const { return values_; }
+  const FloatView& grads() const { return grads_; }
+  std::int64_t size() const { return total_; }
+  std::int64_t decay_size() const { return decay_total_; }
+  // Number of parameters counted globally (sum of global shapes, no padding).
+  std::int64_t global_count() const;
+  ParamId find(const std::string& name) const;  // -1 when absent
+
+  void zero_grads();
+  // Deterministic init, independent of the parallel layout: each parameter's GLOBAL tensor is
+  // drawn from a stream seeded by (seed, name), and this rank keeps its slice.
+  void initialize(std::uint64_t seed);
+
+ private:
+  std::vector<ParamInfo> params_;
+  FloatView values_, grads_;
+  std::int64_t total_ = 0, decay_total_ = 0;
+};
+
+}  // namespace trident

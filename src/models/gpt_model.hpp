@@ -1,0 +1,51 @@
+// GPT-2 (DESIGN.md): learned absolute positions, pre-LayerNorm layers (eps from the deck),
+// GELU (tanh), tied input/output word embeddings, causal attention, init normal(0, std) with the
+// output projections (attention proj, fc2) scaled by 1/sqrt(2 * num_layers).
+// The word embedding is padded to padded_vocab rows; padded logits are masked in the loss, so
+// nothing depends on the padding. Checkpoints store the unpadded [vocab_size, C].
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "layers/param_store.hpp"
+#include "layers/transformer_layer.hpp"
+
+namespace trident {
+
+struct GptConfig {
+  std::int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0, max_positions = 0;
+  std::int64_t vocab_size = 0, padded_vocab = 0;
+  float ln_eps = 1e-5f, init_std = 0.02f;
+};
+
+class GptModel {
+ public:
+  // micro_batch: B of every forward call.
+  GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch);
+
+  // Forward over tokens (B*T) with targets (B*T); returns the SUM of token losses.
+  double forward(const IntView& tokens, const IntView& targets);
+  // Forward + backward; gradients of (dscale * sum of token losses) are ACCUMULATED into the
+  // store's gradient buffer. Returns the sum of token losses.
+  double forward_backward(const IntView& tokens, const IntView& targets, float dscale);
+
+  const GptConfig& config() const { return cfg_; }
+  std::int64_t micro_batch() const { return B_; }
+  // Model FLOPs per micro-batch step, Megatron's formula without recomputation:
+  // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary.
+  double flops_per_step(std::int64_t tokens_batch) const;
+
+ private:
+  double run_forward(const IntView& tokens, const IntView& targets, bool backward, float dscale);
+
+  GptConfig cfg_;
+  ParamStore* store_;
+  std::int64_t B_;
+  ParamId wte_ = -1, wpe_ = -1;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  LayerNorm lnf_;
+  std::unique_ptr<TransformerScratch> scratch_;
+  FloatView encoded_, lnf_out_, lnf_mean_, lnf_rstd_, logits_, losses_, dres_, dlnf_;
+};
+
+}  // namespace trident

@@ -1,0 +1,17 @@
+// Softmax cross-entropy over (possibly padded) vocabulary logits, in fp32. Columns >= V are
+// padding: they are masked out, so neither the loss nor any gradient depends on the padding.
+#pragma once
+#include "common/types.hpp"
+
+namespace trident {
+
+// losses (N) = -log softmax(logits[n, :V])[target[n]]
+void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets,
+                           std::int64_t N, std::int64_t V, std::int64_t Vp);
+// As forward, and overwrites logits with d(sum_n losses[n] * dscale)/dlogits (padding columns 0).
+void cross_entropy_forward_backward(const FloatView& losses, const FloatView& logits, const IntView& targets,
+                                    std::int64_t N, std::int64_t V, std::int64_t Vp, float dscale);
+// sum over n of losses[n], accumulated in double
+double sum_losses(const FloatView& losses, std::int64_t N);
+
+}  // namespace trident

@@ -1,0 +1,58 @@
+// Element-wise kernels.
+#include "ops/elementwise.hpp"
+
+#include <math.h>
+
+namespace trident {
+
+void add(const FloatView& out, const FloatView& a, const FloatView& b, std::int64_t n) {
+  Kokkos::parallel_for("ops::add", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
+}
+
+void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n) {
+  Kokkos::parallel_for("ops::accumulate", range(n), KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
+}
+
+void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols) {
+  Kokkos::parallel_for("ops::add_bias", range(rows * cols),
+                       KOKKOS_LAMBDA(std::int64_t i) { y(i) += bias(i % cols); });
+}
+
+void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols) {
+  // One thread per column walks the rows: deterministic, no atomics.
+  Kokkos::parallel_for("ops::bias_backward", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
+    float s = 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) s += dy(r * cols + c);
+    dbias(c) += s;
+  });
+}
+
+void scale(const FloatView& x, float s, std::int64_t n) {
+  Kokkos::parallel_for("ops::scale", range(n), KOKKOS_LAMBDA(std::int64_t i) { x(i) *= s; });
+}
+
+double sum_squares(const FloatView& x, std::int64_t n) {
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "ops::sum_squares", range(n),
+      KOKKOS_LAMBDA(std::int64_t i, double& acc) {
+        double v = x(i);
+        acc += v * v;
+      },
+      total);
+  return total;
+}
+
+bool has_nonfinite(const FloatView& x, std::int64_t n) {
+  int bad = 0;
+  Kokkos::parallel_reduce(
+      "ops::has_nonfinite", range(n),
+      KOKKOS_LAMBDA(std::int64_t i, int& acc) {
+        float v = x(i);
+        if (!(v - v == 0.f)) acc += 1;  // NaN or inf: v - v is NaN
+      },
+      bad);
+  return bad != 0;
+}
+
+}  // namespace trident

@@ -1,0 +1,22 @@
+// Small element-wise kernels: residual adds, bias broadcast and bias gradients, fills, scaling.
+#pragma once
+#include "common/types.hpp"
+
+namespace trident {
+
+// out = a + b  (n elements)
+void add(const FloatView& out, const FloatView& a, const FloatView& b, std::int64_t n);
+// acc += x  (n elements)
+void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n);
+// y (rows, cols) += bias (cols) broadcast over rows
+void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols);
+// dbias (cols) += column sums of dy (rows, cols)
+void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols);
+// x *= s
+void scale(const FloatView& x, float s, std::int64_t n);
+// sum of squares of x (accumulated in double)
+double sum_squares(const FloatView& x, std::int64_t n);
+// true when x holds a NaN or an infinity
+bool has_nonfinite(const FloatView& x, std::int64_t n);
+
+}  // namespace trident
