@@ -48,15 +48,16 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   dlnf_ = make_float("gpt::dlnf", BT * C);
 }
 
-double GptModel::forward(const IntView& tokens, const IntView& targets) {
-  return run_forward(tokens, targets, false, 0.f);
+double GptModel::forward(const IntView& tokens, const IntView& targets, std::int64_t samples) {
+  return run_forward(tokens, targets, false, 0.f, samples < 0 ? B_ : samples);
 }
 
 double GptModel::forward_backward(const IntView& tokens, const IntView& targets, float dscale) {
-  return run_forward(tokens, targets, true, dscale);
+  return run_forward(tokens, targets, true, dscale, B_);
 }
 
-double GptModel::run_forward(const IntView& tokens, const IntView& targets, bool backward, float dscale) {
+double GptModel::run_forward(const IntView& tokens, const IntView& targets, bool backward, float dscale,
+                             std::int64_t samples) {
   const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = B_ * T, Vp = cfg_.padded_vocab;
   const FloatView wte = store_->value(wte_);
   embedding_forward(encoded_, tokens, wte, store_->value(wpe_), B_, T, C);
@@ -73,7 +74,7 @@ double GptModel::run_forward(const IntView& tokens, const IntView& targets, bool
   if (!backward) {
     cross_entropy_forward(losses_, logits_, targets, BT, cfg_.vocab_size, Vp);
     Kokkos::fence();
-    return sum_losses(losses_, BT);
+    return sum_losses(losses_, samples * T);
   }
   cross_entropy_forward_backward(losses_, logits_, targets, BT, cfg_.vocab_size, Vp, dscale);
   Kokkos::fence();

@@ -23,8 +23,9 @@ class GptModel {
   // micro_batch: B of every forward call.
   GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch);
 
-  // Forward over tokens (B*T) with targets (B*T); returns the SUM of token losses.
-  double forward(const IntView& tokens, const IntView& targets);
+  // Forward over tokens (B*T) with targets (B*T); returns the SUM of the token losses of the
+  // first `samples` samples (all B when negative).
+  double forward(const IntView& tokens, const IntView& targets, std::int64_t samples = -1);
   // Forward + backward; gradients of (dscale * sum of token losses) are ACCUMULATED into the
   // store's gradient buffer. Returns the sum of token losses.
   double forward_backward(const IntView& tokens, const IntView& targets, float dscale);
@@ -36,7 +37,7 @@ class GptModel {
   double flops_per_step(std::int64_t tokens_batch) const;
 
  private:
-  double run_forward(const IntView& tokens, const IntView& targets, bool backward, float dscale);
+  double run_forward(const IntView& tokens, const IntView& targets, bool backward, float dscale, std::int64_t samples);
 
   GptConfig cfg_;
   ParamStore* store_;

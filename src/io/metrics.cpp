@@ -1,0 +1,84 @@
+// Metrics writer.
+#include "io/metrics.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  std::ostringstream os;
+  if (v == std::floor(v) && std::fabs(v) < 1e15)
+    os << static_cast<long long>(v);
+  else
+    os << std::setprecision(9) << v;
+  return os.str();
+}
+// iteration of a kept line (first CSV field, or "iteration" of a JSON line); -1 if unknown
+double line_iteration(const std::string& line, bool json) {
+  if (json) {
+    auto p = line.find("\"iteration\":");
+    if (p == std::string::npos) return -1;
+    return std::strtod(line.c_str() + p + 12, nullptr);
+  }
+  return std::strtod(line.c_str(), nullptr);
+}
+}  // namespace
+
+std::string sibling_metrics_path(const std::string& path, const std::string& tag) {
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "." + tag;
+  return path.substr(0, dot) + "." + tag + path.substr(dot);
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, std::vector<std::string> columns, std::int64_t resume_iteration)
+    : path_(path), columns_(std::move(columns)) {
+  json_ = ends_with(path, ".jsonl") || ends_with(path, ".json");
+  std::vector<std::string> kept;
+  if (resume_iteration >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    bool first = true;
+    while (std::getline(in, line)) {
+      if (!json_ && first) {
+        first = false;
+        continue;  // header
+      }
+      first = false;
+      if (!line.empty() && line_iteration(line, json_) <= static_cast<double>(resume_iteration)) kept.push_back(line);
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  TRIDENT_REQUIRE(out_.good(), "log.metrics_file: cannot write '" << path << "'");
+  if (!json_) {
+    for (size_t i = 0; i < columns_.size(); ++i) out_ << (i ? "," : "") << columns_[i];
+    out_ << "\n";
+  }
+  for (auto& l : kept) out_ << l << "\n";
+  out_.flush();
+}
+
+void MetricsWriter::write(const std::vector<double>& values) {
+  if (!out_.is_open()) return;
+  if (json_) {
+    out_ << "{";
+    for (size_t i = 0; i < columns_.size() && i < values.size(); ++i)
+      out_ << (i ? ", " : "") << "\"" << columns_[i] << "\": " << (std::isnan(values[i]) ? "null" : num(values[i]));
+    out_ << "}\n";
+  } else {
+    for (size_t i = 0; i < columns_.size() && i < values.size(); ++i) out_ << (i ? "," : "") << num(values[i]);
+    out_ << "\n";
+  }
+  out_.flush();
+}
+
+}  // namespace trident

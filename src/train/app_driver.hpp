@@ -1,0 +1,14 @@
+// The common body of every app's main(): MPI and Kokkos set-up, and the two kinds of error
+// exit (DESIGN.md): an Error::all is printed once by rank 0 and every rank returns 1; anything
+// else is printed with its rank and the job is aborted so no rank hangs.
+#pragma once
+#include <functional>
+
+namespace trident {
+
+// Exit code of a failed run (a time-limited/preempted run will get its own code).
+inline constexpr int kExitFailure = 1;
+
+int run_app(int argc, char** argv, const std::function<int(int, char**)>& body);
+
+}  // namespace trident

@@ -1,0 +1,367 @@
+// GPT pretraining loop:
+//   for each iteration: zero grads; for each micro-batch of this DP rank: forward+backward
+//   (gradients of the global mean loss accumulate); all-reduce gradients over DP; global grad
+//   norm; clip; AdamW; log; evaluate; checkpoint.
+// Samples of an iteration, global order: micro-step k, DP rank r, slot j ->
+//   sample consumed + (k * dp + r) * micro_batch + j   (Megatron's pretraining sampler).
+#include "train/gpt_training.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "comm/topology.hpp"
+#include "common/error.hpp"
+#include "common/timer.hpp"
+#include "data/gpt_dataset.hpp"
+#include "data/token_shard.hpp"
+#include "io/checkpoint.hpp"
+#include "io/hdf5_handle.hpp"
+#include "io/metrics.hpp"
+#include "models/gpt_model.hpp"
+#include "ops/gemm.hpp"
+#include "optim/adamw.hpp"
+#include "optim/lr_schedule.hpp"
+
+namespace trident {
+
+namespace {
+
+std::int64_t pad_vocab(std::int64_t v, std::int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+std::string hms(double s) {
+  if (!(s >= 0) || s > 1e8) return "--:--:--";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%02ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  return buf;
+}
+
+GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
+  GptConfig c;
+  c.num_layers = d.model.num_layers;
+  c.hidden = d.model.hidden_size;
+  c.heads = d.model.num_heads;
+  c.ffn = d.model.ffn_hidden_size;
+  c.seq_length = d.model.seq_length;
+  c.max_positions = d.model.max_position_embeddings;
+  c.vocab_size = vocab;
+  c.padded_vocab = pad_vocab(vocab, d.model.make_vocab_size_divisible_by * tp);
+  c.ln_eps = static_cast<float>(d.model.layernorm_epsilon);
+  c.init_std = static_cast<float>(d.model.init_method_std);
+  return c;
+}
+
+// Host staging of one micro-batch: windows (B, S+1) -> inputs (B*S), targets (B*S).
+struct Batch {
+  Batch(std::int64_t B, std::int64_t S)
+      : B(B), S(S), window(static_cast<size_t>(B * (S + 1))), tokens(make_int("batch::tokens", B * S)),
+        targets(make_int("batch::targets", B * S)) {
+    h_tokens = Kokkos::create_mirror_view(tokens);
+    h_targets = Kokkos::create_mirror_view(targets);
+  }
+  // Fills slot j from a window of S+1 tokens already in window[j*(S+1)...]
+  void finish(std::int64_t vocab) {
+    for (std::int64_t j = 0; j < B; ++j)
+      for (std::int64_t t = 0; t < S; ++t) {
+        const std::int32_t a = window[j * (S + 1) + t], b = window[j * (S + 1) + t + 1];
+        if (a < 0 || a >= vocab || b < 0 || b >= vocab)
+          throw Error::one("data: token id " + std::to_string(a < 0 || a >= vocab ? a : b) +
+                           " is outside the vocabulary of " + std::to_string(vocab));
+        h_tokens(j * S + t) = a;
+        h_targets(j * S + t) = b;
+      }
+    Kokkos::deep_copy(tokens, h_tokens);
+    Kokkos::deep_copy(targets, h_targets);
+  }
+  std::int64_t B, S;
+  std::vector<std::int32_t> window;
+  IntView tokens, targets;
+  IntView::HostMirror h_tokens, h_targets;
+};
+
+// Rank 0 writes every global batch (validation): /iter_NNNNNNN int32 [GB, S+1].
+class BatchDumper {
+ public:
+  BatchDumper(const std::string& path, bool resume) : path_(path) {
+    H5QuietErrors quiet;
+    if (resume) file_ = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    if (!file_.valid()) file_ = h5_file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!file_.valid()) throw Error::one("debug.dump_batches: cannot create '" + path + "'");
+  }
+  void write(std::int64_t it, const std::vector<std::int32_t>& rows, std::int64_t n, std::int64_t w) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(it));
+    H5QuietErrors quiet;
+    if (H5Lexists(file_, name, H5P_DEFAULT) > 0) H5Ldelete(file_, name, H5P_DEFAULT);
+    hsize_t dims[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(w)};
+    H5Handle sp = h5_space(H5Screate_simple(2, dims, nullptr));
+    H5Handle ds = h5_dataset(H5Dcreate2(file_, name, H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+    H5Fflush(file_, H5F_SCOPE_LOCAL);
+  }
+
+ private:
+  std::string path_;
+  H5Handle file_;
+};
+
+int run_eval_only(const Deck& deck, const Topology& topo) {
+  const Communicator& world = topo.world();
+  std::unique_ptr<TokenShardReader> shard;
+  collectively(world.get(), [&] { shard = std::make_unique<TokenShardReader>(deck.eval.shard); });
+  const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
+  const std::int64_t vocab = deck.model.vocab_size > 0 ? deck.model.vocab_size : shard->meta().vocab_size;
+  TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,
+                  "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
+                                    << deck.eval.shard << "' has " << shard->meta().num_tokens);
+  ParamStore store;
+  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B);
+  store.allocate();
+  const std::string file = resolve_checkpoint(deck.checkpoint.load);
+  CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
+  // Windows are dealt round-robin in blocks of B over all ranks.
+  Batch batch(B, S);
+  double loss_sum = 0;
+  const std::int64_t nblocks = (N + B - 1) / B;
+  for (std::int64_t blk = world.rank(); blk < nblocks; blk += world.size()) {
+    const std::int64_t first = blk * B, count = std::min(B, N - first);
+    for (std::int64_t j = 0; j < B; ++j) {
+      const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
+      shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
+    }
+    batch.finish(vocab);
+    loss_sum += model.forward(batch.tokens, batch.targets, count);
+  }
+  loss_sum = world.allreduce_sum(loss_sum);
+  const double loss = loss_sum / static_cast<double>(N * S);
+  if (world.rank() == 0) {
+    std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
+              << N << " windows of " << S << " tokens\n";
+    std::cout << std::setprecision(8) << "eval loss: " << loss << "\n";
+    std::cout << "eval perplexity: " << std::exp(loss) << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_gpt(const Deck& deck) {
+  Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp));
+  const Communicator& world = topo.world();
+  const bool root = world.rank() == 0;
+  if (deck.eval.only) return run_eval_only(deck, topo);
+  topo.print(std::cout);
+
+  const int dp = topo.dp_size(), dp_rank = topo.coords().dp;
+  const std::int64_t S = deck.model.seq_length, mbs = deck.train.micro_batch_size, GB = deck.train.global_batch_size;
+  TRIDENT_REQUIRE(GB % (mbs * dp) == 0, "deck: train.global_batch_size (" << GB << ") is not divisible by "
+                                                                          << "train.micro_batch_size x data-parallel size ("
+                                                                          << mbs << " x " << dp << ")");
+  const std::int64_t acc = GB / (mbs * dp);
+  const std::int64_t iters = deck.train.iters;
+
+  // ---- data ----
+  std::unique_ptr<GptData> data;
+  const std::int64_t valid_samples = deck.eval.interval > 0 ? deck.eval.iters * mbs * dp : 0;
+  collectively(world.get(), [&] {
+    data = std::make_unique<GptData>(deck.data.train_shards, deck.data.split, S, std::max<std::int64_t>(iters, 1) * GB,
+                                     valid_samples, static_cast<std::uint64_t>(deck.train.seed));
+  });
+  std::int64_t vocab = data->vocab_size();
+  if (deck.model.vocab_size > 0)
+    TRIDENT_REQUIRE(deck.model.vocab_size == vocab, "the shards have vocab_size " << vocab << " but model.vocab_size is "
+                                                                                  << deck.model.vocab_size);
+
+  // ---- model and optimizer ----
+  ParamStore store;
+  const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
+  GptModel model(cfg, store, mbs);
+  store.allocate();
+  store.initialize(static_cast<std::uint64_t>(deck.train.seed));
+  AdamWConfig ac;
+  ac.beta1 = deck.optim.beta1;
+  ac.beta2 = deck.optim.beta2;
+  ac.eps = deck.optim.eps;
+  ac.weight_decay = deck.optim.weight_decay;
+  AdamW adamw(ac, store.size(), store.decay_size());
+  LrSchedule sched;
+  sched.lr = deck.optim.lr;
+  sched.min_lr = deck.optim.min_lr;
+  sched.warmup_iters = deck.optim.warmup_iters;
+  sched.decay_iters = deck.optim.decay_iters;
+  sched.style = deck.optim.decay_style;
+
+  std::int64_t iteration = 0, consumed = 0;
+  const bool resuming = !deck.checkpoint.load.empty();
+  if (resuming) {
+    const std::string file = resolve_checkpoint(deck.checkpoint.load);
+    CheckpointState st = load_checkpoint(file, "gpt", store, &adamw, topo);
+    iteration = st.iteration;
+    consumed = st.consumed_samples;
+    if (root) {
+      std::cout << "resumed from " << file << " at iteration " << iteration << " (" << consumed << " samples consumed)\n";
+      if (st.seed != deck.train.seed)
+        std::cout << "warning: train.seed " << deck.train.seed << " differs from the checkpoint's " << st.seed
+                  << ": the data order changes\n";
+    }
+  }
+  const std::string deck_text = deck.to_ini();
+  auto save = [&](std::int64_t it) {
+    CheckpointState st;
+    st.model = "gpt";
+    st.iteration = it;
+    st.consumed_samples = consumed;
+    st.optimizer_steps = adamw.steps();
+    st.seed = deck.train.seed;
+    st.loss_scale = 1.0;
+    st.deck = deck_text;
+    const std::string f = save_checkpoint(deck.checkpoint.save, st, store, &adamw, topo);
+    if (root) std::cout << "saved checkpoint " << f << std::endl;
+  };
+
+  const double tokens_per_iter = static_cast<double>(GB * S);
+  const double flops_per_iter = model.flops_per_step(GB * S);
+  if (root) {
+    std::cout << "GPT: " << cfg.num_layers << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
+              << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
+              << store.global_count() << " parameters\n"
+              << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
+              << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
+              << "data: " << deck.data.train_shards << "\n"
+              << data->describe()
+              << "model FLOPs per iteration: " << flops_per_iter
+              << " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n";
+    if (deck.perf.peak_tflops > 0)
+      std::cout << "MFU against a peak of " << deck.perf.peak_tflops << " TFLOP/s per rank"
+                << (deck.perf.peak_name.empty() ? "" : " (" + deck.perf.peak_name + ")") << "\n";
+    std::cout << std::flush;
+  }
+
+  MetricsWriter metrics, eval_metrics;
+  if (root && !deck.log.metrics_file.empty()) {
+    metrics = MetricsWriter(deck.log.metrics_file,
+                            {"iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped",
+                             "ms_per_iter", "tokens_per_s", "tflops_per_rank", "mfu"},
+                            resuming ? iteration : -1);
+    if (deck.eval.interval > 0)
+      eval_metrics = MetricsWriter(sibling_metrics_path(deck.log.metrics_file, "eval"), {"iteration", "loss", "ppl"},
+                                   resuming ? iteration : -1);
+  }
+  std::unique_ptr<BatchDumper> dumper;
+  if (root && !deck.debug.dump_batches.empty()) dumper = std::make_unique<BatchDumper>(deck.debug.dump_batches, resuming);
+
+  if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
+
+  Batch batch(mbs, S);
+  const float dscale = static_cast<float>(1.0 / static_cast<double>(mbs * S * acc * dp));
+  const FloatView grads = store.grads();
+  PhaseTimers timers;
+
+  auto evaluate = [&](std::int64_t it) {
+    const BlendedDataset* valid = data->valid();
+    double sum = 0;
+    for (std::int64_t k = 0; k < deck.eval.iters; ++k) {
+      for (std::int64_t j = 0; j < mbs; ++j)
+        valid->get((k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
+      batch.finish(vocab);
+      sum += model.forward(batch.tokens, batch.targets);
+    }
+    sum = topo.dp_group().allreduce_sum(sum);
+    const double loss = sum / static_cast<double>(deck.eval.iters * mbs * dp * S);
+    if (root) {
+      std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss << " | ppl "
+                << std::exp(loss) << std::endl;
+      eval_metrics.write({static_cast<double>(it), loss, std::exp(loss)});
+    }
+  };
+
+  const double t_start = wall_seconds();
+  double t_last = t_start;
+  std::int64_t iters_since_log = 0;
+  while (iteration < iters) {
+    const std::int64_t it = iteration + 1;
+    const double t0 = wall_seconds();
+    store.zero_grads();
+    double loss_sum = 0;
+    for (std::int64_t k = 0; k < acc; ++k) {
+      timers.start("data");
+      for (std::int64_t j = 0; j < mbs; ++j)
+        data->train().get(consumed + (k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
+      batch.finish(vocab);
+      timers.stop("data");
+      timers.start("forward-backward");
+      loss_sum += model.forward_backward(batch.tokens, batch.targets, dscale);
+      timers.stop("forward-backward");
+    }
+    timers.start("dp-allreduce");
+    topo.dp_group().allreduce_sum(grads.data(), store.size());
+    loss_sum = topo.dp_group().allreduce_sum(loss_sum);
+    timers.stop("dp-allreduce");
+    timers.start("optimizer");
+    const double loss = loss_sum / tokens_per_iter;
+    const double gnorm = std::sqrt(grad_norm_squared(grads, store.size()));
+    TRIDENT_REQUIRE(std::isfinite(loss) && std::isfinite(gnorm),
+                    "iteration " << it << ": the loss or gradient is not finite (loss " << loss << ", grad norm "
+                                 << gnorm << "); lower optim.lr or check the data");
+    if (it == 1 && !deck.debug.dump_grads.empty())
+      save_named_tensors(deck.debug.dump_grads, "", store, grads, it, topo);
+    if (dumper) {
+      std::vector<std::int32_t> rows(static_cast<size_t>(GB * (S + 1)));
+      for (std::int64_t i = 0; i < GB; ++i) data->train().get(consumed + i, rows.data() + i * (S + 1));
+      dumper->write(it, rows, GB, S + 1);
+    }
+    float clip = 1.f;
+    if (deck.optim.clip_grad > 0) {
+      const double c = deck.optim.clip_grad / (gnorm + 1e-6);
+      if (c < 1.0) clip = static_cast<float>(c);
+    }
+    const double lr = sched.at(it);
+    adamw.step(store.values(), grads, lr, clip);
+    timers.stop("optimizer");
+    consumed += GB;
+    iteration = it;
+    ++iters_since_log;
+
+    const double t1 = wall_seconds();
+    const double dt = t1 - t0;
+    const double tps = tokens_per_iter / dt;
+    const double tflops = flops_per_iter / dt / world.size() / 1e12;
+    const double mfu = deck.perf.peak_tflops > 0 ? tflops / deck.perf.peak_tflops : std::nan("");
+    if (root) {
+      metrics.write({static_cast<double>(it), static_cast<double>(consumed), loss, lr, gnorm, 1.0, 0.0, dt * 1e3, tps,
+                     tflops, mfu});
+      if (it % deck.log.interval == 0 || it == iters) {
+        const double per_iter = (t1 - t_last) / static_cast<double>(iters_since_log);
+        std::ostringstream os;
+        os << " iter " << std::setw(6) << it << "/" << iters << " | loss " << std::fixed << std::setprecision(4) << loss
+           << " | lr " << std::scientific << std::setprecision(3) << lr << std::fixed << " | gnorm "
+           << std::setprecision(3) << gnorm << " | " << std::setprecision(1) << per_iter * 1e3 << " ms/it | "
+           << std::setprecision(0) << tokens_per_iter / per_iter << " tok/s | " << std::setprecision(3)
+           << flops_per_iter / per_iter / world.size() / 1e12 << " TFLOP/s/rank";
+        if (deck.perf.peak_tflops > 0) os << " | MFU " << std::setprecision(1) << 100.0 * mfu << "%";
+        os << " | ETA " << hms(per_iter * static_cast<double>(iters - it));
+        std::cout << os.str() << std::endl;
+        t_last = t1;
+        iters_since_log = 0;
+      }
+    }
+    if (deck.eval.interval > 0 && (it % deck.eval.interval == 0 || it == iters)) evaluate(it);
+    if (!deck.checkpoint.save.empty() && ((deck.checkpoint.interval > 0 && it % deck.checkpoint.interval == 0) || it == iters))
+      save(it);
+  }
+  if (root) {
+    const double total = wall_seconds() - t_start;
+    std::ostringstream os;
+    os << "done: " << iteration << " iterations, " << consumed << " samples consumed, " << std::fixed
+       << std::setprecision(1) << total << " s. Time per phase (rank 0):";
+    for (auto& [name, sec] : timers.totals()) os << " " << name << " " << std::setprecision(2) << sec << " s;";
+    std::cout << os.str() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace trident

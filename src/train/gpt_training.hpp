@@ -1,0 +1,11 @@
+// GPT pretraining and evaluation driven by a deck: the body of apps/pretrain_gpt.
+#pragma once
+#include "io/deck.hpp"
+
+namespace trident {
+
+// Runs training (or, with eval.only, the evaluation mode of DESIGN.md). Collective over
+// MPI_COMM_WORLD. Returns the process exit code.
+int run_gpt(const Deck& deck);
+
+}  // namespace trident

@@ -1,0 +1,262 @@
+// Every op: forward against a naive double-precision reference, backward against central
+// finite differences (see test_helpers.hpp for the step and the error it implies).
+#include <cmath>
+
+#include "ops/attention.hpp"
+#include "ops/cross_entropy.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/embedding.hpp"
+#include "ops/gelu.hpp"
+#include "ops/gemm.hpp"
+#include "ops/layernorm.hpp"
+#include "test_helpers.hpp"
+
+using namespace trident;
+using namespace trident::test;
+
+// fp32 forward vs double reference: sums of <= 64 O(1) terms, so ~1e-6 relative; 1e-5 leaves margin.
+constexpr double kFwdRtol = 1e-5, kFwdAtol = 1e-5;
+// FD with h = 1e-2 in fp32: truncation ~1e-4 * f''', rounding ~6e-8 * |f| / 1e-2 ~ 1e-4 for |f| ~ 10.
+constexpr double kGradRtol = 2e-3, kGradAtol = 2e-3;
+
+namespace {
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+std::vector<double> as_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+std::vector<double> pick(const std::vector<float>& v, const std::vector<size_t>& idx) {
+  std::vector<double> out;
+  for (auto i : idx) out.push_back(v[i]);
+  return out;
+}
+}  // namespace
+
+TEST(Gemm, AllTransposeCombinationsMatchNaive) {
+  const std::int64_t M = 5, N = 7, K = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      // stored shapes: A is (M,K) or (K,M); B is (K,N) or (N,K); padded leading dimensions
+      const std::int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldc = N + 3;
+      auto A = random_vector((ta ? K : M) * lda, 1), B = random_vector((tb ? N : K) * ldb, 2),
+           C = random_vector(M * ldc, 3);
+      std::vector<double> want(C.begin(), C.end());
+      const float alpha = 0.7f, beta = 0.3f;
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (std::int64_t k = 0; k < K; ++k)
+            s += static_cast<double>(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+          want[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+        }
+      auto dA = to_device(A), dB = to_device(B), dC = to_device(C);
+      gemm(ta ? Trans::T : Trans::N, tb ? Trans::T : Trans::N, M, N, K, alpha, dA.data(), lda, dB.data(), ldb, beta,
+           dC.data(), ldc);
+      expect_close(as_double(to_host(dC)), want, kFwdRtol, kFwdAtol, "gemm");
+    }
+}
+
+TEST(Gemm, StridedBatchedMatchesLoop) {
+  const std::int64_t M = 4, N = 3, K = 5, batch = 3;
+  auto A = random_vector(batch * M * K, 4), B = random_vector(batch * K * N, 5);
+  auto dA = to_device(A), dB = to_device(B);
+  FloatView dC = make_float("c", batch * M * N);
+  gemm_strided_batched(Trans::N, Trans::N, M, N, K, 1.f, dA.data(), K, M * K, dB.data(), N, K * N, 0.f, dC.data(), N,
+                       M * N, batch);
+  auto C = to_host(dC);
+  std::vector<double> want(batch * M * N);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += static_cast<double>(A[b * M * K + i * K + k]) * B[b * K * N + k * N + j];
+        want[b * M * N + i * N + j] = s;
+      }
+  expect_close(as_double(C), want, kFwdRtol, kFwdAtol, "batched");
+}
+
+TEST(LayerNorm, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
+  const std::int64_t N = 3, C = 8;
+  const float eps = 1e-5f;
+  auto x = random_vector(N * C, 10, 2.f), w = random_vector(C, 11), b = random_vector(C, 12), R = random_vector(N * C, 13);
+  auto run = [&](std::vector<float>* dx, std::vector<float>* dw, std::vector<float>* db) {
+    auto dxv = to_device(x), dwv = to_device(w), dbv = to_device(b);
+    FloatView out = make_float("o", N * C), mean = make_float("m", N), rstd = make_float("r", N);
+    layernorm_forward(out, mean, rstd, dxv, dwv, dbv, N, C, eps);
+    auto o = to_host(out);
+    if (dx) {
+      FloatView gx = make_float("gx", N * C), gw = make_float("gw", C), gb = make_float("gb", C);
+      layernorm_backward(gx, gw, gb, to_device(R), dxv, dwv, mean, rstd, N, C);
+      *dx = to_host(gx);
+      *dw = to_host(gw);
+      *db = to_host(gb);
+    }
+    return o;
+  };
+  auto out = run(nullptr, nullptr, nullptr);
+  std::vector<double> want(N * C);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    for (int c = 0; c < C; ++c) want[n * C + c] = (x[n * C + c] - m) / std::sqrt(v + eps) * w[c] + b[c];
+  }
+  expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "layernorm forward");
+  std::vector<float> gx, gw, gb;
+  run(&gx, &gw, &gb);
+  auto loss = [&] { return dot(run(nullptr, nullptr, nullptr), R); };
+  std::vector<size_t> all_x(N * C), all_c(C);
+  for (size_t i = 0; i < all_x.size(); ++i) all_x[i] = i;
+  for (size_t i = 0; i < all_c.size(); ++i) all_c[i] = i;
+  expect_close(as_double(gx), numeric_gradient(x, loss, all_x), kGradRtol, kGradAtol, "layernorm dx");
+  expect_close(as_double(gw), numeric_gradient(w, loss, all_c), kGradRtol, kGradAtol, "layernorm dw");
+  expect_close(as_double(gb), numeric_gradient(b, loss, all_c), kGradRtol, kGradAtol, "layernorm db");
+}
+
+TEST(Gelu, ForwardMatchesFormulaAndBackwardMatchesFiniteDifferences) {
+  const std::int64_t n = 64;
+  auto x = random_vector(n, 20, 2.f), R = random_vector(n, 21);
+  auto fwd = [&] {
+    FloatView o = make_float("o", n);
+    gelu_forward(o, to_device(x), n);
+    return to_host(o);
+  };
+  auto out = fwd();
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) {
+    const double v = x[i];
+    want[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+  }
+  expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "gelu forward");
+  FloatView gx = make_float("gx", n);
+  gelu_backward(gx, to_device(R), to_device(x), n);
+  std::vector<size_t> idx(n);
+  for (int i = 0; i < n; ++i) idx[i] = i;
+  expect_close(as_double(to_host(gx)), numeric_gradient(x, [&] { return dot(fwd(), R); }, idx), kGradRtol, kGradAtol,
+               "gelu dx");
+}
+
+TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
+  const AttentionShape s{2, 5, 8, 2};  // B, T, C, nh
+  const std::int64_t BT = s.B * s.T, hs = s.hs();
+  auto qkv = random_vector(BT * 3 * s.C, 30), R = random_vector(BT * s.C, 31);
+  FloatView q = make_float("q", BT * s.C), k = make_float("k", BT * s.C), v = make_float("v", BT * s.C),
+            att = make_float("att", s.B * s.nh * s.T * s.T), yp = make_float("yp", BT * s.C), y = make_float("y", BT * s.C);
+  auto fwd = [&] {
+    attention_forward(y, q, k, v, att, yp, to_device(qkv), s);
+    return to_host(y);
+  };
+  auto out = fwd();
+  std::vector<double> want(BT * s.C, 0.0);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.nh; ++h)
+      for (int i = 0; i < s.T; ++i) {
+        std::vector<double> sc(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int e = 0; e < hs; ++e)
+            d += static_cast<double>(qkv[(b * s.T + i) * 3 * s.C + h * hs + e]) * qkv[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
+          sc[j] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, sc[j]);
+        }
+        double z = 0;
+        for (auto& e : sc) z += (e = std::exp(e - mx));
+        for (int e = 0; e < hs; ++e) {
+          double acc = 0;
+          for (int j = 0; j <= i; ++j) acc += sc[j] / z * qkv[(b * s.T + j) * 3 * s.C + 2 * s.C + h * hs + e];
+          want[(b * s.T + i) * s.C + h * hs + e] = acc;
+        }
+      }
+  expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "attention forward");
+  // backward
+  fwd();
+  FloatView dqkv = make_float("dqkv", BT * 3 * s.C), dyp = make_float("dyp", BT * s.C),
+            datt = make_float("datt", s.B * s.nh * s.T * s.T), dq = make_float("dq", BT * s.C),
+            dk = make_float("dk", BT * s.C), dv = make_float("dv", BT * s.C);
+  attention_backward(dqkv, to_device(R), q, k, v, att, dyp, datt, dq, dk, dv, s);
+  auto g = to_host(dqkv);
+  auto idx = sample_indices(qkv.size(), 60, 7);
+  expect_close(pick(g, idx), numeric_gradient(qkv, [&] { return dot(fwd(), R); }, idx), kGradRtol, kGradAtol,
+               "attention dqkv");
+}
+
+TEST(CrossEntropy, PaddedColumnsNeverMatterAndGradientMatchesFiniteDifferences) {
+  const std::int64_t N = 4, V = 11, Vp = 16;
+  auto logits = random_vector(N * Vp, 40, 3.f);
+  for (int n = 0; n < N; ++n)
+    for (int j = V; j < Vp; ++j) logits[n * Vp + j] = 1e4f;  // padding: must be ignored
+  std::vector<std::int32_t> tgt = {0, 10, 3, 7};
+  auto dt = to_device(tgt);
+  auto fwd = [&] {
+    FloatView l = make_float("l", N);
+    cross_entropy_forward(l, to_device(logits), dt, N, V, Vp);
+    return sum_losses(l, N);
+  };
+  double want = 0;
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(logits[n * Vp + j]));
+    for (int j = 0; j < V; ++j) z += std::exp(logits[n * Vp + j] - mx);
+    want += mx + std::log(z) - logits[n * Vp + tgt[n]];
+  }
+  EXPECT_NEAR(fwd(), want, 1e-5 * std::fabs(want));
+  const float dscale = 0.25f;
+  auto dl = to_device(logits);
+  FloatView l = make_float("l", N);
+  cross_entropy_forward_backward(l, dl, dt, N, V, Vp, dscale);
+  auto g = to_host(dl);
+  std::vector<size_t> idx;
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < V; ++j) idx.push_back(n * Vp + j);
+  auto num = numeric_gradient(logits, [&] { return dscale * fwd(); }, idx);
+  expect_close(pick(g, idx), num, kGradRtol, kGradAtol, "cross-entropy dlogits");
+  for (int n = 0; n < N; ++n)
+    for (int j = V; j < Vp; ++j) EXPECT_EQ(g[n * Vp + j], 0.f);
+}
+
+TEST(Embedding, ForwardAndScatterBackward) {
+  const std::int64_t B = 2, T = 3, C = 4, V = 5;
+  auto wte = random_vector(V * C, 50), wpe = random_vector(T * C, 51), R = random_vector(B * T * C, 52);
+  std::vector<std::int32_t> tok = {1, 4, 1, 0, 1, 3};  // repeated token 1
+  auto dtok = to_device(tok);
+  auto fwd = [&] {
+    FloatView o = make_float("o", B * T * C);
+    embedding_forward(o, dtok, to_device(wte), to_device(wpe), B, T, C);
+    return to_host(o);
+  };
+  auto out = fwd();
+  for (int bt = 0; bt < B * T; ++bt)
+    for (int c = 0; c < C; ++c) EXPECT_FLOAT_EQ(out[bt * C + c], wte[tok[bt] * C + c] + wpe[(bt % T) * C + c]);
+  FloatView gte = make_float("gte", V * C), gpe = make_float("gpe", T * C);
+  embedding_backward(gte, gpe, to_device(R), dtok, B, T, C);
+  std::vector<size_t> all_te(V * C), all_pe(T * C);
+  for (size_t i = 0; i < all_te.size(); ++i) all_te[i] = i;
+  for (size_t i = 0; i < all_pe.size(); ++i) all_pe[i] = i;
+  auto loss = [&] { return dot(fwd(), R); };
+  expect_close(as_double(to_host(gte)), numeric_gradient(wte, loss, all_te), kGradRtol, kGradAtol, "dwte");
+  expect_close(as_double(to_host(gpe)), numeric_gradient(wpe, loss, all_pe), kGradRtol, kGradAtol, "dwpe");
+}
+
+TEST(Elementwise, BiasNormAndNonFinite) {
+  auto y = random_vector(6, 60), bias = random_vector(3, 61);
+  auto dy = to_device(y);
+  add_bias(dy, to_device(bias), 2, 3);
+  auto out = to_host(dy);
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(out[i], y[i] + bias[i % 3]);
+  FloatView db = make_float("db", 3);
+  bias_backward(db, to_device(y), 2, 3);
+  auto g = to_host(db);
+  for (int c = 0; c < 3; ++c) EXPECT_FLOAT_EQ(g[c], y[c] + y[3 + c]);
+  double ss = 0;
+  for (float v : y) ss += static_cast<double>(v) * v;
+  EXPECT_NEAR(sum_squares(to_device(y), 6), ss, 1e-6 * ss);
+  EXPECT_FALSE(has_nonfinite(to_device(y), 6));
+  y[4] = std::nanf("");
+  EXPECT_TRUE(has_nonfinite(to_device(y), 6));
+  y[4] = INFINITY;
+  EXPECT_TRUE(has_nonfinite(to_device(y), 6));
+}
