@@ -1,0 +1,68 @@
+// Input deck: defaults, overrides, and errors that name the key.
+#include <gtest/gtest.h>
+
+#include "common/error.hpp"
+#include "io/deck.hpp"
+
+using namespace trident;
+
+namespace {
+const char* kDeck = R"(
+[model]
+num_layers = 2
+hidden_size = 64
+num_heads = 4
+seq_length = 32
+[train]
+micro_batch_size = 2
+global_batch_size = 8
+iters = 10
+[data]
+train_shards = x.h5
+)";
+
+std::string error_of(const std::string& ini, const std::vector<std::string>& over = {}) {
+  try {
+    parse_deck_text(ini, over);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.scope(), Error::Scope::all_ranks);
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Deck, DefaultsAndDerivedValues) {
+  Deck d = parse_deck_text(kDeck);
+  EXPECT_EQ(d.model.ffn_hidden_size, 256);
+  EXPECT_EQ(d.model.max_position_embeddings, 32);
+  EXPECT_EQ(d.optim.decay_iters, 10);
+  EXPECT_EQ(d.precision.dtype, "fp32");
+}
+
+TEST(Deck, CommandLineOverridesWin) {
+  Deck d = parse_deck_text(kDeck, {"--train.iters", "99", "--optim.lr=0.5"});
+  EXPECT_EQ(d.train.iters, 99);
+  EXPECT_DOUBLE_EQ(d.optim.lr, 0.5);
+}
+
+TEST(Deck, ResolvedTextRoundTrips) {
+  Deck d = parse_deck_text(kDeck, {"--optim.lr", "0.00025"});
+  Deck e = parse_deck_text(d.to_ini());
+  EXPECT_EQ(e.to_ini(), d.to_ini());
+  EXPECT_DOUBLE_EQ(e.optim.lr, 0.00025);
+}
+
+TEST(Deck, ErrorsNameTheKey) {
+  EXPECT_NE(error_of(std::string(kDeck) + "[model]\nnum_layerz = 3\n").find("model.num_layerz"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--train.iters", "ten"}).find("train.iters"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--bogus.key", "1"}).find("bogus.key"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--model.num_heads", "5"}).find("model.num_heads"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--optim.decay_style", "exp"}).find("optim.decay_style"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--train.global_batch_size", "7"}).find("train.global_batch_size"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--model.max_position_embeddings", "16"}).find("model.max_position_embeddings"),
+            std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.dtype", "bf16"}).find("precision.dtype"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
+}
