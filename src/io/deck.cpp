@@ -185,8 +185,36 @@ void finish(Deck& d) {
   if (d.optim.decay_iters == 0) d.optim.decay_iters = d.train.iters;
 }
 
-void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& cmdline_args, std::istream* ini,
+// "--a.b 1 --a.b=2" -> "--a.b=2": a key given twice on the command line takes its last value.
+std::vector<std::string> last_value_wins(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string key = args[i], value;
+    const auto eq = key.find('=');
+    if (key.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (key.rfind("--", 0) == 0 && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    } else if (key.rfind("--", 0) != 0) {
+      throw Error::all("unexpected command-line argument '" + key + "' (overrides are --section.key value)");
+    }
+    bool found = false;
+    for (auto& p : kv)
+      if (p.first == key) {
+        p.second = value;
+        found = true;
+      }
+    if (!found) kv.emplace_back(key, value);
+  }
+  std::vector<std::string> out;
+  for (auto& p : kv) out.push_back(p.first + "=" + p.second);
+  return out;
+}
+
+void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args, std::istream* ini,
                 const std::string& where) {
+  const std::vector<std::string> cmdline_args = last_value_wins(raw_args);
   try {
     po::variables_map vm;
     if (!cmdline_args.empty()) {

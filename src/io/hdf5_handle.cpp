@@ -54,7 +54,8 @@ std::string h5_read_attr_string(hid_t obj, const std::string& name, const std::s
     char* s = nullptr;
     H5Handle mem = h5_type(H5Tcopy(H5T_C_S1));
     H5Tset_size(mem, H5T_VARIABLE);
-    H5Aread(attr, mem, &s);
+    H5Tset_cset(mem, H5Tget_cset(type));  // h5py writes UTF-8 variable-length strings
+    TRIDENT_REQUIRE(H5Aread(attr, mem, &s) >= 0, where << ": cannot read string attribute '" << name << "'");
     std::string out = s ? s : "";
     H5free_memory(s);
     return out;

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""End-to-end checks of pretrain_gpt on the sample corpus (run by CTest).
+
+usage: gpt_e2e.py CHECK --app PRETRAIN_GPT --deck DECK --shards GLOB --work DIR [--mpiexec M]
+
+Checks:
+  train        20 iterations learn (loss falls), metrics file complete, checkpoint + latest written
+  resume       10 iterations straight vs 5 + resume 5: identical losses (bitwise) and final weights
+  dp2          np=2 (dp=2) equals np=1 at the same global batch: per-step loss rel. diff <= 1e-5
+  eval         evaluation mode prints 'eval loss:' and agrees with the windows' loss recomputed
+               by validation/gpt_reference.py (PyTorch) from the same checkpoint
+  bad_input    every kind of bad input exits non-zero with one clear message, no rank hangs,
+               and nothing already written is damaged
+"""
+import argparse
+import csv
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def run(cmd, expect_ok=True, timeout=600, env=None):
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env)
+    dt = time.time() - t0
+    if expect_ok and p.returncode != 0:
+        print(p.stdout)
+        raise SystemExit(f"FAILED ({p.returncode}): {' '.join(cmd)}")
+    return p.returncode, p.stdout, dt
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+class Ctx:
+    def __init__(self, a):
+        self.app, self.deck, self.shards, self.mpiexec = a.app, a.deck, a.shards, a.mpiexec
+        self.work = a.work
+        shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.work)
+
+    def cmd(self, np_, *extra):
+        base = [self.app, "--deck", self.deck, "--data.train_shards", self.shards]
+        if np_ > 1 or self.mpiexec:
+            base = [self.mpiexec or "mpiexec", "-n", str(np_)] + base
+        return base + list(extra)
+
+    def path(self, *p):
+        return os.path.join(self.work, *p)
+
+
+def check_train(c):
+    m = c.path("m.csv")
+    _, out, dt = run(c.cmd(1, "--train.iters", "20", "--log.metrics_file", m, "--checkpoint.save", c.path("ck"),
+                           "--eval.interval", "10"))
+    rows = read_metrics(m)
+    assert len(rows) == 20, f"{len(rows)} metric rows"
+    cols = "iteration,consumed_samples,loss,lr,grad_norm,loss_scale,skipped,ms_per_iter,tokens_per_s,tflops_per_rank,mfu"
+    assert list(rows[0].keys()) == cols.split(","), rows[0].keys()
+    first = sum(float(r["loss"]) for r in rows[:3]) / 3
+    last = sum(float(r["loss"]) for r in rows[-3:]) / 3
+    print(f"loss first3 {first:.4f} last3 {last:.4f} ({dt:.1f} s)")
+    assert last < first - 0.3, "loss did not fall"
+    assert open(c.path("ck", "latest")).read().strip() == "20"
+    assert os.path.exists(c.path("ck", "iter_0000020", "checkpoint.h5"))
+    assert "validation at iteration 20" in out, out
+    assert os.path.exists(c.path("m.eval.csv"))
+    assert "ETA" in out
+
+
+def check_resume(c):
+    a, b = c.path("a.csv"), c.path("b.csv")
+    run(c.cmd(1, "--train.iters", "10", "--log.metrics_file", a, "--checkpoint.save", c.path("cka")))
+    run(c.cmd(1, "--train.iters", "10", "--log.metrics_file", b, "--checkpoint.save", c.path("ckb"),
+              "--checkpoint.interval", "5"))
+    # simulate an interrupted run: drop iterations after 5, then resume
+    shutil.rmtree(c.path("ckb", "iter_0000010"))
+    with open(c.path("ckb", "latest"), "w") as f:
+        f.write("5\n")
+    run(c.cmd(1, "--train.iters", "10", "--log.metrics_file", b, "--checkpoint.save", c.path("ckb"),
+              "--checkpoint.load", c.path("ckb")))
+    ra, rb = read_metrics(a), read_metrics(b)
+    assert [r["iteration"] for r in rb] == [str(i) for i in range(1, 11)], [r["iteration"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] and x["consumed_samples"] == y["consumed_samples"], (x, y)
+    import h5py
+    import numpy as np
+    with h5py.File(c.path("cka", "iter_0000010", "checkpoint.h5")) as fa, \
+         h5py.File(c.path("ckb", "iter_0000010", "checkpoint.h5")) as fb:
+        names = []
+        fa.visit(lambda n: names.append(n) if isinstance(fa[n], h5py.Dataset) else None)
+        assert len(names) > 10
+        for n in names:
+            assert np.array_equal(fa[n][()], fb[n][()]), n
+    print("resume: losses and final weights identical over", len(ra), "iterations")
+
+
+def check_dp2(c):
+    a, b = c.path("dp1.csv"), c.path("dp2.csv")
+    run(c.cmd(1, "--train.iters", "10", "--log.metrics_file", a))
+    run(c.cmd(2, "--train.iters", "10", "--log.metrics_file", b))
+    worst = 0.0
+    for x, y in zip(read_metrics(a), read_metrics(b)):
+        la, lb = float(x["loss"]), float(y["loss"])
+        rel = abs(la - lb) / abs(la)
+        worst = max(worst, rel)
+        print(f"iter {x['iteration']:>3}  dp1 {la:.7f}  dp2 {lb:.7f}  rel {rel:.2e}")
+    assert worst <= 1e-5, f"dp=2 differs from dp=1 by {worst:.2e}"
+
+
+def check_eval(c):
+    run(c.cmd(1, "--train.iters", "5", "--checkpoint.save", c.path("ck")))
+    shard = sorted(glob.glob(c.shards))[-1]
+    _, out, _ = run(c.cmd(2, "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
+                          "--eval.windows", "7"))
+    line = [l for l in out.splitlines() if l.startswith("eval loss:")]
+    assert len(line) == 1, out
+    ours = float(line[0].split(":")[1])
+    ref_script = os.path.join(ROOT, "validation", "gpt_reference.py")
+    _, rout, _ = run(["/usr/bin/python3", ref_script, "eval", "--checkpoint", c.path("ck", "iter_0000005", "checkpoint.h5"),
+                      "--shard", shard, "--windows", "7"])
+    ref = float([l for l in rout.splitlines() if l.startswith("eval loss:")][0].split(":")[1])
+    rel = abs(ours - ref) / abs(ref)
+    print(f"eval loss: trident {ours:.7f}  pytorch {ref:.7f}  rel {rel:.2e}")
+    assert rel <= 1e-5
+
+
+def digest(path):
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(path)):
+        for f in sorted(files):
+            with open(os.path.join(root, f), "rb") as fh:
+                h.update(f.encode() + fh.read())
+    return h.hexdigest()
+
+
+def check_bad_input(c):
+    import h5py
+    import numpy as np
+    # a good checkpoint and metrics file that failures must leave untouched
+    m = c.path("m.csv")
+    run(c.cmd(1, "--train.iters", "2", "--checkpoint.save", c.path("ck"), "--log.metrics_file", m))
+    before = digest(c.path("ck")), open(m).read()
+    not_hdf5 = c.path("junk.h5")
+    with open(not_hdf5, "w") as f:
+        f.write("this is not HDF5\n")
+    def fake_shard(path, tokens, offsets):
+        # written with h5py (variable-length UTF-8 attributes), as a user's own tool would
+        with h5py.File(path, "w") as f:
+            for k, v in dict(format="trident.tokens", tokenizer="GPT2BPETokenizer").items():
+                f.attrs[k] = v
+            for k, v in dict(format_version=1, vocab_size=50257, eod_id=50256).items():
+                f.attrs[k] = np.int64(v)
+            if tokens is not None:
+                f.create_dataset("tokens", data=tokens)
+            f.create_dataset("document_offsets", data=np.array(offsets, dtype=np.int64))
+    no_tokens, bad_offsets = c.path("shard_a.h5"), c.path("shard_b.h5")
+    fake_shard(no_tokens, None, [0, 3])
+    fake_shard(bad_offsets, np.arange(10, dtype=np.uint16), [0, 7, 5, 10])
+    cases = [
+        ("unknown key", 1, ["--model.num_layerz", "3"], "model.num_layerz"),
+        ("bad value", 1, ["--train.iters", "many"], "train.iters"),
+        ("bad choice", 2, ["--optim.decay_style", "exp"], "optim.decay_style"),
+        ("heads do not divide hidden", 2, ["--model.num_heads", "5"], "model.num_heads"),
+        ("batch does not divide over dp", 2, ["--train.global_batch_size", "2"], "train.global_batch_size"),
+        ("missing shard", 2, ["--data.train_shards", c.path("nothing_*.h5")], "matches no file"),
+        ("not an HDF5 shard", 2, ["--data.train_shards", not_hdf5], "junk.h5"),
+        ("shard without /tokens", 2, ["--data.train_shards", no_tokens], "/tokens"),
+        ("shard with bad offsets", 1, ["--data.train_shards", bad_offsets], "document_offsets"),
+        ("vocab mismatch", 2, ["--model.vocab_size", "1000"], "vocab_size"),
+        ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", c.path("ck"),
+                                            "--log.metrics_file", m], "has shape"),
+        ("missing checkpoint", 1, ["--checkpoint.load", c.path("nope")], "does not exist"),
+        ("no deck", 1, None, "--deck"),
+    ]
+    failures = []
+    for name, np_, extra, needle in cases:
+        cmd = c.cmd(np_, *extra) if extra is not None else ([c.mpiexec, "-n", "1", c.app] if c.mpiexec else [c.app])
+        try:
+            rc, out, dt = run(cmd, expect_ok=False, timeout=120)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{name}: HUNG")
+            continue
+        errors = [l for l in out.splitlines() if l.startswith("error")]
+        ok = rc != 0 and needle in out and len(errors) == 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name:32s} rc={rc} {dt:4.1f}s  {errors[0] if errors else out[-200:]}")
+        if not ok:
+            failures.append(name)
+    after = digest(c.path("ck")), open(m).read()
+    if after != before:
+        failures.append("existing checkpoint or metrics file was modified by a failed run")
+    assert not failures, failures
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("check", choices=["train", "resume", "dp2", "eval", "bad_input"])
+    p.add_argument("--app", required=True)
+    p.add_argument("--deck", required=True)
+    p.add_argument("--shards", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--mpiexec", default="")
+    a = p.parse_args()
+    c = Ctx(a)
+    globals()["check_" + a.check](c)
+    print(f"{a.check}: passed")
+
+
+if __name__ == "__main__":
+    main()
