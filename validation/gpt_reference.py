@@ -1,0 +1,821 @@
+#!/usr/bin/python3
+"""PyTorch reference for Trident's GPT-2 training (run with Debian's /usr/bin/python3).
+
+An independent, deliberately plain re-implementation of what Trident's GPT does, used as
+ground truth in validation cases:
+
+  * the model is built from a Trident checkpoint (shapes from the HDF5 datasets, the rest
+    from the deck stored in the checkpoint's root attribute `deck`);
+  * GPT-2: x = wte[tok] + wpe[pos]; per layer (pre-LN)
+        x = x + proj(causal_attn(LN1(x)));  x = x + fc2(gelu_tanh(fc1(LN2(x))))
+    then a final LN and logits = x @ wte^T (tied); no dropout;
+  * loss = mean next-token cross-entropy over all B*T tokens of the global batch;
+  * global-norm clipping, Megatron-style LR schedule, AdamW (torch.optim.AdamW's update
+    rule, decoupled weight decay on >= 2-D parameters only).
+
+Sub-commands
+  compare  train N steps from a checkpoint on Trident's batches and compare per-step loss,
+           lr and grad norm (metrics CSV) and the step-1 gradients (grads.h5) with Trident's.
+  eval     recompute Trident's evaluation mode (`eval loss: <value>`) on a token shard.
+
+Exit status: 0 = pass, 1 = a tolerance was exceeded, 2 = bad input (missing file, dataset,
+deck key, or a shape mismatch).
+
+Threads: the number of BLAS/OpenMP threads is fixed before torch is imported (from --threads,
+default 2) unless OMP_NUM_THREADS / OPENBLAS_NUM_THREADS are already set in the environment;
+on a shared machine set e.g. `OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2` explicitly.
+"""
+
+import os
+import sys
+
+
+def _threads_from_argv(argv, default=2):
+    """--threads must take effect before torch (and its BLAS) is loaded."""
+    for k, a in enumerate(argv):
+        if a == "--threads" and k + 1 < len(argv):
+            return argv[k + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return str(default)
+
+
+if __name__ == "__main__":
+    _t = _threads_from_argv(sys.argv)
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _t)
+
+import argparse  # noqa: E402
+import configparser  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def tune_malloc():
+    """Keep freed memory in the process instead of returning it to the kernel.
+
+    Every step allocates and frees the same large blocks (the (B*T, V) logits and their
+    gradient, the (V, C) embedding gradient, AdamW temporaries). glibc serves blocks above 32 MiB
+    with fresh mmaps, so each step page-faults them in again: measured 4x slower steps on the
+    20-step case (most of it system time). Disabling mmap for malloc and trimming makes the heap
+    reuse them. Only the CLIs call this; it is a no-op where glibc's mallopt is unavailable."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+        libc.mallopt(M_TOP_PAD, 64 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
+class InputError(Exception):
+    """Missing file / dataset / deck key, or inconsistent shapes: exit status 2."""
+
+
+# --------------------------------------------------------------------------------------
+# Deck and configuration
+# --------------------------------------------------------------------------------------
+
+def parse_deck(text):
+    cp = configparser.ConfigParser(interpolation=None, strict=False,
+                                   inline_comment_prefixes=("#", ";"))
+    cp.optionxform = str  # keep key case
+    try:
+        cp.read_string(text)
+    except configparser.Error as e:
+        raise InputError("cannot parse the checkpoint's deck: %s" % e)
+    return cp
+
+
+def _deck_get(cp, section, key, conv, default=None):
+    if cp.has_section(section) and cp.has_option(section, key):
+        raw = cp.get(section, key).strip()
+        try:
+            return conv(raw)
+        except ValueError:
+            raise InputError("deck key [%s] %s: bad value %r" % (section, key, raw))
+    if default is None:
+        raise InputError("deck key [%s] %s is missing" % (section, key))
+    return default
+
+
+def _to_int(s):
+    f = float(s)
+    if f != int(f):
+        raise ValueError(s)
+    return int(f)
+
+
+class Config:
+    """Everything the reference needs: model shapes (checkpoint) + deck hyper-parameters."""
+
+    def __init__(self, cp, shapes):
+        g = lambda s, k, c=float, d=None: _deck_get(cp, s, k, c, d)  # noqa: E731
+        self.num_layers = g("model", "num_layers", _to_int)
+        self.hidden_size = g("model", "hidden_size", _to_int)
+        self.num_heads = g("model", "num_heads", _to_int)
+        self.ffn_hidden_size = g("model", "ffn_hidden_size", _to_int)
+        self.seq_length = g("model", "seq_length", _to_int)
+        self.max_position_embeddings = g("model", "max_position_embeddings", _to_int)
+        self.layernorm_epsilon = g("model", "layernorm_epsilon", float, 1e-5)
+
+        self.micro_batch_size = g("train", "micro_batch_size", _to_int)
+        self.global_batch_size = g("train", "global_batch_size", _to_int)
+        self.train_iters = g("train", "iters", _to_int)
+
+        self.lr = g("optim", "lr")
+        self.min_lr = g("optim", "min_lr", float, 0.0)
+        self.warmup_iters = g("optim", "warmup_iters", _to_int, 0)
+        self.decay_iters = g("optim", "decay_iters", _to_int, 0)
+        self.decay_style = g("optim", "decay_style", str, "cosine").strip().lower()
+        self.weight_decay = g("optim", "weight_decay", float, 0.0)
+        self.clip_grad = g("optim", "clip_grad", float, 0.0)
+        self.beta1 = g("optim", "beta1", float, 0.9)
+        self.beta2 = g("optim", "beta2", float, 0.999)
+        self.eps = g("optim", "eps", float, 1e-8)
+        self.precision = g("precision", "dtype", str, "fp32").strip().lower()
+        if self.decay_style not in ("constant", "linear", "cosine"):
+            raise InputError("deck key [optim] decay_style: unknown value %r" % self.decay_style)
+
+        # Trident's "0 = derived" conventions, in case a deck carries them unresolved.
+        if self.ffn_hidden_size == 0:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.max_position_embeddings == 0:
+            self.max_position_embeddings = self.seq_length
+
+        # Shapes: the checkpoint is authoritative, the deck must agree with it.
+        V, C = shapes["model/embedding/word_embeddings"]
+        self.vocab_size = V
+        deck_vocab = g("model", "vocab_size", _to_int, 0)
+        if deck_vocab not in (0, V):
+            print("note: deck model.vocab_size = %d but the checkpoint's word_embeddings has %d rows"
+                  " (the checkpoint is used; it must hold the unpadded vocabulary)" % (deck_vocab, V))
+        P, C2 = shapes["model/embedding/position_embeddings"]
+        Fh = shapes["model/layers/0/mlp/fc1/weight"][0]
+        if C != self.hidden_size or C2 != C:
+            raise InputError("hidden size: deck says %d, checkpoint embeddings are %s / %s"
+                             % (self.hidden_size, shapes["model/embedding/word_embeddings"],
+                                shapes["model/embedding/position_embeddings"]))
+        if P != self.max_position_embeddings:
+            raise InputError("max_position_embeddings: deck says %d, checkpoint has %d rows"
+                             % (self.max_position_embeddings, P))
+        if Fh != self.ffn_hidden_size:
+            raise InputError("ffn_hidden_size: deck says %d, checkpoint fc1 has %d rows"
+                             % (self.ffn_hidden_size, Fh))
+        if C % self.num_heads:
+            raise InputError("hidden_size %d is not a multiple of num_heads %d" % (C, self.num_heads))
+        if self.seq_length > P:
+            raise InputError("seq_length %d > max_position_embeddings %d" % (self.seq_length, P))
+        if self.global_batch_size % self.micro_batch_size:
+            raise InputError("global_batch_size %d is not a multiple of micro_batch_size %d"
+                             % (self.global_batch_size, self.micro_batch_size))
+        self.head_dim = C // self.num_heads
+
+
+def param_names(num_layers):
+    """Checkpoint dataset names of all GPT parameters, in a fixed order."""
+    names = ["model/embedding/word_embeddings", "model/embedding/position_embeddings"]
+    for i in range(num_layers):
+        p = "model/layers/%d/" % i
+        names += [p + "input_layernorm/weight", p + "input_layernorm/bias",
+                  p + "self_attention/qkv/weight", p + "self_attention/qkv/bias",
+                  p + "self_attention/proj/weight", p + "self_attention/proj/bias",
+                  p + "post_attention_layernorm/weight", p + "post_attention_layernorm/bias",
+                  p + "mlp/fc1/weight", p + "mlp/fc1/bias",
+                  p + "mlp/fc2/weight", p + "mlp/fc2/bias"]
+    names += ["model/final_layernorm/weight", "model/final_layernorm/bias"]
+    return names
+
+
+def expected_shapes(cfg):
+    V, P, C, Fh = cfg.vocab_size, cfg.max_position_embeddings, cfg.hidden_size, cfg.ffn_hidden_size
+    out = {"model/embedding/word_embeddings": (V, C),
+           "model/embedding/position_embeddings": (P, C),
+           "model/final_layernorm/weight": (C,), "model/final_layernorm/bias": (C,)}
+    for i in range(cfg.num_layers):
+        p = "model/layers/%d/" % i
+        out.update({p + "input_layernorm/weight": (C,), p + "input_layernorm/bias": (C,),
+                    p + "self_attention/qkv/weight": (3 * C, C), p + "self_attention/qkv/bias": (3 * C,),
+                    p + "self_attention/proj/weight": (C, C), p + "self_attention/proj/bias": (C,),
+                    p + "post_attention_layernorm/weight": (C,), p + "post_attention_layernorm/bias": (C,),
+                    p + "mlp/fc1/weight": (Fh, C), p + "mlp/fc1/bias": (Fh,),
+                    p + "mlp/fc2/weight": (C, Fh), p + "mlp/fc2/bias": (C,)})
+    return out
+
+
+def _need_file(path, what):
+    if not path or not os.path.isfile(path):
+        raise InputError("%s file not found: %r" % (what, path))
+
+
+def _read_dataset(f, name, fname):
+    if name not in f:
+        raise InputError("%s: dataset %r is missing" % (fname, name))
+    obj = f[name]
+    if not isinstance(obj, h5py.Dataset):
+        raise InputError("%s: %r is not a dataset" % (fname, name))
+    return obj[()]
+
+
+def _attr_str(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, np.ndarray) and v.shape == ():
+        return _attr_str(v[()])
+    return str(v)
+
+
+class Checkpoint:
+    """A Trident GPT checkpoint read into numpy arrays (float64)."""
+
+    def __init__(self, path, need_optimizer=None):
+        _need_file(path, "checkpoint")
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            if "deck" not in a:
+                raise InputError("%s: root attribute 'deck' is missing" % path)
+            fmt = _attr_str(a.get("format", ""))
+            if fmt and fmt != "trident.checkpoint":
+                raise InputError("%s: format is %r, expected 'trident.checkpoint'" % (path, fmt))
+            model = _attr_str(a.get("model", "gpt"))
+            if model != "gpt":
+                raise InputError("%s: model is %r, expected 'gpt'" % (path, model))
+            self.deck_text = _attr_str(a["deck"])
+            self.iteration = int(a.get("iteration", 0))
+            self.consumed_samples = int(a.get("consumed_samples", 0))
+            self.format_version = int(a.get("format_version", 0))
+            cp = parse_deck(self.deck_text)
+
+            # Shapes needed to size the model are read first.
+            for n in ("model/embedding/word_embeddings", "model/embedding/position_embeddings",
+                      "model/layers/0/mlp/fc1/weight"):
+                if n not in f:
+                    raise InputError("%s: dataset %r is missing" % (path, n))
+            shapes = {n: tuple(f[n].shape) for n in
+                      ("model/embedding/word_embeddings", "model/embedding/position_embeddings",
+                       "model/layers/0/mlp/fc1/weight")}
+            self.config = Config(cp, shapes)
+            L = self.config.num_layers
+            if "model/layers/%d" % L in f:
+                raise InputError("%s: has more layers than the deck's num_layers = %d" % (path, L))
+
+            exp = expected_shapes(self.config)
+            self.names = param_names(L)
+            self.params = {}
+            for n in self.names:
+                arr = _read_dataset(f, n, path)
+                if tuple(arr.shape) != exp[n]:
+                    raise InputError("%s: %s has shape %s, expected %s"
+                                     % (path, n, tuple(arr.shape), exp[n]))
+                self.params[n] = np.asarray(arr, dtype=np.float64)
+
+            # Optimizer state: required when resuming (iteration > 0), ignored at 0.
+            if need_optimizer is None:
+                need_optimizer = self.iteration > 0
+            self.exp_avg = self.exp_avg_sq = None
+            if need_optimizer:
+                self.exp_avg, self.exp_avg_sq = {}, {}
+                for n in self.names:
+                    for key, store in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+                        arr = _read_dataset(f, "optimizer/%s/%s" % (key, n), path)
+                        if tuple(arr.shape) != exp[n]:
+                            raise InputError("%s: optimizer/%s/%s has shape %s, expected %s"
+                                             % (path, key, n, tuple(arr.shape), exp[n]))
+                        store[n] = np.asarray(arr, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------
+
+class GPTReference:
+    """GPT-2 as a plain function of a dict of leaf tensors (named as in the checkpoint)."""
+
+    def __init__(self, cfg, params_np, dtype=torch.float64):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.names = param_names(cfg.num_layers)
+        self.params = {n: torch.tensor(params_np[n], dtype=dtype).requires_grad_(True)
+                       for n in self.names}
+
+    def _block(self, x, i):
+        cfg, p = self.cfg, self.params
+        pre = "model/layers/%d/" % i
+        B, T, C = x.shape
+        H, D = cfg.num_heads, cfg.head_dim
+        eps = cfg.layernorm_epsilon
+
+        a = F.layer_norm(x, (C,), p[pre + "input_layernorm/weight"],
+                         p[pre + "input_layernorm/bias"], eps)
+        qkv = F.linear(a, p[pre + "self_attention/qkv/weight"],
+                       p[pre + "self_attention/qkv/bias"])                     # (B, T, 3C)
+        q, k, v = qkv.split(C, dim=-1)                                         # all q | all k | all v
+        q = q.reshape(B, T, H, D).transpose(1, 2)                              # (B, H, T, D)
+        k = k.reshape(B, T, H, D).transpose(1, 2)
+        v = v.reshape(B, T, H, D).transpose(1, 2)
+        s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))      # (B, H, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)                   # j > t is masked
+        s = s.masked_fill(causal, float("-inf"))
+        att = torch.softmax(s, dim=-1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)              # (B, T, C)
+        x = x + F.linear(y, p[pre + "self_attention/proj/weight"],
+                         p[pre + "self_attention/proj/bias"])
+
+        a = F.layer_norm(x, (C,), p[pre + "post_attention_layernorm/weight"],
+                         p[pre + "post_attention_layernorm/bias"], eps)
+        h = F.linear(a, p[pre + "mlp/fc1/weight"], p[pre + "mlp/fc1/bias"])    # (B, T, F)
+        h = F.gelu(h, approximate="tanh")
+        x = x + F.linear(h, p[pre + "mlp/fc2/weight"], p[pre + "mlp/fc2/bias"])
+        return x
+
+    def loss_sum(self, windows):
+        """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows."""
+        cfg, p = self.cfg, self.params
+        inp, tgt = windows[:, :-1], windows[:, 1:]
+        B, T = inp.shape
+        wte = p["model/embedding/word_embeddings"]
+        x = wte[inp] + p["model/embedding/position_embeddings"][:T].unsqueeze(0)   # (B, T, C)
+        for i in range(cfg.num_layers):
+            x = self._block(x, i)
+        x = F.layer_norm(x, (cfg.hidden_size,), p["model/final_layernorm/weight"],
+                         p["model/final_layernorm/bias"], cfg.layernorm_epsilon)
+        logits = F.linear(x.reshape(B * T, cfg.hidden_size), wte)             # (B*T, V), tied head
+        return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
+
+
+# --------------------------------------------------------------------------------------
+# Schedule and optimizer
+# --------------------------------------------------------------------------------------
+
+def lr_at(cfg, i):
+    """Learning rate of iteration i (1-based), Megatron-style warmup + decay."""
+    if cfg.warmup_iters > 0 and i <= cfg.warmup_iters:
+        return cfg.lr * i / cfg.warmup_iters
+    if cfg.decay_style == "constant":
+        return cfg.lr
+    D = cfg.decay_iters if cfg.decay_iters > 0 else cfg.train_iters
+    if i > D:
+        return cfg.min_lr
+    r = (i - cfg.warmup_iters) / (D - cfg.warmup_iters)
+    if cfg.decay_style == "cosine":
+        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * r)) * (cfg.lr - cfg.min_lr)
+    return cfg.min_lr + (1.0 - r) * (cfg.lr - cfg.min_lr)
+
+
+class AdamW:
+    """torch.optim.AdamW's single-tensor update, written out so that the state (step, moments)
+    can be loaded from a Trident checkpoint:
+        p *= 1 - lr*wd ; m = b1 m + (1-b1) g ; v = b2 v + (1-b2) g^2
+        p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+    Weight decay only on parameters with >= 2 dimensions."""
+
+    def __init__(self, params, cfg, step=0, exp_avg=None, exp_avg_sq=None):
+        self.params, self.cfg, self.step_count = params, cfg, step
+        self.m, self.v = {}, {}
+        for n, p in params.items():
+            self.m[n] = (torch.tensor(exp_avg[n], dtype=p.dtype) if exp_avg is not None
+                         else torch.zeros_like(p, requires_grad=False))
+            self.v[n] = (torch.tensor(exp_avg_sq[n], dtype=p.dtype) if exp_avg_sq is not None
+                         else torch.zeros_like(p, requires_grad=False))
+
+    @torch.no_grad()
+    def step(self, lr):
+        c = self.cfg
+        self.step_count += 1
+        t = self.step_count
+        bc1 = 1.0 - c.beta1 ** t
+        bc2 = 1.0 - c.beta2 ** t
+        for n, p in self.params.items():
+            g = p.grad
+            if p.dim() >= 2 and c.weight_decay != 0.0:
+                p.mul_(1.0 - lr * c.weight_decay)
+            m, v = self.m[n], self.v[n]
+            m.mul_(c.beta1).add_(g, alpha=1.0 - c.beta1)
+            v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
+            denom = (v.sqrt() / math.sqrt(bc2)).add_(c.eps)
+            p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+class Trainer:
+    """One reference training step = grads of the global-batch mean loss (accumulated over
+    memory-bounded chunks of rows), global norm, clipping, schedule, AdamW."""
+
+    LOGITS_BYTES = 256 << 20
+
+    def __init__(self, ckpt, dtype=torch.float64):
+        self.cfg = ckpt.config
+        self.model = GPTReference(self.cfg, ckpt.params, dtype)
+        self.iteration = ckpt.iteration
+        self.opt = AdamW(self.model.params, self.cfg, step=ckpt.iteration,
+                         exp_avg=ckpt.exp_avg, exp_avg_sq=ckpt.exp_avg_sq)
+
+    def step(self, batch, keep_grads=False):
+        """batch: (global_batch_size, seq_length+1) integer array. Returns a dict."""
+        cfg, params = self.cfg, self.model.params
+        self.iteration += 1
+        it = self.iteration
+        for p in params.values():
+            p.grad = None
+        windows = torch.as_tensor(np.asarray(batch, dtype=np.int64))
+        n_tokens = windows.shape[0] * (windows.shape[1] - 1)
+        total = 0.0
+        # The split into chunks is only a memory bound (the mean is over the whole global batch
+        # either way): as many rows at once as keep the (rows*T, V) logits under ~LOGITS_BYTES.
+        T = windows.shape[1] - 1
+        per_row = T * cfg.vocab_size * torch.tensor([], dtype=self.model.dtype).element_size()
+        rows = max(1, min(windows.shape[0], self.LOGITS_BYTES // per_row))
+        for s in range(0, windows.shape[0], rows):
+            loss = self.model.loss_sum(windows[s:s + rows]) / n_tokens
+            loss.backward()
+            total += loss.item()
+        with torch.no_grad():
+            sq = sum(float((p.grad.double() ** 2).sum()) for p in params.values())
+            gnorm = math.sqrt(sq)
+            grads = ({n: p.grad.detach().double().numpy().copy() for n, p in params.items()}
+                     if keep_grads else None)
+            if cfg.clip_grad > 0.0:
+                coeff = cfg.clip_grad / (gnorm + 1e-6)
+                if coeff < 1.0:
+                    for p in params.values():
+                        p.grad.mul_(coeff)
+        lr = lr_at(cfg, it)
+        self.opt.step(lr)
+        return {"iteration": it, "loss": total, "lr": lr, "grad_norm": gnorm, "grads": grads}
+
+
+# --------------------------------------------------------------------------------------
+# Inputs written by Trident
+# --------------------------------------------------------------------------------------
+
+METRICS_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale",
+                   "skipped", "ms_per_iter", "tokens_per_s", "tflops_per_rank", "mfu"]
+
+
+def read_metrics(path):
+    """Rows of Trident's metrics CSV keyed by iteration (float values)."""
+    _need_file(path, "metrics")
+    rows = {}
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise InputError("%s: empty metrics file" % path)
+        cols = [c.strip() for c in reader.fieldnames]
+        for need in ("iteration", "loss", "lr", "grad_norm"):
+            if need not in cols:
+                raise InputError("%s: column %r is missing (header: %s)" % (path, need, ",".join(cols)))
+        for lineno, r in enumerate(reader, start=2):
+            r = {k.strip(): (v.strip() if isinstance(v, str) else v) for k, v in r.items() if k}
+            try:
+                it = int(float(r["iteration"]))
+                row = {k: float(v) for k, v in r.items() if v not in (None, "")}
+            except ValueError as e:
+                raise InputError("%s line %d: %s" % (path, lineno, e))
+            rows[it] = row
+    if not rows:
+        raise InputError("%s: no data rows" % path)
+    return rows
+
+
+def batch_name(i):
+    return "iter_%07d" % i
+
+
+def available_batches(f, start):
+    """Number of consecutive /iter_NNNNNNN datasets from iteration start+1 on."""
+    n = 0
+    while batch_name(start + n + 1) in f:
+        n += 1
+    return n
+
+
+def read_batch(f, i, cfg, fname):
+    arr = _read_dataset(f, batch_name(i), fname)
+    want = (cfg.global_batch_size, cfg.seq_length + 1)
+    if tuple(arr.shape) != want:
+        raise InputError("%s: %s has shape %s, expected [global_batch_size, seq_length+1] = %s"
+                         % (fname, batch_name(i), tuple(arr.shape), want))
+    if arr.size and (arr.min() < 0 or arr.max() >= cfg.vocab_size):
+        raise InputError("%s: %s has token ids outside [0, %d)" % (fname, batch_name(i), cfg.vocab_size))
+    return arr
+
+
+def read_grads(path, cfg):
+    _need_file(path, "grads")
+    exp = expected_shapes(cfg)
+    out = {}
+    with h5py.File(path, "r") as f:
+        it = int(f.attrs.get("iteration", 1))
+        for n in param_names(cfg.num_layers):
+            arr = _read_dataset(f, n, path)
+            if tuple(arr.shape) != exp[n]:
+                raise InputError("%s: %s has shape %s, expected %s" % (path, n, tuple(arr.shape), exp[n]))
+            out[n] = np.asarray(arr, dtype=np.float64)
+    return it, out
+
+
+# --------------------------------------------------------------------------------------
+# compare
+# --------------------------------------------------------------------------------------
+
+# Default tolerances (see validation/README.md).
+#
+# Loss (relative, per step): Trident computes in fp32, the reference in fp64. At step 1 the two
+#   losses differ by ~1e-8..1e-7 relative (fp32 rounding of reductions over C, F and V). Over
+#   20 AdamW steps the fp32 rounding of the gradients perturbs the trajectory only slightly:
+#   make_fake_case.py (the reference itself in fp32 vs fp64; 2 layers, C=64, V=50257, T=32,
+#   B=4, lr 1e-3) measures <= 1e-7 relative at every step. A different fp32 summation order
+#   (GPU kernels, other reductions) is noise of the same size. 1e-4 therefore leaves three
+#   orders of magnitude of headroom (room for longer runs, where Adam amplifies tiny differences
+#   in near-zero gradient elements) while any real bug in the forward pass, the loss, the
+#   schedule or the update (wrong mask, scale, clipping, lr) moves the loss by far more than 1e-4
+#   within a few steps. Cases may tighten it (e.g. 1e-5) on the command line.
+DEFAULT_LOSS_RTOL = 1e-4
+# Gradients (relative L2 error per tensor, iteration 1): an fp32 result of a reduction of length
+#   K carries a relative error of at most ~eps32 * sqrt(K) ~ 6e-8 * sqrt(K) (random-walk
+#   rounding); for K up to ~1e4-1e5 (B*T tokens, C, F, V) that is <= ~2e-5 per tensor; measured
+#   on the fake case: 2e-7..4e-7. 1e-4 keeps a wide margin for larger cases and other fp32
+#   summation orders; real bugs (a transposed weight, a missing bias gradient, a wrong head split,
+#   a missing 1/N) give errors of order 1e-3..1 (the self-test shows a 0.1 % scaling of one
+#   tensor, rel. error 1e-3, and one zeroed row of a qkv gradient both fail).
+DEFAULT_GRAD_RTOL = 1e-4
+# Tensors whose true gradient is (nearly) zero have meaningless relative errors: e.g. the
+#   key part of the qkv bias has an exactly zero gradient (softmax is invariant to adding
+#   q.b_k to a whole row), position embeddings beyond seq_length never get any gradient. The
+#   error is therefore measured against max(||g_ref||, floor), floor = GRAD_FLOOR_FRAC times
+#   the global reference gradient norm: an error smaller than rtol * 1e-3 * global norm cannot
+#   matter to training.
+DEFAULT_GRAD_FLOOR_FRAC = 1e-3
+# Grad norm (relative, per step): fp32 vs fp64 agree to ~1e-7 (measured <= 6e-8 over 20 steps);
+#   1e-3 is loose on purpose (it is a summary, the per-tensor check is the sharp one), but it
+#   catches a norm taken after clipping, or a tied embedding counted twice.
+DEFAULT_GNORM_RTOL = 1e-3
+# Learning rate (relative): the schedule is exact arithmetic on both sides; the only error is
+#   the CSV's printed precision. 1e-4 allows 5 significant digits; an off-by-one in warmup
+#   changes the lr by 1/i >= 1/warmup_iters, one in mid cosine decay by ~pi/(2 (D - warmup)).
+DEFAULT_LR_RTOL = 1e-4
+
+
+def _rel(a, b):
+    if a == b:
+        return 0.0
+    den = abs(b)
+    return abs(a - b) / den if den > 0 else float("inf")
+
+
+def cmd_compare(args):
+    torch.set_num_threads(args.threads)
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    ckpt = Checkpoint(args.checkpoint)
+    cfg = ckpt.config
+    metrics = read_metrics(args.metrics)
+    start = ckpt.iteration
+
+    _need_file(args.batches, "batches")
+    bf = h5py.File(args.batches, "r")
+    n_avail = available_batches(bf, start)
+    if n_avail == 0:
+        raise InputError("%s: no dataset %s (first iteration after the checkpoint at %d)"
+                         % (args.batches, batch_name(start + 1), start))
+    last_metric = max(metrics)
+    if args.steps is None:
+        steps = min(n_avail, last_metric - start)
+        if steps <= 0:
+            raise InputError("%s: no rows after the checkpoint's iteration %d" % (args.metrics, start))
+    else:
+        steps = args.steps
+        if steps > n_avail:
+            raise InputError("%s: --steps %d but only %d batches after iteration %d"
+                             % (args.batches, steps, n_avail, start))
+    compared = [i for i in range(start + 1, start + steps + 1) if i in metrics]
+    if not compared:
+        raise InputError("%s: no rows for iterations %d..%d" % (args.metrics, start + 1, start + steps))
+    for i in compared:
+        if metrics[i].get("skipped", 0.0) != 0.0:
+            raise InputError("%s: iteration %d was skipped by Trident (loss-scale overflow); "
+                             "compare only fp32 runs without skipped steps" % (args.metrics, i))
+
+    grads_it, grads_t = None, None
+    if args.grads:
+        grads_it, grads_t = read_grads(args.grads, cfg)
+        if not (start + 1 <= grads_it <= start + steps):
+            raise InputError("%s: gradients are of iteration %d, outside the compared range %d..%d"
+                             % (args.grads, grads_it, start + 1, start + steps))
+
+    if cfg.precision != "fp32":
+        print("note: the run's precision is %s; the default tolerances assume fp32" % cfg.precision)
+    print("reference: %d layers, C=%d, heads=%d, F=%d, V=%d, T=%d, global batch %d (micro %d), %s, "
+          "%d threads; iterations %d..%d"
+          % (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, cfg.vocab_size,
+             cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, args.dtype, args.threads,
+             start + 1, start + steps))
+
+    trainer = Trainer(ckpt, dtype)
+    failures = []
+    step_rows = []
+    hdr = ("%6s %15s %15s %9s %11s %11s %9s %12s %12s %9s  %s"
+           % ("iter", "loss_trident", "loss_ref", "rel", "lr_trident", "lr_ref", "lr_rel",
+              "gnorm_trid", "gnorm_ref", "gn_rel", "status"))
+    print(hdr)
+    ref_grads = None
+    t0 = time.time()
+    for i in range(start + 1, start + steps + 1):
+        batch = read_batch(bf, i, cfg, args.batches)
+        res = trainer.step(batch, keep_grads=(i == grads_it))
+        if i == grads_it:
+            ref_grads = res["grads"]
+        row = {"iteration": i, "loss_ref": res["loss"], "lr_ref": res["lr"],
+               "grad_norm_ref": res["grad_norm"]}
+        if i in metrics:
+            m = metrics[i]
+            lt, lrt, gt = m["loss"], m["lr"], m["grad_norm"]
+            lrel = _rel(lt, res["loss"])
+            rrel = _rel(lrt, res["lr"]) if res["lr"] != 0 else abs(lrt)
+            grel = _rel(gt, res["grad_norm"])
+            bad = []
+            if not (lrel <= args.loss_rtol):
+                bad.append("loss")
+            if not (rrel <= args.lr_rtol):
+                bad.append("lr")
+            if not (grel <= args.gnorm_rtol):
+                bad.append("grad_norm")
+            if "consumed_samples" in m:
+                want = ckpt.consumed_samples + (i - start) * cfg.global_batch_size
+                if int(m["consumed_samples"]) != want:
+                    print("  warning: iteration %d consumed_samples %d, expected %d"
+                          % (i, int(m["consumed_samples"]), want))
+            for b in bad:
+                failures.append("iteration %d: %s differs" % (i, b))
+            row.update({"loss_trident": lt, "loss_rel": lrel, "lr_trident": lrt, "lr_rel": rrel,
+                        "grad_norm_trident": gt, "grad_norm_rel": grel, "ok": not bad})
+            print("%6d %15.9g %15.9g %9.2e %11.5g %11.5g %9.2e %12.7g %12.7g %9.2e  %s"
+                  % (i, lt, res["loss"], lrel, lrt, res["lr"], rrel, gt, res["grad_norm"], grel,
+                     "ok" if not bad else "FAIL(" + ",".join(bad) + ")"))
+        else:
+            print("%6d %15s %15.9g %9s %11s %11.5g %9s %12s %12.7g %9s  %s"
+                  % (i, "-", res["loss"], "-", "-", res["lr"], "-", "-", res["grad_norm"], "-",
+                     "not logged"))
+        step_rows.append(row)
+    bf.close()
+    elapsed = time.time() - t0
+
+    grad_rows = []
+    if grads_t is not None:
+        gref_global = math.sqrt(sum(float((g ** 2).sum()) for g in ref_grads.values()))
+        floor = args.grad_floor_frac * gref_global
+        print("\ngradients of iteration %d: relative L2 error ||g_t - g_r|| / max(||g_r||, %.3g)"
+              " (floor = %.0e x global norm %.6g), tolerance %.1e"
+              % (grads_it, floor, args.grad_floor_frac, gref_global, args.grad_rtol))
+        print("%-52s %12s %12s %10s %10s  %s" % ("tensor", "||g_ref||", "||g_trid||", "rel_l2",
+                                                   "max_abs", "status"))
+        worst = 0.0
+        for n in param_names(cfg.num_layers):
+            gr, gt = ref_grads[n], grads_t[n]
+            nr = float(np.linalg.norm(gr))
+            nt = float(np.linalg.norm(gt))
+            diff = gt - gr
+            err = float(np.linalg.norm(diff))
+            rel = err / max(nr, floor) if max(nr, floor) > 0 else (0.0 if err == 0 else float("inf"))
+            mx = float(np.abs(diff).max()) if diff.size else 0.0
+            ok = bool(rel <= args.grad_rtol)  # NaN fails
+            if worst == worst and not (rel <= worst):  # a NaN, once seen, stays
+                worst = rel
+            if not ok:
+                failures.append("gradient %s: relative error %.3e" % (n, rel))
+            grad_rows.append({"name": n, "norm_ref": nr, "norm_trident": nt, "rel_l2": rel,
+                              "max_abs": mx, "ok": ok})
+            print("%-52s %12.6g %12.6g %10.2e %10.2e  %s" % (n, nr, nt, rel, mx, "ok" if ok else "FAIL"))
+        print("worst gradient relative error: %.3e" % worst)
+
+    ok = not failures
+    print("\nreference time %.1f s for %d steps" % (elapsed, steps))
+    if ok:
+        print("PASS: %d logged steps within loss rtol %.1e, lr rtol %.1e, grad-norm rtol %.1e%s"
+              % (len(compared), args.loss_rtol, args.lr_rtol, args.gnorm_rtol,
+                 (", %d gradient tensors within %.1e" % (len(grad_rows), args.grad_rtol))
+                 if grad_rows else " (no gradient file)"))
+    else:
+        print("FAIL: %d problem(s):" % len(failures))
+        for msg in failures[:50]:
+            print("  " + msg)
+    if args.report:
+        rep = {"pass": ok, "failures": failures, "dtype": args.dtype,
+               "tolerances": {"loss_rtol": args.loss_rtol, "grad_rtol": args.grad_rtol,
+                              "grad_floor_frac": args.grad_floor_frac,
+                              "grad_norm_rtol": args.gnorm_rtol, "lr_rtol": args.lr_rtol},
+               "checkpoint_iteration": start, "steps": step_rows, "gradients_iteration": grads_it,
+               "gradients": grad_rows, "seconds": elapsed}
+        with open(args.report, "w") as fh:
+            json.dump(rep, fh, indent=1)
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------------------
+# eval
+# --------------------------------------------------------------------------------------
+
+def eval_windows_loss(model, tokens, S, n_windows, chunk=8):
+    """Mean next-token cross-entropy over windows tokens[k*S : k*S+S+1], k < n_windows."""
+    need = n_windows * S + 1
+    if tokens.shape[0] < need:
+        raise InputError("shard has %d tokens, %d windows of seq_length %d need %d"
+                         % (tokens.shape[0], n_windows, S, need))
+    total = 0.0
+    with torch.no_grad():
+        for k0 in range(0, n_windows, chunk):
+            k1 = min(n_windows, k0 + chunk)
+            w = np.stack([np.asarray(tokens[k * S:k * S + S + 1], dtype=np.int64)
+                          for k in range(k0, k1)])
+            if w.min() < 0 or w.max() >= model.cfg.vocab_size:
+                raise InputError("shard has token ids outside [0, %d)" % model.cfg.vocab_size)
+            total += float(model.loss_sum(torch.from_numpy(w)))
+    return total / (n_windows * S)
+
+
+def cmd_eval(args):
+    torch.set_num_threads(args.threads)
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    ckpt = Checkpoint(args.checkpoint, need_optimizer=False)
+    _need_file(args.shard, "shard")
+    with h5py.File(args.shard, "r") as f:
+        if "tokens" not in f:
+            raise InputError("%s: dataset /tokens is missing" % args.shard)
+        ds = f["tokens"]
+        if ds.ndim != 1:
+            raise InputError("%s: /tokens must be 1-D, has shape %s" % (args.shard, ds.shape))
+        S = ckpt.config.seq_length
+        need = args.windows * S + 1
+        if ds.shape[0] < need:
+            raise InputError("%s: %d tokens, %d windows of seq_length %d need %d"
+                             % (args.shard, ds.shape[0], args.windows, S, need))
+        tokens = ds[:need]
+    model = GPTReference(ckpt.config, ckpt.params, dtype)
+    loss = eval_windows_loss(model, tokens, S, args.windows)
+    print("eval loss: %.9g" % loss)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd")
+
+    c = sub.add_parser("compare", help="train from a checkpoint and compare with Trident's metrics/grads")
+    c.add_argument("--checkpoint", required=True, help="Trident checkpoint.h5 (e.g. iter_0000000)")
+    c.add_argument("--batches", required=True, help="batches.h5 with /iter_NNNNNNN datasets")
+    c.add_argument("--metrics", required=True, help="Trident's metrics CSV")
+    c.add_argument("--grads", help="Trident's grads.h5 (gradients of one iteration, usually 1)")
+    c.add_argument("--steps", type=int, help="steps to train (default: all batches/metrics rows)")
+    c.add_argument("--loss-rtol", type=float, default=DEFAULT_LOSS_RTOL)
+    c.add_argument("--grad-rtol", type=float, default=DEFAULT_GRAD_RTOL)
+    c.add_argument("--grad-floor-frac", type=float, default=DEFAULT_GRAD_FLOOR_FRAC,
+                   help="per-tensor norm floor as a fraction of the global grad norm")
+    c.add_argument("--gnorm-rtol", type=float, default=DEFAULT_GNORM_RTOL)
+    c.add_argument("--lr-rtol", type=float, default=DEFAULT_LR_RTOL)
+    c.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--report", help="write a JSON report here")
+
+    e = sub.add_parser("eval", help="recompute Trident's eval mode on a token shard")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--shard", required=True, help="token shard .h5 with /tokens")
+    e.add_argument("--windows", type=int, required=True)
+    e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    e.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def main(argv=None):
+    tune_malloc()
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.cmd is None:
+        ap.print_help()
+        return 2
+    try:
+        if args.cmd == "compare":
+            if args.steps is not None and args.steps <= 0:
+                raise InputError("--steps must be positive")
+            return cmd_compare(args)
+        if args.windows <= 0:
+            raise InputError("--windows must be positive")
+        return cmd_eval(args)
+    except InputError as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+    except OSError as e:  # unreadable / not HDF5
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
