@@ -103,7 +103,12 @@ TokenShardWriter::TokenShardWriter(const std::string& path, const std::string& t
   H5Pset_chunk(dcpl, 1, chunk);
   m.tokens = h5_dataset(H5Dcreate2(m.file, "tokens", m.wide ? H5T_STD_I32LE : H5T_STD_U16LE, space, H5P_DEFAULT,
                                    dcpl, H5P_DEFAULT));
-  TRIDENT_REQUIRE(m.tokens.valid(), where_of(path) << ": cannot create dataset /tokens");
+  if (!m.tokens.valid()) {
+    m.file.reset();
+    std::error_code ec;
+    std::filesystem::remove(m.tmp_path, ec);
+    throw Error::all(where_of(path) + ": cannot create dataset /tokens");
+  }
 }
 
 TokenShardWriter::~TokenShardWriter() {

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <type_traits>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -40,7 +41,9 @@ class Registry {
  private:
   template <class T>
   void add(const std::string& key, T* field, const char* help) {
-    desc_.add_options()(key.c_str(), po::value<T>(field)->default_value(*field, fmt(*field)), help);
+    auto* v = po::value<T>(field)->default_value(*field, fmt(*field));
+    if constexpr (std::is_same_v<T, std::string>) v->implicit_value("", "");  // "--key ''" clears
+    desc_.add_options()(key.c_str(), v, help);
     entries_.push_back({key, [field] { return fmt(*field); }});
   }
   void declare(Deck& d) {
@@ -208,7 +211,7 @@ std::vector<std::string> last_value_wins(const std::vector<std::string>& args) {
     if (!found) kv.emplace_back(key, value);
   }
   std::vector<std::string> out;
-  for (auto& p : kv) out.push_back(p.first + "=" + p.second);
+  for (auto& p : kv) out.push_back(p.second.empty() ? p.first : p.first + "=" + p.second);
   return out;
 }
 

@@ -13,7 +13,7 @@ void causal_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
     for (std::int64_t j = 0; j <= i; ++j) mx = dmax(mx, att(base + j) * scale);
     float sum = 0.f;
     for (std::int64_t j = 0; j <= i; ++j) {
-      const float e = dexp(att(base + j) * scale - mx);
+      const float e = fast_exp(att(base + j) * scale - mx);
       att(base + j) = e;
       sum += e;
     }

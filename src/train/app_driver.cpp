@@ -1,6 +1,7 @@
 // App driver.
 #include "train/app_driver.hpp"
 
+#include <malloc.h>
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -12,6 +13,10 @@
 namespace trident {
 
 int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) {
+  // Keep freed buffers in the heap instead of returning them to the OS: GEMM libraries
+  // allocate large scratch per call, and fresh pages cost a page fault each.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
