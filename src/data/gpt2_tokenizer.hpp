@@ -19,6 +19,8 @@
 // Python's `regex` module used by GPT-2. JavaScript's \s differs on U+FEFF (JS: space) and
 // U+0085 / U+180E-like characters (see data/README.md); plain text rarely holds them.
 //
+// Not thread-safe: encode() fills a word cache (mutable). Use one tokenizer per thread.
+//
 // "<|endoftext|>" in the input text is NOT special: like GPT-2's encoder it is split as
 // ordinary text. Append eod_id() yourself to mark document ends.
 #pragma once
