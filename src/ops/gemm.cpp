@@ -30,6 +30,8 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
+  // A profiling region, so that Kokkos Tools (perf/kernel_timer) see GEMMs next to kernels.
+  Kokkos::Profiling::pushRegion("ops::gemm");
 #if defined(TRIDENT_GEMM_DNNL)
   dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha, A, lda,
                                 B, ldb, beta, C, ldc);
@@ -38,10 +40,12 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
     os << "dnnl_sgemm failed (status " << static_cast<int>(st) << ") M=" << M << " N=" << N << " K=" << K;
     throw Error::one(os.str());
   }
+  Kokkos::Profiling::popRegion();
 #else
   cblas_sgemm(CblasRowMajor, ta == Trans::T ? CblasTrans : CblasNoTrans, tb == Trans::T ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
               static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  Kokkos::Profiling::popRegion();
 #endif
 }
 
