@@ -4,11 +4,11 @@
 include(GoogleTest)
 
 function(trident_add_unit_test name)
-  cmake_parse_arguments(A "" "" "SOURCES;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE trident_core GTest::gtest trident_test_main)
-  set(labels unit ${A_LABELS})
-  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+  # gtest_discover_tests flattens list-valued properties, so unit tests carry the one label.
+  gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 DISCOVERY_TIMEOUT 60)
 endfunction()
 
 function(trident_add_mpi_test name)

@@ -10,6 +10,13 @@
 
 #include "common/error.hpp"
 
+#if defined(TRIDENT_HAVE_OPENMP)
+#include <omp.h>
+
+#include <cstdlib>
+#include <thread>
+#endif
+
 namespace trident {
 
 int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) {
@@ -20,6 +27,20 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+#if defined(TRIDENT_HAVE_OPENMP)
+  // Host GEMM threads: unless OMP_NUM_THREADS says otherwise, the node's cores are shared
+  // evenly by the ranks on the node (several ranks each spawning one thread per core would
+  // oversubscribe the node many times over).
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    omp_set_num_threads(cores / local > 1 ? cores / local : 1);
+  }
+#endif
   int rc = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Trident bootstrap: installs what is missing (Debian 12, as root), builds, and then
+#   gpt   prepares the sample data and runs GPT pretraining (inputs/gpt_small.ini) on local MPI ranks
+#   test  runs the whole CTest suite
+#   build only builds
+# Environment: BUILD_DIR (default build), JOBS (default nproc), NP (ranks for `gpt`, default 2),
+#              CTEST_ARGS (extra ctest arguments, e.g. "-LE slow").
+set -euo pipefail
+mode=${1:-gpt}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+jobs=${JOBS:-$(nproc)}
+np=${NP:-2}
+
+packages=(cmake g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libboost-program-options-dev
+          libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
+          python3-torch python3-numpy python3-h5py python3-matplotlib bible-kjv bible-kjv-text)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "== building in $build"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$jobs"
+
+case "$mode" in
+  build) ;;
+  gpt)
+    bash "$root/data/prepare_sample.sh" --out "$root/data/sample" --bin "$build/apps"
+    mkdir -p "$root/runs/gpt_small"
+    cd "$root"
+    echo "== GPT pretraining: mpiexec -n $np $build/apps/pretrain_gpt --deck inputs/gpt_small.ini"
+    mpiexec -n "$np" "$build/apps/pretrain_gpt" --deck inputs/gpt_small.ini
+    /usr/bin/python3 validation/unigram_entropy.py "data/sample/kjv_gpt2_*.h5" --split-docs 949,50,1 || true
+    /usr/bin/python3 validation/plot_metrics.py runs/gpt_small/metrics.csv --eval runs/gpt_small/metrics.eval.csv \
+      --out runs/gpt_small/loss.png && echo "== loss curve: runs/gpt_small/loss.png"
+    ;;
+  test)
+    cd "$build"
+    ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+    ;;
+  *)
+    echo "usage: $0 gpt|test|build" >&2
+    exit 2
+    ;;
+esac
