@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "train/app_driver.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "data/sentence_splitter.hpp"
 #include "data/token_shard.hpp"
@@ -564,30 +565,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    try {
-      rc = run(argc, argv);
-    } catch (const Error& e) {
-      if (e.scope() == Error::Scope::all_ranks) {
-        if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
-        rc = 1;
-      } else {
-        std::fprintf(stderr, "error on rank %d: %s\n", rank, e.what());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "error on rank %d: %s\n", rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return trident::run_app(argc, argv, run); }

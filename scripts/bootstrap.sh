@@ -39,9 +39,9 @@ case "$mode" in
     cd "$root"
     echo "== GPT pretraining: mpiexec -n $np $build/apps/pretrain_gpt --deck inputs/gpt_small.ini"
     mpiexec -n "$np" "$build/apps/pretrain_gpt" --deck inputs/gpt_small.ini
-    /usr/bin/python3 validation/unigram_entropy.py "data/sample/kjv_gpt2_*.h5" --split-docs 949,50,1 || true
-    /usr/bin/python3 validation/plot_metrics.py runs/gpt_small/metrics.csv --eval runs/gpt_small/metrics.eval.csv \
-      --out runs/gpt_small/loss.png && echo "== loss curve: runs/gpt_small/loss.png"
+    # validation loss against the corpus' unigram entropy, and the loss curve
+    /usr/bin/python3 validation/check_learning.py validation/gpt_small_learning --metrics runs/gpt_small/metrics.csv \
+      --shards "data/sample/kjv_gpt2_*.h5" --plot runs/gpt_small/loss.png
     ;;
   test)
     cd "$build"
