@@ -127,6 +127,8 @@ class Config:
         self.seq_length = g("model", "seq_length", _to_int)
         self.max_position_embeddings = g("model", "max_position_embeddings", _to_int)
         self.layernorm_epsilon = g("model", "layernorm_epsilon", float, 1e-5)
+        self.hidden_dropout = g("model", "hidden_dropout", float, 0.0)
+        self.attention_dropout = g("model", "attention_dropout", float, 0.0)
 
         self.micro_batch_size = g("train", "micro_batch_size", _to_int)
         self.global_batch_size = g("train", "global_batch_size", _to_int)
@@ -576,6 +578,10 @@ def cmd_compare(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     ckpt = Checkpoint(args.checkpoint)
     cfg = ckpt.config
+    if cfg.hidden_dropout > 0 or cfg.attention_dropout > 0:
+        raise InputError("the run used dropout (hidden %g, attention %g); the reference has none: train the "
+                         "case with model.hidden_dropout = model.attention_dropout = 0"
+                         % (cfg.hidden_dropout, cfg.attention_dropout))
     metrics = read_metrics(args.metrics)
     start = ckpt.iteration
 

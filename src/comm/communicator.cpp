@@ -38,14 +38,43 @@ void Communicator::release() {
   comm_ = MPI_COMM_NULL;
 }
 
-void Communicator::allreduce_sum(float* data, std::int64_t n) const {
-  if (size_ == 1 || n == 0) return;
+namespace {
+void allreduce_chunked(float* data, std::int64_t n, MPI_Op op, MPI_Comm comm) {
   Kokkos::fence();
   const std::int64_t chunk = 1 << 28;
   for (std::int64_t off = 0; off < n; off += chunk) {
     const int count = static_cast<int>(std::min(chunk, n - off));
-    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm_));
+    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, op, comm));
   }
+}
+int as_int(std::int64_t n) {
+  if (n > 0x7fffffff) throw Error::one("collective of " + std::to_string(n) + " elements exceeds MPI's int count");
+  return static_cast<int>(n);
+}
+}  // namespace
+
+void Communicator::allreduce_sum(float* data, std::int64_t n) const {
+  if (size_ == 1 || n == 0) return;
+  count("allreduce", 4.0 * n);
+  allreduce_chunked(data, n, MPI_SUM, comm_);
+}
+
+void Communicator::allreduce_max(float* data, std::int64_t n) const {
+  if (size_ == 1 || n == 0) return;
+  count("allreduce", 4.0 * n);
+  allreduce_chunked(data, n, MPI_MAX, comm_);
+}
+
+void Communicator::allgather(const float* in, float* out, std::int64_t n) const {
+  count("allgather", 4.0 * n * size_);
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
+}
+
+void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
+  count("reduce_scatter", 4.0 * n * size_);
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 double Communicator::allreduce_sum(double v) const {

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace trident {
@@ -24,8 +25,13 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // In-place sum over the group of a buffer in the default memory space.
+  // In-place sum / max over the group of a buffer in the default memory space.
   void allreduce_sum(float* data, std::int64_t n) const;
+  void allreduce_max(float* data, std::int64_t n) const;
+  // out (size() * n) = the n values of every rank, in rank order.
+  void allgather(const float* in, float* out, std::int64_t n) const;
+  // out (n) = sum over ranks of in[rank() * n, (rank() + 1) * n).
+  void reduce_scatter(const float* in, float* out, std::int64_t n) const;
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;
@@ -33,7 +39,23 @@ class Communicator {
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
   void barrier() const;
 
+  // Traffic accounting: per collective kind, calls and payload bytes (the size of the full
+  // buffer each call reduces or gathers), for the communication benchmarks.
+  struct Stats {
+    std::int64_t calls = 0;
+    double bytes = 0;
+  };
+  const Stats& stats(const std::string& kind) const { return stats_[kind]; }
+  void reset_stats() const { stats_.clear(); }
+  const std::map<std::string, Stats>& all_stats() const { return stats_; }
+
  private:
+  void count(const char* kind, double bytes) const {
+    auto& s = stats_[kind];
+    ++s.calls;
+    s.bytes += bytes;
+  }
+  mutable std::map<std::string, Stats> stats_;
   void release();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

@@ -44,10 +44,29 @@ H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
   return f;
 }
 
+// Calls f(memory space, file space) once per row block of p with the selections that map this
+// rank's local slice onto the global tensor.
+template <class F>
+void for_each_block(const ParamInfo& p, F&& f, hid_t fspace) {
+  const int nd = static_cast<int>(p.shape.size());
+  const hsize_t nb = static_cast<hsize_t>(p.row_blocks);
+  std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
+  H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
+  for (hsize_t b = 0; b < nb; ++b) {
+    std::vector<hsize_t> mstart(nd, 0), count(p.valid.begin(), p.valid.end()),
+        fstart(p.global_offset.begin(), p.global_offset.end());
+    mstart[0] = b * ldims[0] / nb;
+    fstart[0] += b * static_cast<hsize_t>(p.global_shape[0]) / nb;
+    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr);
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr);
+    f(mspace.get(), fspace);
+  }
+}
+
 // Writes every parameter of `store` from `host` (a host copy of a buffer laid out like the
 // store) as global datasets prefix + name. Collective: every rank creates every dataset.
 void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host,
-                   bool i_write) {
+                   bool i_write, int tp_rank) {
   for (const auto& p : store.params()) {
     const std::string name = prefix + p.name;
     h5_make_parents(file, name);
@@ -55,16 +74,11 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
     H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
-    if (!i_write) continue;
-    const int nd = static_cast<int>(p.shape.size());
-    std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
-    std::vector<hsize_t> zero(nd, 0), count(p.valid.begin(), p.valid.end()),
-        goff(p.global_offset.begin(), p.global_offset.end());
-    H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
-    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, zero.data(), nullptr, count.data(), nullptr);
-    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, goff.data(), nullptr, count.data(), nullptr);
-    if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, host + p.offset) < 0)
-      throw Error::one("checkpoint: writing '" + name + "' failed");
+    if (!i_write || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of replicated tensors
+    for_each_block(p, [&](hid_t mspace, hid_t fsel) {
+      if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
+        throw Error::one("checkpoint: writing '" + name + "' failed");
+    }, fspace);
   }
 }
 
@@ -80,16 +94,11 @@ void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store
     std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());
     TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
                                                 << " but this model needs " << shape_str(want));
-    const int nd = static_cast<int>(p.shape.size());
-    std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
-    std::vector<hsize_t> zero(nd, 0), count(p.valid.begin(), p.valid.end()),
-        goff(p.global_offset.begin(), p.global_offset.end());
     H5Handle fspace = h5_space(H5Dget_space(dset));
-    H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
-    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, zero.data(), nullptr, count.data(), nullptr);
-    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, goff.data(), nullptr, count.data(), nullptr);
-    TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, host + p.offset) >= 0,
-                    "checkpoint " << where << ": reading '" << name << "' failed");
+    for_each_block(p, [&](hid_t mspace, hid_t fsel) {
+      TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) >= 0,
+                      "checkpoint " << where << ": reading '" << name << "' failed");
+    }, fspace);
   }
 }
 
@@ -134,10 +143,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
     agree_or_throw(world.get(), err);
     const bool w = writes_slice(topo);
-    write_tensors(file, "", store, values.data(), w);
+    write_tensors(file, "", store, values.data(), w, topo.coords().tp);
     if (opt) {
-      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w);
-      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w);
+      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w, topo.coords().tp);
+      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w, topo.coords().tp);
     }
     // Attributes are written collectively (same values on every rank).
     h5_write_attr(file, "format", std::string(kCheckpointFormat));
@@ -234,7 +243,7 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   H5Handle file = open_parallel_create(path, topo.world().get());
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
-  write_tensors(file, prefix, store, host.data(), writes_slice(topo));
+  write_tensors(file, prefix, store, host.data(), writes_slice(topo), topo.coords().tp);
   h5_write_attr(file, "iteration", iteration);
 }
 

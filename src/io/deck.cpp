@@ -57,6 +57,8 @@ class Registry {
     add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by, "vocabulary padding multiple (x tp)");
     add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "LayerNorm epsilon");
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
+    add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
+    add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
     add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
@@ -136,9 +138,22 @@ void validate(const Deck& d) {
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);
-  TRIDENT_REQUIRE(d.parallel.tp == 1 && d.parallel.pp == 1 && d.parallel.vp == 1 && !d.parallel.sequence_parallel,
-                  "deck: parallel.tp/pp/vp > 1 and parallel.sequence_parallel are not available in this version of "
-                  "Trident (data parallelism only); set them to 1/false");
+  TRIDENT_REQUIRE(d.parallel.pp == 1 && d.parallel.vp == 1,
+                  "deck: parallel.pp/vp > 1 (pipeline parallelism) is not available in this version of Trident; "
+                  "set them to 1");
+  TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0, "deck: model.num_heads (" << d.model.num_heads
+                                                                                    << ") is not divisible by parallel.tp ("
+                                                                                    << d.parallel.tp << ")");
+  TRIDENT_REQUIRE(d.model.ffn_hidden_size % d.parallel.tp == 0,
+                  "deck: model.ffn_hidden_size (" << d.model.ffn_hidden_size << ") is not divisible by parallel.tp ("
+                                                  << d.parallel.tp << ")");
+  TRIDENT_REQUIRE(!d.parallel.sequence_parallel || (d.train.micro_batch_size * d.model.seq_length) % d.parallel.tp == 0,
+                  "deck: parallel.sequence_parallel splits train.micro_batch_size x model.seq_length = "
+                      << d.train.micro_batch_size * d.model.seq_length << " tokens over parallel.tp = " << d.parallel.tp
+                      << ": not divisible");
+  TRIDENT_REQUIRE(d.model.hidden_dropout >= 0 && d.model.hidden_dropout < 1, "deck: model.hidden_dropout must be in [0, 1)");
+  TRIDENT_REQUIRE(d.model.attention_dropout >= 0 && d.model.attention_dropout < 1,
+                  "deck: model.attention_dropout must be in [0, 1)");
   positive("train.micro_batch_size", d.train.micro_batch_size);
   if (!d.eval.only) {
     positive("train.global_batch_size", d.train.global_batch_size);

@@ -15,6 +15,7 @@ struct Deck {
     std::int64_t num_layers = 0, hidden_size = 0, num_heads = 0, ffn_hidden_size = 0, seq_length = 0;
     std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
     double layernorm_epsilon = 1e-5, init_method_std = 0.02;
+    double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults
   } model;
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;

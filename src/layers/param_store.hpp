@@ -5,8 +5,12 @@
 // A parameter knows its checkpoint name, the GLOBAL shape stored in checkpoints, and which
 // slice of it this rank holds (offsets, and how many local rows/columns are real rather than
 // padding), so checkpoints are written global and load under any layout.
-// Layout of the flat buffer: parameters with weight decay first, then those without, so the
-// optimizer applies decay to the prefix [0, decay_size()).
+// Layout of the flat buffer, four groups in this order:
+//   [decay, TP-sharded][decay, TP-replicated][no decay, TP-replicated][no decay, TP-sharded]
+// so that weight decay applies to the prefix [0, decay_size()) and the parameters replicated
+// over the tensor-parallel group (LayerNorm, row-parallel biases, position embeddings) form one
+// contiguous range (their gradients are all-reduced over TP under sequence parallelism, and
+// counted once in the global gradient norm).
 #pragma once
 #include <string>
 #include <vector>
@@ -21,6 +25,10 @@ struct ParamInfo {
   std::vector<std::int64_t> global_shape;
   std::vector<std::int64_t> global_offset;  // start of the local slice in the global tensor
   std::vector<std::int64_t> valid;    // local extent that maps onto the global tensor (rest: padding)
+  // The row dimension consists of row_blocks equal blocks, each sharded alike (fused qkv:
+  // q | k | v). global_offset[0] and valid[0] are then per block.
+  std::int64_t row_blocks = 1;
+  bool tp_replicated = true;          // every TP rank holds the same full tensor
   bool weight_decay = false;
   float init_std = 0.f;               // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;
@@ -47,6 +55,9 @@ class ParamStore {
   const FloatView& grads() const { return grads_; }
   std::int64_t size() const { return total_; }
   std::int64_t decay_size() const { return decay_total_; }
+  // [begin, end) of the TP-replicated parameters in the flat buffers.
+  std::int64_t replicated_begin() const { return replicated_begin_; }
+  std::int64_t replicated_end() const { return replicated_end_; }
   // Number of parameters counted globally (sum of global shapes, no padding).
   std::int64_t global_count() const;
   ParamId find(const std::string& name) const;  // -1 when absent
@@ -59,7 +70,7 @@ class ParamStore {
  private:
   std::vector<ParamInfo> params_;
   FloatView values_, grads_;
-  std::int64_t total_ = 0, decay_total_ = 0;
+  std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0;
 };
 
 }  // namespace trident

@@ -1,45 +1,65 @@
-// Pre-LayerNorm transformer layer (GPT-2):
-//   x2 = x + proj(attention(LN1(x)))      x3 = x2 + fc2(gelu(fc1(LN2(x2))))
+// Pre-LayerNorm transformer layer (GPT-2), tensor- and sequence-parallel (Megatron):
+//   x2 = x + dropout(proj(attention(LN1(x))))      x3 = x2 + dropout(fc2(gelu(fc1(LN2(x2)))))
+// qkv and fc1 are column-parallel, proj and fc2 row-parallel; this rank computes heads
+// [r*nh/tp, (r+1)*nh/tp). Outside the tensor-parallel region (LayerNorm, dropout, residual) a
+// rank holds all B*T rows, or rows/tp of them with sequence parallelism.
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
 #include <string>
 
 #include "layers/layer_norm.hpp"
-#include "layers/linear.hpp"
+#include "layers/parallel_linear.hpp"
 #include "ops/attention.hpp"
 
 namespace trident {
 
 struct TransformerShape {
-  std::int64_t B, T, C, nh, F;  // micro-batch, sequence, hidden, heads, ffn hidden
+  std::int64_t B, T, C, nh, F;  // micro-batch, sequence, hidden, heads, ffn hidden (global sizes)
   float ln_eps, init_std, out_init_std;  // out_init_std: std of the output projections
-  bool causal = true;
+  TensorParallel tp;
+  float hidden_dropout = 0.f, attention_dropout = 0.f;
+  std::int64_t rows() const { return B * T; }
+  std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
+};
+
+// Dropout streams of one micro-batch (Megatron's convention: `shared` is the same on every TP
+// rank and serves regions where TP ranks hold identical data; `tp_local` differs per TP rank
+// and serves the tensor-parallel region and, with sequence parallelism, the row-split region).
+struct DropoutStreams {
+  std::uint64_t step = 0;
+  std::uint64_t shared = 0, tp_local = 0;
+  bool training = false;  // no dropout when false (evaluation)
 };
 
 // Scratch shared by all layers during backward (sized for one layer).
 struct TransformerScratch {
   explicit TransformerScratch(const TransformerShape& s);
-  FloatView dln, dqkv, datty, dfc, dfc_gelu;             // (BT,C) (BT,3C) (BT,C) (BT,F) (BT,F)
-  FloatView dyperm, datt, dq, dk, dv;                    // attention scratch
+  FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;  // (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C)
+  FloatView dyperm, datt, dq, dk, dv;                  // attention scratch
 };
 
 class TransformerLayer {
  public:
-  TransformerLayer(ParamStore& store, const std::string& prefix, const TransformerShape& s);
+  TransformerLayer(ParamStore& store, const std::string& prefix, std::int64_t index, const TransformerShape& s);
 
-  // x (BT, C) -> out() (BT, C). x must stay alive until backward.
-  void forward(const FloatView& x);
-  // dres (BT, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
+  // x (R, C) -> out() (R, C). x must stay alive until backward.
+  void forward(const FloatView& x, const DropoutStreams& rng);
+  // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
   void backward(const FloatView& dres, const FloatView& x, TransformerScratch& s);
 
   const FloatView& out() const { return out_; }
 
  private:
+  DropoutSpec spec(float p, std::uint64_t site, bool tp_region) const;
+
   TransformerShape s_;
+  std::int64_t index_;
+  DropoutStreams rng_;
   LayerNorm norm1_, norm2_;
-  Linear qkv_, proj_, fc1_, fc2_;
-  // activations (BT = B*T rows)
-  FloatView ln1_, ln1_mean_, ln1_rstd_, qkv_act_, q_, k_, v_, att_, yperm_, atty_, attproj_, res2_;
+  ColumnParallelLinear qkv_, fc1_;
+  RowParallelLinear proj_, fc2_;
+  // activations; R = local rows, BT = all rows, C_l = C/tp, F_l = F/tp
+  FloatView ln1_, ln1_mean_, ln1_rstd_, qkv_act_, q_, k_, v_, att_, att_drop_, yperm_, atty_, attproj_, res2_;
   FloatView ln2_, ln2_mean_, ln2_rstd_, fc_, fc_gelu_, fcproj_, out_;
 };
 

@@ -78,7 +78,7 @@ void permute_heads(const FloatView& dst, const FloatView& src, const AttentionSh
 
 void attention_forward(const FloatView& y, const FloatView& q, const FloatView& k, const FloatView& v,
                        const FloatView& att, const FloatView& yperm, const FloatView& qkv,
-                       const AttentionShape& s) {
+                       const AttentionShape& s, const DropoutSpec& drop, const FloatView& att_drop) {
   const std::int64_t T = s.T, hs = s.hs(), BH = s.B * s.nh;
   split_heads(q, k, v, qkv, s);
   Kokkos::fence();
@@ -86,24 +86,29 @@ void attention_forward(const FloatView& y, const FloatView& q, const FloatView& 
   gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q.data(), hs, T * hs, k.data(), hs, T * hs, 0.f,
                        att.data(), T, T * T, BH);
   causal_softmax_forward(att, BH, T, 1.f / dsqrt(static_cast<float>(hs)));
+  const FloatView& probs = drop.active() ? att_drop : att;
+  if (drop.active()) dropout_forward(att_drop, att, BH * T * T, drop);
   Kokkos::fence();
   // yperm (T, hs) = att (T, T) v (T, hs)
-  gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, att.data(), T, T * T, v.data(), hs, T * hs, 0.f,
+  gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, probs.data(), T, T * T, v.data(), hs, T * hs, 0.f,
                        yperm.data(), hs, T * hs, BH);
   permute_heads(y, yperm, s, /*to_heads=*/false);
 }
 
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& q, const FloatView& k,
                         const FloatView& v, const FloatView& att, const FloatView& dyperm, const FloatView& datt,
-                        const FloatView& dq, const FloatView& dk, const FloatView& dv, const AttentionShape& s) {
+                        const FloatView& dq, const FloatView& dk, const FloatView& dv, const AttentionShape& s,
+                        const DropoutSpec& drop, const FloatView& att_drop) {
   const std::int64_t T = s.T, hs = s.hs(), BH = s.B * s.nh;
   permute_heads(dyperm, dy, s, /*to_heads=*/true);
   Kokkos::fence();
   // datt (T, T) = dy (T, hs) v^T ; dv (T, hs) = att^T (T, T) dy (T, hs)
   gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, dyperm.data(), hs, T * hs, v.data(), hs, T * hs, 0.f,
                        datt.data(), T, T * T, BH);
-  gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, att.data(), T, T * T, dyperm.data(), hs, T * hs, 0.f,
+  const FloatView& probs = drop.active() ? att_drop : att;
+  gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, probs.data(), T, T * T, dyperm.data(), hs, T * hs, 0.f,
                        dv.data(), hs, T * hs, BH);
+  if (drop.active()) dropout_backward(datt, datt, BH * T * T, drop);
   causal_softmax_backward(datt, att, BH, T, 1.f / dsqrt(static_cast<float>(hs)));
   Kokkos::fence();
   // dq = dscores k ; dk = dscores^T q

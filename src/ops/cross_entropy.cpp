@@ -65,6 +65,46 @@ void cross_entropy_forward_backward(const FloatView& losses, const FloatView& lo
   cross_entropy_impl<true>(losses, logits, targets, N, V, Vp, dscale);
 }
 
+void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets,
+                                  std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
+                                  bool backward, const Communicator& comm, const FloatView& scratch) {
+  // columns of this rank that are real vocabulary entries: [0, nvalid)
+  const std::int64_t nvalid = V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
+  const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);  // sums: (sum exp, target logit)
+  Kokkos::parallel_for("ops::vocab_parallel_ce_max", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+    const float* row = logits.data() + n * Vl;
+    float mx = -3.0e38f;
+    TRIDENT_SIMD_MAX(mx)
+    for (std::int64_t j = 0; j < nvalid; ++j) mx = row[j] > mx ? row[j] : mx;
+    rowmax(n) = mx;
+  });
+  Kokkos::fence();
+  comm.allreduce_max(rowmax.data(), N);
+  Kokkos::parallel_for("ops::vocab_parallel_ce_sum", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+    const float* row = logits.data() + n * Vl;
+    const float mx = rowmax(n);
+    float s = 0.f;
+    TRIDENT_SIMD_SUM(s)
+    for (std::int64_t j = 0; j < nvalid; ++j) s += fast_exp(row[j] - mx);
+    const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
+    sums(n) = s;
+    sums(N + n) = (t >= 0 && t < nvalid) ? row[t] : 0.f;
+  });
+  Kokkos::fence();
+  comm.allreduce_sum(sums.data(), 2 * N);
+  Kokkos::parallel_for("ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+    losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);
+    if (!backward) return;
+    float* row = logits.data() + n * Vl;
+    const float mx = rowmax(n), s = dscale / sums(n);
+    for (std::int64_t j = 0; j < nvalid; ++j) row[j] = fast_exp(row[j] - mx) * s;
+    for (std::int64_t j = nvalid; j < Vl; ++j) row[j] = 0.f;
+    const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
+    if (t >= 0 && t < nvalid) row[t] -= dscale;
+  });
+  Kokkos::fence();
+}
+
 double sum_losses(const FloatView& losses, std::int64_t N) {
   double total = 0;
   Kokkos::parallel_reduce(

@@ -1,6 +1,7 @@
 // Softmax cross-entropy over (possibly padded) vocabulary logits, in fp32. Columns >= V are
 // padding: they are masked out, so neither the loss nor any gradient depends on the padding.
 #pragma once
+#include "comm/communicator.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -11,6 +12,14 @@ void cross_entropy_forward(const FloatView& losses, const FloatView& logits, con
 // As forward, and overwrites logits with d(sum_n losses[n] * dscale)/dlogits (padding columns 0).
 void cross_entropy_forward_backward(const FloatView& losses, const FloatView& logits, const IntView& targets,
                                     std::int64_t N, std::int64_t V, std::int64_t Vp, float dscale);
+// Vocabulary-parallel form: logits (N, Vl) hold columns [start, start + Vl) of the padded
+// vocabulary on this rank; columns >= V are padding. The row max, the sum of exponentials and
+// the target logit are combined over the TP group (comm), so the full logits never meet on
+// one rank. With backward, logits are overwritten with the gradient of dscale * sum(losses).
+// scratch: at least 3 * N floats.
+void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets,
+                                  std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
+                                  bool backward, const Communicator& comm, const FloatView& scratch);
 // sum over n of losses[n], accumulated in double
 double sum_losses(const FloatView& losses, std::int64_t N);
 

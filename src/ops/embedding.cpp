@@ -1,34 +1,54 @@
-// Embedding lookup and its scatter-add backward.
+// Embedding lookups and their backward passes. Backward kernels give one thread per channel
+// and walk the rows in order, so repeated tokens/positions are summed in a fixed order
+// (deterministic on every backend, no atomics).
 #include "ops/embedding.hpp"
 
 namespace trident {
 
+void embedding_lookup(const FloatView& out, const IntView& tokens, const FloatView& wte, std::int64_t start,
+                      std::int64_t rows_local, std::int64_t N, std::int64_t C) {
+  Kokkos::parallel_for("ops::embedding_lookup", range(N * C), KOKKOS_LAMBDA(std::int64_t i) {
+    const std::int64_t n = i / C, c = i % C;
+    const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
+    out(i) = (row >= 0 && row < rows_local) ? wte(row * C + c) : 0.f;
+  });
+}
+
+void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens,
+                               std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C) {
+  Kokkos::parallel_for("ops::embedding_lookup_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
+      if (row >= 0 && row < rows_local) dwte(row * C + c) += dout(n * C + c);
+    }
+  });
+}
+
+void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
+                   std::int64_t C) {
+  Kokkos::parallel_for("ops::add_positions", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
+    const std::int64_t t = (row0 + i / C) % T;
+    x(i) += wpe(t * C + i % C);
+  });
+}
+
+void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
+                            std::int64_t T, std::int64_t C) {
+  Kokkos::parallel_for("ops::add_positions_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+    for (std::int64_t i = 0; i < R; ++i) dwpe(((row0 + i) % T) * C + c) += dx(i * C + c);
+  });
+}
+
 void embedding_forward(const FloatView& out, const IntView& tokens, const FloatView& wte, const FloatView& wpe,
                        std::int64_t B, std::int64_t T, std::int64_t C) {
-  Kokkos::parallel_for("ops::embedding_forward", range(B * T * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t bt = i / C, c = i % C, t = bt % T;
-    const std::int64_t tok = tokens(bt);
-    out(i) = wte(tok * C + c) + wpe(t * C + c);
-  });
+  embedding_lookup(out, tokens, wte, 0, static_cast<std::int64_t>(wte.extent(0)) / C, B * T, C);
+  add_positions(out, wpe, 0, B * T, T, C);
 }
 
 void embedding_backward(const FloatView& dwte, const FloatView& dwpe, const FloatView& dout, const IntView& tokens,
                         std::int64_t B, std::int64_t T, std::int64_t C) {
-  // Position gradient: one thread per (t, c) sums over the batch (deterministic).
-  Kokkos::parallel_for("ops::embedding_backward_pos", range(T * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t t = i / C, c = i % C;
-    float s = 0.f;
-    for (std::int64_t b = 0; b < B; ++b) s += dout((b * T + t) * C + c);
-    dwpe(i) += s;
-  });
-  // Token gradient: one thread per channel walks the tokens in order, so repeated tokens are
-  // summed in a fixed order (deterministic on every backend, no atomics).
-  Kokkos::parallel_for("ops::embedding_backward_tok", range(C), KOKKOS_LAMBDA(std::int64_t c) {
-    for (std::int64_t bt = 0; bt < B * T; ++bt) {
-      const std::int64_t tok = tokens(bt);
-      dwte(tok * C + c) += dout(bt * C + c);
-    }
-  });
+  add_positions_backward(dwpe, dout, 0, B * T, T, C);
+  embedding_lookup_backward(dwte, dout, tokens, 0, static_cast<std::int64_t>(dwte.extent(0)) / C, B * T, C);
 }
 
 }  // namespace trident

@@ -1,13 +1,26 @@
-// GPT embeddings: word (token) plus learned absolute position embeddings.
+// Embeddings: a (vocabulary-parallel) word-embedding lookup and learned absolute positions.
 #pragma once
 #include "common/types.hpp"
 
 namespace trident {
 
-// out (B*T, C) = wte[tokens[b,t]] + wpe[t]
+// out (N, C) = wte[tok - start] for tokens in [start, start + rows_local), else 0
+// (vocabulary-parallel lookup; the partial results are summed over TP afterwards).
+void embedding_lookup(const FloatView& out, const IntView& tokens, const FloatView& wte, std::int64_t start,
+                      std::int64_t rows_local, std::int64_t N, std::int64_t C);
+// dwte[tok - start] += dout[n] for tokens of this rank's range (deterministic order).
+void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens,
+                               std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C);
+// x (R, C) += wpe[(row0 + i) % T] for local rows i (row0: first global row held here).
+void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
+                   std::int64_t C);
+// dwpe[(row0 + i) % T] += dx[i]
+void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
+                            std::int64_t T, std::int64_t C);
+
+// Single-rank convenience: out (B*T, C) = wte[tokens] + wpe[t]; and its backward.
 void embedding_forward(const FloatView& out, const IntView& tokens, const FloatView& wte, const FloatView& wpe,
                        std::int64_t B, std::int64_t T, std::int64_t C);
-// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]
 void embedding_backward(const FloatView& dwte, const FloatView& dwpe, const FloatView& dout, const IntView& tokens,
                         std::int64_t B, std::int64_t T, std::int64_t C);
 

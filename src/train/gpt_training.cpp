@@ -25,6 +25,7 @@
 #include "ops/gemm.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "ops/elementwise.hpp"
 
 namespace trident {
 
@@ -52,6 +53,8 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
   c.padded_vocab = pad_vocab(vocab, d.model.make_vocab_size_divisible_by * tp);
   c.ln_eps = static_cast<float>(d.model.layernorm_epsilon);
   c.init_std = static_cast<float>(d.model.init_method_std);
+  c.hidden_dropout = static_cast<float>(d.model.hidden_dropout);
+  c.attention_dropout = static_cast<float>(d.model.attention_dropout);
   return c;
 }
 
@@ -109,6 +112,23 @@ class BatchDumper {
   H5Handle file_;
 };
 
+TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
+  TensorParallel tp;
+  tp.comm = &topo.tp_group();
+  tp.sequence_parallel = deck.parallel.sequence_parallel && topo.tp_size() > 1;
+  return tp;
+}
+
+// Global L2 norm of the gradients: TP-sharded parameters summed over the TP group, the
+// replicated ones (identical on every TP rank by then) counted once.
+double global_grad_norm(const ParamStore& store, const Topology& topo) {
+  const FloatView g = store.grads();
+  const std::int64_t rb = store.replicated_begin(), re = store.replicated_end(), n = store.size();
+  double sharded = sum_squares(slice(g, 0, rb), rb) + sum_squares(slice(g, re, n - re), n - re);
+  sharded = topo.tp_group().allreduce_sum(sharded);
+  return std::sqrt(sharded + sum_squares(slice(g, rb, re - rb), re - rb));
+}
+
 int run_eval_only(const Deck& deck, const Topology& topo) {
   const Communicator& world = topo.world();
   std::unique_ptr<TokenShardReader> shard;
@@ -119,15 +139,17 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
   ParamStore store;
-  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B);
+  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo));
   store.allocate();
   const std::string file = resolve_checkpoint(deck.checkpoint.load);
   CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
-  // Windows are dealt round-robin in blocks of B over all ranks.
+  // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
+  // tensor-parallel group score the same block together).
   Batch batch(B, S);
   double loss_sum = 0;
   const std::int64_t nblocks = (N + B - 1) / B;
-  for (std::int64_t blk = world.rank(); blk < nblocks; blk += world.size()) {
+  const Communicator& dpg = topo.dp_group();
+  for (std::int64_t blk = dpg.rank(); blk < nblocks; blk += dpg.size()) {
     const std::int64_t first = blk * B, count = std::min(B, N - first);
     for (std::int64_t j = 0; j < B; ++j) {
       const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
@@ -136,7 +158,7 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
     batch.finish(vocab);
     loss_sum += model.forward(batch.tokens, batch.targets, count);
   }
-  loss_sum = world.allreduce_sum(loss_sum);
+  loss_sum = dpg.allreduce_sum(loss_sum);
   const double loss = loss_sum / static_cast<double>(N * S);
   if (world.rank() == 0) {
     std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
@@ -179,7 +201,8 @@ int run_gpt(const Deck& deck) {
   // ---- model and optimizer ----
   ParamStore store;
   const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
-  GptModel model(cfg, store, mbs);
+  const TensorParallel tp = tensor_parallel(deck, topo);
+  GptModel model(cfg, store, mbs, tp);
   store.allocate();
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
   AdamWConfig ac;
@@ -229,6 +252,8 @@ int run_gpt(const Deck& deck) {
     std::cout << "GPT: " << cfg.num_layers << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
               << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
               << store.global_count() << " parameters\n"
+              << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
+              << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
               << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
               << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
               << "data: " << deck.data.train_shards << "\n"
@@ -289,21 +314,31 @@ int run_gpt(const Deck& deck) {
     double loss_sum = 0;
     for (std::int64_t k = 0; k < acc; ++k) {
       timers.start("data");
-      for (std::int64_t j = 0; j < mbs; ++j)
-        data->train().get(consumed + (k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
+      const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
+      for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, batch.window.data() + j * (S + 1));
       batch.finish(vocab);
       timers.stop("data");
       timers.start("forward-backward");
-      loss_sum += model.forward_backward(batch.tokens, batch.targets, dscale);
+      // Dropout streams keyed by the global micro-batch index: independent of dp and of the
+      // accumulation split, and exactly reproduced on resume.
+      DropoutStreams rng;
+      rng.training = true;
+      rng.step = static_cast<std::uint64_t>(first / mbs);
+      rng.shared = static_cast<std::uint64_t>(deck.train.seed);
+      rng.tp_local = static_cast<std::uint64_t>(deck.train.seed) + 2718 + static_cast<std::uint64_t>(topo.coords().tp);
+      loss_sum += model.forward_backward(batch.tokens, batch.targets, dscale, rng);
       timers.stop("forward-backward");
     }
-    timers.start("dp-allreduce");
+    timers.start("grad-allreduce");
+    if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
+      tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
+                   store.replicated_end() - store.replicated_begin());
     topo.dp_group().allreduce_sum(grads.data(), store.size());
     loss_sum = topo.dp_group().allreduce_sum(loss_sum);
-    timers.stop("dp-allreduce");
+    timers.stop("grad-allreduce");
     timers.start("optimizer");
     const double loss = loss_sum / tokens_per_iter;
-    const double gnorm = std::sqrt(grad_norm_squared(grads, store.size()));
+    const double gnorm = global_grad_norm(store, topo);
     TRIDENT_REQUIRE(std::isfinite(loss) && std::isfinite(gnorm),
                     "iteration " << it << ": the loss or gradient is not finite (loss " << loss << ", grad norm "
                                  << gnorm << "); lower optim.lr or check the data");

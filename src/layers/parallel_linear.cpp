@@ -1,0 +1,128 @@
+// Column- and row-parallel linear layers.
+#include "layers/parallel_linear.hpp"
+
+#include "common/error.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/gemm.hpp"
+
+namespace trident {
+
+ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in,
+                                           std::int64_t out, float init_std, const TensorParallel& tp,
+                                           std::int64_t rows, std::int64_t row_blocks)
+    : store_(&store), tp_(tp), in_(in), rows_(rows) {
+  const std::int64_t p = tp.size(), r = tp.rank();
+  TRIDENT_REQUIRE(out % (p * row_blocks) == 0, name << ": output size " << out << " is not divisible by tp = " << p);
+  out_local_ = out / p;
+  const std::int64_t block = out / row_blocks, local_block = block / p;
+  ParamInfo w;
+  w.name = name + "/weight";
+  w.shape = {out_local_, in};
+  w.global_shape = {out, in};
+  w.global_offset = {r * local_block, 0};
+  w.valid = {local_block, in};
+  w.row_blocks = row_blocks;
+  w.tp_replicated = false;
+  w.weight_decay = true;
+  w.init_std = init_std;
+  w_ = store.declare(w);
+  ParamInfo b = w;
+  b.name = name + "/bias";
+  b.shape = {out_local_};
+  b.global_shape = {out};
+  b.global_offset = {r * local_block};
+  b.valid = {local_block};
+  b.weight_decay = false;
+  b.init_std = 0.f;
+  b.init_value = 0.f;
+  b_ = store.declare(b);
+  if (tp.sequence_parallel) {
+    gathered_ = make_float("column_linear::gathered", rows * in);
+    dgathered_ = make_float("column_linear::dgathered", rows * in);
+  }
+}
+
+void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x) {
+  const FloatView w = store_->value(w_);
+  FloatView input = x;
+  if (tp_.sequence_parallel) {
+    tp_gather_rows(tp_, gathered_, x, rows_ / tp_.size(), in_);  // (rows/tp, in) -> (rows, in)
+    input = gathered_;
+  }
+  Kokkos::fence();
+  gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.data(), in_, w.data(), in_, 0.f, y.data(), out_local_);
+  add_bias(y, store_->value(b_), rows_, out_local_);
+}
+
+void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x) {
+  const FloatView w = store_->value(w_), dw = store_->grad(w_);
+  const FloatView input = tp_.sequence_parallel ? gathered_ : x;
+  const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;
+  Kokkos::fence();
+  // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks
+  gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.data(), in_, 0.f, dinput.data(), in_);
+  // dW_local += dy^T input
+  gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.data(), in_, 1.f, dw.data(), in_);
+  bias_backward(store_->grad(b_), dy, rows_, out_local_);
+  Kokkos::fence();
+  if (tp_.sequence_parallel)
+    tp_reduce_scatter_rows(tp_, dx, dgathered_, rows_, in_);  // reduce-scatter: (rows, in) -> (rows/tp, in)
+  else
+    tp_allreduce(tp_, dx, rows_ * in_);  // copy_to backward
+}
+
+RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
+                                     float init_std, const TensorParallel& tp, std::int64_t rows)
+    : store_(&store), tp_(tp), out_(out), rows_(rows) {
+  const std::int64_t p = tp.size(), r = tp.rank();
+  TRIDENT_REQUIRE(in % p == 0, name << ": input size " << in << " is not divisible by tp = " << p);
+  in_local_ = in / p;
+  ParamInfo w;
+  w.name = name + "/weight";
+  w.shape = {out, in_local_};
+  w.global_shape = {out, in};
+  w.global_offset = {0, r * in_local_};
+  w.valid = {out, in_local_};
+  w.tp_replicated = false;
+  w.weight_decay = true;
+  w.init_std = init_std;
+  w_ = store.declare(w);
+  b_ = store.declare(name + "/bias", {out}, false, 0.f, 0.f);  // replicated over TP
+  if (tp.sequence_parallel) partial_ = make_float("row_linear::partial", rows * out);
+  if (tp.sequence_parallel) dy_full_ = make_float("row_linear::dy_full", rows * out);
+}
+
+void RowParallelLinear::forward(const FloatView& y, const FloatView& x) {
+  const FloatView w = store_->value(w_);
+  const std::int64_t p = tp_.size();
+  const FloatView out = tp_.sequence_parallel ? partial_ : y;
+  Kokkos::fence();
+  gemm(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, x.data(), in_local_, w.data(), in_local_, 0.f, out.data(), out_);
+  std::int64_t out_rows = rows_;
+  if (tp_.sequence_parallel) {
+    tp_reduce_scatter_rows(tp_, y, partial_, rows_, out_);  // (rows, out) partial -> (rows/tp, out)
+    out_rows = rows_ / p;
+  } else {
+    tp_allreduce(tp_, y, rows_ * out_);  // reduce_from
+  }
+  add_bias(y, store_->value(b_), out_rows, out_);
+}
+
+void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x) {
+  const FloatView w = store_->value(w_), dw = store_->grad(w_);
+  const std::int64_t p = tp_.size();
+  // The bias was added after the reduction: its gradient is dy over this rank's rows (with
+  // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
+  bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
+  FloatView dfull = dy;
+  if (tp_.sequence_parallel) {
+    tp_gather_rows(tp_, dy_full_, dy, rows_ / p, out_);
+    dfull = dy_full_;
+  }
+  Kokkos::fence();
+  // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
+  gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.data(), in_local_, 0.f, dx.data(), in_local_);
+  gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.data(), in_local_, 1.f, dw.data(), in_local_);
+}
+
+}  // namespace trident

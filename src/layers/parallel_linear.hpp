@@ -1,0 +1,59 @@
+// Megatron's tensor-parallel linear layers, y = x W^T + b with W stored [out, in] globally.
+//
+// ColumnParallelLinear: W split along the output dimension (this rank: out/tp rows, or
+//   row_blocks blocks of them for a fused q|k|v weight), bias split alike. Input through
+//   copy_to (identity forward, all-reduce of the input gradient backward) or, with sequence
+//   parallelism, through gather_rows (all-gather of the row-split input forward, reduce-scatter
+//   of its gradient backward). Output: (rows, out/tp), the tensor-parallel region.
+// RowParallelLinear: W split along the input dimension (this rank: in/tp columns), input in the
+//   tensor-parallel region (rows, in/tp); partial outputs leave through reduce_from (all-reduce)
+//   or, with sequence parallelism, reduce_scatter_rows; the bias (replicated) is added after.
+// `rows` is the full token count B*T; with sequence parallelism a rank holds rows/tp of them
+// outside the tensor-parallel region.
+#pragma once
+#include <string>
+
+#include "layers/param_store.hpp"
+#include "layers/tensor_parallel.hpp"
+
+namespace trident {
+
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear() = default;
+  ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
+                       float init_std, const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
+  // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in).
+  void forward(const FloatView& y, const FloatView& x);
+  // dx (like x) from dy (rows, out/tp); x is the forward input.
+  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x);
+  std::int64_t local_out() const { return out_local_; }
+
+ private:
+  ParamStore* store_ = nullptr;
+  TensorParallel tp_;
+  ParamId w_ = -1, b_ = -1;
+  std::int64_t in_ = 0, out_local_ = 0, rows_ = 0;
+  FloatView gathered_, dgathered_;  // (rows, in) under sequence parallelism
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear() = default;
+  RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
+                    const TensorParallel& tp, std::int64_t rows);
+  // y (rows, out) or, with sequence parallelism, (rows/tp, out), from x (rows, in/tp).
+  void forward(const FloatView& y, const FloatView& x);
+  // dx (rows, in/tp) from dy (like y); x is the forward input.
+  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x);
+  std::int64_t local_in() const { return in_local_; }
+
+ private:
+  ParamStore* store_ = nullptr;
+  TensorParallel tp_;
+  ParamId w_ = -1, b_ = -1;
+  std::int64_t in_local_ = 0, out_ = 0, rows_ = 0;
+  FloatView partial_, dy_full_;  // (rows, out) under sequence parallelism
+};
+
+}  // namespace trident

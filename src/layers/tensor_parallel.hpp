@@ -1,0 +1,47 @@
+// Tensor- and sequence-parallel region operations (Megatron's mappings), as forward/backward
+// pairs over the TP communicator. Activations are (rows, cols) row-major; rows are tokens
+// (B*T, batch-major), cols the hidden dimension.
+//
+//   tensor parallel (split along the hidden/columns dimension):
+//     copy_to       forward: identity            backward: all-reduce
+//     reduce_from   forward: all-reduce          backward: identity
+//     scatter_to    forward: keep my column block backward: all-gather columns
+//     gather_from   forward: all-gather columns  backward: keep my column block
+//   sequence parallel (split along the token/rows dimension; rows % tp == 0):
+//     gather_rows          forward: all-gather rows    backward: reduce-scatter rows
+//     reduce_scatter_rows  forward: reduce-scatter rows backward: all-gather rows
+//     scatter_rows         forward: keep my row block  backward: all-gather rows
+// Splitting the flattened (batch, sequence) rows equals Megatron's sequence split for one
+// sample and is the same partition of row-wise work (LayerNorm, dropout, residuals) otherwise.
+#pragma once
+#include "comm/communicator.hpp"
+#include "common/types.hpp"
+
+namespace trident {
+
+struct TensorParallel {
+  const Communicator* comm = nullptr;  // the TP group
+  bool sequence_parallel = false;
+  int size() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm ? comm->rank() : 0; }
+};
+
+// In place: x (n) summed over the TP group (reduce_from forward, copy_to backward).
+void tp_allreduce(const TensorParallel& tp, const FloatView& x, std::int64_t n);
+// out (rows * size, cols) = rows of every rank stacked in rank order.
+void tp_gather_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                    std::int64_t cols);
+// out (rows / size, cols) = my block of the sum over ranks of in (rows, cols).
+void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                            std::int64_t cols);
+// out (rows / size, cols) = my block of in (rows, cols), no communication.
+void tp_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                     std::int64_t cols);
+// out (rows, cols * size) = column blocks of every rank side by side. scratch: rows*cols*size.
+void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, const FloatView& scratch,
+                       std::int64_t rows, std::int64_t cols);
+// out (rows, cols / size) = my column block of in (rows, cols), no communication.
+void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                        std::int64_t cols);
+
+}  // namespace trident

@@ -1,0 +1,25 @@
+// Dropout with counter-based masks: element i of a call with key k is kept when
+// u(k, i) >= p, for u a hash of (k, i) mapped to [0, 1). The mask is never stored: backward
+// recomputes it from the same key. Keys follow Megatron's RNG convention (train/ and layers/
+// derive them): one stream shared by all TP ranks outside tensor-parallel regions, a stream per
+// TP rank inside them.
+#pragma once
+#include "common/types.hpp"
+
+namespace trident {
+
+struct DropoutSpec {
+  float p = 0.f;          // drop probability; 0 disables
+  std::uint64_t key = 0;  // stream key of this call
+  bool active() const { return p > 0.f; }
+};
+
+// out = in * keep / (1 - p)   (out may alias in)
+void dropout_forward(const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d);
+// din = dout * keep / (1 - p) (din may alias dout)
+void dropout_backward(const FloatView& din, const FloatView& dout, std::int64_t n, const DropoutSpec& d);
+
+// Key of one dropout call: a pure function of its parts (see DropoutSpec).
+std::uint64_t dropout_key(std::uint64_t stream, std::uint64_t step, std::uint64_t layer, std::uint64_t site);
+
+}  // namespace trident
