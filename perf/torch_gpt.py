@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""PyTorch peer for perf/bench_gpt.py: trains a GPT-2-architecture model for a few steps on the CPU
+and prints one JSON object with its throughput.
+
+The model is the one Trident trains (DESIGN.md): learned absolute positions, pre-LayerNorm
+(eps 1e-5), GELU (tanh form), causal self-attention written out as matmuls (Trident's op
+order: QK^T, mask, softmax, PV), tied input/output embeddings, init normal(0, 0.02) with output
+projections scaled by 1/sqrt(2 * layers); fp32; AdamW (no weight decay on biases and LayerNorm
+parameters, like Trident) with gradient clipping at 1.0 every step. Tokens are random (the
+speed of a dense step does not depend on them).
+
+Model FLOPs use Megatron's formula 72 B s l h^2 (1 + s/6h + V/12hl) with V = the PADDED vocabulary
+(50304 for GPT-2's 50257, --flops-vocab), the V Trident reports, so that both sides count the same
+FLOPs per token; PyTorch itself runs the unpadded 50257-row embedding/LM head (about 0.1% fewer
+real FLOPs).
+
+Run with Debian's interpreter (/usr/bin/python3): it has torch 1.13 with OpenBLAS GEMMs. Threads:
+both torch.set_num_threads(n) and OPENBLAS_NUM_THREADS=n (and OMP_NUM_THREADS) are set here,
+before torch is imported.
+
+  /usr/bin/python3 perf/torch_gpt.py --layers 12 --hidden 768 --heads 12 --batch 4 --seq 64 \
+      --steps 6 --warmup 2 --threads 2
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden)")
+    p.add_argument("--vocab", type=int, default=50257, help="vocabulary the model runs")
+    p.add_argument("--flops-vocab", type=int, default=50304,
+                   help="V in the FLOP formula (Trident's padded vocabulary; Megatron pads to a multiple of 128)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--steps", type=int, default=6, help="training steps in all, warm-up included")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", default="", help="also write the JSON result to this file")
+    a = p.parse_args(argv)
+    if a.steps <= a.warmup:
+        p.error("--steps must exceed --warmup")
+    if a.hidden % a.heads:
+        p.error("--hidden must be divisible by --heads")
+    return a
+
+
+def megatron_flops(batch, seq, layers, hidden, vocab):
+    """Model FLOPs of one training step (forward + backward, no recomputation)."""
+    s, h, l, V = float(seq), float(hidden), float(layers), float(vocab)
+    return 72.0 * batch * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l))
+
+
+def openblas_info():
+    """The OpenBLAS kernel set torch's GEMMs run on (OpenBLAS picks it at load time from the CPU;
+    OPENBLAS_CORETYPE overrides it). Empty when torch does not use OpenBLAS."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        return {"core": lib.openblas_get_corename().decode(), "config": lib.openblas_get_config().decode(),
+                "coretype_env": os.environ.get("OPENBLAS_CORETYPE", "")}
+    except (OSError, AttributeError):
+        return {}
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    # Threads must be fixed before torch (and its OpenBLAS) load.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(a.seed)
+
+    C, H, L, T = a.hidden, a.heads, a.layers, a.seq
+    ffn = a.ffn or 4 * C
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(C, eps=1e-5)
+            self.qkv = nn.Linear(C, 3 * C)
+            self.proj = nn.Linear(C, C)
+            self.ln2 = nn.LayerNorm(C, eps=1e-5)
+            self.fc1 = nn.Linear(C, ffn)
+            self.fc2 = nn.Linear(ffn, C)
+
+        def attention(self, x):
+            B = x.shape[0]
+            q, k, v = self.qkv(x).split(C, dim=2)                    # (B, T, C) each
+            q = q.view(B, T, H, C // H).transpose(1, 2)               # (B, H, T, hs)
+            k = k.view(B, T, H, C // H).transpose(1, 2)
+            v = v.view(B, T, H, C // H).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
+            att = att.masked_fill(self.mask, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+            return self.proj(y)
+
+        def forward(self, x):
+            x = x + self.attention(self.ln1(x))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(a.vocab, C)
+            self.wpe = nn.Embedding(T, C)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.lnf = nn.LayerNorm(C, eps=1e-5)
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            for b in self.blocks:
+                b.register_buffer("mask", mask, persistent=False)
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif ".ln" in name or name.startswith("lnf"):
+                    nn.init.ones_(p)
+                elif name.endswith("proj.weight") or name.endswith("fc2.weight"):
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
+                else:
+                    nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, idx, targets):
+            pos = torch.arange(T)
+            x = self.wte(idx) + self.wpe(pos)
+            for b in self.blocks:
+                x = b(x)
+            logits = F.linear(self.lnf(x), self.wte.weight)           # tied LM head: (B, T, V)
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    model = GPT()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    n_params = sum(p.numel() for p in model.parameters())
+    blas = openblas_info()
+    g = torch.Generator().manual_seed(a.seed)
+    data = torch.randint(0, a.vocab, (a.steps, a.batch, T + 1), generator=g)
+
+    times, losses = [], []
+    for step in range(a.steps):
+        idx, tgt = data[step, :, :-1].contiguous(), data[step, :, 1:].contiguous()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        losses.append(float(loss))
+
+    timed = times[a.warmup:]
+    per_iter = statistics.median(timed)
+    tokens = a.batch * T
+    flops = megatron_flops(a.batch, T, L, C, a.flops_vocab)
+    result = {
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "threads": a.threads,
+        "torch_num_threads": torch.get_num_threads(),
+        "layers": L, "hidden": C, "heads": H, "ffn": ffn, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
+        "batch": a.batch, "seq": T, "parameters": n_params,
+        "openblas": blas,
+        "steps": a.steps, "warmup": a.warmup,
+        "step_ms": [round(t * 1e3, 3) for t in times],
+        "ms_per_iter": per_iter * 1e3,
+        "tokens_per_s": tokens / per_iter,
+        "flops_per_iter": flops,
+        "tflops": flops / per_iter / 1e12,
+        "losses": losses,
+        "note": "median over the steps after warm-up; FLOPs by Megatron's formula with V = flops_vocab (padded)",
+    }
+    text = json.dumps(result)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
