@@ -304,6 +304,9 @@ int run_gpt(const Deck& deck) {
     }
   };
 
+  topo.tp_group().reset_stats();
+  topo.dp_group().reset_stats();
+  const std::int64_t first_iteration = iteration;
   const double t_start = wall_seconds();
   double t_last = t_start;
   std::int64_t iters_since_log = 0;
@@ -394,6 +397,15 @@ int run_gpt(const Deck& deck) {
     os << "done: " << iteration << " iterations, " << consumed << " samples consumed, " << std::fixed
        << std::setprecision(1) << total << " s. Time per phase (rank 0):";
     for (auto& [name, sec] : timers.totals()) os << " " << name << " " << std::setprecision(2) << sec << " s;";
+    const double n = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration, 1));
+    os << "\ncommunication per iteration (rank 0, evaluations included):";
+    for (const auto* g : {&topo.tp_group(), &topo.dp_group()}) {
+      os << (g == &topo.tp_group() ? " tp" : " | dp");
+      if (g->all_stats().empty()) os << " none";
+      for (auto& [kind, st] : g->all_stats())
+        os << " " << kind << " " << std::setprecision(1) << st.calls / n << " calls " << std::setprecision(3)
+           << st.bytes / n / 1e6 << " MB;";
+    }
     std::cout << os.str() << std::endl;
   }
   return 0;
