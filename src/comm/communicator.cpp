@@ -55,24 +55,24 @@ int as_int(std::int64_t n) {
 
 void Communicator::allreduce_sum(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
-  count("allreduce", 4.0 * n);
+  count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
   allreduce_chunked(data, n, MPI_SUM, comm_);
 }
 
 void Communicator::allreduce_max(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
-  count("allreduce", 4.0 * n);
+  count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
   allreduce_chunked(data, n, MPI_MAX, comm_);
 }
 
 void Communicator::allgather(const float* in, float* out, std::int64_t n) const {
-  count("allgather", 4.0 * n * size_);
+  count("allgather", (size_ - 1) * 4.0 * n);
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
 }
 
 void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
-  count("reduce_scatter", 4.0 * n * size_);
+  count("reduce_scatter", (size_ - 1) * 4.0 * n);
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
 }

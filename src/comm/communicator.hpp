@@ -39,8 +39,9 @@ class Communicator {
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
   void barrier() const;
 
-  // Traffic accounting: per collective kind, calls and payload bytes (the size of the full
-  // buffer each call reduces or gathers), for the communication benchmarks.
+  // Traffic accounting, per collective kind: calls and the bytes each rank sends with ring
+  // algorithms -- all-reduce of n bytes: 2 (p-1)/p n; all-gather / reduce-scatter of a total of
+  // n bytes: (p-1)/p n each (so an all-reduce costs what its reduce-scatter + all-gather cost).
   struct Stats {
     std::int64_t calls = 0;
     double bytes = 0;
