@@ -46,7 +46,7 @@ void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x) {
   const FloatView w = store_->value(w_);
   FloatView input = x;
   if (tp_.sequence_parallel) {
-    tp_gather_rows(tp_, gathered_, x, rows_ / tp_.size(), in_);  // (rows/tp, in) -> (rows, in)
+    GatherFromSequenceParallelRegion::forward(tp_, gathered_, x, rows_ / tp_.size(), in_);  // -> (rows, in)
     input = gathered_;
   }
   Kokkos::fence();
@@ -66,9 +66,9 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   bias_backward(store_->grad(b_), dy, rows_, out_local_);
   Kokkos::fence();
   if (tp_.sequence_parallel)
-    tp_reduce_scatter_rows(tp_, dx, dgathered_, rows_, in_);  // reduce-scatter: (rows, in) -> (rows/tp, in)
+    GatherFromSequenceParallelRegion::backward(tp_, dx, dgathered_, rows_, in_);  // -> (rows/tp, in)
   else
-    tp_allreduce(tp_, dx, rows_ * in_);  // copy_to backward
+    CopyToTensorParallelRegion::backward(tp_, dx, rows_ * in_);
 }
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
@@ -100,10 +100,10 @@ void RowParallelLinear::forward(const FloatView& y, const FloatView& x) {
   gemm(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, x.data(), in_local_, w.data(), in_local_, 0.f, out.data(), out_);
   std::int64_t out_rows = rows_;
   if (tp_.sequence_parallel) {
-    tp_reduce_scatter_rows(tp_, y, partial_, rows_, out_);  // (rows, out) partial -> (rows/tp, out)
+    ReduceScatterToSequenceParallelRegion::forward(tp_, y, partial_, rows_, out_);  // -> (rows/tp, out)
     out_rows = rows_ / p;
   } else {
-    tp_allreduce(tp_, y, rows_ * out_);  // reduce_from
+    ReduceFromTensorParallelRegion::forward(tp_, y, rows_ * out_);
   }
   add_bias(y, store_->value(b_), out_rows, out_);
 }
@@ -116,7 +116,7 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
   FloatView dfull = dy;
   if (tp_.sequence_parallel) {
-    tp_gather_rows(tp_, dy_full_, dy, rows_ / p, out_);
+    ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
     dfull = dy_full_;
   }
   Kokkos::fence();

@@ -44,4 +44,54 @@ void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const Flo
 void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                         std::int64_t cols);
 
+// The region operations by Megatron's names, each a forward/backward pair. Layers call these.
+struct CopyToTensorParallelRegion {  // identity / all-reduce
+  static void forward() {}
+  static void backward(const TensorParallel& tp, const FloatView& grad, std::int64_t n) { tp_allreduce(tp, grad, n); }
+};
+struct ReduceFromTensorParallelRegion {  // all-reduce / identity
+  static void forward(const TensorParallel& tp, const FloatView& x, std::int64_t n) { tp_allreduce(tp, x, n); }
+  static void backward() {}
+};
+struct ScatterToTensorParallelRegion {  // keep my column block / all-gather columns
+  static void forward(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                      std::int64_t cols) {
+    tp_scatter_columns(tp, out, in, rows, cols);
+  }
+  static void backward(const TensorParallel& tp, const FloatView& din, const FloatView& dout, const FloatView& scratch,
+                       std::int64_t rows, std::int64_t local_cols) {
+    tp_gather_columns(tp, din, dout, scratch, rows, local_cols);
+  }
+};
+struct GatherFromTensorParallelRegion {  // all-gather columns / keep my column block
+  static void forward(const TensorParallel& tp, const FloatView& out, const FloatView& in, const FloatView& scratch,
+                      std::int64_t rows, std::int64_t local_cols) {
+    tp_gather_columns(tp, out, in, scratch, rows, local_cols);
+  }
+  static void backward(const TensorParallel& tp, const FloatView& din, const FloatView& dout, std::int64_t rows,
+                       std::int64_t cols) {
+    tp_scatter_columns(tp, din, dout, rows, cols);
+  }
+};
+struct GatherFromSequenceParallelRegion {  // all-gather rows / reduce-scatter rows
+  static void forward(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t local_rows,
+                      std::int64_t cols) {
+    tp_gather_rows(tp, out, in, local_rows, cols);
+  }
+  static void backward(const TensorParallel& tp, const FloatView& din, const FloatView& dout, std::int64_t rows,
+                       std::int64_t cols) {
+    tp_reduce_scatter_rows(tp, din, dout, rows, cols);
+  }
+};
+struct ReduceScatterToSequenceParallelRegion {  // reduce-scatter rows / all-gather rows
+  static void forward(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
+                      std::int64_t cols) {
+    tp_reduce_scatter_rows(tp, out, in, rows, cols);
+  }
+  static void backward(const TensorParallel& tp, const FloatView& din, const FloatView& dout, std::int64_t local_rows,
+                       std::int64_t cols) {
+    tp_gather_rows(tp, din, dout, local_rows, cols);
+  }
+};
+
 }  // namespace trident

@@ -97,9 +97,9 @@ double GptModel::run(const IntView& tokens, const IntView& targets, bool backwar
   embedding_lookup(word_, tokens, wte, vocab_start_, Vl, BT, C);
   Kokkos::fence();
   if (sp) {
-    tp_reduce_scatter_rows(tp_, encoded_, word_, BT, C);
+    ReduceScatterToSequenceParallelRegion::forward(tp_, encoded_, word_, BT, C);
   } else {
-    tp_allreduce(tp_, word_, BT * C);
+    ReduceFromTensorParallelRegion::forward(tp_, word_, BT * C);
     Kokkos::deep_copy(encoded_, word_);
   }
   add_positions(encoded_, store_->value(wpe_), row0, R, T, C);
@@ -116,7 +116,7 @@ double GptModel::run(const IntView& tokens, const IntView& targets, bool backwar
   Kokkos::fence();
   // ---- tied LM head: the final hidden states enter the TP region (copy_to, or all-gather of
   // the row split), logits (BT, Vl) are this rank's vocabulary columns.
-  if (sp) tp_gather_rows(tp_, head_in_, lnf_out_, R, C);
+  if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
   gemm(Trans::N, Trans::T, BT, Vl, C, 1.f, head_in_.data(), C, wte.data(), C, 0.f, logits_.data(), Vl);
   const std::int64_t count = backward ? BT : samples * T;
   if (p == 1) {
@@ -139,9 +139,9 @@ double GptModel::run(const IntView& tokens, const IntView& targets, bool backwar
   gemm(Trans::T, Trans::N, Vl, C, BT, 1.f, logits_.data(), Vl, head_in_.data(), C, 1.f, dwte.data(), C);
   Kokkos::fence();
   if (sp) {
-    tp_reduce_scatter_rows(tp_, dlnf_, dhead_, BT, C);
+    GatherFromSequenceParallelRegion::backward(tp_, dlnf_, dhead_, BT, C);
   } else {
-    tp_allreduce(tp_, dhead_, BT * C);  // copy_to backward
+    CopyToTensorParallelRegion::backward(tp_, dhead_, BT * C);
     Kokkos::deep_copy(dlnf_, dhead_);
   }
   Kokkos::deep_copy(dres_, 0.f);
@@ -159,7 +159,7 @@ double GptModel::run(const IntView& tokens, const IntView& targets, bool backwar
   // backward); without sequence parallelism dres is already complete on every TP rank.
   FloatView dword = dres_;
   if (sp) {
-    tp_gather_rows(tp_, word_, dres_, R, C);
+    ReduceScatterToSequenceParallelRegion::backward(tp_, word_, dres_, R, C);
     dword = word_;
   }
   embedding_lookup_backward(dwte, dword, tokens, vocab_start_, Vl, BT, C);
