@@ -34,8 +34,10 @@ def run(cmd, expect_ok=True, timeout=600):
 
 
 def losses(path):
+    """Per-step (loss, global grad norm) pairs: the norm checks that every parameter is counted
+    exactly once under TP/SP (sharded summed over TP, replicated once)."""
     with open(path) as f:
-        return [float(r["loss"]) for r in csv.DictReader(f)]
+        return [(float(r["loss"]), float(r["grad_norm"])) for r in csv.DictReader(f)]
 
 
 class Ctx:
@@ -60,9 +62,11 @@ class Ctx:
 
 def compare_losses(name, ref, got, rtol=LOSS_RTOL):
     assert len(ref) == len(got), (len(ref), len(got))
-    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
-    print(f"{name}: {len(ref)} steps, worst relative loss difference {worst:.2e}")
+    worst = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(ref, got))
+    worst_norm = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(ref, got))
+    print(f"{name}: {len(ref)} steps, worst relative difference: loss {worst:.2e}, grad norm {worst_norm:.2e}")
     assert worst <= rtol, f"{name}: losses differ by {worst:.2e} > {rtol}"
+    assert worst_norm <= 1e-4, f"{name}: gradient norms differ by {worst_norm:.2e}"
 
 
 def compare_grads(name, ref_path, got_path):
@@ -117,7 +121,7 @@ def check_dropout(c):
     none = c.train("d0", 2, 2, sp=True, dropout=0.0)
     assert a != none, "dropout had no effect"
     print(f"dropout: two tp=2+sp runs identical over {len(a)} steps; differs from no dropout "
-          f"(final loss {a[-1]:.4f} vs {none[-1]:.4f})")
+          f"(final loss {a[-1][0]:.4f} vs {none[-1][0]:.4f})")
 
 
 def check_errors(c):
