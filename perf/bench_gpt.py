@@ -63,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="threads for both (oneDNN's OpenMP; torch + OpenBLAS)")
     p.add_argument("--iters", type=int, default=6, help="training steps per run, warm-up included")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="hidden and attention dropout on both sides (Trident's default and GPT-2's: 0.1)")
     p.add_argument("--roofline-min-time", type=float, default=0.25, help="seconds of repetitions per GEMM shape")
     p.add_argument("--square", type=int, default=2048, help="square GEMM size for the peak (0: skip)")
     p.add_argument("--build-dir", default=os.path.join(REPO, "build-perf"))
@@ -195,6 +197,7 @@ def trident_cmd(a, shape, metrics_file):
            "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
            "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),
            "--train.micro_batch_size", str(a.batch), "--train.global_batch_size", str(a.batch),
+           "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
            "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
            "--log.metrics_file", metrics_file]
     if a.shards:
@@ -227,8 +230,9 @@ FAMILIES = [
     (r"gelu", "GELU fwd/bwd"),
     (r"causal_softmax", "attention softmax fwd/bwd"),
     (r"attention_(split|merge|permute)", "attention head split/merge/permute"),
-    (r"cross_entropy|sum_losses", "cross-entropy (fused fwd+bwd)"),
-    (r"embedding", "embedding fwd/bwd"),
+    (r"cross_entropy|sum_losses|vocab_parallel_ce", "cross-entropy (fused fwd+bwd)"),
+    (r"embedding|add_positions", "embedding fwd/bwd"),
+    (r"dropout", "dropout fwd/bwd"),
     (r"add_bias|bias_backward", "bias add / bias grad"),
     (r"^ops::(add|accumulate|scale)$", "residual add / accumulate / scale"),
     (r"sum_squares|has_nonfinite", "grad norm (sum of squares)"),
@@ -356,6 +360,34 @@ def limits_text(r):
     return "\n".join(lines)
 
 
+def quality_warnings(results, load_start):
+    """Signs that something else was running: the numbers then say little (rerun on a quiet machine)."""
+    w = []
+    try:
+        if float(load_start.split()[0]) > 0.7:
+            w.append(f"load average {load_start} before the start: other work was running")
+    except (ValueError, IndexError):
+        pass
+    for r in results:
+        for side in ("trident", "torch"):
+            d = r.get(side)
+            if not d:
+                continue
+            timed = d["step_ms"][d.get("warmup", 0) if side == "torch" else r.get("warmup", 0):]
+            if len(timed) >= 2 and max(timed) > 1.3 * min(timed):
+                w.append(f"{r['title']}: {side} step times vary by more than 30% ({', '.join(f'{t:.0f}' for t in timed)} ms)")
+        b = r.get("breakdown")
+        if b:
+            if b["gemm_gflops_in_training"] and b["gemm_gflops_in_training"] > 1.1 * r["roofline_tflops"] * 1e3:
+                w.append(f"{r['title']}: GEMMs ran faster in training ({b['gemm_gflops_in_training']:.0f} GFLOP/s) than "
+                         f"in gemm_roofline ({r['roofline_tflops'] * 1e3:.0f}): the roofline run was disturbed")
+            t = r["trident"]["ms_per_iter"]
+            if abs(b["step_ms"] - t) > 0.2 * t:
+                w.append(f"{r['title']}: the profiled run ({b['step_ms']:.0f} ms/step) and the timed run ({t:.0f}) "
+                         "disagree by more than 20%")
+    return w
+
+
 def verdict(results):
     lines = []
     for r in results:
@@ -374,12 +406,17 @@ def verdict(results):
 def write_report(a, facts, roof, results, runner, started, path_md, path_json):
     md = []
     md.append(f"# GPT training throughput on the CPU: Trident vs PyTorch ({started:%Y-%m-%d %H:%M})\n")
-    md.append(f"B = {a.batch} (micro = global), T = {a.seq}, {a.threads} threads each, fp32, AdamW + grad clipping; "
+    md.append(f"B = {a.batch} (micro = global), T = {a.seq}, {a.threads} threads each, fp32, dropout {a.dropout}, "
+              "AdamW + grad clipping; "
               f"{a.iters} steps per run, the first {a.warmup} left out, median of the rest. "
               f"Model FLOPs: Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = {padded_vocab(VOCAB)} "
               f"(GPT-2's {VOCAB} padded to a multiple of 128, as Trident runs it) for both.\n")
     md.append(summary_table(results) + "\n")
     md.append("Targets (issue 2):\n\n" + verdict(results) + "\n")
+    warn = quality_warnings(results, results[0].get("load_start", "") if results else "")
+    md.append("Measurement quality: " + ("no sign of interference (steady step times, roofline and profiled run "
+                                         "consistent)." if not warn else "DISTURBED, rerun on a quiet machine:\n\n"
+                                         + "\n".join("- " + x for x in warn)) + "\n")
     lim = "\n".join(t for t in (limits_text(r) for r in results) if t)
     if lim:
         md.append("What limits it:\n\n" + lim + "\n")
@@ -479,7 +516,7 @@ def main(argv=None):
     for shape in a.shape_list:
         L, C, H = SHAPES[shape]
         r = {"shape": shape, "title": SHAPE_TITLES[shape], "layers": L, "hidden": C, "heads": H,
-             "load_start": load_start}
+             "load_start": load_start, "warmup": a.warmup}
         rate, gflops, gtime = roofline_for(roof, C, L)
         r.update(roofline_tflops=rate / 1e12, gemm_flops=gflops, gemm_time_s=gtime)
 
@@ -498,7 +535,7 @@ def main(argv=None):
             tj = os.path.join(work, f"torch_{shape}.json")
             cmd = [a.python, os.path.join(REPO, "perf", "torch_gpt.py"), "--layers", str(L), "--hidden", str(C),
                    "--heads", str(H), "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.iters),
-                   "--warmup", str(a.warmup), "--threads", str(a.threads), "--flops-vocab", str(padded_vocab(VOCAB)),
+                   "--warmup", str(a.warmup), "--threads", str(a.threads), "--dropout", str(a.dropout), "--flops-vocab", str(padded_vocab(VOCAB)),
                    "--json", tj]
             runner.run(cmd, torch_env, f"PyTorch {shape}", os.path.join(work, f"torch_{shape}.log"))
             with open(tj) as f:
@@ -518,6 +555,8 @@ def main(argv=None):
 
     print("\n" + summary_table(results))
     print("\n" + verdict(results))
+    for x in quality_warnings(results, load_start):
+        print("WARNING (measurement disturbed): " + x)
     for r in results:
         t = limits_text(r)
         if t:

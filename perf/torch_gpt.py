@@ -4,7 +4,8 @@ and prints one JSON object with its throughput.
 
 The model is the one Trident trains (DESIGN.md): learned absolute positions, pre-LayerNorm
 (eps 1e-5), GELU (tanh form), causal self-attention written out as matmuls (Trident's op
-order: QK^T, mask, softmax, PV), tied input/output embeddings, init normal(0, 0.02) with output
+order: QK^T, mask, softmax, dropout, PV), dropout (default 0.1) where GPT-2 and Trident have it
+(embeddings, attention probabilities, each residual branch), tied input/output embeddings, init normal(0, 0.02) with output
 projections scaled by 1/sqrt(2 * layers); fp32; AdamW (no weight decay on biases and LayerNorm
 parameters, like Trident) with gradient clipping at 1.0 every step. Tokens are random (the
 speed of a dense step does not depend on them).
@@ -44,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=6, help="training steps in all, warm-up included")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="dropout on embeddings, attention probabilities and both residual branches (GPT-2/Megatron: 0.1)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", default="", help="also write the JSON result to this file")
@@ -109,13 +112,14 @@ def main(argv=None):
             v = v.view(B, T, H, C // H).transpose(1, 2)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
             att = att.masked_fill(self.mask, float("-inf"))
-            att = F.softmax(att, dim=-1)
+            att = F.dropout(F.softmax(att, dim=-1), a.dropout, self.training)
             y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
             return self.proj(y)
 
         def forward(self, x):
-            x = x + self.attention(self.ln1(x))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+            x = x + F.dropout(self.attention(self.ln1(x)), a.dropout, self.training)
+            mlp = self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+            return x + F.dropout(mlp, a.dropout, self.training)
 
     class GPT(nn.Module):
         def __init__(self):
@@ -139,7 +143,7 @@ def main(argv=None):
 
         def forward(self, idx, targets):
             pos = torch.arange(T)
-            x = self.wte(idx) + self.wpe(pos)
+            x = F.dropout(self.wte(idx) + self.wpe(pos), a.dropout, self.training)
             for b in self.blocks:
                 x = b(x)
             logits = F.linear(self.lnf(x), self.wte.weight)           # tied LM head: (B, T, V)
@@ -177,7 +181,7 @@ def main(argv=None):
         "torch_version": torch.__version__,
         "threads": a.threads,
         "torch_num_threads": torch.get_num_threads(),
-        "layers": L, "hidden": C, "heads": H, "ffn": ffn, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
+        "layers": L, "hidden": C, "heads": H, "ffn": ffn, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
         "batch": a.batch, "seq": T, "parameters": n_params,
         "openblas": blas,
         "steps": a.steps, "warmup": a.warmup,
