@@ -5,14 +5,7 @@
 
 #include "common/device_math.hpp"
 
-#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
-#define TRIDENT_SIMD_SUM(var)
-#define TRIDENT_SIMD_MAX(var)
-#else
-#define TRIDENT_PRAGMA(x) _Pragma(#x)
-#define TRIDENT_SIMD_SUM(var) TRIDENT_PRAGMA(omp simd reduction(+ : var))
-#define TRIDENT_SIMD_MAX(var) TRIDENT_PRAGMA(omp simd reduction(max : var))
-#endif
+#include "common/simd.hpp"
 
 namespace trident {
 
