@@ -20,11 +20,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s) {
   dfc = make_float("scratch::dfc", BT * Fl);
   dfc_gelu = make_float("scratch::dfc_gelu", BT * Fl);
   dbranch = make_float("scratch::dbranch", R * s.C);
-  dyperm = make_float("scratch::dyperm", BT * Cl);
   datt = make_float("scratch::datt", s.B * (s.nh / p) * s.T * s.T);
-  dq = make_float("scratch::dq", BT * Cl);
-  dk = make_float("scratch::dk", BT * Cl);
-  dv = make_float("scratch::dv", BT * Cl);
 }
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
@@ -49,12 +45,8 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
   ln1_mean_ = make_float("layer::ln1_mean", R);
   ln1_rstd_ = make_float("layer::ln1_rstd", R);
   qkv_act_ = make_float("layer::qkv", BT * 3 * Cl);
-  q_ = make_float("layer::q", BT * Cl);
-  k_ = make_float("layer::k", BT * Cl);
-  v_ = make_float("layer::v", BT * Cl);
   att_ = make_float("layer::att", s.B * nhl * s.T * s.T);
   if (s.attention_dropout > 0.f) att_drop_ = make_float("layer::att_drop", s.B * nhl * s.T * s.T);
-  yperm_ = make_float("layer::yperm", BT * Cl);
   atty_ = make_float("layer::atty", BT * Cl);
   attproj_ = make_float("layer::attproj", R * C);
   res2_ = make_float("layer::res2", R * C);
@@ -83,7 +75,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng) {
   norm1_.forward(ln1_, ln1_mean_, ln1_rstd_, x, R);
   Kokkos::fence();
   qkv_.forward(qkv_act_, ln1_);  // (BT, 3C/tp)
-  attention_forward(atty_, q_, k_, v_, att_, yperm_, qkv_act_, as, spec(s_.attention_dropout, kAttentionProbs, true),
+  attention_forward(atty_, qkv_act_, att_, as, spec(s_.attention_dropout, kAttentionProbs, true),
                     att_drop_);  // (BT, C/tp)
   Kokkos::fence();
   proj_.forward(attproj_, atty_);  // (R, C)
@@ -116,8 +108,8 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Trans
   dropout_backward(s.dbranch, dres, R * C, spec(s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, atty_);
-  attention_backward(s.dqkv, s.datty, q_, k_, v_, att_, s.dyperm, s.datt, s.dq, s.dk, s.dv, as,
-                     spec(s_.attention_dropout, kAttentionProbs, true), att_drop_);
+  attention_backward(s.dqkv, s.datty, qkv_act_, att_, s.datt, as, spec(s_.attention_dropout, kAttentionProbs, true),
+                     att_drop_);
   Kokkos::fence();
   qkv_.backward(s.dln, s.dqkv, ln1_);
   Kokkos::fence();

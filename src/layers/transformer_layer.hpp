@@ -35,7 +35,7 @@ struct DropoutStreams {
 struct TransformerScratch {
   explicit TransformerScratch(const TransformerShape& s);
   FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;  // (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C)
-  FloatView dyperm, datt, dq, dk, dv;                  // attention scratch
+  FloatView datt;                                      // attention scratch (B, nh/tp, T, T)
 };
 
 class TransformerLayer {
@@ -59,7 +59,7 @@ class TransformerLayer {
   ColumnParallelLinear qkv_, fc1_;
   RowParallelLinear proj_, fc2_;
   // activations; R = local rows, BT = all rows, C_l = C/tp, F_l = F/tp
-  FloatView ln1_, ln1_mean_, ln1_rstd_, qkv_act_, q_, k_, v_, att_, att_drop_, yperm_, atty_, attproj_, res2_;
+  FloatView ln1_, ln1_mean_, ln1_rstd_, qkv_act_, att_, att_drop_, atty_, attproj_, res2_;
   FloatView ln2_, ln2_mean_, ln2_rstd_, fc_, fc_gelu_, fcproj_, out_;
 };
 

@@ -34,89 +34,55 @@ void causal_softmax_backward(const FloatView& datt, const FloatView& att, std::i
   });
 }
 
-namespace {
-// (B, T, 3C) -> three (B, nh, T, hs)
-void split_heads(const FloatView& q, const FloatView& k, const FloatView& v, const FloatView& qkv,
-                 const AttentionShape& s) {
+void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
+                       const DropoutSpec& drop, const FloatView& att_drop) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
-  Kokkos::parallel_for("ops::attention_split_heads", range(B * T * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t d = i % hs, h = (i / hs) % nh, t = (i / C) % T, b = i / (T * C);
-    const std::int64_t src = (b * T + t) * 3 * C + h * hs + d;
-    const std::int64_t dst = ((b * nh + h) * T + t) * hs + d;
-    q(dst) = qkv(src);
-    k(dst) = qkv(src + C);
-    v(dst) = qkv(src + 2 * C);
-  });
-}
-// three (B, nh, T, hs) -> (B, T, 3C)
-void merge_heads3(const FloatView& qkv, const FloatView& q, const FloatView& k, const FloatView& v,
-                  const AttentionShape& s) {
-  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
-  Kokkos::parallel_for("ops::attention_merge_heads3", range(B * T * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t d = i % hs, h = (i / hs) % nh, t = (i / C) % T, b = i / (T * C);
-    const std::int64_t dst = (b * T + t) * 3 * C + h * hs + d;
-    const std::int64_t src = ((b * nh + h) * T + t) * hs + d;
-    qkv(dst) = q(src);
-    qkv(dst + C) = k(src);
-    qkv(dst + 2 * C) = v(src);
-  });
-}
-// (B, nh, T, hs) <-> (B, T, C); to_heads selects the direction.
-void permute_heads(const FloatView& dst, const FloatView& src, const AttentionShape& s, bool to_heads) {
-  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
-  Kokkos::parallel_for("ops::attention_permute_heads", range(B * T * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t d = i % hs, h = (i / hs) % nh, t = (i / C) % T, b = i / (T * C);
-    const std::int64_t flat = (b * T + t) * C + h * hs + d;
-    const std::int64_t heads = ((b * nh + h) * T + t) * hs + d;
-    if (to_heads)
-      dst(heads) = src(flat);
-    else
-      dst(flat) = src(heads);
-  });
-}
-}  // namespace
-
-void attention_forward(const FloatView& y, const FloatView& q, const FloatView& k, const FloatView& v,
-                       const FloatView& att, const FloatView& yperm, const FloatView& qkv,
-                       const AttentionShape& s, const DropoutSpec& drop, const FloatView& att_drop) {
-  const std::int64_t T = s.T, hs = s.hs(), BH = s.B * s.nh;
-  split_heads(q, k, v, qkv, s);
-  Kokkos::fence();
-  // scores (T, T) = q (T, hs) k^T (hs, T), per (b, h); the 1/sqrt(hs) scale is applied in softmax
-  gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q.data(), hs, T * hs, k.data(), hs, T * hs, 0.f,
-                       att.data(), T, T * T, BH);
-  causal_softmax_forward(att, BH, T, 1.f / dsqrt(static_cast<float>(hs)));
+  // Heads are read in place from qkv (row stride 3C) and written in place into y (row
+  // stride C): batched GEMMs over the heads of each sample, no head permutes.
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* q = qkv.data() + b * T * 3 * C;
+    // scores (T, T) = q_h (T, hs) k_h^T; the 1/sqrt(hs) scale is applied in the softmax
+    gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q, 3 * C, hs, q + C, 3 * C, hs, 0.f,
+                         att.data() + b * nh * T * T, T, T * T, nh);
+  }
+  causal_softmax_forward(att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
   const FloatView& probs = drop.active() ? att_drop : att;
-  if (drop.active()) dropout_forward(att_drop, att, BH * T * T, drop);
+  if (drop.active()) dropout_forward(att_drop, att, B * nh * T * T, drop);
   Kokkos::fence();
-  // yperm (T, hs) = att (T, T) v (T, hs)
-  gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, probs.data(), T, T * T, v.data(), hs, T * hs, 0.f,
-                       yperm.data(), hs, T * hs, BH);
-  permute_heads(y, yperm, s, /*to_heads=*/false);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* v = qkv.data() + b * T * 3 * C + 2 * C;
+    // y_h (T, hs) = att_h (T, T) v_h (T, hs)
+    gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, probs.data() + b * nh * T * T, T, T * T, v, 3 * C, hs,
+                         0.f, y.data() + b * T * C, C, hs, nh);
+  }
 }
 
-void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& q, const FloatView& k,
-                        const FloatView& v, const FloatView& att, const FloatView& dyperm, const FloatView& datt,
-                        const FloatView& dq, const FloatView& dk, const FloatView& dv, const AttentionShape& s,
-                        const DropoutSpec& drop, const FloatView& att_drop) {
-  const std::int64_t T = s.T, hs = s.hs(), BH = s.B * s.nh;
-  permute_heads(dyperm, dy, s, /*to_heads=*/true);
-  Kokkos::fence();
-  // datt (T, T) = dy (T, hs) v^T ; dv (T, hs) = att^T (T, T) dy (T, hs)
-  gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, dyperm.data(), hs, T * hs, v.data(), hs, T * hs, 0.f,
-                       datt.data(), T, T * T, BH);
+void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
+                        const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop,
+                        const FloatView& att_drop) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
   const FloatView& probs = drop.active() ? att_drop : att;
-  gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, probs.data(), T, T * T, dyperm.data(), hs, T * hs, 0.f,
-                       dv.data(), hs, T * hs, BH);
-  if (drop.active()) dropout_backward(datt, datt, BH * T * T, drop);
-  causal_softmax_backward(datt, att, BH, T, 1.f / dsqrt(static_cast<float>(hs)));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* q = qkv.data() + b * T * 3 * C;
+    const float* dyb = dy.data() + b * T * C;
+    float* dq = dqkv.data() + b * T * 3 * C;
+    // datt_h (T, T) = dy_h (T, hs) v_h^T ; dv_h (T, hs) = att_h^T dy_h
+    gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, dyb, C, hs, q + 2 * C, 3 * C, hs, 0.f,
+                         datt.data() + b * nh * T * T, T, T * T, nh);
+    gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, probs.data() + b * nh * T * T, T, T * T, dyb, C, hs, 0.f,
+                         dq + 2 * C, 3 * C, hs, nh);
+  }
+  if (drop.active()) dropout_backward(datt, datt, B * nh * T * T, drop);
+  causal_softmax_backward(datt, att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
   Kokkos::fence();
-  // dq = dscores k ; dk = dscores^T q
-  gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, datt.data(), T, T * T, k.data(), hs, T * hs, 0.f,
-                       dq.data(), hs, T * hs, BH);
-  gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, datt.data(), T, T * T, q.data(), hs, T * hs, 0.f,
-                       dk.data(), hs, T * hs, BH);
-  merge_heads3(dqkv, dq, dk, dv, s);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* q = qkv.data() + b * T * 3 * C;
+    float* dq = dqkv.data() + b * T * 3 * C;
+    const float* ds = datt.data() + b * nh * T * T;
+    // dq_h = dscores_h k_h ; dk_h = dscores_h^T q_h
+    gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, ds, T, T * T, q + C, 3 * C, hs, 0.f, dq, 3 * C, hs, nh);
+    gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, ds, T, T * T, q, 3 * C, hs, 0.f, dq + C, 3 * C, hs, nh);
+  }
 }
 
 }  // namespace trident

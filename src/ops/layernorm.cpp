@@ -3,6 +3,7 @@
 #include "ops/layernorm.hpp"
 
 #include "common/device_math.hpp"
+#include "common/simd.hpp"
 
 namespace trident {
 
@@ -48,15 +49,27 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
       dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
     }
   });
-  Kokkos::parallel_for("ops::layernorm_backward_params", range(C), KOKKOS_LAMBDA(std::int64_t c) {
-    float sw = 0.f, sb = 0.f;
+  // Parameter gradients: one thread per block of kCols channels walks the rows (contiguous,
+  // vectorised segments; deterministic, no atomics).
+  constexpr std::int64_t kCols = 64;
+  const float *xd = x.data(), *dd = dout.data(), *md = mean.data(), *rd = rstd.data();
+  float *dwd = dw.data(), *dbd = db.data();
+  Kokkos::parallel_for("ops::layernorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
+    const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;
+    float sw[kCols] = {}, sb[kCols] = {};
     for (std::int64_t n = 0; n < N; ++n) {
-      const float xhat = (x(n * C + c) - mean(n)) * rstd(n);
-      sw += dout(n * C + c) * xhat;
-      sb += dout(n * C + c);
+      const float m = md[n], r = rd[n];
+      const float *xr = xd + n * C, *dr = dd + n * C;
+      TRIDENT_SIMD
+      for (std::int64_t c = c0; c < c1; ++c) {
+        sw[c - c0] += dr[c] * (xr[c] - m) * r;
+        sb[c - c0] += dr[c];
+      }
     }
-    dw(c) += sw;
-    db(c) += sb;
+    for (std::int64_t c = c0; c < c1; ++c) {
+      dwd[c] += sw[c - c0];
+      dbd[c] += sb[c - c0];
+    }
   });
 }
 
