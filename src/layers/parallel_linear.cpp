@@ -37,26 +37,26 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   b.init_value = 0.f;
   b_ = store.declare(b);
   if (tp.sequence_parallel) {
-    gathered_ = make_float("column_linear::gathered", rows * in);
     dgathered_ = make_float("column_linear::dgathered", rows * in);
   }
 }
 
-void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x) {
+void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x, const FloatView& gathered) {
   const FloatView w = store_->value(w_);
   FloatView input = x;
   if (tp_.sequence_parallel) {
-    GatherFromSequenceParallelRegion::forward(tp_, gathered_, x, rows_ / tp_.size(), in_);  // -> (rows, in)
-    input = gathered_;
+    GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);  // -> (rows, in)
+    input = gathered;
   }
   Kokkos::fence();
   gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.data(), in_, w.data(), in_, 0.f, y.data(), out_local_);
   add_bias(y, store_->value(b_), rows_, out_local_);
 }
 
-void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x) {
+void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x,
+                                    const FloatView& gathered) {
   const FloatView w = store_->value(w_), dw = store_->grad(w_);
-  const FloatView input = tp_.sequence_parallel ? gathered_ : x;
+  const FloatView input = tp_.sequence_parallel ? gathered : x;
   const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;
   Kokkos::fence();
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks

@@ -23,10 +23,13 @@ class ColumnParallelLinear {
   ColumnParallelLinear() = default;
   ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
                        float init_std, const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
-  // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in).
-  void forward(const FloatView& y, const FloatView& x);
-  // dx (like x) from dy (rows, out/tp); x is the forward input.
-  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x);
+  // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
+  // `gathered` (rows, in) receives the all-gathered input and must be kept for backward
+  // (one buffer per micro-batch in flight; unused without sequence parallelism).
+  void forward(const FloatView& y, const FloatView& x, const FloatView& gathered = {});
+  // dx (like x) from dy (rows, out/tp); x and gathered are those of the forward call.
+  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x, const FloatView& gathered = {});
+  std::int64_t gathered_size() const { return tp_.sequence_parallel ? rows_ * in_ : 0; }
   std::int64_t local_out() const { return out_local_; }
 
  private:
@@ -34,7 +37,7 @@ class ColumnParallelLinear {
   TensorParallel tp_;
   ParamId w_ = -1, b_ = -1;
   std::int64_t in_ = 0, out_local_ = 0, rows_ = 0;
-  FloatView gathered_, dgathered_;  // (rows, in) under sequence parallelism
+  FloatView dgathered_;  // (rows, in) under sequence parallelism
 };
 
 class RowParallelLinear {

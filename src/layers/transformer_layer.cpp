@@ -40,80 +40,95 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                   "sequence parallelism splits micro_batch_size x seq_length = " << s.rows()
                                                                                    << " tokens over tp = " << tp
                                                                                    << ": not divisible");
-  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.C, Cl = C / tp, Fl = s.F / tp, nhl = s.nh / tp;
-  ln1_ = make_float("layer::ln1", R * C);
-  ln1_mean_ = make_float("layer::ln1_mean", R);
-  ln1_rstd_ = make_float("layer::ln1_rstd", R);
-  qkv_act_ = make_float("layer::qkv", BT * 3 * Cl);
-  att_ = make_float("layer::att", s.B * nhl * s.T * s.T);
-  if (s.attention_dropout > 0.f) att_drop_ = make_float("layer::att_drop", s.B * nhl * s.T * s.T);
-  atty_ = make_float("layer::atty", BT * Cl);
-  attproj_ = make_float("layer::attproj", R * C);
-  res2_ = make_float("layer::res2", R * C);
-  ln2_ = make_float("layer::ln2", R * C);
-  ln2_mean_ = make_float("layer::ln2_mean", R);
-  ln2_rstd_ = make_float("layer::ln2_rstd", R);
-  fc_ = make_float("layer::fc", BT * Fl);
-  fc_gelu_ = make_float("layer::fc_gelu", BT * Fl);
-  fcproj_ = make_float("layer::fcproj", R * C);
-  out_ = make_float("layer::out", R * C);
+  slot(0);
 }
 
-DropoutSpec TransformerLayer::spec(float p, std::uint64_t site, bool tp_region) const {
+TransformerLayer::Activations& TransformerLayer::slot(int i) {
+  while (static_cast<int>(acts_.size()) <= i) {
+    const TransformerShape& s = s_;
+    const std::int64_t tp = s.tp.size();
+    const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.C, Cl = C / tp, Fl = s.F / tp, nhl = s.nh / tp;
+    Activations a;
+    a.ln1 = make_float("layer::ln1", R * C);
+    a.ln1_mean = make_float("layer::ln1_mean", R);
+    a.ln1_rstd = make_float("layer::ln1_rstd", R);
+    if (qkv_.gathered_size() > 0) a.ln1_gathered = make_float("layer::ln1_gathered", qkv_.gathered_size());
+    a.qkv = make_float("layer::qkv", BT * 3 * Cl);
+    a.att = make_float("layer::att", s.B * nhl * s.T * s.T);
+    if (s.attention_dropout > 0.f) a.att_drop = make_float("layer::att_drop", s.B * nhl * s.T * s.T);
+    a.atty = make_float("layer::atty", BT * Cl);
+    a.attproj = make_float("layer::attproj", R * C);
+    a.res2 = make_float("layer::res2", R * C);
+    a.ln2 = make_float("layer::ln2", R * C);
+    a.ln2_mean = make_float("layer::ln2_mean", R);
+    a.ln2_rstd = make_float("layer::ln2_rstd", R);
+    if (fc1_.gathered_size() > 0) a.ln2_gathered = make_float("layer::ln2_gathered", fc1_.gathered_size());
+    a.fc = make_float("layer::fc", BT * Fl);
+    a.fc_gelu = make_float("layer::fc_gelu", BT * Fl);
+    a.fcproj = make_float("layer::fcproj", R * C);
+    a.out = make_float("layer::out", R * C);
+    acts_.push_back(std::move(a));
+  }
+  return acts_[i];
+}
+
+DropoutSpec TransformerLayer::spec(const Activations& a, float p, std::uint64_t site, bool tp_region) const {
   DropoutSpec d;
-  if (!rng_.training || p <= 0.f) return d;
+  if (!a.rng.training || p <= 0.f) return d;
   d.p = p;
-  d.key = dropout_key(tp_region ? rng_.tp_local : rng_.shared, rng_.step, static_cast<std::uint64_t>(index_), site);
+  d.key = dropout_key(tp_region ? a.rng.tp_local : a.rng.shared, a.rng.step, static_cast<std::uint64_t>(index_), site);
   return d;
 }
 
-void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng) {
-  rng_ = rng;
+void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, int slot_index) {
+  Activations& a = slot(slot_index);
+  a.rng = rng;
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
-  norm1_.forward(ln1_, ln1_mean_, ln1_rstd_, x, R);
+  norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
-  qkv_.forward(qkv_act_, ln1_);  // (BT, 3C/tp)
-  attention_forward(atty_, qkv_act_, att_, as, spec(s_.attention_dropout, kAttentionProbs, true),
-                    att_drop_);  // (BT, C/tp)
+  qkv_.forward(a.qkv, a.ln1, a.ln1_gathered);  // (BT, 3C/tp)
+  attention_forward(a.atty, a.qkv, a.att, as, spec(a, s_.attention_dropout, kAttentionProbs, true),
+                    a.att_drop);  // (BT, C/tp)
   Kokkos::fence();
-  proj_.forward(attproj_, atty_);  // (R, C)
-  dropout_forward(attproj_, attproj_, R * C, spec(s_.hidden_dropout, kAfterProj, sp));
-  add(res2_, x, attproj_, R * C);
-  norm2_.forward(ln2_, ln2_mean_, ln2_rstd_, res2_, R);
+  proj_.forward(a.attproj, a.atty);  // (R, C)
+  dropout_forward(a.attproj, a.attproj, R * C, spec(a, s_.hidden_dropout, kAfterProj, sp));
+  add(a.res2, x, a.attproj, R * C);
+  norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, R);
   Kokkos::fence();
-  fc1_.forward(fc_, ln2_);  // (BT, F/tp)
-  gelu_forward(fc_gelu_, fc_, s_.rows() * (s_.F / p));
+  fc1_.forward(a.fc, a.ln2, a.ln2_gathered);  // (BT, F/tp)
+  gelu_forward(a.fc_gelu, a.fc, s_.rows() * (s_.F / p));
   Kokkos::fence();
-  fc2_.forward(fcproj_, fc_gelu_);  // (R, C)
-  dropout_forward(fcproj_, fcproj_, R * C, spec(s_.hidden_dropout, kAfterFc2, sp));
-  add(out_, res2_, fcproj_, R * C);
+  fc2_.forward(a.fcproj, a.fc_gelu);  // (R, C)
+  dropout_forward(a.fcproj, a.fcproj, R * C, spec(a, s_.hidden_dropout, kAfterFc2, sp));
+  add(a.out, a.res2, a.fcproj, R * C);
 }
 
-void TransformerLayer::backward(const FloatView& dres, const FloatView& x, TransformerScratch& s) {
+void TransformerLayer::backward(const FloatView& dres, const FloatView& x, TransformerScratch& s, int slot_index) {
+  Activations& a = slot(slot_index);
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
   // MLP branch: out = res2 + dropout(fc2(gelu(fc1(ln2))))
-  dropout_backward(s.dbranch, dres, R * C, spec(s_.hidden_dropout, kAfterFc2, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a, s_.hidden_dropout, kAfterFc2, sp));
   Kokkos::fence();
-  fc2_.backward(s.dfc_gelu, s.dbranch, fc_gelu_);  // d gelu-out (BT, F/tp)
-  gelu_backward(s.dfc, s.dfc_gelu, fc_, s_.rows() * (s_.F / p));
+  fc2_.backward(s.dfc_gelu, s.dbranch, a.fc_gelu);  // d gelu-out (BT, F/tp)
+  gelu_backward(s.dfc, s.dfc_gelu, a.fc, s_.rows() * (s_.F / p));
   Kokkos::fence();
-  fc1_.backward(s.dln, s.dfc, ln2_);  // d ln2 (R, C)
+  fc1_.backward(s.dln, s.dfc, a.ln2, a.ln2_gathered);  // d ln2 (R, C)
   Kokkos::fence();
-  norm2_.backward(dres, s.dln, res2_, ln2_mean_, ln2_rstd_, R);  // dres now d res2
+  norm2_.backward(dres, s.dln, a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
-  dropout_backward(s.dbranch, dres, R * C, spec(s_.hidden_dropout, kAfterProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a, s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();
-  proj_.backward(s.datty, s.dbranch, atty_);
-  attention_backward(s.dqkv, s.datty, qkv_act_, att_, s.datt, as, spec(s_.attention_dropout, kAttentionProbs, true),
-                     att_drop_);
+  proj_.backward(s.datty, s.dbranch, a.atty);
+  attention_backward(s.dqkv, s.datty, a.qkv, a.att, s.datt, as, spec(a, s_.attention_dropout, kAttentionProbs, true),
+                     a.att_drop);
   Kokkos::fence();
-  qkv_.backward(s.dln, s.dqkv, ln1_);
+  qkv_.backward(s.dln, s.dqkv, a.ln1, a.ln1_gathered);
   Kokkos::fence();
-  norm1_.backward(dres, s.dln, x, ln1_mean_, ln1_rstd_, R);  // dres now d x
+  norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
 }
 
 }  // namespace trident

@@ -6,6 +6,7 @@
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
 #include <string>
+#include <deque>
 
 #include "layers/layer_norm.hpp"
 #include "layers/parallel_linear.hpp"
@@ -42,25 +43,32 @@ class TransformerLayer {
  public:
   TransformerLayer(ParamStore& store, const std::string& prefix, std::int64_t index, const TransformerShape& s);
 
-  // x (R, C) -> out() (R, C). x must stay alive until backward.
-  void forward(const FloatView& x, const DropoutStreams& rng);
+  // Activations are kept per slot: one set for each micro-batch in flight (pipeline schedules
+  // run several forwards before their backwards). Slots are allocated on first use.
+  // x (R, C) -> out(slot) (R, C). x must stay alive until the slot's backward.
+  void forward(const FloatView& x, const DropoutStreams& rng, int slot = 0);
   // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
-  void backward(const FloatView& dres, const FloatView& x, TransformerScratch& s);
+  void backward(const FloatView& dres, const FloatView& x, TransformerScratch& s, int slot = 0);
 
-  const FloatView& out() const { return out_; }
+  const FloatView& out(int slot = 0) const { return acts_.at(slot).out; }
 
  private:
-  DropoutSpec spec(float p, std::uint64_t site, bool tp_region) const;
+  // Everything one micro-batch's backward needs; R = local rows, BT = all rows,
+  // C_l = C/tp, F_l = F/tp.
+  struct Activations {
+    DropoutStreams rng;
+    FloatView ln1, ln1_mean, ln1_rstd, ln1_gathered, qkv, att, att_drop, atty, attproj, res2;
+    FloatView ln2, ln2_mean, ln2_rstd, ln2_gathered, fc, fc_gelu, fcproj, out;
+  };
+  Activations& slot(int i);
+  DropoutSpec spec(const Activations& a, float p, std::uint64_t site, bool tp_region) const;
 
   TransformerShape s_;
   std::int64_t index_;
-  DropoutStreams rng_;
   LayerNorm norm1_, norm2_;
   ColumnParallelLinear qkv_, fc1_;
   RowParallelLinear proj_, fc2_;
-  // activations; R = local rows, BT = all rows, C_l = C/tp, F_l = F/tp
-  FloatView ln1_, ln1_mean_, ln1_rstd_, qkv_act_, att_, att_drop_, atty_, attproj_, res2_;
-  FloatView ln2_, ln2_mean_, ln2_rstd_, fc_, fc_gelu_, fcproj_, out_;
+  std::deque<Activations> acts_;  // deque: references to a slot stay valid as slots are added
 };
 
 }  // namespace trident
