@@ -74,7 +74,7 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
     H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
-    if (!i_write || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of replicated tensors
+    if (!i_write || p.tied_copy || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of each tensor
     for_each_block(p, [&](hid_t mspace, hid_t fsel) {
       if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
         throw Error::one("checkpoint: writing '" + name + "' failed");

@@ -29,6 +29,9 @@ struct ParamInfo {
   // q | k | v). global_offset[0] and valid[0] are then per block.
   std::int64_t row_blocks = 1;
   bool tp_replicated = true;          // every TP rank holds the same full tensor
+  // A copy of a parameter owned by another pipeline stage (the last stage's tied word
+  // embeddings): loaded from checkpoints, never written, left out of the gradient norm.
+  bool tied_copy = false;
   bool weight_decay = false;
   float init_std = 0.f;               // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;

@@ -15,8 +15,10 @@ namespace {
 constexpr std::uint64_t kEmbeddingSite = 0;
 }
 
-GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch, const TensorParallel& tp)
-    : cfg_(cfg), store_(&store), tp_(tp), B_(micro_batch) {
+GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch, const TensorParallel& tp,
+                   const GptStage& stage)
+    : cfg_(cfg), store_(&store), tp_(tp), stage_(stage), B_(micro_batch) {
+  if (stage_.num_layers < 0) stage_.num_layers = cfg.num_layers - stage_.first_layer;
   const std::int64_t C = cfg.hidden, T = cfg.seq_length, p = tp.size(), r = tp.rank();
   rows_ = B_ * T;
   local_rows_ = tp.sequence_parallel ? rows_ / p : rows_;
@@ -34,6 +36,7 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   vocab_start_ = r * vocab_local_;
 
   ParamInfo wte;  // vocabulary-parallel: rows [start, start + Vl) of the padded table
+  wte.tied_copy = !stage_.pre;  // the last stage's copy of the first stage's table
   wte.name = "model/embedding/word_embeddings";
   wte.shape = {vocab_local_, C};
   wte.global_shape = {cfg.vocab_size, C};
@@ -42,20 +45,20 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   wte.tp_replicated = false;
   wte.weight_decay = true;
   wte.init_std = cfg.init_std;
-  wte_ = store.declare(wte);
-  wpe_ = store.declare("model/embedding/position_embeddings", {cfg.max_positions, C}, true, cfg.init_std);
+  if (stage_.pre || stage_.post) wte_ = store.declare(wte);
+  if (stage_.pre)
+    wpe_ = store.declare("model/embedding/position_embeddings", {cfg.max_positions, C}, true, cfg.init_std);
 
   TransformerShape ts{B_, T, C, cfg.heads, cfg.ffn, cfg.ln_eps, cfg.init_std,
                       cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.num_layers)), tp,
                       cfg.hidden_dropout, cfg.attention_dropout};
-  for (std::int64_t l = 0; l < cfg.num_layers; ++l)
+  for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
-  lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
+  if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
   scratch_ = std::make_unique<TransformerScratch>(ts);
 
   const std::int64_t R = local_rows_;
   word_ = make_float("gpt::word", rows_ * C);
-  encoded_ = make_float("gpt::encoded", R * C);
   lnf_out_ = make_float("gpt::lnf_out", R * C);
   lnf_mean_ = make_float("gpt::lnf_mean", R);
   lnf_rstd_ = make_float("gpt::lnf_rstd", R);
@@ -69,12 +72,25 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
 }
 
 double GptModel::forward(const IntView& tokens, const IntView& targets, std::int64_t samples) {
-  return run(tokens, targets, false, 0.f, samples < 0 ? B_ : samples, DropoutStreams{});
+  return stage_forward(0, tokens, targets, FloatView(), false, 0.f, DropoutStreams{}, samples);
 }
 
 double GptModel::forward_backward(const IntView& tokens, const IntView& targets, float dscale,
                                   const DropoutStreams& rng) {
-  return run(tokens, targets, true, dscale, B_, rng);
+  const double loss = stage_forward(0, tokens, targets, FloatView(), true, dscale, rng);
+  stage_backward(0, FloatView());
+  return loss;
+}
+
+GptModel::Slot& GptModel::slot(int i) {
+  while (static_cast<int>(slots_.size()) <= i) {
+    Slot s;
+    s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
+    if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_ * cfg_.hidden);
+    if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
+    slots_.push_back(s);
+  }
+  return slots_[i];
 }
 
 DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
@@ -86,52 +102,51 @@ DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
   return d;
 }
 
-double GptModel::run(const IntView& tokens, const IntView& targets, bool backward, float dscale,
-                     std::int64_t samples, const DropoutStreams& rng) {
-  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_, Vl = vocab_local_;
-  const std::int64_t p = tp_.size(), row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
-  const bool sp = tp_.sequence_parallel;
-  const FloatView wte = store_->value(wte_);
-  // ---- vocabulary-parallel embedding: partial lookups summed over TP (reduce_from), or
-  // reduce-scattered to the row split with sequence parallelism; then positions, dropout.
-  embedding_lookup(word_, tokens, wte, vocab_start_, Vl, BT, C);
+// Vocabulary-parallel embedding: partial lookups summed over TP (reduce_from), or
+// reduce-scattered to the row split with sequence parallelism; then positions, dropout.
+void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training) {
+  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
+  const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
+  embedding_lookup(word_, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
   Kokkos::fence();
-  if (sp) {
-    ReduceScatterToSequenceParallelRegion::forward(tp_, encoded_, word_, BT, C);
+  if (tp_.sequence_parallel) {
+    ReduceScatterToSequenceParallelRegion::forward(tp_, s.input, word_, BT, C);
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, word_, BT * C);
-    Kokkos::deep_copy(encoded_, word_);
+    Kokkos::deep_copy(s.input, word_);
   }
-  add_positions(encoded_, store_->value(wpe_), row0, R, T, C);
-  const DropoutSpec emb_drop = backward ? embedding_dropout(rng) : DropoutSpec{};
-  dropout_forward(encoded_, encoded_, R * C, emb_drop);
+  add_positions(s.input, store_->value(wpe_), row0, R, T, C);
+  dropout_forward(s.input, s.input, R * C, training ? embedding_dropout(rng) : DropoutSpec{});
+  if (training) Kokkos::deep_copy(s.tokens, tokens);
   Kokkos::fence();
-  const FloatView* x = &encoded_;
-  const DropoutStreams layer_rng = backward ? rng : DropoutStreams{};
-  for (auto& layer : layers_) {
-    layer->forward(*x, layer_rng);
-    x = &layer->out();
-  }
-  lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, *x, R);
+}
+
+// Final LayerNorm, tied LM head (the hidden states enter the TP region by copy_to, or by an
+// all-gather of the row split; logits (BT, Vl) are this rank's vocabulary columns) and the
+// loss; when training, the gradient at the last layer's output goes to the slot's head_grad.
+double GptModel::head(int slot_index, const IntView& targets, bool training, float dscale, std::int64_t samples) {
+  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_, Vl = vocab_local_;
+  const bool sp = tp_.sequence_parallel;
+  Slot& s = slot(slot_index);
+  const FloatView& last = layers_.empty() ? s.input : layers_.back()->out(slot_index);
+  const FloatView wte = store_->value(wte_);
+  lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
   Kokkos::fence();
-  // ---- tied LM head: the final hidden states enter the TP region (copy_to, or all-gather of
-  // the row split), logits (BT, Vl) are this rank's vocabulary columns.
   if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
   gemm(Trans::N, Trans::T, BT, Vl, C, 1.f, head_in_.data(), C, wte.data(), C, 0.f, logits_.data(), Vl);
-  const std::int64_t count = backward ? BT : samples * T;
-  if (p == 1) {
-    if (backward)
+  const std::int64_t count = training ? BT : samples * T;
+  if (tp_.size() == 1) {
+    if (training)
       cross_entropy_forward_backward(losses_, logits_, targets, BT, cfg_.vocab_size, Vl, dscale);
     else
       cross_entropy_forward(losses_, logits_, targets, BT, cfg_.vocab_size, Vl);
   } else {
-    vocab_parallel_cross_entropy(losses_, logits_, targets, BT, cfg_.vocab_size, Vl, vocab_start_, dscale, backward,
+    vocab_parallel_cross_entropy(losses_, logits_, targets, BT, cfg_.vocab_size, Vl, vocab_start_, dscale, training,
                                  *tp_.comm, ce_scratch_);
   }
   Kokkos::fence();
   const double loss_sum = sum_losses(losses_, count);
-  if (!backward) return loss_sum;
-
+  if (!training) return loss_sum;
   const FloatView dwte = store_->grad(wte_);
   // d head input (BT, C) = dlogits (BT, Vl) wte_local (Vl, C): partial over TP
   gemm(Trans::N, Trans::N, BT, C, Vl, 1.f, logits_.data(), Vl, wte.data(), C, 0.f, dhead_.data(), C);
@@ -144,27 +159,57 @@ double GptModel::run(const IntView& tokens, const IntView& targets, bool backwar
     CopyToTensorParallelRegion::backward(tp_, dhead_, BT * C);
     Kokkos::deep_copy(dlnf_, dhead_);
   }
-  Kokkos::deep_copy(dres_, 0.f);
-  const FloatView& last = layers_.empty() ? encoded_ : layers_.back()->out();
-  lnf_.backward(dres_, dlnf_, last, lnf_mean_, lnf_rstd_, R);
+  Kokkos::deep_copy(s.head_grad, 0.f);
+  lnf_.backward(s.head_grad, dlnf_, last, lnf_mean_, lnf_rstd_, R);
+  Kokkos::fence();
+  return loss_sum;
+}
+
+double GptModel::stage_forward(int slot_index, const IntView& tokens, const IntView& targets, const FloatView& input,
+                               bool training, float dscale, const DropoutStreams& rng, std::int64_t samples) {
+  Slot& s = slot(slot_index);
+  s.rng = training ? rng : DropoutStreams{};
+  if (stage_.pre)
+    embed(s, tokens, s.rng, training);
+  else
+    Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
+  const FloatView* x = &s.input;
+  for (auto& layer : layers_) {
+    layer->forward(*x, s.rng, slot_index);
+    x = &layer->out(slot_index);
+  }
+  if (!stage_.post) return 0.0;
+  return head(slot_index, targets, training, dscale, samples < 0 ? B_ : samples);
+}
+
+const FloatView& GptModel::stage_output(int slot_index) const {
+  const Slot& s = slots_.at(slot_index);
+  return layers_.empty() ? s.input : layers_.back()->out(slot_index);
+}
+
+void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
+  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
+  Slot& s = slot(slot_index);
+  Kokkos::deep_copy(dres_, stage_.post ? s.head_grad : slice(grad_output, 0, R * C));
   Kokkos::fence();
   for (std::int64_t l = static_cast<std::int64_t>(layers_.size()) - 1; l >= 0; --l) {
-    const FloatView& in = l == 0 ? encoded_ : layers_[l - 1]->out();
-    layers_[l]->backward(dres_, in, *scratch_);
+    const FloatView& in = l == 0 ? s.input : layers_[l - 1]->out(slot_index);
+    layers_[l]->backward(dres_, in, *scratch_, slot_index);
   }
-  dropout_backward(dres_, dres_, R * C, emb_drop);
+  if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
+  const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
+  dropout_backward(dres_, dres_, R * C, embedding_dropout(s.rng));
   add_positions_backward(store_->grad(wpe_), dres_, row0, R, T, C);
   Kokkos::fence();
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
   // backward); without sequence parallelism dres is already complete on every TP rank.
   FloatView dword = dres_;
-  if (sp) {
+  if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::backward(tp_, word_, dres_, R, C);
     dword = word_;
   }
-  embedding_lookup_backward(dwte, dword, tokens, vocab_start_, Vl, BT, C);
+  embedding_lookup_backward(store_->grad(wte_), dword, s.tokens, vocab_start_, vocab_local_, BT, C);
   Kokkos::fence();
-  return loss_sum;
 }
 
 double GptModel::flops_per_step(std::int64_t tokens_batch) const {

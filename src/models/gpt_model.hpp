@@ -8,6 +8,7 @@
 // so neither losses nor gradients depend on the padding or on tp. Checkpoints store the
 // unpadded, unsharded [vocab_size, C].
 #pragma once
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -23,10 +24,20 @@ struct GptConfig {
   float hidden_dropout = 0.f, attention_dropout = 0.f;
 };
 
+// The part of the model one pipeline stage (or model chunk) holds: layers
+// [first_layer, first_layer + num_layers), the embeddings when `pre`, the final LayerNorm, the
+// tied LM head and the loss when `post`. A stage with `post` but not `pre` keeps a copy of the
+// word embeddings, tied to the first stage's through the embedding group.
+struct GptStage {
+  std::int64_t first_layer = 0, num_layers = -1;  // -1: every layer
+  bool pre = true, post = true;
+};
+
 class GptModel {
  public:
   // micro_batch: B of every forward call. tp: the tensor-parallel group (nullptr comm: tp = 1).
-  GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch, const TensorParallel& tp = {});
+  GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch, const TensorParallel& tp = {},
+           const GptStage& stage = {});
 
   // Forward over tokens (B*T) with targets (B*T), no dropout; returns the SUM of the token
   // losses of the first `samples` samples (all B when negative).
@@ -36,6 +47,24 @@ class GptModel {
   double forward_backward(const IntView& tokens, const IntView& targets, float dscale,
                           const DropoutStreams& rng = {});
 
+  // ---- pipeline pieces, one micro-batch at a time; `slot` selects the activation set (one per
+  // micro-batch in flight). Forward of this stage: reads tokens (pre) or `input` (R, C) from
+  // the previous stage; on the last stage computes the loss and returns the sum of token losses
+  // (of the first `samples` samples when not training), and when training also the gradient at
+  // the stage output (kept in the slot for stage_backward). Returns 0 on other stages.
+  double stage_forward(int slot, const IntView& tokens, const IntView& targets, const FloatView& input, bool training,
+                       float dscale, const DropoutStreams& rng, std::int64_t samples = -1);
+  // (R, C): what this stage sends to the next after stage_forward(slot)
+  const FloatView& stage_output(int slot) const;
+  // Backward of this stage for the slot's micro-batch; grad_output (R, C) comes from the next
+  // stage (ignored on the last stage). Leaves d(stage input) in input_grad() (sent to the
+  // previous stage when not pre).
+  void stage_backward(int slot, const FloatView& grad_output);
+  const FloatView& input_grad() const { return dres_; }
+  std::int64_t activation_size() const { return local_rows_ * cfg_.hidden; }
+  const GptStage& stage() const { return stage_; }
+  ParamId word_embeddings() const { return wte_; }
+
   const GptConfig& config() const { return cfg_; }
   std::int64_t micro_batch() const { return B_; }
   // Model FLOPs per step, Megatron's formula without recomputation:
@@ -43,19 +72,28 @@ class GptModel {
   double flops_per_step(std::int64_t tokens_batch) const;
 
  private:
-  double run(const IntView& tokens, const IntView& targets, bool backward, float dscale, std::int64_t samples,
-             const DropoutStreams& rng);
+  struct Slot {
+    FloatView input;      // (R, C) stage input: the embeddings (pre) or what the previous stage sent
+    FloatView head_grad;  // (R, C) gradient at the last layer's output (post)
+    IntView tokens;       // (BT) tokens, for the embedding backward (pre)
+    DropoutStreams rng;
+  };
+  Slot& slot(int i);
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
+  void embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training);
+  double head(int slot, const IntView& targets, bool training, float dscale, std::int64_t samples);
 
   GptConfig cfg_;
   ParamStore* store_;
   TensorParallel tp_;
+  GptStage stage_;
+  std::deque<Slot> slots_;
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
   ParamId wte_ = -1, wpe_ = -1;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   LayerNorm lnf_;
   std::unique_ptr<TransformerScratch> scratch_;
-  FloatView word_, encoded_, lnf_out_, lnf_mean_, lnf_rstd_, head_in_, logits_, losses_, dres_, dlnf_, dhead_;
+  FloatView word_, lnf_out_, lnf_mean_, lnf_rstd_, head_in_, logits_, losses_, dres_, dlnf_, dhead_;
   FloatView ce_scratch_;
 };
 
