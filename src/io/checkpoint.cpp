@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -63,17 +64,52 @@ void for_each_block(const ParamInfo& p, F&& f, hid_t fspace) {
   }
 }
 
-// Writes every parameter of `store` from `host` (a host copy of a buffer laid out like the
-// store) as global datasets prefix + name. Collective: every rank creates every dataset.
-void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host,
-                   bool i_write, int tp_rank) {
+// The union over all ranks of (name, global shape) of the tensors they hold: with pipeline
+// parallelism ranks hold different tensors, but parallel HDF5 creates datasets collectively,
+// so every rank creates every dataset, in the same (sorted) order.
+std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store, MPI_Comm comm) {
+  std::string mine;
   for (const auto& p : store.params()) {
-    const std::string name = prefix + p.name;
+    if (p.tied_copy) continue;
+    mine += p.name;
+    for (auto d : p.global_shape) mine += " " + std::to_string(d);
+    mine += "\n";
+  }
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(size), offs(size, 0);
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
+  for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
+  std::string all(static_cast<size_t>(offs[size - 1] + lens[size - 1]), '\0');
+  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
+  std::map<std::string, std::vector<hsize_t>> out;
+  std::istringstream in(all);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    std::vector<hsize_t> dims;
+    for (hsize_t d; ls >> d;) dims.push_back(d);
+    out[name] = dims;
+  }
+  return out;
+}
+
+// Writes every parameter of `store` from `host` (a host copy of a buffer laid out like the
+// store) as global datasets prefix + name. Collective: every rank creates every dataset of
+// `tensors` (all_tensors), and writes the slices it owns.
+void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host, bool i_write,
+                   int tp_rank, const std::map<std::string, std::vector<hsize_t>>& tensors) {
+  for (const auto& [pname, gdims] : tensors) {
+    const std::string name = prefix + pname;
     h5_make_parents(file, name);
-    std::vector<hsize_t> gdims(p.global_shape.begin(), p.global_shape.end());
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
     H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
+    const ParamId id = store.find(pname);
+    if (id < 0) continue;
+    const ParamInfo& p = store.info(id);
     if (!i_write || p.tied_copy || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of each tensor
     for_each_block(p, [&](hid_t mspace, hid_t fsel) {
       if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
@@ -143,10 +179,11 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
     agree_or_throw(world.get(), err);
     const bool w = writes_slice(topo);
-    write_tensors(file, "", store, values.data(), w, topo.coords().tp);
+    const auto tensors = all_tensors(store, world.get());
+    write_tensors(file, "", store, values.data(), w, topo.coords().tp, tensors);
     if (opt) {
-      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w, topo.coords().tp);
-      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w, topo.coords().tp);
+      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w, topo.coords().tp, tensors);
+      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w, topo.coords().tp, tensors);
     }
     // Attributes are written collectively (same values on every rank).
     h5_write_attr(file, "format", std::string(kCheckpointFormat));
@@ -243,7 +280,8 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   H5Handle file = open_parallel_create(path, topo.world().get());
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
-  write_tensors(file, prefix, store, host.data(), writes_slice(topo), topo.coords().tp);
+  write_tensors(file, prefix, store, host.data(), writes_slice(topo), topo.coords().tp,
+                all_tensors(store, topo.world().get()));
   h5_write_attr(file, "iteration", iteration);
 }
 

@@ -63,6 +63,8 @@ class Registry {
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
+    add("parallel.first_stage_layers", &d.parallel.first_stage_layers, "layers on the first pipeline stage (0: even split)");
+    add("parallel.last_stage_layers", &d.parallel.last_stage_layers, "layers on the last pipeline stage (0: even split)");
     add("train.micro_batch_size", &d.train.micro_batch_size, "samples per micro-batch per DP rank");
     add("train.global_batch_size", &d.train.global_batch_size, "samples per iteration (all DP ranks)");
     add("train.iters", &d.train.iters, "training iterations");
@@ -95,6 +97,7 @@ class Registry {
     add("eval.windows", &d.eval.windows, "windows scored by eval.only");
     add("log.interval", &d.log.interval, "iterations between log lines");
     add("log.metrics_file", &d.log.metrics_file, "metrics file (.csv or .jsonl)");
+    add("log.timeline_file", &d.log.timeline_file, "Chrome-trace JSON of the pipeline schedule (one row per rank)");
     add("perf.peak_tflops", &d.perf.peak_tflops, "peak TFLOP/s per rank for MFU (0: no MFU)");
     add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
@@ -138,9 +141,10 @@ void validate(const Deck& d) {
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);
-  TRIDENT_REQUIRE(d.parallel.pp == 1 && d.parallel.vp == 1,
-                  "deck: parallel.pp/vp > 1 (pipeline parallelism) is not available in this version of Trident; "
-                  "set them to 1");
+  TRIDENT_REQUIRE(d.parallel.vp == 1, "deck: parallel.vp > 1 (the interleaved pipeline schedule) is not available "
+                                       "in this version of Trident; set it to 1");
+  TRIDENT_REQUIRE(d.parallel.first_stage_layers >= 0 && d.parallel.last_stage_layers >= 0,
+                  "deck: parallel.first_stage_layers / last_stage_layers must be >= 0");
   TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0, "deck: model.num_heads (" << d.model.num_heads
                                                                                     << ") is not divisible by parallel.tp ("
                                                                                     << d.parallel.tp << ")");

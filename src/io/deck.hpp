@@ -19,6 +19,7 @@ struct Deck {
   } model;
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;
+    std::int64_t first_stage_layers = 0, last_stage_layers = 0;
     bool sequence_parallel = false;
   } parallel;
   struct Train {
@@ -48,7 +49,7 @@ struct Deck {
   } eval;
   struct Log {
     std::int64_t interval = 1;
-    std::string metrics_file;
+    std::string metrics_file, timeline_file;
   } log;
   struct Perf {
     double peak_tflops = 0.0;

@@ -25,6 +25,8 @@
 #include "ops/gemm.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "train/pipeline.hpp"
+#include "train/pipeline_schedule.hpp"
 #include "ops/elementwise.hpp"
 
 namespace trident {
@@ -66,8 +68,10 @@ struct Batch {
     h_tokens = Kokkos::create_mirror_view(tokens);
     h_targets = Kokkos::create_mirror_view(targets);
   }
-  // Fills slot j from a window of S+1 tokens already in window[j*(S+1)...]
-  void finish(std::int64_t vocab) {
+  // Inputs and targets from the windows of S+1 tokens in window[j*(S+1)...], into the given
+  // device views (or the batch's own).
+  void finish(std::int64_t vocab) { finish(vocab, tokens, targets); }
+  void finish(std::int64_t vocab, const IntView& dev_tokens, const IntView& dev_targets) {
     for (std::int64_t j = 0; j < B; ++j)
       for (std::int64_t t = 0; t < S; ++t) {
         const std::int32_t a = window[j * (S + 1) + t], b = window[j * (S + 1) + t + 1];
@@ -77,8 +81,8 @@ struct Batch {
         h_tokens(j * S + t) = a;
         h_targets(j * S + t) = b;
       }
-    Kokkos::deep_copy(tokens, h_tokens);
-    Kokkos::deep_copy(targets, h_targets);
+    Kokkos::deep_copy(dev_tokens, h_tokens);
+    Kokkos::deep_copy(dev_targets, h_targets);
   }
   std::int64_t B, S;
   std::vector<std::int32_t> window;
@@ -120,13 +124,30 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
 }
 
 // Global L2 norm of the gradients: TP-sharded parameters summed over the TP group, the
-// replicated ones (identical on every TP rank by then) counted once.
+// replicated ones (identical on every TP rank by then) counted once, the stages summed over
+// the pipeline group, tied copies (the last stage's word embeddings) left out.
 double global_grad_norm(const ParamStore& store, const Topology& topo) {
-  const FloatView g = store.grads();
-  const std::int64_t rb = store.replicated_begin(), re = store.replicated_end(), n = store.size();
-  double sharded = sum_squares(slice(g, 0, rb), rb) + sum_squares(slice(g, re, n - re), n - re);
+  double sharded = 0, replicated = 0;
+  for (const auto& p : store.params()) {
+    if (p.tied_copy) continue;
+    const double sq = sum_squares(store.grad(store.find(p.name)), p.numel());
+    (p.tp_replicated ? replicated : sharded) += sq;
+  }
   sharded = topo.tp_group().allreduce_sum(sharded);
-  return std::sqrt(sharded + sum_squares(slice(g, rb, re - rb), re - rb));
+  return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated));
+}
+
+// This rank's part of the model: its pipeline stage's layers, embeddings on the first stage,
+// final LayerNorm, head and loss on the last.
+GptStage stage_of(const Deck& deck, const Topology& topo) {
+  const auto split = split_layers(deck.model.num_layers, topo.pp_size(), deck.parallel.first_stage_layers,
+                                  deck.parallel.last_stage_layers);
+  GptStage st;
+  st.first_layer = split[topo.coords().pp].first;
+  st.num_layers = split[topo.coords().pp].second;
+  st.pre = topo.is_first_stage();
+  st.post = topo.is_last_stage();
+  return st;
 }
 
 int run_eval_only(const Deck& deck, const Topology& topo) {
@@ -139,26 +160,34 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
   ParamStore store;
-  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo));
+  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo), stage_of(deck, topo));
   store.allocate();
   const std::string file = resolve_checkpoint(deck.checkpoint.load);
   CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
+  PipelineRunner runner(model, topo);
   // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
   // tensor-parallel group score the same block together).
   Batch batch(B, S);
   double loss_sum = 0;
   const std::int64_t nblocks = (N + B - 1) / B;
   const Communicator& dpg = topo.dp_group();
-  for (std::int64_t blk = dpg.rank(); blk < nblocks; blk += dpg.size()) {
-    const std::int64_t first = blk * B, count = std::min(B, N - first);
-    for (std::int64_t j = 0; j < B; ++j) {
-      const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
-      shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
-    }
-    batch.finish(vocab);
-    loss_sum += model.forward(batch.tokens, batch.targets, count);
-  }
-  loss_sum = dpg.allreduce_sum(loss_sum);
+  const std::int64_t mine = nblocks > dpg.rank() ? (nblocks - 1 - dpg.rank()) / dpg.size() + 1 : 0;
+  auto block_count = [&](std::int64_t i) {
+    const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
+    return std::min(B, N - first);
+  };
+  loss_sum = runner.evaluate(
+      mine,
+      [&](std::int64_t i, IntView& tokens, IntView& targets) {
+        const std::int64_t first = (dpg.rank() + i * dpg.size()) * B, count = block_count(i);
+        for (std::int64_t j = 0; j < B; ++j) {
+          const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
+          shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
+        }
+        batch.finish(vocab, tokens, targets);
+      },
+      block_count);
+  loss_sum = dpg.allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
   const double loss = loss_sum / static_cast<double>(N * S);
   if (world.rank() == 0) {
     std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
@@ -202,7 +231,8 @@ int run_gpt(const Deck& deck) {
   ParamStore store;
   const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
   const TensorParallel tp = tensor_parallel(deck, topo);
-  GptModel model(cfg, store, mbs, tp);
+  const GptStage stage = stage_of(deck, topo);
+  GptModel model(cfg, store, mbs, tp, stage);
   store.allocate();
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
   AdamWConfig ac;
@@ -253,7 +283,12 @@ int run_gpt(const Deck& deck) {
               << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
               << store.global_count() << " parameters\n"
               << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
+              << ", pp " << topo.pp_size() << (topo.pp_size() > 1 ? " (1F1B schedule)" : "")
               << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
+              << (topo.pp_size() > 1 ? "stage " + std::to_string(topo.coords().pp) + " holds layers " +
+                                            std::to_string(stage.first_layer) + ".." +
+                                            std::to_string(stage.first_layer + stage.num_layers - 1) + "\n"
+                                      : std::string())
               << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
               << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
               << "data: " << deck.data.train_shards << "\n"
@@ -286,16 +321,19 @@ int run_gpt(const Deck& deck) {
   const FloatView grads = store.grads();
   PhaseTimers timers;
 
+  PipelineRunner runner(model, topo);
+  runner.record = !deck.log.timeline_file.empty();
   auto evaluate = [&](std::int64_t it) {
     const BlendedDataset* valid = data->valid();
-    double sum = 0;
-    for (std::int64_t k = 0; k < deck.eval.iters; ++k) {
-      for (std::int64_t j = 0; j < mbs; ++j)
-        valid->get((k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
-      batch.finish(vocab);
-      sum += model.forward(batch.tokens, batch.targets);
-    }
-    sum = topo.dp_group().allreduce_sum(sum);
+    double sum = runner.evaluate(
+        deck.eval.iters,
+        [&](std::int64_t k, IntView& tokens, IntView& targets) {
+          for (std::int64_t j = 0; j < mbs; ++j)
+            valid->get((k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
+          batch.finish(vocab, tokens, targets);
+        },
+        [&](std::int64_t) { return mbs; });
+    sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(sum));
     const double loss = sum / static_cast<double>(deck.eval.iters * mbs * dp * S);
     if (root) {
       std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss << " | ppl "
@@ -306,6 +344,7 @@ int run_gpt(const Deck& deck) {
 
   topo.tp_group().reset_stats();
   topo.dp_group().reset_stats();
+  double bubble_sum = 0;
   const std::int64_t first_iteration = iteration;
   const double t_start = wall_seconds();
   double t_last = t_start;
@@ -314,30 +353,41 @@ int run_gpt(const Deck& deck) {
     const std::int64_t it = iteration + 1;
     const double t0 = wall_seconds();
     store.zero_grads();
-    double loss_sum = 0;
-    for (std::int64_t k = 0; k < acc; ++k) {
-      timers.start("data");
-      const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
-      for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, batch.window.data() + j * (S + 1));
-      batch.finish(vocab);
-      timers.stop("data");
-      timers.start("forward-backward");
-      // Dropout streams keyed by the global micro-batch index: independent of dp and of the
-      // accumulation split, and exactly reproduced on resume.
-      DropoutStreams rng;
-      rng.training = true;
-      rng.step = static_cast<std::uint64_t>(first / mbs);
-      rng.shared = static_cast<std::uint64_t>(deck.train.seed);
-      rng.tp_local = static_cast<std::uint64_t>(deck.train.seed) + 2718 + static_cast<std::uint64_t>(topo.coords().tp);
-      loss_sum += model.forward_backward(batch.tokens, batch.targets, dscale, rng);
-      timers.stop("forward-backward");
-    }
+    timers.start("forward-backward");
+    const double pipe_t0 = wall_seconds(), busy0 = runner.forward_seconds() + runner.backward_seconds();
+    double loss_sum = runner.train(
+        acc,
+        [&](std::int64_t k, IntView& tokens, IntView& targets) {
+          const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
+          for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, batch.window.data() + j * (S + 1));
+          batch.finish(vocab, tokens, targets);
+        },
+        dscale,
+        [&](std::int64_t k) {
+          // Dropout streams keyed by the global micro-batch index: independent of dp and of the
+          // accumulation split, and exactly reproduced on resume.
+          DropoutStreams rng;
+          rng.training = true;
+          rng.step = static_cast<std::uint64_t>((consumed + (k * dp + dp_rank) * mbs) / mbs);
+          rng.shared = static_cast<std::uint64_t>(deck.train.seed);
+          rng.tp_local = static_cast<std::uint64_t>(deck.train.seed) + 2718 + static_cast<std::uint64_t>(topo.coords().tp);
+          return rng;
+        });
+    // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
+    const double span = wall_seconds() - pipe_t0;
+    const double busy = runner.forward_seconds() + runner.backward_seconds() - busy0;
+    bubble_sum += busy > 0 ? (span - busy) / busy : 0.0;
+    timers.stop("forward-backward");
     timers.start("grad-allreduce");
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
+    if (topo.pp_size() > 1 && model.word_embeddings() >= 0) {  // tied word embeddings: first + last stage
+      const FloatView g = store.grad(model.word_embeddings());
+      topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
+    }
     topo.dp_group().allreduce_sum(grads.data(), store.size());
-    loss_sum = topo.dp_group().allreduce_sum(loss_sum);
+    loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
     timers.stop("grad-allreduce");
     timers.start("optimizer");
     const double loss = loss_sum / tokens_per_iter;
@@ -390,6 +440,16 @@ int run_gpt(const Deck& deck) {
     if (deck.eval.interval > 0 && (it % deck.eval.interval == 0 || it == iters)) evaluate(it);
     if (!deck.checkpoint.save.empty() && ((deck.checkpoint.interval > 0 && it % deck.checkpoint.interval == 0) || it == iters))
       save(it);
+  }
+  const double trained = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration, 1));
+  const double bubble = topo.world().allreduce_sum(bubble_sum / trained) / topo.world_size();
+  if (!deck.log.timeline_file.empty()) write_timeline(deck.log.timeline_file, runner.events(), topo, t_start);
+  if (root && topo.pp_size() > 1) {
+    std::cout << std::fixed << std::setprecision(3) << "pipeline bubble: measured " << bubble
+              << " (idle over busy time of the forward-backward phase, mean over ranks and iterations), theory (p-1)/m = "
+              << static_cast<double>(topo.pp_size() - 1) / static_cast<double>(acc) << " (p " << topo.pp_size()
+              << ", m " << acc << "); p2p wait " << runner.p2p_seconds() << " s on rank 0" << std::endl;
+    if (!deck.log.timeline_file.empty()) std::cout << "timeline: " << deck.log.timeline_file << std::endl;
   }
   if (root) {
     const double total = wall_seconds() - t_start;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tensor/sequence-parallel checks of pretrain_gpt (run by CTest under the labels mpi, tp).
+"""Tensor/sequence- and pipeline-parallel checks of pretrain_gpt (CTest labels mpi, tp, pp).
 
 usage: tp_checks.py CHECK --app PRETRAIN_GPT --deck DECK --shards GLOB --work DIR [--mpiexec M]
 
@@ -13,6 +13,13 @@ orders of fp32 partial sums, measured ~1e-7):
   dropout   with dropout, tp=2 runs are reproducible bit for bit and differ from no dropout
   errors    a tp that does not divide the heads, and a world size tp does not divide, are
             clear errors on every rank (no hang)
+  pp2       pp=2 (1F1B, 2 and 4 micro-batches, and an uneven split with
+            parallel.first_stage_layers) equals pp=1, losses and step-1 gradients
+  pp4       pp=4 on 4 ranks (4 layers) equals pp=1
+  tp2pp2dp2 tp=2 x pp=2 x dp=2 on 8 ranks, with sequence parallelism, equals the single-rank run
+            (5 steps: 8 busy-polling ranks on 2 cores are slow)
+  ppresume  a checkpoint saved at pp=2 resumes at pp=1 and one saved at pp=1 at pp=2
+  pperrors  layers that do not divide over the stages, and vp > 1, are clear errors
 """
 import argparse
 import csv
@@ -49,10 +56,11 @@ class Ctx:
     def path(self, *p):
         return os.path.join(self.a.work, *p)
 
-    def train(self, name, np_, tp, sp=False, iters=10, extra=(), dropout=0.0):
+    def train(self, name, np_, tp, sp=False, iters=10, extra=(), dropout=0.0, pp=1):
         m = self.path(name + ".csv")
         cmd = [self.a.mpiexec, "-n", str(np_), self.a.app, "--deck", self.a.deck, "--data.train_shards", self.a.shards,
                "--parallel.tp", str(tp), "--parallel.sequence_parallel", "true" if sp else "false",
+               "--parallel.pp", str(pp),
                "--model.hidden_dropout", str(dropout), "--model.attention_dropout", str(dropout),
                "--train.iters", str(iters), "--eval.interval", "0", "--log.metrics_file", m,
                "--debug.dump_grads", self.path(name + "_grads.h5")] + list(extra)
@@ -149,9 +157,67 @@ def check_errors(c):
     assert not bad, bad
 
 
+def check_pp2(c):
+    ref = c.train("pp1", 1, 1)
+    compare_losses("pp2", ref, c.train("pp2", 2, 1, pp=2))
+    compare_grads("pp2", c.path("pp1_grads.h5"), c.path("pp2_grads.h5"))
+    # 4 micro-batches per iteration (global batch 8) and the layers split 1 + 1 explicitly
+    ref8 = c.train("pp1_m4", 1, 1, extra=["--train.global_batch_size", "8"])
+    got8 = c.train("pp2_m4", 2, 1, pp=2, extra=["--train.global_batch_size", "8", "--parallel.first_stage_layers", "1"])
+    compare_losses("pp2, m=4", ref8, got8)
+    compare_grads("pp2, m=4", c.path("pp1_m4_grads.h5"), c.path("pp2_m4_grads.h5"))
+
+
+def check_pp4(c):
+    four = ["--model.num_layers", "4", "--train.global_batch_size", "8"]
+    ref = c.train("pp1", 1, 1, extra=four)
+    compare_losses("pp4", ref, c.train("pp4", 4, 1, pp=4, extra=four))
+    compare_grads("pp4", c.path("pp1_grads.h5"), c.path("pp4_grads.h5"))
+
+
+def check_tp2pp2dp2(c):
+    ref = c.train("single", 1, 1, iters=5)
+    compare_losses("tp2 x pp2 x dp2", ref, c.train("tp2pp2dp2", 8, 2, sp=True, pp=2, iters=5))
+    compare_grads("tp2 x pp2 x dp2", c.path("single_grads.h5"), c.path("tp2pp2dp2_grads.h5"))
+
+
+def check_ppresume(c):
+    c.train = (lambda f: lambda *a, extra=(), **k: f(*a, extra=list(extra) + ["--optim.decay_iters", "10"], **k))(c.train)
+    ref = c.train("straight", 1, 1, iters=10)
+    c.train("a1", 2, 1, pp=2, iters=5, extra=["--checkpoint.save", c.path("ck_a")])
+    compare_losses("pp2 -> pp1", ref[5:], c.train("a2", 1, 1, iters=10, extra=["--checkpoint.load", c.path("ck_a")]))
+    c.train("b1", 1, 1, iters=5, extra=["--checkpoint.save", c.path("ck_b")])
+    compare_losses("pp1 -> pp2", ref[5:], c.train("b2", 2, 1, pp=2, iters=10, extra=["--checkpoint.load", c.path("ck_b")]))
+
+
+def check_pperrors(c):
+    a = c.a
+    cases = [
+        ("layers do not divide over stages", 2, ["--parallel.pp", "2", "--model.num_layers", "3"], "parallel.pp"),
+        ("uneven split does not add up", 2, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"],
+         "parallel.first_stage_layers"),
+        ("interleaving not available", 2, ["--parallel.pp", "2", "--parallel.vp", "2"], "parallel.vp"),
+    ]
+    bad = []
+    for name, np_, extra, needle in cases:
+        try:
+            rc, out = run([a.mpiexec, "-n", str(np_), a.app, "--deck", a.deck, "--data.train_shards", a.shards] + extra,
+                          expect_ok=False, timeout=120)
+        except subprocess.TimeoutExpired:
+            bad.append(name + ": HUNG")
+            continue
+        errors = [l for l in out.splitlines() if l.startswith("error")]
+        ok = rc != 0 and needle in out and len(errors) == 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name:34s} rc={rc} {errors[0] if errors else out[-300:]}")
+        if not ok:
+            bad.append(name)
+    assert not bad, bad
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["tp2", "tp2dp2", "resume", "dropout", "errors"])
+    p.add_argument("check", choices=["tp2", "tp2dp2", "resume", "dropout", "errors", "pp2", "pp4", "tp2pp2dp2",
+                                     "ppresume", "pperrors"])
     p.add_argument("--app", required=True)
     p.add_argument("--deck", required=True)
     p.add_argument("--shards", required=True)

@@ -1,0 +1,134 @@
+// Pipeline executor.
+#include "train/pipeline.hpp"
+
+#include <fstream>
+
+#include "common/error.hpp"
+#include "common/timer.hpp"
+#include "train/pipeline_schedule.hpp"
+
+namespace trident {
+
+namespace {
+constexpr int kBackwardTag = 1 << 20;  // tags: forward activation = micro, gradient = kBackwardTag + micro
+}
+
+PipelineRunner::PipelineRunner(GptModel& model, const Topology& topo)
+    : model_(model), topo_(topo), fwd_send_(static_cast<size_t>(topo.pp_size()), MPI_REQUEST_NULL) {
+  const std::int64_t rows = model.micro_batch() * model.config().seq_length;
+  tokens_ = make_int("pipeline::tokens", rows);
+  targets_ = make_int("pipeline::targets", rows);
+  recv_in_ = make_float("pipeline::recv_in", model.activation_size());
+  recv_grad_ = make_float("pipeline::recv_grad", model.activation_size());
+}
+
+void PipelineRunner::wait(MPI_Request& r) {
+  if (r == MPI_REQUEST_NULL) return;
+  const double t = wall_seconds();
+  TRIDENT_CHECK_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
+  t_p2p_ += wall_seconds() - t;
+}
+
+double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
+                             const std::function<DropoutStreams(std::int64_t)>& rng) {
+  const int p = topo_.pp_size(), s = topo_.coords().pp;
+  const MPI_Comm pp = topo_.pp_group().get();
+  const bool pre = model_.stage().pre, post = model_.stage().post;
+  const int n = static_cast<int>(model_.activation_size());
+  double loss = 0;
+  for (const PipelineOp& op : schedule_1f1b(p, s, static_cast<int>(m))) {
+    const int slot = op.micro % p;  // at most p micro-batches in flight
+    if (op.forward) {
+      load(op.micro, tokens_, targets_);
+      if (!pre) {
+        const double t = wall_seconds();
+        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, s - 1, op.micro, pp, MPI_STATUS_IGNORE));
+        t_p2p_ += wall_seconds() - t;
+      }
+      wait(fwd_send_[slot]);  // the slot's previous output must have left
+      const double t0 = wall_seconds();
+      loss += model_.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
+      Kokkos::fence();
+      const double t1 = wall_seconds();
+      t_forward_ += t1 - t0;
+      if (record) events_.push_back({t0, t1, op.micro, true});
+      if (!post)
+        TRIDENT_CHECK_MPI(MPI_Isend(model_.stage_output(slot).data(), n, MPI_FLOAT, s + 1, op.micro, pp, &fwd_send_[slot]));
+    } else {
+      if (!post) {
+        const double t = wall_seconds();
+        TRIDENT_CHECK_MPI(MPI_Recv(recv_grad_.data(), n, MPI_FLOAT, s + 1, kBackwardTag + op.micro, pp, MPI_STATUS_IGNORE));
+        t_p2p_ += wall_seconds() - t;
+      }
+      wait(bwd_send_);  // input_grad() is reused
+      const double t0 = wall_seconds();
+      model_.stage_backward(slot, recv_grad_);
+      Kokkos::fence();
+      const double t1 = wall_seconds();
+      t_backward_ += t1 - t0;
+      if (record) events_.push_back({t0, t1, op.micro, false});
+      if (!pre)
+        TRIDENT_CHECK_MPI(MPI_Isend(model_.input_grad().data(), n, MPI_FLOAT, s - 1, kBackwardTag + op.micro, pp, &bwd_send_));
+    }
+  }
+  for (auto& r : fwd_send_) wait(r);
+  wait(bwd_send_);
+  return loss;
+}
+
+double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
+                                const std::function<std::int64_t(std::int64_t)>& count) {
+  const int s = topo_.coords().pp;
+  const MPI_Comm pp = topo_.pp_group().get();
+  const bool pre = model_.stage().pre, post = model_.stage().post;
+  const int n = static_cast<int>(model_.activation_size());
+  double loss = 0;
+  for (std::int64_t k = 0; k < m; ++k) {
+    load(k, tokens_, targets_);
+    if (!pre) TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, s - 1, static_cast<int>(k), pp, MPI_STATUS_IGNORE));
+    loss += model_.stage_forward(0, tokens_, targets_, recv_in_, false, 0.f, DropoutStreams{}, count(k));
+    Kokkos::fence();
+    if (!post) TRIDENT_CHECK_MPI(MPI_Send(model_.stage_output(0).data(), n, MPI_FLOAT, s + 1, static_cast<int>(k), pp));
+  }
+  return loss;
+}
+
+void write_timeline(const std::string& path, const std::vector<TimelineEvent>& events, const Topology& topo,
+                    double t_origin) {
+  const MPI_Comm world = topo.world().get();
+  std::vector<double> mine;
+  for (const auto& e : events) {
+    mine.push_back(e.t0 - t_origin);
+    mine.push_back(e.t1 - t_origin);
+    mine.push_back(e.micro);
+    mine.push_back(e.forward ? 1.0 : 0.0);
+  }
+  const int size = topo.world_size(), rank = topo.world_rank();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(size), offs(size, 0);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world);
+  if (rank == 0)
+    for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
+  std::vector<double> all(rank == 0 ? static_cast<size_t>(offs[size - 1] + lens[size - 1]) : 0);
+  MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, world);
+  if (rank != 0) return;
+  std::ofstream out(path);
+  TRIDENT_REQUIRE(out.good(), "log.timeline_file: cannot write '" << path << "'");
+  out << "{\"traceEvents\": [\n";
+  bool first = true;
+  for (int r = 0; r < size; ++r) {
+    const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+    out << (first ? "" : ",\n") << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << r
+        << ", \"args\": {\"name\": \"rank " << r << " (pp " << c.pp << ", tp " << c.tp << ", dp " << c.dp << ")\"}}";
+    first = false;
+    for (int i = offs[r]; i < offs[r] + lens[r]; i += 4) {
+      const bool fwd = all[i + 3] > 0.5;
+      out << ",\n{\"name\": \"" << (fwd ? "F" : "B") << static_cast<int>(all[i + 2]) << "\", \"cat\": \""
+          << (fwd ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << r
+          << ", \"ts\": " << all[i] * 1e6 << ", \"dur\": " << (all[i + 1] - all[i]) * 1e6 << "}";
+    }
+  }
+  out << "\n]}\n";
+}
+
+}  // namespace trident

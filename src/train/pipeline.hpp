@@ -1,0 +1,61 @@
+// Pipeline executor: runs one stage's part of a schedule (train/pipeline_schedule.hpp) for a
+// set of micro-batches, moving activations forward and their gradients backward between
+// neighbouring stages with non-blocking point-to-point messages of shapes known up front
+// ((rows, hidden) per micro-batch). Records per-rank timings and, optionally, a timeline.
+#pragma once
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/topology.hpp"
+#include "models/gpt_model.hpp"
+
+namespace trident {
+
+struct TimelineEvent {
+  double t0, t1;
+  int micro;
+  bool forward;
+};
+
+class PipelineRunner {
+ public:
+  // load(k, tokens, targets): the k-th micro-batch of this rank's share.
+  using Loader = std::function<void(std::int64_t, IntView&, IntView&)>;
+  PipelineRunner(GptModel& model, const Topology& topo);
+
+  // Forward and backward of m micro-batches in 1F1B order; returns the sum of token losses
+  // (non-zero on the last stage only). rng(k) gives micro-batch k's dropout streams.
+  double train(std::int64_t m, const Loader& load, float dscale,
+               const std::function<DropoutStreams(std::int64_t)>& rng);
+  // Forward only (evaluation); count(k): samples of micro-batch k that count (<= B).
+  double evaluate(std::int64_t m, const Loader& load, const std::function<std::int64_t(std::int64_t)>& count);
+
+  // Seconds spent in forward, backward and waiting on point-to-point messages (cumulative).
+  double forward_seconds() const { return t_forward_; }
+  double backward_seconds() const { return t_backward_; }
+  double p2p_seconds() const { return t_p2p_; }
+  const std::vector<TimelineEvent>& events() const { return events_; }
+  void clear_events() { events_.clear(); }
+  bool record = false;  // keep timeline events
+
+ private:
+  void wait(MPI_Request& r);
+  GptModel& model_;
+  const Topology& topo_;
+  IntView tokens_, targets_;
+  FloatView recv_in_, recv_grad_;
+  std::vector<MPI_Request> fwd_send_;
+  MPI_Request bwd_send_ = MPI_REQUEST_NULL;
+  double t_forward_ = 0, t_backward_ = 0, t_p2p_ = 0;
+  std::vector<TimelineEvent> events_;
+};
+
+// Gathers every rank's events to world rank 0 and writes a Chrome-trace JSON file there:
+// one row (tid) per rank, one box per micro-batch forward or backward.
+void write_timeline(const std::string& path, const std::vector<TimelineEvent>& events, const Topology& topo,
+                    double t_origin);
+
+}  // namespace trident

@@ -1,0 +1,50 @@
+// Pipeline schedules and the layer split.
+#include "train/pipeline_schedule.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+
+namespace trident {
+
+std::vector<PipelineOp> schedule_1f1b(int stages, int stage, int m) {
+  std::vector<PipelineOp> ops;
+  const int warmup = std::min(stages - stage - 1, m);
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back({true, f});
+  while (f < m) {
+    ops.push_back({true, f++});
+    ops.push_back({false, b++});
+  }
+  while (b < m) ops.push_back({false, b++});
+  return ops;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> split_layers(std::int64_t L, int p, std::int64_t first,
+                                                               std::int64_t last) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (p == 1) return {{0, L}};
+  if (first == 0 && last == 0) {
+    TRIDENT_REQUIRE(L % p == 0, "model.num_layers (" << L << ") is not divisible by parallel.pp (" << p
+                                                     << "); set parallel.first_stage_layers / last_stage_layers");
+    for (int s = 0; s < p; ++s) out.push_back({s * (L / p), L / p});
+    return out;
+  }
+  const std::int64_t f = first > 0 ? first : -1, l = last > 0 ? last : -1;
+  const int middle = p - (f > 0 ? 1 : 0) - (l > 0 ? 1 : 0);
+  const std::int64_t rest = L - std::max<std::int64_t>(f, 0) - std::max<std::int64_t>(l, 0);
+  TRIDENT_REQUIRE(rest >= 0 && (middle == 0 ? rest == 0 : rest % middle == 0),
+                  "the " << L << " layers do not split over " << p << " pipeline stages with "
+                         << "parallel.first_stage_layers = " << first << " and parallel.last_stage_layers = " << last);
+  const std::int64_t each = middle > 0 ? rest / middle : 0;
+  std::int64_t at = 0;
+  for (int s = 0; s < p; ++s) {
+    const std::int64_t n = (s == 0 && f > 0) ? f : (s == p - 1 && l > 0) ? l : each;
+    TRIDENT_REQUIRE(n > 0, "pipeline stage " << s << " would get no layers");
+    out.push_back({at, n});
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace trident
