@@ -141,8 +141,6 @@ void validate(const Deck& d) {
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);
-  TRIDENT_REQUIRE(d.parallel.vp == 1, "deck: parallel.vp > 1 (the interleaved pipeline schedule) is not available "
-                                       "in this version of Trident; set it to 1");
   TRIDENT_REQUIRE(d.parallel.first_stage_layers >= 0 && d.parallel.last_stage_layers >= 0,
                   "deck: parallel.first_stage_layers / last_stage_layers must be >= 0");
   TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0, "deck: model.num_heads (" << d.model.num_heads

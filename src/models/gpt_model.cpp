@@ -58,17 +58,19 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   scratch_ = std::make_unique<TransformerScratch>(ts);
 
   const std::int64_t R = local_rows_;
-  word_ = make_float("gpt::word", rows_ * C);
-  lnf_out_ = make_float("gpt::lnf_out", R * C);
-  lnf_mean_ = make_float("gpt::lnf_mean", R);
-  lnf_rstd_ = make_float("gpt::lnf_rstd", R);
-  head_in_ = tp.sequence_parallel ? make_float("gpt::head_in", rows_ * C) : lnf_out_;
-  logits_ = make_float("gpt::logits", rows_ * vocab_local_);
-  losses_ = make_float("gpt::losses", rows_);
   dres_ = make_float("gpt::dres", R * C);
-  dlnf_ = make_float("gpt::dlnf", R * C);
-  dhead_ = make_float("gpt::dhead", rows_ * C);
-  ce_scratch_ = make_float("gpt::ce_scratch", 3 * rows_);
+  if (stage_.pre) word_ = make_float("gpt::word", rows_ * C);
+  if (stage_.post) {  // final LayerNorm, LM head and loss buffers
+    lnf_out_ = make_float("gpt::lnf_out", R * C);
+    lnf_mean_ = make_float("gpt::lnf_mean", R);
+    lnf_rstd_ = make_float("gpt::lnf_rstd", R);
+    head_in_ = tp.sequence_parallel ? make_float("gpt::head_in", rows_ * C) : lnf_out_;
+    logits_ = make_float("gpt::logits", rows_ * vocab_local_);
+    losses_ = make_float("gpt::losses", rows_);
+    dlnf_ = make_float("gpt::dlnf", R * C);
+    dhead_ = make_float("gpt::dhead", rows_ * C);
+    ce_scratch_ = make_float("gpt::ce_scratch", 3 * rows_);
+  }
 }
 
 double GptModel::forward(const IntView& tokens, const IntView& targets, std::int64_t samples) {

@@ -137,17 +137,52 @@ double global_grad_norm(const ParamStore& store, const Topology& topo) {
   return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated));
 }
 
-// This rank's part of the model: its pipeline stage's layers, embeddings on the first stage,
-// final LayerNorm, head and loss on the last.
-GptStage stage_of(const Deck& deck, const Topology& topo) {
-  const auto split = split_layers(deck.model.num_layers, topo.pp_size(), deck.parallel.first_stage_layers,
-                                  deck.parallel.last_stage_layers);
-  GptStage st;
-  st.first_layer = split[topo.coords().pp].first;
-  st.num_layers = split[topo.coords().pp].second;
-  st.pre = topo.is_first_stage();
-  st.post = topo.is_last_stage();
-  return st;
+// This rank's part of the model: one stage's layers (embeddings on the first stage, final
+// LayerNorm, head and loss on the last), or, with vp > 1, vp chunks: chunk c is virtual stage
+// c * pp + pp_rank of an even split over pp * vp virtual stages.
+std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo) {
+  const int p = topo.pp_size(), s = topo.coords().pp, vp = static_cast<int>(deck.parallel.vp);
+  std::vector<GptStage> out;
+  if (vp == 1) {
+    const auto split = split_layers(deck.model.num_layers, p, deck.parallel.first_stage_layers,
+                                    deck.parallel.last_stage_layers);
+    GptStage st;
+    st.first_layer = split[s].first;
+    st.num_layers = split[s].second;
+    st.pre = topo.is_first_stage();
+    st.post = topo.is_last_stage();
+    return {st};
+  }
+  TRIDENT_REQUIRE(p > 1, "parallel.vp > 1 (interleaved schedule) needs parallel.pp > 1");
+  TRIDENT_REQUIRE(deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
+                  "parallel.first_stage_layers / last_stage_layers cannot be combined with parallel.vp > 1");
+  TRIDENT_REQUIRE(deck.model.num_layers % (p * vp) == 0,
+                  "model.num_layers (" << deck.model.num_layers << ") is not divisible by parallel.pp x parallel.vp = "
+                                       << p << " x " << vp << " (the interleaved schedule's virtual stages)");
+  const auto split = split_layers(deck.model.num_layers, p * vp, 0, 0);
+  for (int c = 0; c < vp; ++c) {
+    GptStage st;
+    st.first_layer = split[c * p + s].first;
+    st.num_layers = split[c * p + s].second;
+    st.pre = c == 0 && s == 0;
+    st.post = c == vp - 1 && s == p - 1;
+    out.push_back(st);
+  }
+  return out;
+}
+
+// The model chunks of this rank, sharing one parameter store.
+std::vector<std::unique_ptr<GptModel>> build_chunks(const GptConfig& cfg, ParamStore& store, std::int64_t mbs,
+                                                    const TensorParallel& tp, const std::vector<GptStage>& stages) {
+  std::vector<std::unique_ptr<GptModel>> out;
+  for (const auto& st : stages) out.push_back(std::make_unique<GptModel>(cfg, store, mbs, tp, st));
+  return out;
+}
+
+std::vector<GptModel*> raw(const std::vector<std::unique_ptr<GptModel>>& v) {
+  std::vector<GptModel*> out;
+  for (auto& m : v) out.push_back(m.get());
+  return out;
 }
 
 int run_eval_only(const Deck& deck, const Topology& topo) {
@@ -160,11 +195,12 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
   ParamStore store;
-  GptModel model(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo), stage_of(deck, topo));
+  auto chunks = build_chunks(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo),
+                             chunks_of(deck, topo));
   store.allocate();
   const std::string file = resolve_checkpoint(deck.checkpoint.load);
   CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
-  PipelineRunner runner(model, topo);
+  PipelineRunner runner(raw(chunks), topo);
   // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
   // tensor-parallel group score the same block together).
   Batch batch(B, S);
@@ -213,6 +249,10 @@ int run_gpt(const Deck& deck) {
                                                                           << "train.micro_batch_size x data-parallel size ("
                                                                           << mbs << " x " << dp << ")");
   const std::int64_t acc = GB / (mbs * dp);
+  TRIDENT_REQUIRE(deck.parallel.vp == 1 || acc % topo.pp_size() == 0,
+                  "the interleaved pipeline schedule needs the micro-batches per iteration (" << acc
+                      << " = train.global_batch_size / (train.micro_batch_size x dp)) to be divisible by parallel.pp ("
+                      << topo.pp_size() << ")");
   const std::int64_t iters = deck.train.iters;
 
   // ---- data ----
@@ -231,8 +271,9 @@ int run_gpt(const Deck& deck) {
   ParamStore store;
   const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
   const TensorParallel tp = tensor_parallel(deck, topo);
-  const GptStage stage = stage_of(deck, topo);
-  GptModel model(cfg, store, mbs, tp, stage);
+  const std::vector<GptStage> stages = chunks_of(deck, topo);
+  auto chunks = build_chunks(cfg, store, mbs, tp, stages);
+  GptModel& model = *chunks.front();
   store.allocate();
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
   AdamWConfig ac;
@@ -283,12 +324,16 @@ int run_gpt(const Deck& deck) {
               << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
               << store.global_count() << " parameters\n"
               << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
-              << ", pp " << topo.pp_size() << (topo.pp_size() > 1 ? " (1F1B schedule)" : "")
+              << ", pp " << topo.pp_size()
+              << (topo.pp_size() == 1 ? "" : deck.parallel.vp > 1 ? " (interleaved 1F1B, vp " + std::to_string(deck.parallel.vp) + ")" : " (1F1B)")
               << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
-              << (topo.pp_size() > 1 ? "stage " + std::to_string(topo.coords().pp) + " holds layers " +
-                                            std::to_string(stage.first_layer) + ".." +
-                                            std::to_string(stage.first_layer + stage.num_layers - 1) + "\n"
-                                      : std::string())
+              << (topo.pp_size() > 1 ? "stage 0 holds layers " + [&] {
+                   std::string r;
+                   for (const auto& st : stages)
+                     r += (r.empty() ? "" : ", ") + std::to_string(st.first_layer) + ".." +
+                          std::to_string(st.first_layer + st.num_layers - 1);
+                   return r;
+                 }() + "\n" : std::string())
               << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
               << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
               << "data: " << deck.data.train_shards << "\n"
@@ -321,7 +366,7 @@ int run_gpt(const Deck& deck) {
   const FloatView grads = store.grads();
   PhaseTimers timers;
 
-  PipelineRunner runner(model, topo);
+  PipelineRunner runner(raw(chunks), topo);
   runner.record = !deck.log.timeline_file.empty();
   auto evaluate = [&](std::int64_t it) {
     const BlendedDataset* valid = data->valid();
@@ -382,10 +427,11 @@ int run_gpt(const Deck& deck) {
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
-    if (topo.pp_size() > 1 && model.word_embeddings() >= 0) {  // tied word embeddings: first + last stage
-      const FloatView g = store.grad(model.word_embeddings());
-      topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
-    }
+    for (auto& chunk : chunks)  // tied word embeddings: first and last stage sum their gradients
+      if (topo.pp_size() > 1 && chunk->word_embeddings() >= 0) {
+        const FloatView g = store.grad(chunk->word_embeddings());
+        topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
+      }
     topo.dp_group().allreduce_sum(grads.data(), store.size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
     timers.stop("grad-allreduce");
@@ -447,8 +493,9 @@ int run_gpt(const Deck& deck) {
   if (root && topo.pp_size() > 1) {
     std::cout << std::fixed << std::setprecision(3) << "pipeline bubble: measured " << bubble
               << " (idle over busy time of the forward-backward phase, mean over ranks and iterations), theory (p-1)/m = "
-              << static_cast<double>(topo.pp_size() - 1) / static_cast<double>(acc) << " (p " << topo.pp_size()
-              << ", m " << acc << "); p2p wait " << runner.p2p_seconds() << " s on rank 0" << std::endl;
+              << static_cast<double>(topo.pp_size() - 1) / static_cast<double>(acc * deck.parallel.vp)
+              << (deck.parallel.vp > 1 ? " (interleaved: (p-1)/(v m))" : "") << " (p " << topo.pp_size()
+              << ", v " << deck.parallel.vp << ", m " << acc << "); p2p wait " << runner.p2p_seconds() << " s on rank 0" << std::endl;
     if (!deck.log.timeline_file.empty()) std::cout << "timeline: " << deck.log.timeline_file << std::endl;
   }
   if (root) {

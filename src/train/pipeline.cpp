@@ -13,13 +13,14 @@ namespace {
 constexpr int kBackwardTag = 1 << 20;  // tags: forward activation = micro, gradient = kBackwardTag + micro
 }
 
-PipelineRunner::PipelineRunner(GptModel& model, const Topology& topo)
-    : model_(model), topo_(topo), fwd_send_(static_cast<size_t>(topo.pp_size()), MPI_REQUEST_NULL) {
-  const std::int64_t rows = model.micro_batch() * model.config().seq_length;
+PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& topo)
+    : chunks_(std::move(chunks)), topo_(topo), bwd_send_(chunks_.size(), MPI_REQUEST_NULL) {
+  const GptModel& m = *chunks_.front();
+  const std::int64_t rows = m.micro_batch() * m.config().seq_length;
   tokens_ = make_int("pipeline::tokens", rows);
   targets_ = make_int("pipeline::targets", rows);
-  recv_in_ = make_float("pipeline::recv_in", model.activation_size());
-  recv_grad_ = make_float("pipeline::recv_grad", model.activation_size());
+  recv_in_ = make_float("pipeline::recv_in", m.activation_size());
+  recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
 
 void PipelineRunner::wait(MPI_Request& r) {
@@ -31,64 +32,81 @@ void PipelineRunner::wait(MPI_Request& r) {
 
 double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
                              const std::function<DropoutStreams(std::int64_t)>& rng) {
-  const int p = topo_.pp_size(), s = topo_.coords().pp;
+  const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
   const MPI_Comm pp = topo_.pp_group().get();
-  const bool pre = model_.stage().pre, post = model_.stage().post;
-  const int n = static_cast<int>(model_.activation_size());
+  const int n = static_cast<int>(chunks_.front()->activation_size());
+  const int mi = static_cast<int>(m);
+  const auto ops = vp == 1 ? schedule_1f1b(p, s, mi) : schedule_interleaved(p, s, mi, vp);
+  const int slots = max_in_flight(ops, vp);  // in-flight micro-batches of a chunk are consecutive
+  fwd_send_.assign(static_cast<size_t>(vp), std::vector<MPI_Request>(static_cast<size_t>(slots), MPI_REQUEST_NULL));
+  const int prev = (s - 1 + p) % p, next = (s + 1) % p;
+  // tags: activation entering virtual stage v for micro-batch k = v*m + k; gradients leaving it
+  // backwards: kBackwardTag + v*m + k
   double loss = 0;
-  for (const PipelineOp& op : schedule_1f1b(p, s, static_cast<int>(m))) {
-    const int slot = op.micro % p;  // at most p micro-batches in flight
+  for (const PipelineOp& op : ops) {
+    GptModel& model = *chunks_[op.chunk];
+    const bool pre = model.stage().pre, post = model.stage().post;
+    const int v = op.chunk * p + s, slot = op.micro % slots;
     if (op.forward) {
-      load(op.micro, tokens_, targets_);
+      if (pre || post) load(op.micro, tokens_, targets_);
       if (!pre) {
         const double t = wall_seconds();
-        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, s - 1, op.micro, pp, MPI_STATUS_IGNORE));
+        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + op.micro, pp, MPI_STATUS_IGNORE));
         t_p2p_ += wall_seconds() - t;
       }
-      wait(fwd_send_[slot]);  // the slot's previous output must have left
+      wait(fwd_send_[op.chunk][slot]);  // the slot's previous output must have left
       const double t0 = wall_seconds();
-      loss += model_.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
+      loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
       Kokkos::fence();
       const double t1 = wall_seconds();
       t_forward_ += t1 - t0;
       if (record) events_.push_back({t0, t1, op.micro, true});
       if (!post)
-        TRIDENT_CHECK_MPI(MPI_Isend(model_.stage_output(slot).data(), n, MPI_FLOAT, s + 1, op.micro, pp, &fwd_send_[slot]));
+        TRIDENT_CHECK_MPI(MPI_Isend(model.stage_output(slot).data(), n, MPI_FLOAT, next, (v + 1) * mi + op.micro, pp,
+                                    &fwd_send_[op.chunk][slot]));
     } else {
       if (!post) {
         const double t = wall_seconds();
-        TRIDENT_CHECK_MPI(MPI_Recv(recv_grad_.data(), n, MPI_FLOAT, s + 1, kBackwardTag + op.micro, pp, MPI_STATUS_IGNORE));
+        TRIDENT_CHECK_MPI(
+            MPI_Recv(recv_grad_.data(), n, MPI_FLOAT, next, kBackwardTag + v * mi + op.micro, pp, MPI_STATUS_IGNORE));
         t_p2p_ += wall_seconds() - t;
       }
-      wait(bwd_send_);  // input_grad() is reused
+      wait(bwd_send_[op.chunk]);  // the chunk's input_grad() is reused
       const double t0 = wall_seconds();
-      model_.stage_backward(slot, recv_grad_);
+      model.stage_backward(slot, recv_grad_);
       Kokkos::fence();
       const double t1 = wall_seconds();
       t_backward_ += t1 - t0;
       if (record) events_.push_back({t0, t1, op.micro, false});
       if (!pre)
-        TRIDENT_CHECK_MPI(MPI_Isend(model_.input_grad().data(), n, MPI_FLOAT, s - 1, kBackwardTag + op.micro, pp, &bwd_send_));
+        TRIDENT_CHECK_MPI(MPI_Isend(model.input_grad().data(), n, MPI_FLOAT, prev, kBackwardTag + (v - 1) * mi + op.micro,
+                                    pp, &bwd_send_[op.chunk]));
     }
   }
-  for (auto& r : fwd_send_) wait(r);
-  wait(bwd_send_);
+  for (auto& chunk : fwd_send_)
+    for (auto& r : chunk) wait(r);
+  for (auto& r : bwd_send_) wait(r);
   return loss;
 }
 
 double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
                                 const std::function<std::int64_t(std::int64_t)>& count) {
-  const int s = topo_.coords().pp;
+  const int p = topo_.pp_size(), s = topo_.coords().pp;
   const MPI_Comm pp = topo_.pp_group().get();
-  const bool pre = model_.stage().pre, post = model_.stage().post;
-  const int n = static_cast<int>(model_.activation_size());
+  const int n = static_cast<int>(chunks_.front()->activation_size());
+  const int prev = (s - 1 + p) % p, next = (s + 1) % p, mi = static_cast<int>(m);
   double loss = 0;
-  for (std::int64_t k = 0; k < m; ++k) {
-    load(k, tokens_, targets_);
-    if (!pre) TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, s - 1, static_cast<int>(k), pp, MPI_STATUS_IGNORE));
-    loss += model_.stage_forward(0, tokens_, targets_, recv_in_, false, 0.f, DropoutStreams{}, count(k));
-    Kokkos::fence();
-    if (!post) TRIDENT_CHECK_MPI(MPI_Send(model_.stage_output(0).data(), n, MPI_FLOAT, s + 1, static_cast<int>(k), pp));
+  for (int k = 0; k < mi; ++k) {
+    for (size_t c = 0; c < chunks_.size(); ++c) {  // virtual stages in order
+      GptModel& model = *chunks_[c];
+      const bool pre = model.stage().pre, post = model.stage().post;
+      const int v = static_cast<int>(c) * p + s;
+      if (pre || post) load(k, tokens_, targets_);
+      if (!pre) TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + k, pp, MPI_STATUS_IGNORE));
+      loss += model.stage_forward(0, tokens_, targets_, recv_in_, false, 0.f, DropoutStreams{}, count(k));
+      Kokkos::fence();
+      if (!post) TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + k, pp));
+    }
   }
   return loss;
 }

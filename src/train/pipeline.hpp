@@ -24,9 +24,12 @@ class PipelineRunner {
  public:
   // load(k, tokens, targets): the k-th micro-batch of this rank's share.
   using Loader = std::function<void(std::int64_t, IntView&, IntView&)>;
-  PipelineRunner(GptModel& model, const Topology& topo);
+  // chunks: this rank's model chunks (one without interleaving; vp with the interleaved
+  // schedule, chunk c being virtual stage c * pp + pp_rank).
+  PipelineRunner(std::vector<GptModel*> chunks, const Topology& topo);
 
-  // Forward and backward of m micro-batches in 1F1B order; returns the sum of token losses
+  // Forward and backward of m micro-batches in 1F1B order (interleaved when there are several
+  // chunks); returns the sum of token losses
   // (non-zero on the last stage only). rng(k) gives micro-batch k's dropout streams.
   double train(std::int64_t m, const Loader& load, float dscale,
                const std::function<DropoutStreams(std::int64_t)>& rng);
@@ -43,12 +46,12 @@ class PipelineRunner {
 
  private:
   void wait(MPI_Request& r);
-  GptModel& model_;
+  std::vector<GptModel*> chunks_;
   const Topology& topo_;
   IntView tokens_, targets_;
   FloatView recv_in_, recv_grad_;
-  std::vector<MPI_Request> fwd_send_;
-  MPI_Request bwd_send_ = MPI_REQUEST_NULL;
+  std::vector<std::vector<MPI_Request>> fwd_send_;  // [chunk][slot]
+  std::vector<MPI_Request> bwd_send_;               // [chunk]
   double t_forward_ = 0, t_backward_ = 0, t_p2p_ = 0;
   std::vector<TimelineEvent> events_;
 };

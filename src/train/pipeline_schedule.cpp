@@ -20,6 +20,37 @@ std::vector<PipelineOp> schedule_1f1b(int stages, int stage, int m) {
   return ops;
 }
 
+std::vector<PipelineOp> schedule_interleaved(int p, int s, int m, int vp) {
+  TRIDENT_REQUIRE(m % p == 0, "the interleaved pipeline schedule needs the micro-batches per iteration ("
+                                  << m << " = global_batch_size / (micro_batch_size x dp)) to be divisible by "
+                                  << "parallel.pp (" << p << ")");
+  const int total = m * vp, group = p * vp;
+  auto fchunk = [&](int k) { return (k % group) / p; };
+  auto micro = [&](int k) { return (k / group) * p + k % p; };
+  const int warmup = m == p ? total : std::min((p - s - 1) * 2 + (vp - 1) * p, total);
+  std::vector<PipelineOp> ops;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back({true, micro(f), fchunk(f)});
+  while (f < total) {
+    ops.push_back({true, micro(f), fchunk(f)});
+    ++f;
+    ops.push_back({false, micro(b), vp - 1 - fchunk(b)});
+    ++b;
+  }
+  for (; b < total; ++b) ops.push_back({false, micro(b), vp - 1 - fchunk(b)});
+  return ops;
+}
+
+int max_in_flight(const std::vector<PipelineOp>& ops, int chunks) {
+  std::vector<int> now(static_cast<size_t>(chunks), 0);
+  int most = 1;
+  for (const auto& op : ops) {
+    now[op.chunk] += op.forward ? 1 : -1;
+    most = std::max(most, now[op.chunk]);
+  }
+  return most;
+}
+
 std::vector<std::pair<std::int64_t, std::int64_t>> split_layers(std::int64_t L, int p, std::int64_t first,
                                                                std::int64_t last) {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;

@@ -14,12 +14,14 @@ orders of fp32 partial sums, measured ~1e-7):
   errors    a tp that does not divide the heads, and a world size tp does not divide, are
             clear errors on every rank (no hang)
   pp2       pp=2 (1F1B, 2 and 4 micro-batches, and an uneven split with
-            parallel.first_stage_layers) equals pp=1, losses and step-1 gradients
+            parallel.first_stage_layers) and pp=2 with vp=2 (interleaved 1F1B, 4 layers) equal
+            pp=1, losses and step-1 gradients
   pp4       pp=4 on 4 ranks (4 layers) equals pp=1
   tp2pp2dp2 tp=2 x pp=2 x dp=2 on 8 ranks, with sequence parallelism, equals the single-rank run
             (5 steps: 8 busy-polling ranks on 2 cores are slow)
   ppresume  a checkpoint saved at pp=2 resumes at pp=1 and one saved at pp=1 at pp=2
-  pperrors  layers that do not divide over the stages, and vp > 1, are clear errors
+  pperrors  layers that do not divide over the (virtual) stages, and micro-batches that the
+            interleaved schedule cannot use, are clear errors
 """
 import argparse
 import csv
@@ -166,6 +168,11 @@ def check_pp2(c):
     got8 = c.train("pp2_m4", 2, 1, pp=2, extra=["--train.global_batch_size", "8", "--parallel.first_stage_layers", "1"])
     compare_losses("pp2, m=4", ref8, got8)
     compare_grads("pp2, m=4", c.path("pp1_m4_grads.h5"), c.path("pp2_m4_grads.h5"))
+    four = ["--model.num_layers", "4", "--train.global_batch_size", "8"]
+    ref4 = c.train("pp1_l4", 1, 1, extra=four)
+    got4 = c.train("pp2_vp2", 2, 1, pp=2, extra=four + ["--parallel.vp", "2"])
+    compare_losses("pp2 vp2 (interleaved)", ref4, got4)
+    compare_grads("pp2 vp2 (interleaved)", c.path("pp1_l4_grads.h5"), c.path("pp2_vp2_grads.h5"))
 
 
 def check_pp4(c):
@@ -196,7 +203,10 @@ def check_pperrors(c):
         ("layers do not divide over stages", 2, ["--parallel.pp", "2", "--model.num_layers", "3"], "parallel.pp"),
         ("uneven split does not add up", 2, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"],
          "parallel.first_stage_layers"),
-        ("interleaving not available", 2, ["--parallel.pp", "2", "--parallel.vp", "2"], "parallel.vp"),
+        ("layers do not divide over virtual stages", 2, ["--parallel.pp", "2", "--parallel.vp", "2"],
+         "parallel.pp x parallel.vp"),
+        ("interleaved micro-batches", 2, ["--parallel.pp", "2", "--parallel.vp", "2", "--model.num_layers", "4",
+                                          "--train.global_batch_size", "6"], "divisible by parallel.pp"),
     ]
     bad = []
     for name, np_, extra, needle in cases:
