@@ -421,7 +421,8 @@ int run_gpt(const Deck& deck) {
     // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
     const double span = wall_seconds() - pipe_t0;
     const double busy = runner.forward_seconds() + runner.backward_seconds() - busy0;
-    bubble_sum += busy > 0 ? (span - busy) / busy : 0.0;
+    if (iteration > first_iteration)  // the first iteration also allocates activation slots
+      bubble_sum += busy > 0 ? (span - busy) / busy : 0.0;
     timers.stop("forward-backward");
     timers.start("grad-allreduce");
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
@@ -487,8 +488,25 @@ int run_gpt(const Deck& deck) {
     if (!deck.checkpoint.save.empty() && ((deck.checkpoint.interval > 0 && it % deck.checkpoint.interval == 0) || it == iters))
       save(it);
   }
-  const double trained = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration, 1));
+  const double trained = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration - 1, 1));
   const double bubble = topo.world().allreduce_sum(bubble_sum / trained) / topo.world_size();
+  // Per-rank timers, gathered to rank 0: forward, backward, p2p wait, gradient reduction, optimizer.
+  std::vector<double> mine = {runner.forward_seconds(), runner.backward_seconds(), runner.p2p_seconds(),
+                              timers.totals().count("grad-allreduce") ? timers.totals().at("grad-allreduce") : 0.0,
+                              timers.totals().count("optimizer") ? timers.totals().at("optimizer") : 0.0};
+  std::vector<double> all(root ? 5 * static_cast<size_t>(topo.world_size()) : 0);
+  MPI_Gather(mine.data(), 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, world.get());
+  if (root && topo.world_size() > 1) {
+    std::ostringstream os;
+    os << "timers per rank (s): rank | pp tp dp | forward | backward | p2p wait | grad reduction | optimizer\n";
+    for (int r = 0; r < topo.world_size(); ++r) {
+      const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+      os << "  " << std::setw(4) << r << " | " << c.pp << " " << c.tp << " " << c.dp << std::fixed << std::setprecision(3);
+      for (int k = 0; k < 5; ++k) os << " | " << std::setw(8) << all[5 * r + k];
+      os << "\n";
+    }
+    std::cout << os.str() << std::flush;
+  }
   if (!deck.log.timeline_file.empty()) write_timeline(deck.log.timeline_file, runner.events(), topo, t_start);
   if (root && topo.pp_size() > 1) {
     std::cout << std::fixed << std::setprecision(3) << "pipeline bubble: measured " << bubble

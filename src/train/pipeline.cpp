@@ -114,6 +114,11 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
 void write_timeline(const std::string& path, const std::vector<TimelineEvent>& events, const Topology& topo,
                     double t_origin) {
   const MPI_Comm world = topo.world().get();
+  // one time origin for all ranks: steady_clock is one monotonic clock per node (rows of ranks
+  // on different nodes are aligned at the earliest start, not synchronised)
+  double origin = t_origin;
+  MPI_Allreduce(&t_origin, &origin, 1, MPI_DOUBLE, MPI_MIN, world);
+  t_origin = origin;
   std::vector<double> mine;
   for (const auto& e : events) {
     mine.push_back(e.t0 - t_origin);
