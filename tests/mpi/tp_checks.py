@@ -134,15 +134,9 @@ def check_dropout(c):
           f"(final loss {a[-1][0]:.4f} vs {none[-1][0]:.4f})")
 
 
-def check_errors(c):
-    a = c.a
-    cases = [
-        ("tp does not divide the heads", 2, ["--parallel.tp", "2", "--model.num_heads", "1"], "model.num_heads"),
-        ("world not divisible by tp", 3, ["--parallel.tp", "2"], "not divisible"),
-        ("sequence parallel rows", 2, ["--parallel.tp", "2", "--parallel.sequence_parallel", "true",
-                                       "--train.micro_batch_size", "1", "--train.global_batch_size", "1",
-                                       "--model.seq_length", "31"], "sequence_parallel"),
-    ]
+def expect_errors(a, cases):
+    """Each (name, np, extra args, needle) must exit non-zero within 120 s with exactly one
+    'error' line mentioning the needle."""
     bad = []
     for name, np_, extra, needle in cases:
         try:
@@ -153,10 +147,22 @@ def check_errors(c):
             continue
         errors = [l for l in out.splitlines() if l.startswith("error")]
         ok = rc != 0 and needle in out and len(errors) == 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name:32s} rc={rc} {errors[0] if errors else out[-300:]}")
+        print(f"{'ok  ' if ok else 'FAIL'} {name:40s} rc={rc} {errors[0] if errors else out[-300:]}")
         if not ok:
             bad.append(name)
     assert not bad, bad
+
+
+def check_errors(c):
+    a = c.a
+    cases = [
+        ("tp does not divide the heads", 2, ["--parallel.tp", "2", "--model.num_heads", "1"], "model.num_heads"),
+        ("world not divisible by tp", 3, ["--parallel.tp", "2"], "not divisible"),
+        ("sequence parallel rows", 2, ["--parallel.tp", "2", "--parallel.sequence_parallel", "true",
+                                       "--train.micro_batch_size", "1", "--train.global_batch_size", "1",
+                                       "--model.seq_length", "31"], "sequence_parallel"),
+    ]
+    expect_errors(a, cases)
 
 
 def check_pp2(c):
@@ -208,20 +214,7 @@ def check_pperrors(c):
         ("interleaved micro-batches", 2, ["--parallel.pp", "2", "--parallel.vp", "2", "--model.num_layers", "4",
                                           "--train.global_batch_size", "6"], "divisible by parallel.pp"),
     ]
-    bad = []
-    for name, np_, extra, needle in cases:
-        try:
-            rc, out = run([a.mpiexec, "-n", str(np_), a.app, "--deck", a.deck, "--data.train_shards", a.shards] + extra,
-                          expect_ok=False, timeout=120)
-        except subprocess.TimeoutExpired:
-            bad.append(name + ": HUNG")
-            continue
-        errors = [l for l in out.splitlines() if l.startswith("error")]
-        ok = rc != 0 and needle in out and len(errors) == 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name:34s} rc={rc} {errors[0] if errors else out[-300:]}")
-        if not ok:
-            bad.append(name)
-    assert not bad, bad
+    expect_errors(a, cases)
 
 
 def main():
