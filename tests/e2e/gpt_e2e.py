@@ -132,6 +132,12 @@ def check_eval(c):
     rel = abs(ours - ref) / abs(ref)
     print(f"eval loss: trident {ours:.7f}  pytorch {ref:.7f}  rel {rel:.2e}")
     assert rel <= 1e-5
+    # the same windows scored through a 2-stage pipeline
+    _, out, _ = run(c.cmd(2, "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
+                          "--eval.windows", "7", "--parallel.pp", "2"))
+    piped = float([l for l in out.splitlines() if l.startswith("eval loss:")][0].split(":")[1])
+    print(f"eval loss with pp=2: {piped:.7f}")
+    assert abs(piped - ours) <= 1e-6 * abs(ours)
 
 
 def digest(path):
