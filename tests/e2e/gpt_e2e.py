@@ -18,22 +18,12 @@ import glob
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def run(cmd, expect_ok=True, timeout=600, env=None):
-    t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env)
-    dt = time.time() - t0
-    if expect_ok and p.returncode != 0:
-        print(p.stdout)
-        raise SystemExit(f"FAILED ({p.returncode}): {' '.join(cmd)}")
-    return p.returncode, p.stdout, dt
+sys.path.insert(0, os.path.dirname(HERE))
+from testlib import run, single_error_failures  # noqa: E402
 
 
 def read_metrics(path):
@@ -188,19 +178,9 @@ def check_bad_input(c):
         ("missing checkpoint", 1, ["--checkpoint.load", c.path("nope")], "does not exist"),
         ("no deck", 1, None, "--deck"),
     ]
-    failures = []
-    for name, np_, extra, needle in cases:
-        cmd = c.cmd(np_, *extra) if extra is not None else ([c.mpiexec, "-n", "1", c.app] if c.mpiexec else [c.app])
-        try:
-            rc, out, dt = run(cmd, expect_ok=False, timeout=120)
-        except subprocess.TimeoutExpired:
-            failures.append(f"{name}: HUNG")
-            continue
-        errors = [l for l in out.splitlines() if l.startswith("error")]
-        ok = rc != 0 and needle in out and len(errors) == 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name:32s} rc={rc} {dt:4.1f}s  {errors[0] if errors else out[-200:]}")
-        if not ok:
-            failures.append(name)
+    no_deck = [c.mpiexec, "-n", "1", c.app] if c.mpiexec else [c.app]
+    failures = single_error_failures(
+        [(name, c.cmd(np_, *extra) if extra is not None else no_deck, needle) for name, np_, extra, needle in cases])
     after = digest(c.path("ck")), open(m).read()
     if after != before:
         failures.append("existing checkpoint or metrics file was modified by a failed run")

@@ -27,19 +27,13 @@ import argparse
 import csv
 import os
 import shutil
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import run, single_error_failures  # noqa: E402
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-5
-
-
-def run(cmd, expect_ok=True, timeout=600):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if expect_ok and p.returncode != 0:
-        print(p.stdout)
-        raise SystemExit(f"FAILED ({p.returncode}): {' '.join(cmd)}")
-    return p.returncode, p.stdout
 
 
 def losses(path):
@@ -135,21 +129,9 @@ def check_dropout(c):
 
 
 def expect_errors(a, cases):
-    """Each (name, np, extra args, needle) must exit non-zero within 120 s with exactly one
-    'error' line mentioning the needle."""
-    bad = []
-    for name, np_, extra, needle in cases:
-        try:
-            rc, out = run([a.mpiexec, "-n", str(np_), a.app, "--deck", a.deck, "--data.train_shards", a.shards] + extra,
-                          expect_ok=False, timeout=120)
-        except subprocess.TimeoutExpired:
-            bad.append(name + ": HUNG")
-            continue
-        errors = [l for l in out.splitlines() if l.startswith("error")]
-        ok = rc != 0 and needle in out and len(errors) == 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name:40s} rc={rc} {errors[0] if errors else out[-300:]}")
-        if not ok:
-            bad.append(name)
+    """(name, np, extra args, needle): one clear error, non-zero exit, no hang."""
+    base = lambda np_: [a.mpiexec, "-n", str(np_), a.app, "--deck", a.deck, "--data.train_shards", a.shards]  # noqa: E731
+    bad = single_error_failures([(name, base(np_) + extra, needle) for name, np_, extra, needle in cases])
     assert not bad, bad
 
 

@@ -1,0 +1,34 @@
+"""Shared pieces of the Python test drivers (tests/e2e, tests/mpi)."""
+import subprocess
+import time
+
+
+def run(cmd, expect_ok=True, timeout=600, env=None):
+    """Runs cmd; returns (exit code, combined output, seconds). Stops the test on failure
+    when expect_ok."""
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env)
+    dt = time.time() - t0
+    if expect_ok and p.returncode != 0:
+        print(p.stdout)
+        raise SystemExit(f"FAILED ({p.returncode}): {' '.join(cmd)}")
+    return p.returncode, p.stdout, dt
+
+
+def single_error_failures(cases, timeout=120):
+    """cases: (name, command, needle). Each command must exit non-zero within `timeout` s (no
+    rank left hanging) with exactly one line starting with 'error' and the needle in its
+    output. Returns the names that failed."""
+    failures = []
+    for name, cmd, needle in cases:
+        try:
+            rc, out, dt = run(cmd, expect_ok=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{name}: HUNG")
+            continue
+        errors = [l for l in out.splitlines() if l.startswith("error")]
+        ok = rc != 0 and needle in out and len(errors) == 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name:40s} rc={rc} {dt:4.1f}s  {errors[0] if errors else out[-300:]}")
+        if not ok:
+            failures.append(name)
+    return failures
