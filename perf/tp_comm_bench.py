@@ -7,7 +7,9 @@ Analytic tensor-parallel volume per micro-batch (Megatron-LM, Narayanan et al. 2
 et al. 2022): each transformer layer does two all-reduces of b*s*h values in the forward pass
 (after attention's proj and after fc2) and two in the backward pass (the copy_to backward of qkv
 and fc1); sequence parallelism replaces each all-reduce by an all-gather plus a reduce-scatter
-of the same total size. GPT adds one b*s*h reduction for the vocabulary-parallel embedding and
+of the same total size, and the backward pass all-gathers the inputs of qkv and fc1 once more
+(Megatron keeps only the row-split input and re-gathers it: 2 more all-gathers of b*s*h per
+layer). GPT adds one b*s*h reduction for the vocabulary-parallel embedding and
 one for the LM head's input gradient, and the vocabulary-parallel cross-entropy reduces 3*b*s
 scalars (row max, sum of exponentials, target logit). Bytes are what each rank sends with ring
 algorithms (all-reduce of n bytes: 2(p-1)/p n; all-gather and reduce-scatter: (p-1)/p n each),
@@ -75,6 +77,8 @@ def main():
         bsh = 4.0 * b * s * h / 1e6  # MB of one b*s*h fp32 buffer
         ring = 2.0 * (tp - 1) / tp  # all-reduce bytes sent per byte reduced (ring)
         analytic = micro_batches * ((4 * L + 2) * bsh + 3 * 4.0 * b * s / 1e6) * ring
+        if sp:  # backward re-gather of the qkv and fc1 inputs: 2 all-gathers of b s h per layer
+            analytic += micro_batches * 2 * L * bsh * (tp - 1) / tp
         if sp:  # replicated parameters' gradients: 2 LayerNorms + 2 row biases per layer, final LN, positions
             analytic += ring * 4.0 * ((4 * h + 2 * h) * L + 2 * h + a.seq * h) / 1e6
         kinds = ", ".join(f"{k} {v[0]:.0f}x {v[1]:.2f} MB" for (g, k), v in sorted(vol.items()) if g == "tp") or "-"
@@ -92,7 +96,8 @@ def main():
     lines += ["",
               "Analytic TP volume per micro-batch: (4 l + 2) b s h values (2 all-reduces per layer forward, 2 "
               "backward; embedding and LM-head input) + 3 b s cross-entropy scalars; with sequence parallelism the "
-              "same total moves as all-gathers plus reduce-scatters. tp=1 has no TP traffic; its DP all-reduce "
+              "same total moves as all-gathers plus reduce-scatters, plus the backward re-gather of the qkv and fc1 inputs "
+              "(2 l all-gathers of b s h). tp=1 has no TP traffic; its DP all-reduce "
               "carries the whole gradient instead.",
               "",
               "Command: `/usr/bin/python3 perf/tp_comm_bench.py " + " ".join(sys.argv[1:]) + "`"]

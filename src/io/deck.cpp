@@ -79,9 +79,17 @@ class Registry {
     add("optim.beta1", &d.optim.beta1, "Adam beta1");
     add("optim.beta2", &d.optim.beta2, "Adam beta2");
     add("optim.eps", &d.optim.eps, "Adam epsilon");
+    add("optim.distributed", &d.optim.distributed, "distributed optimizer (ZeRO-1): optimizer state sharded over data-parallel ranks");
     add("precision.dtype", &d.precision.dtype, "fp32 (bf16, fp16: not yet available)");
     add("precision.loss_scale", &d.precision.loss_scale, "fixed loss scale (0: dynamic for fp16)");
-    add("precision.recompute", &d.precision.recompute, "none (selective, full: not yet available)");
+    add("precision.recompute", &d.precision.recompute, "activation recomputation: none | selective | full");
+    add("precision.recompute_method", &d.precision.recompute_method,
+        "full recomputation: uniform (groups of recompute_num_layers) | block (first recompute_num_layers layers)");
+    add("precision.recompute_num_layers", &d.precision.recompute_num_layers, "layers per group (uniform) or recomputed layers per chunk (block)");
+    add("precision.initial_loss_scale", &d.precision.initial_loss_scale, "fp16 dynamic loss scaling: initial scale");
+    add("precision.min_loss_scale", &d.precision.min_loss_scale, "fp16 dynamic loss scaling: smallest scale");
+    add("precision.loss_scale_window", &d.precision.loss_scale_window, "fp16 dynamic loss scaling: clean steps before the scale doubles");
+    add("precision.hysteresis", &d.precision.hysteresis, "fp16 dynamic loss scaling: consecutive overflows before the scale halves");
     add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
     add("data.split", &d.data.split, "train,valid,test document ratios");
     add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (for text output)");
@@ -181,9 +189,14 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.precision.dtype == "fp32",
                   "deck: precision.dtype = " << d.precision.dtype << " is not available in this version of Trident (fp32 only)");
   check_choice("precision.recompute", d.precision.recompute, {"none", "selective", "full"});
-  TRIDENT_REQUIRE(d.precision.recompute == "none", "deck: precision.recompute = "
-                                                       << d.precision.recompute
-                                                       << " is not available in this version of Trident (none only)");
+  check_choice("precision.recompute_method", d.precision.recompute_method, {"uniform", "block"});
+  TRIDENT_REQUIRE(d.precision.recompute_num_layers >= (d.precision.recompute == "full" ? 1 : 0),
+                  "deck: precision.recompute_num_layers must be >= 1 with precision.recompute = full");
+  TRIDENT_REQUIRE(d.precision.initial_loss_scale > 0, "deck: precision.initial_loss_scale must be > 0");
+  TRIDENT_REQUIRE(d.precision.min_loss_scale > 0 && d.precision.min_loss_scale <= d.precision.initial_loss_scale,
+                  "deck: precision.min_loss_scale must be > 0 and at most precision.initial_loss_scale");
+  TRIDENT_REQUIRE(d.precision.loss_scale_window >= 1, "deck: precision.loss_scale_window must be >= 1");
+  TRIDENT_REQUIRE(d.precision.hysteresis >= 1, "deck: precision.hysteresis must be >= 1");
   nonneg("precision.loss_scale", d.precision.loss_scale);
   TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
   TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");

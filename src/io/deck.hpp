@@ -29,10 +29,14 @@ struct Deck {
     double lr = 1e-4, min_lr = 0.0, weight_decay = 0.01, clip_grad = 1.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
     std::int64_t warmup_iters = 0, decay_iters = 0;
     std::string decay_style = "cosine";
+    bool distributed = false;  // ZeRO-1: optimizer state sharded over the data-parallel group
   } optim;
   struct Precision {
-    std::string dtype = "fp32", recompute = "none";
-    double loss_scale = 0.0;
+    std::string dtype = "fp32", recompute = "none", recompute_method = "uniform";
+    std::int64_t recompute_num_layers = 1;
+    double loss_scale = 0.0;  // fixed loss scale; 0: dynamic (fp16) or none (fp32, bf16)
+    double initial_loss_scale = 4294967296.0, min_loss_scale = 1.0;  // Megatron's defaults
+    std::int64_t loss_scale_window = 1000, hysteresis = 2;
   } precision;
   struct Data {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;

@@ -56,6 +56,8 @@ void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x, const
 void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x,
                                     const FloatView& gathered) {
   const FloatView w = store_->value(w_), dw = store_->grad(w_);
+  if (tp_.sequence_parallel)  // re-gather the row-split input rather than keeping it
+    GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);
   const FloatView input = tp_.sequence_parallel ? gathered : x;
   const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;
   Kokkos::fence();

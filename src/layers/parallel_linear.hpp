@@ -24,10 +24,10 @@ class ColumnParallelLinear {
   ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
                        float init_std, const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
-  // `gathered` (rows, in) receives the all-gathered input and must be kept for backward
-  // (one buffer per micro-batch in flight; unused without sequence parallelism).
+  // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
+  // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
   void forward(const FloatView& y, const FloatView& x, const FloatView& gathered = {});
-  // dx (like x) from dy (rows, out/tp); x and gathered are those of the forward call.
+  // dx (like x) from dy (rows, out/tp); x is the forward input, `gathered` a workspace.
   void backward(const FloatView& dx, const FloatView& dy, const FloatView& x, const FloatView& gathered = {});
   std::int64_t gathered_size() const { return tp_.sequence_parallel ? rows_ * in_ : 0; }
   std::int64_t local_out() const { return out_local_; }

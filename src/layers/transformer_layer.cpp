@@ -11,16 +11,37 @@ namespace {
 enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3 };
 }
 
-TransformerScratch::TransformerScratch(const TransformerShape& s) {
+std::int64_t LayerActivations::bytes() const {
+  std::int64_t n = 0;
+  for (const FloatView* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &res2, &ln2, &ln2_mean, &ln2_rstd, &fc, &fc_gelu, &out})
+    n += static_cast<std::int64_t>(v->span());
+  if (attention_kept) n += static_cast<std::int64_t>(att.span() + att_drop.span());
+  return n * static_cast<std::int64_t>(sizeof(float));
+}
+
+TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size();
-  const std::int64_t Cl = s.C / p, Fl = s.F / p;
+  const std::int64_t Cl = s.C / p, Fl = s.F / p, A = s.B * (s.nh / p) * s.T * s.T;
   dln = make_float("scratch::dln", R * s.C);
   dqkv = make_float("scratch::dqkv", BT * 3 * Cl);
   datty = make_float("scratch::datty", BT * Cl);
   dfc = make_float("scratch::dfc", BT * Fl);
   dfc_gelu = make_float("scratch::dfc_gelu", BT * Fl);
   dbranch = make_float("scratch::dbranch", R * s.C);
-  datt = make_float("scratch::datt", s.B * (s.nh / p) * s.T * s.T);
+  datt = make_float("scratch::datt", A);
+  branch = make_float("scratch::branch", R * s.C);
+  if (s.tp.sequence_parallel) gathered = make_float("scratch::gathered", BT * s.C);
+  if (selective) {
+    att = make_float("scratch::att", A);
+    if (s.attention_dropout > 0.f) att_drop = make_float("scratch::att_drop", A);
+  }
+}
+
+std::int64_t TransformerScratch::bytes() const {
+  std::int64_t n = 0;
+  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &gathered, &att, &att_drop})
+    n += static_cast<std::int64_t>(v->span());
+  return n * static_cast<std::int64_t>(sizeof(float));
 }
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
@@ -40,93 +61,96 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                   "sequence parallelism splits micro_batch_size x seq_length = " << s.rows()
                                                                                    << " tokens over tp = " << tp
                                                                                    << ": not divisible");
-  slot(0);
 }
 
-TransformerLayer::Activations& TransformerLayer::slot(int i) {
-  while (static_cast<int>(acts_.size()) <= i) {
-    const TransformerShape& s = s_;
-    const std::int64_t tp = s.tp.size();
-    const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.C, Cl = C / tp, Fl = s.F / tp, nhl = s.nh / tp;
-    Activations a;
-    a.ln1 = make_float("layer::ln1", R * C);
-    a.ln1_mean = make_float("layer::ln1_mean", R);
-    a.ln1_rstd = make_float("layer::ln1_rstd", R);
-    if (qkv_.gathered_size() > 0) a.ln1_gathered = make_float("layer::ln1_gathered", qkv_.gathered_size());
-    a.qkv = make_float("layer::qkv", BT * 3 * Cl);
+LayerActivations TransformerLayer::make_activations(const TransformerScratch& scratch, bool keep_attention) const {
+  const TransformerShape& s = s_;
+  const std::int64_t tp = s.tp.size();
+  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.C, Cl = C / tp, Fl = s.F / tp, nhl = s.nh / tp;
+  LayerActivations a;
+  a.ln1 = make_float("layer::ln1", R * C);
+  a.ln1_mean = make_float("layer::ln1_mean", R);
+  a.ln1_rstd = make_float("layer::ln1_rstd", R);
+  a.qkv = make_float("layer::qkv", BT * 3 * Cl);
+  a.attention_kept = keep_attention;
+  if (keep_attention) {
     a.att = make_float("layer::att", s.B * nhl * s.T * s.T);
     if (s.attention_dropout > 0.f) a.att_drop = make_float("layer::att_drop", s.B * nhl * s.T * s.T);
-    a.atty = make_float("layer::atty", BT * Cl);
-    a.attproj = make_float("layer::attproj", R * C);
-    a.res2 = make_float("layer::res2", R * C);
-    a.ln2 = make_float("layer::ln2", R * C);
-    a.ln2_mean = make_float("layer::ln2_mean", R);
-    a.ln2_rstd = make_float("layer::ln2_rstd", R);
-    if (fc1_.gathered_size() > 0) a.ln2_gathered = make_float("layer::ln2_gathered", fc1_.gathered_size());
-    a.fc = make_float("layer::fc", BT * Fl);
-    a.fc_gelu = make_float("layer::fc_gelu", BT * Fl);
-    a.fcproj = make_float("layer::fcproj", R * C);
-    a.out = make_float("layer::out", R * C);
-    acts_.push_back(std::move(a));
+  } else {
+    TRIDENT_REQUIRE(scratch.att.extent(0) > 0, "internal: selective recomputation needs the attention workspace");
+    a.att = scratch.att;
+    a.att_drop = scratch.att_drop;
   }
-  return acts_[i];
+  a.atty = make_float("layer::atty", BT * Cl);
+  a.res2 = make_float("layer::res2", R * C);
+  a.ln2 = make_float("layer::ln2", R * C);
+  a.ln2_mean = make_float("layer::ln2_mean", R);
+  a.ln2_rstd = make_float("layer::ln2_rstd", R);
+  a.fc = make_float("layer::fc", BT * Fl);
+  a.fc_gelu = make_float("layer::fc_gelu", BT * Fl);
+  a.out = make_float("layer::out", R * C);
+  return a;
 }
 
-DropoutSpec TransformerLayer::spec(const Activations& a, float p, std::uint64_t site, bool tp_region) const {
+DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const {
   DropoutSpec d;
-  if (!a.rng.training || p <= 0.f) return d;
+  if (!rng.training || p <= 0.f) return d;
   d.p = p;
-  d.key = dropout_key(tp_region ? a.rng.tp_local : a.rng.shared, a.rng.step, static_cast<std::uint64_t>(index_), site);
+  d.key = dropout_key(tp_region ? rng.tp_local : rng.shared, rng.step, static_cast<std::uint64_t>(index_), site);
   return d;
 }
 
-void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, int slot_index) {
-  Activations& a = slot(slot_index);
+void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
+                               TransformerScratch& s) {
   a.rng = rng;
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
+  const DropoutSpec att_spec = spec(rng, s_.attention_dropout, kAttentionProbs, true);
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
-  qkv_.forward(a.qkv, a.ln1, a.ln1_gathered);  // (BT, 3C/tp)
-  attention_forward(a.atty, a.qkv, a.att, as, spec(a, s_.attention_dropout, kAttentionProbs, true),
-                    a.att_drop);  // (BT, C/tp)
+  qkv_.forward(a.qkv, a.ln1, s.gathered);  // (BT, 3C/tp)
+  attention_probs(a.att, a.att_drop, a.qkv, as, att_spec);
+  attention_context(a.atty, att_spec.active() ? a.att_drop : a.att, a.qkv, as);  // (BT, C/tp)
   Kokkos::fence();
-  proj_.forward(a.attproj, a.atty);  // (R, C)
-  dropout_forward(a.attproj, a.attproj, R * C, spec(a, s_.hidden_dropout, kAfterProj, sp));
-  add(a.res2, x, a.attproj, R * C);
+  proj_.forward(s.branch, a.atty);  // (R, C)
+  dropout_forward(s.branch, s.branch, R * C, spec(rng, s_.hidden_dropout, kAfterProj, sp));
+  add(a.res2, x, s.branch, R * C);
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, R);
   Kokkos::fence();
-  fc1_.forward(a.fc, a.ln2, a.ln2_gathered);  // (BT, F/tp)
+  fc1_.forward(a.fc, a.ln2, s.gathered);  // (BT, F/tp)
   gelu_forward(a.fc_gelu, a.fc, s_.rows() * (s_.F / p));
   Kokkos::fence();
-  fc2_.forward(a.fcproj, a.fc_gelu);  // (R, C)
-  dropout_forward(a.fcproj, a.fcproj, R * C, spec(a, s_.hidden_dropout, kAfterFc2, sp));
-  add(a.out, a.res2, a.fcproj, R * C);
+  fc2_.forward(s.branch, a.fc_gelu);  // (R, C)
+  dropout_forward(s.branch, s.branch, R * C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
+  add(a.out, a.res2, s.branch, R * C);
+  Kokkos::fence();
 }
 
-void TransformerLayer::backward(const FloatView& dres, const FloatView& x, TransformerScratch& s, int slot_index) {
-  Activations& a = slot(slot_index);
+void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a,
+                                TransformerScratch& s) {
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(gelu(fc1(ln2))))
-  dropout_backward(s.dbranch, dres, R * C, spec(a, s_.hidden_dropout, kAfterFc2, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterFc2, sp));
   Kokkos::fence();
   fc2_.backward(s.dfc_gelu, s.dbranch, a.fc_gelu);  // d gelu-out (BT, F/tp)
   gelu_backward(s.dfc, s.dfc_gelu, a.fc, s_.rows() * (s_.F / p));
   Kokkos::fence();
-  fc1_.backward(s.dln, s.dfc, a.ln2, a.ln2_gathered);  // d ln2 (R, C)
+  fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered);  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
-  dropout_backward(s.dbranch, dres, R * C, spec(a, s_.hidden_dropout, kAfterProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty);
-  attention_backward(s.dqkv, s.datty, a.qkv, a.att, s.datt, as, spec(a, s_.attention_dropout, kAttentionProbs, true),
-                     a.att_drop);
+  // selective recomputation: the probabilities (and their dropout) again from the kept qkv
+  if (!a.attention_kept) attention_probs(a.att, a.att_drop, a.qkv, as, att_spec);
+  attention_backward(s.dqkv, s.datty, a.qkv, a.att, s.datt, as, att_spec, a.att_drop);
   Kokkos::fence();
-  qkv_.backward(s.dln, s.dqkv, a.ln1, a.ln1_gathered);
+  qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered);
   Kokkos::fence();
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
 }

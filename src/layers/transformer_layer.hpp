@@ -6,7 +6,6 @@
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
 #include <string>
-#include <deque>
 
 #include "layers/layer_norm.hpp"
 #include "layers/parallel_linear.hpp"
@@ -32,43 +31,63 @@ struct DropoutStreams {
   bool training = false;  // no dropout when false (evaluation)
 };
 
-// Scratch shared by all layers during backward (sized for one layer).
+// What one layer keeps from its forward pass for its backward pass, for one micro-batch
+// (R = local rows, BT = all rows, C_l = C/tp, F_l = F/tp, A = B x nh/tp x T x T). The owner
+// (the model) decides where it lives: one set per layer and micro-batch in flight, or, for
+// layers under full recomputation, a workspace shared by the micro-batches whose forward pass
+// is re-run just before their backward pass. Dropout masks are never stored: they are
+// regenerated from the keys in `rng`.
+struct LayerActivations {
+  DropoutStreams rng;
+  FloatView ln1, ln1_mean, ln1_rstd;  // (R, C), (R), (R)
+  FloatView qkv;                      // (BT, 3 C_l)
+  FloatView att, att_drop;            // (A): softmax output, after dropout (with attention dropout)
+  FloatView atty;                     // (BT, C_l): input of proj
+  FloatView res2;                     // (R, C): residual after attention, input of LN2
+  FloatView ln2, ln2_mean, ln2_rstd;  // (R, C), (R), (R)
+  FloatView fc, fc_gelu;              // (BT, F_l), (BT, F_l)
+  FloatView out;                      // (R, C): layer output
+  // false under selective recomputation: att / att_drop are the shared workspace, recomputed
+  // in the backward pass from qkv (Megatron's core-attention recomputation).
+  bool attention_kept = true;
+  // Bytes held by this set.
+  std::int64_t bytes() const;
+};
+
+// Scratch shared by all layers of a model chunk (sized for one layer): backward temporaries,
+// the forward branch output, the sequence-parallel gather buffer and, under selective
+// recomputation, the attention probabilities.
 struct TransformerScratch {
-  explicit TransformerScratch(const TransformerShape& s);
+  TransformerScratch(const TransformerShape& s, bool selective);
   FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;  // (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C)
   FloatView datt;                                      // attention scratch (B, nh/tp, T, T)
+  FloatView branch;                                    // (R, C): proj / fc2 output before dropout
+  FloatView gathered;                                  // (BT, C) all-gathered LayerNorm output (SP)
+  FloatView att, att_drop;                             // (B, nh/tp, T, T) under selective recomputation
+  std::int64_t bytes() const;
 };
 
 class TransformerLayer {
  public:
   TransformerLayer(ParamStore& store, const std::string& prefix, std::int64_t index, const TransformerShape& s);
 
-  // Activations are kept per slot: one set for each micro-batch in flight (pipeline schedules
-  // run several forwards before their backwards). Slots are allocated on first use.
-  // x (R, C) -> out(slot) (R, C). x must stay alive until the slot's backward.
-  void forward(const FloatView& x, const DropoutStreams& rng, int slot = 0);
-  // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
-  void backward(const FloatView& dres, const FloatView& x, TransformerScratch& s, int slot = 0);
+  // Allocates a set of activations for this layer; with keep_attention false, att and
+  // att_drop are the scratch's (selective recomputation).
+  LayerActivations make_activations(const TransformerScratch& s, bool keep_attention) const;
 
-  const FloatView& out(int slot = 0) const { return acts_.at(slot).out; }
+  // x (R, C) -> a.out (R, C). x must stay alive (or be recreated) until the backward pass.
+  void forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a, TransformerScratch& s);
+  // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
+  void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s);
 
  private:
-  // Everything one micro-batch's backward needs; R = local rows, BT = all rows,
-  // C_l = C/tp, F_l = F/tp.
-  struct Activations {
-    DropoutStreams rng;
-    FloatView ln1, ln1_mean, ln1_rstd, ln1_gathered, qkv, att, att_drop, atty, attproj, res2;
-    FloatView ln2, ln2_mean, ln2_rstd, ln2_gathered, fc, fc_gelu, fcproj, out;
-  };
-  Activations& slot(int i);
-  DropoutSpec spec(const Activations& a, float p, std::uint64_t site, bool tp_region) const;
+  DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
 
   TransformerShape s_;
   std::int64_t index_;
   LayerNorm norm1_, norm2_;
   ColumnParallelLinear qkv_, fc1_;
   RowParallelLinear proj_, fc2_;
-  std::deque<Activations> acts_;  // deque: references to a slot stay valid as slots are added
 };
 
 }  // namespace trident

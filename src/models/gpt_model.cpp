@@ -1,6 +1,7 @@
 // GPT-2 assembly: embeddings -> layers -> final LayerNorm -> tied LM head -> cross-entropy.
 #include "models/gpt_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -55,7 +56,29 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
   if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
-  scratch_ = std::make_unique<TransformerScratch>(ts);
+  scratch_ = std::make_unique<TransformerScratch>(ts, cfg.recompute == GptConfig::Recompute::Selective);
+
+  // Recomputation segments over this chunk's layers.
+  const std::int64_t n = static_cast<std::int64_t>(layers_.size());
+  TRIDENT_REQUIRE(cfg.recompute != GptConfig::Recompute::Full || cfg.recompute_num_layers >= 1,
+                  "precision.recompute_num_layers must be at least 1 with precision.recompute = full");
+  std::int64_t max_recompute = 0;
+  for (std::int64_t l = 0; l < n;) {
+    Segment g;
+    g.first = l;
+    if (cfg.recompute == GptConfig::Recompute::Full && !cfg.recompute_block) {
+      g.count = std::min(cfg.recompute_num_layers, n - l);
+      g.recompute = true;
+    } else {
+      g.recompute = cfg.recompute == GptConfig::Recompute::Full && l < cfg.recompute_num_layers;
+    }
+    for (std::int64_t k = 0; k < g.count; ++k) segment_of_.push_back(static_cast<std::int64_t>(segments_.size()));
+    if (g.recompute) max_recompute = std::max(max_recompute, g.count);
+    segments_.push_back(g);
+    l += g.count;
+  }
+  for (std::int64_t j = 0; j < max_recompute; ++j)
+    workspace_.push_back(layers_[static_cast<size_t>(j)]->make_activations(*scratch_, true));
 
   const std::int64_t R = local_rows_;
   dres_ = make_float("gpt::dres", R * C);
@@ -90,9 +113,57 @@ GptModel::Slot& GptModel::slot(int i) {
     s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
     if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_ * cfg_.hidden);
     if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
+    const bool selective = cfg_.recompute == GptConfig::Recompute::Selective;
+    for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l)
+      s.acts.push_back(segments_[segment_of_[l]].recompute ? LayerActivations{}
+                                                           : layers_[l]->make_activations(*scratch_, !selective));
+    for (const Segment& g : segments_)
+      s.seg_out.push_back(g.recompute ? make_float("gpt::segment_out", local_rows_ * cfg_.hidden) : FloatView());
     slots_.push_back(s);
   }
   return slots_[i];
+}
+
+LayerActivations GptModel::activations(Slot& s, std::int64_t l) {
+  const std::int64_t g = segment_of_[l];
+  const Segment& seg = segments_[g];
+  if (!seg.recompute) return s.acts[l];  // a copy of the handles: the same buffers
+  LayerActivations a = workspace_[l - seg.first];
+  if (l == seg.first + seg.count - 1) a.out = s.seg_out[g];
+  return a;
+}
+
+FloatView GptModel::segment_input(const Slot& s, std::int64_t g) const {
+  const std::int64_t first = segments_[g].first;
+  return first == 0 ? s.input : layer_output(s, first - 1);
+}
+
+// Output of layer l; persistent per slot for a kept layer and for the last layer of a
+// recomputed segment, the workspace's otherwise (valid only during that segment's passes).
+FloatView GptModel::layer_output(const Slot& s, std::int64_t l) const {
+  const std::int64_t g = segment_of_[l];
+  const Segment& seg = segments_[g];
+  if (!seg.recompute) return s.acts[l].out;
+  if (l == seg.first + seg.count - 1) return s.seg_out[g];
+  return workspace_[l - seg.first].out;
+}
+
+std::int64_t GptModel::activation_bytes_per_slot() const {
+  if (slots_.empty()) return 0;
+  const Slot& s = slots_.front();
+  std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span()) * 4;
+  for (const auto& a : s.acts) n += a.bytes();
+  for (const auto& o : s.seg_out) n += static_cast<std::int64_t>(o.span()) * 4;
+  return n;
+}
+
+std::int64_t GptModel::workspace_bytes() const {
+  std::int64_t n = scratch_->bytes();
+  for (const auto& a : workspace_) n += a.bytes();
+  for (const FloatView* v : {&word_, &lnf_out_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dlnf_, &dhead_, &ce_scratch_})
+    n += static_cast<std::int64_t>(v->span()) * 4;
+  if (tp_.sequence_parallel) n += static_cast<std::int64_t>(head_in_.span()) * 4;
+  return n;
 }
 
 DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
@@ -130,7 +201,7 @@ double GptModel::head(int slot_index, const IntView& targets, bool training, flo
   const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_, Vl = vocab_local_;
   const bool sp = tp_.sequence_parallel;
   Slot& s = slot(slot_index);
-  const FloatView& last = layers_.empty() ? s.input : layers_.back()->out(slot_index);
+  const FloatView last = layers_.empty() ? s.input : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
   const FloatView wte = store_->value(wte_);
   lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
   Kokkos::fence();
@@ -175,10 +246,12 @@ double GptModel::stage_forward(int slot_index, const IntView& tokens, const IntV
     embed(s, tokens, s.rng, training);
   else
     Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
-  const FloatView* x = &s.input;
-  for (auto& layer : layers_) {
-    layer->forward(*x, s.rng, slot_index);
-    x = &layer->out(slot_index);
+  FloatView x = s.input;
+  for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l) {
+    LayerActivations a = activations(s, l);
+    layers_[l]->forward(x, s.rng, a, *scratch_);
+    if (!segments_[segment_of_[l]].recompute) s.acts[l].rng = a.rng;
+    x = a.out;
   }
   if (!stage_.post) return 0.0;
   return head(slot_index, targets, training, dscale, samples < 0 ? B_ : samples);
@@ -186,7 +259,9 @@ double GptModel::stage_forward(int slot_index, const IntView& tokens, const IntV
 
 const FloatView& GptModel::stage_output(int slot_index) const {
   const Slot& s = slots_.at(slot_index);
-  return layers_.empty() ? s.input : layers_.back()->out(slot_index);
+  if (layers_.empty()) return s.input;
+  const std::int64_t l = static_cast<std::int64_t>(layers_.size()) - 1;
+  return segments_[segment_of_[l]].recompute ? s.seg_out[segment_of_[l]] : s.acts[l].out;
 }
 
 void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
@@ -194,9 +269,21 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
   Slot& s = slot(slot_index);
   Kokkos::deep_copy(dres_, stage_.post ? s.head_grad : slice(grad_output, 0, R * C));
   Kokkos::fence();
-  for (std::int64_t l = static_cast<std::int64_t>(layers_.size()) - 1; l >= 0; --l) {
-    const FloatView& in = l == 0 ? s.input : layers_[l - 1]->out(slot_index);
-    layers_[l]->backward(dres_, in, *scratch_, slot_index);
+  for (std::int64_t g = static_cast<std::int64_t>(segments_.size()) - 1; g >= 0; --g) {
+    const Segment& seg = segments_[g];
+    std::vector<LayerActivations> acts;
+    FloatView x = segment_input(s, g);
+    for (std::int64_t l = seg.first; l < seg.first + seg.count; ++l) {
+      acts.push_back(activations(s, l));
+      // full recomputation: the segment's forward pass again, from its kept input and with the
+      // micro-batch's dropout streams (masks are regenerated, so the result is bitwise equal)
+      if (seg.recompute) layers_[l]->forward(x, s.rng, acts.back(), *scratch_);
+      x = acts.back().out;
+    }
+    for (std::int64_t l = seg.first + seg.count - 1; l >= seg.first; --l) {
+      const FloatView in = l == seg.first ? segment_input(s, g) : acts[l - 1 - seg.first].out;
+      layers_[l]->backward(dres_, in, acts[l - seg.first], *scratch_);
+    }
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;

@@ -22,6 +22,15 @@ struct GptConfig {
   std::int64_t vocab_size = 0, padded_vocab = 0;
   float ln_eps = 1e-5f, init_std = 0.02f;
   float hidden_dropout = 0.f, attention_dropout = 0.f;
+  // Activation recomputation (Megatron's --recompute-granularity / -method / -num-layers):
+  // selective keeps everything but the core-attention probabilities, recomputed in backward;
+  // full keeps only the inputs of groups of layers and re-runs their forward pass before their
+  // backward pass: method uniform groups each chunk's layers by recompute_num_layers, method
+  // block recomputes the first recompute_num_layers layers of each chunk one by one and keeps
+  // the rest.
+  enum class Recompute { None, Selective, Full } recompute = Recompute::None;
+  bool recompute_block = false;  // method: false = uniform, true = block
+  std::int64_t recompute_num_layers = 1;
 };
 
 // The part of the model one pipeline stage (or model chunk) holds: layers
@@ -66,6 +75,10 @@ class GptModel {
   ParamId word_embeddings() const { return wte_; }
 
   const GptConfig& config() const { return cfg_; }
+  // Bytes of activations this chunk keeps for one micro-batch in flight (measured from the
+  // allocated sets), and of the workspaces shared by all micro-batches.
+  std::int64_t activation_bytes_per_slot() const;
+  std::int64_t workspace_bytes() const;
   std::int64_t micro_batch() const { return B_; }
   // Model FLOPs per step, Megatron's formula without recomputation:
   // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary.
@@ -77,8 +90,21 @@ class GptModel {
     FloatView head_grad;  // (R, C) gradient at the last layer's output (post)
     IntView tokens;       // (BT) tokens, for the embedding backward (pre)
     DropoutStreams rng;
+    std::vector<LayerActivations> acts;  // per layer; empty for layers under full recomputation
+    std::vector<FloatView> seg_out;      // per segment: output of a recomputed segment (R, C)
+  };
+  // Consecutive layers whose activations are kept (one layer, recompute false) or recomputed
+  // from the segment's input (recompute true).
+  struct Segment {
+    std::int64_t first = 0, count = 1;
+    bool recompute = false;
   };
   Slot& slot(int i);
+  // The activation set layer l uses for the slot (the workspace for recomputed layers, with
+  // the segment's last layer writing into the slot's seg_out).
+  LayerActivations activations(Slot& s, std::int64_t l);
+  FloatView segment_input(const Slot& s, std::int64_t seg) const;
+  FloatView layer_output(const Slot& s, std::int64_t l) const;
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
   void embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training);
   double head(int slot, const IntView& targets, bool training, float dscale, std::int64_t samples);
@@ -91,6 +117,9 @@ class GptModel {
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
   ParamId wte_ = -1, wpe_ = -1;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::vector<Segment> segments_;
+  std::vector<std::int64_t> segment_of_;       // layer -> segment
+  std::vector<LayerActivations> workspace_;    // shared by recomputed layers (one per position in a segment)
   LayerNorm lnf_;
   std::unique_ptr<TransformerScratch> scratch_;
   FloatView word_, lnf_out_, lnf_mean_, lnf_rstd_, head_in_, logits_, losses_, dres_, dlnf_, dhead_;

@@ -34,11 +34,11 @@ void causal_softmax_backward(const FloatView& datt, const FloatView& att, std::i
   });
 }
 
-void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
-                       const DropoutSpec& drop, const FloatView& att_drop) {
+void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
+                     const DropoutSpec& drop) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
-  // Heads are read in place from qkv (row stride 3C) and written in place into y (row
-  // stride C): batched GEMMs over the heads of each sample, no head permutes.
+  // Heads are read in place from qkv (row stride 3C): batched GEMMs over the heads of each
+  // sample, no head permutes.
   for (std::int64_t b = 0; b < B; ++b) {
     const float* q = qkv.data() + b * T * 3 * C;
     // scores (T, T) = q_h (T, hs) k_h^T; the 1/sqrt(hs) scale is applied in the softmax
@@ -46,15 +46,24 @@ void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView
                          att.data() + b * nh * T * T, T, T * T, nh);
   }
   causal_softmax_forward(att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
-  const FloatView& probs = drop.active() ? att_drop : att;
   if (drop.active()) dropout_forward(att_drop, att, B * nh * T * T, drop);
   Kokkos::fence();
+}
+
+void attention_context(const FloatView& y, const FloatView& probs, const FloatView& qkv, const AttentionShape& s) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
   for (std::int64_t b = 0; b < B; ++b) {
     const float* v = qkv.data() + b * T * 3 * C + 2 * C;
-    // y_h (T, hs) = att_h (T, T) v_h (T, hs)
+    // y_h (T, hs) = att_h (T, T) v_h (T, hs), written in place into y (row stride C)
     gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, probs.data() + b * nh * T * T, T, T * T, v, 3 * C, hs,
                          0.f, y.data() + b * T * C, C, hs, nh);
   }
+}
+
+void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
+                       const DropoutSpec& drop, const FloatView& att_drop) {
+  attention_probs(att, att_drop, qkv, s, drop);
+  attention_context(y, drop.active() ? att_drop : att, qkv, s);
 }
 
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,

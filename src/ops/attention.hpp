@@ -18,6 +18,14 @@ struct AttentionShape {
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
                        const DropoutSpec& drop = {}, const FloatView& att_drop = {});
 
+// The two halves of attention_forward. attention_probs: att (B, nh, T, T) = causal
+// softmax(q k^T / sqrt(hs)) and, with dropout, att_drop = dropout(att). Selective activation
+// recomputation re-runs it in the backward pass instead of keeping att and att_drop.
+void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
+                     const DropoutSpec& drop = {});
+// y (B, T, C) = probs v, per head (probs: att, or att_drop with dropout).
+void attention_context(const FloatView& y, const FloatView& probs, const FloatView& qkv, const AttentionShape& s);
+
 // dy (B, T, C) -> dqkv (B, T, 3C) (overwritten). Scratch: datt (B, nh, T, T).
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop = {},

@@ -57,6 +57,11 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
   c.init_std = static_cast<float>(d.model.init_method_std);
   c.hidden_dropout = static_cast<float>(d.model.hidden_dropout);
   c.attention_dropout = static_cast<float>(d.model.attention_dropout);
+  c.recompute = d.precision.recompute == "full"        ? GptConfig::Recompute::Full
+                : d.precision.recompute == "selective" ? GptConfig::Recompute::Selective
+                                                       : GptConfig::Recompute::None;
+  c.recompute_block = d.precision.recompute_method == "block";
+  c.recompute_num_layers = d.precision.recompute_num_layers;
   return c;
 }
 
