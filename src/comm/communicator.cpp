@@ -77,6 +77,27 @@ void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) c
   TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
 }
 
+void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
+  if (size_ == 1) return;
+  count("reduce_scatter", (size_ - 1) * 4.0 * n);
+  Kokkos::fence();
+  // MPI_IN_PLACE leaves this rank's block at the start of buf: move it to its place.
+  TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
+  if (rank_ > 0) {
+    using Unmanaged = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space,
+                                   Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::deep_copy(Unmanaged(buf + rank_ * n, static_cast<size_t>(n)), Unmanaged(buf, static_cast<size_t>(n)));
+    Kokkos::fence();
+  }
+}
+
+void Communicator::allgather_in_place(float* buf, std::int64_t n) const {
+  if (size_ == 1) return;
+  count("allgather", (size_ - 1) * 4.0 * n);
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_FLOAT, comm_));
+}
+
 double Communicator::allreduce_sum(double v) const {
   double out = v;
   if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));

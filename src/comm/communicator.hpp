@@ -32,6 +32,12 @@ class Communicator {
   void allgather(const float* in, float* out, std::int64_t n) const;
   // out (n) = sum over ranks of in[rank() * n, (rank() + 1) * n).
   void reduce_scatter(const float* in, float* out, std::int64_t n) const;
+  // In place over buf (size() * n): on return buf[rank() * n, (rank() + 1) * n) holds the sum over
+  // ranks of that block (the other blocks are left undefined).
+  void reduce_scatter_in_place(float* buf, std::int64_t n) const;
+  // In place over buf (size() * n): every rank contributes its block buf[rank() * n, ...) and
+  // receives all of them.
+  void allgather_in_place(float* buf, std::int64_t n) const;
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;

@@ -156,6 +156,24 @@ void write_text_atomically(const std::string& path, const std::string& text) {
     throw Error::one("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
 }
 
+// Full-size host copy of an optimizer moment; the distributed optimizer's shards are gathered
+// over the data-parallel group first (collective there).
+HostFloatView full_state(const FloatView& part, const AdamW& opt, const ParamStore& store, const Topology& topo) {
+  const std::int64_t N = store.padded_size();
+  if (opt.size() == N) return Kokkos::create_mirror_view_and_copy(HostSpace(), part);
+  FloatView full = make_float("checkpoint::optimizer_state", N);
+  Kokkos::deep_copy(slice(full, opt.begin(), opt.size()), part);
+  topo.dp_group().allgather_in_place(full.data(), opt.size());
+  return Kokkos::create_mirror_view_and_copy(HostSpace(), full);
+}
+
+// This optimizer's part [begin, begin + n) of a full-size host buffer, to the device.
+void load_state(const FloatView& part, const HostFloatView& full, const AdamW& opt) {
+  auto mirror = Kokkos::create_mirror_view(part);
+  Kokkos::deep_copy(mirror, Kokkos::subview(full, Kokkos::make_pair(opt.begin(), opt.begin() + opt.size())));
+  Kokkos::deep_copy(part, mirror);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
@@ -169,8 +187,8 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
   auto values = Kokkos::create_mirror_view_and_copy(HostSpace(), store.values());
   HostFloatView m, v;
   if (opt) {
-    m = Kokkos::create_mirror_view_and_copy(HostSpace(), opt->exp_avg());
-    v = Kokkos::create_mirror_view_and_copy(HostSpace(), opt->exp_avg_sq());
+    m = full_state(opt->exp_avg(), *opt, store, topo);
+    v = full_state(opt->exp_avg_sq(), *opt, store, topo);
   }
   std::string err;
   {
@@ -233,8 +251,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   auto values = Kokkos::create_mirror_view(store.values());
   HostFloatView m, v;
   if (opt) {
-    m = Kokkos::create_mirror_view(opt->exp_avg());
-    v = Kokkos::create_mirror_view(opt->exp_avg_sq());
+    m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(store.padded_size()));
+    v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
   }
   collectively(topo.world().get(), [&] {
     H5QuietErrors quiet;
@@ -265,8 +283,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   });
   Kokkos::deep_copy(store.values(), values);
   if (opt) {
-    Kokkos::deep_copy(opt->exp_avg(), m);
-    Kokkos::deep_copy(opt->exp_avg_sq(), v);
+    load_state(opt->exp_avg(), m, *opt);
+    load_state(opt->exp_avg_sq(), v, *opt);
     opt->set_steps(st.optimizer_steps);
   }
   return st;

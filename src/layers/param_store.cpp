@@ -39,7 +39,7 @@ ParamId ParamStore::declare(ParamInfo info) {
   return static_cast<ParamId>(params_.size() - 1);
 }
 
-void ParamStore::allocate() {
+void ParamStore::allocate(std::int64_t multiple) {
   std::int64_t off = 0;
   // (decay, replicated) of the four groups, in buffer order
   const bool groups[4][2] = {{true, false}, {true, true}, {false, true}, {false, false}};
@@ -54,8 +54,9 @@ void ParamStore::allocate() {
     if (g == 2) replicated_end_ = off;
   }
   total_ = off;
-  values_ = make_float("params::values", total_);
-  grads_ = make_float("params::grads", total_);
+  const std::int64_t padded = multiple > 1 ? (total_ + multiple - 1) / multiple * multiple : total_;
+  values_ = make_float("params::values", padded);
+  grads_ = make_float("params::grads", padded);
 }
 
 FloatView ParamStore::value(ParamId id) const { return slice(values_, params_.at(id).offset, params_.at(id).numel()); }

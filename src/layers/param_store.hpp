@@ -47,7 +47,9 @@ class ParamStore {
   ParamId declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
                   float init_value = 0.f);
   ParamId declare(ParamInfo info);
-  void allocate();
+  // Allocates the flat buffers, padded with zeros to a multiple of `multiple` elements (the
+  // distributed optimizer splits them into equal data-parallel shards).
+  void allocate(std::int64_t multiple = 1);
   bool allocated() const { return values_.extent(0) > 0 || total_ == 0; }
 
   FloatView value(ParamId id) const;
@@ -57,6 +59,7 @@ class ParamStore {
   const FloatView& values() const { return values_; }
   const FloatView& grads() const { return grads_; }
   std::int64_t size() const { return total_; }
+  std::int64_t padded_size() const { return static_cast<std::int64_t>(values_.extent(0)); }
   std::int64_t decay_size() const { return decay_total_; }
   // [begin, end) of the TP-replicated parameters in the flat buffers.
   std::int64_t replicated_begin() const { return replicated_begin_; }

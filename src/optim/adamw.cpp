@@ -9,8 +9,8 @@
 
 namespace trident {
 
-AdamW::AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size)
-    : cfg_(cfg), n_(n), decay_size_(decay_size), m_(make_float("adamw::exp_avg", n)), v_(make_float("adamw::exp_avg_sq", n)) {}
+AdamW::AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size, std::int64_t begin)
+    : cfg_(cfg), n_(n), decay_size_(decay_size), begin_(begin), m_(make_float("adamw::exp_avg", n)), v_(make_float("adamw::exp_avg_sq", n)) {}
 
 void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale) {
   ++step_;
@@ -20,9 +20,10 @@ void AdamW::step(const FloatView& params, const FloatView& grads, double lr, flo
   const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
   const float step_size = static_cast<float>(lr) / bc1;
   const float decay = static_cast<float>(1.0 - lr * cfg_.weight_decay);
-  const std::int64_t nd = decay_size_;
-  float* p = params.data();
-  const float* g = grads.data();
+  // weight decay on the flat prefix [0, decay_size): local indices below nd
+  const std::int64_t nd = decay_size_ - begin_;
+  float* p = params.data() + begin_;
+  const float* g = grads.data() + begin_;
   float* m = m_.data();
   float* v = v_.data();
   const std::int64_t n = n_;

@@ -6,6 +6,7 @@
 //   sample consumed + (k * dp + r) * micro_batch + j   (Megatron's pretraining sampler).
 #include "train/gpt_training.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
@@ -130,14 +131,20 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
 
 // Global L2 norm of the gradients: TP-sharded parameters summed over the TP group, the
 // replicated ones (identical on every TP rank by then) counted once, the stages summed over
-// the pipeline group, tied copies (the last stage's word embeddings) left out.
-double global_grad_norm(const ParamStore& store, const Topology& topo) {
-  double sharded = 0, replicated = 0;
+// the pipeline group, tied copies (the last stage's word embeddings) left out. Each
+// data-parallel rank sums the squares of its shard [begin, end) of the flat buffer and the
+// partial sums are added over the DP group: the distributed optimizer holds only that shard of
+// the reduced gradient, and the plain optimizer computes the same sum the same way (so both
+// clip by the bitwise same factor).
+double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end) {
+  double part[2] = {0, 0};  // sharded over TP, replicated over TP
   for (const auto& p : store.params()) {
     if (p.tied_copy) continue;
-    const double sq = sum_squares(store.grad(store.find(p.name)), p.numel());
-    (p.tp_replicated ? replicated : sharded) += sq;
+    const std::int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
+    if (b >= e) continue;
+    part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
   }
+  double sharded = topo.dp_group().allreduce_sum(part[0]), replicated = topo.dp_group().allreduce_sum(part[1]);
   sharded = topo.tp_group().allreduce_sum(sharded);
   return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated));
 }
@@ -279,14 +286,19 @@ int run_gpt(const Deck& deck) {
   const std::vector<GptStage> stages = chunks_of(deck, topo);
   auto chunks = build_chunks(cfg, store, mbs, tp, stages);
   GptModel& model = *chunks.front();
-  store.allocate();
+  // Flat buffers padded to equal data-parallel shards of a multiple of 4096 elements (the
+  // optimizer kernel's chunk), in both optimizer modes so that they update alike.
+  store.allocate(static_cast<std::int64_t>(dp) * 4096);
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
+  const bool zero = deck.optim.distributed;
+  const std::int64_t shard = store.padded_size() / dp, shard_begin = shard * dp_rank;
   AdamWConfig ac;
   ac.beta1 = deck.optim.beta1;
   ac.beta2 = deck.optim.beta2;
   ac.eps = deck.optim.eps;
   ac.weight_decay = deck.optim.weight_decay;
-  AdamW adamw(ac, store.size(), store.decay_size());
+  // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only.
+  AdamW adamw(ac, zero ? shard : store.padded_size(), store.decay_size(), zero ? shard_begin : 0);
   LrSchedule sched;
   sched.lr = deck.optim.lr;
   sched.min_lr = deck.optim.min_lr;
@@ -341,6 +353,15 @@ int run_gpt(const Deck& deck) {
                  }() + "\n" : std::string())
               << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
               << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
+              << "optimizer: AdamW"
+              << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
+                             std::to_string(shard) + " of " + std::to_string(store.padded_size()) + " elements' state"
+                       : std::string())
+              << "; recomputation: " << deck.precision.recompute
+              << (deck.precision.recompute == "full" ? " (" + deck.precision.recompute_method + ", " +
+                                                           std::to_string(deck.precision.recompute_num_layers) + " layers)"
+                                                     : std::string())
+              << "\n"
               << "data: " << deck.data.train_shards << "\n"
               << data->describe()
               << "model FLOPs per iteration: " << flops_per_iter
@@ -438,17 +459,22 @@ int run_gpt(const Deck& deck) {
         const FloatView g = store.grad(chunk->word_embeddings());
         topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
       }
-    topo.dp_group().allreduce_sum(grads.data(), store.size());
+    if (zero)  // each DP rank receives the sum of its shard only
+      topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
+    else
+      topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
     timers.stop("grad-allreduce");
     timers.start("optimizer");
     const double loss = loss_sum / tokens_per_iter;
-    const double gnorm = global_grad_norm(store, topo);
+    const double gnorm = global_grad_norm(store, topo, shard_begin, shard_begin + shard);
     TRIDENT_REQUIRE(std::isfinite(loss) && std::isfinite(gnorm),
                     "iteration " << it << ": the loss or gradient is not finite (loss " << loss << ", grad norm "
                                  << gnorm << "); lower optim.lr or check the data");
-    if (it == 1 && !deck.debug.dump_grads.empty())
+    if (it == 1 && !deck.debug.dump_grads.empty()) {
+      if (zero) topo.dp_group().allgather_in_place(grads.data(), shard);  // debug only: every shard
       save_named_tensors(deck.debug.dump_grads, "", store, grads, it, topo);
+    }
     if (dumper) {
       std::vector<std::int32_t> rows(static_cast<size_t>(GB * (S + 1)));
       for (std::int64_t i = 0; i < GB; ++i) data->train().get(consumed + i, rows.data() + i * (S + 1));
@@ -461,6 +487,7 @@ int run_gpt(const Deck& deck) {
     }
     const double lr = sched.at(it);
     adamw.step(store.values(), grads, lr, clip);
+    if (zero) topo.dp_group().allgather_in_place(store.values().data(), shard);  // updated shards to every rank
     timers.stop("optimizer");
     consumed += GB;
     iteration = it;

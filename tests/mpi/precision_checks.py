@@ -10,6 +10,11 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 no recomputation, and the same losses over 5 steps
   recompute_tp  the same at tp=2 with sequence parallelism (np=2), and full/uniform under a
                 2-stage 1F1B pipeline with 4 micro-batches in flight (np=2)
+  zero1         dp=2 (np=2), fp32: the distributed optimizer gives losses equal to the plain
+                optimizer's and final parameters and moments BITWISE identical; a checkpoint
+                saved by the distributed optimizer at dp=2 resumes at dp=1 (plain), and one saved
+                at dp=1 resumes at dp=2 (distributed), both continuing the uninterrupted losses
+                (relative 1e-5: dp changes the summation order)
 """
 import argparse
 import os
@@ -77,7 +82,43 @@ def check_recompute_tp(c):
     same_grads("pp2 (1F1B, 4 micro-batches) full_uniform2", c.path("pp2_none_grads.h5"), c.path("pp2_full_grads.h5"))
 
 
-CHECKS = {"recompute": check_recompute, "recompute_tp": check_recompute_tp}
+def same_checkpoints(name, a, b):
+    """Every dataset of two checkpoint files bit for bit equal."""
+    import h5py
+    import numpy as np
+    n = 0
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        names = []
+        fa.visit(lambda k: names.append(k) if isinstance(fa[k], h5py.Dataset) else None)
+        for k in names:
+            x, y = fa[k][()], fb[k][()]
+            if x.shape != y.shape or not np.array_equal(x.view(np.uint32), y.view(np.uint32)):
+                raise SystemExit(f"FAILED {name}: {k} is not bitwise identical")
+            n += 1
+    assert n > 0 and any(k.startswith("optimizer/") for k in names), "no optimizer state in the checkpoint"
+    print(f"{name}: {n} datasets (parameters and Adam moments) bitwise identical")
+
+
+def check_zero1(c):
+    from tp_checks import compare_losses
+    fixed = ["--optim.decay_iters", "8"]
+    plain = c.train("plain", 2, 1, iters=8, dropout=0.1, extra=fixed + ["--checkpoint.save", c.path("ck_plain")])
+    zero = c.train("zero", 2, 1, iters=8, dropout=0.1,
+                   extra=fixed + ["--optim.distributed", "true", "--checkpoint.save", c.path("ck_zero")])
+    same_losses("ZeRO-1 dp=2", plain, zero)
+    ck = "iter_0000008/checkpoint.h5"
+    same_checkpoints("ZeRO-1 dp=2 after 8 steps", c.path("ck_plain", ck), c.path("ck_zero", ck))
+    # resume across data-parallel sizes and optimizer modes
+    c.train("z1", 2, 1, iters=4, dropout=0.1, extra=fixed + ["--optim.distributed", "true", "--checkpoint.save", c.path("ck_z")])
+    tail = c.train("z2", 1, 1, iters=8, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_z")])
+    compare_losses("ZeRO-1 dp=2 -> plain dp=1", plain[4:], tail)
+    c.train("p1", 1, 1, iters=4, dropout=0.1, extra=fixed + ["--checkpoint.save", c.path("ck_p")])
+    tail = c.train("p2", 2, 1, iters=8, dropout=0.1,
+                   extra=fixed + ["--optim.distributed", "true", "--checkpoint.load", c.path("ck_p")])
+    compare_losses("plain dp=1 -> ZeRO-1 dp=2", plain[4:], tail)
+
+
+CHECKS = {"recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
 
 
 def main():
