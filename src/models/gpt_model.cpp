@@ -157,6 +157,15 @@ std::int64_t GptModel::activation_bytes_per_slot() const {
   return n;
 }
 
+double GptModel::layer_activation_bytes() const {
+  if (slots_.empty() || layers_.empty()) return 0;
+  const Slot& s = slots_.front();
+  std::int64_t n = 0;
+  for (const auto& a : s.acts) n += a.bytes();
+  for (const auto& o : s.seg_out) n += static_cast<std::int64_t>(o.span()) * 4;
+  return static_cast<double>(n) / static_cast<double>(layers_.size());
+}
+
 std::int64_t GptModel::workspace_bytes() const {
   std::int64_t n = scratch_->bytes();
   for (const auto& a : workspace_) n += a.bytes();

@@ -79,6 +79,11 @@ class GptModel {
   // allocated sets), and of the workspaces shared by all micro-batches.
   std::int64_t activation_bytes_per_slot() const;
   std::int64_t workspace_bytes() const;
+  // Bytes the transformer layers keep per micro-batch (the kept sets and the outputs of
+  // recomputed segments), divided by the number of layers: what Korthikanti et al. count.
+  double layer_activation_bytes() const;
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+  std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
   std::int64_t micro_batch() const { return B_; }
   // Model FLOPs per step, Megatron's formula without recomputation:
   // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary.

@@ -26,6 +26,7 @@
 #include "ops/gemm.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "train/memory_report.hpp"
 #include "train/pipeline.hpp"
 #include "train/pipeline_schedule.hpp"
 #include "ops/elementwise.hpp"
@@ -538,6 +539,62 @@ int run_gpt(const Deck& deck) {
       os << "\n";
     }
     std::cout << os.str() << std::flush;
+  }
+  // ---- memory accounting, per rank, beside Megatron's and Korthikanti et al.'s figures ----
+  {
+    MemoryFigures mf;
+    mf.params = 4.0 * static_cast<double>(store.padded_size());
+    mf.grads = 4.0 * static_cast<double>(store.padded_size());
+    mf.optimizer = static_cast<double>(adamw.state_bytes());
+    mf.local_params = static_cast<double>(store.size());
+    for (auto& chunk : chunks) {
+      mf.activations += static_cast<double>(chunk->num_slots()) * static_cast<double>(chunk->activation_bytes_per_slot());
+      mf.workspace += static_cast<double>(chunk->workspace_bytes());
+      mf.slots = std::max(mf.slots, static_cast<double>(chunk->num_slots()));
+    }
+    mf.layer_activations = model.layer_activation_bytes();
+    ActivationModel am;
+    am.s = static_cast<double>(S);
+    am.b = static_cast<double>(mbs);
+    am.h = static_cast<double>(cfg.hidden);
+    am.a = static_cast<double>(cfg.heads);
+    am.t = static_cast<double>(topo.tp_size());
+    am.sp = tp.sequence_parallel;
+    am.e = 4;  // fp32 activations
+    am.recompute = deck.precision.recompute;
+    am.block = deck.precision.recompute_method == "block";
+    am.group = static_cast<double>(deck.precision.recompute_num_layers);
+    am.layers = static_cast<double>(model.num_layers());
+    const double formula = model.num_layers() > 0 ? korthikanti_layer_bytes(am) : 0.0;
+    const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
+    const double mega = megatron_bytes_per_param(deck.precision.dtype, zero, dp);
+    std::vector<double> mine_mem = {mf.params, mf.grads, mf.optimizer, bpp, mega, mf.activations, mf.slots,
+                                    mf.workspace, mf.layer_activations, formula};
+    const int K = static_cast<int>(mine_mem.size());
+    std::vector<double> all_mem(root ? static_cast<size_t>(K) * static_cast<size_t>(topo.world_size()) : 0);
+    MPI_Gather(mine_mem.data(), K, MPI_DOUBLE, all_mem.data(), K, MPI_DOUBLE, 0, world.get());
+    if (root) {
+      std::ostringstream os;
+      os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's "
+         << deck.precision.dtype << (zero ? " distributed-optimizer" : "") << " figure; activations per layer and "
+         << "micro-batch beside Korthikanti et al. 2022 with " << am.e << "-byte values and 1-byte masks):\n"
+         << "  rank | pp tp dp |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
+            "| workspace | per layer: measured KiB / formula KiB (ratio)\n";
+      const double MiB = 1024.0 * 1024.0;
+      for (int r = 0; r < topo.world_size(); ++r) {
+        const double* v = &all_mem[static_cast<size_t>(r) * K];
+        const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+        os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp << " | " << std::fixed
+           << std::setprecision(2) << std::setw(8) << v[0] / MiB << " | " << std::setw(8) << v[1] / MiB << " | "
+           << std::setw(9) << v[2] / MiB << " | " << std::setw(8) << v[3] << " (" << std::setprecision(2) << v[4]
+           << ") | " << std::setw(10) << v[5] / MiB << " (" << std::setprecision(0) << v[6] << ") | "
+           << std::setprecision(2) << std::setw(9) << v[7] / MiB << " | " << std::setprecision(1) << v[8] / 1024.0
+           << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0) << ")\n";
+      }
+      os << "memory figures:";
+      for (int k = 0; k < K; ++k) os << " " << std::setprecision(6) << std::defaultfloat << all_mem[k];
+      std::cout << os.str() << std::endl;
+    }
   }
   if (!deck.log.timeline_file.empty()) write_timeline(deck.log.timeline_file, runner.events(), topo, t_start);
   if (root && topo.pp_size() > 1) {

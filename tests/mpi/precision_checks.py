@@ -15,6 +15,12 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 saved by the distributed optimizer at dp=2 resumes at dp=1 (plain), and one saved
                 at dp=1 resumes at dp=2 (distributed), both continuing the uninterrupted losses
                 (relative 1e-5: dp changes the summation order)
+  memory        the measured memory (printed per rank at the end of a run) against Megatron's
+                bytes per parameter and Korthikanti et al.'s activations per layer, within 15%,
+                and each figure falls as predicted when its feature is turned on: selective and
+                full recomputation (activations), tp=2 with sequence parallelism (activations
+                divided by t), the distributed optimizer at dp=2 (optimizer state halved,
+                bytes per parameter 16 -> 8 + 8/d)
 """
 import argparse
 import os
@@ -118,7 +124,58 @@ def check_zero1(c):
     compare_losses("plain dp=1 -> ZeRO-1 dp=2", plain[4:], tail)
 
 
-CHECKS = {"recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
+FIELDS = ["params", "grads", "optimizer", "bytes_per_param", "megatron_bytes_per_param", "activations", "slots",
+          "workspace", "layer_activations", "korthikanti"]
+
+
+def memory(c, name, np_, tp=1, sp=False, extra=()):
+    """Rank 0's memory figures of a 2-step run."""
+    from testlib import run
+    cmd = [c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
+           "--parallel.tp", str(tp), "--parallel.sequence_parallel", "true" if sp else "false",
+           "--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1", "--model.num_layers", "4",
+           "--train.iters", "2", "--eval.interval", "0"] + list(extra)
+    _, out, _ = run(cmd)
+    line = [l for l in out.splitlines() if l.startswith("memory figures:")]
+    assert line, out[-2000:]
+    vals = [float(x) for x in line[0].split(":", 1)[1].split()]
+    m = dict(zip(FIELDS, vals))
+    print(f"{name:28s} bytes/param {m['bytes_per_param']:.2f} (Megatron {m['megatron_bytes_per_param']:.2f}), "
+          f"optimizer {m['optimizer'] / 2**20:.2f} MiB, per layer {m['layer_activations'] / 1024:.1f} KiB "
+          f"(Korthikanti {m['korthikanti'] / 1024:.1f} KiB)")
+    return m
+
+
+def within(name, got, want, tol=0.15):
+    r = got / want
+    assert abs(r - 1) <= tol, f"{name}: {got:.4g} vs predicted {want:.4g} (ratio {r:.3f}, tolerance {tol})"
+    print(f"  ok {name}: ratio {r:.3f}")
+
+
+def check_memory(c):
+    base = memory(c, "fp32, no recomputation", 1)
+    sel = memory(c, "selective", 1, extra=["--precision.recompute", "selective"])
+    full = memory(c, "full uniform 1", 1, extra=["--precision.recompute", "full"])
+    full2 = memory(c, "full uniform 2", 1, extra=["--precision.recompute", "full", "--precision.recompute_num_layers", "2"])
+    tpsp = memory(c, "tp=2 + SP", 2, tp=2, sp=True)
+    plain = memory(c, "dp=2", 2)
+    zero = memory(c, "dp=2 distributed optimizer", 2, extra=["--optim.distributed", "true"])
+    for name, m in [("no recomputation", base), ("selective", sel), ("full uniform 1", full),
+                    ("full uniform 2", full2), ("tp=2 + SP", tpsp)]:
+        within(name + ": activations per layer vs Korthikanti", m["layer_activations"], m["korthikanti"])
+    for name, m in [("fp32", base), ("dp=2", plain), ("dp=2 ZeRO-1", zero)]:
+        within(name + ": bytes per parameter vs Megatron", m["bytes_per_param"], m["megatron_bytes_per_param"])
+    # each feature lowers its figure by the predicted factor
+    for name, m in [("selective", sel), ("full uniform 1", full), ("full uniform 2", full2), ("tp=2 + SP", tpsp)]:
+        assert m["layer_activations"] < base["layer_activations"], name
+        within(name + ": fall of activations", m["layer_activations"] / base["layer_activations"],
+               m["korthikanti"] / base["korthikanti"])
+    assert zero["optimizer"] < plain["optimizer"]
+    within("ZeRO-1: optimizer state dp=2 over dp=1", zero["optimizer"] / plain["optimizer"], 0.5, tol=0.02)
+    assert zero["activations"] == plain["activations"]
+
+
+CHECKS = {"memory": check_memory, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
 
 
 def main():

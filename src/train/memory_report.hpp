@@ -1,0 +1,45 @@
+// Memory accounting: the bytes each rank holds for parameters, gradients, optimizer state and
+// activations, measured from the allocated buffers, printed beside Megatron's figures:
+//   bytes per parameter (Megatron-LM's distributed-optimizer table, megatron_bytes_per_param);
+//   activations per transformer layer and micro-batch (Korthikanti et al. 2022, "Reducing
+//   Activation Recomputation in Large Transformer Models", eq. 1-5) for s, b, h, a, t.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace trident {
+
+// Megatron's bytes per parameter for a dtype ("fp32", "bf16", "fp16") and optimizer:
+// non-distributed fp32 16, bf16 18, fp16 20; distributed over d ranks 8 + 8/d, 6 + 12/d, 4 + 16/d.
+double megatron_bytes_per_param(const std::string& dtype, bool distributed, int d);
+
+struct ActivationModel {
+  double s = 0, b = 0, h = 0, a = 0;  // sequence, micro-batch, hidden, heads
+  double t = 1;                       // tensor-parallel size
+  bool sp = false;                    // sequence parallelism
+  double e = 2;                       // bytes per stored activation value (2: 16-bit; 4: fp32)
+  std::string recompute = "none";     // none | selective | full
+  bool block = false;                 // full recomputation method block (else uniform)
+  double group = 1;                   // recompute_num_layers
+  double layers = 1;                  // layers of this model chunk
+};
+
+// Korthikanti et al.'s bytes per layer and micro-batch, with values of e bytes and 1-byte
+// dropout masks: without recomputation sbh(16e + 2) + as^2b(2e + 1) -- for e = 2 the paper's
+// sbh(34 + 5as/h) -- everything divided by t with sequence parallelism, and without it
+// sbh(4e + 2 + 12e/t) + as^2b(2e + 1)/t; selective recomputation drops the as^2b term; full
+// recomputation keeps e*sbh (divided by t with SP) per recomputed group of layers, averaged
+// over the chunk's layers.
+double korthikanti_layer_bytes(const ActivationModel& m);
+
+struct MemoryFigures {
+  double params = 0, grads = 0, optimizer = 0;  // bytes
+  double activations = 0;                       // peak bytes kept for micro-batches in flight
+  double workspace = 0;                         // scratch shared by all micro-batches
+  double layer_activations = 0;                 // bytes per transformer layer and micro-batch
+  double local_params = 0;                      // parameters this rank holds
+  double slots = 0;                             // micro-batches in flight at the peak
+};
+
+}  // namespace trident
