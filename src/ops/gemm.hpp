@@ -18,6 +18,15 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
                           std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
                           std::int64_t strideC, std::int64_t batch);
 
+// Mixed precision: A and B are bf16 words (common/half.hpp), the products are accumulated in
+// fp32 and C is fp32 (Megatron's bf16 GEMMs with fp32 accumulation; with beta = 1 they
+// accumulate straight into an fp32 main gradient). Host: oneDNN's matmul (AVX512-BF16 or AMX
+// kernels where the CPU has them); CBLAS builds widen the operands to fp32 and call sgemm (the
+// same products, exact in fp32). CUDA: cublasGemmEx with CUDA_R_16BF inputs, fp32 compute.
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+               std::int64_t ldc);
+
 // Name of the library behind gemm(), for logs.
 const char* gemm_backend_name();
 

@@ -7,6 +7,7 @@
 #include "ops/elementwise.hpp"
 #include "ops/embedding.hpp"
 #include "ops/gelu.hpp"
+#include "common/half.hpp"
 #include "ops/gemm.hpp"
 #include "ops/layernorm.hpp"
 #include "test_helpers.hpp"
@@ -55,6 +56,50 @@ TEST(Gemm, AllTransposeCombinationsMatchNaive) {
            dC.data(), ldc);
       expect_close(as_double(to_host(dC)), want, kFwdRtol, kFwdAtol, "gemm");
     }
+}
+
+// bf16 GEMM: inputs rounded to bf16, products exact in fp32 and double, accumulation in fp32
+// (tolerance: K * 2^-24 relative to the sum of |products|, here K = 67, far below 1e-5).
+TEST(Gemm, Bf16InputsWithFp32AccumulationMatchNaive) {
+  const std::int64_t M = 9, N = 13, K = 67;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (float beta : {0.f, 1.f, 0.5f}) {
+        const std::int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+        auto A = random_vector((ta ? K : M) * lda, 11), B = random_vector((tb ? N : K) * ldb, 12),
+             C = random_vector(M * ldc, 13);
+        std::vector<std::uint16_t> hA(A.size()), hB(B.size());
+        for (size_t i = 0; i < A.size(); ++i) A[i] = bf16_to_float(hA[i] = float_to_bf16(A[i]));
+        for (size_t i = 0; i < B.size(); ++i) B[i] = bf16_to_float(hB[i] = float_to_bf16(B[i]));
+        const float alpha = beta == 0.5f ? 0.25f : 1.f;
+        std::vector<double> want(C.begin(), C.end()), mag(C.size(), 0.0);
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            double s = 0, m = 0;
+            for (std::int64_t k = 0; k < K; ++k) {
+              const double p = static_cast<double>(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+              s += p;
+              m += std::fabs(p);
+            }
+            want[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+            mag[i * ldc + j] = std::fabs(alpha) * m + std::fabs(beta * C[i * ldc + j]);
+          }
+        Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, MemSpace> dA(std::string("A"), hA.size()), dB(std::string("B"), hB.size());
+        auto mA = Kokkos::create_mirror_view(dA), mB = Kokkos::create_mirror_view(dB);
+        for (size_t i = 0; i < hA.size(); ++i) mA(i) = hA[i];
+        for (size_t i = 0; i < hB.size(); ++i) mB(i) = hB[i];
+        Kokkos::deep_copy(dA, mA);
+        Kokkos::deep_copy(dB, mB);
+        auto dC = to_device(C);
+        gemm_bf16(ta ? Trans::T : Trans::N, tb ? Trans::T : Trans::N, M, N, K, alpha, dA.data(), lda, dB.data(), ldb,
+                  beta, dC.data(), ldc);
+        const auto got = to_host(dC);
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            const double tol = 2.0 * K * 5.96e-8 * mag[i * ldc + j] + 1e-12;
+            ASSERT_NEAR(got[i * ldc + j], want[i * ldc + j], tol) << "ta " << ta << " tb " << tb << " beta " << beta;
+          }
+      }
 }
 
 TEST(Gemm, StridedBatchedMatchesLoop) {

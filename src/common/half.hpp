@@ -1,0 +1,79 @@
+// bf16 and fp16 as raw 16-bit words (DESIGN.md: Kokkos' own half types are 4 bytes on host
+// builds), with conversions usable in kernels on every backend. float -> 16 bits rounds to
+// nearest, ties to even, as the GPU's conversion instructions do: NaN stays NaN (quiet),
+// values beyond the largest finite half round to infinity, fp16 subnormals are produced and
+// read exactly. 16 bits -> float is exact.
+#pragma once
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <cstring>
+
+namespace trident {
+
+enum class DType { F32, BF16, F16 };
+
+inline const char* dtype_name(DType d) { return d == DType::BF16 ? "bf16" : d == DType::F16 ? "fp16" : "fp32"; }
+inline std::int64_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+
+KOKKOS_INLINE_FUNCTION std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+KOKKOS_INLINE_FUNCTION float bits_float(std::uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// ---- bf16: the upper 16 bits of a float ----
+KOKKOS_INLINE_FUNCTION std::uint16_t float_to_bf16(float f) {
+  const std::uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  // round to nearest even on the dropped 16 bits (overflow carries into the exponent: inf)
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+KOKKOS_INLINE_FUNCTION float bf16_to_float(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
+
+// ---- fp16: IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits, bias 15) ----
+KOKKOS_INLINE_FUNCTION std::uint16_t float_to_fp16(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
+  const int e = static_cast<int>(a >> 23) - 127;                           // unbiased exponent
+  if (e >= -14) {                                                          // normal half
+    const std::uint32_t m = a & 0x7fffffu;
+    std::uint32_t h = (static_cast<std::uint32_t>(e + 15) << 10) | (m >> 13);
+    const std::uint32_t rest = m & 0x1fffu;  // 13 dropped bits
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  if (e < -25) return sign;  // below half the smallest subnormal (2^-25): zero
+  // subnormal half: value = mant * 2^-24, mant = a's significand (with the implicit 1) >> shift
+  const std::uint32_t sig = (a & 0x7fffffu) | 0x800000u;
+  const int shift = -e - 1;  // 24-bit significand scaled to units of 2^-24: shift = 13 + (-14 - e)
+  const std::uint32_t mant = sig >> shift;
+  const std::uint32_t rest = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  std::uint32_t h = mant;
+  if (rest > half || (rest == half && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+KOKKOS_INLINE_FUNCTION float fp16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return bits_float(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e != 0) return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+  // zero or subnormal: m * 2^-24, exact in float
+  const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
+  return sign ? -v : v;
+}
+
+// Rounds a float to the nearest value of the 16-bit type (the value a 16-bit store keeps).
+KOKKOS_INLINE_FUNCTION float round_to(DType d, float f) {
+  return d == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : d == DType::F16 ? fp16_to_float(float_to_fp16(f)) : f;
+}
+
+}  // namespace trident
