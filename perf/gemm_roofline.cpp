@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "ops/gemm.hpp"
 #include "train/app_driver.hpp"
 
@@ -51,6 +52,12 @@ void fill(const View& v, std::uint32_t seed) {
       });
 }
 
+void to_bf16(const Kokkos::View<std::uint16_t*, Kokkos::LayoutRight>& h, const View& v) {
+  Kokkos::parallel_for(
+      "perf::to_bf16", Kokkos::RangePolicy<>(0, static_cast<std::int64_t>(v.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) { h(i) = trident::float_to_bf16(v(i)); });
+}
+
 }  // namespace trident::perf
 
 namespace {
@@ -58,12 +65,14 @@ namespace {
 using trident::Trans;
 using trident::perf::View;
 using trident::perf::fill;
+using trident::perf::to_bf16;
 
 struct Options {
   std::int64_t tokens = 256, seq = 64, head_dim = 64, vocab = 50304, square = 2048;
   std::vector<std::int64_t> hidden{384, 768};
   double min_time = 0.25;
   std::string json;
+  bool bf16 = false;  // --dtype bf16: bf16 inputs, fp32 accumulation and output (trident::gemm_bf16)
 };
 
 // One GEMM of the step: C[M,N] = op(A)[M,K] op(B)[K,N] (+ C when beta = 1), `batch` of them per
@@ -110,9 +119,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--hidden") o.hidden = parse_list(value());
     else if (a == "--min-time") o.min_time = std::stod(value());
     else if (a == "--json") o.json = value();
+    else if (a == "--dtype") {
+      const std::string d = value();
+      TRIDENT_REQUIRE(d == "fp32" || d == "bf16", "gemm_roofline: --dtype must be fp32 or bf16");
+      o.bf16 = d == "bf16";
+    }
     else if (a == "--help" || a == "-h") {
       std::cout << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
-                   "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE]\n"
+                   "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
                    "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
                    "and a square GEMM; threads: OMP_NUM_THREADS (oneDNN).\n";
       std::exit(0);
@@ -156,16 +170,28 @@ std::vector<Shape> step_shapes(const Options& o, std::int64_t C) {
 }
 
 // Times one shape: warm-up, then per-call times until min_time has passed (5..400 calls).
-void time_shape(Shape& s, double min_time) {
+void time_shape(Shape& s, double min_time, bool bf16) {
   const std::int64_t rowsA = s.ta == Trans::N ? s.M : s.K, colsA = s.ta == Trans::N ? s.K : s.M;
   const std::int64_t rowsB = s.tb == Trans::N ? s.K : s.N, colsB = s.tb == Trans::N ? s.N : s.K;
   View A("perf::A", rowsA * colsA * s.batch), B("perf::B", rowsB * colsB * s.batch), C("perf::C", s.M * s.N * s.batch);
   fill(A, 1);
   fill(B, 2);
   Kokkos::deep_copy(C, 0.f);
+  using Half = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight>;
+  Half hA, hB;
+  if (bf16) {
+    hA = Half("perf::A16", A.extent(0));
+    hB = Half("perf::B16", B.extent(0));
+    to_bf16(hA, A);
+    to_bf16(hB, B);
+  }
   Kokkos::fence();
   auto call = [&] {
-    if (s.batch == 1)
+    if (bf16) {
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        trident::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data() + b * rowsA * colsA, colsA,
+                           hB.data() + b * rowsB * colsB, colsB, s.beta, C.data() + b * s.M * s.N, s.N);
+    } else if (s.batch == 1)
       trident::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), colsA, B.data(), colsB, s.beta, C.data(), s.N);
     else
       trident::gemm_strided_batched(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), colsA, rowsA * colsA, B.data(), colsB,
@@ -194,10 +220,10 @@ int run(int argc, char** argv) {
   int threads = 0;
   if (const char* e = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(e);
   std::ostringstream js;
-  js << std::setprecision(9) << "{\n  \"backend\": \"" << trident::gemm_backend_name() << "\",\n  \"threads\": "
+  js << std::setprecision(9) << "{\n  \"dtype\": \"" << (o.bf16 ? "bf16" : "fp32") << "\",\n  \"backend\": \"" << trident::gemm_backend_name() << "\",\n  \"threads\": "
      << threads << ",\n  \"tokens\": " << o.tokens << ",\n  \"seq\": " << o.seq << ",\n  \"vocab_padded\": " << o.vocab
      << ",\n  \"models\": [";
-  std::cout << "gemm_roofline: fp32 GEMM through trident::gemm (" << trident::gemm_backend_name() << "), "
+  std::cout << "gemm_roofline: " << (o.bf16 ? "bf16 (fp32 accumulation) GEMM through trident::gemm_bf16" : "fp32 GEMM through trident::gemm") << " (" << trident::gemm_backend_name() << "), "
             << (threads > 0 ? std::to_string(threads) : std::string("default (OMP_NUM_THREADS unset)"))
             << " thread(s); tokens N = " << o.tokens << " (B = " << o.tokens / o.seq << ", T = " << o.seq
             << "), padded vocab " << o.vocab << "\n";
@@ -213,7 +239,7 @@ int run(int argc, char** argv) {
     js << (ci ? "," : "") << "\n    {\"hidden\": " << C << ", \"head_dim\": " << o.head_dim << ", \"shapes\": [";
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       Shape& s = shapes[i];
-      time_shape(s, o.min_time);
+      time_shape(s, o.min_time, o.bf16);
       (s.per_layer ? layer_flops : head_flops) += s.flops();
       (s.per_layer ? layer_time : head_time) += s.median_s;
       std::cout << std::left << std::setw(30) << s.name << std::right << std::setw(2) << tname(s.ta) << tname(s.tb)
@@ -243,7 +269,7 @@ int run(int argc, char** argv) {
   js << "\n  ]";
   if (o.square > 0) {
     Shape sq{"square", Trans::N, Trans::N, o.square, o.square, o.square, 1, 0.f, false};
-    time_shape(sq, std::max(o.min_time, 0.5));
+    time_shape(sq, std::max(o.min_time, 0.5), o.bf16);
     std::cout << "\nsquare " << o.square << "^3 NN: median " << std::setprecision(2) << sq.median_s * 1e3 << " ms = "
               << std::setprecision(1) << sq.flops() / sq.median_s / 1e9 << " GFLOP/s (best "
               << sq.flops() / sq.best_s / 1e9 << ") -- the peak\n";
