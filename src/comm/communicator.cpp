@@ -71,6 +71,19 @@ void Communicator::allgather(const float* in, float* out, std::int64_t n) const 
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
 }
 
+void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::int64_t n) const {
+  count("allgather", (size_ - 1) * 2.0 * n);
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_UINT16_T, out, as_int(n), MPI_UINT16_T, comm_));
+}
+
+void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const {
+  if (size_ == 1) return;
+  count("allgather", (size_ - 1) * 2.0 * n);
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_UINT16_T, comm_));
+}
+
 void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
   Kokkos::fence();

@@ -30,6 +30,9 @@ class Communicator {
   void allreduce_max(float* data, std::int64_t n) const;
   // out (size() * n) = the n values of every rank, in rank order.
   void allgather(const float* in, float* out, std::int64_t n) const;
+  // The same for 16-bit words (bf16 / fp16 activations and parameters).
+  void allgather(const std::uint16_t* in, std::uint16_t* out, std::int64_t n) const;
+  void allgather_in_place(std::uint16_t* buf, std::int64_t n) const;
   // out (n) = sum over ranks of in[rank() * n, (rank() + 1) * n).
   void reduce_scatter(const float* in, float* out, std::int64_t n) const;
   // In place over buf (size() * n): on return buf[rank() * n, (rank() + 1) * n) holds the sum over

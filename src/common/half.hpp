@@ -7,6 +7,9 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
+#include <string>
+
+#include "common/types.hpp"
 
 namespace trident {
 
@@ -71,9 +74,48 @@ KOKKOS_INLINE_FUNCTION float fp16_to_float(std::uint16_t h) {
   return sign ? -v : v;
 }
 
+// Compile-time formats for kernels templated on the 16-bit type (dispatched once per call on
+// the run-time DType, never per element).
+struct Bf16Fmt {
+  static constexpr DType dtype = DType::BF16;
+  KOKKOS_INLINE_FUNCTION static float load(std::uint16_t h) { return bf16_to_float(h); }
+  KOKKOS_INLINE_FUNCTION static std::uint16_t store(float f) { return float_to_bf16(f); }
+};
+struct Fp16Fmt {
+  static constexpr DType dtype = DType::F16;
+  KOKKOS_INLINE_FUNCTION static float load(std::uint16_t h) { return fp16_to_float(h); }
+  KOKKOS_INLINE_FUNCTION static std::uint16_t store(float f) { return float_to_fp16(f); }
+};
+
 // Rounds a float to the nearest value of the 16-bit type (the value a 16-bit store keeps).
 KOKKOS_INLINE_FUNCTION float round_to(DType d, float f) {
   return d == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : d == DType::F16 ? fp16_to_float(float_to_fp16(f)) : f;
+}
+
+// 16-bit words in device memory.
+using HalfView = View1<std::uint16_t>;
+inline HalfView make_half(const char* label, std::int64_t n) { return HalfView(std::string(label), static_cast<size_t>(n)); }
+
+// A tensor whose storage type is chosen at run time: fp32 in `f`, or bf16 / fp16 words in `h`
+// (exactly one of them is allocated, as `dt` says).
+struct Act {
+  DType dt = DType::F32;
+  FloatView f;
+  HalfView h;
+  bool is_half() const { return dt != DType::F32; }
+  std::int64_t size() const { return static_cast<std::int64_t>(is_half() ? h.extent(0) : f.extent(0)); }
+  std::int64_t bytes() const { return size() * dtype_bytes(dt); }
+};
+inline Act make_act(DType dt, const char* label, std::int64_t n) {
+  Act a;
+  a.dt = dt;
+  if (dt == DType::F32) a.f = make_float(label, n); else a.h = make_half(label, n);
+  return a;
+}
+inline Act act(const FloatView& f) {
+  Act a;
+  a.f = f;
+  return a;
 }
 
 }  // namespace trident

@@ -184,11 +184,12 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
   collectively(world.get(), [&] {
     if (world.rank() == 0) make_dirs(dir);
   });
-  auto values = Kokkos::create_mirror_view_and_copy(HostSpace(), store.values());
-  HostFloatView m, v;
+  auto values = store.model_to_host();  // 16-bit parameters widened: stored as fp32 tensors
+  HostFloatView m, v, master;
   if (opt) {
     m = full_state(opt->exp_avg(), *opt, store, topo);
     v = full_state(opt->exp_avg_sq(), *opt, store, topo);
+    if (opt->has_master()) master = full_state(opt->master(), *opt, store, topo);
   }
   std::string err;
   {
@@ -202,6 +203,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (opt) {
       write_tensors(file, "optimizer/exp_avg/", store, m.data(), w, topo.coords().tp, tensors);
       write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w, topo.coords().tp, tensors);
+      if (opt->has_master()) write_tensors(file, "optimizer/master/", store, master.data(), w, topo.coords().tp, tensors);
     }
     // Attributes are written collectively (same values on every rank).
     h5_write_attr(file, "format", std::string(kCheckpointFormat));
@@ -212,6 +214,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     h5_write_attr(file, "optimizer_steps", st.optimizer_steps);
     h5_write_attr(file, "seed", st.seed);
     h5_write_attr(file, "loss_scale", st.loss_scale);
+    h5_write_attr(file, "loss_scale_growth_tracker", st.loss_scale_growth_tracker);
+    h5_write_attr(file, "loss_scale_hysteresis_tracker", st.loss_scale_hysteresis_tracker);
+    h5_write_attr(file, "skipped_iterations", st.skipped_iterations);
+    h5_write_attr(file, "dtype", st.dtype);
     h5_write_attr(file, "deck", st.deck);
     h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(opt ? 1 : 0));
     h5_write_attr(file, "parallel_layout", "tp=" + std::to_string(topo.tp_size()) + " pp=" +
@@ -248,8 +254,9 @@ std::string resolve_checkpoint(const std::string& load) {
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
                                 AdamW* opt, const Topology& topo) {
   CheckpointState st;
-  auto values = Kokkos::create_mirror_view(store.values());
-  HostFloatView m, v;
+  HostFloatView values(std::string("checkpoint::values"), static_cast<size_t>(store.padded_size()));
+  HostFloatView m, v, master;
+  bool has_master = false;
   if (opt) {
     m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(store.padded_size()));
     v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
@@ -279,12 +286,30 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
                       "checkpoint '" << path << "' has no optimizer state to resume from");
       read_tensors(file, "optimizer/exp_avg/", store, m.data(), path);
       read_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), path);
+      // fp32 master weights of a 16-bit run; without them (a checkpoint of an fp32 run) the
+      // masters start from the model's values
+      has_master = opt->has_master() && H5Lexists(file, "optimizer/master", H5P_DEFAULT) > 0;
+      if (has_master) {
+        master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(store.padded_size()));
+        read_tensors(file, "optimizer/master/", store, master.data(), path);
+      }
+    }
+    if (h5_has_attr(file, "loss_scale_growth_tracker")) {
+      st.loss_scale_growth_tracker = h5_read_attr_int(file, "loss_scale_growth_tracker", path);
+      st.loss_scale_hysteresis_tracker = h5_read_attr_int(file, "loss_scale_hysteresis_tracker", path);
+      st.skipped_iterations = h5_read_attr_int(file, "skipped_iterations", path);
     }
   });
-  Kokkos::deep_copy(store.values(), values);
+  store.model_from_host(values);
   if (opt) {
     load_state(opt->exp_avg(), m, *opt);
     load_state(opt->exp_avg_sq(), v, *opt);
+    if (opt->has_master()) {
+      if (has_master)
+        load_state(opt->master(), master, *opt);
+      else  // from an fp32 checkpoint: the exact fp32 values, not their 16-bit rounding
+        load_state(opt->master(), values, *opt);
+    }
     opt->set_steps(st.optimizer_steps);
   }
   return st;

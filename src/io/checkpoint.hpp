@@ -3,7 +3,10 @@
 //   under a temporary name and renamed, so an interrupted save never damages the previous one.
 // Tensors are stored GLOBAL: every rank writes its slice by hyperslab through parallel HDF5
 // (MPI-IO), so a checkpoint loads under any parallel layout. Model tensors under model/...,
-// AdamW moments under optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>.
+// AdamW moments under optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>, and with 16-bit
+// parameters the fp32 master weights under optimizer/master/<name> (model/<name> then holds the
+// 16-bit values, widened to fp32). The distributed optimizer's shards are gathered into these
+// global tensors, so a checkpoint loads under any dp and either optimizer.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,6 +24,9 @@ struct CheckpointState {
   std::string model;  // "gpt", "bert", "t5"
   std::int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0, seed = 0;
   double loss_scale = 1.0;
+  // fp16 dynamic loss scaling state and the count of skipped (overflowing) iterations
+  std::int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0, skipped_iterations = 0;
+  std::string dtype = "fp32";  // the run's precision.dtype
   std::string deck;   // resolved INI text
 };
 

@@ -80,8 +80,8 @@ class Registry {
     add("optim.beta2", &d.optim.beta2, "Adam beta2");
     add("optim.eps", &d.optim.eps, "Adam epsilon");
     add("optim.distributed", &d.optim.distributed, "distributed optimizer (ZeRO-1): optimizer state sharded over data-parallel ranks");
-    add("precision.dtype", &d.precision.dtype, "fp32 (bf16, fp16: not yet available)");
-    add("precision.loss_scale", &d.precision.loss_scale, "fixed loss scale (0: dynamic for fp16)");
+    add("precision.dtype", &d.precision.dtype, "fp32 | bf16 | fp16 (mixed precision: 16-bit parameters and activations, fp32 master weights)");
+    add("precision.loss_scale", &d.precision.loss_scale, "fp16: fixed loss scale (0: dynamic loss scaling)");
     add("precision.recompute", &d.precision.recompute, "activation recomputation: none | selective | full");
     add("precision.recompute_method", &d.precision.recompute_method,
         "full recomputation: uniform (groups of recompute_num_layers) | block (first recompute_num_layers layers)");
@@ -110,6 +110,8 @@ class Registry {
     add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
     add("debug.dump_grads", &d.debug.dump_grads, "HDF5 file receiving the gradients of iteration 1 (validation)");
+    add("debug.force_overflow", &d.debug.force_overflow,
+        "comma-separated iterations whose gradients receive an inf (tests of the fp16 loss scaler)");
   }
 
   po::options_description desc_;
@@ -186,8 +188,8 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
   check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
   check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
-  TRIDENT_REQUIRE(d.precision.dtype == "fp32",
-                  "deck: precision.dtype = " << d.precision.dtype << " is not available in this version of Trident (fp32 only)");
+  TRIDENT_REQUIRE(d.precision.loss_scale == 0 || d.precision.dtype == "fp16",
+                  "deck: precision.loss_scale applies to precision.dtype = fp16 only (bf16 and fp32 train unscaled)");
   check_choice("precision.recompute", d.precision.recompute, {"none", "selective", "full"});
   check_choice("precision.recompute_method", d.precision.recompute_method, {"uniform", "block"});
   TRIDENT_REQUIRE(d.precision.recompute_num_layers >= (d.precision.recompute == "full" ? 1 : 0),

@@ -61,6 +61,7 @@ struct Deck {
   } perf;
   struct Debug {
     std::string dump_batches, dump_grads;
+    std::string force_overflow;  // iterations whose gradients get an inf (tests of loss scaling)
   } debug;
 
   std::string deck_path;

@@ -2,6 +2,7 @@
 #include "layers/layer_norm.hpp"
 
 #include "ops/layernorm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
@@ -10,14 +11,21 @@ LayerNorm::LayerNorm(ParamStore& store, const std::string& name, std::int64_t C,
   b_ = store.declare(name + "/bias", {C}, false, 0.f, 0.f);
 }
 
-void LayerNorm::forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+void LayerNorm::forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
                         std::int64_t N) const {
-  layernorm_forward(out, mean, rstd, x, store_->value(w_), store_->value(b_), N, C_, eps_);
+  if (store_->dtype() == DType::F32)
+    layernorm_forward(out.f, mean, rstd, x, store_->value(w_), store_->value(b_), N, C_, eps_);
+  else
+    layernorm_forward_half(store_->dtype(), out.h, mean, rstd, x, store_->value16(w_), store_->value16(b_), N, C_, eps_);
 }
 
 void LayerNorm::backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
                          const FloatView& rstd, std::int64_t N) const {
-  layernorm_backward(dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value(w_), mean, rstd, N, C_);
+  if (store_->dtype() == DType::F32)
+    layernorm_backward(dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value(w_), mean, rstd, N, C_);
+  else
+    layernorm_backward_half(store_->dtype(), dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value16(w_), mean,
+                            rstd, N, C_);
 }
 
 }  // namespace trident

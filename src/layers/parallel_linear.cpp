@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
@@ -41,30 +42,45 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   }
 }
 
-void ColumnParallelLinear::forward(const FloatView& y, const FloatView& x, const FloatView& gathered) {
-  const FloatView w = store_->value(w_);
-  FloatView input = x;
+void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32) {
+  const Act w = store_->param(w_);
+  Act input = x;
   if (tp_.sequence_parallel) {
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);  // -> (rows, in)
     input = gathered;
   }
   Kokkos::fence();
-  gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.data(), in_, w.data(), in_, 0.f, y.data(), out_local_);
-  add_bias(y, store_->value(b_), rows_, out_local_);
+  if (!w.is_half()) {
+    gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(), out_local_);
+    add_bias(y.f, store_->value(b_), rows_, out_local_);
+    return;
+  }
+  gemm_mixed(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, operand(input), in_, operand(w), in_, 0.f, y32.data(),
+             out_local_);
+  add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
 }
 
-void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x,
-                                    const FloatView& gathered) {
-  const FloatView w = store_->value(w_), dw = store_->grad(w_);
+void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered,
+                                    const HalfView& dy16) {
+  const Act w = store_->param(w_);
+  const FloatView dw = store_->grad(w_);
   if (tp_.sequence_parallel)  // re-gather the row-split input rather than keeping it
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);
-  const FloatView input = tp_.sequence_parallel ? gathered : x;
+  const Act input = tp_.sequence_parallel ? gathered : x;
   const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;
   Kokkos::fence();
-  // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks
-  gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.data(), in_, 0.f, dinput.data(), in_);
+  // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
-  gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.data(), in_, 1.f, dw.data(), in_);
+  if (!w.is_half()) {
+    gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.f.data(), in_, 0.f, dinput.data(), in_);
+    gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.f.data(), in_, 1.f, dw.data(), in_);
+  } else {
+    pack_half(w.dt, dy16, dy, rows_ * out_local_);
+    Kokkos::fence();
+    const GemmOperand g = operand(w.dt, dy16.data());
+    gemm_mixed(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, g, out_local_, operand(w), in_, 0.f, dinput.data(), in_);
+    gemm_mixed(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, g, out_local_, operand(input), in_, 1.f, dw.data(), in_);
+  }
   bias_backward(store_->grad(b_), dy, rows_, out_local_);
   Kokkos::fence();
   if (tp_.sequence_parallel)
@@ -94,12 +110,13 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
   if (tp.sequence_parallel) dy_full_ = make_float("row_linear::dy_full", rows * out);
 }
 
-void RowParallelLinear::forward(const FloatView& y, const FloatView& x) {
-  const FloatView w = store_->value(w_);
+void RowParallelLinear::forward(const FloatView& y, const Act& x) {
+  const Act w = store_->param(w_);
   const std::int64_t p = tp_.size();
   const FloatView out = tp_.sequence_parallel ? partial_ : y;
   Kokkos::fence();
-  gemm(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, x.data(), in_local_, w.data(), in_local_, 0.f, out.data(), out_);
+  gemm_mixed(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, operand(x), in_local_, operand(w), in_local_, 0.f,
+             out.data(), out_);
   std::int64_t out_rows = rows_;
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::forward(tp_, y, partial_, rows_, out_);  // -> (rows/tp, out)
@@ -107,11 +124,15 @@ void RowParallelLinear::forward(const FloatView& y, const FloatView& x) {
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, y, rows_ * out_);
   }
-  add_bias(y, store_->value(b_), out_rows, out_);
+  if (w.is_half())
+    add_bias_half(w.dt, y, store_->value16(b_), out_rows, out_);
+  else
+    add_bias(y, store_->value(b_), out_rows, out_);
 }
 
-void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x) {
-  const FloatView w = store_->value(w_), dw = store_->grad(w_);
+void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16) {
+  const Act w = store_->param(w_);
+  const FloatView dw = store_->grad(w_);
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
@@ -123,8 +144,16 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   }
   Kokkos::fence();
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
-  gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.data(), in_local_, 0.f, dx.data(), in_local_);
-  gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.data(), in_local_, 1.f, dw.data(), in_local_);
+  if (!w.is_half()) {
+    gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.f.data(), in_local_, 0.f, dx.data(), in_local_);
+    gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.f.data(), in_local_, 1.f, dw.data(), in_local_);
+    return;
+  }
+  pack_half(w.dt, dy16, dfull, rows_ * out_);
+  Kokkos::fence();
+  const GemmOperand g = operand(w.dt, dy16.data());
+  gemm_mixed(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, g, out_, operand(w), in_local_, 0.f, dx.data(), in_local_);
+  gemm_mixed(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, g, out_, operand(x), in_local_, 1.f, dw.data(), in_local_);
 }
 
 }  // namespace trident

@@ -26,9 +26,13 @@ class ColumnParallelLinear {
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
   // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
-  void forward(const FloatView& y, const FloatView& x, const FloatView& gathered = {});
-  // dx (like x) from dy (rows, out/tp); x is the forward input, `gathered` a workspace.
-  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x, const FloatView& gathered = {});
+  // With 16-bit parameters x, gathered and y are 16-bit words: the GEMM (16-bit inputs, fp32
+  // accumulation) writes the fp32 workspace y32 (rows, out/tp), and y = round(y32 + bias).
+  void forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32 = {});
+  // dx (like x, fp32) from the fp32 dy (rows, out/tp); x is the forward input, `gathered` a
+  // workspace. With 16-bit parameters dy is rounded into the workspace dy16 for the GEMMs and the
+  // weight gradient accumulates in fp32.
+  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered, const HalfView& dy16 = {});
   std::int64_t gathered_size() const { return tp_.sequence_parallel ? rows_ * in_ : 0; }
   std::int64_t local_out() const { return out_local_; }
 
@@ -46,9 +50,11 @@ class RowParallelLinear {
   RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
                     const TensorParallel& tp, std::int64_t rows);
   // y (rows, out) or, with sequence parallelism, (rows/tp, out), from x (rows, in/tp).
-  void forward(const FloatView& y, const FloatView& x);
-  // dx (rows, in/tp) from dy (like y); x is the forward input.
-  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x);
+  // x is fp32 or (16-bit parameters) 16-bit words; y is fp32 (the residual branch).
+  void forward(const FloatView& y, const Act& x);
+  // dx (rows, in/tp) fp32 from the fp32 dy (like y); x is the forward input; dy16 a 16-bit
+  // workspace (rows, out) with 16-bit parameters.
+  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {});
   std::int64_t local_in() const { return in_local_; }
 
  private:

@@ -55,11 +55,50 @@ void ParamStore::allocate(std::int64_t multiple) {
   }
   total_ = off;
   const std::int64_t padded = multiple > 1 ? (total_ + multiple - 1) / multiple * multiple : total_;
-  values_ = make_float("params::values", padded);
+  if (dtype_ == DType::F32)
+    values_ = make_float("params::values", padded);
+  else
+    values16_ = make_half("params::values16", padded);
   grads_ = make_float("params::grads", padded);
 }
 
-FloatView ParamStore::value(ParamId id) const { return slice(values_, params_.at(id).offset, params_.at(id).numel()); }
+void ParamStore::set_dtype(DType dt) {
+  TRIDENT_REQUIRE(!allocated() || total_ == 0, "ParamStore: set_dtype after allocate()");
+  dtype_ = dt;
+}
+
+FloatView ParamStore::value(ParamId id) const {
+  TRIDENT_REQUIRE(dtype_ == DType::F32, "internal: fp32 value of a " << dtype_name(dtype_) << " parameter");
+  return slice(values_, params_.at(id).offset, params_.at(id).numel());
+}
+HalfView ParamStore::value16(ParamId id) const {
+  TRIDENT_REQUIRE(dtype_ != DType::F32, "internal: 16-bit value of an fp32 parameter");
+  return slice(values16_, params_.at(id).offset, params_.at(id).numel());
+}
+Act ParamStore::param(ParamId id) const {
+  Act a;
+  a.dt = dtype_;
+  if (dtype_ == DType::F32) a.f = value(id); else a.h = value16(id);
+  return a;
+}
+
+HostFloatView ParamStore::model_to_host() const {
+  if (dtype_ == DType::F32) return Kokkos::create_mirror_view_and_copy(HostSpace(), values_);
+  auto h16 = Kokkos::create_mirror_view_and_copy(HostSpace(), values16_);
+  HostFloatView host(std::string("params::host"), h16.extent(0));
+  for (size_t i = 0; i < h16.extent(0); ++i) host(i) = dtype_ == DType::BF16 ? bf16_to_float(h16(i)) : fp16_to_float(h16(i));
+  return host;
+}
+
+void ParamStore::model_from_host(const HostFloatView& host) {
+  if (dtype_ == DType::F32) {
+    Kokkos::deep_copy(values_, host);
+    return;
+  }
+  auto h16 = Kokkos::create_mirror_view(values16_);
+  for (size_t i = 0; i < h16.extent(0); ++i) h16(i) = dtype_ == DType::BF16 ? float_to_bf16(host(i)) : float_to_fp16(host(i));
+  Kokkos::deep_copy(values16_, h16);
+}
 FloatView ParamStore::grad(ParamId id) const { return slice(grads_, params_.at(id).offset, params_.at(id).numel()); }
 
 std::int64_t ParamStore::global_count() const {
@@ -81,7 +120,7 @@ ParamId ParamStore::find(const std::string& name) const {
 void ParamStore::zero_grads() { Kokkos::deep_copy(grads_, 0.f); }
 
 void ParamStore::initialize(std::uint64_t seed) {
-  auto host = Kokkos::create_mirror_view(values_);
+  HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));
   for (auto& p : params_) {
     const std::int64_t nb = p.row_blocks;
     const std::int64_t rows = p.shape[0] / nb, cols = p.shape.size() > 1 ? p.shape[1] : 1;  // per block
@@ -107,7 +146,7 @@ void ParamStore::initialize(std::uint64_t seed) {
       }
     }
   }
-  Kokkos::deep_copy(values_, host);
+  model_from_host(host);  // 16-bit parameters: rounded to nearest even
 }
 
 }  // namespace trident

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -47,19 +48,31 @@ class ParamStore {
   ParamId declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
                   float init_value = 0.f);
   ParamId declare(ParamInfo info);
+  // The type of the model's parameters: fp32, or bf16 / fp16 words (mixed precision: the fp32
+  // master copy then lives in the optimizer). Set before allocate().
+  void set_dtype(DType dt);
+  DType dtype() const { return dtype_; }
   // Allocates the flat buffers, padded with zeros to a multiple of `multiple` elements (the
   // distributed optimizer splits them into equal data-parallel shards).
   void allocate(std::int64_t multiple = 1);
-  bool allocated() const { return values_.extent(0) > 0 || total_ == 0; }
+  bool allocated() const { return padded_size() > 0 || total_ == 0; }
 
-  FloatView value(ParamId id) const;
+  FloatView value(ParamId id) const;     // fp32 parameters only
+  HalfView value16(ParamId id) const;    // 16-bit parameters only
+  Act param(ParamId id) const;           // either
   FloatView grad(ParamId id) const;
   const ParamInfo& info(ParamId id) const { return params_.at(id); }
   const std::vector<ParamInfo>& params() const { return params_; }
-  const FloatView& values() const { return values_; }
+  const FloatView& values() const { return values_; }      // fp32 model (empty with 16-bit parameters)
+  const HalfView& values16() const { return values16_; }   // 16-bit model (empty with fp32 parameters)
+  // The model's parameters as fp32 on the host (widened from 16 bits), and back (rounded to
+  // nearest even into 16 bits).
+  HostFloatView model_to_host() const;
+  void model_from_host(const HostFloatView& host);
+  std::int64_t model_bytes() const { return padded_size() * dtype_bytes(dtype_); }
   const FloatView& grads() const { return grads_; }
   std::int64_t size() const { return total_; }
-  std::int64_t padded_size() const { return static_cast<std::int64_t>(values_.extent(0)); }
+  std::int64_t padded_size() const { return static_cast<std::int64_t>(grads_.extent(0)); }
   std::int64_t decay_size() const { return decay_total_; }
   // [begin, end) of the TP-replicated parameters in the flat buffers.
   std::int64_t replicated_begin() const { return replicated_begin_; }
@@ -75,7 +88,9 @@ class ParamStore {
 
  private:
   std::vector<ParamInfo> params_;
+  DType dtype_ = DType::F32;
   FloatView values_, grads_;
+  HalfView values16_;
   std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0;
 };
 

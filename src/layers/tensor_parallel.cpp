@@ -18,6 +18,15 @@ void tp_gather_rows(const TensorParallel& tp, const FloatView& out, const FloatV
   tp.comm->allgather(in.data(), out.data(), rows * cols);
 }
 
+void tp_gather_rows(const TensorParallel& tp, const HalfView& out, const HalfView& in, std::int64_t rows,
+                    std::int64_t cols) {
+  if (tp.size() == 1) {
+    Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
+    return;
+  }
+  tp.comm->allgather(in.data(), out.data(), rows * cols);
+}
+
 void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                             std::int64_t cols) {
   const std::int64_t p = tp.size();

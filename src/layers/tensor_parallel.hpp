@@ -15,6 +15,7 @@
 // sample and is the same partition of row-wise work (LayerNorm, dropout, residuals) otherwise.
 #pragma once
 #include "comm/communicator.hpp"
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -32,6 +33,9 @@ void tp_allreduce(const TensorParallel& tp, const FloatView& x, std::int64_t n);
 void tp_gather_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                     std::int64_t cols);
 // out (rows / size, cols) = my block of the sum over ranks of in (rows, cols).
+// 16-bit twin of tp_gather_rows (the sequence-parallel gather of a 16-bit LayerNorm output).
+void tp_gather_rows(const TensorParallel& tp, const HalfView& out, const HalfView& in, std::int64_t rows,
+                    std::int64_t cols);
 void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                             std::int64_t cols);
 // out (rows / size, cols) = my block of in (rows, cols), no communication.
@@ -77,6 +81,13 @@ struct GatherFromSequenceParallelRegion {  // all-gather rows / reduce-scatter r
   static void forward(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t local_rows,
                       std::int64_t cols) {
     tp_gather_rows(tp, out, in, local_rows, cols);
+  }
+  static void forward(const TensorParallel& tp, const Act& out, const Act& in, std::int64_t local_rows,
+                      std::int64_t cols) {
+    if (in.is_half())
+      tp_gather_rows(tp, out.h, in.h, local_rows, cols);
+    else
+      tp_gather_rows(tp, out.f, in.f, local_rows, cols);
   }
   static void backward(const TensorParallel& tp, const FloatView& din, const FloatView& dout, std::int64_t rows,
                        std::int64_t cols) {

@@ -18,6 +18,10 @@ struct TransformerShape {
   float ln_eps, init_std, out_init_std;  // out_init_std: std of the output projections
   TensorParallel tp;
   float hidden_dropout = 0.f, attention_dropout = 0.f;
+  // Storage of the parameters and of the activations that feed GEMMs (fp32, or bf16 / fp16
+  // words for mixed precision); the residual stream, statistics and gradients stay fp32
+  // (Megatron's --fp32-residual-connection).
+  DType dt = DType::F32;
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
 };
@@ -39,14 +43,16 @@ struct DropoutStreams {
 // regenerated from the keys in `rng`.
 struct LayerActivations {
   DropoutStreams rng;
-  FloatView ln1, ln1_mean, ln1_rstd;  // (R, C), (R), (R)
-  FloatView qkv;                      // (BT, 3 C_l)
-  FloatView att, att_drop;            // (A): softmax output, after dropout (with attention dropout)
-  FloatView atty;                     // (BT, C_l): input of proj
-  FloatView res2;                     // (R, C): residual after attention, input of LN2
-  FloatView ln2, ln2_mean, ln2_rstd;  // (R, C), (R), (R)
-  FloatView fc, fc_gelu;              // (BT, F_l), (BT, F_l)
-  FloatView out;                      // (R, C): layer output
+  Act ln1;                            // (R, C) LayerNorm output, input of qkv
+  FloatView ln1_mean, ln1_rstd;       // (R), (R)
+  Act qkv;                            // (BT, 3 C_l)
+  Act att, att_drop;                  // (A): softmax output, after dropout (with attention dropout)
+  Act atty;                           // (BT, C_l): input of proj
+  FloatView res2;                     // (R, C): residual after attention, input of LN2 (fp32)
+  Act ln2;                            // (R, C)
+  FloatView ln2_mean, ln2_rstd;       // (R), (R)
+  Act fc, fc_gelu;                    // (BT, F_l), (BT, F_l)
+  FloatView out;                      // (R, C): layer output (fp32 residual stream)
   // false under selective recomputation: att / att_drop are the shared workspace, recomputed
   // in the backward pass from qkv (Megatron's core-attention recomputation).
   bool attention_kept = true;
@@ -59,11 +65,18 @@ struct LayerActivations {
 // recomputation, the attention probabilities.
 struct TransformerScratch {
   TransformerScratch(const TransformerShape& s, bool selective);
-  FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;  // (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C)
+  // backward temporaries, fp32: (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C); in the 16-bit
+  // forward pass dqkv, datty and dfc also receive the fp32 GEMM outputs before rounding
+  FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;
   FloatView datt;                                      // attention scratch (B, nh/tp, T, T)
   FloatView branch;                                    // (R, C): proj / fc2 output before dropout
-  FloatView gathered;                                  // (BT, C) all-gathered LayerNorm output (SP)
-  FloatView att, att_drop;                             // (B, nh/tp, T, T) under selective recomputation
+  Act gathered;                                        // (BT, C) all-gathered LayerNorm output (SP)
+  Act att, att_drop;                                   // (B, nh/tp, T, T) under selective recomputation
+  // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
+  // that enter GEMMs (rounded as Megatron's bf16 gradients are)
+  FloatView att32;                                     // (B, nh/tp, T, T)
+  HalfView dy16;                                       // (BT, max(3C/tp, F/tp, C))
+  HalfView ds16;                                       // (B, nh/tp, T, T)
   std::int64_t bytes() const;
 };
 

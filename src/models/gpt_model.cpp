@@ -9,6 +9,7 @@
 #include "ops/cross_entropy.hpp"
 #include "ops/embedding.hpp"
 #include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
@@ -52,7 +53,7 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
 
   TransformerShape ts{B_, T, C, cfg.heads, cfg.ffn, cfg.ln_eps, cfg.init_std,
                       cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.num_layers)), tp,
-                      cfg.hidden_dropout, cfg.attention_dropout};
+                      cfg.hidden_dropout, cfg.attention_dropout, cfg.dt};
   for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
   if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
@@ -84,10 +85,11 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   dres_ = make_float("gpt::dres", R * C);
   if (stage_.pre) word_ = make_float("gpt::word", rows_ * C);
   if (stage_.post) {  // final LayerNorm, LM head and loss buffers
-    lnf_out_ = make_float("gpt::lnf_out", R * C);
+    lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
     lnf_mean_ = make_float("gpt::lnf_mean", R);
     lnf_rstd_ = make_float("gpt::lnf_rstd", R);
-    head_in_ = tp.sequence_parallel ? make_float("gpt::head_in", rows_ * C) : lnf_out_;
+    head_in_ = tp.sequence_parallel ? make_act(cfg.dt, "gpt::head_in", rows_ * C) : lnf_out_;
+    if (cfg.dt != DType::F32) dlogits16_ = make_half("gpt::dlogits16", rows_ * vocab_local_);
     logits_ = make_float("gpt::logits", rows_ * vocab_local_);
     losses_ = make_float("gpt::losses", rows_);
     dlnf_ = make_float("gpt::dlnf", R * C);
@@ -169,9 +171,10 @@ double GptModel::layer_activation_bytes() const {
 std::int64_t GptModel::workspace_bytes() const {
   std::int64_t n = scratch_->bytes();
   for (const auto& a : workspace_) n += a.bytes();
-  for (const FloatView* v : {&word_, &lnf_out_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dlnf_, &dhead_, &ce_scratch_})
+  for (const FloatView* v : {&word_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dlnf_, &dhead_, &ce_scratch_})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  if (tp_.sequence_parallel) n += static_cast<std::int64_t>(head_in_.span()) * 4;
+  n += lnf_out_.bytes() + static_cast<std::int64_t>(dlogits16_.span()) * 2;
+  if (tp_.sequence_parallel) n += head_in_.bytes();
   return n;
 }
 
@@ -189,7 +192,10 @@ DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
 void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training) {
   const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
-  embedding_lookup(word_, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
+  if (cfg_.dt == DType::F32)
+    embedding_lookup(word_, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
+  else
+    embedding_lookup_half(cfg_.dt, word_, tokens, store_->value16(wte_), vocab_start_, vocab_local_, BT, C);
   Kokkos::fence();
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::forward(tp_, s.input, word_, BT, C);
@@ -197,7 +203,10 @@ void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, 
     ReduceFromTensorParallelRegion::forward(tp_, word_, BT * C);
     Kokkos::deep_copy(s.input, word_);
   }
-  add_positions(s.input, store_->value(wpe_), row0, R, T, C);
+  if (cfg_.dt == DType::F32)
+    add_positions(s.input, store_->value(wpe_), row0, R, T, C);
+  else
+    add_positions_half(cfg_.dt, s.input, store_->value16(wpe_), row0, R, T, C);
   dropout_forward(s.input, s.input, R * C, training ? embedding_dropout(rng) : DropoutSpec{});
   if (training) Kokkos::deep_copy(s.tokens, tokens);
   Kokkos::fence();
@@ -211,11 +220,12 @@ double GptModel::head(int slot_index, const IntView& targets, bool training, flo
   const bool sp = tp_.sequence_parallel;
   Slot& s = slot(slot_index);
   const FloatView last = layers_.empty() ? s.input : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
-  const FloatView wte = store_->value(wte_);
+  const Act wte = store_->param(wte_);
   lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
   Kokkos::fence();
   if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
-  gemm(Trans::N, Trans::T, BT, Vl, C, 1.f, head_in_.data(), C, wte.data(), C, 0.f, logits_.data(), Vl);
+  // logits (BT, Vl) in fp32 (16-bit inputs, fp32 accumulation): the cross-entropy is fp32
+  gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(head_in_), C, operand(wte), C, 0.f, logits_.data(), Vl);
   const std::int64_t count = training ? BT : samples * T;
   if (tp_.size() == 1) {
     if (training)
@@ -230,10 +240,16 @@ double GptModel::head(int slot_index, const IntView& targets, bool training, flo
   const double loss_sum = sum_losses(losses_, count);
   if (!training) return loss_sum;
   const FloatView dwte = store_->grad(wte_);
+  GemmOperand dlogits = operand(logits_.data());
+  if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
+    pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
+    Kokkos::fence();
+    dlogits = operand(wte.dt, dlogits16_.data());
+  }
   // d head input (BT, C) = dlogits (BT, Vl) wte_local (Vl, C): partial over TP
-  gemm(Trans::N, Trans::N, BT, C, Vl, 1.f, logits_.data(), Vl, wte.data(), C, 0.f, dhead_.data(), C);
+  gemm_mixed(Trans::N, Trans::N, BT, C, Vl, 1.f, dlogits, Vl, operand(wte), C, 0.f, dhead_.data(), C);
   // dwte_local += dlogits^T head_in
-  gemm(Trans::T, Trans::N, Vl, C, BT, 1.f, logits_.data(), Vl, head_in_.data(), C, 1.f, dwte.data(), C);
+  gemm_mixed(Trans::T, Trans::N, Vl, C, BT, 1.f, dlogits, Vl, operand(head_in_), C, 1.f, dwte.data(), C);
   Kokkos::fence();
   if (sp) {
     GatherFromSequenceParallelRegion::backward(tp_, dlnf_, dhead_, BT, C);

@@ -31,6 +31,9 @@ struct GptConfig {
   enum class Recompute { None, Selective, Full } recompute = Recompute::None;
   bool recompute_block = false;  // method: false = uniform, true = block
   std::int64_t recompute_num_layers = 1;
+  // Parameters and GEMM-feeding activations in fp32, bf16 or fp16 (mixed precision; the
+  // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
+  DType dt = DType::F32;
 };
 
 // The part of the model one pipeline stage (or model chunk) holds: layers
@@ -127,7 +130,9 @@ class GptModel {
   std::vector<LayerActivations> workspace_;    // shared by recomputed layers (one per position in a segment)
   LayerNorm lnf_;
   std::unique_ptr<TransformerScratch> scratch_;
-  FloatView word_, lnf_out_, lnf_mean_, lnf_rstd_, head_in_, logits_, losses_, dres_, dlnf_, dhead_;
+  FloatView word_, lnf_mean_, lnf_rstd_, logits_, losses_, dres_, dlnf_, dhead_;
+  Act lnf_out_, head_in_;  // final LayerNorm output (R, C) and the LM head's input (BT, C)
+  HalfView dlogits16_;     // 16-bit copy of the logits' gradient for the head GEMMs
   FloatView ce_scratch_;
 };
 

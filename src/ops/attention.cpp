@@ -3,6 +3,7 @@
 
 #include "common/device_math.hpp"
 #include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
@@ -91,6 +92,67 @@ void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatV
     // dq_h = dscores_h k_h ; dk_h = dscores_h^T q_h
     gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, ds, T, T * T, q + C, 3 * C, hs, 0.f, dq, 3 * C, hs, nh);
     gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, ds, T, T * T, q, 3 * C, hs, 0.f, dq + C, 3 * C, hs, nh);
+  }
+}
+
+void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
+                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs(), A = B * nh * T * T;
+  const GemmOperand q = operand(dt, qkv.data());
+  for (std::int64_t b = 0; b < B; ++b)
+    gemm_mixed_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q.at(b * T * 3 * C), 3 * C, hs,
+                               q.at(b * T * 3 * C + C), 3 * C, hs, 0.f, scores.data() + b * nh * T * T, T, T * T, nh);
+  causal_softmax_forward(scores, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  pack_half(dt, att, scores, A);
+  if (drop.active()) {
+    Kokkos::fence();
+    dropout_forward(scores, scores, A, drop);
+    pack_half(dt, att_drop, scores, A);
+  }
+  Kokkos::fence();
+}
+
+void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
+                            const HalfView& qkv, const AttentionShape& s) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
+  const GemmOperand q = operand(dt, qkv.data()), p = operand(dt, probs.data());
+  for (std::int64_t b = 0; b < B; ++b)
+    gemm_mixed_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, p.at(b * nh * T * T), T, T * T,
+                               q.at(b * T * 3 * C + 2 * C), 3 * C, hs, 0.f, y32.data() + b * T * C, C, hs, nh);
+  pack_half(dt, y, y32, B * T * C);
+  Kokkos::fence();
+}
+
+void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
+                             const HalfView& att, const HalfView& att_drop, const FloatView& datt,
+                             const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
+                             const AttentionShape& s, const DropoutSpec& drop) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs(), A = B * nh * T * T;
+  pack_half(dt, dy16, dy, B * T * C);
+  Kokkos::fence();
+  const GemmOperand q = operand(dt, qkv.data()), g = operand(dt, dy16.data());
+  const GemmOperand probs = operand(dt, (drop.active() ? att_drop : att).data());
+  for (std::int64_t b = 0; b < B; ++b) {
+    // datt_h (T, T) = dy_h v_h^T ; dv_h (T, hs) = probs_h^T dy_h
+    gemm_mixed_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, g.at(b * T * C), C, hs,
+                               q.at(b * T * 3 * C + 2 * C), 3 * C, hs, 0.f, datt.data() + b * nh * T * T, T, T * T, nh);
+    gemm_mixed_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, probs.at(b * nh * T * T), T, T * T, g.at(b * T * C),
+                               C, hs, 0.f, dqkv.data() + b * T * 3 * C + 2 * C, 3 * C, hs, nh);
+  }
+  if (drop.active()) dropout_backward(datt, datt, A, drop);
+  unpack_half(dt, att32, att, A);  // the stored (rounded) probabilities
+  Kokkos::fence();
+  causal_softmax_backward(datt, att32, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  pack_half(dt, ds16, datt, A);
+  Kokkos::fence();
+  const GemmOperand ds = operand(dt, ds16.data());
+  for (std::int64_t b = 0; b < B; ++b) {
+    float* dq = dqkv.data() + b * T * 3 * C;
+    // dq_h = dscores_h k_h ; dk_h = dscores_h^T q_h
+    gemm_mixed_strided_batched(Trans::N, Trans::N, T, hs, T, 1.f, ds.at(b * nh * T * T), T, T * T,
+                               q.at(b * T * 3 * C + C), 3 * C, hs, 0.f, dq, 3 * C, hs, nh);
+    gemm_mixed_strided_batched(Trans::T, Trans::N, T, hs, T, 1.f, ds.at(b * nh * T * T), T, T * T,
+                               q.at(b * T * 3 * C), 3 * C, hs, 0.f, dq + C, 3 * C, hs, nh);
   }
 }
 

@@ -2,6 +2,7 @@
 // batched GEMMs through ops/gemm. Head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1 of
 // the q, k and v thirds of each token's 3C-vector (Megatron/DESIGN.md qkv row order).
 #pragma once
+#include "common/half.hpp"
 #include "common/types.hpp"
 #include "ops/dropout.hpp"
 
@@ -30,6 +31,19 @@ void attention_context(const FloatView& y, const FloatView& probs, const FloatVi
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop = {},
                         const FloatView& att_drop = {});
+
+// ---- 16-bit twins (mixed precision): qkv, the probabilities (att, att_drop) and the output y
+// are 16-bit words; the GEMMs take 16-bit inputs with fp32 accumulation; scores, softmax,
+// dropout and every gradient are fp32. Workspaces: scores and att32 (B, nh, T, T) fp32, y32
+// (B, T, C) fp32, dy16 (B, T, C) and ds16 (B, nh, T, T) 16-bit.
+void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
+                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop = {});
+void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
+                            const HalfView& qkv, const AttentionShape& s);
+void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
+                             const HalfView& att, const HalfView& att_drop, const FloatView& datt,
+                             const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
+                             const AttentionShape& s, const DropoutSpec& drop = {});
 
 // Row-wise causal softmax in place over (rows of length T, row index i = row % T masks j > i).
 void causal_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, float scale);

@@ -142,6 +142,22 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   Kokkos::Profiling::popRegion();
 }
 
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+               std::int64_t ldc) {
+  check_dims(M, N, K);
+  if (M == 0 || N == 0) return;
+  // fp16 values widen exactly to fp32: sgemm on the widened operands computes the same
+  // products with fp32 accumulation. Buffers are reused between calls.
+  static thread_local std::vector<float> a, b;
+  const std::int64_t ar = ta == Trans::T ? K : M, br = tb == Trans::T ? N : K;
+  a.resize(static_cast<size_t>(ar * lda));
+  b.resize(static_cast<size_t>(br * ldb));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = fp16_to_float(A[i]);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = fp16_to_float(B[i]);
+  gemm(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
+}
+
 const char* gemm_backend_name() {
 #if defined(TRIDENT_GEMM_DNNL)
   return "oneDNN sgemm";

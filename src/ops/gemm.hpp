@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common/half.hpp"
+
 namespace trident {
 
 enum class Trans { N, T };
@@ -26,6 +28,36 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
 void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
                std::int64_t ldc);
+
+// The same with fp16 words (IEEE binary16). Host: widened to fp32 (exact) and sgemm, since
+// oneDNN's fp16 matmul needs AVX512-FP16; CUDA: cublasGemmEx with CUDA_R_16F inputs.
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+               std::int64_t ldc);
+
+// A GEMM operand of a run-time type: fp32, bf16 or fp16 values in device memory.
+struct GemmOperand {
+  DType dt = DType::F32;
+  const void* p = nullptr;
+  // the operand `elements` values further on
+  GemmOperand at(std::int64_t elements) const {
+    return {dt, static_cast<const char*>(p) + elements * dtype_bytes(dt)};
+  }
+};
+inline GemmOperand operand(const float* p) { return {DType::F32, p}; }
+inline GemmOperand operand(DType dt, const std::uint16_t* p) { return {dt, p}; }
+inline GemmOperand operand(const Act& a) {
+  return a.is_half() ? GemmOperand{a.dt, a.h.data()} : GemmOperand{DType::F32, a.f.data()};
+}
+
+// C (fp32) = alpha op(A) op(B) + beta C with A and B of one type (fp32: gemm; bf16: gemm_bf16;
+// fp16: gemm_fp16). Mixed operand types are an error.
+void gemm_mixed(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, GemmOperand A,
+                std::int64_t lda, GemmOperand B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                                GemmOperand A, std::int64_t lda, std::int64_t strideA, GemmOperand B, std::int64_t ldb,
+                                std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
+                                std::int64_t batch);
 
 // Name of the library behind gemm(), for logs.
 const char* gemm_backend_name();

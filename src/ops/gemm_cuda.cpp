@@ -64,6 +64,15 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                               C, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
+               std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  TRIDENT_CUBLAS(cublasGemmEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                              &alpha, B, CUDA_R_16F, static_cast<int>(ldb), A, CUDA_R_16F, static_cast<int>(lda), &beta,
+                              C, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 const char* gemm_backend_name() { return "cuBLAS sgemm"; }
 
 }  // namespace trident

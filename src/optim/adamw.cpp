@@ -6,27 +6,28 @@
 #include "common/device_math.hpp"
 #include "common/simd.hpp"
 #include "ops/elementwise.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
 AdamW::AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size, std::int64_t begin)
     : cfg_(cfg), n_(n), decay_size_(decay_size), begin_(begin), m_(make_float("adamw::exp_avg", n)), v_(make_float("adamw::exp_avg_sq", n)) {}
 
-void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale) {
-  ++step_;
-  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-  const float eps = static_cast<float>(cfg_.eps);
-  const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(step_)));
-  const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
-  const float step_size = static_cast<float>(lr) / bc1;
-  const float decay = static_cast<float>(1.0 - lr * cfg_.weight_decay);
-  // weight decay on the flat prefix [0, decay_size): local indices below nd
-  const std::int64_t nd = decay_size_ - begin_;
-  float* p = params.data() + begin_;
-  const float* g = grads.data() + begin_;
-  float* m = m_.data();
-  float* v = v_.data();
-  const std::int64_t n = n_;
+namespace detail {
+// Where updated parameters go besides the fp32 buffer: nowhere (fp32 model), or rounded into
+// the 16-bit model.
+struct NoCopy {
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, float) const {}
+};
+template <class F>
+struct HalfCopy {
+  std::uint16_t* out;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, float v) const { out[i] = F::store(v); }
+};
+
+template <class Out>
+void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::int64_t n, std::int64_t nd, float b1,
+                  float b2, float eps, float step_size, float sqrt_bc2, float decay, float grad_scale) {
   // One thread per chunk of kChunk elements; the inner loop is branch-free and marked for
   // vectorisation (the update is bound by memory traffic: 7 floats per parameter).
   constexpr std::int64_t kChunk = 4096;
@@ -40,10 +41,46 @@ void AdamW::step(const FloatView& params, const FloatView& grads, double lr, flo
       const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
-      p[i] = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
+      const float np = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
+      p[i] = np;
+      out(i, np);
     }
   });
   Kokkos::fence();
+}
+}  // namespace detail
+
+template <class Out>
+void AdamW::update(float* p, const float* g, Out out, double lr, float grad_scale) {
+  ++step_;
+  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+  const float eps = static_cast<float>(cfg_.eps);
+  const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(step_)));
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
+  const float step_size = static_cast<float>(lr) / bc1;
+  const float decay = static_cast<float>(1.0 - lr * cfg_.weight_decay);
+  // weight decay on the flat prefix [0, decay_size): local indices below nd
+  detail::adamw_kernel(p, g, m_.data(), v_.data(), out, n_, decay_size_ - begin_, b1, b2, eps, step_size, sqrt_bc2,
+                       decay, grad_scale);
+}
+
+void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale) {
+  update(params.data() + begin_, grads.data() + begin_, detail::NoCopy{}, lr, grad_scale);
+}
+
+void AdamW::init_master(DType dt, const HalfView& model16) {
+  dt_ = dt;
+  master_ = make_float("adamw::master", n_);
+  unpack_half(dt, master_, slice(model16, begin_, n_), n_);
+  Kokkos::fence();
+}
+
+void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale) {
+  std::uint16_t* out = model16.data() + begin_;
+  if (dt_ == DType::BF16)
+    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale);
+  else
+    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale);
 }
 
 double grad_norm_squared(const FloatView& grads, std::int64_t n) { return sum_squares(grads, n); }

@@ -3,6 +3,7 @@
 // [0, decay_size) of the buffer (ParamStore puts decayed parameters first), none to biases and
 // LayerNorm parameters. The gradient is multiplied by grad_scale on the fly (clipping).
 #pragma once
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -21,18 +22,30 @@ class AdamW {
   // from grads[begin, begin+n) (full-size flat buffers).
   void step(const FloatView& params, const FloatView& grads, double lr, float grad_scale);
 
+  // Mixed precision (Megatron's Float16Optimizer): fp32 master weights for [begin, begin + n)
+  // initialised from the 16-bit model (`model16`, full flat buffer); step_mixed updates the
+  // masters from the fp32 main gradients and writes them, rounded to nearest even, into the
+  // model's 16-bit words.
+  void init_master(DType dt, const HalfView& model16);
+  void step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale);
+  bool has_master() const { return master_.extent(0) > 0; }
+  const FloatView& master() const { return master_; }  // (n): element i is flat index begin + i
+
   std::int64_t steps() const { return step_; }
   void set_steps(std::int64_t s) { step_ = s; }
   std::int64_t begin() const { return begin_; }
   std::int64_t size() const { return n_; }
   const FloatView& exp_avg() const { return m_; }       // (n): element i is flat index begin + i
   const FloatView& exp_avg_sq() const { return v_; }
-  std::int64_t state_bytes() const { return 2 * n_ * static_cast<std::int64_t>(sizeof(float)); }
+  std::int64_t state_bytes() const { return (has_master() ? 3 : 2) * n_ * static_cast<std::int64_t>(sizeof(float)); }
 
  private:
   AdamWConfig cfg_;
   std::int64_t n_, decay_size_, begin_, step_ = 0;
-  FloatView m_, v_;
+  FloatView m_, v_, master_;
+  DType dt_ = DType::F32;
+  template <class Out>
+  void update(float* p, const float* g, Out out, double lr, float grad_scale);
 };
 
 // Global L2 norm of the gradient (this rank's buffer; caller reduces across model-parallel

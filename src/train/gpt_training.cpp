@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -25,6 +26,7 @@
 #include "models/gpt_model.hpp"
 #include "ops/gemm.hpp"
 #include "optim/adamw.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/memory_report.hpp"
 #include "train/pipeline.hpp"
@@ -34,6 +36,18 @@
 namespace trident {
 
 namespace {
+
+// "a, b,c" -> {"a", "b", "c"} (empty items dropped)
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
 
 std::int64_t pad_vocab(std::int64_t v, std::int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
@@ -64,6 +78,7 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
                                                        : GptConfig::Recompute::None;
   c.recompute_block = d.precision.recompute_method == "block";
   c.recompute_num_layers = d.precision.recompute_num_layers;
+  c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
   return c;
 }
 
@@ -208,8 +223,9 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
   ParamStore store;
-  auto chunks = build_chunks(make_config(deck, vocab, topo.tp_size()), store, B, tensor_parallel(deck, topo),
-                             chunks_of(deck, topo));
+  const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
+  store.set_dtype(cfg.dt);
+  auto chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
   store.allocate();
   const std::string file = resolve_checkpoint(deck.checkpoint.load);
   CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
@@ -285,6 +301,7 @@ int run_gpt(const Deck& deck) {
   const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
   const TensorParallel tp = tensor_parallel(deck, topo);
   const std::vector<GptStage> stages = chunks_of(deck, topo);
+  store.set_dtype(cfg.dt);
   auto chunks = build_chunks(cfg, store, mbs, tp, stages);
   GptModel& model = *chunks.front();
   // Flat buffers padded to equal data-parallel shards of a multiple of 4096 elements (the
@@ -300,6 +317,25 @@ int run_gpt(const Deck& deck) {
   ac.weight_decay = deck.optim.weight_decay;
   // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only.
   AdamW adamw(ac, zero ? shard : store.padded_size(), store.decay_size(), zero ? shard_begin : 0);
+  // Mixed precision: fp32 master weights of the optimizer's range, from the 16-bit model
+  // (Megatron's Float16Optimizer); replaced by the checkpoint's masters on resume.
+  const bool half = cfg.dt != DType::F32, fp16 = cfg.dt == DType::F16;
+  if (half) adamw.init_master(cfg.dt, store.values16());
+  LossScalerConfig lsc;
+  lsc.dynamic = fp16 && deck.precision.loss_scale == 0;
+  lsc.initial = fp16 ? (deck.precision.loss_scale > 0 ? deck.precision.loss_scale : deck.precision.initial_loss_scale) : 1.0;
+  lsc.min_scale = std::min(deck.precision.min_loss_scale, lsc.initial);
+  lsc.window = deck.precision.loss_scale_window;
+  lsc.hysteresis = deck.precision.hysteresis;
+  LossScaler scaler(lsc);
+  std::vector<std::int64_t> force_overflow;
+  for (const std::string& f : split_list(deck.debug.force_overflow)) {
+    try {
+      force_overflow.push_back(std::stoll(f));
+    } catch (...) {
+      throw Error::all("deck: debug.force_overflow: '" + f + "' is not an iteration number");
+    }
+  }
   LrSchedule sched;
   sched.lr = deck.optim.lr;
   sched.min_lr = deck.optim.min_lr;
@@ -314,6 +350,8 @@ int run_gpt(const Deck& deck) {
     CheckpointState st = load_checkpoint(file, "gpt", store, &adamw, topo);
     iteration = st.iteration;
     consumed = st.consumed_samples;
+    if (fp16 && st.dtype == "fp16" && lsc.dynamic)
+      scaler.restore(st.loss_scale, st.loss_scale_growth_tracker, st.loss_scale_hysteresis_tracker, st.skipped_iterations);
     if (root) {
       std::cout << "resumed from " << file << " at iteration " << iteration << " (" << consumed << " samples consumed)\n";
       if (st.seed != deck.train.seed)
@@ -329,7 +367,11 @@ int run_gpt(const Deck& deck) {
     st.consumed_samples = consumed;
     st.optimizer_steps = adamw.steps();
     st.seed = deck.train.seed;
-    st.loss_scale = 1.0;
+    st.loss_scale = scaler.scale();
+    st.loss_scale_growth_tracker = scaler.growth_tracker();
+    st.loss_scale_hysteresis_tracker = scaler.hysteresis_tracker();
+    st.skipped_iterations = scaler.skipped();
+    st.dtype = deck.precision.dtype;
     st.deck = deck_text;
     const std::string f = save_checkpoint(deck.checkpoint.save, st, store, &adamw, topo);
     if (root) std::cout << "saved checkpoint " << f << std::endl;
@@ -357,6 +399,12 @@ int run_gpt(const Deck& deck) {
               << "optimizer: AdamW"
               << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
                              std::to_string(shard) + " of " + std::to_string(store.padded_size()) + " elements' state"
+                       : std::string())
+              << "; precision: " << deck.precision.dtype
+              << (half ? " (16-bit parameters and GEMM inputs, fp32 master weights, gradients, residual stream, "
+                         "softmax and cross-entropy)" : "")
+              << (fp16 ? (lsc.dynamic ? "; dynamic loss scaling from " : "; constant loss scale ") +
+                             std::to_string(lsc.initial)
                        : std::string())
               << "; recomputation: " << deck.precision.recompute
               << (deck.precision.recompute == "full" ? " (" + deck.precision.recompute_method + ", " +
@@ -389,7 +437,7 @@ int run_gpt(const Deck& deck) {
   if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
 
   Batch batch(mbs, S);
-  const float dscale = static_cast<float>(1.0 / static_cast<double>(mbs * S * acc * dp));
+  const double dscale_unscaled = 1.0 / static_cast<double>(mbs * S * acc * dp);
   const FloatView grads = store.grads();
   PhaseTimers timers;
 
@@ -427,6 +475,9 @@ int run_gpt(const Deck& deck) {
     store.zero_grads();
     timers.start("forward-backward");
     const double pipe_t0 = wall_seconds(), busy0 = runner.forward_seconds() + runner.backward_seconds();
+    // fp16: the loss gradient is multiplied by the loss scale (1 otherwise)
+    const float dscale = static_cast<float>(dscale_unscaled * scaler.scale());
+    const double scale_used = scaler.scale();
     double loss_sum = runner.train(
         acc,
         [&](std::int64_t k, IntView& tokens, IntView& targets) {
@@ -468,8 +519,19 @@ int run_gpt(const Deck& deck) {
     timers.stop("grad-allreduce");
     timers.start("optimizer");
     const double loss = loss_sum / tokens_per_iter;
-    const double gnorm = global_grad_norm(store, topo, shard_begin, shard_begin + shard);
-    TRIDENT_REQUIRE(std::isfinite(loss) && std::isfinite(gnorm),
+    // Loss scaling (fp16): unscale the optimizer's range of the main gradients, check it for
+    // inf/NaN, agree on the verdict over every rank, and skip the step on overflow.
+    const FloatView opt_grads = slice(grads, adamw.begin(), adamw.size());
+    if (std::find(force_overflow.begin(), force_overflow.end(), it) != force_overflow.end() && world.rank() == 0)
+      Kokkos::deep_copy(slice(opt_grads, 0, 1), std::numeric_limits<float>::infinity());
+    bool skip = false;
+    if (fp16) {
+      if (scale_used != 1.0) scale(opt_grads, static_cast<float>(1.0 / scale_used), adamw.size());
+      const bool found_inf = world.allreduce_max(has_nonfinite(opt_grads, adamw.size()) ? 1.0 : 0.0) > 0;
+      skip = scaler.update(found_inf);
+    }
+    const double gnorm = skip ? std::nan("") : global_grad_norm(store, topo, shard_begin, shard_begin + shard);
+    TRIDENT_REQUIRE(skip || (std::isfinite(loss) && std::isfinite(gnorm)),
                     "iteration " << it << ": the loss or gradient is not finite (loss " << loss << ", grad norm "
                                  << gnorm << "); lower optim.lr or check the data");
     if (it == 1 && !deck.debug.dump_grads.empty()) {
@@ -487,8 +549,15 @@ int run_gpt(const Deck& deck) {
       if (c < 1.0) clip = static_cast<float>(c);
     }
     const double lr = sched.at(it);
-    adamw.step(store.values(), grads, lr, clip);
-    if (zero) topo.dp_group().allgather_in_place(store.values().data(), shard);  // updated shards to every rank
+    if (skip) {
+      // overflow: no update (Megatron's skipped iteration); the schedule still advances
+    } else if (half) {
+      adamw.step_mixed(store.values16(), grads, lr, clip);
+      if (zero) topo.dp_group().allgather_in_place(store.values16().data(), shard);  // 16-bit shards to every rank
+    } else {
+      adamw.step(store.values(), grads, lr, clip);
+      if (zero) topo.dp_group().allgather_in_place(store.values().data(), shard);  // updated shards to every rank
+    }
     timers.stop("optimizer");
     consumed += GB;
     iteration = it;
@@ -500,8 +569,8 @@ int run_gpt(const Deck& deck) {
     const double tflops = flops_per_iter / dt / world.size() / 1e12;
     const double mfu = deck.perf.peak_tflops > 0 ? tflops / deck.perf.peak_tflops : std::nan("");
     if (root) {
-      metrics.write({static_cast<double>(it), static_cast<double>(consumed), loss, lr, gnorm, 1.0, 0.0, dt * 1e3, tps,
-                     tflops, mfu});
+      metrics.write({static_cast<double>(it), static_cast<double>(consumed), loss, lr, gnorm, scale_used,
+                     skip ? 1.0 : 0.0, dt * 1e3, tps, tflops, mfu});
       if (it % deck.log.interval == 0 || it == iters) {
         const double per_iter = (t1 - t_last) / static_cast<double>(iters_since_log);
         std::ostringstream os;
@@ -511,6 +580,9 @@ int run_gpt(const Deck& deck) {
            << std::setprecision(0) << tokens_per_iter / per_iter << " tok/s | " << std::setprecision(3)
            << flops_per_iter / per_iter / world.size() / 1e12 << " TFLOP/s/rank";
         if (deck.perf.peak_tflops > 0) os << " | MFU " << std::setprecision(1) << 100.0 * mfu << "%";
+        if (fp16)
+          os << " | loss scale " << std::defaultfloat << std::setprecision(6) << scale_used << std::fixed
+             << " | skipped " << scaler.skipped();
         os << " | ETA " << hms(per_iter * static_cast<double>(iters - it));
         std::cout << os.str() << std::endl;
         t_last = t1;
@@ -543,7 +615,7 @@ int run_gpt(const Deck& deck) {
   // ---- memory accounting, per rank, beside Megatron's and Korthikanti et al.'s figures ----
   {
     MemoryFigures mf;
-    mf.params = 4.0 * static_cast<double>(store.padded_size());
+    mf.params = static_cast<double>(store.model_bytes());
     mf.grads = 4.0 * static_cast<double>(store.padded_size());
     mf.optimizer = static_cast<double>(adamw.state_bytes());
     mf.local_params = static_cast<double>(store.size());
@@ -560,7 +632,7 @@ int run_gpt(const Deck& deck) {
     am.a = static_cast<double>(cfg.heads);
     am.t = static_cast<double>(topo.tp_size());
     am.sp = tp.sequence_parallel;
-    am.e = 4;  // fp32 activations
+    am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value
     am.recompute = deck.precision.recompute;
     am.block = deck.precision.recompute_method == "block";
     am.group = static_cast<double>(deck.precision.recompute_num_layers);

@@ -20,7 +20,21 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 and each figure falls as predicted when its feature is turned on: selective and
                 full recomputation (activations), tp=2 with sequence parallelism (activations
                 divided by t), the distributed optimizer at dp=2 (optimizer state halved,
-                bytes per parameter 16 -> 8 + 8/d)
+                bytes per parameter 16 -> 8 + 8/d); in bf16 bytes per parameter 18 and, with the
+                distributed optimizer, 6 + 12/d, and activations per layer against the formula
+                with 2-byte values
+  mixed         bf16 and fp16 (dynamic loss scaling from 2^16) track the fp32 losses over 50
+                steps (dropout off): per-step relative difference within one unit roundoff of
+                the 16-bit type (bf16 2^-9 = 2.0e-3, fp16 2^-11 = 4.9e-4; measured 1.6e-4 and
+                8.1e-5); recomputation in bf16 gives bitwise identical gradients; a bf16 run
+                resumed from its checkpoint (fp32 masters saved) continues the uninterrupted
+                losses exactly; an fp32 checkpoint resumes in bf16
+  mixed_parallel bf16 at tp=2 with sequence parallelism, pp=2, and dp=2 with the distributed
+                optimizer (np=2) track the single-rank bf16 losses within the bf16 band
+  overflow      fp16 with injected gradient overflows (debug.force_overflow) at iterations 3, 4
+                and 9, initial scale 1024, hysteresis 2, window 5: the overflowing steps are
+                skipped (counted in the metrics, no update), the scale halves only after the
+                second consecutive overflow and at the next one, and doubles after 5 clean steps
 """
 import argparse
 import os
@@ -152,6 +166,88 @@ def within(name, got, want, tol=0.15):
     print(f"  ok {name}: ratio {r:.3f}")
 
 
+BF16_BAND = 2.0 ** -9   # bf16 unit roundoff
+FP16_BAND = 2.0 ** -11  # fp16 unit roundoff
+
+
+def metrics(path):
+    import csv
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def track(name, ref, got, band):
+    worst = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(ref, got))
+    print(f"{name}: {len(got)} steps, worst relative loss difference {worst:.2e} (band {band:.2e})")
+    assert len(ref) == len(got), (len(ref), len(got))
+    assert worst <= band, f"{name}: losses leave the band: {worst:.2e} > {band:.2e}"
+
+
+def check_mixed(c):
+    ref = c.train("fp32", 1, 1, iters=50)
+    track("bf16 vs fp32", ref, c.train("bf16", 1, 1, iters=50, extra=["--precision.dtype", "bf16"]), BF16_BAND)
+    fp16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536"]
+    track("fp16 vs fp32", ref, c.train("fp16", 1, 1, iters=50, extra=fp16), FP16_BAND)
+    # recomputation is exact in 16 bits too
+    bf = ["--precision.dtype", "bf16", "--model.num_layers", "3"]
+    c.train("bf16_none", 1, 1, iters=2, dropout=0.1, extra=bf)
+    for name, extra in RECOMPUTE_MODES:
+        c.train("bf16_" + name, 1, 1, iters=2, dropout=0.1, extra=bf + extra)
+        same_grads("bf16 " + name, c.path("bf16_none_grads.h5"), c.path("bf16_" + name + "_grads.h5"))
+    # exact resume: the checkpoint keeps the fp32 master weights
+    fixed = ["--precision.dtype", "bf16", "--optim.decay_iters", "10"]
+    straight = c.train("bf16_straight", 1, 1, iters=10, dropout=0.1, extra=fixed)
+    c.train("bf16_a", 1, 1, iters=5, dropout=0.1, extra=fixed + ["--checkpoint.save", c.path("ck_bf16")])
+    tail = c.train("bf16_b", 1, 1, iters=10, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_bf16")])
+    same_losses("bf16 resumed at iteration 5", straight[5:], tail)
+    import h5py
+    with h5py.File(c.path("ck_bf16", "iter_0000005", "checkpoint.h5")) as f:
+        assert "optimizer/master" in f and f.attrs["dtype"] in (b"bf16", "bf16"), "no fp32 masters in the bf16 checkpoint"
+    # an fp32 checkpoint resumed in bf16
+    c.train("fp32_a", 1, 1, iters=5, dropout=0.1, extra=["--optim.decay_iters", "10", "--checkpoint.save", c.path("ck_fp32")])
+    tail = c.train("fp32_to_bf16", 1, 1, iters=10, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_fp32")])
+    track("fp32 checkpoint resumed in bf16", straight[5:], tail, BF16_BAND)
+
+
+def check_mixed_parallel(c):
+    bf = ["--precision.dtype", "bf16", "--model.num_layers", "4"]
+    ref = c.train("bf16", 1, 1, iters=10, extra=bf)
+    track("bf16 tp=2 + SP", ref, c.train("bf16_tp2", 2, 2, sp=True, iters=10, extra=bf), BF16_BAND)
+    track("bf16 pp=2", ref, c.train("bf16_pp2", 2, 1, pp=2, iters=10, extra=bf), BF16_BAND)
+    track("bf16 dp=2 ZeRO-1", ref, c.train("bf16_zero", 2, 1, iters=10, extra=bf + ["--optim.distributed", "true"]),
+          BF16_BAND)
+
+
+def check_overflow(c):
+    extra = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "1024", "--precision.hysteresis", "2",
+             "--precision.loss_scale_window", "5", "--debug.force_overflow", "3,4,9"]
+    c.train("fp16_overflow", 1, 1, iters=16, extra=extra)
+    rows = metrics(c.path("fp16_overflow.csv"))
+    scale = [float(r["loss_scale"]) for r in rows]
+    skipped = [int(float(r["skipped"])) for r in rows]
+    print("loss scale per iteration:", scale)
+    print("skipped per iteration:   ", skipped)
+    want_skipped = [1 if it in (3, 4, 9) else 0 for it in range(1, 17)]
+    # scale used at iteration i: 1024 until the second consecutive overflow (4) halves it; the
+    # overflow at 9 halves it again (the budget is restored only by growth); 5 clean steps
+    # (10..14) double it for iteration 15
+    want_scale = [1024] * 4 + [512] * 5 + [256] * 5 + [512] * 2
+    assert skipped == want_skipped, f"skipped {skipped} != {want_skipped}"
+    assert scale == want_scale, f"loss scale {scale} != {want_scale}"
+    import math
+    for r, s_ in zip(rows, want_skipped):
+        assert math.isnan(float(r["grad_norm"])) == bool(s_), "a skipped step must not report a gradient norm"
+    # a skipped step changes no parameter: a run with the same overflows but one fewer
+    # iteration before them sees identical losses up to iteration 4
+    base = c.train("fp16_clean", 1, 1, iters=4, extra=extra[:-2] + ["--optim.decay_iters", "16"])
+    over = [(float(r["loss"]), 0) for r in rows[:4]]
+    print("losses with overflows at 3, 4:", [x[0] for x in over], "clean run:", [x[0] for x in base])
+    # iterations 1..3 see the same parameters (updates 1 and 2 are identical)
+    assert [x[0] for x in over[:3]] == [x[0] for x in base[:3]]
+    # iteration 4 follows a skipped update 3 in the overflow run, a real one in the clean run
+    assert over[3][0] != base[3][0]
+
+
 def check_memory(c):
     base = memory(c, "fp32, no recomputation", 1)
     sel = memory(c, "selective", 1, extra=["--precision.recompute", "selective"])
@@ -173,9 +269,22 @@ def check_memory(c):
     assert zero["optimizer"] < plain["optimizer"]
     within("ZeRO-1: optimizer state dp=2 over dp=1", zero["optimizer"] / plain["optimizer"], 0.5, tol=0.02)
     assert zero["activations"] == plain["activations"]
+    # mixed precision (bf16): Megatron's 18 bytes per parameter, 6 + 12/d with the distributed
+    # optimizer, activations with 2-byte values
+    bf = ["--precision.dtype", "bf16"]
+    bf_base = memory(c, "bf16", 1, extra=bf)
+    bf_zero = memory(c, "bf16 dp=2 distributed optimizer", 2, extra=bf + ["--optim.distributed", "true"])
+    bf_sel = memory(c, "bf16 selective", 1, extra=bf + ["--precision.recompute", "selective"])
+    within("bf16: bytes per parameter vs Megatron (18)", bf_base["bytes_per_param"], 18.0)
+    within("bf16 ZeRO-1 dp=2: bytes per parameter vs Megatron (6 + 12/2)", bf_zero["bytes_per_param"], 12.0)
+    for name, m in [("bf16", bf_base), ("bf16 selective", bf_sel)]:
+        within(name + ": activations per layer vs Korthikanti (2-byte values)", m["layer_activations"], m["korthikanti"])
+    within("bf16 over fp32 activations per layer", bf_base["layer_activations"] / base["layer_activations"],
+           bf_base["korthikanti"] / base["korthikanti"])
 
 
-CHECKS = {"memory": check_memory, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
+CHECKS = {"memory": check_memory, "mixed": check_mixed, "mixed_parallel": check_mixed_parallel,
+          "overflow": check_overflow, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
 
 
 def main():

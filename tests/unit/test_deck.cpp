@@ -62,7 +62,14 @@ TEST(Deck, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kDeck, {"--train.global_batch_size", "7"}).find("train.global_batch_size"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.max_position_embeddings", "16"}).find("model.max_position_embeddings"),
             std::string::npos);
-  EXPECT_NE(error_of(kDeck, {"--precision.dtype", "bf16"}).find("precision.dtype"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.dtype", "fp8"}).find("precision.dtype"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.loss_scale", "128"}).find("precision.loss_scale"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.recompute", "some"}).find("precision.recompute"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.recompute_method", "random"}).find("precision.recompute_method"),
+            std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--precision.recompute", "full", "--precision.recompute_num_layers", "0"})
+                .find("precision.recompute_num_layers"),
+            std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
 }
