@@ -41,8 +41,10 @@ SHAPES = {
     "124m": (12, 768, 12),
     "small": (6, 384, 6),
     "smoke": (2, 128, 2),
+    "345m": (24, 1024, 16),
 }
-SHAPE_TITLES = {"124m": "GPT-2 124M (12 x 768)", "small": "6 x 384", "smoke": "smoke 2 x 128"}
+SHAPE_TITLES = {"124m": "GPT-2 124M (12 x 768)", "small": "6 x 384", "smoke": "smoke 2 x 128",
+                "345m": "GPT-2 345M (24 x 1024)"}
 VOCAB = 50257
 
 

@@ -38,6 +38,9 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden)")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary the model runs")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: forward and loss under torch.autocast('cpu', bfloat16) (oneDNN bf16 GEMMs), "
+                        "fp32 parameters, gradients and optimizer")
     p.add_argument("--flops-vocab", type=int, default=50304,
                    help="V in the FLOP formula (Trident's padded vocabulary; Megatron pads to a multiple of 128)")
     p.add_argument("--batch", type=int, default=4)
@@ -164,7 +167,8 @@ def main(argv=None):
         idx, tgt = data[step, :, :-1].contiguous(), data[step, :, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -180,6 +184,7 @@ def main(argv=None):
         "framework": "pytorch",
         "torch_version": torch.__version__,
         "threads": a.threads,
+        "dtype": a.dtype,
         "torch_num_threads": torch.get_num_threads(),
         "layers": L, "hidden": C, "heads": H, "ffn": ffn, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
         "batch": a.batch, "seq": T, "parameters": n_params,
