@@ -76,6 +76,11 @@ KOKKOS_INLINE_FUNCTION float fp16_to_float(std::uint16_t h) {
 
 // Compile-time formats for kernels templated on the 16-bit type (dispatched once per call on
 // the run-time DType, never per element).
+struct F32Fmt {  // the identity format: kernels templated on a format also serve fp32 views
+  static constexpr DType dtype = DType::F32;
+  KOKKOS_INLINE_FUNCTION static float load(float x) { return x; }
+  KOKKOS_INLINE_FUNCTION static float store(float f) { return f; }
+};
 struct Bf16Fmt {
   static constexpr DType dtype = DType::BF16;
   KOKKOS_INLINE_FUNCTION static float load(std::uint16_t h) { return bf16_to_float(h); }

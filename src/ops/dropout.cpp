@@ -6,14 +6,6 @@
 namespace trident {
 
 namespace {
-KOKKOS_INLINE_FUNCTION float uniform01(std::uint64_t key, std::uint64_t i) {
-  std::uint64_t x = key ^ (i * 0x9E3779B97F4A7C15ull);
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // 24 random bits
-}
 void apply(const char* label, const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d) {
   if (!d.active()) {
     if (out.data() != in.data()) Kokkos::deep_copy(slice(out, 0, n), slice(in, 0, n));
@@ -22,7 +14,7 @@ void apply(const char* label, const FloatView& out, const FloatView& in, std::in
   const float p = d.p, scale = 1.f / (1.f - d.p);
   const std::uint64_t key = d.key;
   Kokkos::parallel_for(label, range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    out(i) = uniform01(key, static_cast<std::uint64_t>(i)) >= p ? in(i) * scale : 0.f;
+    out(i) = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? in(i) * scale : 0.f;
   });
 }
 }  // namespace

@@ -14,6 +14,17 @@ struct DropoutSpec {
   bool active() const { return p > 0.f; }
 };
 
+// u(key, i) in [0, 1): the counter-based uniform behind every mask (24 random bits). Element i
+// of a call is kept when u(key, i) >= p; fused kernels regenerate masks with it.
+KOKKOS_INLINE_FUNCTION float dropout_uniform(std::uint64_t key, std::uint64_t i) {
+  std::uint64_t x = key ^ (i * 0x9E3779B97F4A7C15ull);
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+}
+
 // out = in * keep / (1 - p)   (out may alias in)
 void dropout_forward(const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d);
 // din = dout * keep / (1 - p) (din may alias dout)
