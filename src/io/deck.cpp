@@ -59,6 +59,8 @@ class Registry {
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
     add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
+    add("model.flash_attention", &d.model.flash_attention,
+        "fused attention kernel (online softmax, no (T, T) probabilities stored; Megatron's --use-flash-attn)");
     add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");

@@ -16,6 +16,7 @@ struct Deck {
     std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
     double layernorm_epsilon = 1e-5, init_method_std = 0.02;
     double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults
+    bool flash_attention = false;  // fused attention kernel (Megatron's --use-flash-attn)
   } model;
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;

@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
+#include "ops/flash_attention.hpp"
 #include "ops/gelu.hpp"
 #include "ops/mixed_precision.hpp"
 
@@ -16,7 +17,7 @@ enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3 }
 
 std::int64_t LayerActivations::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out})
+  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_gelu}) n += v->bytes();
   if (attention_kept) n += att.bytes() + att_drop.bytes();
@@ -39,6 +40,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
     att = make_act(s.dt, "scratch::att", A);
     if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", A);
   }
+  if (s.flash) delta = make_float("scratch::delta", s.B * (s.nh / p) * s.T);
   if (s.dt != DType::F32) {
     att32 = make_float("scratch::att32", A);
     dy16 = make_half("scratch::dy16", BT * std::max({3 * Cl, Fl, s.C}));
@@ -48,7 +50,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
 
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &att32})
+  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &att32, &delta})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&gathered, &att, &att_drop}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
@@ -85,7 +87,10 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   a.ln1_rstd = make_float("layer::ln1_rstd", R);
   a.qkv = make_act(dt, "layer::qkv", BT * 3 * Cl);
   a.attention_kept = keep_attention;
-  if (keep_attention) {
+  if (s.flash) {  // the fused kernel keeps only the per-row log-sum-exp
+    a.attention_kept = true;
+    a.lse = make_float("layer::lse", s.B * nhl * s.T);
+  } else if (keep_attention) {
     a.att = make_act(dt, "layer::att", s.B * nhl * s.T * s.T);
     if (s.attention_dropout > 0.f) a.att_drop = make_act(dt, "layer::att_drop", s.B * nhl * s.T * s.T);
   } else {
@@ -122,7 +127,9 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
-  if (half) {
+  if (s_.flash) {
+    flash_attention_forward(a.atty, a.lse, a.qkv, as, att_spec);
+  } else if (half) {
     attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec);
     attention_context_half(s_.dt, a.atty.h, s.datty, att_spec.active() ? a.att_drop.h : a.att.h, a.qkv.h, as);
   } else {
@@ -170,7 +177,9 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   // selective recomputation: the probabilities (and their dropout) again from the kept qkv
-  if (half) {
+  if (s_.flash) {
+    flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, att_spec);
+  } else if (half) {
     if (!a.attention_kept) attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec);
     attention_backward_half(s_.dt, s.dqkv, s.datty, a.qkv.h, a.att.h, a.att_drop.h, s.datt, s.att32, s.dy16, s.ds16,
                             as, att_spec);

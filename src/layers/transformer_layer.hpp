@@ -22,6 +22,9 @@ struct TransformerShape {
   // words for mixed precision); the residual stream, statistics and gradients stay fp32
   // (Megatron's --fp32-residual-connection).
   DType dt = DType::F32;
+  // Core attention by the fused kernel (ops/flash_attention: no (T, T) probabilities kept,
+  // Megatron's --use-flash-attn) instead of GEMMs + softmax.
+  bool flash = false;
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
 };
@@ -47,6 +50,7 @@ struct LayerActivations {
   FloatView ln1_mean, ln1_rstd;       // (R), (R)
   Act qkv;                            // (BT, 3 C_l)
   Act att, att_drop;                  // (A): softmax output, after dropout (with attention dropout)
+  FloatView lse;                      // (B, nh/tp, T): per-row log-sum-exp (fused attention)
   Act atty;                           // (BT, C_l): input of proj
   FloatView res2;                     // (R, C): residual after attention, input of LN2 (fp32)
   Act ln2;                            // (R, C)
@@ -75,6 +79,7 @@ struct TransformerScratch {
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
   FloatView att32;                                     // (B, nh/tp, T, T)
+  FloatView delta;                                     // (B, nh/tp, T): fused attention backward
   HalfView dy16;                                       // (BT, max(3C/tp, F/tp, C))
   HalfView ds16;                                       // (B, nh/tp, T, T)
   std::int64_t bytes() const;

@@ -53,11 +53,11 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
 
   TransformerShape ts{B_, T, C, cfg.heads, cfg.ffn, cfg.ln_eps, cfg.init_std,
                       cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.num_layers)), tp,
-                      cfg.hidden_dropout, cfg.attention_dropout, cfg.dt};
+                      cfg.hidden_dropout, cfg.attention_dropout, cfg.dt, cfg.flash_attention};
   for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
   if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
-  scratch_ = std::make_unique<TransformerScratch>(ts, cfg.recompute == GptConfig::Recompute::Selective);
+  scratch_ = std::make_unique<TransformerScratch>(ts, cfg.recompute == GptConfig::Recompute::Selective && !cfg.flash_attention);
 
   // Recomputation segments over this chunk's layers.
   const std::int64_t n = static_cast<std::int64_t>(layers_.size());
@@ -115,7 +115,7 @@ GptModel::Slot& GptModel::slot(int i) {
     s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
     if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_ * cfg_.hidden);
     if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
-    const bool selective = cfg_.recompute == GptConfig::Recompute::Selective;
+    const bool selective = cfg_.recompute == GptConfig::Recompute::Selective && !cfg_.flash_attention;
     for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l)
       s.acts.push_back(segments_[segment_of_[l]].recompute ? LayerActivations{}
                                                            : layers_[l]->make_activations(*scratch_, !selective));

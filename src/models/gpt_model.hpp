@@ -34,6 +34,7 @@ struct GptConfig {
   // Parameters and GEMM-feeding activations in fp32, bf16 or fp16 (mixed precision; the
   // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
   DType dt = DType::F32;
+  bool flash_attention = false;  // fused attention kernel (no (T, T) probabilities stored)
 };
 
 // The part of the model one pipeline stage (or model chunk) holds: layers

@@ -78,6 +78,7 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
                                                        : GptConfig::Recompute::None;
   c.recompute_block = d.precision.recompute_method == "block";
   c.recompute_num_layers = d.precision.recompute_num_layers;
+  c.flash_attention = d.model.flash_attention;
   c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
   return c;
 }
@@ -634,6 +635,7 @@ int run_gpt(const Deck& deck) {
     am.sp = tp.sequence_parallel;
     am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value
     am.recompute = deck.precision.recompute;
+    am.flash = deck.model.flash_attention;
     am.block = deck.precision.recompute_method == "block";
     am.group = static_cast<double>(deck.precision.recompute_num_layers);
     am.layers = static_cast<double>(model.num_layers());

@@ -17,7 +17,7 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
   const double split = m.sp ? t : 1;
   auto kept = [&] {
     const double values = m.sp ? sbh * (16 * e + 2) / t : sbh * (4 * e + 2 + 12 * e / t);
-    const double attention = m.recompute == "selective" ? 0 : as2b * (2 * e + 1) / t;
+    const double attention = m.recompute == "selective" || m.flash ? 0 : as2b * (2 * e + 1) / t;
     return values + attention;
   };
   if (m.recompute != "full") return kept();

@@ -23,6 +23,7 @@ struct ActivationModel {
   bool block = false;                 // full recomputation method block (else uniform)
   double group = 1;                   // recompute_num_layers
   double layers = 1;                  // layers of this model chunk
+  bool flash = false;                 // fused attention: no as^2b term (like selective recomputation)
 };
 
 // Korthikanti et al.'s bytes per layer and micro-batch, with values of e bytes and 1-byte
