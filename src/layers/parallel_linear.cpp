@@ -42,7 +42,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   }
 }
 
-void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32) {
+void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32,
+                                   bool add_bias_here) {
   const Act w = store_->param(w_);
   Act input = x;
   if (tp_.sequence_parallel) {
@@ -52,12 +53,12 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
   Kokkos::fence();
   if (!w.is_half()) {
     gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(), out_local_);
-    add_bias(y.f, store_->value(b_), rows_, out_local_);
+    if (add_bias_here) add_bias(y.f, store_->value(b_), rows_, out_local_);
     return;
   }
   gemm_mixed(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, operand(input), in_, operand(w), in_, 0.f, y32.data(),
              out_local_);
-  add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
+  if (add_bias_here) add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
 }
 
 void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered,
@@ -110,7 +111,7 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
   if (tp.sequence_parallel) dy_full_ = make_float("row_linear::dy_full", rows * out);
 }
 
-void RowParallelLinear::forward(const FloatView& y, const Act& x) {
+void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_here) {
   const Act w = store_->param(w_);
   const std::int64_t p = tp_.size();
   const FloatView out = tp_.sequence_parallel ? partial_ : y;
@@ -124,6 +125,7 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x) {
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, y, rows_ * out_);
   }
+  if (!add_bias_here) return;
   if (w.is_half())
     add_bias_half(w.dt, y, store_->value16(b_), out_rows, out_);
   else

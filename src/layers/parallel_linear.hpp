@@ -28,7 +28,10 @@ class ColumnParallelLinear {
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
   // With 16-bit parameters x, gathered and y are 16-bit words: the GEMM (16-bit inputs, fp32
   // accumulation) writes the fp32 workspace y32 (rows, out/tp), and y = round(y32 + bias).
-  void forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32 = {});
+  // add_bias false (Megatron's skip_bias_add): the bias is left to a fused consumer (bias +
+  // GELU); y.f then holds the GEMM output (fp32), or y32 does (16-bit: y is not written).
+  void forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32 = {}, bool add_bias = true);
+  Act bias() const { return store_->param(b_); }
   // dx (like x, fp32) from the fp32 dy (rows, out/tp); x is the forward input, `gathered` a
   // workspace. With 16-bit parameters dy is rounded into the workspace dy16 for the GEMMs and the
   // weight gradient accumulates in fp32.
@@ -51,7 +54,9 @@ class RowParallelLinear {
                     const TensorParallel& tp, std::int64_t rows);
   // y (rows, out) or, with sequence parallelism, (rows/tp, out), from x (rows, in/tp).
   // x is fp32 or (16-bit parameters) 16-bit words; y is fp32 (the residual branch).
-  void forward(const FloatView& y, const Act& x);
+  // add_bias false: the bias is left to a fused consumer (bias + dropout + residual add).
+  void forward(const FloatView& y, const Act& x, bool add_bias = true);
+  Act bias() const { return store_->param(b_); }
   // dx (rows, in/tp) fp32 from the fp32 dy (like y); x is the forward input; dy16 a 16-bit
   // workspace (rows, out) with 16-bit parameters.
   void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {});

@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/flash_attention.hpp"
+#include "ops/fused.hpp"
 #include "ops/gelu.hpp"
 #include "ops/mixed_precision.hpp"
 
@@ -120,7 +121,7 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
                                TransformerScratch& s) {
   a.rng = rng;
-  const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size(), nF = s_.rows() * (s_.F / p);
+  const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
   const DropoutSpec att_spec = spec(rng, s_.attention_dropout, kAttentionProbs, true);
@@ -137,20 +138,15 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
     attention_context(a.atty.f, att_spec.active() ? a.att_drop.f : a.att.f, a.qkv.f, as);  // (BT, C/tp)
   }
   Kokkos::fence();
-  proj_.forward(s.branch, a.atty);  // (R, C)
-  dropout_forward(s.branch, s.branch, R * C, spec(rng, s_.hidden_dropout, kAfterProj, sp));
-  add(a.res2, x, s.branch, R * C);
+  proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
+  bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterProj, sp));
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, R);
   Kokkos::fence();
-  fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc);  // (BT, F/tp)
-  if (half)
-    gelu_forward_half(s_.dt, a.fc_gelu.h, a.fc.h, nF);
-  else
-    gelu_forward(a.fc_gelu.f, a.fc.f, nF);
+  fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc, false);  // (BT, F/tp) before its bias
+  bias_gelu_forward(a.fc, a.fc_gelu, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.F / p);
   Kokkos::fence();
-  fc2_.forward(s.branch, a.fc_gelu);  // (R, C)
-  dropout_forward(s.branch, s.branch, R * C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
-  add(a.out, a.res2, s.branch, R * C);
+  fc2_.forward(s.branch, a.fc_gelu, false);  // (R, C)
+  bias_dropout_add(a.out, a.res2, s.branch, fc2_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
   Kokkos::fence();
 }
 

@@ -1,8 +1,22 @@
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 #pragma once
+#include "common/device_math.hpp"
 #include "common/types.hpp"
 
 namespace trident {
+
+// GELU, tanh form: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), and its derivative; shared by
+// every kernel that applies it (fp32, 16-bit, fused bias + GELU).
+KOKKOS_INLINE_FUNCTION float gelu_tanh(float v) {
+  const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.f + fast_tanh(u));
+}
+KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float v) {
+  const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+  const float th = fast_tanh(u);
+  const float du = 0.7978845608028654f * (1.f + 3.f * 0.044715f * v * v);
+  return 0.5f * (1.f + th) + 0.5f * v * (1.f - th * th) * du;
+}
 void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n);
 // dx = dout * gelu'(x)   (overwrites dx)
 void gelu_backward(const FloatView& dx, const FloatView& dout, const FloatView& x, std::int64_t n);

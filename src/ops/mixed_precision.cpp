@@ -4,12 +4,11 @@
 #include "common/device_math.hpp"
 #include "common/error.hpp"
 #include "common/simd.hpp"
+#include "ops/gelu.hpp"
 
 namespace trident {
 namespace detail {
 
-constexpr float kGeluA = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluB = 0.044715f;
 
 template <class F>
 void pack(const HalfView& out, const FloatView& in, std::int64_t n) {
@@ -99,21 +98,14 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
 template <class F>
 void gelu_forward(const HalfView& out, const HalfView& x, std::int64_t n) {
   Kokkos::parallel_for("ops::gelu_forward_half", range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    const float v = F::load(x(i));
-    const float u = kGeluA * (v + kGeluB * v * v * v);
-    out(i) = F::store(0.5f * v * (1.f + fast_tanh(u)));
+    out(i) = F::store(gelu_tanh(F::load(x(i))));
   });
 }
 
 template <class F>
 void gelu_backward(const FloatView& dx, const FloatView& dout, const HalfView& x, std::int64_t n) {
   Kokkos::parallel_for("ops::gelu_backward_half", range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    const float v = F::load(x(i));
-    const float u = kGeluA * (v + kGeluB * v * v * v);
-    const float th = fast_tanh(u);
-    const float sech2 = 1.f - th * th;
-    const float du = kGeluA * (1.f + 3.f * kGeluB * v * v);
-    dx(i) = dout(i) * (0.5f * (1.f + th) + 0.5f * v * sech2 * du);
+    dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i)));
   });
 }
 

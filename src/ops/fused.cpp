@@ -1,0 +1,51 @@
+// Fused bias + GELU and bias + dropout + residual add.
+#include "ops/fused.hpp"
+
+#include "ops/gelu.hpp"
+
+namespace trident {
+namespace detail {
+
+template <class F, class V>
+void bias_gelu(const V& pre, const V& out, const FloatView& y, const V& bias, std::int64_t rows, std::int64_t cols) {
+  Kokkos::parallel_for("ops::bias_gelu_forward", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+    const auto stored = F::store(y(i) + F::load(bias(i % cols)));
+    pre(i) = stored;
+    out(i) = F::store(gelu_tanh(F::load(stored)));
+  });
+}
+
+template <class F, class V>
+void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const V& bias,
+                      std::int64_t rows, std::int64_t cols, DropoutSpec d) {
+  const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
+  const bool dropping = d.active();
+  const std::uint64_t key = d.key;
+  Kokkos::parallel_for("ops::bias_dropout_add", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+    const float v = branch(i) + F::load(bias(i % cols));
+    const float kept = dropping ? (dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? v * scale : 0.f) : v;
+    out(i) = residual(i) + kept;
+  });
+}
+
+}  // namespace detail
+
+void bias_gelu_forward(const Act& pre, const Act& out, const FloatView& y, const Act& bias, std::int64_t rows,
+                       std::int64_t cols) {
+  switch (pre.dt) {
+    case DType::F32: detail::bias_gelu<F32Fmt>(pre.f, out.f, y, bias.f, rows, cols); break;
+    case DType::BF16: detail::bias_gelu<Bf16Fmt>(pre.h, out.h, y, bias.h, rows, cols); break;
+    case DType::F16: detail::bias_gelu<Fp16Fmt>(pre.h, out.h, y, bias.h, rows, cols); break;
+  }
+}
+
+void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const Act& bias,
+                      std::int64_t rows, std::int64_t cols, const DropoutSpec& d) {
+  switch (bias.dt) {
+    case DType::F32: detail::bias_dropout_add<F32Fmt>(out, residual, branch, bias.f, rows, cols, d); break;
+    case DType::BF16: detail::bias_dropout_add<Bf16Fmt>(out, residual, branch, bias.h, rows, cols, d); break;
+    case DType::F16: detail::bias_dropout_add<Fp16Fmt>(out, residual, branch, bias.h, rows, cols, d); break;
+  }
+}
+
+}  // namespace trident

@@ -1,0 +1,103 @@
+// Fused bias + GELU and bias + dropout + residual add against the unfused sequences they
+// replace, in fp32 and with bf16 storage: bias + GELU bitwise; bias + dropout + add within one
+// rounding of the result (the compiler may fuse the dropout scaling and the add into an FMA).
+#include <cmath>
+#include <cstring>
+
+#include "common/half.hpp"
+#include "ops/dropout.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/fused.hpp"
+#include "ops/gelu.hpp"
+#include "ops/mixed_precision.hpp"
+#include "test_helpers.hpp"
+
+using namespace trident;
+using namespace trident::test;
+
+namespace {
+constexpr std::int64_t kRows = 37, kCols = 29, kN = kRows * kCols;
+
+template <class V>
+std::vector<std::uint32_t> bits(const V& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), v);
+  std::vector<std::uint32_t> out(h.extent(0));
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &h(i), sizeof(h(i)));
+    out[i] = u;
+  }
+  return out;
+}
+
+// |a - b| <= one rounding of the larger of the two addends (residual and scaled branch, the
+// latter at most 2 |branch + bias| for p <= 0.5) per element
+std::vector<float> g_res, g_branch, g_bias;
+void expect_one_rounding(const FloatView& a, const FloatView& b) {
+  const auto x = to_host(a), y = to_host(b);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double mag = std::fabs(g_res[i]) + 2.0 * std::fabs(g_branch[i] + g_bias[i % kCols]);
+    ASSERT_LE(std::fabs(x[i] - y[i]), 1.2e-7 * mag + 1e-30) << i << ": " << x[i] << " vs " << y[i];
+  }
+}
+
+Act half_of(const std::vector<float>& v) {
+  Act a;
+  a.dt = DType::BF16;
+  a.h = make_half("h", static_cast<std::int64_t>(v.size()));
+  pack_half(DType::BF16, a.h, to_device(v), static_cast<std::int64_t>(v.size()));
+  return a;
+}
+}  // namespace
+
+TEST(Fused, BiasGeluEqualsBiasThenGeluFp32) {
+  const auto y = random_vector(kN, 1), b = random_vector(kCols, 2);
+  FloatView ref = to_device(y), ref_out = make_float("ref_out", kN);
+  add_bias(ref, to_device(b), kRows, kCols);
+  gelu_forward(ref_out, ref, kN);
+  Act pre = act(to_device(y)), out = make_act(DType::F32, "out", kN);
+  bias_gelu_forward(pre, out, pre.f, act(to_device(b)), kRows, kCols);
+  EXPECT_EQ(bits(pre.f), bits(ref));
+  EXPECT_EQ(bits(out.f), bits(ref_out));
+}
+
+TEST(Fused, BiasGeluEqualsBiasThenGeluBf16) {
+  const auto y = random_vector(kN, 3), b = random_vector(kCols, 4);
+  const Act bias = half_of(b);
+  HalfView ref_pre = make_half("ref_pre", kN), ref_out = make_half("ref_out", kN);
+  add_bias_pack_half(DType::BF16, ref_pre, to_device(y), bias.h, kRows, kCols);
+  gelu_forward_half(DType::BF16, ref_out, ref_pre, kN);
+  Act pre = make_act(DType::BF16, "pre", kN), out = make_act(DType::BF16, "out", kN);
+  bias_gelu_forward(pre, out, to_device(y), bias, kRows, kCols);
+  EXPECT_EQ(bits(pre.h), bits(ref_pre));
+  EXPECT_EQ(bits(out.h), bits(ref_out));
+}
+
+TEST(Fused, BiasDropoutAddEqualsTheUnfusedSequence) {
+  const auto branch = random_vector(kN, 5), res = random_vector(kN, 6), b = random_vector(kCols, 7);
+  g_res = res;
+  g_branch = branch;
+  g_bias = b;
+  for (float p : {0.f, 0.25f}) {
+    DropoutSpec d;
+    d.p = p;
+    d.key = 4242;
+    // fp32 bias
+    SCOPED_TRACE(p);
+    FloatView br = to_device(branch), ref = make_float("ref", kN);
+    add_bias(br, to_device(b), kRows, kCols);
+    dropout_forward(br, br, kN, d);
+    add(ref, to_device(res), br, kN);
+    FloatView out = make_float("out", kN);
+    bias_dropout_add(out, to_device(res), to_device(branch), act(to_device(b)), kRows, kCols, d);
+    expect_one_rounding(out, ref);
+    // bf16 bias
+    const Act bias = half_of(b);
+    FloatView br16 = to_device(branch), ref16 = make_float("ref16", kN);
+    add_bias_half(DType::BF16, br16, bias.h, kRows, kCols);
+    dropout_forward(br16, br16, kN, d);
+    add(ref16, to_device(res), br16, kN);
+    bias_dropout_add(out, to_device(res), to_device(branch), bias, kRows, kCols, d);
+    expect_one_rounding(out, ref16);
+  }
+}
