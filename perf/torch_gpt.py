@@ -38,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden)")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary the model runs")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU benchmark's peer)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: forward and loss under torch.autocast('cpu', bfloat16) (oneDNN bf16 GEMMs), "
                         "fp32 parameters, gradients and optimizer")
@@ -91,6 +92,9 @@ def main(argv=None):
     import torch.nn.functional as F
 
     torch.set_num_threads(a.threads)
+    dev = torch.device(a.device)
+    # on a GPU, PyTorch's own fused attention (flash) when this torch has it: the fair peer
+    sdpa = dev.type == "cuda" and hasattr(torch.nn.functional, "scaled_dot_product_attention")
     torch.set_flush_denormal(True)
     torch.manual_seed(a.seed)
 
@@ -113,6 +117,10 @@ def main(argv=None):
             q = q.view(B, T, H, C // H).transpose(1, 2)               # (B, H, T, hs)
             k = k.view(B, T, H, C // H).transpose(1, 2)
             v = v.view(B, T, H, C // H).transpose(1, 2)
+            if sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=a.dropout if self.training else 0.0,
+                                                   is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+                return self.proj(y)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
             att = att.masked_fill(self.mask, float("-inf"))
             att = F.dropout(F.softmax(att, dim=-1), a.dropout, self.training)
@@ -145,14 +153,14 @@ def main(argv=None):
                     nn.init.normal_(p, 0.0, 0.02)
 
         def forward(self, idx, targets):
-            pos = torch.arange(T)
+            pos = torch.arange(T, device=idx.device)
             x = F.dropout(self.wte(idx) + self.wpe(pos), a.dropout, self.training)
             for b in self.blocks:
                 x = b(x)
             logits = F.linear(self.lnf(x), self.wte.weight)           # tied LM head: (B, T, V)
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
-    model = GPT()
+    model = GPT().to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -160,18 +168,20 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     blas = openblas_info()
     g = torch.Generator().manual_seed(a.seed)
-    data = torch.randint(0, a.vocab, (a.steps, a.batch, T + 1), generator=g)
+    data = torch.randint(0, a.vocab, (a.steps, a.batch, T + 1), generator=g).to(dev)
 
     times, losses = [], []
     for step in range(a.steps):
         idx, tgt = data[step, :, :-1].contiguous(), data[step, :, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             loss = model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t1 = time.perf_counter()
         times.append(t1 - t0)
         losses.append(float(loss))
@@ -185,6 +195,8 @@ def main(argv=None):
         "torch_version": torch.__version__,
         "threads": a.threads,
         "dtype": a.dtype,
+        "device": a.device,
+        "fused_attention": sdpa,
         "torch_num_threads": torch.get_num_threads(),
         "layers": L, "hidden": C, "heads": H, "ffn": ffn, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
         "batch": a.batch, "seq": T, "parameters": n_params,

@@ -6,6 +6,16 @@
 #include <utility>
 
 #include "common/error.hpp"
+#if defined(TRIDENT_ENABLE_CUDA)
+#include "comm/nccl.hpp"
+#define TRIDENT_NCCL_PATH(stmt) \
+  if (nccl_) {                  \
+    stmt;                       \
+    return;                     \
+  }
+#else
+#define TRIDENT_NCCL_PATH(stmt)
+#endif
 
 namespace trident {
 
@@ -15,7 +25,7 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
 }
 
 Communicator::Communicator(Communicator&& o) noexcept
-    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), nccl_(std::move(o.nccl_)) {}
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
@@ -23,13 +33,21 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
     comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
     rank_ = o.rank_;
     size_ = o.size_;
+    nccl_ = std::move(o.nccl_);
   }
   return *this;
+}
+
+void Communicator::enable_device() {
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (!nccl_ && comm_ != MPI_COMM_NULL) nccl_ = detail::nccl_create(comm_, rank_, size_);
+#endif
 }
 
 Communicator::~Communicator() { release(); }
 
 void Communicator::release() {
+  nccl_.reset();  // before the MPI communicator its id was broadcast over
   if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -56,23 +74,27 @@ int as_int(std::int64_t n) {
 void Communicator::allreduce_sum(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allreduce(*nccl_, data, n, false))
   allreduce_chunked(data, n, MPI_SUM, comm_);
 }
 
 void Communicator::allreduce_max(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allreduce(*nccl_, data, n, true))
   allreduce_chunked(data, n, MPI_MAX, comm_);
 }
 
 void Communicator::allgather(const float* in, float* out, std::int64_t n) const {
   count("allgather", (size_ - 1) * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 4 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
 }
 
 void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::int64_t n) const {
   count("allgather", (size_ - 1) * 2.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 2 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_UINT16_T, out, as_int(n), MPI_UINT16_T, comm_));
 }
@@ -80,12 +102,14 @@ void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::i
 void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("allgather", (size_ - 1) * 2.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 2 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_UINT16_T, comm_));
 }
 
 void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, in, out, n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
 }
@@ -93,6 +117,7 @@ void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) c
 void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, buf, buf + rank_ * n, n))  // NCCL's in-place form
   Kokkos::fence();
   // MPI_IN_PLACE leaves this rank's block at the start of buf: move it to its place.
   TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
@@ -107,6 +132,7 @@ void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
 void Communicator::allgather_in_place(float* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("allgather", (size_ - 1) * 4.0 * n);
+  TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 4 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_FLOAT, comm_));
 }

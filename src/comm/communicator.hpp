@@ -6,9 +6,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 namespace trident {
+
+namespace detail {
+struct NcclComm;
+}
 
 class Communicator {
  public:
@@ -22,6 +27,11 @@ class Communicator {
   ~Communicator();
 
   MPI_Comm get() const { return comm_; }
+  // CUDA builds: creates this group's NCCL communicator (collective over the group; every rank
+  // must enable its groups in the same order). From then on the collectives on device buffers
+  // below run through NCCL on the Kokkos stream. Host builds: nothing to do.
+  void enable_device();
+  bool device_enabled() const { return static_cast<bool>(nccl_); }
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -66,6 +76,7 @@ class Communicator {
     s.bytes += bytes;
   }
   mutable std::map<std::string, Stats> stats_;
+  std::shared_ptr<detail::NcclComm> nccl_;
   void release();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

@@ -41,6 +41,10 @@ Topology::Topology(MPI_Comm world, int tp, int pp) : world_(world), tp_(tp), pp_
   const bool in_embedding = me_.pp == 0 || me_.pp == pp_ - 1;
   MPI_Comm_split(world, in_embedding ? me_.tp + me_.dp * tp_ : MPI_UNDEFINED, me_.pp, &c);
   if (c != MPI_COMM_NULL) embedding_group_ = Communicator(c);
+  // CUDA builds: NCCL communicators for the groups that move device buffers, created in the same
+  // order on every rank (each creation is collective over its group).
+  for (Communicator* g : {&tp_group_, &dp_group_, &pp_group_}) g->enable_device();
+  if (in_embedding) embedding_group_.enable_device();
 }
 
 void Topology::print(std::ostream& os) const {

@@ -88,6 +88,7 @@ class Registry {
     add("precision.recompute_method", &d.precision.recompute_method,
         "full recomputation: uniform (groups of recompute_num_layers) | block (first recompute_num_layers layers)");
     add("precision.recompute_num_layers", &d.precision.recompute_num_layers, "layers per group (uniform) or recomputed layers per chunk (block)");
+    add("precision.tf32", &d.precision.tf32, "CUDA builds: fp32 GEMMs on TF32 tensor cores (ignored on the host)");
     add("precision.initial_loss_scale", &d.precision.initial_loss_scale, "fp16 dynamic loss scaling: initial scale");
     add("precision.min_loss_scale", &d.precision.min_loss_scale, "fp16 dynamic loss scaling: smallest scale");
     add("precision.loss_scale_window", &d.precision.loss_scale_window, "fp16 dynamic loss scaling: clean steps before the scale doubles");

@@ -38,6 +38,7 @@ struct Deck {
     double loss_scale = 0.0;  // fixed loss scale; 0: dynamic (fp16) or none (fp32, bf16)
     double initial_loss_scale = 4294967296.0, min_loss_scale = 1.0;  // Megatron's defaults
     std::int64_t loss_scale_window = 1000, hysteresis = 2;
+    bool tf32 = false;  // fp32 GEMMs on TF32 tensor cores (CUDA builds)
   } precision;
   struct Data {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;

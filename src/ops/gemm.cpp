@@ -158,6 +158,8 @@ void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   gemm(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
 }
 
+void gemm_set_tf32(bool) {}
+
 const char* gemm_backend_name() {
 #if defined(TRIDENT_GEMM_DNNL)
   return "oneDNN sgemm";

@@ -59,6 +59,10 @@ void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t
                                 std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
                                 std::int64_t batch);
 
+// fp32 GEMMs on TF32 tensor cores (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH; deck precision.tf32).
+// Host builds: ignored (no TF32 on CPUs), fp32 stays fp32.
+void gemm_set_tf32(bool on);
+
 // Name of the library behind gemm(), for logs.
 const char* gemm_backend_name();
 

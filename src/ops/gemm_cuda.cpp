@@ -73,6 +73,10 @@ void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                               C, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-const char* gemm_backend_name() { return "cuBLAS sgemm"; }
+void gemm_set_tf32(bool on) {
+  TRIDENT_CUBLAS(cublasSetMathMode(handle(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+const char* gemm_backend_name() { return "cuBLAS"; }
 
 }  // namespace trident

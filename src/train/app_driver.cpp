@@ -7,6 +7,11 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
+#if defined(TRIDENT_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 #include "common/error.hpp"
 
@@ -41,9 +46,31 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     omp_set_num_threads(cores / local > 1 ? cores / local : 1);
   }
 #endif
+  // Each rank drives the GPU of its node-local rank (ranks per node beyond the GPU count share
+  // them round-robin); an explicit --kokkos-device-id on the command line wins.
+  std::vector<std::string> args(argv, argv + argc);
+#if defined(TRIDENT_ENABLE_CUDA)
+  {
+    bool given = false;
+    for (const auto& a : args) given = given || a.rfind("--kokkos-device-id", 0) == 0;
+    int devices = 0;
+    if (!given && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+      MPI_Comm node;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+      int local = 0;
+      MPI_Comm_rank(node, &local);
+      MPI_Comm_free(&node);
+      args.push_back("--kokkos-device-id=" + std::to_string(local % devices));
+    }
+  }
+#endif
+  std::vector<char*> kargv;
+  for (auto& a : args) kargv.push_back(a.data());
+  int kargc = static_cast<int>(kargv.size());
+  kargv.push_back(nullptr);
   int rc = 0;
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    Kokkos::ScopeGuard kokkos(kargc, kargv.data());
     try {
       rc = body(argc, argv);
     } catch (const Error& e) {

@@ -272,6 +272,7 @@ int run_gpt(const Deck& deck) {
   const bool root = world.rank() == 0;
   if (deck.eval.only) return run_eval_only(deck, topo);
   topo.print(std::cout);
+  gemm_set_tf32(deck.precision.tf32);
 
   const int dp = topo.dp_size(), dp_rank = topo.coords().dp;
   const std::int64_t S = deck.model.seq_length, mbs = deck.train.micro_batch_size, GB = deck.train.global_batch_size;

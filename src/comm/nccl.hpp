@@ -1,0 +1,23 @@
+// NCCL communicators of the CUDA backend (compiled only with TRIDENT_ENABLE_CUDA; nccl_cuda.cpp).
+// Each Communicator of a device build owns one NCCL communicator of the same ranks, created from
+// a unique id that its rank 0 broadcasts over the MPI communicator. Collectives on device
+// buffers then run on the Kokkos CUDA stream; host scalars keep going through MPI. Errors are
+// reported with the NCCL call, file and line.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace trident::detail {
+
+struct NcclComm;  // defined in nccl_cuda.cpp
+
+std::shared_ptr<NcclComm> nccl_create(MPI_Comm comm, int rank, int size);
+void nccl_allreduce(const NcclComm& c, float* data, std::int64_t n, bool max);
+// out (size * bytes) = every rank's `bytes` from in; in may be out + rank * bytes (in place)
+void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int64_t bytes);
+// out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)
+void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::int64_t n);
+
+}  // namespace trident::detail

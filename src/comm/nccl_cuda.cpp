@@ -1,0 +1,56 @@
+// NCCL communicators and collectives (CUDA builds only).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <Kokkos_Core.hpp>
+#include <sstream>
+
+#include "comm/nccl.hpp"
+#include "common/error.hpp"
+
+#define TRIDENT_NCCL(call)                                                                                   \
+  do {                                                                                                       \
+    ncclResult_t trident_r_ = (call);                                                                        \
+    if (trident_r_ != ncclSuccess) {                                                                         \
+      std::ostringstream trident_os_;                                                                        \
+      trident_os_ << "NCCL call " #call " failed: " << ncclGetErrorString(trident_r_) << " at " << __FILE__ \
+                  << ":" << __LINE__;                                                                        \
+      throw ::trident::Error::one(trident_os_.str());                                                        \
+    }                                                                                                        \
+  } while (0)
+
+namespace trident::detail {
+
+struct NcclComm {
+  ncclComm_t comm = nullptr;
+  ~NcclComm() {
+    if (comm) ncclCommDestroy(comm);
+  }
+};
+
+namespace {
+cudaStream_t stream() { return Kokkos::Cuda().cuda_stream(); }
+}  // namespace
+
+std::shared_ptr<NcclComm> nccl_create(MPI_Comm comm, int rank, int size) {
+  ncclUniqueId id;
+  if (rank == 0) TRIDENT_NCCL(ncclGetUniqueId(&id));
+  TRIDENT_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+  auto c = std::make_shared<NcclComm>();
+  TRIDENT_NCCL(ncclCommInitRank(&c->comm, size, id, rank));
+  return c;
+}
+
+void nccl_allreduce(const NcclComm& c, float* data, std::int64_t n, bool max) {
+  TRIDENT_NCCL(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat, max ? ncclMax : ncclSum, c.comm, stream()));
+}
+
+void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int64_t bytes) {
+  TRIDENT_NCCL(ncclAllGather(in, out, static_cast<size_t>(bytes), ncclUint8, c.comm, stream()));
+}
+
+void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::int64_t n) {
+  TRIDENT_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat, ncclSum, c.comm, stream()));
+}
+
+}  // namespace trident::detail
