@@ -95,6 +95,7 @@ class Registry {
     add("precision.hysteresis", &d.precision.hysteresis, "fp16 dynamic loss scaling: consecutive overflows before the scale halves");
     add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
     add("data.split", &d.data.split, "train,valid,test document ratios");
+    add("data.prefetch", &d.data.prefetch, "read the next micro-batch on a helper thread while the current one computes");
     add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (for text output)");
     add("data.merges_file", &d.data.merges_file, "BPE merges (for text output)");
     add("checkpoint.save", &d.checkpoint.save, "checkpoint directory to write");

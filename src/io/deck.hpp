@@ -42,6 +42,7 @@ struct Deck {
   } precision;
   struct Data {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;
+    bool prefetch = true;  // read the next micro-batch on a helper thread while one computes
   } data;
   struct Checkpoint {
     std::string save, load;

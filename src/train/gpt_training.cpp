@@ -30,6 +30,7 @@
 #include "optim/lr_schedule.hpp"
 #include "train/memory_report.hpp"
 #include "train/pipeline.hpp"
+#include "train/prefetcher.hpp"
 #include "train/pipeline_schedule.hpp"
 #include "ops/elementwise.hpp"
 
@@ -445,6 +446,13 @@ int run_gpt(const Deck& deck) {
 
   PipelineRunner runner(raw(chunks), topo);
   runner.record = !deck.log.timeline_file.empty();
+  // micro-batch k of the current iteration, read on a helper thread while k - 1 computes
+  Prefetcher prefetch(
+      [&](std::int64_t k, std::vector<std::int32_t>& w) {
+        const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
+        for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, w.data() + j * (S + 1));
+      },
+      static_cast<std::size_t>(mbs * (S + 1)), deck.data.prefetch);
   auto evaluate = [&](std::int64_t it) {
     const BlendedDataset* valid = data->valid();
     double sum = runner.evaluate(
@@ -483,8 +491,8 @@ int run_gpt(const Deck& deck) {
     double loss_sum = runner.train(
         acc,
         [&](std::int64_t k, IntView& tokens, IntView& targets) {
-          const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
-          for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, batch.window.data() + j * (S + 1));
+          const std::vector<std::int32_t>& w = prefetch.get(k, acc);
+          std::copy(w.begin(), w.end(), batch.window.begin());
           batch.finish(vocab, tokens, targets);
         },
         dscale,
@@ -498,6 +506,7 @@ int run_gpt(const Deck& deck) {
           rng.tp_local = static_cast<std::uint64_t>(deck.train.seed) + 2718 + static_cast<std::uint64_t>(topo.coords().tp);
           return rng;
         });
+    prefetch.drain();
     // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
     const double span = wall_seconds() - pipe_t0;
     const double busy = runner.forward_seconds() + runner.backward_seconds() - busy0;
