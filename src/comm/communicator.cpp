@@ -78,6 +78,27 @@ void Communicator::allreduce_sum(float* data, std::int64_t n) const {
   allreduce_chunked(data, n, MPI_SUM, comm_);
 }
 
+MPI_Request Communicator::iallreduce_sum(float* data, std::int64_t n) const {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (size_ == 1 || n == 0) return r;
+  count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_allreduce(*nccl_, data, n, false);
+    return r;
+  }
+#endif
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, as_int(n), MPI_FLOAT, MPI_SUM, comm_, &r));
+  return r;
+}
+
+void Communicator::wait_all(std::vector<MPI_Request>& requests) {
+  if (!requests.empty())
+    TRIDENT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  requests.clear();
+}
+
 void Communicator::allreduce_max(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);

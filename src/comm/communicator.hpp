@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trident {
 
@@ -51,6 +52,10 @@ class Communicator {
   // In place over buf (size() * n): every rank contributes its block buf[rank() * n, ...) and
   // receives all of them.
   void allgather_in_place(float* buf, std::int64_t n) const;
+  // Non-blocking in-place sum of a device buffer; complete with wait_all. CUDA builds with NCCL
+  // enqueue it on the Kokkos stream (ordered with the kernels) and return MPI_REQUEST_NULL.
+  MPI_Request iallreduce_sum(float* data, std::int64_t n) const;
+  static void wait_all(std::vector<MPI_Request>& requests);
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;

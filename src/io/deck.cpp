@@ -65,6 +65,8 @@ class Registry {
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
+    add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
+        "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
     add("parallel.first_stage_layers", &d.parallel.first_stage_layers, "layers on the first pipeline stage (0: even split)");
     add("parallel.last_stage_layers", &d.parallel.last_stage_layers, "layers on the last pipeline stage (0: even split)");
     add("train.micro_batch_size", &d.train.micro_batch_size, "samples per micro-batch per DP rank");
@@ -191,6 +193,9 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.optim.warmup_iters >= 0, "deck: optim.warmup_iters must be >= 0");
   TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
   check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
+  TRIDENT_REQUIRE(!(d.parallel.overlap_grad_reduce && d.optim.distributed),
+                  "deck: parallel.overlap_grad_reduce cannot be combined with optim.distributed yet (the distributed "
+                  "optimizer's reduce-scatter runs after the backward pass)");
   check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
   TRIDENT_REQUIRE(d.precision.loss_scale == 0 || d.precision.dtype == "fp16",
                   "deck: precision.loss_scale applies to precision.dtype = fp16 only (bf16 and fp32 train unscaled)");

@@ -22,6 +22,7 @@ struct Deck {
     std::int64_t tp = 1, pp = 1, vp = 1;
     std::int64_t first_stage_layers = 0, last_stage_layers = 0;
     bool sequence_parallel = false;
+    bool overlap_grad_reduce = false;  // DP reduction in per-layer buckets during the backward pass
   } parallel;
   struct Train {
     std::int64_t micro_batch_size = 1, global_batch_size = 0, iters = 0, seed = 1234;

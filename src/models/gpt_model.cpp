@@ -308,6 +308,10 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
     for (std::int64_t l = seg.first + seg.count - 1; l >= seg.first; --l) {
       const FloatView in = l == seg.first ? segment_input(s, g) : acts[l - 1 - seg.first].out;
       layers_[l]->backward(dres_, in, acts[l - seg.first], *scratch_);
+      if (final_backward && on_layer_grads_ready) {
+        Kokkos::fence();
+        on_layer_grads_ready(stage_.first_layer + l);
+      }
     }
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage

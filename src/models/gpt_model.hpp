@@ -9,6 +9,7 @@
 // unpadded, unsharded [vocab_size, C].
 #pragma once
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -73,6 +74,12 @@ class GptModel {
   // stage (ignored on the last stage). Leaves d(stage input) in input_grad() (sent to the
   // previous stage when not pre).
   void stage_backward(int slot, const FloatView& grad_output);
+  // Called with the global layer index as soon as a layer's parameter gradients are final, i.e.
+  // after its backward pass for the last micro-batch of the iteration (the runner sets
+  // final_backward for that one): the data-parallel reduction of that layer can start while
+  // the earlier layers still run backward (Megatron's overlap_grad_reduce).
+  std::function<void(std::int64_t)> on_layer_grads_ready;
+  bool final_backward = false;
   const FloatView& input_grad() const { return dres_; }
   std::int64_t activation_size() const { return local_rows_ * cfg_.hidden; }
   const GptStage& stage() const { return stage_; }

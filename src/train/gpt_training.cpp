@@ -29,6 +29,7 @@
 #include "optim/loss_scaler.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/memory_report.hpp"
+#include "train/grad_reducer.hpp"
 #include "train/pipeline.hpp"
 #include "train/prefetcher.hpp"
 #include "train/pipeline_schedule.hpp"
@@ -446,6 +447,12 @@ int run_gpt(const Deck& deck) {
 
   PipelineRunner runner(raw(chunks), topo);
   runner.record = !deck.log.timeline_file.empty();
+  // Overlapped, bucketed data-parallel reduction (one bucket per layer, started by the backward
+  // pass of the iteration's last micro-batch).
+  const bool overlap = deck.parallel.overlap_grad_reduce && dp > 1;
+  GradReducer reducer(store, topo.dp_group());
+  if (overlap)
+    for (auto& chunk : chunks) chunk->on_layer_grads_ready = [&](std::int64_t l) { reducer.layer_ready(l); };
   // micro-batch k of the current iteration, read on a helper thread while k - 1 computes
   Prefetcher prefetch(
       [&](std::int64_t k, std::vector<std::int32_t>& w) {
@@ -514,6 +521,7 @@ int run_gpt(const Deck& deck) {
       bubble_sum += busy > 0 ? (span - busy) / busy : 0.0;
     timers.stop("forward-backward");
     timers.start("grad-allreduce");
+    if (overlap) reducer.wait();  // the layers' buckets, started during the backward pass
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
@@ -524,6 +532,8 @@ int run_gpt(const Deck& deck) {
       }
     if (zero)  // each DP rank receives the sum of its shard only
       topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
+    else if (overlap)
+      reducer.reduce_rest();  // what no layer bucket covered
     else
       topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));

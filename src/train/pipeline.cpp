@@ -73,7 +73,9 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
       }
       wait(bwd_send_[op.chunk]);  // the chunk's input_grad() is reused
       const double t0 = wall_seconds();
+      model.final_backward = op.micro == mi - 1;  // the chunk's last backward of the iteration
       model.stage_backward(slot, recv_grad_);
+      model.final_backward = false;
       Kokkos::fence();
       const double t1 = wall_seconds();
       t_backward_ += t1 - t0;

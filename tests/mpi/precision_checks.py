@@ -36,6 +36,12 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 gradients within 1e-5 relative L2 (different summation orders), at tp=1 and at
                 tp=2 with sequence parallelism (against unfused tp=2: attention dropout masks
                 are per TP rank); in bf16 within the bf16 band
+  overlap       overlap of communication and loading with compute: the bucketed data-parallel
+                reduction during the backward pass (parallel.overlap_grad_reduce) gives losses
+                equal to the reduction after it and bitwise identical final parameters and
+                moments, at dp=2 (np=2) and at pp=2 x dp=2 with 2 micro-batches (np=4); data
+                prefetch on and off give equal losses; overlap with the distributed optimizer
+                is one clear error
   overflow      fp16 with injected gradient overflows (debug.force_overflow) at iterations 3, 4
                 and 9, initial scale 1024, hysteresis 2, window 5: the overflowing steps are
                 skipped (counted in the metrics, no update), the scale halves only after the
@@ -238,6 +244,28 @@ def check_flash(c):
           c.train("bf16_flash", 1, 1, iters=10, dropout=0.1, extra=bf + flash), BF16_BAND)
 
 
+def check_overlap(c):
+    from testlib import single_error_failures
+    fixed = ["--optim.decay_iters", "6"]
+    for name, np_, extra in [("dp2", 2, []), ("pp2dp2", 4, ["--parallel.pp", "2", "--model.num_layers", "4",
+                                                           "--train.global_batch_size", "8"])]:
+        base = c.train(name, np_, 1, iters=6, dropout=0.1, extra=fixed + extra + ["--checkpoint.save", c.path("ck_" + name)])
+        over = c.train(name + "_overlap", np_, 1, iters=6, dropout=0.1,
+                       extra=fixed + extra + ["--parallel.overlap_grad_reduce", "true",
+                                              "--checkpoint.save", c.path("ck_" + name + "_overlap")])
+        same_losses("overlapped DP reduction " + name, base, over)
+        ck = "iter_0000006/checkpoint.h5"
+        same_checkpoints("overlapped DP reduction " + name, c.path("ck_" + name, ck), c.path("ck_" + name + "_overlap", ck))
+    # data prefetch (accumulation 2: micro-batch 2 is read while 1 computes)
+    a = c.train("prefetch_off", 1, 1, iters=6, dropout=0.1, extra=fixed + ["--data.prefetch", "false"])
+    b = c.train("prefetch_on", 1, 1, iters=6, dropout=0.1, extra=fixed + ["--data.prefetch", "true"])
+    same_losses("data prefetch", a, b)
+    cmd = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
+           "--parallel.overlap_grad_reduce", "true", "--optim.distributed", "true", "--train.iters", "1"]
+    failures = single_error_failures([("overlap + distributed optimizer", cmd, "parallel.overlap_grad_reduce")])
+    assert not failures, failures
+
+
 def check_overflow(c):
     extra = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "1024", "--precision.hysteresis", "2",
              "--precision.loss_scale_window", "5", "--debug.force_overflow", "3,4,9"]
@@ -304,7 +332,7 @@ def check_memory(c):
 
 
 CHECKS = {"memory": check_memory, "mixed": check_mixed, "mixed_parallel": check_mixed_parallel,
-          "overflow": check_overflow, "flash": check_flash, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
+          "overflow": check_overflow, "flash": check_flash, "overlap": check_overlap, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
 
 
 def main():
