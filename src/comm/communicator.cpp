@@ -93,6 +93,21 @@ MPI_Request Communicator::iallreduce_sum(float* data, std::int64_t n) const {
   return r;
 }
 
+MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) const {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (size_ == 1 || n == 0) return r;
+  count("reduce", (size_ - 1) * 4.0 * n / size_);
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_reduce(*nccl_, data, n, root);
+    return r;
+  }
+#endif
+  Kokkos::fence();
+  TRIDENT_CHECK_MPI(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, as_int(n), MPI_FLOAT, MPI_SUM, root, comm_, &r));
+  return r;
+}
+
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {
   if (!requests.empty())
     TRIDENT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));

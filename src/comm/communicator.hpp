@@ -56,6 +56,9 @@ class Communicator {
   // enqueue it on the Kokkos stream (ordered with the kernels) and return MPI_REQUEST_NULL.
   MPI_Request iallreduce_sum(float* data, std::int64_t n) const;
   static void wait_all(std::vector<MPI_Request>& requests);
+  // Non-blocking in-place sum to `root` only (its buffer receives the sum; the others' buffers
+  // are left as they were). NCCL in CUDA builds, as above.
+  MPI_Request ireduce_sum(float* data, std::int64_t n, int root) const;
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;

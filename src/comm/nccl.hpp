@@ -17,6 +17,8 @@ std::shared_ptr<NcclComm> nccl_create(MPI_Comm comm, int rank, int size);
 void nccl_allreduce(const NcclComm& c, float* data, std::int64_t n, bool max);
 // out (size * bytes) = every rank's `bytes` from in; in may be out + rank * bytes (in place)
 void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int64_t bytes);
+// data (n) on root = sum over ranks of data (in place)
+void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root);
 // out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)
 void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::int64_t n);
 

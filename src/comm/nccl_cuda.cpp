@@ -49,6 +49,10 @@ void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int
   TRIDENT_NCCL(ncclAllGather(in, out, static_cast<size_t>(bytes), ncclUint8, c.comm, stream()));
 }
 
+void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root) {
+  TRIDENT_NCCL(ncclReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum, root, c.comm, stream()));
+}
+
 void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::int64_t n) {
   TRIDENT_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat, ncclSum, c.comm, stream()));
 }

@@ -193,9 +193,6 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.optim.warmup_iters >= 0, "deck: optim.warmup_iters must be >= 0");
   TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
   check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
-  TRIDENT_REQUIRE(!(d.parallel.overlap_grad_reduce && d.optim.distributed),
-                  "deck: parallel.overlap_grad_reduce cannot be combined with optim.distributed yet (the distributed "
-                  "optimizer's reduce-scatter runs after the backward pass)");
   check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
   TRIDENT_REQUIRE(d.precision.loss_scale == 0 || d.precision.dtype == "fp16",
                   "deck: precision.loss_scale applies to precision.dtype = fp16 only (bf16 and fp32 train unscaled)");

@@ -450,7 +450,7 @@ int run_gpt(const Deck& deck) {
   // Overlapped, bucketed data-parallel reduction (one bucket per layer, started by the backward
   // pass of the iteration's last micro-batch).
   const bool overlap = deck.parallel.overlap_grad_reduce && dp > 1;
-  GradReducer reducer(store, topo.dp_group());
+  GradReducer reducer(store, topo.dp_group(), zero ? shard : 0);
   if (overlap)
     for (auto& chunk : chunks) chunk->on_layer_grads_ready = [&](std::int64_t l) { reducer.layer_ready(l); };
   // micro-batch k of the current iteration, read on a helper thread while k - 1 computes
@@ -530,10 +530,10 @@ int run_gpt(const Deck& deck) {
         const FloatView g = store.grad(chunk->word_embeddings());
         topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
       }
-    if (zero)  // each DP rank receives the sum of its shard only
+    if (overlap)
+      reducer.reduce_rest();  // what no layer bucket covered (to the shards' owners with ZeRO-1)
+    else if (zero)  // each DP rank receives the sum of its shard only
       topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
-    else if (overlap)
-      reducer.reduce_rest();  // what no layer bucket covered
     else
       topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));

@@ -6,7 +6,8 @@
 
 namespace trident {
 
-GradReducer::GradReducer(const ParamStore& store, const Communicator& dp) : store_(store), dp_(dp) {
+GradReducer::GradReducer(const ParamStore& store, const Communicator& dp, std::int64_t shard)
+    : store_(store), dp_(dp), shard_(shard) {
   const std::string prefix = "model/layers/";
   for (const auto& p : store.params()) {
     if (p.name.compare(0, prefix.size(), prefix) != 0 || p.tied_copy) continue;
@@ -26,14 +27,26 @@ GradReducer::GradReducer(const ParamStore& store, const Communicator& dp) : stor
   }
 }
 
+void GradReducer::start(std::int64_t begin, std::int64_t end) {
+  float* g = store_.grads().data();
+  if (shard_ <= 0) {
+    requests_.push_back(dp_.iallreduce_sum(g + begin, end - begin));
+  } else {  // each piece to the DP rank whose shard holds it
+    for (std::int64_t at = begin; at < end;) {
+      const std::int64_t owner = at / shard_, stop = std::min(end, (owner + 1) * shard_);
+      requests_.push_back(dp_.ireduce_sum(g + at, stop - at, static_cast<int>(owner)));
+      at = stop;
+    }
+  }
+  ++started_;
+}
+
 void GradReducer::layer_ready(std::int64_t layer) {
   auto it = layer_ranges_.find(layer);
   if (it == layer_ranges_.end()) return;
-  float* g = store_.grads().data();
   for (const Range& r : it->second) {
-    requests_.push_back(dp_.iallreduce_sum(g + r.first, r.second - r.first));
+    start(r.first, r.second);
     done_.push_back(r);
-    ++started_;
   }
 }
 
@@ -42,13 +55,13 @@ void GradReducer::wait() { Communicator::wait_all(requests_); }
 void GradReducer::reduce_rest() {
   wait();
   std::sort(done_.begin(), done_.end());
-  float* g = store_.grads().data();
   std::int64_t at = 0;
   for (const Range& r : done_) {
-    if (r.first > at) dp_.allreduce_sum(g + at, r.first - at);
+    if (r.first > at) start(at, r.first);
     at = std::max(at, r.second);
   }
-  if (store_.padded_size() > at) dp_.allreduce_sum(g + at, store_.padded_size() - at);
+  if (store_.padded_size() > at) start(at, store_.padded_size());
+  wait();
   done_.clear();
 }
 

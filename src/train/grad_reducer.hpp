@@ -5,6 +5,9 @@
 // without blocking (MPI_Iallreduce; NCCL on the device stream in CUDA builds), while the
 // earlier layers still run backward. After the backward pass, wait() completes them and
 // reduce_rest() reduces everything no bucket covered (embeddings, final LayerNorm, padding).
+// With the distributed optimizer (shard > 0: DP rank r owns [r * shard, (r + 1) * shard)) each
+// piece of a bucket is reduced only to the rank whose shard holds it (non-blocking reduces),
+// which leaves every rank what the reduce-scatter would: the sum over ranks of its shard.
 #pragma once
 #include <map>
 #include <utility>
@@ -17,7 +20,7 @@ namespace trident {
 
 class GradReducer {
  public:
-  GradReducer(const ParamStore& store, const Communicator& dp);
+  GradReducer(const ParamStore& store, const Communicator& dp, std::int64_t shard = 0);
   void layer_ready(std::int64_t layer);  // starts that layer's buckets
   void wait();                           // completes the started buckets
   void reduce_rest();                    // reduces what no bucket covered; next iteration starts clean
@@ -30,7 +33,8 @@ class GradReducer {
   std::map<std::int64_t, std::vector<Range>> layer_ranges_;
   std::vector<Range> done_;
   std::vector<MPI_Request> requests_;
-  std::int64_t started_ = 0;
+  std::int64_t started_ = 0, shard_ = 0;
+  void start(std::int64_t begin, std::int64_t end);  // one range, non-blocking
 };
 
 }  // namespace trident

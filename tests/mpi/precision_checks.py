@@ -39,9 +39,9 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
   overlap       overlap of communication and loading with compute: the bucketed data-parallel
                 reduction during the backward pass (parallel.overlap_grad_reduce) gives losses
                 equal to the reduction after it and bitwise identical final parameters and
-                moments, at dp=2 (np=2) and at pp=2 x dp=2 with 2 micro-batches (np=4); data
-                prefetch on and off give equal losses; overlap with the distributed optimizer
-                is one clear error
+                moments, at dp=2 (np=2), at dp=2 with the distributed optimizer (buckets reduced
+                to the owners of their shards) and at pp=2 x dp=2 with 2 micro-batches (np=4);
+                data prefetch on and off give equal losses
   overflow      fp16 with injected gradient overflows (debug.force_overflow) at iterations 3, 4
                 and 9, initial scale 1024, hysteresis 2, window 5: the overflowing steps are
                 skipped (counted in the metrics, no update), the scale halves only after the
@@ -245,10 +245,10 @@ def check_flash(c):
 
 
 def check_overlap(c):
-    from testlib import single_error_failures
     fixed = ["--optim.decay_iters", "6"]
-    for name, np_, extra in [("dp2", 2, []), ("pp2dp2", 4, ["--parallel.pp", "2", "--model.num_layers", "4",
-                                                           "--train.global_batch_size", "8"])]:
+    for name, np_, extra in [("dp2", 2, []), ("dp2_zero", 2, ["--optim.distributed", "true"]),
+                             ("pp2dp2", 4, ["--parallel.pp", "2", "--model.num_layers", "4",
+                                            "--train.global_batch_size", "8"])]:
         base = c.train(name, np_, 1, iters=6, dropout=0.1, extra=fixed + extra + ["--checkpoint.save", c.path("ck_" + name)])
         over = c.train(name + "_overlap", np_, 1, iters=6, dropout=0.1,
                        extra=fixed + extra + ["--parallel.overlap_grad_reduce", "true",
@@ -260,10 +260,6 @@ def check_overlap(c):
     a = c.train("prefetch_off", 1, 1, iters=6, dropout=0.1, extra=fixed + ["--data.prefetch", "false"])
     b = c.train("prefetch_on", 1, 1, iters=6, dropout=0.1, extra=fixed + ["--data.prefetch", "true"])
     same_losses("data prefetch", a, b)
-    cmd = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
-           "--parallel.overlap_grad_reduce", "true", "--optim.distributed", "true", "--train.iters", "1"]
-    failures = single_error_failures([("overlap + distributed optimizer", cmd, "parallel.overlap_grad_reduce")])
-    assert not failures, failures
 
 
 def check_overflow(c):
