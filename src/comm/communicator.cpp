@@ -108,6 +108,26 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
   return r;
 }
 
+void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
+  if (ops.empty()) return;
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_p2p_group(*nccl_, ops);
+    return;
+  }
+#endif
+  Kokkos::fence();
+  std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& o = ops[i];
+    if (o.send)
+      TRIDENT_CHECK_MPI(MPI_Isend(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
+    else
+      TRIDENT_CHECK_MPI(MPI_Irecv(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
+  }
+  wait_all(requests);
+}
+
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {
   if (!requests.empty())
     TRIDENT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));

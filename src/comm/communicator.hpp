@@ -59,6 +59,16 @@ class Communicator {
   // Non-blocking in-place sum to `root` only (its buffer receives the sum; the others' buffers
   // are left as they were). NCCL in CUDA builds, as above.
   MPI_Request ireduce_sum(float* data, std::int64_t n, int root) const;
+  // Point-to-point messages of device float buffers, executed as one group that completes as a
+  // whole (ncclGroupStart/End with ncclSend/ncclRecv in CUDA builds, which have no tags: the
+  // messages between two ranks match in order; MPI_Isend/Irecv + MPI_Waitall otherwise).
+  struct P2POp {
+    bool send;
+    float* buf;
+    std::int64_t n;
+    int peer, tag;
+  };
+  void p2p_group(const std::vector<P2POp>& ops) const;
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;

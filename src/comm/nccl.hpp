@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
 
 namespace trident::detail {
 
@@ -17,6 +20,8 @@ std::shared_ptr<NcclComm> nccl_create(MPI_Comm comm, int rank, int size);
 void nccl_allreduce(const NcclComm& c, float* data, std::int64_t n, bool max);
 // out (size * bytes) = every rank's `bytes` from in; in may be out + rank * bytes (in place)
 void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int64_t bytes);
+// the sends and receives of one pipeline step, as one NCCL group
+void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& ops);
 // data (n) on root = sum over ranks of data (in place)
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root);
 // out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)

@@ -49,6 +49,17 @@ void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int
   TRIDENT_NCCL(ncclAllGather(in, out, static_cast<size_t>(bytes), ncclUint8, c.comm, stream()));
 }
 
+void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& ops) {
+  TRIDENT_NCCL(ncclGroupStart());
+  for (const auto& o : ops) {
+    if (o.send)
+      TRIDENT_NCCL(ncclSend(o.buf, static_cast<size_t>(o.n), ncclFloat, o.peer, c.comm, stream()));
+    else
+      TRIDENT_NCCL(ncclRecv(o.buf, static_cast<size_t>(o.n), ncclFloat, o.peer, c.comm, stream()));
+  }
+  TRIDENT_NCCL(ncclGroupEnd());
+}
+
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root) {
   TRIDENT_NCCL(ncclReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum, root, c.comm, stream()));
 }

@@ -233,6 +233,7 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   const std::string file = resolve_checkpoint(deck.checkpoint.load);
   CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
   PipelineRunner runner(raw(chunks), topo);
+  runner.grouped_p2p = deck.debug.grouped_p2p;
   // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
   // tensor-parallel group score the same block together).
   Batch batch(B, S);
@@ -446,6 +447,7 @@ int run_gpt(const Deck& deck) {
   PhaseTimers timers;
 
   PipelineRunner runner(raw(chunks), topo);
+  runner.grouped_p2p = deck.debug.grouped_p2p;
   runner.record = !deck.log.timeline_file.empty();
   // Overlapped, bucketed data-parallel reduction (one bucket per layer, started by the backward
   // pass of the iteration's last micro-batch).

@@ -23,6 +23,15 @@ PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& to
   recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
 
+void PipelineRunner::flush(const Communicator::P2POp* recv) {
+  if (pending_.empty() && !recv) return;
+  if (recv) pending_.push_back(*recv);
+  const double t = wall_seconds();
+  topo_.pp_group().p2p_group(pending_);
+  t_p2p_ += wall_seconds() - t;
+  pending_.clear();
+}
+
 void PipelineRunner::wait(MPI_Request& r) {
   if (r == MPI_REQUEST_NULL) return;
   const double t = wall_seconds();
@@ -43,10 +52,41 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   // tags: activation entering virtual stage v for micro-batch k = v*m + k; gradients leaving it
   // backwards: kBackwardTag + v*m + k
   double loss = 0;
+  // Grouping follows the 1F1B pairing; the interleaved schedule keeps MPI's non-blocking sends
+  // (on GPUs that needs a CUDA-aware MPI).
+  const bool grouped = (grouped_p2p || topo_.pp_group().device_enabled()) && vp == 1;
   for (const PipelineOp& op : ops) {
     GptModel& model = *chunks_[op.chunk];
     const bool pre = model.stage().pre, post = model.stage().post;
     const int v = op.chunk * p + s, slot = op.micro % slots;
+    if (grouped) {  // the pending send goes out with this step's receive, as one group
+      if (op.forward) {
+        if (pre || post) load(op.micro, tokens_, targets_);
+        const Communicator::P2POp in{false, recv_in_.data(), n, prev, v * mi + op.micro};
+        flush(pre ? nullptr : &in);
+        const double t0 = wall_seconds();
+        loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
+        Kokkos::fence();
+        const double t1 = wall_seconds();
+        t_forward_ += t1 - t0;
+        if (record) events_.push_back({t0, t1, op.micro, true});
+        if (!post) pending_.push_back({true, model.stage_output(slot).data(), n, next, (v + 1) * mi + op.micro});
+      } else {
+        const Communicator::P2POp in{false, recv_grad_.data(), n, next, kBackwardTag + v * mi + op.micro};
+        flush(post ? nullptr : &in);
+        const double t0 = wall_seconds();
+        model.final_backward = op.micro == mi - 1;
+        model.stage_backward(slot, recv_grad_);
+        model.final_backward = false;
+        Kokkos::fence();
+        const double t1 = wall_seconds();
+        t_backward_ += t1 - t0;
+        if (record) events_.push_back({t0, t1, op.micro, false});
+        if (!pre)
+          pending_.push_back({true, model.input_grad().data(), n, prev, kBackwardTag + (v - 1) * mi + op.micro});
+      }
+      continue;
+    }
     if (op.forward) {
       if (pre || post) load(op.micro, tokens_, targets_);
       if (!pre) {
@@ -85,6 +125,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
                                     pp, &bwd_send_[op.chunk]));
     }
   }
+  flush(nullptr);
   for (auto& chunk : fwd_send_)
     for (auto& r : chunk) wait(r);
   for (auto& r : bwd_send_) wait(r);
@@ -98,18 +139,30 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int prev = (s - 1 + p) % p, next = (s + 1) % p, mi = static_cast<int>(m);
   double loss = 0;
+  const bool grouped = (grouped_p2p || topo_.pp_group().device_enabled()) && chunks_.size() == 1;
   for (int k = 0; k < mi; ++k) {
     for (size_t c = 0; c < chunks_.size(); ++c) {  // virtual stages in order
       GptModel& model = *chunks_[c];
       const bool pre = model.stage().pre, post = model.stage().post;
       const int v = static_cast<int>(c) * p + s;
       if (pre || post) load(k, tokens_, targets_);
-      if (!pre) TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + k, pp, MPI_STATUS_IGNORE));
+      if (grouped) {
+        const Communicator::P2POp in{false, recv_in_.data(), n, prev, v * mi + k};
+        flush(pre ? nullptr : &in);
+      } else if (!pre) {
+        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + k, pp, MPI_STATUS_IGNORE));
+      }
       loss += model.stage_forward(0, tokens_, targets_, recv_in_, false, 0.f, DropoutStreams{}, count(k));
       Kokkos::fence();
-      if (!post) TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + k, pp));
+      if (!post) {
+        if (grouped)  // the slot's output stays valid until the next flush (before the next forward)
+          pending_.push_back({true, model.stage_output(0).data(), n, next, (v + 1) * mi + k});
+        else
+          TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + k, pp));
+      }
     }
   }
+  flush(nullptr);
   return loss;
 }
 

@@ -43,9 +43,20 @@ class PipelineRunner {
   const std::vector<TimelineEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   bool record = false;  // keep timeline events
+  // Grouped point-to-point: each step's outgoing message is sent together with the next step's
+  // incoming one, as one group that completes before the step computes (Megatron's
+  // send_forward_recv_backward pairing). The NCCL path always works this way (NCCL has no
+  // tags and its sends block the stream until received); on MPI it is chosen by
+  // debug.grouped_p2p, so the host tests exercise the same order. The interleaved schedule
+  // (several chunks) always uses MPI's non-blocking sends: grouping it needs Megatron's
+  // schedule-specific pairing, not implemented yet.
+  bool grouped_p2p = false;
 
  private:
   void wait(MPI_Request& r);
+  // grouped mode: runs the pending sends plus `recv` (if any) as one group
+  void flush(const Communicator::P2POp* recv);
+  std::vector<Communicator::P2POp> pending_;
   std::vector<GptModel*> chunks_;
   const Topology& topo_;
   IntView tokens_, targets_;

@@ -42,6 +42,11 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 moments, at dp=2 (np=2), at dp=2 with the distributed optimizer (buckets reduced
                 to the owners of their shards) and at pp=2 x dp=2 with 2 micro-batches (np=4);
                 data prefetch on and off give equal losses
+  grouped_p2p   pipeline messages as send + receive groups (the order the NCCL path runs them in,
+                here over MPI with 192 KB messages, beyond MPICH's 128 KB eager limit, so that a send
+                completes only once received): the same losses and evaluations as the default
+                schedule for 1F1B at pp=2 (4 micro-batches) and pp=4, and no hang; grouping with
+                the interleaved schedule is a clear error
   overflow      fp16 with injected gradient overflows (debug.force_overflow) at iterations 3, 4
                 and 9, initial scale 1024, hysteresis 2, window 5: the overflowing steps are
                 skipped (counted in the metrics, no update), the scale halves only after the
@@ -262,6 +267,22 @@ def check_overlap(c):
     same_losses("data prefetch", a, b)
 
 
+def check_grouped_p2p(c):
+    big = ["--model.hidden_size", "768", "--model.num_heads", "12", "--model.num_layers", "4",
+           "--train.global_batch_size", "8", "--eval.interval", "3", "--eval.iters", "2"]
+    for name, np_, extra in [("pp2", 2, ["--parallel.pp", "2"]),
+                             ("pp4", 4, ["--parallel.pp", "4", "--train.global_batch_size", "16"])]:
+        a = c.train(name, np_, 1, iters=3, extra=big + extra)
+        b = c.train(name + "_grouped", np_, 1, iters=3, extra=big + extra + ["--debug.grouped_p2p", "true"])
+        same_losses("grouped point-to-point " + name, a, b)
+        ev = lambda n: open(c.path(n + ".eval.csv")).read()  # noqa: E731
+        assert ev(name) == ev(name + "_grouped"), f"{name}: evaluations differ"
+    from testlib import single_error_failures
+    cmd = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards, "--parallel.pp", "2",
+           "--parallel.vp", "2", "--model.num_layers", "4", "--debug.grouped_p2p", "true", "--train.iters", "1"]
+    assert not single_error_failures([("grouped p2p with vp=2", cmd, "debug.grouped_p2p")])
+
+
 def check_overflow(c):
     extra = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "1024", "--precision.hysteresis", "2",
              "--precision.loss_scale_window", "5", "--debug.force_overflow", "3,4,9"]
@@ -328,7 +349,7 @@ def check_memory(c):
 
 
 CHECKS = {"memory": check_memory, "mixed": check_mixed, "mixed_parallel": check_mixed_parallel,
-          "overflow": check_overflow, "flash": check_flash, "overlap": check_overlap, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
+          "overflow": check_overflow, "flash": check_flash, "overlap": check_overlap, "grouped_p2p": check_grouped_p2p, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
 
 
 def main():
