@@ -6,6 +6,7 @@ include(GoogleTest)
 function(trident_add_unit_test name)
   cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
   add_executable(${name} ${A_SOURCES})
+  trident_kokkos_sources(${A_SOURCES})  # CUDA builds: compiled as CUDA (they include Kokkos)
   target_link_libraries(${name} PRIVATE trident_core GTest::gtest trident_test_main)
   # gtest_discover_tests flattens list-valued properties, so unit tests carry the one label.
   # exit code 77: a CUDA build on a machine without a GPU (tests/test_main.cpp) -> skipped
