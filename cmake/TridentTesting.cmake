@@ -9,8 +9,14 @@ function(trident_add_unit_test name)
   trident_kokkos_sources(${A_SOURCES})  # CUDA builds: compiled as CUDA (they include Kokkos)
   target_link_libraries(${name} PRIVATE trident_core GTest::gtest trident_test_main)
   # gtest_discover_tests flattens list-valued properties, so unit tests carry the one label.
-  # exit code 77: a CUDA build on a machine without a GPU (tests/test_main.cpp) -> skipped
-  gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77 DISCOVERY_TIMEOUT 60)
+  # exit code 77: a CUDA build on a machine without a GPU (tests/test_main.cpp) -> skipped.
+  # CUDA builds list the tests when CTest runs (a build host may lack the driver's libcuda).
+  set(mode POST_BUILD)
+  if(TRIDENT_ENABLE_CUDA)
+    set(mode PRE_TEST)
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77 DISCOVERY_TIMEOUT 60
+                       DISCOVERY_MODE ${mode})
 endfunction()
 
 function(trident_add_mpi_test name)
