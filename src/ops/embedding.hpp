@@ -1,5 +1,6 @@
 // Embeddings: a (vocabulary-parallel) word-embedding lookup and learned absolute positions.
 #pragma once
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -15,6 +16,11 @@ void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, con
 void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
                    std::int64_t C);
 // dwpe[(row0 + i) % T] += dx[i]
+// 16-bit twins (the same kernels): tables as bf16 / fp16 words, outputs fp32.
+void embedding_lookup_half(DType dt, const FloatView& out, const IntView& tokens, const HalfView& wte,
+                           std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C);
+void add_positions_half(DType dt, const FloatView& x, const HalfView& wpe, std::int64_t row0, std::int64_t R,
+                        std::int64_t T, std::int64_t C);
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
                             std::int64_t T, std::int64_t C);
 

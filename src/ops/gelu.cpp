@@ -5,16 +5,37 @@
 
 namespace trident {
 
-void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::gelu_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    out(i) = gelu_tanh(x(i));
-  });
+namespace detail {
+template <class F, class V>
+void gelu_forward(const V& out, const V& x, std::int64_t n) {
+  Kokkos::parallel_for("ops::gelu_forward", range(n),
+                       KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(gelu_tanh(F::load(x(i)))); });
 }
+template <class F, class V>
+void gelu_backward(const FloatView& dx, const FloatView& dout, const V& x, std::int64_t n) {
+  Kokkos::parallel_for("ops::gelu_backward", range(n),
+                       KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i))); });
+}
+}  // namespace detail
+
+void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n) { detail::gelu_forward<F32Fmt>(out, x, n); }
 
 void gelu_backward(const FloatView& dx, const FloatView& dout, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::gelu_backward", range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    dx(i) = dout(i) * gelu_tanh_grad(x(i));
-  });
+  detail::gelu_backward<F32Fmt>(dx, dout, x, n);
+}
+
+void gelu_forward_half(DType dt, const HalfView& out, const HalfView& x, std::int64_t n) {
+  if (dt == DType::BF16)
+    detail::gelu_forward<Bf16Fmt>(out, x, n);
+  else
+    detail::gelu_forward<Fp16Fmt>(out, x, n);
+}
+
+void gelu_backward_half(DType dt, const FloatView& dx, const FloatView& dout, const HalfView& x, std::int64_t n) {
+  if (dt == DType::BF16)
+    detail::gelu_backward<Bf16Fmt>(dx, dout, x, n);
+  else
+    detail::gelu_backward<Fp16Fmt>(dx, dout, x, n);
 }
 
 }  // namespace trident

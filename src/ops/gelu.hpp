@@ -1,6 +1,7 @@
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 #pragma once
 #include "common/device_math.hpp"
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -20,4 +21,7 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float v) {
 void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n);
 // dx = dout * gelu'(x)   (overwrites dx)
 void gelu_backward(const FloatView& dx, const FloatView& dout, const FloatView& x, std::int64_t n);
+// 16-bit twins (the same kernels): x and out as bf16 / fp16 words, gradients fp32.
+void gelu_forward_half(DType dt, const HalfView& out, const HalfView& x, std::int64_t n);
+void gelu_backward_half(DType dt, const FloatView& dx, const FloatView& dout, const HalfView& x, std::int64_t n);
 }  // namespace trident

@@ -3,12 +3,18 @@
 #include "ops/layernorm.hpp"
 
 #include "common/device_math.hpp"
+#include "common/half.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
 
-void layernorm_forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
-                       const FloatView& w, const FloatView& b, std::int64_t N, std::int64_t C, float eps) {
+namespace detail {
+
+// F: storage format of out, w, b (F32Fmt: fp32 views; Bf16Fmt / Fp16Fmt: 16-bit words); x, the
+// statistics and every gradient are fp32.
+template <class F, class VO, class VW>
+void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const VW& w,
+                       const VW& b, std::int64_t N, std::int64_t C, float eps) {
   Kokkos::parallel_for("ops::layernorm_forward", range(N), KOKKOS_LAMBDA(std::int64_t n) {
     const std::int64_t base = n * C;
     float m = 0.f;
@@ -21,15 +27,16 @@ void layernorm_forward(const FloatView& out, const FloatView& mean, const FloatV
     }
     v /= C;
     const float r = 1.f / dsqrt(v + eps);
-    for (std::int64_t c = 0; c < C; ++c) out(base + c) = (x(base + c) - m) * r * w(c) + b(c);
+    for (std::int64_t c = 0; c < C; ++c) out(base + c) = F::store((x(base + c) - m) * r * F::load(w(c)) + F::load(b(c)));
     mean(n) = m;
     rstd(n) = r;
   });
 }
 
+template <class F, class VW>
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
-                        const FloatView& x, const FloatView& w, const FloatView& mean, const FloatView& rstd,
-                        std::int64_t N, std::int64_t C) {
+                        const FloatView& x, const VW& w, const FloatView& mean, const FloatView& rstd, std::int64_t N,
+                        std::int64_t C) {
   Kokkos::parallel_for("ops::layernorm_backward_input", range(N), KOKKOS_LAMBDA(std::int64_t n) {
     const std::int64_t base = n * C;
     const float m = mean(n), r = rstd(n);
@@ -37,7 +44,7 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
     float mean_d = 0.f, mean_dx = 0.f;
     for (std::int64_t c = 0; c < C; ++c) {
       const float xhat = (x(base + c) - m) * r;
-      const float dn = dout(base + c) * w(c);
+      const float dn = dout(base + c) * F::load(w(c));
       mean_d += dn;
       mean_dx += dn * xhat;
     }
@@ -45,7 +52,7 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
     mean_dx /= C;
     for (std::int64_t c = 0; c < C; ++c) {
       const float xhat = (x(base + c) - m) * r;
-      const float dn = dout(base + c) * w(c);
+      const float dn = dout(base + c) * F::load(w(c));
       dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
     }
   });
@@ -71,6 +78,37 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
       dbd[c] += sb[c - c0];
     }
   });
+}
+
+}  // namespace detail
+
+void layernorm_forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+                       const FloatView& w, const FloatView& b, std::int64_t N, std::int64_t C, float eps) {
+  detail::layernorm_forward<F32Fmt>(out, mean, rstd, x, w, b, N, C, eps);
+}
+
+void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
+                        const FloatView& x, const FloatView& w, const FloatView& mean, const FloatView& rstd,
+                        std::int64_t N, std::int64_t C) {
+  detail::layernorm_backward<F32Fmt>(dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+
+void layernorm_forward_half(DType dt, const HalfView& out, const FloatView& mean, const FloatView& rstd,
+                            const FloatView& x, const HalfView& w, const HalfView& b, std::int64_t N, std::int64_t C,
+                            float eps) {
+  if (dt == DType::BF16)
+    detail::layernorm_forward<Bf16Fmt>(out, mean, rstd, x, w, b, N, C, eps);
+  else
+    detail::layernorm_forward<Fp16Fmt>(out, mean, rstd, x, w, b, N, C, eps);
+}
+
+void layernorm_backward_half(DType dt, const FloatView& dx, const FloatView& dw, const FloatView& db,
+                             const FloatView& dout, const FloatView& x, const HalfView& w, const FloatView& mean,
+                             const FloatView& rstd, std::int64_t N, std::int64_t C) {
+  if (dt == DType::BF16)
+    detail::layernorm_backward<Bf16Fmt>(dx, dw, db, dout, x, w, mean, rstd, N, C);
+  else
+    detail::layernorm_backward<Fp16Fmt>(dx, dw, db, dout, x, w, mean, rstd, N, C);
 }
 
 }  // namespace trident

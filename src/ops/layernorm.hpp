@@ -1,5 +1,6 @@
 // LayerNorm over the last dimension, statistics in fp32.
 #pragma once
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -11,5 +12,13 @@ void layernorm_forward(const FloatView& out, const FloatView& mean, const FloatV
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
                         const FloatView& x, const FloatView& w, const FloatView& mean, const FloatView& rstd,
                         std::int64_t N, std::int64_t C);
+
+// 16-bit twins (the same kernels): out, w, b as bf16 / fp16 words; x, statistics, gradients fp32.
+void layernorm_forward_half(DType dt, const HalfView& out, const FloatView& mean, const FloatView& rstd,
+                            const FloatView& x, const HalfView& w, const HalfView& b, std::int64_t N, std::int64_t C,
+                            float eps);
+void layernorm_backward_half(DType dt, const FloatView& dx, const FloatView& dw, const FloatView& db,
+                             const FloatView& dout, const FloatView& x, const HalfView& w, const FloatView& mean,
+                             const FloatView& rstd, std::int64_t N, std::int64_t C);
 
 }  // namespace trident
