@@ -59,71 +59,44 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
     GptModel& model = *chunks_[op.chunk];
     const bool pre = model.stage().pre, post = model.stage().post;
     const int v = op.chunk * p + s, slot = op.micro % slots;
+    // what this step receives first, and what it sends after computing
+    const int recv_tag = op.forward ? v * mi + op.micro : kBackwardTag + v * mi + op.micro;
+    const int send_tag = op.forward ? (v + 1) * mi + op.micro : kBackwardTag + (v - 1) * mi + op.micro;
+    const bool receives = op.forward ? !pre : !post, sends = op.forward ? !post : !pre;
+    float* recv_buf = op.forward ? recv_in_.data() : recv_grad_.data();
+    const int recv_peer = op.forward ? prev : next, send_peer = op.forward ? next : prev;
+    if (op.forward && (pre || post)) load(op.micro, tokens_, targets_);
     if (grouped) {  // the pending send goes out with this step's receive, as one group
-      if (op.forward) {
-        if (pre || post) load(op.micro, tokens_, targets_);
-        const Communicator::P2POp in{false, recv_in_.data(), n, prev, v * mi + op.micro};
-        flush(pre ? nullptr : &in);
-        const double t0 = wall_seconds();
-        loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
-        Kokkos::fence();
-        const double t1 = wall_seconds();
-        t_forward_ += t1 - t0;
-        if (record) events_.push_back({t0, t1, op.micro, true});
-        if (!post) pending_.push_back({true, model.stage_output(slot).data(), n, next, (v + 1) * mi + op.micro});
-      } else {
-        const Communicator::P2POp in{false, recv_grad_.data(), n, next, kBackwardTag + v * mi + op.micro};
-        flush(post ? nullptr : &in);
-        const double t0 = wall_seconds();
-        model.final_backward = op.micro == mi - 1;
-        model.stage_backward(slot, recv_grad_);
-        model.final_backward = false;
-        Kokkos::fence();
-        const double t1 = wall_seconds();
-        t_backward_ += t1 - t0;
-        if (record) events_.push_back({t0, t1, op.micro, false});
-        if (!pre)
-          pending_.push_back({true, model.input_grad().data(), n, prev, kBackwardTag + (v - 1) * mi + op.micro});
-      }
-      continue;
-    }
-    if (op.forward) {
-      if (pre || post) load(op.micro, tokens_, targets_);
-      if (!pre) {
-        const double t = wall_seconds();
-        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + op.micro, pp, MPI_STATUS_IGNORE));
-        t_p2p_ += wall_seconds() - t;
-      }
-      wait(fwd_send_[op.chunk][slot]);  // the slot's previous output must have left
-      const double t0 = wall_seconds();
-      loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
-      Kokkos::fence();
-      const double t1 = wall_seconds();
-      t_forward_ += t1 - t0;
-      if (record) events_.push_back({t0, t1, op.micro, true});
-      if (!post)
-        TRIDENT_CHECK_MPI(MPI_Isend(model.stage_output(slot).data(), n, MPI_FLOAT, next, (v + 1) * mi + op.micro, pp,
-                                    &fwd_send_[op.chunk][slot]));
+      const Communicator::P2POp in{false, recv_buf, n, recv_peer, recv_tag};
+      flush(receives ? &in : nullptr);
     } else {
-      if (!post) {
+      if (receives) {
         const double t = wall_seconds();
-        TRIDENT_CHECK_MPI(
-            MPI_Recv(recv_grad_.data(), n, MPI_FLOAT, next, kBackwardTag + v * mi + op.micro, pp, MPI_STATUS_IGNORE));
+        TRIDENT_CHECK_MPI(MPI_Recv(recv_buf, n, MPI_FLOAT, recv_peer, recv_tag, pp, MPI_STATUS_IGNORE));
         t_p2p_ += wall_seconds() - t;
       }
-      wait(bwd_send_[op.chunk]);  // the chunk's input_grad() is reused
-      const double t0 = wall_seconds();
+      // the slot's previous output (forward) or the chunk's input_grad() (backward) is reused
+      wait(op.forward ? fwd_send_[op.chunk][slot] : bwd_send_[op.chunk]);
+    }
+    const double t0 = wall_seconds();
+    if (op.forward) {
+      loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
+    } else {
       model.final_backward = op.micro == mi - 1;  // the chunk's last backward of the iteration
       model.stage_backward(slot, recv_grad_);
       model.final_backward = false;
-      Kokkos::fence();
-      const double t1 = wall_seconds();
-      t_backward_ += t1 - t0;
-      if (record) events_.push_back({t0, t1, op.micro, false});
-      if (!pre)
-        TRIDENT_CHECK_MPI(MPI_Isend(model.input_grad().data(), n, MPI_FLOAT, prev, kBackwardTag + (v - 1) * mi + op.micro,
-                                    pp, &bwd_send_[op.chunk]));
     }
+    Kokkos::fence();
+    const double t1 = wall_seconds();
+    (op.forward ? t_forward_ : t_backward_) += t1 - t0;
+    if (record) events_.push_back({t0, t1, op.micro, op.forward});
+    if (!sends) continue;
+    float* out = op.forward ? model.stage_output(slot).data() : model.input_grad().data();
+    if (grouped)
+      pending_.push_back({true, out, n, send_peer, send_tag});
+    else
+      TRIDENT_CHECK_MPI(MPI_Isend(out, n, MPI_FLOAT, send_peer, send_tag, pp,
+                                  op.forward ? &fwd_send_[op.chunk][slot] : &bwd_send_[op.chunk]));
   }
   flush(nullptr);
   for (auto& chunk : fwd_send_)

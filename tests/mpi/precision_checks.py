@@ -60,22 +60,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_checks import Ctx  # noqa: E402
 
 
-def same_grads(name, ref_path, got_path):
-    """Every gradient tensor of step 1 bit for bit equal."""
+def bitwise_equal_datasets(name, ref_path, got_path):
+    """Every dataset of two HDF5 files bit for bit equal; returns their names."""
     import h5py
     import numpy as np
-    n = 0
     with h5py.File(ref_path) as fr, h5py.File(got_path) as fg:
         names = []
         fr.visit(lambda k: names.append(k) if isinstance(fr[k], h5py.Dataset) else None)
         for k in names:
             a, b = fr[k][()], fg[k][()]
-            assert a.shape == b.shape, (k, a.shape, b.shape)
+            assert a.shape == b.shape, (name, k, a.shape, b.shape)
             if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
                 d = np.abs(a.astype(np.float64) - b).max()
-                raise SystemExit(f"FAILED {name}: gradient {k} is not bitwise identical (max |diff| {d:.3e})")
-            n += 1
-    assert n > 0, "no gradients were dumped"
+                raise SystemExit(f"FAILED {name}: {k} is not bitwise identical (max |diff| {d:.3e})")
+    assert names, f"{name}: {ref_path} holds no datasets"
+    return names
+
+
+def same_grads(name, ref_path, got_path):
+    """Every gradient tensor of step 1 bit for bit equal."""
+    n = len(bitwise_equal_datasets(name, ref_path, got_path))
     print(f"{name}: {n} gradient tensors after step 1 bitwise identical")
 
 
@@ -119,20 +123,10 @@ def check_recompute_tp(c):
 
 
 def same_checkpoints(name, a, b):
-    """Every dataset of two checkpoint files bit for bit equal."""
-    import h5py
-    import numpy as np
-    n = 0
-    with h5py.File(a) as fa, h5py.File(b) as fb:
-        names = []
-        fa.visit(lambda k: names.append(k) if isinstance(fa[k], h5py.Dataset) else None)
-        for k in names:
-            x, y = fa[k][()], fb[k][()]
-            if x.shape != y.shape or not np.array_equal(x.view(np.uint32), y.view(np.uint32)):
-                raise SystemExit(f"FAILED {name}: {k} is not bitwise identical")
-            n += 1
-    assert n > 0 and any(k.startswith("optimizer/") for k in names), "no optimizer state in the checkpoint"
-    print(f"{name}: {n} datasets (parameters and Adam moments) bitwise identical")
+    """Every dataset of two checkpoint files (parameters and optimizer state) bit for bit equal."""
+    names = bitwise_equal_datasets(name, a, b)
+    assert any(k.startswith("optimizer/") for k in names), "no optimizer state in the checkpoint"
+    print(f"{name}: {len(names)} datasets (parameters and Adam moments) bitwise identical")
 
 
 def check_zero1(c):
