@@ -32,3 +32,20 @@ def single_error_failures(cases, timeout=120):
         if not ok:
             failures.append(name)
     return failures
+
+
+def check_main(checks, make_context, mpiexec_default="mpiexec"):
+    """The drivers' command line: CHECK --app --deck --shards --work [--mpiexec]; runs
+    checks[CHECK](make_context(args)) and prints '<check>: passed'."""
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("check", choices=sorted(checks))
+    p.add_argument("--app", required=True)
+    p.add_argument("--deck", required=True)
+    p.add_argument("--shards", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--mpiexec", default=mpiexec_default)
+    a = p.parse_args()
+    checks[a.check](make_context(a))
+    print(f"{a.check}: passed")
+

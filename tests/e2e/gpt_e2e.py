@@ -12,7 +12,6 @@ Checks:
   bad_input    every kind of bad input exits non-zero with one clear message, no rank hangs,
                and nothing already written is damaged
 """
-import argparse
 import csv
 import glob
 import hashlib
@@ -23,7 +22,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from testlib import run, single_error_failures  # noqa: E402
+from testlib import check_main, run, single_error_failures  # noqa: E402
 
 
 def read_metrics(path):
@@ -188,17 +187,8 @@ def check_bad_input(c):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["train", "resume", "dp2", "eval", "bad_input"])
-    p.add_argument("--app", required=True)
-    p.add_argument("--deck", required=True)
-    p.add_argument("--shards", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--mpiexec", default="")
-    a = p.parse_args()
-    c = Ctx(a)
-    globals()["check_" + a.check](c)
-    print(f"{a.check}: passed")
+    names = ["train", "resume", "dp2", "eval", "bad_input"]
+    check_main({n: globals()["check_" + n] for n in names}, Ctx, mpiexec_default="")
 
 
 if __name__ == "__main__":

@@ -52,12 +52,12 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 skipped (counted in the metrics, no update), the scale halves only after the
                 second consecutive overflow and at the next one, and doubles after 5 clean steps
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_checks import Ctx  # noqa: E402
+from testlib import check_main  # noqa: E402
 
 
 def bitwise_equal_datasets(name, ref_path, got_path):
@@ -343,20 +343,13 @@ def check_memory(c):
 
 
 CHECKS = {"memory": check_memory, "mixed": check_mixed, "mixed_parallel": check_mixed_parallel,
-          "overflow": check_overflow, "flash": check_flash, "overlap": check_overlap, "grouped_p2p": check_grouped_p2p, "recompute": check_recompute, "recompute_tp": check_recompute_tp, "zero1": check_zero1}
+          "overflow": check_overflow, "flash": check_flash, "overlap": check_overlap,
+          "grouped_p2p": check_grouped_p2p, "recompute": check_recompute, "recompute_tp": check_recompute_tp,
+          "zero1": check_zero1}
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("check", choices=sorted(CHECKS))
-    p.add_argument("--app", required=True)
-    p.add_argument("--deck", required=True)
-    p.add_argument("--shards", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--mpiexec", default="mpiexec")
-    a = p.parse_args()
-    CHECKS[a.check](Ctx(a))
-    print("PASSED")
+    check_main(CHECKS, Ctx)
 
 
 if __name__ == "__main__":

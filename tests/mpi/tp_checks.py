@@ -23,14 +23,13 @@ orders of fp32 partial sums, measured ~1e-7):
   pperrors  layers that do not divide over the (virtual) stages, and micro-batches that the
             interleaved schedule cannot use, are clear errors
 """
-import argparse
 import csv
 import os
 import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from testlib import run, single_error_failures  # noqa: E402
+from testlib import check_main, run, single_error_failures  # noqa: E402
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-5
@@ -200,17 +199,8 @@ def check_pperrors(c):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["tp2", "tp2dp2", "resume", "dropout", "errors", "pp2", "pp4", "tp2pp2dp2",
-                                     "ppresume", "pperrors"])
-    p.add_argument("--app", required=True)
-    p.add_argument("--deck", required=True)
-    p.add_argument("--shards", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--mpiexec", default="mpiexec")
-    a = p.parse_args()
-    globals()["check_" + a.check](Ctx(a))
-    print(a.check + ": passed")
+    names = ["tp2", "tp2dp2", "resume", "dropout", "errors", "pp2", "pp4", "tp2pp2dp2", "ppresume", "pperrors"]
+    check_main({n: globals()["check_" + n] for n in names}, Ctx)
 
 
 if __name__ == "__main__":
