@@ -117,7 +117,7 @@ class Registry {
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
     add("debug.dump_grads", &d.debug.dump_grads, "HDF5 file receiving the gradients of iteration 1 (validation)");
     add("debug.grouped_p2p", &d.debug.grouped_p2p,
-        "pipeline messages as send + receive groups over MPI (the order the NCCL path uses; for tests)");
+        "pipeline messages as lock-step send + receive groups over MPI (the order the NCCL path uses; for tests)");
     add("debug.force_overflow", &d.debug.force_overflow,
         "comma-separated iterations whose gradients receive an inf (tests of the fp16 loss scaler)");
   }
@@ -195,8 +195,6 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.optim.warmup_iters >= 0, "deck: optim.warmup_iters must be >= 0");
   TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
   check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
-  TRIDENT_REQUIRE(!(d.debug.grouped_p2p && d.parallel.vp > 1),
-                  "deck: debug.grouped_p2p applies to the 1F1B schedule only (parallel.vp = 1)");
   check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
   TRIDENT_REQUIRE(d.precision.loss_scale == 0 || d.precision.dtype == "fp16",
                   "deck: precision.loss_scale applies to precision.dtype = fp16 only (bf16 and fp32 train unscaled)");

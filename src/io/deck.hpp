@@ -65,8 +65,8 @@ struct Deck {
   } perf;
   struct Debug {
     std::string dump_batches, dump_grads;
-    std::string force_overflow;
-    bool grouped_p2p = false;  // pipeline messages in send+receive groups, as the NCCL path runs them  // iterations whose gradients get an inf (tests of loss scaling)
+    std::string force_overflow;  // iterations whose gradients get an inf (tests of loss scaling)
+    bool grouped_p2p = false;    // pipeline messages in send+receive groups, as the NCCL path runs them
   } debug;
 
   std::string deck_path;

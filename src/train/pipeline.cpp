@@ -23,13 +23,22 @@ PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& to
   recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
 
-void PipelineRunner::flush(const Communicator::P2POp* recv) {
-  if (pending_.empty() && !recv) return;
-  if (recv) pending_.push_back(*recv);
-  const double t = wall_seconds();
-  topo_.pp_group().p2p_group(pending_);
-  t_p2p_ += wall_seconds() - t;
-  pending_.clear();
+void PipelineRunner::run_lockstep(const std::vector<PipelineOp>& ops, const PipelinePlan& plan,
+                                  const std::function<void(const PipelineOp&, const FloatView&)>& compute,
+                                  const std::function<float*(const PipelineOp&)>& output) {
+  const std::int64_t n = chunks_.front()->activation_size();
+  while (static_cast<int>(pool_.size()) < plan.buffers) pool_.push_back(make_float("pipeline::recv", n));
+  std::vector<Communicator::P2POp> group;
+  for (const PipelineStep& step : plan.steps) {
+    if (step.op >= 0) compute(ops[step.op], step.input >= 0 ? pool_[step.input] : recv_in_);
+    group.clear();
+    for (const P2PMessage& m : step.sends) group.push_back({true, output(ops[step.op]), n, m.peer, m.tag});
+    for (const P2PMessage& m : step.recvs) group.push_back({false, pool_[m.buffer].data(), n, m.peer, m.tag});
+    if (group.empty()) continue;
+    const double t = wall_seconds();
+    topo_.pp_group().p2p_group(group);
+    t_p2p_ += wall_seconds() - t;
+  }
 }
 
 void PipelineRunner::wait(MPI_Request& r) {
@@ -45,60 +54,59 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   const MPI_Comm pp = topo_.pp_group().get();
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int mi = static_cast<int>(m);
-  const auto ops = vp == 1 ? schedule_1f1b(p, s, mi) : schedule_interleaved(p, s, mi, vp);
+  auto schedule = [&](int stage) { return vp == 1 ? schedule_1f1b(p, stage, mi) : schedule_interleaved(p, stage, mi, vp); };
+  const auto ops = schedule(s);
   const int slots = max_in_flight(ops, vp);  // in-flight micro-batches of a chunk are consecutive
-  fwd_send_.assign(static_cast<size_t>(vp), std::vector<MPI_Request>(static_cast<size_t>(slots), MPI_REQUEST_NULL));
-  const int prev = (s - 1 + p) % p, next = (s + 1) % p;
-  // tags: activation entering virtual stage v for micro-batch k = v*m + k; gradients leaving it
-  // backwards: kBackwardTag + v*m + k
   double loss = 0;
-  // Grouping follows the 1F1B pairing; the interleaved schedule keeps MPI's non-blocking sends
-  // (on GPUs that needs a CUDA-aware MPI).
-  const bool grouped = (grouped_p2p || topo_.pp_group().device_enabled()) && vp == 1;
-  for (const PipelineOp& op : ops) {
+  auto compute = [&](const PipelineOp& op, const FloatView& input) {
     GptModel& model = *chunks_[op.chunk];
-    const bool pre = model.stage().pre, post = model.stage().post;
-    const int v = op.chunk * p + s, slot = op.micro % slots;
-    // what this step receives first, and what it sends after computing
-    const int recv_tag = op.forward ? v * mi + op.micro : kBackwardTag + v * mi + op.micro;
-    const int send_tag = op.forward ? (v + 1) * mi + op.micro : kBackwardTag + (v - 1) * mi + op.micro;
-    const bool receives = op.forward ? !pre : !post, sends = op.forward ? !post : !pre;
-    float* recv_buf = op.forward ? recv_in_.data() : recv_grad_.data();
-    const int recv_peer = op.forward ? prev : next, send_peer = op.forward ? next : prev;
-    if (op.forward && (pre || post)) load(op.micro, tokens_, targets_);
-    if (grouped) {  // the pending send goes out with this step's receive, as one group
-      const Communicator::P2POp in{false, recv_buf, n, recv_peer, recv_tag};
-      flush(receives ? &in : nullptr);
-    } else {
-      if (receives) {
-        const double t = wall_seconds();
-        TRIDENT_CHECK_MPI(MPI_Recv(recv_buf, n, MPI_FLOAT, recv_peer, recv_tag, pp, MPI_STATUS_IGNORE));
-        t_p2p_ += wall_seconds() - t;
-      }
-      // the slot's previous output (forward) or the chunk's input_grad() (backward) is reused
-      wait(op.forward ? fwd_send_[op.chunk][slot] : bwd_send_[op.chunk]);
-    }
+    const int slot = op.micro % slots;
+    if (op.forward && (model.stage().pre || model.stage().post)) load(op.micro, tokens_, targets_);
     const double t0 = wall_seconds();
     if (op.forward) {
-      loss += model.stage_forward(slot, tokens_, targets_, recv_in_, true, dscale, rng(op.micro));
+      loss += model.stage_forward(slot, tokens_, targets_, input, true, dscale, rng(op.micro));
     } else {
       model.final_backward = op.micro == mi - 1;  // the chunk's last backward of the iteration
-      model.stage_backward(slot, recv_grad_);
+      model.stage_backward(slot, input);
       model.final_backward = false;
     }
     Kokkos::fence();
     const double t1 = wall_seconds();
     (op.forward ? t_forward_ : t_backward_) += t1 - t0;
     if (record) events_.push_back({t0, t1, op.micro, op.forward});
-    if (!sends) continue;
-    float* out = op.forward ? model.stage_output(slot).data() : model.input_grad().data();
-    if (grouped)
-      pending_.push_back({true, out, n, send_peer, send_tag});
-    else
-      TRIDENT_CHECK_MPI(MPI_Isend(out, n, MPI_FLOAT, send_peer, send_tag, pp,
+  };
+  // what a step sends after computing: the slot's stage output, or the chunk's input gradient
+  auto output = [&](const PipelineOp& op) {
+    GptModel& model = *chunks_[op.chunk];
+    return op.forward ? model.stage_output(op.micro % slots).data() : model.input_grad().data();
+  };
+  if (grouped_p2p || topo_.pp_group().device_enabled()) {
+    run_lockstep(ops, plan_lockstep(p, s, mi, vp, schedule, kBackwardTag), compute, output);
+    return loss;
+  }
+  fwd_send_.assign(static_cast<size_t>(vp), std::vector<MPI_Request>(static_cast<size_t>(slots), MPI_REQUEST_NULL));
+  const int prev = (s - 1 + p) % p, next = (s + 1) % p;
+  for (const PipelineOp& op : ops) {
+    GptModel& model = *chunks_[op.chunk];
+    const bool pre = model.stage().pre, post = model.stage().post;
+    const int v = op.chunk * p + s, slot = op.micro % slots;
+    // what this step receives first (tagged by the virtual stage it enters), and sends after
+    const int recv_tag = op.forward ? v * mi + op.micro : kBackwardTag + v * mi + op.micro;
+    const int send_tag = op.forward ? (v + 1) * mi + op.micro : kBackwardTag + (v - 1) * mi + op.micro;
+    const bool receives = op.forward ? !pre : !post, sends = op.forward ? !post : !pre;
+    FloatView& in = op.forward ? recv_in_ : recv_grad_;
+    if (receives) {
+      const double t = wall_seconds();
+      TRIDENT_CHECK_MPI(MPI_Recv(in.data(), n, MPI_FLOAT, op.forward ? prev : next, recv_tag, pp, MPI_STATUS_IGNORE));
+      t_p2p_ += wall_seconds() - t;
+    }
+    // the slot's previous output (forward) or the chunk's input_grad() (backward) is reused
+    wait(op.forward ? fwd_send_[op.chunk][slot] : bwd_send_[op.chunk]);
+    compute(op, in);
+    if (sends)
+      TRIDENT_CHECK_MPI(MPI_Isend(output(op), n, MPI_FLOAT, op.forward ? next : prev, send_tag, pp,
                                   op.forward ? &fwd_send_[op.chunk][slot] : &bwd_send_[op.chunk]));
   }
-  flush(nullptr);
   for (auto& chunk : fwd_send_)
     for (auto& r : chunk) wait(r);
   for (auto& r : bwd_send_) wait(r);
@@ -107,35 +115,39 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
 
 double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
                                 const std::function<std::int64_t(std::int64_t)>& count) {
-  const int p = topo_.pp_size(), s = topo_.coords().pp;
+  const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
   const MPI_Comm pp = topo_.pp_group().get();
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int prev = (s - 1 + p) % p, next = (s + 1) % p, mi = static_cast<int>(m);
   double loss = 0;
-  const bool grouped = (grouped_p2p || topo_.pp_group().device_enabled()) && chunks_.size() == 1;
-  for (int k = 0; k < mi; ++k) {
-    for (size_t c = 0; c < chunks_.size(); ++c) {  // virtual stages in order
-      GptModel& model = *chunks_[c];
-      const bool pre = model.stage().pre, post = model.stage().post;
-      const int v = static_cast<int>(c) * p + s;
-      if (pre || post) load(k, tokens_, targets_);
-      if (grouped) {
-        const Communicator::P2POp in{false, recv_in_.data(), n, prev, v * mi + k};
-        flush(pre ? nullptr : &in);
-      } else if (!pre) {
-        TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + k, pp, MPI_STATUS_IGNORE));
-      }
-      loss += model.stage_forward(0, tokens_, targets_, recv_in_, false, 0.f, DropoutStreams{}, count(k));
-      Kokkos::fence();
-      if (!post) {
-        if (grouped)  // the slot's output stays valid until the next flush (before the next forward)
-          pending_.push_back({true, model.stage_output(0).data(), n, next, (v + 1) * mi + k});
-        else
-          TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + k, pp));
-      }
-    }
+  auto schedule = [&](int) {  // every stage: the micro-batches in order, each through its chunks
+    std::vector<PipelineOp> ops;
+    for (int k = 0; k < mi; ++k)
+      for (int c = 0; c < vp; ++c) ops.push_back({true, k, c});
+    return ops;
+  };
+  auto compute = [&](const PipelineOp& op, const FloatView& input) {
+    GptModel& model = *chunks_[op.chunk];
+    if (model.stage().pre || model.stage().post) load(op.micro, tokens_, targets_);
+    loss += model.stage_forward(0, tokens_, targets_, input, false, 0.f, DropoutStreams{}, count(op.micro));
+    Kokkos::fence();
+  };
+  const auto ops = schedule(s);
+  if (grouped_p2p || topo_.pp_group().device_enabled()) {
+    // slot 0's output stays valid until its group (right after the forward) completes
+    run_lockstep(ops, plan_lockstep(p, s, mi, vp, schedule, kBackwardTag), compute,
+                 [&](const PipelineOp& op) { return chunks_[op.chunk]->stage_output(0).data(); });
+    return loss;
   }
-  flush(nullptr);
+  for (const PipelineOp& op : ops) {
+    GptModel& model = *chunks_[op.chunk];
+    const int v = op.chunk * p + s;
+    if (!model.stage().pre)
+      TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + op.micro, pp, MPI_STATUS_IGNORE));
+    compute(op, recv_in_);
+    if (!model.stage().post)
+      TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + op.micro, pp));
+  }
   return loss;
 }
 

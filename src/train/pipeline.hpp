@@ -11,6 +11,7 @@
 
 #include "comm/topology.hpp"
 #include "models/gpt_model.hpp"
+#include "train/pipeline_schedule.hpp"
 
 namespace trident {
 
@@ -43,20 +44,22 @@ class PipelineRunner {
   const std::vector<TimelineEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   bool record = false;  // keep timeline events
-  // Grouped point-to-point: each step's outgoing message is sent together with the next step's
-  // incoming one, as one group that completes before the step computes (Megatron's
-  // send_forward_recv_backward pairing). The NCCL path always works this way (NCCL has no
-  // tags and its sends block the stream until received); on MPI it is chosen by
-  // debug.grouped_p2p, so the host tests exercise the same order. The interleaved schedule
-  // (several chunks) always uses MPI's non-blocking sends: grouping it needs Megatron's
-  // schedule-specific pairing, not implemented yet.
+  // Grouped point-to-point: messages travel in send + receive groups that follow the lock-step
+  // plan of train/pipeline_schedule.hpp (deadlock-free for 1F1B, interleaved and forward-only
+  // schedules alike). The NCCL path always works this way (NCCL has no tags and its sends wait
+  // for the matching receive); on MPI it is chosen by debug.grouped_p2p, so the host tests
+  // exercise the same order. Otherwise each message is a non-blocking MPI send, received when
+  // its op runs.
   bool grouped_p2p = false;
 
  private:
   void wait(MPI_Request& r);
-  // grouped mode: runs the pending sends plus `recv` (if any) as one group
-  void flush(const Communicator::P2POp* recv);
-  std::vector<Communicator::P2POp> pending_;
+  // grouped mode: runs the plan's steps, compute(op, input) for ops, then each step's group
+  // (sends from output(op)).
+  void run_lockstep(const std::vector<PipelineOp>& ops, const PipelinePlan& plan,
+                    const std::function<void(const PipelineOp&, const FloatView&)>& compute,
+                    const std::function<float*(const PipelineOp&)>& output);
+  std::vector<FloatView> pool_;  // grouped mode's receive buffers
   std::vector<GptModel*> chunks_;
   const Topology& topo_;
   IntView tokens_, targets_;

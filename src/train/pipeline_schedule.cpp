@@ -2,6 +2,7 @@
 #include "train/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "common/error.hpp"
 
@@ -49,6 +50,74 @@ int max_in_flight(const std::vector<PipelineOp>& ops, int chunks) {
     most = std::max(most, now[op.chunk]);
   }
   return most;
+}
+
+PipelinePlan plan_lockstep(int p, int stage, int m, int vp,
+                           const std::function<std::vector<PipelineOp>(int)>& ops_of, int tag_backward) {
+  const int last_v = p * vp - 1;
+  std::vector<std::vector<PipelineOp>> ops(static_cast<size_t>(p));
+  std::size_t remaining = 0;
+  for (int st = 0; st < p; ++st) remaining += (ops[st] = ops_of(st)).size();
+  // message (into virtual stage v, micro k) -> tag; step it was sent at; its buffer at `stage`
+  auto tag = [&](bool backward, int v, int k) { return (backward ? tag_backward : 0) + v * m + k; };
+  std::map<int, int> sent_at, buffer_of;
+  std::vector<std::size_t> next(static_cast<size_t>(p), 0);
+  std::vector<int> free_buffers;  // of `stage`'s pool
+  PipelinePlan plan;
+  struct Produced {
+    int from, to, tag;
+  };
+  for (int t = 0; remaining > 0; ++t) {
+    PipelineStep mine;
+    mine.t = t;
+    std::vector<Produced> produced;
+    bool ran = false;
+    for (int st = 0; st < p; ++st) {
+      if (next[st] == ops[st].size()) continue;
+      const PipelineOp& op = ops[st][next[st]];
+      const int v = op.chunk * p + st;
+      // the op's input message, if it has one: the activation from v - 1, or the gradient from v + 1
+      const bool needs = op.forward ? v > 0 : v < last_v;
+      const int in = tag(!op.forward, v, op.micro);
+      if (needs) {
+        const auto it = sent_at.find(in);
+        if (it == sent_at.end() || it->second >= t) continue;  // not arrived yet: idle this step
+      }
+      if (st == stage) {
+        mine.op = static_cast<int>(next[st]);
+        if (needs) {
+          mine.input = buffer_of.at(in);
+          free_buffers.push_back(mine.input);  // free for this step's group onwards
+        }
+      }
+      ++next[st];
+      --remaining;
+      ran = true;
+      if (op.forward ? v < last_v : v > 0) {
+        const int to_v = op.forward ? v + 1 : v - 1;
+        produced.push_back({st, to_v % p, tag(!op.forward, to_v, op.micro)});
+      }
+    }
+    // an idle step for every stage adds no message, so the next would be idle too
+    TRIDENT_REQUIRE(ran, "pipeline schedule: the op lists of the stages cannot make progress at step " << t);
+    for (const Produced& msg : produced) {
+      sent_at[msg.tag] = t;
+      if (msg.from == stage) mine.sends.push_back({msg.to, msg.tag, -1});
+      if (msg.to == stage) {
+        int b;
+        if (free_buffers.empty()) {
+          b = plan.buffers++;
+        } else {
+          b = free_buffers.back();
+          free_buffers.pop_back();
+        }
+        buffer_of[msg.tag] = b;
+        mine.recvs.push_back({msg.from, msg.tag, b});
+      }
+    }
+    if (mine.op >= 0 || !mine.sends.empty() || !mine.recvs.empty()) plan.steps.push_back(std::move(mine));
+  }
+  return plan;
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> split_layers(std::int64_t L, int p, std::int64_t first,
