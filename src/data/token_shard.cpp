@@ -40,10 +40,15 @@ void write_int64_dataset(hid_t file, const char* name, const std::vector<std::in
 // Writer
 // ------------------------------------------------------------------------------------------
 
+namespace {
+const char* const kSpecialAttrs[4] = {"cls_id", "sep_id", "mask_id", "pad_id"};
+}
+
 struct TokenShardWriter::Impl {
   std::string path, tmp_path;
   std::int64_t vocab_size = 0;
   std::int64_t eod_id = -1;
+  std::int64_t specials[4] = {-1, -1, -1, -1};  // cls, sep, mask, pad
   std::string tokenizer;
   bool with_sentences = false;
   bool closed = false;
@@ -167,6 +172,16 @@ std::int64_t TokenShardWriter::num_documents() const {
   return static_cast<std::int64_t>(impl_->doc_offsets.size()) - 1;
 }
 
+void TokenShardWriter::set_special_tokens(std::int64_t cls, std::int64_t sep, std::int64_t mask, std::int64_t pad) {
+  Impl& m = *impl_;
+  const std::int64_t ids[4] = {cls, sep, mask, pad};
+  for (int i = 0; i < 4; ++i) {
+    TRIDENT_REQUIRE(ids[i] >= -1 && ids[i] < m.vocab_size,
+                    where_of(m.path) << ": " << kSpecialAttrs[i] << " " << ids[i] << " outside [-1, vocab_size)");
+    m.specials[i] = ids[i];
+  }
+}
+
 void TokenShardWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
@@ -180,6 +195,8 @@ void TokenShardWriter::close() {
     h5_write_attr(m.file, "tokenizer", m.tokenizer);
     h5_write_attr(m.file, "vocab_size", m.vocab_size);
     h5_write_attr(m.file, "eod_id", m.eod_id);
+    for (int i = 0; i < 4; ++i)
+      if (m.specials[i] >= 0) h5_write_attr(m.file, kSpecialAttrs[i], m.specials[i]);
     m.tokens.reset();
     TRIDENT_REQUIRE(H5Fflush(m.file, H5F_SCOPE_GLOBAL) >= 0, where_of(m.path) << ": cannot flush '" << m.tmp_path << "'");
     m.file.reset();
@@ -268,6 +285,13 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
   m.meta.eod_id = h5_read_attr_int(m.file, "eod_id", where);
   TRIDENT_REQUIRE(m.meta.eod_id >= -1 && m.meta.eod_id < m.meta.vocab_size,
                   where << ": attribute 'eod_id' " << m.meta.eod_id << " outside [-1, vocab_size)");
+  std::int64_t* specials[4] = {&m.meta.cls_id, &m.meta.sep_id, &m.meta.mask_id, &m.meta.pad_id};
+  for (int i = 0; i < 4; ++i) {
+    if (!h5_has_attr(m.file, kSpecialAttrs[i])) continue;
+    *specials[i] = h5_read_attr_int(m.file, kSpecialAttrs[i], where);
+    TRIDENT_REQUIRE(*specials[i] >= 0 && *specials[i] < m.meta.vocab_size,
+                    where << ": attribute '" << kSpecialAttrs[i] << "' " << *specials[i] << " outside [0, vocab_size)");
+  }
 
   hsize_t n_tokens = 0;
   m.tokens = open_1d_integer(m.file, "tokens", where, n_tokens);

@@ -25,6 +25,9 @@ struct TokenShardMeta {
   std::int64_t num_tokens = 0;
   std::int64_t num_documents = 0;
   bool has_sentences = false;
+  // Optional root attributes cls_id, sep_id, mask_id, pad_id (written by tokenizers that have
+  // them; -1 when absent): the special tokens BERT and T5 samples are built with.
+  std::int64_t cls_id = -1, sep_id = -1, mask_id = -1, pad_id = -1;
 };
 
 // Writes one shard. Data goes to "<path>.tmp" and is renamed to <path> by close(), so a
@@ -45,6 +48,8 @@ class TokenShardWriter {
                     const std::vector<std::int64_t>& sentence_ends = {});
   std::int64_t num_tokens() const;
   std::int64_t num_documents() const;
+  // Records the special-token ids (cls_id, sep_id, mask_id, pad_id; -1: none) written by close().
+  void set_special_tokens(std::int64_t cls, std::int64_t sep, std::int64_t mask, std::int64_t pad);
   void close();
 
  private:

@@ -123,6 +123,28 @@ def invariance(a):
     print("kjv: %d tokens, %d documents, %d / %d shards (np=1 / np=2), %d sentences" %
           (len(t1), len(d1) - 1, len(f1), len(f2), len(ss1) - 1 if ss1 else 0))
 
+    # WordPiece (lower case) with sentences: np=1 == np=2 == the sample shards; special-token
+    # attributes; sentences tile the documents.
+    bert = []
+    for n in (1, 2):
+        prefix = os.path.join(work, "bert_np%d" % n)
+        r = run_pp(a, n, ["--input", kjv, "--output-prefix", prefix, "--split-sentences", "--shard-tokens", "300000",
+                          "--tokenizer-type", "BertWordPieceLowerCase",
+                          "--vocab-file", os.path.join(a.sample, "bert", "vocab.txt")])
+        if not check(r.returncode == 0, "WordPiece np=%d failed:\n%s%s" % (n, r.stdout, r.stderr)):
+            return
+        bert.append(load(prefix))
+    (_, tb1, db1, sb1, mb1), (_, tb2, db2, sb2, _) = bert
+    check(np.array_equal(tb1, tb2) and db1 == db2 and sb1 == sb2, "WordPiece: np=1 and np=2 differ")
+    check(mb1 == {"format": "trident.tokens", "format_version": 1, "tokenizer": "BertWordPieceLowerCase",
+                  "vocab_size": 30522, "eod_id": 102, "cls_id": 101, "sep_id": 102, "mask_id": 103, "pad_id": 0},
+          "WordPiece attributes: %s" % mb1)
+    check(len(db1) == 1190 and sb1 is not None and set(db1) <= set(sb1), "WordPiece: documents / sentences")
+    check(int(tb1.max()) < 30522 and not np.isin(tb1, [0, 101, 102, 103]).any(), "WordPiece: special ids in text")
+    _, tsb, dsb, ssb, _ = load(os.path.join(a.sample, "kjv_bert"))
+    check(np.array_equal(tsb, tb1) and dsb == db1 and ssb == sb1, "the WordPiece sample shards differ from np=1's")
+    print("kjv (WordPiece): %d tokens, %d sentences" % (len(tb1), len(sb1) - 1))
+
     # Mixed inputs, with a glob, an empty file and a blank / empty-text JSON line.
     src = fresh(os.path.join(work, "mixed_in"))
     texts = {"a.txt": "First plain document.\nIt has two lines.\n", "b.txt": "Second one: don't stop!  ",
@@ -188,7 +210,8 @@ def errors(a):
         ("missing input", [os.path.join(work, "nope.jsonl")], [], "nope.jsonl' does not exist"),
         ("empty glob", [os.path.join(work, "*.parquet")], [], "matches no file"),
         ("bad vocab", [ok], {"vocab": os.path.join(work, "nope.json")}, "cannot open GPT-2 vocabulary file"),
-        ("bert", [ok], {"tokenizer": "BertWordPieceLowerCase"}, "not available yet"),
+        ("bad WordPiece vocab", [ok], {"tokenizer": "BertWordPieceLowerCase", "vocab": os.path.join(work, "nope.txt")},
+         "WordPiece vocabulary"),
         ("unknown tokenizer", [ok], {"tokenizer": "Foo"}, "unknown --tokenizer-type 'Foo'"),
         ("unknown flag", [ok], ["--frobnicate"], "frobnicate"),
         ("two keys", [ok], ["--json-keys", "text", "title"], "--json-keys takes one key"),

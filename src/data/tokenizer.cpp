@@ -1,0 +1,54 @@
+// Tokenizer factory, and GPT-2's BPE with BERT's special tokens appended.
+#include "data/tokenizer.hpp"
+
+#include "common/error.hpp"
+#include "data/gpt2_tokenizer.hpp"
+#include "data/wordpiece_tokenizer.hpp"
+
+namespace trident {
+
+namespace {
+
+// GPT-2's BPE; [CLS] [SEP] [MASK] [PAD] get the ids after the vocabulary's last one (Megatron's
+// additional special tokens), and [UNK] is not needed (byte-level BPE covers every input).
+class BpeWithBertSpecials : public Tokenizer {
+ public:
+  BpeWithBertSpecials(const std::string& vocab, const std::string& merges) : bpe_(vocab, merges) {
+    const auto n = static_cast<std::int32_t>(bpe_.vocab_size());
+    specials_.eod = bpe_.eod_id();
+    specials_.cls = n;
+    specials_.sep = n + 1;
+    specials_.mask = n + 2;
+    specials_.pad = n + 3;
+  }
+  void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const override {
+    bpe_.encode_append(utf8, out);
+  }
+  std::int64_t vocab_size() const override { return bpe_.vocab_size() + 4; }
+  SpecialTokens specials() const override { return specials_; }
+
+ private:
+  Gpt2Tokenizer bpe_;
+  SpecialTokens specials_;
+};
+
+}  // namespace
+
+const char* tokenizer_types() {
+  return "GPT2BPETokenizer, GPT2BPEWithBertSpecials, BertWordPieceLowerCase, BertWordPieceCase";
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
+                                          const std::string& merges) {
+  const bool bpe = type == "GPT2BPETokenizer" || type == "GPT2BPEWithBertSpecials";
+  const bool wordpiece = type == "BertWordPieceLowerCase" || type == "BertWordPieceCase";
+  TRIDENT_REQUIRE(bpe || wordpiece, "unknown tokenizer type '" << type << "' (" << tokenizer_types() << ")");
+  TRIDENT_REQUIRE(!vocab.empty(), "tokenizer " << type << " needs a vocabulary file ("
+                                               << (bpe ? "encoder.json" : "vocab.txt") << ")");
+  if (wordpiece) return std::make_unique<WordPieceTokenizer>(vocab, type == "BertWordPieceLowerCase");
+  TRIDENT_REQUIRE(!merges.empty(), "tokenizer " << type << " needs a merges file (vocab.bpe)");
+  if (type == "GPT2BPETokenizer") return std::make_unique<Gpt2Tokenizer>(vocab, merges);
+  return std::make_unique<BpeWithBertSpecials>(vocab, merges);
+}
+
+}  // namespace trident

@@ -1,0 +1,47 @@
+// The tokenizers behind one interface (Megatron's --tokenizer-type names):
+//   GPT2BPETokenizer          GPT-2's byte-level BPE (data/gpt2_tokenizer), EOD <|endoftext|>
+//   GPT2BPEWithBertSpecials   the same, plus [CLS] [SEP] [MASK] [PAD] appended to the
+//                             vocabulary (ids 50257..50260 with GPT-2's files), for BERT and T5
+//                             users without a WordPiece vocabulary
+//   BertWordPieceLowerCase    BERT's WordPiece (data/wordpiece_tokenizer), lower-cased, accents
+//   BertWordPieceCase         stripped / cased
+// The special tokens are never produced from text: "[MASK]" in the input is tokenized as
+// ordinary characters, as BERT's and GPT-2's own tokenizers do.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trident {
+
+// Ids of the special tokens a BERT / T5 dataset builds samples with (-1: the vocabulary has
+// none). eod: end of document (GPT-2's <|endoftext|>; [SEP] for WordPiece, as in Megatron).
+struct SpecialTokens {
+  std::int32_t eod = -1, cls = -1, sep = -1, mask = -1, pad = -1, unk = -1;
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Appends the ids of a UTF-8 text to out.
+  virtual void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const = 0;
+  std::vector<std::int32_t> encode(std::string_view utf8) const {
+    std::vector<std::int32_t> out;
+    encode_append(utf8, out);
+    return out;
+  }
+  virtual std::int64_t vocab_size() const = 0;
+  virtual SpecialTokens specials() const = 0;
+  std::int32_t eod_id() const { return specials().eod; }
+};
+
+// type: one of the names above. vocab: encoder.json (BPE) or vocab.txt (WordPiece); merges:
+// vocab.bpe (BPE only). Throws Error::all naming the type or file on any problem.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
+                                          const std::string& merges);
+// The accepted type names, for messages.
+const char* tokenizer_types();
+
+}  // namespace trident
