@@ -75,11 +75,15 @@ Corpus::Corpus(const std::vector<std::string>& paths) {
       eod_id_ = m.eod_id;
       tokenizer_ = m.tokenizer;
     } else {
+      const auto& f = shards_[0].meta();
+      TRIDENT_REQUIRE(m.cls_id == f.cls_id && m.sep_id == f.sep_id && m.mask_id == f.mask_id && m.pad_id == f.pad_id,
+                      "shard '" << m.path << "' records other special-token ids than '" << f.path << "'");
       TRIDENT_REQUIRE(m.vocab_size == vocab_size_ && m.tokenizer == tokenizer_,
                       "shard '" << m.path << "' (tokenizer " << m.tokenizer << ", vocab_size " << m.vocab_size
                                 << ") does not match '" << shards_[0].meta().path << "' (tokenizer " << tokenizer_
                                 << ", vocab_size " << vocab_size_ << ")");
     }
+    has_sentences_ = has_sentences_ && m.has_sentences;
     const auto& off = shards_[s].document_offsets();
     for (size_t d = 0; d + 1 < off.size(); ++d) {
       if (off[d + 1] == off[d]) continue;  // empty documents carry no tokens
@@ -94,6 +98,16 @@ Corpus::Corpus(const std::vector<std::string>& paths) {
 
 void Corpus::read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const {
   shards_[doc_shard_[d]].read(doc_begin_[d] + offset, count, out);
+}
+
+std::vector<std::int64_t> Corpus::sentence_bounds(std::int64_t d) const {
+  std::vector<std::int64_t> out;
+  if (!has_sentences_) return out;
+  const auto& so = shards_[doc_shard_[d]].sentence_offsets();
+  // every document boundary is a sentence boundary (validated by the reader)
+  auto it = std::lower_bound(so.begin(), so.end(), doc_begin_[d]);
+  for (; it != so.end() && *it <= doc_end_[d]; ++it) out.push_back(*it - doc_begin_[d]);
+  return out;
 }
 
 std::vector<std::int64_t> split_documents(const std::string& ratios, std::int64_t n) {

@@ -31,6 +31,12 @@ class Corpus {
   std::int64_t vocab_size() const { return vocab_size_; }
   std::int64_t eod_id() const { return eod_id_; }
   const std::string& tokenizer() const { return tokenizer_; }
+  // Sentence boundaries of document d relative to its start (first 0, last its length); empty
+  // when the shards hold no /sentence_offsets (has_sentences() false).
+  std::vector<std::int64_t> sentence_bounds(std::int64_t d) const;
+  bool has_sentences() const { return has_sentences_; }
+  // The special tokens recorded in the shards (cls, sep, mask, pad; -1 when absent).
+  const TokenShardMeta& meta() const { return shards_.front().meta(); }
   std::int64_t num_tokens() const { return num_tokens_; }
   const std::vector<TokenShardReader>& shards() const { return shards_; }
 
@@ -40,6 +46,7 @@ class Corpus {
   std::vector<std::int64_t> doc_begin_, doc_end_;
   std::int64_t vocab_size_ = 0, eod_id_ = -1, num_tokens_ = 0;
   std::string tokenizer_;
+  bool has_sentences_ = true;
 };
 
 // Megatron's split of documents by ratios "a,b,c": boundaries round(cumsum(ratios) * n).

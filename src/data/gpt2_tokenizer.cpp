@@ -2,6 +2,8 @@
 // the merge loop. See gpt2_tokenizer.hpp for the rules and the policy on invalid UTF-8.
 #include "data/gpt2_tokenizer.hpp"
 
+#include <cctype>
+
 #include <unicode/uchar.h>
 
 #include <algorithm>
@@ -440,6 +442,14 @@ std::string Gpt2Tokenizer::decode(const std::vector<std::int32_t>& ids) const {
   std::string out;
   for (std::int32_t id : ids) out += token_bytes(id);
   return out;
+}
+
+bool Gpt2Tokenizer::continues_word(std::int32_t id) const {
+  if (id < 0 || id >= vocab_size() || id == eod_id_) return false;
+  const std::string& b = id_to_bytes_[static_cast<std::size_t>(id)];
+  if (b.empty()) return false;
+  const auto c = static_cast<unsigned char>(b[0]);
+  return c >= 0x80 || std::isalnum(c);  // a letter, digit or non-ASCII character glued to the one before
 }
 
 }  // namespace trident

@@ -59,6 +59,7 @@ class Gpt2Tokenizer : public Tokenizer {
     s.eod = eod_id_;
     return s;
   }
+  bool continues_word(std::int32_t id) const override;
   std::size_t num_merges() const { return num_merges_; }
 
   // Splits text into GPT-2's pre-tokenization pieces (byte ranges); exposed for tests.

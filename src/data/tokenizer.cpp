@@ -26,6 +26,7 @@ class BpeWithBertSpecials : public Tokenizer {
   }
   std::int64_t vocab_size() const override { return bpe_.vocab_size() + 4; }
   SpecialTokens specials() const override { return specials_; }
+  bool continues_word(std::int32_t id) const override { return id < bpe_.vocab_size() && bpe_.continues_word(id); }
 
  private:
   Gpt2Tokenizer bpe_;

@@ -35,6 +35,10 @@ class Tokenizer {
   virtual std::int64_t vocab_size() const = 0;
   virtual SpecialTokens specials() const = 0;
   std::int32_t eod_id() const { return specials().eod; }
+  // Whether token `id` continues the word of the token before it (whole-word masking):
+  // WordPiece's "##" pieces; for GPT-2's BPE, tokens that do not start with a space, a
+  // punctuation character or a line break (a heuristic: BPE marks word starts by the space).
+  virtual bool continues_word(std::int32_t id) const = 0;
 };
 
 // type: one of the names above. vocab: encoder.json (BPE) or vocab.txt (WordPiece); merges:

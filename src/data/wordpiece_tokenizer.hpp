@@ -28,6 +28,7 @@ class WordPieceTokenizer : public Tokenizer {
   void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const override;
   std::int64_t vocab_size() const override { return static_cast<std::int64_t>(tokens_.size()); }
   SpecialTokens specials() const override { return specials_; }
+  bool continues_word(std::int32_t id) const override { return token(id).compare(0, 2, "##") == 0; }
 
   // The words of the basic tokenization (exposed for tests).
   std::vector<std::string> basic_tokenize(std::string_view utf8) const;
