@@ -119,8 +119,9 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
 }
 
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
-                               TransformerScratch& s) {
+                               TransformerScratch& s, const IntView& key_valid) {
   a.rng = rng;
+  a.mask = AttentionMask{s_.causal, key_valid};
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
@@ -129,12 +130,12 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
   if (s_.flash) {
-    flash_attention_forward(a.atty, a.lse, a.qkv, as, att_spec);
+    flash_attention_forward(a.atty, a.lse, a.qkv, as, att_spec, a.mask);
   } else if (half) {
-    attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec);
+    attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec, a.mask);
     attention_context_half(s_.dt, a.atty.h, s.datty, att_spec.active() ? a.att_drop.h : a.att.h, a.qkv.h, as);
   } else {
-    attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec);
+    attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec, a.mask);
     attention_context(a.atty.f, att_spec.active() ? a.att_drop.f : a.att.f, a.qkv.f, as);  // (BT, C/tp)
   }
   Kokkos::fence();
@@ -174,14 +175,14 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   // selective recomputation: the probabilities (and their dropout) again from the kept qkv
   if (s_.flash) {
-    flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, att_spec);
+    flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, att_spec, a.mask);
   } else if (half) {
-    if (!a.attention_kept) attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec);
+    if (!a.attention_kept) attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec, a.mask);
     attention_backward_half(s_.dt, s.dqkv, s.datty, a.qkv.h, a.att.h, a.att_drop.h, s.datt, s.att32, s.dy16, s.ds16,
-                            as, att_spec);
+                            as, att_spec, a.mask);
   } else {
-    if (!a.attention_kept) attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec);
-    attention_backward(s.dqkv, s.datty, a.qkv.f, a.att.f, s.datt, as, att_spec, a.att_drop.f);
+    if (!a.attention_kept) attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec, a.mask);
+    attention_backward(s.dqkv, s.datty, a.qkv.f, a.att.f, s.datt, as, att_spec, a.att_drop.f, a.mask);
   }
   Kokkos::fence();
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);

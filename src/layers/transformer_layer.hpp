@@ -25,6 +25,9 @@ struct TransformerShape {
   // Core attention by the fused kernel (ops/flash_attention: no (T, T) probabilities kept,
   // Megatron's --use-flash-attn) instead of GEMMs + softmax.
   bool flash = false;
+  // Causal self-attention (GPT, the T5 decoder) or bidirectional with a key-padding mask given
+  // per micro-batch (BERT, the T5 encoder).
+  bool causal = true;
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
 };
@@ -46,6 +49,7 @@ struct DropoutStreams {
 // regenerated from the keys in `rng`.
 struct LayerActivations {
   DropoutStreams rng;
+  AttentionMask mask;                 // the forward pass's (causal flag, key padding of the micro-batch)
   Act ln1;                            // (R, C) LayerNorm output, input of qkv
   FloatView ln1_mean, ln1_rstd;       // (R), (R)
   Act qkv;                            // (BT, 3 C_l)
@@ -94,7 +98,10 @@ class TransformerLayer {
   LayerActivations make_activations(const TransformerScratch& s, bool keep_attention) const;
 
   // x (R, C) -> a.out (R, C). x must stay alive (or be recreated) until the backward pass.
-  void forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a, TransformerScratch& s);
+  // key_valid (B * T): the padding mask of the micro-batch (empty: every key), used by
+  // bidirectional layers; it must stay alive until the backward pass.
+  void forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a, TransformerScratch& s,
+               const IntView& key_valid = {});
   // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
   void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s);
 

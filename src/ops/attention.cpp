@@ -7,36 +7,47 @@
 
 namespace trident {
 
-void causal_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, float scale) {
-  Kokkos::parallel_for("ops::causal_softmax_forward", range(BH * T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t i = r % T, base = r * T;
+void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, std::int64_t nh, float scale,
+                            const AttentionMask& mask) {
+  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0;
+  const IntView valid = mask.key_valid;
+  Kokkos::parallel_for("ops::masked_softmax_forward", range(BH * T), KOKKOS_LAMBDA(std::int64_t r) {
+    const std::int64_t i = r % T, base = r * T, key0 = (r / (nh * T)) * T;  // first key of the sample
+    const std::int64_t jend = causal ? i + 1 : T;
+    auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
     float mx = -3.0e38f;
-    for (std::int64_t j = 0; j <= i; ++j) mx = dmax(mx, att(base + j) * scale);
+    bool any = false;
+    for (std::int64_t j = 0; j < jend; ++j)
+      if (on(j)) {
+        mx = dmax(mx, att(base + j) * scale);
+        any = true;
+      }
     float sum = 0.f;
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const float e = fast_exp(att(base + j) * scale - mx);
+    for (std::int64_t j = 0; j < jend; ++j) {
+      const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
       att(base + j) = e;
       sum += e;
     }
-    const float inv = 1.f / sum;
-    for (std::int64_t j = 0; j <= i; ++j) att(base + j) *= inv;
-    for (std::int64_t j = i + 1; j < T; ++j) att(base + j) = 0.f;
+    const float inv = any ? 1.f / sum : 0.f;
+    for (std::int64_t j = 0; j < jend; ++j) att(base + j) *= inv;
+    for (std::int64_t j = jend; j < T; ++j) att(base + j) = 0.f;
   });
 }
 
-void causal_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t T,
-                             float scale) {
-  Kokkos::parallel_for("ops::causal_softmax_backward", range(BH * T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t i = r % T, base = r * T;
+void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t T,
+                             float scale, bool causal) {
+  Kokkos::parallel_for("ops::masked_softmax_backward", range(BH * T), KOKKOS_LAMBDA(std::int64_t r) {
+    const std::int64_t i = r % T, base = r * T, jend = causal ? i + 1 : T;
     float dot = 0.f;
-    for (std::int64_t j = 0; j <= i; ++j) dot += datt(base + j) * att(base + j);
-    for (std::int64_t j = 0; j <= i; ++j) datt(base + j) = att(base + j) * (datt(base + j) - dot) * scale;
-    for (std::int64_t j = i + 1; j < T; ++j) datt(base + j) = 0.f;
+    for (std::int64_t j = 0; j < jend; ++j) dot += datt(base + j) * att(base + j);
+    // masked keys have att = 0, hence a zero gradient
+    for (std::int64_t j = 0; j < jend; ++j) datt(base + j) = att(base + j) * (datt(base + j) - dot) * scale;
+    for (std::int64_t j = jend; j < T; ++j) datt(base + j) = 0.f;
   });
 }
 
 void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
-                     const DropoutSpec& drop) {
+                     const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
   // Heads are read in place from qkv (row stride 3C): batched GEMMs over the heads of each
   // sample, no head permutes.
@@ -46,7 +57,7 @@ void attention_probs(const FloatView& att, const FloatView& att_drop, const Floa
     gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q, 3 * C, hs, q + C, 3 * C, hs, 0.f,
                          att.data() + b * nh * T * T, T, T * T, nh);
   }
-  causal_softmax_forward(att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  masked_softmax_forward(att, B * nh, T, nh, 1.f / dsqrt(static_cast<float>(hs)), mask);
   if (drop.active()) dropout_forward(att_drop, att, B * nh * T * T, drop);
   Kokkos::fence();
 }
@@ -62,14 +73,14 @@ void attention_context(const FloatView& y, const FloatView& probs, const FloatVi
 }
 
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
-                       const DropoutSpec& drop, const FloatView& att_drop) {
-  attention_probs(att, att_drop, qkv, s, drop);
+                       const DropoutSpec& drop, const FloatView& att_drop, const AttentionMask& mask) {
+  attention_probs(att, att_drop, qkv, s, drop, mask);
   attention_context(y, drop.active() ? att_drop : att, qkv, s);
 }
 
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop,
-                        const FloatView& att_drop) {
+                        const FloatView& att_drop, const AttentionMask& mask) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs();
   const FloatView& probs = drop.active() ? att_drop : att;
   for (std::int64_t b = 0; b < B; ++b) {
@@ -83,7 +94,7 @@ void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatV
                          dq + 2 * C, 3 * C, hs, nh);
   }
   if (drop.active()) dropout_backward(datt, datt, B * nh * T * T, drop);
-  causal_softmax_backward(datt, att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  masked_softmax_backward(datt, att, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)), mask.causal);
   Kokkos::fence();
   for (std::int64_t b = 0; b < B; ++b) {
     const float* q = qkv.data() + b * T * 3 * C;
@@ -96,13 +107,14 @@ void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatV
 }
 
 void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
-                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop) {
+                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop,
+                          const AttentionMask& mask) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs(), A = B * nh * T * T;
   const GemmOperand q = operand(dt, qkv.data());
   for (std::int64_t b = 0; b < B; ++b)
     gemm_mixed_strided_batched(Trans::N, Trans::T, T, T, hs, 1.f, q.at(b * T * 3 * C), 3 * C, hs,
                                q.at(b * T * 3 * C + C), 3 * C, hs, 0.f, scores.data() + b * nh * T * T, T, T * T, nh);
-  causal_softmax_forward(scores, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  masked_softmax_forward(scores, B * nh, T, nh, 1.f / dsqrt(static_cast<float>(hs)), mask);
   pack_half(dt, att, scores, A);
   if (drop.active()) {
     Kokkos::fence();
@@ -126,7 +138,7 @@ void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, c
 void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
                              const HalfView& att, const HalfView& att_drop, const FloatView& datt,
                              const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
-                             const AttentionShape& s, const DropoutSpec& drop) {
+                             const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t B = s.B, T = s.T, C = s.C, nh = s.nh, hs = s.hs(), A = B * nh * T * T;
   pack_half(dt, dy16, dy, B * T * C);
   Kokkos::fence();
@@ -142,7 +154,7 @@ void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& d
   if (drop.active()) dropout_backward(datt, datt, A, drop);
   unpack_half(dt, att32, att, A);  // the stored (rounded) probabilities
   Kokkos::fence();
-  causal_softmax_backward(datt, att32, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)));
+  masked_softmax_backward(datt, att32, B * nh, T, 1.f / dsqrt(static_cast<float>(hs)), mask.causal);
   pack_half(dt, ds16, datt, A);
   Kokkos::fence();
   const GemmOperand ds = operand(dt, ds16.data());

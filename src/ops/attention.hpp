@@ -1,5 +1,5 @@
-// Core attention (no projections): causal softmax(Q K^T / sqrt(hs)) V over heads, with the
-// batched GEMMs through ops/gemm. Head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1 of
+// Core attention (no projections): softmax(Q K^T / sqrt(hs)) V over heads under a causal mask
+// (GPT) or a key-padding mask (BERT's encoder), with the batched GEMMs through ops/gemm. Head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1 of
 // the q, k and v thirds of each token's 3C-vector (Megatron/DESIGN.md qkv row order).
 #pragma once
 #include "common/half.hpp"
@@ -13,42 +13,56 @@ struct AttentionShape {
   std::int64_t hs() const { return C / nh; }
 };
 
+// Which keys a query attends to. Masked scores get probability 0 (not a large negative
+// number), so a query row without any valid key has all-zero probabilities and a zero output
+// in both the unfused and the fused path.
+struct AttentionMask {
+  bool causal = true;
+  // (B * T): key t of sample b is attended to only when key_valid(b * T + t) != 0 (padding
+  // mask); empty: every key.
+  IntView key_valid;
+};
+
 // qkv (B, T, 3C) -> y (B, T, C), the attention output before the projection; att (B, nh, T, T)
 // keeps the probabilities. With dropout, att_drop (B, nh, T, T) receives the dropped-out
 // probabilities (unused otherwise). Heads are addressed in place (strided GEMMs).
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
-                       const DropoutSpec& drop = {}, const FloatView& att_drop = {});
+                       const DropoutSpec& drop = {}, const FloatView& att_drop = {}, const AttentionMask& mask = {});
 
-// The two halves of attention_forward. attention_probs: att (B, nh, T, T) = causal
+// The two halves of attention_forward. attention_probs: att (B, nh, T, T) = masked
 // softmax(q k^T / sqrt(hs)) and, with dropout, att_drop = dropout(att). Selective activation
 // recomputation re-runs it in the backward pass instead of keeping att and att_drop.
 void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
-                     const DropoutSpec& drop = {});
+                     const DropoutSpec& drop = {}, const AttentionMask& mask = {});
 // y (B, T, C) = probs v, per head (probs: att, or att_drop with dropout).
 void attention_context(const FloatView& y, const FloatView& probs, const FloatView& qkv, const AttentionShape& s);
 
 // dy (B, T, C) -> dqkv (B, T, 3C) (overwritten). Scratch: datt (B, nh, T, T).
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop = {},
-                        const FloatView& att_drop = {});
+                        const FloatView& att_drop = {}, const AttentionMask& mask = {});
 
 // ---- 16-bit twins (mixed precision): qkv, the probabilities (att, att_drop) and the output y
 // are 16-bit words; the GEMMs take 16-bit inputs with fp32 accumulation; scores, softmax,
 // dropout and every gradient are fp32. Workspaces: scores and att32 (B, nh, T, T) fp32, y32
 // (B, T, C) fp32, dy16 (B, T, C) and ds16 (B, nh, T, T) 16-bit.
 void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
-                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop = {});
+                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop = {},
+                          const AttentionMask& mask = {});
 void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
                             const HalfView& qkv, const AttentionShape& s);
 void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
                              const HalfView& att, const HalfView& att_drop, const FloatView& datt,
                              const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
-                             const AttentionShape& s, const DropoutSpec& drop = {});
+                             const AttentionShape& s, const DropoutSpec& drop = {},
+                             const AttentionMask& mask = {});
 
-// Row-wise causal softmax in place over (rows of length T, row index i = row % T masks j > i).
-void causal_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, float scale);
-// datt <- att * (datt - sum_j datt*att) * scale  (in place in datt)
-void causal_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t T,
-                             float scale);
+// Row-wise masked softmax in place over BH * T rows of length T (row r: sample r / (nh T),
+// query i = r % T): the causal mask drops keys j > i, the padding mask keys with key_valid 0.
+void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, std::int64_t nh, float scale,
+                            const AttentionMask& mask);
+// datt <- att * (datt - sum_j datt*att) * scale  (in place in datt; masked keys get 0)
+void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t T,
+                             float scale, bool causal);
 
 }  // namespace trident

@@ -12,13 +12,6 @@
 
 namespace trident {
 
-struct AttentionMask {
-  bool causal = true;
-  // (B * T): key t of sample b is attended to only when key_valid(b * T + t) != 0 (padding
-  // mask); empty: every key.
-  IntView key_valid;
-};
-
 constexpr std::int64_t kFlashMaxHeadDim = 256;
 
 // qkv (B, T, 3C) -> y (B, T, C); lse (B, nh, T) receives the log-sum-exp of each query row's

@@ -25,6 +25,7 @@ constexpr double kRtol = 2e-5, kAtol = 2e-6;
 struct Case {
   AttentionShape s;
   float drop;
+  std::vector<std::int32_t> key_valid = {};  // empty: causal; else bidirectional with this padding mask
 };
 
 void compare_with_unfused(const Case& k) {
@@ -35,17 +36,22 @@ void compare_with_unfused(const Case& k) {
   d.key = 987654321;
   const auto qkv_h = random_vector(BT * 3 * s.C, 41), dy_h = random_vector(BT * s.C, 42);
   const FloatView qkv = to_device(qkv_h), dy = to_device(dy_h);
+  AttentionMask mask;
+  if (!k.key_valid.empty()) {
+    mask.causal = false;
+    mask.key_valid = to_device(k.key_valid);
+  }
   // unfused reference
   FloatView y_ref = make_float("y_ref", BT * s.C), att = make_float("att", A), att_drop = make_float("att_drop", A);
   FloatView datt = make_float("datt", A), dqkv_ref = make_float("dqkv_ref", BT * 3 * s.C);
-  attention_forward(y_ref, qkv, att, s, d, att_drop);
-  attention_backward(dqkv_ref, dy, qkv, att, datt, s, d, att_drop);
+  attention_forward(y_ref, qkv, att, s, d, att_drop, mask);
+  attention_backward(dqkv_ref, dy, qkv, att, datt, s, d, att_drop, mask);
   // fused
   Act y = make_act(DType::F32, "y", BT * s.C), q = act(qkv);
   FloatView lse = make_float("lse", s.B * s.nh * s.T), delta = make_float("delta", s.B * s.nh * s.T);
   FloatView dqkv = make_float("dqkv", BT * 3 * s.C);
-  flash_attention_forward(y, lse, q, s, d);
-  flash_attention_backward(dqkv, dy, q, y, lse, delta, s, d);
+  flash_attention_forward(y, lse, q, s, d, mask);
+  flash_attention_backward(dqkv, dy, q, y, lse, delta, s, d, mask);
   expect_close(as_double(to_host(y.f)), as_double(to_host(y_ref)), kRtol, kAtol, "flash forward vs unfused");
   expect_close(as_double(to_host(dqkv)), as_double(to_host(dqkv_ref)), kRtol, 1e-5, "flash backward vs unfused");
 }
@@ -56,6 +62,17 @@ TEST(FlashAttention, CausalMatchesUnfusedOps) { compare_with_unfused({{2, 17, 16
 TEST(FlashAttention, CausalWithDropoutMatchesUnfusedOps) { compare_with_unfused({{2, 13, 24, 3}, 0.3f}); }
 
 TEST(FlashAttention, HeadSize64LikeGpt2) { compare_with_unfused({{1, 20, 128, 2}, 0.1f}); }
+
+// BERT's encoder attention: bidirectional with a key-padding mask, in both paths (the unfused
+// masked softmax against the fused kernel), with dropout; sample 2 is all padding (zero
+// output and gradients in both).
+TEST(FlashAttention, PaddingMaskMatchesUnfusedMaskedSoftmax) {
+  std::vector<std::int32_t> valid;
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 9; ++t) valid.push_back(b == 0 ? t < 6 : b == 1 ? 1 : 0);
+  compare_with_unfused({{3, 9, 16, 2}, 0.f, valid});
+  compare_with_unfused({{3, 9, 16, 2}, 0.2f, valid});
+}
 
 // Bidirectional attention with padded keys (BERT/T5 encoders): forward against a double
 // reference, backward against central differences.
