@@ -98,8 +98,12 @@ class Registry {
     add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
     add("data.split", &d.data.split, "train,valid,test document ratios");
     add("data.prefetch", &d.data.prefetch, "read the next micro-batch on a helper thread while the current one computes");
-    add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (for text output)");
-    add("data.merges_file", &d.data.merges_file, "BPE merges (for text output)");
+    add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (BERT's whole-word masking; text output)");
+    add("data.merges_file", &d.data.merges_file, "BPE merges (GPT-2 BPE vocabularies)");
+    add("bert.mask_prob", &d.bert.mask_prob, "BERT: fraction of the tokens of a sample that are predicted");
+    add("bert.short_seq_prob", &d.bert.short_seq_prob, "BERT: probability of a shorter target length");
+    add("bert.max_ngrams", &d.bert.max_ngrams, "BERT: longest masked n-gram of whole words");
+    add("bert.binary_head", &d.bert.binary_head, "BERT: sentence pairs and the sentence-order head");
     add("checkpoint.save", &d.checkpoint.save, "checkpoint directory to write");
     add("checkpoint.load", &d.checkpoint.load, "checkpoint directory to resume from");
     add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");

@@ -45,6 +45,11 @@ struct Deck {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;
     bool prefetch = true;  // read the next micro-batch on a helper thread while one computes
   } data;
+  struct Bert {  // pretrain_bert only (Megatron's --mask-prob, --short-seq-prob, --bert-no-binary-head)
+    double mask_prob = 0.15, short_seq_prob = 0.1;
+    std::int64_t max_ngrams = 3;
+    bool binary_head = true;
+  } bert;
   struct Checkpoint {
     std::string save, load;
     std::int64_t interval = 0;

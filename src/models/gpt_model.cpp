@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "ops/cross_entropy.hpp"
+#include "ops/elementwise.hpp"
 #include "ops/embedding.hpp"
 #include "ops/gemm.hpp"
 #include "ops/mixed_precision.hpp"
@@ -34,6 +35,10 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   TRIDENT_REQUIRE(!tp.sequence_parallel || rows_ % p == 0,
                   "sequence parallelism splits micro_batch_size x seq_length = " << rows_ << " tokens over tp = " << p
                                                                                   << ": not divisible");
+  TRIDENT_REQUIRE(!cfg.bert || cfg.dt == DType::F32,
+                  "BERT runs in fp32 for now (precision.dtype = " << dtype_name(cfg.dt) << " is GPT-only)");
+  TRIDENT_REQUIRE(!cfg.bert || !tp.sequence_parallel, "BERT runs without sequence parallelism for now "
+                                                      "(set parallel.sequence_parallel = false)");
   vocab_local_ = cfg.padded_vocab / p;
   vocab_start_ = r * vocab_local_;
 
@@ -50,10 +55,13 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   if (stage_.pre || stage_.post) wte_ = store.declare(wte);
   if (stage_.pre)
     wpe_ = store.declare("model/embedding/position_embeddings", {cfg.max_positions, C}, true, cfg.init_std);
+  if (stage_.pre && cfg.bert)
+    tte_ = store.declare("model/embedding/tokentype_embeddings", {cfg.num_token_types, C}, true, cfg.init_std);
 
   TransformerShape ts{B_, T, C, cfg.heads, cfg.ffn, cfg.ln_eps, cfg.init_std,
                       cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.num_layers)), tp,
                       cfg.hidden_dropout, cfg.attention_dropout, cfg.dt, cfg.flash_attention};
+  ts.causal = !cfg.bert;
   for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
     layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
   if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
@@ -84,7 +92,14 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   const std::int64_t R = local_rows_;
   dres_ = make_float("gpt::dres", R * C);
   if (stage_.pre) word_ = make_float("gpt::word", rows_ * C);
-  if (stage_.post) {  // final LayerNorm, LM head and loss buffers
+  if (stage_.post && cfg.bert) {  // final LayerNorm and BERT's heads
+    lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
+    lnf_mean_ = make_float("gpt::lnf_mean", R);
+    lnf_rstd_ = make_float("gpt::lnf_rstd", R);
+    dlnf_ = make_float("gpt::dlnf", R * C);
+    bert_head_ = std::make_unique<BertHead>(store, B_, T, C, cfg.vocab_size, vocab_local_, vocab_start_, cfg.init_std,
+                                            cfg.ln_eps, cfg.binary_head, tp);
+  } else if (stage_.post) {  // final LayerNorm, LM head and loss buffers
     lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
     lnf_mean_ = make_float("gpt::lnf_mean", R);
     lnf_rstd_ = make_float("gpt::lnf_rstd", R);
@@ -99,14 +114,34 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
 }
 
 double GptModel::forward(const IntView& tokens, const IntView& targets, std::int64_t samples) {
-  return stage_forward(0, tokens, targets, FloatView(), false, 0.f, DropoutStreams{}, samples);
+  MicroBatch mb;
+  mb.tokens = tokens;
+  mb.targets = targets;
+  return forward(mb, samples);
 }
 
 double GptModel::forward_backward(const IntView& tokens, const IntView& targets, float dscale,
                                   const DropoutStreams& rng) {
-  const double loss = stage_forward(0, tokens, targets, FloatView(), true, dscale, rng);
+  MicroBatch mb;
+  mb.tokens = tokens;
+  mb.targets = targets;
+  return forward_backward(mb, dscale, rng);
+}
+
+double GptModel::forward(const MicroBatch& mb, std::int64_t samples) {
+  return stage_forward(0, mb, FloatView(), false, 0.f, DropoutStreams{}, samples);
+}
+
+double GptModel::forward_backward(const MicroBatch& mb, float dscale, const DropoutStreams& rng) {
+  const double loss = stage_forward(0, mb, FloatView(), true, dscale, rng);
   stage_backward(0, FloatView());
   return loss;
+}
+
+BertLosses GptModel::take_bert_losses() {
+  const BertLosses l = bert_losses_;
+  bert_losses_ = {};
+  return l;
 }
 
 GptModel::Slot& GptModel::slot(int i) {
@@ -115,6 +150,8 @@ GptModel::Slot& GptModel::slot(int i) {
     s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
     if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_ * cfg_.hidden);
     if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
+    if (stage_.pre && cfg_.bert) s.types = make_int("gpt::types", rows_);
+    if (cfg_.bert) s.padding = make_int("gpt::padding", rows_);
     const bool selective = cfg_.recompute == GptConfig::Recompute::Selective && !cfg_.flash_attention;
     for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l)
       s.acts.push_back(segments_[segment_of_[l]].recompute ? LayerActivations{}
@@ -153,7 +190,8 @@ FloatView GptModel::layer_output(const Slot& s, std::int64_t l) const {
 std::int64_t GptModel::activation_bytes_per_slot() const {
   if (slots_.empty()) return 0;
   const Slot& s = slots_.front();
-  std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span()) * 4;
+  std::int64_t n =
+      static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() + s.padding.span()) * 4;
   for (const auto& a : s.acts) n += a.bytes();
   for (const auto& o : s.seg_out) n += static_cast<std::int64_t>(o.span()) * 4;
   return n;
@@ -174,6 +212,7 @@ std::int64_t GptModel::workspace_bytes() const {
   for (const FloatView* v : {&word_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dlnf_, &dhead_, &ce_scratch_})
     n += static_cast<std::int64_t>(v->span()) * 4;
   n += lnf_out_.bytes() + static_cast<std::int64_t>(dlogits16_.span()) * 2;
+  if (bert_head_) n += bert_head_->workspace_bytes();
   if (tp_.sequence_parallel) n += head_in_.bytes();
   return n;
 }
@@ -189,7 +228,8 @@ DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
 
 // Vocabulary-parallel embedding: partial lookups summed over TP (reduce_from), or
 // reduce-scattered to the row split with sequence parallelism; then positions, dropout.
-void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training) {
+void GptModel::embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, bool training) {
+  const IntView& tokens = mb.tokens;
   const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   if (cfg_.dt == DType::F32)
@@ -207,6 +247,13 @@ void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, 
     add_positions(s.input, store_->value(wpe_), row0, R, T, C);
   else
     add_positions_half(cfg_.dt, s.input, store_->value16(wpe_), row0, R, T, C);
+  if (tte_ >= 0) {  // token types (BERT; no sequence parallelism, so R = BT): word_ is free again
+    Kokkos::fence();
+    embedding_lookup(word_, mb.types, store_->value(tte_), 0, cfg_.num_token_types, BT, C);
+    Kokkos::fence();
+    accumulate(s.input, word_, BT * C);
+    if (training) Kokkos::deep_copy(s.types, mb.types);
+  }
   dropout_forward(s.input, s.input, R * C, training ? embedding_dropout(rng) : DropoutSpec{});
   if (training) Kokkos::deep_copy(s.tokens, tokens);
   Kokkos::fence();
@@ -215,11 +262,26 @@ void GptModel::embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, 
 // Final LayerNorm, tied LM head (the hidden states enter the TP region by copy_to, or by an
 // all-gather of the row split; logits (BT, Vl) are this rank's vocabulary columns) and the
 // loss; when training, the gradient at the last layer's output goes to the slot's head_grad.
-double GptModel::head(int slot_index, const IntView& targets, bool training, float dscale, std::int64_t samples) {
+double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float dscale, std::int64_t samples) {
   const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_, Vl = vocab_local_;
   const bool sp = tp_.sequence_parallel;
+  const IntView& targets = mb.targets;
   Slot& s = slot(slot_index);
   const FloatView last = layers_.empty() ? s.input : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
+  if (bert_head_) {  // final LayerNorm, then BERT's heads on all rows (no sequence parallelism)
+    lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
+    Kokkos::fence();
+    const BertLosses l =
+        bert_head_->run(lnf_out_.f, store_->value(wte_), store_->grad(wte_), mb, training, dscale, dlnf_);
+    bert_losses_.mlm += l.mlm;
+    bert_losses_.sop += l.sop;
+    if (training) {
+      Kokkos::deep_copy(s.head_grad, 0.f);
+      lnf_.backward(s.head_grad, dlnf_, last, lnf_mean_, lnf_rstd_, R);
+      Kokkos::fence();
+    }
+    return l.mlm + l.sop;
+  }
   const Act wte = store_->param(wte_);
   lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
   Kokkos::fence();
@@ -263,23 +325,24 @@ double GptModel::head(int slot_index, const IntView& targets, bool training, flo
   return loss_sum;
 }
 
-double GptModel::stage_forward(int slot_index, const IntView& tokens, const IntView& targets, const FloatView& input,
-                               bool training, float dscale, const DropoutStreams& rng, std::int64_t samples) {
+double GptModel::stage_forward(int slot_index, const MicroBatch& mb, const FloatView& input, bool training,
+                               float dscale, const DropoutStreams& rng, std::int64_t samples) {
   Slot& s = slot(slot_index);
   s.rng = training ? rng : DropoutStreams{};
+  if (cfg_.bert) Kokkos::deep_copy(s.padding, mb.padding);  // kept until the slot's backward pass
   if (stage_.pre)
-    embed(s, tokens, s.rng, training);
+    embed(s, mb, s.rng, training);
   else
     Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
   FloatView x = s.input;
   for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l) {
     LayerActivations a = activations(s, l);
-    layers_[l]->forward(x, s.rng, a, *scratch_);
-    if (!segments_[segment_of_[l]].recompute) s.acts[l].rng = a.rng;
+    layers_[l]->forward(x, s.rng, a, *scratch_, s.padding);
+    if (!segments_[segment_of_[l]].recompute) s.acts[l] = a;  // rng and mask of this micro-batch
     x = a.out;
   }
   if (!stage_.post) return 0.0;
-  return head(slot_index, targets, training, dscale, samples < 0 ? B_ : samples);
+  return head(slot_index, mb, training, dscale, samples < 0 ? B_ : samples);
 }
 
 const FloatView& GptModel::stage_output(int slot_index) const {
@@ -302,7 +365,7 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
       acts.push_back(activations(s, l));
       // full recomputation: the segment's forward pass again, from its kept input and with the
       // micro-batch's dropout streams (masks are regenerated, so the result is bitwise equal)
-      if (seg.recompute) layers_[l]->forward(x, s.rng, acts.back(), *scratch_);
+      if (seg.recompute) layers_[l]->forward(x, s.rng, acts.back(), *scratch_, s.padding);
       x = acts.back().out;
     }
     for (std::int64_t l = seg.first + seg.count - 1; l >= seg.first; --l) {
@@ -327,6 +390,7 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
     dword = word_;
   }
   embedding_lookup_backward(store_->grad(wte_), dword, s.tokens, vocab_start_, vocab_local_, BT, C);
+  if (tte_ >= 0) embedding_lookup_backward(store_->grad(tte_), dres_, s.types, 0, cfg_.num_token_types, BT, C);
   Kokkos::fence();
 }
 

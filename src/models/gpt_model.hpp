@@ -15,6 +15,8 @@
 
 #include "layers/param_store.hpp"
 #include "layers/transformer_layer.hpp"
+#include "models/bert_head.hpp"
+#include "models/micro_batch.hpp"
 
 namespace trident {
 
@@ -36,6 +38,11 @@ struct GptConfig {
   // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
   DType dt = DType::F32;
   bool flash_attention = false;  // fused attention kernel (no (T, T) probabilities stored)
+  // BERT (models/bert_model.hpp): bidirectional layers under the micro-batch's padding mask,
+  // token-type embeddings, and BERT's heads (models/bert_head) instead of GPT's LM head.
+  bool bert = false;
+  bool binary_head = true;         // BERT: the sentence-order head
+  std::int64_t num_token_types = 2;
 };
 
 // The part of the model one pipeline stage (or model chunk) holds: layers
@@ -54,20 +61,27 @@ class GptModel {
            const GptStage& stage = {});
 
   // Forward over tokens (B*T) with targets (B*T), no dropout; returns the SUM of the token
-  // losses of the first `samples` samples (all B when negative).
+  // losses of the first `samples` samples (all B when negative). (GPT)
   double forward(const IntView& tokens, const IntView& targets, std::int64_t samples = -1);
   // Forward + backward with dropout drawn from `rng`; gradients of (dscale * sum of token
   // losses) are ACCUMULATED into the store's gradient buffer. Returns the sum of token losses.
   double forward_backward(const IntView& tokens, const IntView& targets, float dscale,
                           const DropoutStreams& rng = {});
+  // The same for any micro-batch (BERT: returns mlm + sop, the means of the micro-batch, and
+  // the gradient is that of dscale * (mlm + sop)).
+  double forward(const MicroBatch& mb, std::int64_t samples = -1);
+  double forward_backward(const MicroBatch& mb, float dscale, const DropoutStreams& rng = {});
+  // BERT: the MLM and sentence-order losses summed over the micro-batches run since the last
+  // call (the sum of the returned values split in its two parts); resets them.
+  BertLosses take_bert_losses();
 
   // ---- pipeline pieces, one micro-batch at a time; `slot` selects the activation set (one per
   // micro-batch in flight). Forward of this stage: reads tokens (pre) or `input` (R, C) from
   // the previous stage; on the last stage computes the loss and returns the sum of token losses
   // (of the first `samples` samples when not training), and when training also the gradient at
   // the stage output (kept in the slot for stage_backward). Returns 0 on other stages.
-  double stage_forward(int slot, const IntView& tokens, const IntView& targets, const FloatView& input, bool training,
-                       float dscale, const DropoutStreams& rng, std::int64_t samples = -1);
+  double stage_forward(int slot, const MicroBatch& mb, const FloatView& input, bool training, float dscale,
+                       const DropoutStreams& rng, std::int64_t samples = -1);
   // (R, C): what this stage sends to the next after stage_forward(slot)
   const FloatView& stage_output(int slot) const;
   // Backward of this stage for the slot's micro-batch; grad_output (R, C) comes from the next
@@ -105,6 +119,8 @@ class GptModel {
     FloatView input;      // (R, C) stage input: the embeddings (pre) or what the previous stage sent
     FloatView head_grad;  // (R, C) gradient at the last layer's output (post)
     IntView tokens;       // (BT) tokens, for the embedding backward (pre)
+    IntView types;        // (BT) token types (BERT, pre)
+    IntView padding;      // (BT) the micro-batch's padding mask (BERT): the layers' key mask
     DropoutStreams rng;
     std::vector<LayerActivations> acts;  // per layer; empty for layers under full recomputation
     std::vector<FloatView> seg_out;      // per segment: output of a recomputed segment (R, C)
@@ -122,8 +138,8 @@ class GptModel {
   FloatView segment_input(const Slot& s, std::int64_t seg) const;
   FloatView layer_output(const Slot& s, std::int64_t l) const;
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
-  void embed(Slot& s, const IntView& tokens, const DropoutStreams& rng, bool training);
-  double head(int slot, const IntView& targets, bool training, float dscale, std::int64_t samples);
+  void embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, bool training);
+  double head(int slot, const MicroBatch& mb, bool training, float dscale, std::int64_t samples);
 
   GptConfig cfg_;
   ParamStore* store_;
@@ -131,7 +147,9 @@ class GptModel {
   GptStage stage_;
   std::deque<Slot> slots_;
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
-  ParamId wte_ = -1, wpe_ = -1;
+  ParamId wte_ = -1, wpe_ = -1, tte_ = -1;
+  std::unique_ptr<BertHead> bert_head_;
+  BertLosses bert_losses_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::vector<Segment> segments_;
   std::vector<std::int64_t> segment_of_;       // layer -> segment

@@ -18,6 +18,12 @@ void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const 
   Kokkos::parallel_for(kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward",
                        range(N), KOKKOS_LAMBDA(std::int64_t n) {
                          float* row = logits.data() + n * Vp;
+                         if (targets(n) < 0) {  // ignored position: no loss, no gradient
+                           losses(n) = 0.f;
+                           if (kBackward)
+                             for (std::int64_t j = 0; j < Vp; ++j) row[j] = 0.f;
+                           return;
+                         }
                          // Pass 1, online softmax by blocks: running max mx and sum of exp(x - mx),
                          // rescaled when a block raises the max. The row is read once.
                          float mx = -3.0e38f, sum = 0.f;
@@ -86,9 +92,15 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
   Kokkos::fence();
   comm.allreduce_sum(sums.data(), 2 * N);
   Kokkos::parallel_for("ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+    float* row = logits.data() + n * Vl;
+    if (targets(n) < 0) {  // ignored position: no loss, no gradient
+      losses(n) = 0.f;
+      if (backward)
+        for (std::int64_t j = 0; j < Vl; ++j) row[j] = 0.f;
+      return;
+    }
     losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);
     if (!backward) return;
-    float* row = logits.data() + n * Vl;
     const float mx = rowmax(n), s = dscale / sums(n);
     for (std::int64_t j = 0; j < nvalid; ++j) row[j] = fast_exp(row[j] - mx) * s;
     for (std::int64_t j = nvalid; j < Vl; ++j) row[j] = 0.f;

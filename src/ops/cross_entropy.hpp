@@ -1,5 +1,7 @@
 // Softmax cross-entropy over (possibly padded) vocabulary logits, in fp32. Columns >= V are
 // padding: they are masked out, so neither the loss nor any gradient depends on the padding.
+// A negative target marks a position without a loss (BERT's unmasked tokens, label -1): its
+// loss is 0 and its row of the gradient is 0.
 #pragma once
 #include "comm/communicator.hpp"
 #include "common/types.hpp"

@@ -3,6 +3,7 @@
 
 #include <math.h>
 
+#include "common/device_math.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
@@ -18,6 +19,29 @@ void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n) {
 void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols) {
   Kokkos::parallel_for("ops::add_bias", range(rows * cols),
                        KOKKOS_LAMBDA(std::int64_t i) { y(i) += bias(i % cols); });
+}
+
+void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n) {
+  Kokkos::parallel_for("ops::tanh_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = dtanh(x(i)); });
+}
+
+void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& out, std::int64_t n) {
+  Kokkos::parallel_for("ops::tanh_backward", range(n),
+                       KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
+}
+
+void gather_strided_rows(const FloatView& out, const FloatView& x, std::int64_t n, std::int64_t stride,
+                         std::int64_t cols) {
+  Kokkos::parallel_for("ops::gather_strided_rows", range(n * cols), KOKKOS_LAMBDA(std::int64_t i) {
+    out(i) = x((i / cols) * stride * cols + i % cols);
+  });
+}
+
+void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,
+                              std::int64_t cols) {
+  Kokkos::parallel_for("ops::scatter_add_strided_rows", range(n * cols), KOKKOS_LAMBDA(std::int64_t i) {
+    dx((i / cols) * stride * cols + i % cols) += dout(i);
+  });
 }
 
 void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols) {

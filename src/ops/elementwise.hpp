@@ -12,6 +12,14 @@ void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n);
 void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols);
 // dbias (cols) += column sums of dy (rows, cols)
 void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols);
+// out = tanh(x); dx = dout * (1 - out^2)  (BERT's pooler)
+void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n);
+void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& out, std::int64_t n);
+// out (n, cols) = rows 0, stride, 2 stride, ... of x; and dx rows += dout (its backward)
+void gather_strided_rows(const FloatView& out, const FloatView& x, std::int64_t n, std::int64_t stride,
+                         std::int64_t cols);
+void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,
+                              std::int64_t cols);
 // x *= s
 void scale(const FloatView& x, float s, std::int64_t n);
 // sum of squares of x (accumulated in double)

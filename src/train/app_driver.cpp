@@ -1,12 +1,15 @@
 // App driver.
 #include "train/app_driver.hpp"
 
+#include "io/deck.hpp"
+
 #include <malloc.h>
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 #if defined(TRIDENT_ENABLE_CUDA)
@@ -92,6 +95,20 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   std::fflush(stderr);
   MPI_Finalize();
   return rc;
+}
+
+int run_deck_app(int argc, char** argv, int (*train)(const Deck&)) {
+  return run_app(argc, argv, [train](int ac, char** av) {
+    Deck deck;
+    std::string help;
+    if (!parse_deck(ac, av, deck, &help)) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (rank == 0) std::cout << help;
+      return 0;
+    }
+    return train(deck);
+  });
 }
 
 }  // namespace trident

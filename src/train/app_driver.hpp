@@ -11,4 +11,8 @@ inline constexpr int kExitFailure = 1;
 
 int run_app(int argc, char** argv, const std::function<int(int, char**)>& body);
 
+struct Deck;
+// run_app for a pretraining app: parses the deck (printing --help on rank 0) and runs `train`.
+int run_deck_app(int argc, char** argv, int (*train)(const Deck&));
+
 }  // namespace trident

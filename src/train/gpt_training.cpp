@@ -18,6 +18,7 @@
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 #include "common/timer.hpp"
+#include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/token_shard.hpp"
 #include "io/checkpoint.hpp"
@@ -61,8 +62,10 @@ std::string hms(double s) {
   return buf;
 }
 
-GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
+GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, bool bert = false) {
   GptConfig c;
+  c.bert = bert;
+  c.binary_head = d.bert.binary_head;
   c.num_layers = d.model.num_layers;
   c.hidden = d.model.hidden_size;
   c.heads = d.model.num_heads;
@@ -85,35 +88,107 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp) {
   return c;
 }
 
-// Host staging of one micro-batch: windows (B, S+1) -> inputs (B*S), targets (B*S).
+// Host staging of one micro-batch: B sample records of `width` ints each ->
+//   GPT  (width S+1, a window): inputs window[0..S), targets window[1..S]
+//   BERT (width 4S+1): tokens, types, labels, padding (S each), then the sentence-order label
 struct Batch {
-  Batch(std::int64_t B, std::int64_t S)
-      : B(B), S(S), window(static_cast<size_t>(B * (S + 1))), tokens(make_int("batch::tokens", B * S)),
-        targets(make_int("batch::targets", B * S)) {
-    h_tokens = Kokkos::create_mirror_view(tokens);
-    h_targets = Kokkos::create_mirror_view(targets);
-  }
-  // Inputs and targets from the windows of S+1 tokens in window[j*(S+1)...], into the given
-  // device views (or the batch's own).
-  void finish(std::int64_t vocab) { finish(vocab, tokens, targets); }
-  void finish(std::int64_t vocab, const IntView& dev_tokens, const IntView& dev_targets) {
-    for (std::int64_t j = 0; j < B; ++j)
+  Batch(std::int64_t B, std::int64_t S, bool bert)
+      : B(B), S(S), bert(bert), width(bert ? 4 * S + 1 : S + 1), window(static_cast<size_t>(B * width)),
+        h_tokens("batch::h_tokens", B * S), h_targets("batch::h_targets", B * S), h_types("batch::h_types", B * S),
+        h_padding("batch::h_padding", B * S), h_order("batch::h_order", B) {}
+  void finish(std::int64_t vocab, MicroBatch& mb) {
+    auto check = [&](std::int32_t id) {
+      if (id < 0 || id >= vocab)
+        throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                         std::to_string(vocab));
+    };
+    std::int64_t labelled = 0;
+    for (std::int64_t j = 0; j < B; ++j) {
+      const std::int32_t* w = window.data() + j * width;
       for (std::int64_t t = 0; t < S; ++t) {
-        const std::int32_t a = window[j * (S + 1) + t], b = window[j * (S + 1) + t + 1];
-        if (a < 0 || a >= vocab || b < 0 || b >= vocab)
-          throw Error::one("data: token id " + std::to_string(a < 0 || a >= vocab ? a : b) +
-                           " is outside the vocabulary of " + std::to_string(vocab));
-        h_tokens(j * S + t) = a;
-        h_targets(j * S + t) = b;
+        if (!bert) {
+          check(w[t]);
+          check(w[t + 1]);
+          h_tokens(j * S + t) = w[t];
+          h_targets(j * S + t) = w[t + 1];
+          continue;
+        }
+        check(w[t]);
+        if (w[2 * S + t] >= 0) {
+          check(w[2 * S + t]);
+          ++labelled;
+        }
+        h_tokens(j * S + t) = w[t];
+        h_types(j * S + t) = w[S + t];
+        h_targets(j * S + t) = w[2 * S + t];
+        h_padding(j * S + t) = w[3 * S + t];
       }
-    Kokkos::deep_copy(dev_tokens, h_tokens);
-    Kokkos::deep_copy(dev_targets, h_targets);
+      if (bert) h_order(j) = w[4 * S];
+    }
+    Kokkos::deep_copy(mb.tokens, h_tokens);
+    Kokkos::deep_copy(mb.targets, h_targets);
+    if (!bert) return;
+    Kokkos::deep_copy(mb.types, h_types);
+    Kokkos::deep_copy(mb.padding, h_padding);
+    Kokkos::deep_copy(mb.sentence_order, h_order);
+    mb.num_targets = labelled;
   }
   std::int64_t B, S;
+  bool bert;
+  std::int64_t width;
   std::vector<std::int32_t> window;
-  IntView tokens, targets;
-  IntView::HostMirror h_tokens, h_targets;
+  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order;
 };
+
+// The samples of a run, as int32 records of Batch's width: GPT windows or BERT samples.
+struct SampleSource {
+  std::function<void(std::int64_t, std::int32_t*)> train, valid;  // sample i; valid may be empty
+  std::int64_t vocab = 0;
+  std::string description;
+};
+
+SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                         std::shared_ptr<void>& keep) {
+  auto data = std::make_shared<GptData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
+                                        valid_samples, static_cast<std::uint64_t>(deck.train.seed));
+  keep = data;
+  SampleSource src;
+  src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
+  if (data->valid()) src.valid = [d = data.get()](std::int64_t i, std::int32_t* out) { d->valid()->get(i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe();
+  return src;
+}
+
+SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                          std::shared_ptr<void>& keep) {
+  BertMasking m;
+  m.masked_lm_prob = deck.bert.mask_prob;
+  m.short_seq_prob = deck.bert.short_seq_prob;
+  m.max_ngrams = static_cast<int>(deck.bert.max_ngrams);
+  m.binary_head = deck.bert.binary_head;
+  auto data = std::make_shared<BertData>(deck.data.train_shards, deck.data.split, deck.model.seq_length,
+                                         train_samples, valid_samples, static_cast<std::uint64_t>(deck.train.seed),
+                                         deck.data.vocab_file, deck.data.merges_file, m);
+  keep = data;
+  const std::int64_t S = deck.model.seq_length;
+  auto encode = [S](const BertDataset& ds, std::int64_t i, std::int32_t* out) {
+    thread_local BertSample smp;  // the prefetcher's thread and the main thread each have one
+    ds.get(i, smp);
+    std::copy(smp.tokens.begin(), smp.tokens.end(), out);
+    std::copy(smp.types.begin(), smp.types.end(), out + S);
+    std::copy(smp.labels.begin(), smp.labels.end(), out + 2 * S);
+    std::copy(smp.padding.begin(), smp.padding.end(), out + 3 * S);
+    out[4 * S] = smp.is_random;
+  };
+  SampleSource src;
+  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
+  if (data->valid())
+    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe() + "\n";
+  return src;
+}
 
 // Rank 0 writes every global batch (validation): /iter_NNNNNNN int32 [GB, S+1].
 class BatchDumper {
@@ -236,7 +311,7 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   runner.grouped_p2p = deck.debug.grouped_p2p;
   // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
   // tensor-parallel group score the same block together).
-  Batch batch(B, S);
+  Batch batch(B, S, false);
   double loss_sum = 0;
   const std::int64_t nblocks = (N + B - 1) / B;
   const Communicator& dpg = topo.dp_group();
@@ -247,13 +322,13 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   };
   loss_sum = runner.evaluate(
       mine,
-      [&](std::int64_t i, IntView& tokens, IntView& targets) {
+      [&](std::int64_t i, MicroBatch& mb) {
         const std::int64_t first = (dpg.rank() + i * dpg.size()) * B, count = block_count(i);
         for (std::int64_t j = 0; j < B; ++j) {
           const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
           shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
         }
-        batch.finish(vocab, tokens, targets);
+        batch.finish(vocab, mb);
       },
       block_count);
   loss_sum = dpg.allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
@@ -269,10 +344,15 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
 
 }  // namespace
 
-int run_gpt(const Deck& deck) {
+namespace {
+
+// The pretraining loop of both model families (bert: BERT's samples, model and losses).
+int run_pretraining(const Deck& deck, bool bert) {
   Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp));
   const Communicator& world = topo.world();
   const bool root = world.rank() == 0;
+  const char* family = bert ? "bert" : "gpt";
+  TRIDENT_REQUIRE(!(bert && deck.eval.only), "eval.only: the evaluation mode is not available for BERT yet");
   if (deck.eval.only) return run_eval_only(deck, topo);
   topo.print(std::cout);
   gemm_set_tf32(deck.precision.tf32);
@@ -290,20 +370,23 @@ int run_gpt(const Deck& deck) {
   const std::int64_t iters = deck.train.iters;
 
   // ---- data ----
-  std::unique_ptr<GptData> data;
+  SampleSource data;
+  std::shared_ptr<void> data_owner;
   const std::int64_t valid_samples = deck.eval.interval > 0 ? deck.eval.iters * mbs * dp : 0;
   collectively(world.get(), [&] {
-    data = std::make_unique<GptData>(deck.data.train_shards, deck.data.split, S, std::max<std::int64_t>(iters, 1) * GB,
-                                     valid_samples, static_cast<std::uint64_t>(deck.train.seed));
+    const std::int64_t n = std::max<std::int64_t>(iters, 1) * GB;
+    data = bert ? bert_samples(deck, n, valid_samples, data_owner) : gpt_samples(deck, n, valid_samples, data_owner);
+    TRIDENT_REQUIRE(deck.eval.interval == 0 || data.valid,
+                    "eval.interval > 0 but data.split '" << deck.data.split << "' leaves no validation documents");
   });
-  std::int64_t vocab = data->vocab_size();
+  std::int64_t vocab = data.vocab;
   if (deck.model.vocab_size > 0)
     TRIDENT_REQUIRE(deck.model.vocab_size == vocab, "the shards have vocab_size " << vocab << " but model.vocab_size is "
                                                                                   << deck.model.vocab_size);
 
   // ---- model and optimizer ----
   ParamStore store;
-  const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
+  const GptConfig cfg = make_config(deck, vocab, topo.tp_size(), bert);
   const TensorParallel tp = tensor_parallel(deck, topo);
   const std::vector<GptStage> stages = chunks_of(deck, topo);
   store.set_dtype(cfg.dt);
@@ -352,7 +435,7 @@ int run_gpt(const Deck& deck) {
   const bool resuming = !deck.checkpoint.load.empty();
   if (resuming) {
     const std::string file = resolve_checkpoint(deck.checkpoint.load);
-    CheckpointState st = load_checkpoint(file, "gpt", store, &adamw, topo);
+    CheckpointState st = load_checkpoint(file, family, store, &adamw, topo);
     iteration = st.iteration;
     consumed = st.consumed_samples;
     if (fp16 && st.dtype == "fp16" && lsc.dynamic)
@@ -367,7 +450,7 @@ int run_gpt(const Deck& deck) {
   const std::string deck_text = deck.to_ini();
   auto save = [&](std::int64_t it) {
     CheckpointState st;
-    st.model = "gpt";
+    st.model = family;
     st.iteration = it;
     st.consumed_samples = consumed;
     st.optimizer_steps = adamw.steps();
@@ -385,7 +468,7 @@ int run_gpt(const Deck& deck) {
   const double tokens_per_iter = static_cast<double>(GB * S);
   const double flops_per_iter = model.flops_per_step(GB * S);
   if (root) {
-    std::cout << "GPT: " << cfg.num_layers << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
+    std::cout << (bert ? "BERT: " : "GPT: ") << cfg.num_layers << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
               << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
               << store.global_count() << " parameters\n"
               << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
@@ -417,7 +500,7 @@ int run_gpt(const Deck& deck) {
                                                      : std::string())
               << "\n"
               << "data: " << deck.data.train_shards << "\n"
-              << data->describe()
+              << data.description
               << "model FLOPs per iteration: " << flops_per_iter
               << " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n";
     if (deck.perf.peak_tflops > 0)
@@ -428,12 +511,14 @@ int run_gpt(const Deck& deck) {
 
   MetricsWriter metrics, eval_metrics;
   if (root && !deck.log.metrics_file.empty()) {
-    metrics = MetricsWriter(deck.log.metrics_file,
-                            {"iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped",
-                             "ms_per_iter", "tokens_per_s", "tflops_per_rank", "mfu"},
-                            resuming ? iteration : -1);
+    std::vector<std::string> columns = {"iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale",
+                                        "skipped", "ms_per_iter", "tokens_per_s", "tflops_per_rank", "mfu"};
+    if (bert) columns.insert(columns.begin() + 3, {"lm_loss", "sop_loss"});
+    metrics = MetricsWriter(deck.log.metrics_file, columns, resuming ? iteration : -1);
     if (deck.eval.interval > 0)
-      eval_metrics = MetricsWriter(sibling_metrics_path(deck.log.metrics_file, "eval"), {"iteration", "loss", "ppl"},
+      eval_metrics = MetricsWriter(sibling_metrics_path(deck.log.metrics_file, "eval"),
+                                   bert ? std::vector<std::string>{"iteration", "loss", "lm_loss", "sop_loss"}
+                                        : std::vector<std::string>{"iteration", "loss", "ppl"},
                                    resuming ? iteration : -1);
   }
   std::unique_ptr<BatchDumper> dumper;
@@ -441,8 +526,23 @@ int run_gpt(const Deck& deck) {
 
   if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
 
-  Batch batch(mbs, S);
-  const double dscale_unscaled = 1.0 / static_cast<double>(mbs * S * acc * dp);
+  Batch batch(mbs, S, bert);
+  // GPT: the loss is the mean over the iteration's tokens; BERT: the mean over its micro-batches
+  // of each micro-batch's MLM (mean over its labelled positions) + sentence-order loss
+  const double loss_count = bert ? static_cast<double>(acc * dp) : static_cast<double>(GB * S);
+  const double dscale_unscaled = 1.0 / loss_count;
+  // BERT's two losses of the iteration, summed over the model chunks and ranks
+  auto bert_parts = [&]() {
+    BertLosses l;
+    for (auto& chunk : chunks) {
+      const BertLosses c = chunk->take_bert_losses();
+      l.mlm += c.mlm;
+      l.sop += c.sop;
+    }
+    double v[2] = {l.mlm, l.sop};
+    for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
+    return BertLosses{v[0], v[1]};
+  };
   const FloatView grads = store.grads();
   PhaseTimers timers;
 
@@ -459,25 +559,30 @@ int run_gpt(const Deck& deck) {
   Prefetcher prefetch(
       [&](std::int64_t k, std::vector<std::int32_t>& w) {
         const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
-        for (std::int64_t j = 0; j < mbs; ++j) data->train().get(first + j, w.data() + j * (S + 1));
+        for (std::int64_t j = 0; j < mbs; ++j) data.train(first + j, w.data() + j * batch.width);
       },
-      static_cast<std::size_t>(mbs * (S + 1)), deck.data.prefetch);
+      static_cast<std::size_t>(mbs * batch.width), deck.data.prefetch);
   auto evaluate = [&](std::int64_t it) {
-    const BlendedDataset* valid = data->valid();
     double sum = runner.evaluate(
         deck.eval.iters,
-        [&](std::int64_t k, IntView& tokens, IntView& targets) {
+        [&](std::int64_t k, MicroBatch& mb) {
           for (std::int64_t j = 0; j < mbs; ++j)
-            valid->get((k * dp + dp_rank) * mbs + j, batch.window.data() + j * (S + 1));
-          batch.finish(vocab, tokens, targets);
+            data.valid((k * dp + dp_rank) * mbs + j, batch.window.data() + j * batch.width);
+          batch.finish(vocab, mb);
         },
         [&](std::int64_t) { return mbs; });
     sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(sum));
-    const double loss = sum / static_cast<double>(deck.eval.iters * mbs * dp * S);
+    const double n = bert ? static_cast<double>(deck.eval.iters * dp) : static_cast<double>(deck.eval.iters * mbs * dp * S);
+    const double loss = sum / n;
+    const BertLosses parts = bert ? bert_parts() : BertLosses{};
     if (root) {
-      std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss << " | ppl "
-                << std::exp(loss) << std::endl;
-      eval_metrics.write({static_cast<double>(it), loss, std::exp(loss)});
+      std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss;
+      if (bert)
+        std::cout << " | lm loss " << parts.mlm / n << " | sop loss " << parts.sop / n << std::endl;
+      else
+        std::cout << " | ppl " << std::exp(loss) << std::endl;
+      eval_metrics.write(bert ? std::vector<double>{static_cast<double>(it), loss, parts.mlm / n, parts.sop / n}
+                              : std::vector<double>{static_cast<double>(it), loss, std::exp(loss)});
     }
   };
 
@@ -499,10 +604,10 @@ int run_gpt(const Deck& deck) {
     const double scale_used = scaler.scale();
     double loss_sum = runner.train(
         acc,
-        [&](std::int64_t k, IntView& tokens, IntView& targets) {
+        [&](std::int64_t k, MicroBatch& mb) {
           const std::vector<std::int32_t>& w = prefetch.get(k, acc);
           std::copy(w.begin(), w.end(), batch.window.begin());
-          batch.finish(vocab, tokens, targets);
+          batch.finish(vocab, mb);
         },
         dscale,
         [&](std::int64_t k) {
@@ -539,9 +644,10 @@ int run_gpt(const Deck& deck) {
     else
       topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
+    const BertLosses parts = bert ? bert_parts() : BertLosses{};
     timers.stop("grad-allreduce");
     timers.start("optimizer");
-    const double loss = loss_sum / tokens_per_iter;
+    const double loss = loss_sum / loss_count;
     // Loss scaling (fp16): unscale the optimizer's range of the main gradients, check it for
     // inf/NaN, agree on the verdict over every rank, and skip the step on overflow.
     const FloatView opt_grads = slice(grads, adamw.begin(), adamw.size());
@@ -562,9 +668,9 @@ int run_gpt(const Deck& deck) {
       save_named_tensors(deck.debug.dump_grads, "", store, grads, it, topo);
     }
     if (dumper) {
-      std::vector<std::int32_t> rows(static_cast<size_t>(GB * (S + 1)));
-      for (std::int64_t i = 0; i < GB; ++i) data->train().get(consumed + i, rows.data() + i * (S + 1));
-      dumper->write(it, rows, GB, S + 1);
+      std::vector<std::int32_t> rows(static_cast<size_t>(GB * batch.width));
+      for (std::int64_t i = 0; i < GB; ++i) data.train(consumed + i, rows.data() + i * batch.width);
+      dumper->write(it, rows, GB, batch.width);
     }
     float clip = 1.f;
     if (deck.optim.clip_grad > 0) {
@@ -592,13 +698,17 @@ int run_gpt(const Deck& deck) {
     const double tflops = flops_per_iter / dt / world.size() / 1e12;
     const double mfu = deck.perf.peak_tflops > 0 ? tflops / deck.perf.peak_tflops : std::nan("");
     if (root) {
-      metrics.write({static_cast<double>(it), static_cast<double>(consumed), loss, lr, gnorm, scale_used,
-                     skip ? 1.0 : 0.0, dt * 1e3, tps, tflops, mfu});
+      std::vector<double> row = {static_cast<double>(it), static_cast<double>(consumed), loss, lr, gnorm, scale_used,
+                                 skip ? 1.0 : 0.0, dt * 1e3, tps, tflops, mfu};
+      if (bert) row.insert(row.begin() + 3, {parts.mlm / loss_count, parts.sop / loss_count});
+      metrics.write(row);
       if (it % deck.log.interval == 0 || it == iters) {
         const double per_iter = (t1 - t_last) / static_cast<double>(iters_since_log);
         std::ostringstream os;
-        os << " iter " << std::setw(6) << it << "/" << iters << " | loss " << std::fixed << std::setprecision(4) << loss
-           << " | lr " << std::scientific << std::setprecision(3) << lr << std::fixed << " | gnorm "
+        os << " iter " << std::setw(6) << it << "/" << iters << " | loss " << std::fixed << std::setprecision(4) << loss;
+        if (bert)
+          os << " | lm loss " << parts.mlm / loss_count << " | sop loss " << parts.sop / loss_count;
+        os << " | lr " << std::scientific << std::setprecision(3) << lr << std::fixed << " | gnorm "
            << std::setprecision(3) << gnorm << " | " << std::setprecision(1) << per_iter * 1e3 << " ms/it | "
            << std::setprecision(0) << tokens_per_iter / per_iter << " tok/s | " << std::setprecision(3)
            << flops_per_iter / per_iter / world.size() / 1e12 << " TFLOP/s/rank";
@@ -720,5 +830,10 @@ int run_gpt(const Deck& deck) {
   }
   return 0;
 }
+
+}  // namespace
+
+int run_gpt(const Deck& deck) { return run_pretraining(deck, false); }
+int run_bert(const Deck& deck) { return run_pretraining(deck, true); }
 
 }  // namespace trident

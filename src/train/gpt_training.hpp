@@ -7,5 +7,7 @@ namespace trident {
 // Runs training (or, with eval.only, the evaluation mode of DESIGN.md). Collective over
 // MPI_COMM_WORLD. Returns the process exit code.
 int run_gpt(const Deck& deck);
+// BERT pretraining (apps/pretrain_bert): the same loop with BERT's samples, model and losses.
+int run_bert(const Deck& deck);
 
 }  // namespace trident

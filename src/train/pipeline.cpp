@@ -17,8 +17,13 @@ PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& to
     : chunks_(std::move(chunks)), topo_(topo), bwd_send_(chunks_.size(), MPI_REQUEST_NULL) {
   const GptModel& m = *chunks_.front();
   const std::int64_t rows = m.micro_batch() * m.config().seq_length;
-  tokens_ = make_int("pipeline::tokens", rows);
-  targets_ = make_int("pipeline::targets", rows);
+  mb_.tokens = make_int("pipeline::tokens", rows);
+  mb_.targets = make_int("pipeline::targets", rows);
+  if (m.config().bert) {
+    mb_.types = make_int("pipeline::types", rows);
+    mb_.padding = make_int("pipeline::padding", rows);
+    mb_.sentence_order = make_int("pipeline::sentence_order", m.micro_batch());
+  }
   recv_in_ = make_float("pipeline::recv_in", m.activation_size());
   recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
@@ -61,10 +66,10 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
     GptModel& model = *chunks_[op.chunk];
     const int slot = op.micro % slots;
-    if (op.forward && (model.stage().pre || model.stage().post)) load(op.micro, tokens_, targets_);
+    if (op.forward && (model.stage().pre || model.stage().post || model.config().bert)) load(op.micro, mb_);
     const double t0 = wall_seconds();
     if (op.forward) {
-      loss += model.stage_forward(slot, tokens_, targets_, input, true, dscale, rng(op.micro));
+      loss += model.stage_forward(slot, mb_, input, true, dscale, rng(op.micro));
     } else {
       model.final_backward = op.micro == mi - 1;  // the chunk's last backward of the iteration
       model.stage_backward(slot, input);
@@ -128,8 +133,8 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
   };
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
     GptModel& model = *chunks_[op.chunk];
-    if (model.stage().pre || model.stage().post) load(op.micro, tokens_, targets_);
-    loss += model.stage_forward(0, tokens_, targets_, input, false, 0.f, DropoutStreams{}, count(op.micro));
+    if (model.stage().pre || model.stage().post || model.config().bert) load(op.micro, mb_);
+    loss += model.stage_forward(0, mb_, input, false, 0.f, DropoutStreams{}, count(op.micro));
     Kokkos::fence();
   };
   const auto ops = schedule(s);

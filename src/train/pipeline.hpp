@@ -23,8 +23,10 @@ struct TimelineEvent {
 
 class PipelineRunner {
  public:
-  // load(k, tokens, targets): the k-th micro-batch of this rank's share.
-  using Loader = std::function<void(std::int64_t, IntView&, IntView&)>;
+  // load(k, mb): the k-th micro-batch of this rank's share into mb's device views (called on
+  // the stages that read it: the first and last, and every stage for BERT, whose layers need
+  // the padding mask).
+  using Loader = std::function<void(std::int64_t, MicroBatch&)>;
   // chunks: this rank's model chunks (one without interleaving; vp with the interleaved
   // schedule, chunk c being virtual stage c * pp + pp_rank).
   PipelineRunner(std::vector<GptModel*> chunks, const Topology& topo);
@@ -62,7 +64,7 @@ class PipelineRunner {
   std::vector<FloatView> pool_;  // grouped mode's receive buffers
   std::vector<GptModel*> chunks_;
   const Topology& topo_;
-  IntView tokens_, targets_;
+  MicroBatch mb_;
   FloatView recv_in_, recv_grad_;
   std::vector<std::vector<MPI_Request>> fwd_send_;  // [chunk][slot]
   std::vector<MPI_Request> bwd_send_;               // [chunk]

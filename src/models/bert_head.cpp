@@ -1,0 +1,129 @@
+// BERT's masked-LM and sentence-order heads.
+#include "models/bert_head.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "ops/cross_entropy.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/gelu.hpp"
+#include "ops/gemm.hpp"
+
+namespace trident {
+
+BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
+                   std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
+                   const TensorParallel& tp)
+    : B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head), tp_(tp),
+      store_(&store) {
+  dense_ = Linear(store, "model/lm_head/dense", C, C, init_std);
+  norm_ = LayerNorm(store, "model/lm_head/layernorm", C, ln_eps);
+  ParamInfo b;  // vocabulary-parallel like the word embeddings
+  b.name = "model/lm_head/bias";
+  b.shape = {Vl_};
+  b.global_shape = {V_};
+  b.global_offset = {std::min(start_, V_)};
+  b.valid = {std::max<std::int64_t>(0, std::min(Vl_, V_ - start_))};
+  b.tp_replicated = false;
+  bias_ = store.declare(b);
+  if (binary_) {
+    pooler_ = Linear(store, "model/pooler/dense", C, C, init_std);
+    binary_head_ = Linear(store, "model/binary_head", C, 2, init_std);
+  }
+  const std::int64_t BT = B * T;
+  for (FloatView* v : {&t1_, &t2_, &t3_, &dt3_, &dt2_, &dt1_}) *v = make_float("bert_head::act", BT * C);
+  mean_ = make_float("bert_head::mean", BT);
+  rstd_ = make_float("bert_head::rstd", BT);
+  logits_ = make_float("bert_head::logits", BT * Vl_);
+  losses_ = make_float("bert_head::losses", BT);
+  ce_scratch_ = make_float("bert_head::ce_scratch", 3 * BT);
+  if (binary_) {
+    for (FloatView* v : {&pin_, &p1_, &p2_, &dp2_, &dp1_, &dpin_}) *v = make_float("bert_head::pooler", B * C);
+    logits2_ = make_float("bert_head::logits2", B * 2);
+    losses2_ = make_float("bert_head::losses2", B);
+  }
+}
+
+std::int64_t BertHead::workspace_bytes() const {
+  std::int64_t n = 0;
+  for (const FloatView* v : {&t1_, &t2_, &t3_, &mean_, &rstd_, &logits_, &losses_, &dt3_, &dt2_, &dt1_, &ce_scratch_,
+                             &pin_, &p1_, &p2_, &logits2_, &losses2_, &dp2_, &dp1_, &dpin_})
+    n += static_cast<std::int64_t>(v->span()) * 4;
+  return n;
+}
+
+BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatView& dwte, const MicroBatch& mb,
+                         bool training, float dscale, const FloatView& dx) {
+  const std::int64_t BT = B_ * T_, C = C_;
+  const double n_targets = static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1));
+  BertLosses out;
+  // ---- masked LM ----
+  dense_.forward(t1_, x, BT);
+  Kokkos::fence();
+  gelu_forward(t2_, t1_, BT * C);
+  Kokkos::fence();
+  norm_.forward(t3_, mean_, rstd_, t2_, BT);
+  Kokkos::fence();
+  // logits (BT, Vl) = t3 wte_local^T + bias_local
+  gemm(Trans::N, Trans::T, BT, Vl_, C, 1.f, t3_.data(), C, wte.data(), C, 0.f, logits_.data(), Vl_);
+  add_bias(logits_, store_->value(bias_), BT, Vl_);
+  Kokkos::fence();
+  const float dmlm = static_cast<float>(dscale / n_targets);
+  if (tp_.size() == 1) {
+    if (training)
+      cross_entropy_forward_backward(losses_, logits_, mb.targets, BT, V_, Vl_, dmlm);
+    else
+      cross_entropy_forward(losses_, logits_, mb.targets, BT, V_, Vl_);
+  } else {
+    vocab_parallel_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl_, start_, dmlm, training, *tp_.comm,
+                                 ce_scratch_);
+  }
+  Kokkos::fence();
+  out.mlm = sum_losses(losses_, BT) / n_targets;
+  // ---- sentence order ----
+  if (binary_) {
+    gather_strided_rows(pin_, x, B_, T_, C);  // the [CLS] rows
+    Kokkos::fence();
+    pooler_.forward(p1_, pin_, B_);
+    Kokkos::fence();
+    tanh_forward(p2_, p1_, B_ * C);
+    Kokkos::fence();
+    binary_head_.forward(logits2_, p2_, B_);
+    Kokkos::fence();
+    const float dsop = static_cast<float>(dscale / static_cast<double>(B_));
+    if (training)
+      cross_entropy_forward_backward(losses2_, logits2_, mb.sentence_order, B_, 2, 2, dsop);
+    else
+      cross_entropy_forward(losses2_, logits2_, mb.sentence_order, B_, 2, 2);
+    Kokkos::fence();
+    out.sop = sum_losses(losses2_, B_) / static_cast<double>(B_);
+  }
+  if (!training) return out;
+
+  // ---- backward: logits -> h (partial over TP: this rank's vocabulary columns) ----
+  gemm(Trans::N, Trans::N, BT, C, Vl_, 1.f, logits_.data(), Vl_, wte.data(), C, 0.f, dt3_.data(), C);
+  gemm(Trans::T, Trans::N, Vl_, C, BT, 1.f, logits_.data(), Vl_, t3_.data(), C, 1.f, dwte.data(), C);
+  bias_backward(store_->grad(bias_), logits_, BT, Vl_);
+  Kokkos::fence();
+  CopyToTensorParallelRegion::backward(tp_, dt3_, BT * C);
+  Kokkos::deep_copy(dt2_, 0.f);
+  norm_.backward(dt2_, dt3_, t2_, mean_, rstd_, BT);
+  Kokkos::fence();
+  gelu_backward(dt1_, dt2_, t1_, BT * C);
+  Kokkos::fence();
+  dense_.backward(dx, dt1_, x, BT);  // overwrites dx
+  Kokkos::fence();
+  if (binary_) {
+    binary_head_.backward(dp2_, logits2_, p2_, B_);
+    Kokkos::fence();
+    tanh_backward(dp1_, dp2_, p2_, B_ * C);
+    Kokkos::fence();
+    pooler_.backward(dpin_, dp1_, pin_, B_);
+    Kokkos::fence();
+    scatter_add_strided_rows(dx, dpin_, B_, T_, C);
+    Kokkos::fence();
+  }
+  return out;
+}
+
+}  // namespace trident

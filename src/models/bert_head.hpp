@@ -1,0 +1,50 @@
+// BERT's output heads on the encoder's final LayerNorm output x (BT, C), all rows on every
+// tensor-parallel rank (BERT runs without sequence parallelism for now):
+//   masked LM:   h = LayerNorm(gelu(x W_d^T + b_d)); logits = h wte^T + b (vocabulary-parallel:
+//                this rank's columns of the tied word embeddings and of the bias); cross-entropy
+//                at the positions with a label; loss = mean over those positions
+//   sentence order (binary head): p = tanh(x[b, 0] W_p^T + b_p) on the [CLS] position;
+//                logits2 = p W_b^T + b_b; loss = mean cross-entropy over the micro-batch
+// The dense, LayerNorm, pooler and binary-head parameters are replicated over TP (their inputs
+// and gradients are identical on every TP rank); the LM bias is split like the vocabulary.
+// Checkpoint names: model/lm_head/dense/{weight,bias}, model/lm_head/layernorm/{weight,bias},
+// model/lm_head/bias [vocab_size], model/pooler/dense/{weight,bias},
+// model/binary_head/{weight,bias} [2, C], [2]. fp32 parameters only.
+#pragma once
+#include "layers/layer_norm.hpp"
+#include "layers/linear.hpp"
+#include "layers/tensor_parallel.hpp"
+#include "models/micro_batch.hpp"
+
+namespace trident {
+
+struct BertLosses {
+  double mlm = 0, sop = 0;  // means over the micro-batch
+};
+
+class BertHead {
+ public:
+  BertHead() = default;
+  BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
+           std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
+           const TensorParallel& tp);
+
+  // Losses of the micro-batch; when training, dx (BT, C) receives the gradient of
+  // dscale * (mlm + sop) and the parameter gradients (wte's included, into dwte) accumulate.
+  BertLosses run(const FloatView& x, const FloatView& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
+                 float dscale, const FloatView& dx);
+  std::int64_t workspace_bytes() const;
+
+ private:
+  std::int64_t B_ = 0, T_ = 0, C_ = 0, V_ = 0, Vl_ = 0, start_ = 0;
+  bool binary_ = true;
+  TensorParallel tp_;
+  ParamStore* store_ = nullptr;
+  Linear dense_, pooler_, binary_head_;
+  LayerNorm norm_;
+  ParamId bias_ = -1;
+  FloatView t1_, t2_, t3_, mean_, rstd_, logits_, losses_, dt3_, dt2_, dt1_, ce_scratch_;
+  FloatView pin_, p1_, p2_, logits2_, losses2_, dp2_, dp1_, dpin_;
+};
+
+}  // namespace trident

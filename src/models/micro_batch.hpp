@@ -1,0 +1,19 @@
+// One micro-batch on the device, as the models consume it.
+//   GPT:  tokens (B*T) and targets (B*T), the next tokens.
+//   BERT: tokens with masking applied, targets = the MLM labels (-1 where nothing is
+//         predicted), token types, the padding mask (1 real token, 0 padding) and the
+//         sentence-order labels (B); num_targets = positions with a label (host count, the
+//         MLM loss is their mean).
+#pragma once
+#include "common/types.hpp"
+
+namespace trident {
+
+struct MicroBatch {
+  IntView tokens, targets;
+  IntView types, padding;  // empty for GPT
+  IntView sentence_order;  // (B), BERT
+  std::int64_t num_targets = 0;
+};
+
+}  // namespace trident
