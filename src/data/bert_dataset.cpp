@@ -213,6 +213,8 @@ BertData::BertData(const std::string& shard_spec, const std::string& split, std:
   specials_.mask = static_cast<std::int32_t>(meta.mask_id);
   specials_.pad = static_cast<std::int32_t>(meta.pad_id);
   specials_.eod = static_cast<std::int32_t>(meta.eod_id);
+  TRIDENT_REQUIRE(corpus_->has_sentences(), "data.train_shards: the shards hold no /sentence_offsets (run "
+                                            "preprocess_data with --split-sentences for BERT)");
   TRIDENT_REQUIRE(!vocab_file.empty(), "data.vocab_file is required for BERT (the " << corpus_->tokenizer()
                                                                                   << " vocabulary of the shards: "
                                                                                      "whole-word masking needs it)");
