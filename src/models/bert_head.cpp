@@ -14,8 +14,8 @@ namespace trident {
 BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
                    std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
                    const TensorParallel& tp)
-    : B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head), tp_(tp),
-      store_(&store) {
+    : B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head),
+      partial_(tp.sequence_parallel), tp_(tp), store_(&store) {
   dense_ = Linear(store, "model/lm_head/dense", C, C, init_std);
   norm_ = LayerNorm(store, "model/lm_head/layernorm", C, ln_eps);
   ParamInfo b;  // vocabulary-parallel like the word embeddings
@@ -105,7 +105,7 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
   gemm(Trans::T, Trans::N, Vl_, C, BT, 1.f, logits_.data(), Vl_, t3_.data(), C, 1.f, dwte.data(), C);
   bias_backward(store_->grad(bias_), logits_, BT, Vl_);
   Kokkos::fence();
-  CopyToTensorParallelRegion::backward(tp_, dt3_, BT * C);
+  if (!partial_) CopyToTensorParallelRegion::backward(tp_, dt3_, BT * C);
   Kokkos::deep_copy(dt2_, 0.f);
   norm_.backward(dt2_, dt3_, t2_, mean_, rstd_, BT);
   Kokkos::fence();
@@ -113,7 +113,7 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
   Kokkos::fence();
   dense_.backward(dx, dt1_, x, BT);  // overwrites dx
   Kokkos::fence();
-  if (binary_) {
+  if (binary_ && (!partial_ || tp_.rank() == 0)) {
     binary_head_.backward(dp2_, logits2_, p2_, B_);
     Kokkos::fence();
     tanh_backward(dp1_, dp2_, p2_, B_ * C);

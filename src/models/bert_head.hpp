@@ -1,12 +1,17 @@
 // BERT's output heads on the encoder's final LayerNorm output x (BT, C), all rows on every
-// tensor-parallel rank (BERT runs without sequence parallelism for now):
+// tensor-parallel rank (gathered from the row split first under sequence parallelism):
 //   masked LM:   h = LayerNorm(gelu(x W_d^T + b_d)); logits = h wte^T + b (vocabulary-parallel:
 //                this rank's columns of the tied word embeddings and of the bias); cross-entropy
 //                at the positions with a label; loss = mean over those positions
 //   sentence order (binary head): p = tanh(x[b, 0] W_p^T + b_p) on the [CLS] position;
 //                logits2 = p W_b^T + b_b; loss = mean cross-entropy over the micro-batch
-// The dense, LayerNorm, pooler and binary-head parameters are replicated over TP (their inputs
-// and gradients are identical on every TP rank); the LM bias is split like the vocabulary.
+// The dense, LayerNorm, pooler and binary-head parameters are replicated over TP; the LM bias is
+// split like the vocabulary. Without sequence parallelism the gradient at h is all-reduced over
+// TP (its vocabulary parts summed), so dx and every replicated gradient are complete and equal
+// on all TP ranks. With sequence parallelism the gradients stay partial instead: dx is summed
+// by the reduce-scatter back to the row split and the replicated parameters' gradients by the
+// trainer's TP all-reduce of the replicated range, so the sentence-order gradient (the same on
+// every TP rank) is contributed by TP rank 0 alone.
 // Checkpoint names: model/lm_head/dense/{weight,bias}, model/lm_head/layernorm/{weight,bias},
 // model/lm_head/bias [vocab_size], model/pooler/dense/{weight,bias},
 // model/binary_head/{weight,bias} [2, C], [2]. fp32 parameters only.
@@ -37,7 +42,7 @@ class BertHead {
 
  private:
   std::int64_t B_ = 0, T_ = 0, C_ = 0, V_ = 0, Vl_ = 0, start_ = 0;
-  bool binary_ = true;
+  bool binary_ = true, partial_ = false;
   TensorParallel tp_;
   ParamStore* store_ = nullptr;
   Linear dense_, pooler_, binary_head_;

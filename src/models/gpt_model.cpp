@@ -37,8 +37,6 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
                                                                                   << ": not divisible");
   TRIDENT_REQUIRE(!cfg.bert || cfg.dt == DType::F32,
                   "BERT runs in fp32 for now (precision.dtype = " << dtype_name(cfg.dt) << " is GPT-only)");
-  TRIDENT_REQUIRE(!cfg.bert || !tp.sequence_parallel, "BERT runs without sequence parallelism for now "
-                                                      "(set parallel.sequence_parallel = false)");
   vocab_local_ = cfg.padded_vocab / p;
   vocab_start_ = r * vocab_local_;
 
@@ -97,6 +95,8 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
     lnf_mean_ = make_float("gpt::lnf_mean", R);
     lnf_rstd_ = make_float("gpt::lnf_rstd", R);
     dlnf_ = make_float("gpt::dlnf", R * C);
+    head_in_ = tp.sequence_parallel ? make_act(cfg.dt, "gpt::head_in", rows_ * C) : lnf_out_;
+    dhead_ = tp.sequence_parallel ? make_float("gpt::dhead", rows_ * C) : dlnf_;
     bert_head_ = std::make_unique<BertHead>(store, B_, T, C, cfg.vocab_size, vocab_local_, vocab_start_, cfg.init_std,
                                             cfg.ln_eps, cfg.binary_head, tp);
   } else if (stage_.post) {  // final LayerNorm, LM head and loss buffers
@@ -247,11 +247,11 @@ void GptModel::embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, b
     add_positions(s.input, store_->value(wpe_), row0, R, T, C);
   else
     add_positions_half(cfg_.dt, s.input, store_->value16(wpe_), row0, R, T, C);
-  if (tte_ >= 0) {  // token types (BERT; no sequence parallelism, so R = BT): word_ is free again
+  if (tte_ >= 0) {  // token types of this rank's rows (BERT); word_ is free again
     Kokkos::fence();
-    embedding_lookup(word_, mb.types, store_->value(tte_), 0, cfg_.num_token_types, BT, C);
+    embedding_lookup(word_, slice(mb.types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
     Kokkos::fence();
-    accumulate(s.input, word_, BT * C);
+    accumulate(s.input, word_, R * C);
     if (training) Kokkos::deep_copy(s.types, mb.types);
   }
   dropout_forward(s.input, s.input, R * C, training ? embedding_dropout(rng) : DropoutSpec{});
@@ -268,14 +268,16 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
   const IntView& targets = mb.targets;
   Slot& s = slot(slot_index);
   const FloatView last = layers_.empty() ? s.input : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
-  if (bert_head_) {  // final LayerNorm, then BERT's heads on all rows (no sequence parallelism)
+  if (bert_head_) {  // final LayerNorm, then BERT's heads on all rows (gathered from the row split)
     lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
     Kokkos::fence();
+    if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
     const BertLosses l =
-        bert_head_->run(lnf_out_.f, store_->value(wte_), store_->grad(wte_), mb, training, dscale, dlnf_);
+        bert_head_->run(head_in_.f, store_->value(wte_), store_->grad(wte_), mb, training, dscale, dhead_);
     bert_losses_.mlm += l.mlm;
     bert_losses_.sop += l.sop;
     if (training) {
+      if (sp) GatherFromSequenceParallelRegion::backward(tp_, dlnf_, dhead_, BT, C);  // partial sums -> my rows
       Kokkos::deep_copy(s.head_grad, 0.f);
       lnf_.backward(s.head_grad, dlnf_, last, lnf_mean_, lnf_rstd_, R);
       Kokkos::fence();
@@ -390,7 +392,8 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
     dword = word_;
   }
   embedding_lookup_backward(store_->grad(wte_), dword, s.tokens, vocab_start_, vocab_local_, BT, C);
-  if (tte_ >= 0) embedding_lookup_backward(store_->grad(tte_), dres_, s.types, 0, cfg_.num_token_types, BT, C);
+  if (tte_ >= 0)
+    embedding_lookup_backward(store_->grad(tte_), dres_, slice(s.types, row0, R), 0, cfg_.num_token_types, R, C);
   Kokkos::fence();
 }
 
