@@ -1,8 +1,9 @@
-// Linear layer through ops/gemm.
+// Linear layer through ops/gemm (fp32 or 16-bit parameters).
 #include "layers/linear.hpp"
 
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
@@ -13,22 +14,31 @@ Linear::Linear(ParamStore& store, const std::string& name, std::int64_t in, std:
   if (bias) b_ = store.declare(name + "/bias", {out}, /*weight_decay=*/false, 0.f, 0.f);
 }
 
-void Linear::forward(const FloatView& y, const FloatView& x, std::int64_t N) const {
-  const FloatView w = store_->value(w_);
-  gemm(Trans::N, Trans::T, N, out_, in_, 1.f, x.data(), in_, w.data(), in_, 0.f, y.data(), out_);
-  if (b_ >= 0) add_bias(y, store_->value(b_), N, out_);
+void Linear::forward(const FloatView& y, const Act& x, std::int64_t N) const {
+  const Act w = store_->param(w_);
+  gemm_mixed(Trans::N, Trans::T, N, out_, in_, 1.f, operand(x), in_, operand(w), in_, 0.f, y.data(), out_);
+  if (b_ < 0) return;
+  if (w.is_half())
+    add_bias_half(w.dt, y, store_->value16(b_), N, out_);
+  else
+    add_bias(y, store_->value(b_), N, out_);
 }
 
-void Linear::backward(const FloatView& dx, const FloatView& dy, const FloatView& x, std::int64_t N,
-                      bool accumulate_dx) const {
-  const FloatView w = store_->value(w_);
+void Linear::backward(const FloatView& dx, const FloatView& dy, const Act& x, std::int64_t N,
+                      const HalfView& dy16) const {
+  const Act w = store_->param(w_);
   const FloatView dw = store_->grad(w_);
   Kokkos::fence();
+  GemmOperand g = operand(dy.data());
+  if (w.is_half()) {
+    pack_half(w.dt, dy16, dy, N * out_);
+    Kokkos::fence();
+    g = operand(w.dt, dy16.data());
+  }
   // dx (N, in) = dy (N, out) W (out, in)
-  gemm(Trans::N, Trans::N, N, in_, out_, 1.f, dy.data(), out_, w.data(), in_, accumulate_dx ? 1.f : 0.f, dx.data(),
-       in_);
+  gemm_mixed(Trans::N, Trans::N, N, in_, out_, 1.f, g, out_, operand(w), in_, 0.f, dx.data(), in_);
   // dW (out, in) += dy^T (out, N) x (N, in)
-  gemm(Trans::T, Trans::N, out_, in_, N, 1.f, dy.data(), out_, x.data(), in_, 1.f, dw.data(), in_);
+  gemm_mixed(Trans::T, Trans::N, out_, in_, N, 1.f, g, out_, operand(x), in_, 1.f, dw.data(), in_);
   if (b_ >= 0) bias_backward(store_->grad(b_), dy, N, out_);
 }
 

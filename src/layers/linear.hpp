@@ -1,5 +1,8 @@
-// Linear layer y = x W^T + b with W stored [out, in] (PyTorch's convention, as in checkpoints).
-// The tensor-parallel variants (column/row split) build on this with the TP communicator.
+// Linear layer y = x W^T + b with W stored [out, in] (PyTorch's convention, as in checkpoints),
+// replicated on every tensor-parallel rank (BERT's heads); the split variants are in
+// layers/parallel_linear. With 16-bit parameters (mixed precision) x is 16-bit words, the GEMMs
+// take 16-bit inputs with fp32 accumulation, y and every gradient are fp32, and dy enters the
+// backward GEMMs rounded to 16 bits (as Megatron's bf16 gradients are).
 #pragma once
 #include <string>
 
@@ -14,10 +17,11 @@ class Linear {
          bool bias = true);
 
   // y (N, out) = x (N, in) W^T + b
-  void forward(const FloatView& y, const FloatView& x, std::int64_t N) const;
-  // dx (N, in) = dy W (overwritten unless accumulate_dx); dW += dy^T x; db += colsum(dy)
-  void backward(const FloatView& dx, const FloatView& dy, const FloatView& x, std::int64_t N,
-                bool accumulate_dx = false) const;
+  void forward(const FloatView& y, const Act& x, std::int64_t N) const;
+  // dx (N, in) = dy W (overwritten); dW += dy^T x; db += colsum(dy). dy16: scratch of N * out
+  // 16-bit words (16-bit parameters only).
+  void backward(const FloatView& dx, const FloatView& dy, const Act& x, std::int64_t N,
+                const HalfView& dy16 = {}) const;
 
   std::int64_t in() const { return in_; }
   std::int64_t out() const { return out_; }

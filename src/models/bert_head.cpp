@@ -8,14 +8,15 @@
 #include "ops/elementwise.hpp"
 #include "ops/gelu.hpp"
 #include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 
 BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
                    std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
-                   const TensorParallel& tp)
+                   const TensorParallel& tp, DType dt)
     : B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head),
-      partial_(tp.sequence_parallel), tp_(tp), store_(&store) {
+      partial_(tp.sequence_parallel), tp_(tp), store_(&store), dt_(dt) {
   dense_ = Linear(store, "model/lm_head/dense", C, C, init_std);
   norm_ = LayerNorm(store, "model/lm_head/layernorm", C, ln_eps);
   ParamInfo b;  // vocabulary-parallel like the word embeddings
@@ -31,14 +32,18 @@ BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64
     binary_head_ = Linear(store, "model/binary_head", C, 2, init_std);
   }
   const std::int64_t BT = B * T;
-  for (FloatView* v : {&t1_, &t2_, &t3_, &dt3_, &dt2_, &dt1_}) *v = make_float("bert_head::act", BT * C);
+  for (FloatView* v : {&t1_, &t2_, &dt3_, &dt2_, &dt1_}) *v = make_float("bert_head::act", BT * C);
+  t3_ = make_act(dt, "bert_head::t3", BT * C);
+  if (dt != DType::F32) dy16_ = make_half("bert_head::dy16", BT * std::max(C, Vl_));
   mean_ = make_float("bert_head::mean", BT);
   rstd_ = make_float("bert_head::rstd", BT);
   logits_ = make_float("bert_head::logits", BT * Vl_);
   losses_ = make_float("bert_head::losses", BT);
   ce_scratch_ = make_float("bert_head::ce_scratch", 3 * BT);
   if (binary_) {
-    for (FloatView* v : {&pin_, &p1_, &p2_, &dp2_, &dp1_, &dpin_}) *v = make_float("bert_head::pooler", B * C);
+    for (FloatView* v : {&p1_, &p2_, &dp2_, &dp1_, &dpin_}) *v = make_float("bert_head::pooler", B * C);
+    pin_ = make_act(dt, "bert_head::pin", B * C);
+    p2in_ = dt == DType::F32 ? act(p2_) : make_act(dt, "bert_head::p2in", B * C);
     logits2_ = make_float("bert_head::logits2", B * 2);
     losses2_ = make_float("bert_head::losses2", B);
   }
@@ -46,14 +51,17 @@ BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64
 
 std::int64_t BertHead::workspace_bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&t1_, &t2_, &t3_, &mean_, &rstd_, &logits_, &losses_, &dt3_, &dt2_, &dt1_, &ce_scratch_,
-                             &pin_, &p1_, &p2_, &logits2_, &losses2_, &dp2_, &dp1_, &dpin_})
+  for (const FloatView* v : {&t1_, &t2_, &mean_, &rstd_, &logits_, &losses_, &dt3_, &dt2_, &dt1_, &ce_scratch_, &p1_,
+                             &p2_, &logits2_, &losses2_, &dp2_, &dp1_, &dpin_})
     n += static_cast<std::int64_t>(v->span()) * 4;
+  n += t3_.bytes() + pin_.bytes() + static_cast<std::int64_t>(dy16_.span()) * 2;
+  if (dt_ != DType::F32) n += p2in_.bytes();
   return n;
 }
 
-BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatView& dwte, const MicroBatch& mb,
+BertLosses BertHead::run(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb,
                          bool training, float dscale, const FloatView& dx) {
+  const bool half = dt_ != DType::F32;
   const std::int64_t BT = B_ * T_, C = C_;
   const double n_targets = static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1));
   BertLosses out;
@@ -65,8 +73,11 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
   norm_.forward(t3_, mean_, rstd_, t2_, BT);
   Kokkos::fence();
   // logits (BT, Vl) = t3 wte_local^T + bias_local
-  gemm(Trans::N, Trans::T, BT, Vl_, C, 1.f, t3_.data(), C, wte.data(), C, 0.f, logits_.data(), Vl_);
-  add_bias(logits_, store_->value(bias_), BT, Vl_);
+  gemm_mixed(Trans::N, Trans::T, BT, Vl_, C, 1.f, operand(t3_), C, operand(wte), C, 0.f, logits_.data(), Vl_);
+  if (half)
+    add_bias_half(dt_, logits_, store_->value16(bias_), BT, Vl_);
+  else
+    add_bias(logits_, store_->value(bias_), BT, Vl_);
   Kokkos::fence();
   const float dmlm = static_cast<float>(dscale / n_targets);
   if (tp_.size() == 1) {
@@ -88,7 +99,11 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
     Kokkos::fence();
     tanh_forward(p2_, p1_, B_ * C);
     Kokkos::fence();
-    binary_head_.forward(logits2_, p2_, B_);
+    if (half) {
+      pack_half(dt_, p2in_.h, p2_, B_ * C);
+      Kokkos::fence();
+    }
+    binary_head_.forward(logits2_, p2in_, B_);
     Kokkos::fence();
     const float dsop = static_cast<float>(dscale / static_cast<double>(B_));
     if (training)
@@ -101,8 +116,14 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
   if (!training) return out;
 
   // ---- backward: logits -> h (partial over TP: this rank's vocabulary columns) ----
-  gemm(Trans::N, Trans::N, BT, C, Vl_, 1.f, logits_.data(), Vl_, wte.data(), C, 0.f, dt3_.data(), C);
-  gemm(Trans::T, Trans::N, Vl_, C, BT, 1.f, logits_.data(), Vl_, t3_.data(), C, 1.f, dwte.data(), C);
+  GemmOperand dlogits = operand(logits_.data());
+  if (half) {  // the logits' gradient enters the GEMMs in 16 bits
+    pack_half(dt_, dy16_, logits_, BT * Vl_);
+    Kokkos::fence();
+    dlogits = operand(dt_, dy16_.data());
+  }
+  gemm_mixed(Trans::N, Trans::N, BT, C, Vl_, 1.f, dlogits, Vl_, operand(wte), C, 0.f, dt3_.data(), C);
+  gemm_mixed(Trans::T, Trans::N, Vl_, C, BT, 1.f, dlogits, Vl_, operand(t3_), C, 1.f, dwte.data(), C);
   bias_backward(store_->grad(bias_), logits_, BT, Vl_);
   Kokkos::fence();
   if (!partial_) CopyToTensorParallelRegion::backward(tp_, dt3_, BT * C);
@@ -111,14 +132,14 @@ BertLosses BertHead::run(const FloatView& x, const FloatView& wte, const FloatVi
   Kokkos::fence();
   gelu_backward(dt1_, dt2_, t1_, BT * C);
   Kokkos::fence();
-  dense_.backward(dx, dt1_, x, BT);  // overwrites dx
+  dense_.backward(dx, dt1_, x, BT, dy16_);  // overwrites dx
   Kokkos::fence();
   if (binary_ && (!partial_ || tp_.rank() == 0)) {
-    binary_head_.backward(dp2_, logits2_, p2_, B_);
+    binary_head_.backward(dp2_, logits2_, p2in_, B_, dy16_);
     Kokkos::fence();
     tanh_backward(dp1_, dp2_, p2_, B_ * C);
     Kokkos::fence();
-    pooler_.backward(dpin_, dp1_, pin_, B_);
+    pooler_.backward(dpin_, dp1_, pin_, B_, dy16_);
     Kokkos::fence();
     scatter_add_strided_rows(dx, dpin_, B_, T_, C);
     Kokkos::fence();

@@ -14,7 +14,9 @@
 // every TP rank) is contributed by TP rank 0 alone.
 // Checkpoint names: model/lm_head/dense/{weight,bias}, model/lm_head/layernorm/{weight,bias},
 // model/lm_head/bias [vocab_size], model/pooler/dense/{weight,bias},
-// model/binary_head/{weight,bias} [2, C], [2]. fp32 parameters only.
+// model/binary_head/{weight,bias} [2, C], [2]. Mixed precision as GPT's head: 16-bit
+// parameters and GEMM inputs (x, the LayerNorm output h, the pooled [CLS] rows, the tanh
+// output), fp32 GEMM outputs, GELU, LayerNorm statistics, softmax, cross-entropy and gradients.
 #pragma once
 #include "layers/layer_norm.hpp"
 #include "layers/linear.hpp"
@@ -32,11 +34,11 @@ class BertHead {
   BertHead() = default;
   BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
            std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
-           const TensorParallel& tp);
+           const TensorParallel& tp, DType dt);
 
   // Losses of the micro-batch; when training, dx (BT, C) receives the gradient of
   // dscale * (mlm + sop) and the parameter gradients (wte's included, into dwte) accumulate.
-  BertLosses run(const FloatView& x, const FloatView& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
+  BertLosses run(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
                  float dscale, const FloatView& dx);
   std::int64_t workspace_bytes() const;
 
@@ -48,8 +50,12 @@ class BertHead {
   Linear dense_, pooler_, binary_head_;
   LayerNorm norm_;
   ParamId bias_ = -1;
-  FloatView t1_, t2_, t3_, mean_, rstd_, logits_, losses_, dt3_, dt2_, dt1_, ce_scratch_;
-  FloatView pin_, p1_, p2_, logits2_, losses2_, dp2_, dp1_, dpin_;
+  DType dt_ = DType::F32;
+  FloatView t1_, t2_, mean_, rstd_, logits_, losses_, dt3_, dt2_, dt1_, ce_scratch_;
+  Act t3_;  // the LM head's LayerNorm output (BT, C), a GEMM input
+  FloatView p1_, p2_, logits2_, losses2_, dp2_, dp1_, dpin_;
+  Act pin_, p2in_;  // pooled [CLS] rows and the tanh output as GEMM inputs (B, C)
+  HalfView dy16_;   // 16-bit copies of gradients entering GEMMs (BT * max(C, Vl))
 };
 
 }  // namespace trident

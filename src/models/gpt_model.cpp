@@ -35,8 +35,6 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   TRIDENT_REQUIRE(!tp.sequence_parallel || rows_ % p == 0,
                   "sequence parallelism splits micro_batch_size x seq_length = " << rows_ << " tokens over tp = " << p
                                                                                   << ": not divisible");
-  TRIDENT_REQUIRE(!cfg.bert || cfg.dt == DType::F32,
-                  "BERT runs in fp32 for now (precision.dtype = " << dtype_name(cfg.dt) << " is GPT-only)");
   vocab_local_ = cfg.padded_vocab / p;
   vocab_start_ = r * vocab_local_;
 
@@ -98,7 +96,7 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
     head_in_ = tp.sequence_parallel ? make_act(cfg.dt, "gpt::head_in", rows_ * C) : lnf_out_;
     dhead_ = tp.sequence_parallel ? make_float("gpt::dhead", rows_ * C) : dlnf_;
     bert_head_ = std::make_unique<BertHead>(store, B_, T, C, cfg.vocab_size, vocab_local_, vocab_start_, cfg.init_std,
-                                            cfg.ln_eps, cfg.binary_head, tp);
+                                            cfg.ln_eps, cfg.binary_head, tp, cfg.dt);
   } else if (stage_.post) {  // final LayerNorm, LM head and loss buffers
     lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
     lnf_mean_ = make_float("gpt::lnf_mean", R);
@@ -249,7 +247,11 @@ void GptModel::embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, b
     add_positions_half(cfg_.dt, s.input, store_->value16(wpe_), row0, R, T, C);
   if (tte_ >= 0) {  // token types of this rank's rows (BERT); word_ is free again
     Kokkos::fence();
-    embedding_lookup(word_, slice(mb.types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
+    if (cfg_.dt == DType::F32)
+      embedding_lookup(word_, slice(mb.types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
+    else
+      embedding_lookup_half(cfg_.dt, word_, slice(mb.types, row0, R), store_->value16(tte_), 0, cfg_.num_token_types,
+                            R, C);
     Kokkos::fence();
     accumulate(s.input, word_, R * C);
     if (training) Kokkos::deep_copy(s.types, mb.types);
@@ -273,7 +275,7 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
     Kokkos::fence();
     if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
     const BertLosses l =
-        bert_head_->run(head_in_.f, store_->value(wte_), store_->grad(wte_), mb, training, dscale, dhead_);
+        bert_head_->run(head_in_, store_->param(wte_), store_->grad(wte_), mb, training, dscale, dhead_);
     bert_losses_.mlm += l.mlm;
     bert_losses_.sop += l.sop;
     if (training) {

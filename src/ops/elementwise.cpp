@@ -30,11 +30,20 @@ void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& 
                        KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
 }
 
-void gather_strided_rows(const FloatView& out, const FloatView& x, std::int64_t n, std::int64_t stride,
-                         std::int64_t cols) {
+namespace {
+template <class V>
+void gather_rows_impl(const V& out, const V& x, std::int64_t n, std::int64_t stride, std::int64_t cols) {
   Kokkos::parallel_for("ops::gather_strided_rows", range(n * cols), KOKKOS_LAMBDA(std::int64_t i) {
     out(i) = x((i / cols) * stride * cols + i % cols);
   });
+}
+}  // namespace
+
+void gather_strided_rows(const Act& out, const Act& x, std::int64_t n, std::int64_t stride, std::int64_t cols) {
+  if (x.is_half())
+    gather_rows_impl(out.h, x.h, n, stride, cols);
+  else
+    gather_rows_impl(out.f, x.f, n, stride, cols);
 }
 
 void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,

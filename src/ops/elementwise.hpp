@@ -1,5 +1,6 @@
 // Small element-wise kernels: residual adds, bias broadcast and bias gradients, fills, scaling.
 #pragma once
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -15,9 +16,9 @@ void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t row
 // out = tanh(x); dx = dout * (1 - out^2)  (BERT's pooler)
 void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n);
 void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& out, std::int64_t n);
-// out (n, cols) = rows 0, stride, 2 stride, ... of x; and dx rows += dout (its backward)
-void gather_strided_rows(const FloatView& out, const FloatView& x, std::int64_t n, std::int64_t stride,
-                         std::int64_t cols);
+// out (n, cols) = rows 0, stride, 2 stride, ... of x (fp32 or 16-bit words, out of x's type);
+// and dx rows += dout (its backward, fp32)
+void gather_strided_rows(const Act& out, const Act& x, std::int64_t n, std::int64_t stride, std::int64_t cols);
 void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,
                               std::int64_t cols);
 // x *= s

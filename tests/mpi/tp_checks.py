@@ -25,7 +25,8 @@ orders of fp32 partial sums, measured ~1e-7):
   bert      pretrain_bert (run with --app pretrain_bert --deck inputs/bert_tiny_ci.ini and the
             WordPiece shards): tp=2 with and without sequence parallelism, dp=2, pp=2,
             pp=2 x vp=2, and full and selective recomputation equal the single-rank run, losses
-            and step-1 gradients; GPT-2 shards (no sentences) are a clear error
+            and step-1 gradients; bf16 (also at tp=2+SP) and fp16 track the fp32 losses within
+            one unit roundoff over 50 steps; a resumed run continues the losses exactly; GPT-2 shards (no sentences) are a clear error
 """
 import csv
 import os
@@ -179,6 +180,24 @@ def check_bert(c):
     ref4 = c.train("single_l4", 1, 1, extra=four)
     compare_losses("bert pp2 vp2 (interleaved)", ref4, c.train("pp2_vp2", 2, 1, pp=2, extra=four + ["--parallel.vp", "2"]))
     compare_grads("bert pp2 vp2 (interleaved)", c.path("single_l4_grads.h5"), c.path("pp2_vp2_grads.h5"))
+    # mixed precision: 50 steps within one unit roundoff of the 16-bit type of the fp32 losses
+    # (bf16 2^-9, fp16 2^-11 with dynamic loss scaling from 2^16), and bf16 at tp=2+SP
+    fp32 = c.train("fp32_50", 1, 1, iters=50, extra=vocab)
+    for dt, band, np_, tp, sp in [("bf16", 2.0 ** -9, 1, 1, False), ("fp16", 2.0 ** -11, 1, 1, False),
+                                  ("bf16", 2.0 ** -9, 2, 2, True)]:
+        got = c.train(f"{dt}_tp{tp}", np_, tp, sp=sp, iters=50,
+                      extra=vocab + ["--precision.dtype", dt, "--precision.initial_loss_scale", "65536"])
+        worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(fp32, got))
+        print(f"bert {dt} tp={tp}{' +SP' if sp else ''}: worst relative loss difference to fp32 over 50 steps "
+              f"{worst:.2e} (band {band:.1e})")
+        assert worst <= band, f"bert {dt}: {worst:.2e} > {band:.1e}"
+    # exact resume with dropout: a run resumed from iteration 3 continues the uninterrupted losses
+    full = c.train("resume_full", 1, 1, iters=6, dropout=0.1,
+                   extra=vocab + ["--checkpoint.save", c.path("ck"), "--checkpoint.interval", "3"])
+    part = c.train("resume_part", 1, 1, iters=6, dropout=0.1,
+                   extra=vocab + ["--checkpoint.load", c.path("ck", "iter_0000003"), "--checkpoint.save", c.path("ck2")])
+    assert full[3:] == part, f"bert resume: {full[3:]} != {part}"
+    print("bert resume: iterations 4-6 equal the uninterrupted run bit for bit")
     base = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards] + vocab
     assert not single_error_failures([
         ("bert on GPT-2 shards", base + ["--data.train_shards", c.a.shards.replace("kjv_bert", "kjv_gpt2")],

@@ -96,7 +96,7 @@ TEST(Linear, MatchesNaiveAndAccumulatesWeightGradients) {
   store.initialize(5);
   auto x = random_vector(2 * 3, 70), dy = random_vector(2 * 4, 71);
   FloatView y = make_float("y", 8), dx = make_float("dx", 6);
-  lin.forward(y, to_device(x), 2);
+  lin.forward(y, act(to_device(x)), 2);
   auto w = to_host(store.value(store.find("fc/weight")));
   auto out = to_host(y);
   for (int n = 0; n < 2; ++n)
@@ -106,8 +106,8 @@ TEST(Linear, MatchesNaiveAndAccumulatesWeightGradients) {
       EXPECT_NEAR(out[n * 4 + o], s, 1e-5);
     }
   store.zero_grads();
-  lin.backward(dx, to_device(dy), to_device(x), 2);
-  lin.backward(dx, to_device(dy), to_device(x), 2);  // accumulates twice
+  lin.backward(dx, to_device(dy), act(to_device(x)), 2);
+  lin.backward(dx, to_device(dy), act(to_device(x)), 2);  // accumulates twice
   auto gw = to_host(store.grad(store.find("fc/weight")));
   for (int o = 0; o < 4; ++o)
     for (int i = 0; i < 3; ++i) {
