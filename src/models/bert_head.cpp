@@ -90,7 +90,9 @@ BertLosses BertHead::run(const Act& x, const Act& wte, const FloatView& dwte, co
                                  ce_scratch_);
   }
   Kokkos::fence();
-  out.mlm = sum_losses(losses_, BT) / n_targets;
+  out.mlm_sum = sum_losses(losses_, BT);
+  out.mlm_count = static_cast<double>(mb.num_targets);
+  out.mlm = out.mlm_sum / n_targets;
   // ---- sentence order ----
   if (binary_) {
     gather_strided_rows(pin_, x, B_, T_, C);  // the [CLS] rows
@@ -105,13 +107,16 @@ BertLosses BertHead::run(const Act& x, const Act& wte, const FloatView& dwte, co
     }
     binary_head_.forward(logits2_, p2in_, B_);
     Kokkos::fence();
-    const float dsop = static_cast<float>(dscale / static_cast<double>(B_));
+    const double n_sent = static_cast<double>(std::max<std::int64_t>(mb.num_sentences, 1));
+    const float dsop = static_cast<float>(dscale / n_sent);
     if (training)
       cross_entropy_forward_backward(losses2_, logits2_, mb.sentence_order, B_, 2, 2, dsop);
     else
       cross_entropy_forward(losses2_, logits2_, mb.sentence_order, B_, 2, 2);
     Kokkos::fence();
-    out.sop = sum_losses(losses2_, B_) / static_cast<double>(B_);
+    out.sop_sum = sum_losses(losses2_, B_);
+    out.sop_count = static_cast<double>(mb.num_sentences);
+    out.sop = out.sop_sum / n_sent;
   }
   if (!training) return out;
 

@@ -27,6 +27,16 @@ namespace trident {
 
 struct BertLosses {
   double mlm = 0, sop = 0;  // means over the micro-batch
+  // the sums and counts behind them (labelled positions; samples with a sentence-order label)
+  double mlm_sum = 0, mlm_count = 0, sop_sum = 0, sop_count = 0;
+  void add(const BertLosses& o) {
+    mlm += o.mlm;
+    sop += o.sop;
+    mlm_sum += o.mlm_sum;
+    mlm_count += o.mlm_count;
+    sop_sum += o.sop_sum;
+    sop_count += o.sop_count;
+  }
 };
 
 class BertHead {

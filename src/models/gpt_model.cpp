@@ -276,8 +276,7 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
     if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
     const BertLosses l =
         bert_head_->run(head_in_, store_->param(wte_), store_->grad(wte_), mb, training, dscale, dhead_);
-    bert_losses_.mlm += l.mlm;
-    bert_losses_.sop += l.sop;
+    bert_losses_.add(l);
     if (training) {
       if (sp) GatherFromSequenceParallelRegion::backward(tp_, dlnf_, dhead_, BT, C);  // partial sums -> my rows
       Kokkos::deep_copy(s.head_grad, 0.f);

@@ -2,8 +2,9 @@
 //   GPT:  tokens (B*T) and targets (B*T), the next tokens.
 //   BERT: tokens with masking applied, targets = the MLM labels (-1 where nothing is
 //         predicted), token types, the padding mask (1 real token, 0 padding) and the
-//         sentence-order labels (B); num_targets = positions with a label (host count, the
-//         MLM loss is their mean).
+//         sentence-order labels (B; -1: not counted); num_targets = positions with a label
+//         and num_sentences = samples with a sentence-order label (host counts: the losses
+//         are means over them).
 #pragma once
 #include "common/types.hpp"
 
@@ -13,7 +14,7 @@ struct MicroBatch {
   IntView tokens, targets;
   IntView types, padding;  // empty for GPT
   IntView sentence_order;  // (B), BERT
-  std::int64_t num_targets = 0;
+  std::int64_t num_targets = 0, num_sentences = 0;
 };
 
 }  // namespace trident

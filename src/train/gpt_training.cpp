@@ -102,7 +102,7 @@ struct Batch {
         throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
                          std::to_string(vocab));
     };
-    std::int64_t labelled = 0;
+    std::int64_t labelled = 0, ordered = 0;
     for (std::int64_t j = 0; j < B; ++j) {
       const std::int32_t* w = window.data() + j * width;
       for (std::int64_t t = 0; t < S; ++t) {
@@ -123,7 +123,10 @@ struct Batch {
         h_targets(j * S + t) = w[2 * S + t];
         h_padding(j * S + t) = w[3 * S + t];
       }
-      if (bert) h_order(j) = w[4 * S];
+      if (bert) {
+        h_order(j) = w[4 * S];
+        if (w[4 * S] >= 0) ++ordered;
+      }
     }
     Kokkos::deep_copy(mb.tokens, h_tokens);
     Kokkos::deep_copy(mb.targets, h_targets);
@@ -132,6 +135,7 @@ struct Batch {
     Kokkos::deep_copy(mb.padding, h_padding);
     Kokkos::deep_copy(mb.sentence_order, h_order);
     mb.num_targets = labelled;
+    mb.num_sentences = ordered;
   }
   std::int64_t B, S;
   bool bert;
@@ -291,6 +295,73 @@ std::vector<GptModel*> raw(const std::vector<std::unique_ptr<GptModel>>& v) {
   return out;
 }
 
+// BERT's losses of the chunks since the last call, summed over the pipeline and data-parallel
+// groups (each value once per TP group: TP ranks hold the same losses).
+BertLosses reduce_bert_losses(const std::vector<std::unique_ptr<GptModel>>& chunks, const Topology& topo) {
+  BertLosses l;
+  for (auto& chunk : chunks) l.add(chunk->take_bert_losses());
+  double v[6] = {l.mlm, l.sop, l.mlm_sum, l.mlm_count, l.sop_sum, l.sop_count};
+  for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
+  return BertLosses{v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
+// BERT's evaluation mode: the first eval.windows samples of the BERT dataset built from every
+// document of eval.shard (train.seed, the deck's [bert] masking), without dropout; the loss is
+// the MLM cross-entropy averaged over all labelled positions plus the sentence-order
+// cross-entropy averaged over the samples (independent of the micro-batch size and layout).
+int run_bert_eval_only(const Deck& deck, const Topology& topo) {
+  const Communicator& world = topo.world();
+  const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
+  TRIDENT_REQUIRE(N > 0, "eval.windows must be > 0 in evaluation mode (samples to score)");
+  SampleSource data;
+  std::shared_ptr<void> owner;
+  collectively(world.get(), [&] {
+    Deck d = deck;
+    d.data.train_shards = deck.eval.shard;
+    d.data.split = "1";
+    data = bert_samples(d, N, 0, owner);
+  });
+  ParamStore store;
+  const GptConfig cfg = make_config(deck, data.vocab, topo.tp_size(), true);
+  store.set_dtype(cfg.dt);
+  auto chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
+  store.allocate();
+  const std::string file = resolve_checkpoint(deck.checkpoint.load);
+  CheckpointState st = load_checkpoint(file, "bert", store, nullptr, topo);
+  PipelineRunner runner(raw(chunks), topo);
+  runner.grouped_p2p = deck.debug.grouped_p2p;
+  Batch batch(B, S, true);
+  const Communicator& dpg = topo.dp_group();
+  const std::int64_t nblocks = (N + B - 1) / B;
+  const std::int64_t mine = nblocks > dpg.rank() ? (nblocks - 1 - dpg.rank()) / dpg.size() + 1 : 0;
+  runner.evaluate(
+      mine,
+      [&](std::int64_t i, MicroBatch& mb) {
+        const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
+        for (std::int64_t j = 0; j < B; ++j) {
+          std::int32_t* w = batch.window.data() + j * batch.width;
+          data.train(std::min(first + j, N - 1), w);
+          if (first + j >= N) {  // padding of a short last block: nothing of it counts
+            std::fill(w + 2 * S, w + 3 * S, -1);
+            w[4 * S] = -1;
+          }
+        }
+        batch.finish(data.vocab, mb);
+      },
+      [&](std::int64_t) { return B; });
+  const BertLosses l = reduce_bert_losses(chunks, topo);
+  const double mlm = l.mlm_sum / std::max(l.mlm_count, 1.0), sop = l.sop_sum / std::max(l.sop_count, 1.0);
+  if (world.rank() == 0) {
+    std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
+              << N << " samples of " << S << " tokens, " << static_cast<std::int64_t>(l.mlm_count)
+              << " labelled positions\n";
+    std::cout << std::setprecision(8) << "eval loss: " << mlm + (cfg.binary_head ? sop : 0.0) << "\n";
+    std::cout << "eval lm loss: " << mlm << "\n";
+    if (cfg.binary_head) std::cout << "eval sop loss: " << sop << std::endl;
+  }
+  return 0;
+}
+
 int run_eval_only(const Deck& deck, const Topology& topo) {
   const Communicator& world = topo.world();
   std::unique_ptr<TokenShardReader> shard;
@@ -352,8 +423,7 @@ int run_pretraining(const Deck& deck, bool bert) {
   const Communicator& world = topo.world();
   const bool root = world.rank() == 0;
   const char* family = bert ? "bert" : "gpt";
-  TRIDENT_REQUIRE(!(bert && deck.eval.only), "eval.only: the evaluation mode is not available for BERT yet");
-  if (deck.eval.only) return run_eval_only(deck, topo);
+  if (deck.eval.only) return bert ? run_bert_eval_only(deck, topo) : run_eval_only(deck, topo);
   topo.print(std::cout);
   gemm_set_tf32(deck.precision.tf32);
 
@@ -533,15 +603,7 @@ int run_pretraining(const Deck& deck, bool bert) {
   const double dscale_unscaled = 1.0 / loss_count;
   // BERT's two losses of the iteration, summed over the model chunks and ranks
   auto bert_parts = [&]() {
-    BertLosses l;
-    for (auto& chunk : chunks) {
-      const BertLosses c = chunk->take_bert_losses();
-      l.mlm += c.mlm;
-      l.sop += c.sop;
-    }
-    double v[2] = {l.mlm, l.sop};
-    for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
-    return BertLosses{v[0], v[1]};
+    return reduce_bert_losses(chunks, topo);
   };
   const FloatView grads = store.grads();
   PhaseTimers timers;

@@ -26,7 +26,8 @@ orders of fp32 partial sums, measured ~1e-7):
             WordPiece shards): tp=2 with and without sequence parallelism, dp=2, pp=2,
             pp=2 x vp=2, and full and selective recomputation equal the single-rank run, losses
             and step-1 gradients; bf16 (also at tp=2+SP) and fp16 track the fp32 losses within
-            one unit roundoff over 50 steps; a resumed run continues the losses exactly; GPT-2 shards (no sentences) are a clear error
+            one unit roundoff over 50 steps; a resumed run continues the losses exactly; the
+            evaluation mode gives the same losses at np=1, dp=2, tp=2, pp=2 and micro-batch 3; GPT-2 shards (no sentences) are a clear error
 """
 import csv
 import os
@@ -198,6 +199,18 @@ def check_bert(c):
                    extra=vocab + ["--checkpoint.load", c.path("ck", "iter_0000003"), "--checkpoint.save", c.path("ck2")])
     assert full[3:] == part, f"bert resume: {full[3:]} != {part}"
     print("bert resume: iterations 4-6 equal the uninterrupted run bit for bit")
+    # evaluation mode: the same losses under every layout and micro-batch size (21 samples: the
+    # last block is padded and its padding must not count)
+    shard = sorted(__import__("glob").glob(c.a.shards))[-1]
+    evals = {}
+    for name, np_, extra in [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
+                             ("pp2", 2, ["--parallel.pp", "2"]), ("mbs3", 1, ["--train.micro_batch_size", "3"])]:
+        _, out, _ = run([c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
+                         "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
+                         "--eval.windows", "21"] + vocab + extra)
+        evals[name] = [l for l in out.splitlines() if l.startswith("eval ")]
+        assert len(evals[name]) == 3 and evals[name] == evals["np1"], f"bert eval mode {name}: {evals[name]}"
+    print("bert evaluation mode, equal at np1, dp2, tp2, pp2, micro-batch 3:", " | ".join(evals["np1"]))
     base = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards] + vocab
     assert not single_error_failures([
         ("bert on GPT-2 shards", base + ["--data.train_shards", c.a.shards.replace("kjv_bert", "kjv_gpt2")],
