@@ -12,18 +12,24 @@ namespace trident {
 namespace {
 constexpr std::int64_t kBlock = 64;  // elements per block of the one-pass (online) max/sum
 
+// A position with a negative target has no loss: loss 0 and, with backward, a zero row of the
+// gradient (n values). Returns whether the position is ignored.
+KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, float* row, std::int64_t n,
+                                            bool backward) {
+  if (target >= 0) return false;
+  loss = 0.f;
+  if (backward)
+    for (std::int64_t j = 0; j < n; ++j) row[j] = 0.f;
+  return true;
+}
+
 template <bool kBackward>
 void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                         std::int64_t V, std::int64_t Vp, float dscale) {
   Kokkos::parallel_for(kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward",
                        range(N), KOKKOS_LAMBDA(std::int64_t n) {
                          float* row = logits.data() + n * Vp;
-                         if (targets(n) < 0) {  // ignored position: no loss, no gradient
-                           losses(n) = 0.f;
-                           if (kBackward)
-                             for (std::int64_t j = 0; j < Vp; ++j) row[j] = 0.f;
-                           return;
-                         }
+                         if (ignore_position(targets(n), losses(n), row, Vp, kBackward)) return;
                          // Pass 1, online softmax by blocks: running max mx and sum of exp(x - mx),
                          // rescaled when a block raises the max. The row is read once.
                          float mx = -3.0e38f, sum = 0.f;
@@ -93,12 +99,7 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
   comm.allreduce_sum(sums.data(), 2 * N);
   Kokkos::parallel_for("ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
     float* row = logits.data() + n * Vl;
-    if (targets(n) < 0) {  // ignored position: no loss, no gradient
-      losses(n) = 0.f;
-      if (backward)
-        for (std::int64_t j = 0; j < Vl; ++j) row[j] = 0.f;
-      return;
-    }
+    if (ignore_position(targets(n), losses(n), row, Vl, backward)) return;
     losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);
     if (!backward) return;
     const float mx = rowmax(n), s = dscale / sums(n);

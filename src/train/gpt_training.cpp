@@ -295,6 +295,36 @@ std::vector<GptModel*> raw(const std::vector<std::unique_ptr<GptModel>>& v) {
   return out;
 }
 
+// The model of the evaluation mode, loaded from checkpoint.load, and its pipeline runner.
+// Samples are dealt round-robin in blocks of micro_batch_size over the data-parallel ranks
+// (the ranks of a tensor-parallel group score the same block together): block i of this rank
+// starts at sample (dp_rank + i * dp) * B.
+struct EvalModel {
+  EvalModel(const Deck& deck, const Topology& topo, std::int64_t vocab, bool bert)
+      : cfg(make_config(deck, vocab, topo.tp_size(), bert)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
+    store.set_dtype(cfg.dt);
+    chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
+    store.allocate();
+    file = resolve_checkpoint(deck.checkpoint.load);
+    state = load_checkpoint(file, bert ? "bert" : "gpt", store, nullptr, topo);
+    runner = std::make_unique<PipelineRunner>(raw(chunks), topo);
+    runner->grouped_p2p = deck.debug.grouped_p2p;
+  }
+  // blocks of B samples this rank scores out of n
+  std::int64_t blocks(std::int64_t n) const {
+    const std::int64_t nblocks = (n + B - 1) / B;
+    return nblocks > dp->rank() ? (nblocks - 1 - dp->rank()) / dp->size() + 1 : 0;
+  }
+  GptConfig cfg;
+  std::int64_t B;
+  const Communicator* dp;
+  ParamStore store;
+  std::vector<std::unique_ptr<GptModel>> chunks;
+  std::string file;
+  CheckpointState state;
+  std::unique_ptr<PipelineRunner> runner;
+};
+
 // BERT's losses of the chunks since the last call, summed over the pipeline and data-parallel
 // groups (each value once per TP group: TP ranks hold the same losses).
 BertLosses reduce_bert_losses(const std::vector<std::unique_ptr<GptModel>>& chunks, const Topology& topo) {
@@ -321,21 +351,12 @@ int run_bert_eval_only(const Deck& deck, const Topology& topo) {
     d.data.split = "1";
     data = bert_samples(d, N, 0, owner);
   });
-  ParamStore store;
-  const GptConfig cfg = make_config(deck, data.vocab, topo.tp_size(), true);
-  store.set_dtype(cfg.dt);
-  auto chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
-  store.allocate();
-  const std::string file = resolve_checkpoint(deck.checkpoint.load);
-  CheckpointState st = load_checkpoint(file, "bert", store, nullptr, topo);
-  PipelineRunner runner(raw(chunks), topo);
-  runner.grouped_p2p = deck.debug.grouped_p2p;
+  EvalModel m(deck, topo, data.vocab, true);
   Batch batch(B, S, true);
   const Communicator& dpg = topo.dp_group();
-  const std::int64_t nblocks = (N + B - 1) / B;
-  const std::int64_t mine = nblocks > dpg.rank() ? (nblocks - 1 - dpg.rank()) / dpg.size() + 1 : 0;
-  runner.evaluate(
-      mine,
+  const GptConfig& cfg = m.cfg;
+  m.runner->evaluate(
+      m.blocks(N),
       [&](std::int64_t i, MicroBatch& mb) {
         const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
         for (std::int64_t j = 0; j < B; ++j) {
@@ -349,11 +370,11 @@ int run_bert_eval_only(const Deck& deck, const Topology& topo) {
         batch.finish(data.vocab, mb);
       },
       [&](std::int64_t) { return B; });
-  const BertLosses l = reduce_bert_losses(chunks, topo);
+  const BertLosses l = reduce_bert_losses(m.chunks, topo);
   const double mlm = l.mlm_sum / std::max(l.mlm_count, 1.0), sop = l.sop_sum / std::max(l.sop_count, 1.0);
   if (world.rank() == 0) {
-    std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
-              << N << " samples of " << S << " tokens, " << static_cast<std::int64_t>(l.mlm_count)
+    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
+              << ": " << N << " samples of " << S << " tokens, " << static_cast<std::int64_t>(l.mlm_count)
               << " labelled positions\n";
     std::cout << std::setprecision(8) << "eval loss: " << mlm + (cfg.binary_head ? sop : 0.0) << "\n";
     std::cout << "eval lm loss: " << mlm << "\n";
@@ -371,28 +392,16 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
-  ParamStore store;
-  const GptConfig cfg = make_config(deck, vocab, topo.tp_size());
-  store.set_dtype(cfg.dt);
-  auto chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
-  store.allocate();
-  const std::string file = resolve_checkpoint(deck.checkpoint.load);
-  CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
-  PipelineRunner runner(raw(chunks), topo);
-  runner.grouped_p2p = deck.debug.grouped_p2p;
-  // Windows are dealt round-robin in blocks of B over the data-parallel ranks (the ranks of a
-  // tensor-parallel group score the same block together).
+  EvalModel m(deck, topo, vocab, false);
   Batch batch(B, S, false);
   double loss_sum = 0;
-  const std::int64_t nblocks = (N + B - 1) / B;
   const Communicator& dpg = topo.dp_group();
-  const std::int64_t mine = nblocks > dpg.rank() ? (nblocks - 1 - dpg.rank()) / dpg.size() + 1 : 0;
   auto block_count = [&](std::int64_t i) {
     const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
     return std::min(B, N - first);
   };
-  loss_sum = runner.evaluate(
-      mine,
+  loss_sum = m.runner->evaluate(
+      m.blocks(N),
       [&](std::int64_t i, MicroBatch& mb) {
         const std::int64_t first = (dpg.rank() + i * dpg.size()) * B, count = block_count(i);
         for (std::int64_t j = 0; j < B; ++j) {
@@ -405,8 +414,8 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   loss_sum = dpg.allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
   const double loss = loss_sum / static_cast<double>(N * S);
   if (world.rank() == 0) {
-    std::cout << "evaluated checkpoint " << file << " (iteration " << st.iteration << ") on " << deck.eval.shard << ": "
-              << N << " windows of " << S << " tokens\n";
+    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
+              << ": " << N << " windows of " << S << " tokens\n";
     std::cout << std::setprecision(8) << "eval loss: " << loss << "\n";
     std::cout << "eval perplexity: " << std::exp(loss) << std::endl;
   }

@@ -24,7 +24,8 @@ orders of fp32 partial sums, measured ~1e-7):
             interleaved schedule cannot use, are clear errors
   bert      pretrain_bert (run with --app pretrain_bert --deck inputs/bert_tiny_ci.ini and the
             WordPiece shards): tp=2 with and without sequence parallelism, dp=2, pp=2,
-            pp=2 x vp=2, and full and selective recomputation equal the single-rank run, losses
+            pp=2 x vp=2, full and selective recomputation, and the fused attention kernel (padding
+            mask) equal the single-rank run, losses
             and step-1 gradients; bf16 (also at tp=2+SP) and fp16 track the fp32 losses within
             one unit roundoff over 50 steps; a resumed run continues the losses exactly; the
             evaluation mode gives the same losses at np=1, dp=2, tp=2, pp=2 and micro-batch 3; GPT-2 shards (no sentences) are a clear error
@@ -174,7 +175,8 @@ def check_bert(c):
     for name, np_, tp, sp, pp, extra in [("tp2", 2, 2, False, 1, []), ("tp2sp", 2, 2, True, 1, []),
                                          ("dp2", 2, 1, False, 1, []), ("pp2", 2, 1, False, 2, []),
                                          ("recompute_full", 1, 1, False, 1, ["--precision.recompute", "full"]),
-                                         ("recompute_selective", 1, 1, False, 1, ["--precision.recompute", "selective"])]:
+                                         ("recompute_selective", 1, 1, False, 1, ["--precision.recompute", "selective"]),
+                                         ("flash", 1, 1, False, 1, ["--model.flash_attention", "true"])]:
         compare_losses("bert " + name, ref, c.train(name, np_, tp, sp=sp, pp=pp, extra=vocab + extra))
         compare_grads("bert " + name, c.path("single_grads.h5"), c.path(name + "_grads.h5"))
     four = vocab + ["--model.num_layers", "4"]
