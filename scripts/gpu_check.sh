@@ -5,7 +5,8 @@
 #   2. run the unit tests on the GPU (every op against its host reference and finite
 #      differences, the fused kernels against the unfused ops, bf16 conversions and GEMMs);
 #   3. train the tiny CI deck on one GPU in fp32, bf16 and bf16 + flash attention, and check that
-#      the bf16 losses track fp32 within the bf16 band (the same check as on the host);
+#      the bf16 losses track fp32 within the bf16 band (the same check as on the host); the same
+#      for BERT's tiny deck (pretrain_bert, padding masks in both attention paths);
 #   4. run the GPU benchmark (perf/bench_gpu.py) and leave its report in perf/results/.
 # Without a GPU it says so and exits 0.
 #
@@ -29,21 +30,24 @@ echo "== unit tests on the GPU"
 (cd "$BUILD" && ctest -L unit --output-on-failure -j 4)
 echo "== tiny deck on one GPU: fp32, bf16, bf16 + flash attention"
 bash data/prepare_sample.sh >/dev/null
-for run in "fp32 false" "bf16 false" "bf16 true"; do
-  set -- $run
-  "$BUILD/apps/pretrain_gpt" --deck inputs/gpt_tiny_ci.ini --train.iters 50 --model.hidden_dropout 0 \
-    --model.attention_dropout 0 --precision.dtype "$1" --model.flash_attention "$2" --eval.interval 0 \
-    --log.interval 10 --log.metrics_file "$BUILD/gpu_$1_$2.csv"
+for app in gpt bert; do
+  for run in "fp32 false" "bf16 false" "bf16 true"; do
+    set -- $run
+    "$BUILD/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" --train.iters 50 --model.hidden_dropout 0 \
+      --model.attention_dropout 0 --precision.dtype "$1" --model.flash_attention "$2" --eval.interval 0 \
+      --log.interval 10 --log.metrics_file "$BUILD/gpu_${app}_$1_$2.csv"
+  done
 done
 /usr/bin/python3 - "$BUILD" <<'PY'
 import csv, sys
 b = sys.argv[1]
 load = lambda n: [float(r["loss"]) for r in csv.DictReader(open(f"{b}/gpu_{n}.csv"))]
-ref = load("fp32_false")
-for n in ("bf16_false", "bf16_true"):
-    w = max(abs(x - y) / x for x, y in zip(ref, load(n)))
-    print(f"{n}: worst relative loss difference to fp32 over 50 steps {w:.2e} (band {2**-9:.2e})")
-    assert w <= 2**-9, n
+for app in ("gpt", "bert"):
+    ref = load(f"{app}_fp32_false")
+    for n in ("bf16_false", "bf16_true"):
+        w = max(abs(x - y) / x for x, y in zip(ref, load(f"{app}_{n}")))
+        print(f"{app} {n}: worst relative loss difference to fp32 over 50 steps {w:.2e} (band {2**-9:.2e})")
+        assert w <= 2**-9, (app, n)
 PY
 echo "== GPU benchmark"
 /usr/bin/python3 perf/bench_gpu.py --build-dir "$BUILD"
