@@ -7,6 +7,10 @@
 // optional sequence parallelism outside the tensor-parallel regions. Padded logits are masked,
 // so neither losses nor gradients depend on the padding or on tp. Checkpoints store the
 // unpadded, unsharded [vocab_size, C].
+// The same class assembles BERT's encoder (GptConfig::bert): the embeddings gain token types,
+// the layers attend bidirectionally under the micro-batch's padding mask, and BERT's heads
+// (models/bert_head) replace the LM head; pipelining, recomputation, sequence parallelism and
+// mixed precision are shared.
 #pragma once
 #include <deque>
 #include <functional>
@@ -38,7 +42,7 @@ struct GptConfig {
   // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
   DType dt = DType::F32;
   bool flash_attention = false;  // fused attention kernel (no (T, T) probabilities stored)
-  // BERT (models/bert_model.hpp): bidirectional layers under the micro-batch's padding mask,
+  // BERT (pretrain_bert): bidirectional layers under the micro-batch's padding mask,
   // token-type embeddings, and BERT's heads (models/bert_head) instead of GPT's LM head.
   bool bert = false;
   bool binary_head = true;         // BERT: the sentence-order head
