@@ -54,23 +54,28 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
                                            static_cast<int>(batch)));
 }
 
+namespace {
+// 16-bit words (CUDA_R_16BF or CUDA_R_16F bit for bit) with products accumulated in fp32
+void gemm_16bit(cudaDataType type, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
+                float* C, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  TRIDENT_CUBLAS(cublasGemmEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                              &alpha, B, type, static_cast<int>(ldb), A, type, static_cast<int>(lda), &beta, C,
+                              CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+}  // namespace
+
 void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
                std::int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  // bf16 words are CUDA_R_16BF bit for bit; products accumulated in fp32
-  TRIDENT_CUBLAS(cublasGemmEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                              &alpha, B, CUDA_R_16BF, static_cast<int>(ldb), A, CUDA_R_16BF, static_cast<int>(lda), &beta,
-                              C, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_16bit(CUDA_R_16BF, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
                std::int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  TRIDENT_CUBLAS(cublasGemmEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                              &alpha, B, CUDA_R_16F, static_cast<int>(ldb), A, CUDA_R_16F, static_cast<int>(lda), &beta,
-                              C, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_16bit(CUDA_R_16F, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_set_tf32(bool on) {
