@@ -55,6 +55,7 @@ struct Options {
   std::string json_key = "text";
   bool append_eod = false;
   bool split_sentences = false;
+  int vocab_extra_ids = 0;
   std::int64_t shard_tokens = 0;
   std::int64_t log_interval = 100;
 };
@@ -93,6 +94,8 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
     ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
      "key of the text in each JSON line (default: text); one key")
     ("append-eod", po::bool_switch(&o.append_eod), "append the end-of-document token to every document")
+    ("vocab-extra-ids", po::value<int>(&o.vocab_extra_ids)->default_value(0),
+     "append [BOS], [EOS] and N sentinels <extra_id_0>.. to the vocabulary (T5: 100)")
     ("split-sentences", po::bool_switch(&o.split_sentences),
      "split documents into sentences (rule-based) and store /sentence_offsets")
     ("shard-tokens", po::value<std::int64_t>(&o.shard_tokens)->default_value(0),
@@ -135,6 +138,7 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
     o.json_key = json_keys[0];
   }
   TRIDENT_REQUIRE(o.shard_tokens >= 0, "preprocess_data: --shard-tokens must be >= 0");
+  TRIDENT_REQUIRE(o.vocab_extra_ids >= 0, "preprocess_data: --vocab-extra-ids must be >= 0");
   TRIDENT_REQUIRE(o.log_interval >= 0, "preprocess_data: --log-interval must be >= 0");
   return o;
 }
@@ -237,8 +241,7 @@ class ShardSink {
       parts_.push_back(part_name(o_.output_prefix, rank_, static_cast<int>(parts_.size())));
       writer_ = std::make_unique<trident::TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(),
                                                             tok_.eod_id(), o_.split_sentences);
-      const trident::SpecialTokens sp = tok_.specials();
-      writer_->set_special_tokens(sp.cls, sp.sep, sp.mask, sp.pad);
+      writer_->set_special_tokens(tok_.specials());
     }
     writer_->add_document(tokens, sentence_ends);
     if (o_.shard_tokens > 0 && writer_->num_tokens() >= o_.shard_tokens) finish_shard();
@@ -449,7 +452,7 @@ int run(int argc, char** argv) {
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
   std::unique_ptr<trident::Tokenizer> tok;
   trident::collectively(comm, [&] {
-    tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file);
+    tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids);
     TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0,
                     "preprocess_data: --append-eod but the vocabulary '" << o.vocab_file << "' has no end-of-document token");
   });

@@ -208,17 +208,14 @@ BertData::BertData(const std::string& shard_spec, const std::string& split, std:
                                     "list the shards without weights");
   corpus_ = std::make_unique<Corpus>(spec[0].paths);
   const TokenShardMeta& meta = corpus_->meta();
-  specials_.cls = static_cast<std::int32_t>(meta.cls_id);
-  specials_.sep = static_cast<std::int32_t>(meta.sep_id);
-  specials_.mask = static_cast<std::int32_t>(meta.mask_id);
-  specials_.pad = static_cast<std::int32_t>(meta.pad_id);
+  specials_ = meta.specials;
   specials_.eod = static_cast<std::int32_t>(meta.eod_id);
   TRIDENT_REQUIRE(corpus_->has_sentences(), "data.train_shards: the shards hold no /sentence_offsets (run "
                                             "preprocess_data with --split-sentences for BERT)");
   TRIDENT_REQUIRE(!vocab_file.empty(), "data.vocab_file is required for BERT (the " << corpus_->tokenizer()
                                                                                   << " vocabulary of the shards: "
                                                                                      "whole-word masking needs it)");
-  const auto tok = make_tokenizer(corpus_->tokenizer(), vocab_file, merges_file);
+  const auto tok = make_tokenizer(corpus_->tokenizer(), vocab_file, merges_file, meta.specials.num_sentinels);
   TRIDENT_REQUIRE(tok->vocab_size() == corpus_->vocab_size(),
                   "data.vocab_file '" << vocab_file << "' has " << tok->vocab_size() << " tokens, the shards' "
                                       << corpus_->tokenizer() << " vocabulary " << corpus_->vocab_size());

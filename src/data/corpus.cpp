@@ -76,7 +76,9 @@ Corpus::Corpus(const std::vector<std::string>& paths) {
       tokenizer_ = m.tokenizer;
     } else {
       const auto& f = shards_[0].meta();
-      TRIDENT_REQUIRE(m.cls_id == f.cls_id && m.sep_id == f.sep_id && m.mask_id == f.mask_id && m.pad_id == f.pad_id,
+      const SpecialTokens &a = m.specials, &b = f.specials;
+      TRIDENT_REQUIRE(a.cls == b.cls && a.sep == b.sep && a.mask == b.mask && a.pad == b.pad && a.bos == b.bos &&
+                          a.eos == b.eos && a.sentinel == b.sentinel && a.num_sentinels == b.num_sentinels,
                       "shard '" << m.path << "' records other special-token ids than '" << f.path << "'");
       TRIDENT_REQUIRE(m.vocab_size == vocab_size_ && m.tokenizer == tokenizer_,
                       "shard '" << m.path << "' (tokenizer " << m.tokenizer << ", vocab_size " << m.vocab_size

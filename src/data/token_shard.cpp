@@ -41,14 +41,21 @@ void write_int64_dataset(hid_t file, const char* name, const std::vector<std::in
 // ------------------------------------------------------------------------------------------
 
 namespace {
-const char* const kSpecialAttrs[4] = {"cls_id", "sep_id", "mask_id", "pad_id"};
+constexpr int kNumSpecial = 8;
+const char* const kSpecialAttrs[kNumSpecial] = {"cls_id", "sep_id", "mask_id", "pad_id",
+                                                "bos_id", "eos_id", "sentinel_id", "num_sentinels"};
+// the fields of SpecialTokens stored under those names
+std::int32_t* special_fields(SpecialTokens& s, int i) {
+  std::int32_t* f[kNumSpecial] = {&s.cls, &s.sep, &s.mask, &s.pad, &s.bos, &s.eos, &s.sentinel, &s.num_sentinels};
+  return f[i];
+}
 }
 
 struct TokenShardWriter::Impl {
   std::string path, tmp_path;
   std::int64_t vocab_size = 0;
   std::int64_t eod_id = -1;
-  std::int64_t specials[4] = {-1, -1, -1, -1};  // cls, sep, mask, pad
+  SpecialTokens specials;
   std::string tokenizer;
   bool with_sentences = false;
   bool closed = false;
@@ -172,14 +179,18 @@ std::int64_t TokenShardWriter::num_documents() const {
   return static_cast<std::int64_t>(impl_->doc_offsets.size()) - 1;
 }
 
-void TokenShardWriter::set_special_tokens(std::int64_t cls, std::int64_t sep, std::int64_t mask, std::int64_t pad) {
+void TokenShardWriter::set_special_tokens(const SpecialTokens& specials) {
   Impl& m = *impl_;
-  const std::int64_t ids[4] = {cls, sep, mask, pad};
-  for (int i = 0; i < 4; ++i) {
-    TRIDENT_REQUIRE(ids[i] >= -1 && ids[i] < m.vocab_size,
-                    where_of(m.path) << ": " << kSpecialAttrs[i] << " " << ids[i] << " outside [-1, vocab_size)");
-    m.specials[i] = ids[i];
+  SpecialTokens sp = specials;
+  for (int i = 0; i < kNumSpecial; ++i) {
+    const std::int64_t v = *special_fields(sp, i);
+    TRIDENT_REQUIRE(v >= -1 && v < m.vocab_size,
+                    where_of(m.path) << ": " << kSpecialAttrs[i] << " " << v << " outside [-1, vocab_size)");
   }
+  TRIDENT_REQUIRE(sp.num_sentinels == 0 || (sp.sentinel >= 0 && sp.sentinel + sp.num_sentinels <= m.vocab_size),
+                  where_of(m.path) << ": sentinel tokens [" << sp.sentinel << ", " << sp.sentinel + sp.num_sentinels
+                                   << ") outside the vocabulary");
+  m.specials = sp;
 }
 
 void TokenShardWriter::close() {
@@ -195,8 +206,10 @@ void TokenShardWriter::close() {
     h5_write_attr(m.file, "tokenizer", m.tokenizer);
     h5_write_attr(m.file, "vocab_size", m.vocab_size);
     h5_write_attr(m.file, "eod_id", m.eod_id);
-    for (int i = 0; i < 4; ++i)
-      if (m.specials[i] >= 0) h5_write_attr(m.file, kSpecialAttrs[i], m.specials[i]);
+    for (int i = 0; i < kNumSpecial; ++i) {
+      const std::int64_t v = *special_fields(m.specials, i);
+      if (v > 0 || (v == 0 && i != kNumSpecial - 1)) h5_write_attr(m.file, kSpecialAttrs[i], v);
+    }
     m.tokens.reset();
     TRIDENT_REQUIRE(H5Fflush(m.file, H5F_SCOPE_GLOBAL) >= 0, where_of(m.path) << ": cannot flush '" << m.tmp_path << "'");
     m.file.reset();
@@ -285,13 +298,17 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
   m.meta.eod_id = h5_read_attr_int(m.file, "eod_id", where);
   TRIDENT_REQUIRE(m.meta.eod_id >= -1 && m.meta.eod_id < m.meta.vocab_size,
                   where << ": attribute 'eod_id' " << m.meta.eod_id << " outside [-1, vocab_size)");
-  std::int64_t* specials[4] = {&m.meta.cls_id, &m.meta.sep_id, &m.meta.mask_id, &m.meta.pad_id};
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kNumSpecial; ++i) {
     if (!h5_has_attr(m.file, kSpecialAttrs[i])) continue;
-    *specials[i] = h5_read_attr_int(m.file, kSpecialAttrs[i], where);
-    TRIDENT_REQUIRE(*specials[i] >= 0 && *specials[i] < m.meta.vocab_size,
-                    where << ": attribute '" << kSpecialAttrs[i] << "' " << *specials[i] << " outside [0, vocab_size)");
+    const std::int64_t v = h5_read_attr_int(m.file, kSpecialAttrs[i], where);
+    TRIDENT_REQUIRE(v >= 0 && v < m.meta.vocab_size,
+                    where << ": attribute '" << kSpecialAttrs[i] << "' " << v << " outside [0, vocab_size)");
+    *special_fields(m.meta.specials, i) = static_cast<std::int32_t>(v);
   }
+  const SpecialTokens& sp = m.meta.specials;
+  TRIDENT_REQUIRE(sp.num_sentinels == 0 || (sp.sentinel >= 0 && sp.sentinel + sp.num_sentinels <= m.meta.vocab_size),
+                  where << ": sentinel tokens [" << sp.sentinel << ", " << sp.sentinel + sp.num_sentinels
+                        << ") outside the vocabulary");
 
   hsize_t n_tokens = 0;
   m.tokens = open_1d_integer(m.file, "tokens", where, n_tokens);

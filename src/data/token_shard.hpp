@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "data/special_tokens.hpp"
+
 #include "io/hdf5_handle.hpp"
 
 namespace trident {
@@ -25,9 +27,10 @@ struct TokenShardMeta {
   std::int64_t num_tokens = 0;
   std::int64_t num_documents = 0;
   bool has_sentences = false;
-  // Optional root attributes cls_id, sep_id, mask_id, pad_id (written by tokenizers that have
-  // them; -1 when absent): the special tokens BERT and T5 samples are built with.
-  std::int64_t cls_id = -1, sep_id = -1, mask_id = -1, pad_id = -1;
+  // Optional root attributes cls_id, sep_id, mask_id, pad_id, bos_id, eos_id, sentinel_id,
+  // num_sentinels (written by tokenizers that have those tokens; -1 / 0 when absent): the
+  // special tokens BERT and T5 samples are built with (eod and unk are not read from here).
+  SpecialTokens specials;
 };
 
 // Writes one shard. Data goes to "<path>.tmp" and is renamed to <path> by close(), so a
@@ -48,8 +51,9 @@ class TokenShardWriter {
                     const std::vector<std::int64_t>& sentence_ends = {});
   std::int64_t num_tokens() const;
   std::int64_t num_documents() const;
-  // Records the special-token ids (cls_id, sep_id, mask_id, pad_id; -1: none) written by close().
-  void set_special_tokens(std::int64_t cls, std::int64_t sep, std::int64_t mask, std::int64_t pad);
+  // Records the special-token attributes close() writes (ids of -1 and a sentinel count of 0
+  // are left out).
+  void set_special_tokens(const SpecialTokens& specials);
   void close();
 
  private:

@@ -33,14 +33,31 @@ class BpeWithBertSpecials : public Tokenizer {
   SpecialTokens specials_;
 };
 
-}  // namespace
+// Any tokenizer with [BOS], [EOS] and extra_ids sentinels appended (T5).
+class WithExtraIds : public Tokenizer {
+ public:
+  WithExtraIds(std::unique_ptr<Tokenizer> base, int extra_ids) : base_(std::move(base)), extra_(extra_ids) {
+    specials_ = base_->specials();
+    const auto n = static_cast<std::int32_t>(base_->vocab_size());
+    specials_.bos = n;
+    specials_.eos = n + 1;
+    specials_.sentinel = n + 2;
+    specials_.num_sentinels = extra_ids;
+  }
+  void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const override {
+    base_->encode_append(utf8, out);
+  }
+  std::int64_t vocab_size() const override { return base_->vocab_size() + 2 + extra_; }
+  SpecialTokens specials() const override { return specials_; }
+  bool continues_word(std::int32_t id) const override { return id < base_->vocab_size() && base_->continues_word(id); }
 
-const char* tokenizer_types() {
-  return "GPT2BPETokenizer, GPT2BPEWithBertSpecials, BertWordPieceLowerCase, BertWordPieceCase";
-}
+ private:
+  std::unique_ptr<Tokenizer> base_;
+  int extra_;
+  SpecialTokens specials_;
+};
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
-                                          const std::string& merges) {
+std::unique_ptr<Tokenizer> make_base(const std::string& type, const std::string& vocab, const std::string& merges) {
   const bool bpe = type == "GPT2BPETokenizer" || type == "GPT2BPEWithBertSpecials";
   const bool wordpiece = type == "BertWordPieceLowerCase" || type == "BertWordPieceCase";
   TRIDENT_REQUIRE(bpe || wordpiece, "unknown tokenizer type '" << type << "' (" << tokenizer_types() << ")");
@@ -50,6 +67,20 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
   TRIDENT_REQUIRE(!merges.empty(), "tokenizer " << type << " needs a merges file (vocab.bpe)");
   if (type == "GPT2BPETokenizer") return std::make_unique<Gpt2Tokenizer>(vocab, merges);
   return std::make_unique<BpeWithBertSpecials>(vocab, merges);
+}
+
+}  // namespace
+
+const char* tokenizer_types() {
+  return "GPT2BPETokenizer, GPT2BPEWithBertSpecials, BertWordPieceLowerCase, BertWordPieceCase";
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
+                                          const std::string& merges, int extra_ids) {
+  TRIDENT_REQUIRE(extra_ids >= 0, "the number of extra vocabulary ids must be >= 0, got " << extra_ids);
+  auto base = make_base(type, vocab, merges);
+  if (extra_ids == 0) return base;
+  return std::make_unique<WithExtraIds>(std::move(base), extra_ids);
 }
 
 }  // namespace trident

@@ -14,13 +14,9 @@
 #include <string_view>
 #include <vector>
 
-namespace trident {
+#include "data/special_tokens.hpp"
 
-// Ids of the special tokens a BERT / T5 dataset builds samples with (-1: the vocabulary has
-// none). eod: end of document (GPT-2's <|endoftext|>; [SEP] for WordPiece, as in Megatron).
-struct SpecialTokens {
-  std::int32_t eod = -1, cls = -1, sep = -1, mask = -1, pad = -1, unk = -1;
-};
+namespace trident {
 
 class Tokenizer {
  public:
@@ -42,9 +38,11 @@ class Tokenizer {
 };
 
 // type: one of the names above. vocab: encoder.json (BPE) or vocab.txt (WordPiece); merges:
-// vocab.bpe (BPE only). Throws Error::all naming the type or file on any problem.
+// vocab.bpe (BPE only). extra_ids > 0 (Megatron's --vocab-extra-ids, for T5) appends [BOS],
+// [EOS] and the sentinels <extra_id_0> .. <extra_id_{extra_ids-1}> after the vocabulary's last
+// id, in that order. Throws Error::all naming the type or file on any problem.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
-                                          const std::string& merges);
+                                          const std::string& merges, int extra_ids = 0);
 // The accepted type names, for messages.
 const char* tokenizer_types();
 
