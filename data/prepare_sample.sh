@@ -13,7 +13,9 @@
 #                                               with word-initial pieces marked by U+2581 instead of
 #                                               continuation pieces marked by ##)
 #   DIR/kjv_bert_00000.h5 ...                   WordPiece (lower-case) shards of kjv.jsonl with
-#                                               sentence offsets (BERT, T5)
+#                                               sentence offsets (BERT)
+#   DIR/kjv_t5_00000.h5 ...                     the same with [BOS], [EOS] and 100 sentinels
+#                                               appended to the vocabulary (T5)
 #
 # usage: bash data/prepare_sample.sh --out DIR --bin BUILD_BIN_DIR [--np N] [--force]
 #   --bin  directory holding the preprocess_data executable
@@ -29,7 +31,7 @@ while [[ $# -gt 0 ]]; do
     --bin) BIN="$2"; shift 2 ;;
     --np) NP="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "prepare_sample.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -191,8 +193,14 @@ rm -f "$OUT"/kjv_bert_[0-9][0-9][0-9][0-9][0-9].h5
   --tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/bert/vocab.txt" \
   --json-keys text --split-sentences --shard-tokens "$SHARD_TOKENS" --log-interval 400 ||
   die "preprocess_data (WordPiece) failed"
+rm -f "$OUT"/kjv_t5_[0-9][0-9][0-9][0-9][0-9].h5
+"$MPIEXEC" -n "$NP" "$PREPROCESS" --input "$OUT/kjv.jsonl" --output-prefix "$OUT/kjv_t5" \
+  --tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/bert/vocab.txt" --vocab-extra-ids 100 \
+  --json-keys text --split-sentences --shard-tokens "$SHARD_TOKENS" --log-interval 400 ||
+  die "preprocess_data (WordPiece with T5's extra ids) failed"
 shopt -s nullglob
-shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5 "$OUT"/kjv_bert_[0-9][0-9][0-9][0-9][0-9].h5)
+shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5 "$OUT"/kjv_bert_[0-9][0-9][0-9][0-9][0-9].h5
+        "$OUT"/kjv_t5_[0-9][0-9][0-9][0-9][0-9].h5)
 [[ ${#shards[@]} -gt 0 ]] || die "preprocess_data wrote no shard"
 
 # ---- stamp and summary ------------------------------------------------------------------------

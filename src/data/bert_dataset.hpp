@@ -1,9 +1,7 @@
 // BERT dataset as Megatron builds it (megatron/data/bert_dataset.py, dataset_utils.py):
-//  - sample index: the documents of one split, epoch after epoch, are walked sentence by
-//    sentence; a sample is a run of consecutive sentences of one document whose length reaches
-//    the target length (seq_length - 3, or with probability short_seq_prob a length drawn
-//    uniformly from [2, seq_length - 3]); documents with fewer than 2 sentences (binary head)
-//    or with a sentence over 512 tokens are skipped; the index is shuffled.
+//  - sample index (data/span_masking): runs of consecutive sentences of one document reaching
+//    the target length seq_length - 3 (shorter with probability short_seq_prob), documents of
+//    at least 2 sentences (binary head), shuffled.
 //  - a sample: [CLS] A [SEP] B [SEP]; A is the first k sentences (k uniform in [1, n - 1] for
 //    n >= 3 sentences, 1 for n = 2), B the rest; with probability 1/2 A and B are swapped
 //    (the sentence-order label is_random = 1). The pair is truncated to the target length by
@@ -25,6 +23,7 @@
 #include <vector>
 
 #include "data/corpus.hpp"
+#include "data/span_masking.hpp"
 #include "data/tokenizer.hpp"
 
 namespace trident {
@@ -55,21 +54,14 @@ class BertDataset {
   // Sample i (modulo size()).
   void get(std::int64_t i, BertSample& out) const;
 
-  static constexpr std::int64_t kLongSentence = 512;
-
  private:
-  struct Entry {
-    std::int64_t doc;
-    std::int32_t first, end;  // sentences [first, end) of the document
-    std::int32_t target;      // target length of A + B
-  };
   const Corpus* corpus_;
   std::int64_t seq_length_, epochs_ = 0;
   std::uint64_t seed_;
   SpecialTokens sp_;
   std::vector<std::uint8_t> continues_;
   BertMasking m_;
-  std::vector<Entry> index_;
+  std::vector<SentenceRun> index_;
 };
 
 // The train and valid BERT datasets of data.train_shards (one corpus; blending is GPT's only

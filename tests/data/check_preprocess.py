@@ -143,6 +143,12 @@ def invariance(a):
     check(int(tb1.max()) < 30522 and not np.isin(tb1, [0, 101, 102, 103]).any(), "WordPiece: special ids in text")
     _, tsb, dsb, ssb, _ = load(os.path.join(a.sample, "kjv_bert"))
     check(np.array_equal(tsb, tb1) and dsb == db1 and ssb == sb1, "the WordPiece sample shards differ from np=1's")
+    # --vocab-extra-ids 100 (the T5 sample shards): the same tokens, the vocabulary extended by
+    # [BOS], [EOS] and 100 sentinels
+    _, tt5, dt5, st5, mt5 = load(os.path.join(a.sample, "kjv_t5"))
+    check(np.array_equal(tt5, tb1) and dt5 == db1 and st5 == sb1, "the T5 sample shards' tokens differ from WordPiece's")
+    check(mt5 == dict(mb1, vocab_size=30624, bos_id=30522, eos_id=30523, sentinel_id=30524, num_sentinels=100),
+          "T5 attributes: %s" % mt5)
     print("kjv (WordPiece): %d tokens, %d sentences" % (len(tb1), len(sb1) - 1))
 
     # Mixed inputs, with a glob, an empty file and a blank / empty-text JSON line.
