@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "data_test_helpers.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/tokenizer.hpp"
 
@@ -17,10 +18,8 @@ using trident::BertSample;
 
 namespace {
 
-std::string sample() {
-  const char* d = std::getenv("TRIDENT_SAMPLE_DIR");
-  return d ? d : "";
-}
+using trident::test::expect_error_naming;
+std::string sample() { return trident::test::sample_dir(); }
 
 constexpr std::int64_t kSeq = 128;
 
@@ -149,21 +148,13 @@ TEST_F(BertDatasetTest, SamplesAreAPureFunctionOfSeedAndIndex) {
 }
 
 TEST_F(BertDatasetTest, UnsuitableShardsFailWithAClearError) {
-  auto expect_error = [](auto&& f, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << "no error (expected one about " << what << ")";
-    } catch (const trident::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   // GPT-2 shards: no sentences, no special tokens
-  expect_error([] { BertData(sample() + "/kjv_gpt2_*.h5", "1", kSeq, 10, 0, 1, sample() + "/gpt2/encoder.json",
+  expect_error_naming([] { BertData(sample() + "/kjv_gpt2_*.h5", "1", kSeq, 10, 0, 1, sample() + "/gpt2/encoder.json",
                              sample() + "/gpt2/vocab.bpe", BertMasking{}); },
                "sentence_offsets");
-  expect_error([] { BertData(sample() + "/kjv_bert_*.h5", "1", kSeq, 10, 0, 1, "", "", BertMasking{}); },
+  expect_error_naming([] { BertData(sample() + "/kjv_bert_*.h5", "1", kSeq, 10, 0, 1, "", "", BertMasking{}); },
                "data.vocab_file");
-  expect_error([] { BertData(sample() + "/kjv_bert_*.h5", "1", 4, 10, 0, 1, sample() + "/bert/vocab.txt", "",
+  expect_error_naming([] { BertData(sample() + "/kjv_bert_*.h5", "1", 4, 10, 0, 1, sample() + "/bert/vocab.txt", "",
                              BertMasking{}); },
                "too short");
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "data_test_helpers.hpp"
 #include "data/t5_dataset.hpp"
 #include "data/tokenizer.hpp"
 
@@ -18,10 +19,8 @@ using trident::T5Sample;
 
 namespace {
 
-std::string sample() {
-  const char* d = std::getenv("TRIDENT_SAMPLE_DIR");
-  return d ? d : "";
-}
+using trident::test::expect_error_naming;
+std::string sample() { return trident::test::sample_dir(); }
 
 constexpr std::int64_t kEnc = 128, kDec = 48;
 
@@ -175,19 +174,11 @@ TEST_F(T5DatasetTest, DeterministicAndClearErrors) {
     EXPECT_EQ(a.enc, b.enc);
     EXPECT_EQ(a.dec_target, b.dec_target);
   }
-  auto expect_error = [](auto&& f, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << "no error (expected one about " << what << ")";
-    } catch (const trident::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   // BERT shards lack [BOS], [EOS] and sentinels; a decoder too short for the masked spans
-  expect_error([] { T5Data(sample() + "/kjv_bert_*.h5", "1", kEnc, kDec, 10, 0, 1, sample() + "/bert/vocab.txt", "",
+  expect_error_naming([] { T5Data(sample() + "/kjv_bert_*.h5", "1", kEnc, kDec, 10, 0, 1, sample() + "/bert/vocab.txt", "",
                            T5Masking{}); },
                "--vocab-extra-ids");
-  expect_error([] { T5Data(sample() + "/kjv_t5_*.h5", "1", kEnc, 20, 10, 0, 1, sample() + "/bert/vocab.txt", "",
+  expect_error_naming([] { T5Data(sample() + "/kjv_t5_*.h5", "1", kEnc, 20, 10, 0, 1, sample() + "/bert/vocab.txt", "",
                            T5Masking{}); },
                "decoder sequence length");
 }
