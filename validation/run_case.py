@@ -2,8 +2,8 @@
 """Runs one validation case: Trident trains the case's deck (dumping its initial checkpoint,
 every global batch and the step-1 gradients), then the PyTorch reference retrains from the
 same checkpoint on the same batches and compares losses, lr, grad norms and gradients.
-Cases named bert_* run pretrain_bert against bert_reference.py, the others pretrain_gpt
-against gpt_reference.py.
+Cases named bert_* run pretrain_bert against bert_reference.py, t5_* pretrain_t5 against
+t5_reference.py, the others pretrain_gpt against gpt_reference.py.
 
 usage: run_case.py CASE_DIR --app PRETRAIN_GPT --work DIR [--np N] [--mpiexec M] [--shards GLOB]
 """
@@ -24,7 +24,7 @@ def main():
     p.add_argument("--np", type=int, default=1)
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--shards", default="", help="override data.train_shards")
-    p.add_argument("--vocab", default="", help="override data.vocab_file (BERT)")
+    p.add_argument("--vocab", default="", help="override data.vocab_file (BERT, T5)")
     a = p.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -41,9 +41,11 @@ def main():
     r = subprocess.run(cmd)
     if r.returncode != 0:
         sys.exit(f"Trident failed ({r.returncode})")
-    bert = os.path.basename(os.path.normpath(a.case)).startswith("bert")
-    ref = ["/usr/bin/python3", os.path.join(HERE, "bert_reference.py" if bert else "gpt_reference.py")]
-    ref += [] if bert else ["compare"]
+    name = os.path.basename(os.path.normpath(a.case))
+    script = "bert_reference.py" if name.startswith("bert") else "t5_reference.py" if name.startswith("t5") \
+        else "gpt_reference.py"
+    ref = ["/usr/bin/python3", os.path.join(HERE, script)]
+    ref += ["compare"] if script == "gpt_reference.py" else []
     ref += ["--checkpoint", w("ck", "iter_0000000", "checkpoint.h5"), "--batches", w("batches.h5"),
            "--metrics", w("metrics.csv"), "--grads", w("grads.h5"), "--report", w("report.json")]
     print("+", " ".join(ref), flush=True)

@@ -1,6 +1,7 @@
 // Deck parsing with Boost.Program_options (INI files and --section.key overrides).
 #include "io/deck.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <fstream>
 #include <map>
@@ -52,7 +53,10 @@ class Registry {
     add("model.num_heads", &d.model.num_heads, "attention heads");
     add("model.ffn_hidden_size", &d.model.ffn_hidden_size, "MLP hidden size (0: 4h)");
     add("model.seq_length", &d.model.seq_length, "sequence length s");
-    add("model.max_position_embeddings", &d.model.max_position_embeddings, "learned positions (0: seq_length)");
+    add("model.max_position_embeddings", &d.model.max_position_embeddings,
+        "learned positions (0: seq_length; T5: the longer of the two sequence lengths)");
+    add("model.decoder_seq_length", &d.model.decoder_seq_length, "T5: decoder sequence length");
+    add("model.decoder_num_layers", &d.model.decoder_num_layers, "T5: decoder layers (0: num_layers)");
     add("model.vocab_size", &d.model.vocab_size, "vocabulary size (0: from the shards)");
     add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by, "vocabulary padding multiple (x tp)");
     add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "LayerNorm epsilon");
@@ -104,6 +108,10 @@ class Registry {
     add("bert.short_seq_prob", &d.bert.short_seq_prob, "BERT: probability of a shorter target length");
     add("bert.max_ngrams", &d.bert.max_ngrams, "BERT: longest masked n-gram of whole words");
     add("bert.binary_head", &d.bert.binary_head, "BERT: sentence pairs and the sentence-order head");
+    add("t5.mask_prob", &d.t5.mask_prob, "T5: fraction of the tokens of a sample that are corrupted");
+    add("t5.short_seq_prob", &d.t5.short_seq_prob, "T5: probability of a shorter target length");
+    add("t5.max_ngrams", &d.t5.max_ngrams, "T5: longest corrupted span, in whole words");
+    add("t5.geometric_p", &d.t5.geometric_p, "T5: span lengths ~ geometric(p), capped at max_ngrams");
     add("checkpoint.save", &d.checkpoint.save, "checkpoint directory to write");
     add("checkpoint.load", &d.checkpoint.load, "checkpoint directory to resume from");
     add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");
@@ -155,7 +163,14 @@ void validate(const Deck& d) {
                                               << d.model.num_heads << ")");
   TRIDENT_REQUIRE(d.model.ffn_hidden_size >= 0, "deck: model.ffn_hidden_size must be >= 0");
   TRIDENT_REQUIRE(d.model.vocab_size >= 0, "deck: model.vocab_size must be >= 0");
-  TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 || d.model.max_position_embeddings >= d.model.seq_length,
+  nonneg("model.decoder_seq_length", d.model.decoder_seq_length);
+  nonneg("model.decoder_num_layers", d.model.decoder_num_layers);
+  TRIDENT_REQUIRE(d.t5.mask_prob > 0 && d.t5.mask_prob < 1, "deck: t5.mask_prob must be in (0, 1)");
+  TRIDENT_REQUIRE(d.t5.short_seq_prob >= 0 && d.t5.short_seq_prob <= 1, "deck: t5.short_seq_prob must be in [0, 1]");
+  TRIDENT_REQUIRE(d.t5.geometric_p > 0 && d.t5.geometric_p <= 1, "deck: t5.geometric_p must be in (0, 1]");
+  positive("t5.max_ngrams", d.t5.max_ngrams);
+  TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 ||
+                      d.model.max_position_embeddings >= std::max(d.model.seq_length, d.model.decoder_seq_length),
                   "deck: model.max_position_embeddings (" << d.model.max_position_embeddings
                                                           << ") is smaller than model.seq_length (" << d.model.seq_length << ")");
   TRIDENT_REQUIRE(d.model.layernorm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
@@ -228,7 +243,8 @@ void validate(const Deck& d) {
 
 void finish(Deck& d) {
   if (d.model.ffn_hidden_size == 0) d.model.ffn_hidden_size = 4 * d.model.hidden_size;
-  if (d.model.max_position_embeddings == 0) d.model.max_position_embeddings = d.model.seq_length;
+  if (d.model.max_position_embeddings == 0)
+    d.model.max_position_embeddings = std::max(d.model.seq_length, d.model.decoder_seq_length);
   if (d.optim.decay_iters == 0) d.optim.decay_iters = d.train.iters;
 }
 

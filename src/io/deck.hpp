@@ -17,6 +17,9 @@ struct Deck {
     double layernorm_epsilon = 1e-5, init_method_std = 0.02;
     double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults
     bool flash_attention = false;  // fused attention kernel (Megatron's --use-flash-attn)
+    // T5 only (Megatron's --decoder-seq-length, --decoder-num-layers): seq_length and
+    // num_layers are the encoder's; decoder_num_layers 0 means num_layers.
+    std::int64_t decoder_seq_length = 0, decoder_num_layers = 0;
   } model;
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;
@@ -50,6 +53,10 @@ struct Deck {
     std::int64_t max_ngrams = 3;
     bool binary_head = true;
   } bert;
+  struct T5 {  // pretrain_t5 only: span corruption (Megatron's --mask-prob, --short-seq-prob)
+    double mask_prob = 0.15, short_seq_prob = 0.1, geometric_p = 0.2;
+    std::int64_t max_ngrams = 10;
+  } t5;
   struct Checkpoint {
     std::string save, load;
     std::int64_t interval = 0;

@@ -13,21 +13,24 @@
 namespace trident {
 
 namespace {
-enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3 };
+enum Site : std::uint64_t {
+  kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3, kCrossProbs = 4, kAfterCrossProj = 5
+};
 }
 
 std::int64_t LayerActivations::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse})
+  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_gelu}) n += v->bytes();
-  if (attention_kept) n += att.bytes() + att_drop.bytes();
+  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_gelu, &lnx, &cq, &ckv, &catty}) n += v->bytes();
+  if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
   return n;
 }
 
 TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
-  const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size();
-  const std::int64_t Cl = s.C / p, Fl = s.F / p, A = s.B * (s.nh / p) * s.T * s.T;
+  const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
+  const std::int64_t Cl = s.C / p, Fl = s.F / p, A = s.B * (s.nh / p) * s.T * std::max(s.T, s.Tk);
+  const std::int64_t Ax = s.B * (s.nh / p) * s.T * s.Tk;
   dln = make_float("scratch::dln", R * s.C);
   dqkv = make_float("scratch::dqkv", BT * 3 * Cl);
   datty = make_float("scratch::datty", BT * Cl);
@@ -38,22 +41,34 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
   branch = make_float("scratch::branch", R * s.C);
   if (s.tp.sequence_parallel) gathered = make_act(s.dt, "scratch::gathered", BT * s.C);
   if (selective) {
-    att = make_act(s.dt, "scratch::att", A);
-    if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", A);
+    const std::int64_t As = s.B * (s.nh / p) * s.T * s.T;
+    att = make_act(s.dt, "scratch::att", As);
+    if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", As);
+  }
+  if (s.Tk > 0) {
+    dcq = make_float("scratch::dcq", BT * Cl);
+    dckv = make_float("scratch::dckv", E * 2 * Cl);
+    denc = make_float("scratch::denc", s.enc_local_rows() * s.C);
+    if (s.tp.sequence_parallel) gathered_enc = make_act(s.dt, "scratch::gathered_enc", E * s.C);
+    if (selective) {
+      catt = make_act(s.dt, "scratch::catt", Ax);
+      if (s.attention_dropout > 0.f) catt_drop = make_act(s.dt, "scratch::catt_drop", Ax);
+    }
   }
   if (s.flash) delta = make_float("scratch::delta", s.B * (s.nh / p) * s.T);
   if (s.dt != DType::F32) {
     att32 = make_float("scratch::att32", A);
-    dy16 = make_half("scratch::dy16", BT * std::max({3 * Cl, Fl, s.C}));
+    dy16 = make_half("scratch::dy16", std::max(BT, E) * std::max({3 * Cl, Fl, s.C}));
     ds16 = make_half("scratch::ds16", A);
   }
 }
 
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &att32, &delta})
+  for (const FloatView* v :
+       {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  for (const Act* v : {&gathered, &att, &att_drop}) n += v->bytes();
+  for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
   return n;
 }
@@ -69,6 +84,15 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
       proj_(store, p + "/self_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows()),
       fc2_(store, p + "/mlp/fc2", s.F, s.C, s.out_init_std, s.tp, s.rows()) {
   const std::int64_t tp = s.tp.size();
+  if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
+    normx_ = LayerNorm(store, p + "/cross_attention_layernorm", s.C, s.ln_eps);
+    cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.C, s.C, s.init_std, s.tp, s.rows());
+    ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.C, 2 * s.C, s.init_std, s.tp, s.enc_rows(), 2);
+    cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows());
+    TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.enc_rows() % tp == 0,
+                    "sequence parallelism splits micro_batch_size x encoder_seq_length = "
+                        << s.enc_rows() << " tokens over tp = " << tp << ": not divisible");
+  }
   TRIDENT_REQUIRE(s.nh % tp == 0, "model.num_heads (" << s.nh << ") is not divisible by parallel.tp (" << tp << ")");
   TRIDENT_REQUIRE(s.F % tp == 0, "model.ffn_hidden_size (" << s.F << ") is not divisible by parallel.tp (" << tp << ")");
   TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.rows() % tp == 0,
@@ -101,6 +125,23 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   }
   a.atty = make_act(dt, "layer::atty", BT * Cl);
   a.res2 = make_float("layer::res2", R * C);
+  if (s.Tk > 0) {
+    const std::int64_t Ax = s.B * nhl * s.T * s.Tk;
+    a.lnx = make_act(dt, "layer::lnx", R * C);
+    a.lnx_mean = make_float("layer::lnx_mean", R);
+    a.lnx_rstd = make_float("layer::lnx_rstd", R);
+    a.cq = make_act(dt, "layer::cq", BT * Cl);
+    a.ckv = make_act(dt, "layer::ckv", s.enc_rows() * 2 * Cl);
+    if (keep_attention || s.flash) {  // cross-attention always takes the GEMM path
+      a.catt = make_act(dt, "layer::catt", Ax);
+      if (s.attention_dropout > 0.f) a.catt_drop = make_act(dt, "layer::catt_drop", Ax);
+    } else {
+      a.catt = scratch.catt;
+      a.catt_drop = scratch.catt_drop;
+    }
+    a.catty = make_act(dt, "layer::catty", BT * Cl);
+    a.res3 = make_float("layer::res3", R * C);
+  }
   a.ln2 = make_act(dt, "layer::ln2", R * C);
   a.ln2_mean = make_float("layer::ln2_mean", R);
   a.ln2_rstd = make_float("layer::ln2_rstd", R);
@@ -119,8 +160,10 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
 }
 
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
-                               TransformerScratch& s, const IntView& key_valid) {
+                               TransformerScratch& s, const IntView& key_valid, const Act& enc,
+                               const IntView& enc_valid) {
   a.rng = rng;
+  a.enc = enc;
   a.mask = AttentionMask{s_.causal, key_valid};
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
@@ -141,18 +184,84 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
   bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterProj, sp));
-  norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, R);
+  if (cross()) cross_forward(a, s, enc_valid);
+  const FloatView& mlp_in = cross() ? a.res3 : a.res2;
+  norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   Kokkos::fence();
   fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc, false);  // (BT, F/tp) before its bias
   bias_gelu_forward(a.fc, a.fc_gelu, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.F / p);
   Kokkos::fence();
   fc2_.forward(s.branch, a.fc_gelu, false);  // (R, C)
-  bias_dropout_add(a.out, a.res2, s.branch, fc2_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
+  bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
   Kokkos::fence();
 }
 
+AttentionShape TransformerLayer::cross_shape() const {
+  const std::int64_t p = s_.tp.size();
+  AttentionShape as{s_.B, s_.T, s_.C / p, s_.nh / p};
+  as.Tk = s_.Tk;
+  return as;
+}
+
+// res3 = res2 + dropout(cproj(attention(q(LNx(res2)), kv(enc)))), bidirectional over the
+// encoder's valid positions.
+void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid) {
+  const std::int64_t R = s_.local_rows(), C = s_.C;
+  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const AttentionShape as = cross_shape();
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
+  a.enc_valid = enc_valid;
+  const AttentionMask mask{false, enc_valid};
+  normx_.forward(a.lnx, a.lnx_mean, a.lnx_rstd, a.res2, R);
+  Kokkos::fence();
+  cq_.forward(a.cq, a.lnx, s.gathered, s.dcq);           // (BT, C/tp)
+  ckv_.forward(a.ckv, a.enc, s.gathered_enc, s.dckv);    // (E, 2C/tp)
+  Kokkos::fence();
+  if (half) {
+    cross_attention_probs_half(s_.dt, a.catt.h, a.catt_drop.h, a.cq.h, a.ckv.h, s.datt, as, att_spec, mask);
+    cross_attention_context_half(s_.dt, a.catty.h, s.datty, att_spec.active() ? a.catt_drop.h : a.catt.h, a.ckv.h, as);
+  } else {
+    cross_attention_probs(a.catt.f, a.catt_drop.f, a.cq.f, a.ckv.f, as, att_spec, mask);
+    cross_attention_context(a.catty.f, att_spec.active() ? a.catt_drop.f : a.catt.f, a.ckv.f, as);
+  }
+  Kokkos::fence();
+  cproj_.forward(s.branch, a.catty, false);
+  bias_dropout_add(a.res3, a.res2, s.branch, cproj_.bias(), R, C, spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp));
+}
+
+// dres: on entry d res3, on exit d res2; the encoder output's gradient is added to denc.
+void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s,
+                                      const FloatView& denc) {
+  const std::int64_t R = s_.local_rows(), C = s_.C;
+  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const AttentionShape as = cross_shape();
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
+  const AttentionMask mask{false, a.enc_valid};
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp));
+  Kokkos::fence();
+  cproj_.backward(s.datty, s.dbranch, a.catty, s.dy16);
+  if (half) {
+    if (!a.attention_kept)
+      cross_attention_probs_half(s_.dt, a.catt.h, a.catt_drop.h, a.cq.h, a.ckv.h, s.datt, as, att_spec, mask);
+    cross_attention_backward_half(s_.dt, s.dcq, s.dckv, s.datty, a.cq.h, a.ckv.h, a.catt.h, a.catt_drop.h, s.datt,
+                                  s.att32, s.dy16, s.ds16, as, att_spec, mask);
+  } else {
+    if (!a.attention_kept) cross_attention_probs(a.catt.f, a.catt_drop.f, a.cq.f, a.ckv.f, as, att_spec, mask);
+    cross_attention_backward(s.dcq, s.dckv, s.datty, a.cq.f, a.ckv.f, a.catt.f, s.datt, as, att_spec, a.catt_drop.f,
+                             mask);
+  }
+  Kokkos::fence();
+  ckv_.backward(s.denc, s.dckv, a.enc, s.gathered_enc, s.dy16);  // d enc (R_e, C), summed over TP
+  Kokkos::fence();
+  accumulate(denc, s.denc, s_.enc_local_rows() * C);
+  cq_.backward(s.dln, s.dcq, a.lnx, s.gathered, s.dy16);
+  Kokkos::fence();
+  // dres (d res3) flows to res2 directly and through LNx: d res2 = dres + LNx'(dln)
+  normx_.backward(dres, s.dln, a.res2, a.lnx_mean, a.lnx_rstd, R);
+}
+
 void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a,
-                                TransformerScratch& s) {
+                                TransformerScratch& s, const FloatView& denc) {
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size(), nF = s_.rows() * (s_.F / p);
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
@@ -168,7 +277,8 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   Kokkos::fence();
   fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered, s.dy16);  // d ln2 (R, C)
   Kokkos::fence();
-  norm2_.backward(dres, s.dln, a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d res2
+  norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
+  if (cross()) cross_backward(dres, a, s, denc);                   // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();

@@ -1,5 +1,8 @@
 // Pre-LayerNorm transformer layer (GPT-2), tensor- and sequence-parallel (Megatron):
 //   x2 = x + dropout(proj(attention(LN1(x))))      x3 = x2 + dropout(fc2(gelu(fc1(LN2(x2)))))
+// A decoder layer (T5, TransformerShape::Tk > 0) adds cross-attention over the encoder output
+// e between the two (Megatron's inter-attention):
+//   x2' = x2 + dropout(cproj(attention(q(LNx(x2)), kv(e))))   and the MLP then reads x2'.
 // qkv and fc1 are column-parallel, proj and fc2 row-parallel; this rank computes heads
 // [r*nh/tp, (r+1)*nh/tp). Outside the tensor-parallel region (LayerNorm, dropout, residual) a
 // rank holds all B*T rows, or rows/tp of them with sequence parallelism.
@@ -28,8 +31,13 @@ struct TransformerShape {
   // Causal self-attention (GPT, the T5 decoder) or bidirectional with a key-padding mask given
   // per micro-batch (BERT, the T5 encoder).
   bool causal = true;
+  // Cross-attention over an encoder output of Tk positions per sample (T5's decoder); 0: none.
+  // The fused attention kernel serves self-attention only; cross-attention takes the GEMM path.
+  std::int64_t Tk = 0;
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
+  std::int64_t enc_rows() const { return B * Tk; }
+  std::int64_t enc_local_rows() const { return tp.sequence_parallel ? B * Tk / tp.size() : B * Tk; }
 };
 
 // Dropout streams of one micro-batch (Megatron's convention: `shared` is the same on every TP
@@ -57,6 +65,16 @@ struct LayerActivations {
   FloatView lse;                      // (B, nh/tp, T): per-row log-sum-exp (fused attention)
   Act atty;                           // (BT, C_l): input of proj
   FloatView res2;                     // (R, C): residual after attention, input of LN2 (fp32)
+  // cross-attention (decoder layers; E = B * Tk encoder rows, R_e = E or E/tp with SP,
+  // A_x = B x nh/tp x T x Tk)
+  Act enc;                            // (R_e, C) the encoder output (a handle: the model keeps it)
+  IntView enc_valid;                  // (B * Tk) its padding mask (a handle)
+  Act lnx;                            // (R, C) LayerNorm output, input of the query projection
+  FloatView lnx_mean, lnx_rstd;       // (R), (R)
+  Act cq, ckv;                        // (BT, C_l) queries, (E, 2 C_l) keys | values
+  Act catt, catt_drop;                // (A_x) probabilities, after dropout
+  Act catty;                          // (BT, C_l): input of the cross-attention projection
+  FloatView res3;                     // (R, C): residual after cross-attention, input of LN2
   Act ln2;                            // (R, C)
   FloatView ln2_mean, ln2_rstd;       // (R), (R)
   Act fc, fc_gelu;                    // (BT, F_l), (BT, F_l)
@@ -76,16 +94,20 @@ struct TransformerScratch {
   // backward temporaries, fp32: (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C); in the 16-bit
   // forward pass dqkv, datty and dfc also receive the fp32 GEMM outputs before rounding
   FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;
-  FloatView datt;                                      // attention scratch (B, nh/tp, T, T)
+  // cross-attention (decoder layers): (BT, C/tp) (E, 2C/tp) (R_e, C), the gathered encoder
+  // output (E, C) under SP and, under selective recomputation, the probabilities (A_x)
+  FloatView dcq, dckv, denc;
+  Act gathered_enc, catt, catt_drop;
+  FloatView datt;                                      // attention scratch (B, nh/tp, T, max(T, Tk))
   FloatView branch;                                    // (R, C): proj / fc2 output before dropout
   Act gathered;                                        // (BT, C) all-gathered LayerNorm output (SP)
   Act att, att_drop;                                   // (B, nh/tp, T, T) under selective recomputation
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
-  FloatView att32;                                     // (B, nh/tp, T, T)
+  FloatView att32;                                     // (B, nh/tp, T, max(T, Tk))
   FloatView delta;                                     // (B, nh/tp, T): fused attention backward
-  HalfView dy16;                                       // (BT, max(3C/tp, F/tp, C))
-  HalfView ds16;                                       // (B, nh/tp, T, T)
+  HalfView dy16;                                       // (max(BT, E), max(3C/tp, F/tp, C))
+  HalfView ds16;                                       // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
 };
 
@@ -99,20 +121,28 @@ class TransformerLayer {
 
   // x (R, C) -> a.out (R, C). x must stay alive (or be recreated) until the backward pass.
   // key_valid (B * T): the padding mask of the micro-batch (empty: every key), used by
-  // bidirectional layers; it must stay alive until the backward pass.
+  // bidirectional layers; it must stay alive until the backward pass. Decoder layers: enc
+  // (R_e, C) is the encoder output and enc_valid (B * Tk) its padding mask (the cross-attention's
+  // key mask); both must stay alive until the backward pass.
   void forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a, TransformerScratch& s,
-               const IntView& key_valid = {});
+               const IntView& key_valid = {}, const Act& enc = {}, const IntView& enc_valid = {});
   // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
-  void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s);
+  // Decoder layers ADD the gradient w.r.t. the encoder output to denc (R_e, C).
+  void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
+                const FloatView& denc = {});
+  bool cross() const { return s_.Tk > 0; }
 
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
+  AttentionShape cross_shape() const;
+  void cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid);
+  void cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s, const FloatView& denc);
 
   TransformerShape s_;
   std::int64_t index_;
-  LayerNorm norm1_, norm2_;
-  ColumnParallelLinear qkv_, fc1_;
-  RowParallelLinear proj_, fc2_;
+  LayerNorm norm1_, norm2_, normx_;
+  ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
+  RowParallelLinear proj_, fc2_, cproj_;
 };
 
 }  // namespace trident

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "common/error.hpp"
@@ -21,7 +22,7 @@ constexpr std::uint64_t kEmbeddingSite = 0;
 GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_batch, const TensorParallel& tp,
                    const GptStage& stage)
     : cfg_(cfg), store_(&store), tp_(tp), stage_(stage), B_(micro_batch) {
-  if (stage_.num_layers < 0) stage_.num_layers = cfg.num_layers - stage_.first_layer;
+  if (stage_.num_layers < 0) stage_.num_layers = cfg.total_layers() - stage_.first_layer;
   const std::int64_t C = cfg.hidden, T = cfg.seq_length, p = tp.size(), r = tp.rank();
   rows_ = B_ * T;
   local_rows_ = tp.sequence_parallel ? rows_ / p : rows_;
@@ -35,6 +36,25 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   TRIDENT_REQUIRE(!tp.sequence_parallel || rows_ % p == 0,
                   "sequence parallelism splits micro_batch_size x seq_length = " << rows_ << " tokens over tp = " << p
                                                                                   << ": not divisible");
+  if (cfg.t5) {
+    const std::int64_t Td = cfg.decoder_seq_length;
+    TRIDENT_REQUIRE(Td > 0 && cfg.decoder_layers > 0,
+                    "T5 needs model.decoder_seq_length and model.decoder_num_layers > 0");
+    TRIDENT_REQUIRE(Td <= cfg.max_positions, "model.decoder_seq_length (" << Td
+                                                 << ") exceeds model.max_position_embeddings (" << cfg.max_positions
+                                                 << ")");
+    dec_rows_ = B_ * Td;
+    dec_local_rows_ = tp.sequence_parallel ? dec_rows_ / p : dec_rows_;
+    TRIDENT_REQUIRE(!tp.sequence_parallel || dec_rows_ % p == 0,
+                    "sequence parallelism splits micro_batch_size x decoder_seq_length = " << dec_rows_
+                                                                                            << " tokens over tp = " << p
+                                                                                            << ": not divisible");
+    // The encoder output and the decoder's embeddings are made where the decoder starts; a
+    // pipeline split there would have to forward both (not supported yet).
+    TRIDENT_REQUIRE(stage_.pre && stage_.post,
+                    "T5 runs with parallel.pp = 1 (pipelining the encoder-decoder is not supported yet)");
+    dec_start_ = cfg.num_layers - stage_.first_layer;
+  }
   vocab_local_ = cfg.padded_vocab / p;
   vocab_start_ = r * vocab_local_;
 
@@ -55,39 +75,71 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
     tte_ = store.declare("model/embedding/tokentype_embeddings", {cfg.num_token_types, C}, true, cfg.init_std);
 
   TransformerShape ts{B_, T, C, cfg.heads, cfg.ffn, cfg.ln_eps, cfg.init_std,
-                      cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.num_layers)), tp,
+                      cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.total_layers())), tp,
                       cfg.hidden_dropout, cfg.attention_dropout, cfg.dt, cfg.flash_attention};
-  ts.causal = !cfg.bert;
-  for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l)
-    layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
-  if (stage_.post) lnf_ = LayerNorm(store, "model/final_layernorm", C, cfg.ln_eps);
-  scratch_ = std::make_unique<TransformerScratch>(ts, cfg.recompute == GptConfig::Recompute::Selective && !cfg.flash_attention);
-
-  // Recomputation segments over this chunk's layers.
+  ts.causal = !cfg.bert && !cfg.t5;
+  TransformerShape ds = ts;  // T5's decoder layers
+  ds.T = cfg.decoder_seq_length;
+  ds.causal = true;
+  ds.Tk = T;
+  for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l) {
+    if (!cfg.t5)
+      layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
+    else if (l < cfg.num_layers)
+      layers_.push_back(std::make_unique<TransformerLayer>(store, "model/encoder/layers/" + std::to_string(l), l, ts));
+    else
+      layers_.push_back(std::make_unique<TransformerLayer>(
+          store, "model/decoder/layers/" + std::to_string(l - cfg.num_layers), l, ds));
+  }
+  if (cfg.t5) enc_lnf_ = LayerNorm(store, "model/encoder/final_layernorm", C, cfg.ln_eps);
+  if (stage_.post) lnf_ = LayerNorm(store, cfg.t5 ? "model/decoder/final_layernorm" : "model/final_layernorm", C, cfg.ln_eps);
+  if (stage_.post && cfg.t5) {  // the LM head's bias, vocabulary-parallel like the word embeddings
+    ParamInfo b;
+    b.name = "model/lm_head/bias";
+    b.shape = {vocab_local_};
+    b.global_shape = {cfg.vocab_size};
+    b.global_offset = {std::min(vocab_start_, cfg.vocab_size)};
+    b.valid = {std::max<std::int64_t>(0, std::min(vocab_local_, cfg.vocab_size - vocab_start_))};
+    b.tp_replicated = false;
+    lm_bias_ = store.declare(b);
+  }
+  const bool selective = cfg.recompute == GptConfig::Recompute::Selective && !cfg.flash_attention;
   const std::int64_t n = static_cast<std::int64_t>(layers_.size());
+  const std::int64_t boundary = dec_start_ >= 0 ? dec_start_ : n;  // first local decoder layer
+  if (boundary > 0 || !cfg.t5) scratch_[0] = std::make_unique<TransformerScratch>(ts, selective);
+  if (boundary < n) scratch_[1] = std::make_unique<TransformerScratch>(ds, selective);
+
+  // Recomputation segments over this chunk's layers (per part: no segment crosses from the
+  // encoder to the decoder).
   TRIDENT_REQUIRE(cfg.recompute != GptConfig::Recompute::Full || cfg.recompute_num_layers >= 1,
                   "precision.recompute_num_layers must be at least 1 with precision.recompute = full");
-  std::int64_t max_recompute = 0;
-  for (std::int64_t l = 0; l < n;) {
-    Segment g;
-    g.first = l;
-    if (cfg.recompute == GptConfig::Recompute::Full && !cfg.recompute_block) {
-      g.count = std::min(cfg.recompute_num_layers, n - l);
-      g.recompute = true;
-    } else {
-      g.recompute = cfg.recompute == GptConfig::Recompute::Full && l < cfg.recompute_num_layers;
+  std::int64_t max_recompute[2] = {0, 0};
+  for (const auto& [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, boundary}, {boundary, n}}) {
+    for (std::int64_t l = begin; l < end;) {
+      Segment g;
+      g.first = l;
+      if (cfg.recompute == GptConfig::Recompute::Full && !cfg.recompute_block) {
+        g.count = std::min(cfg.recompute_num_layers, end - l);
+        g.recompute = true;
+      } else {
+        g.recompute = cfg.recompute == GptConfig::Recompute::Full && l - begin < cfg.recompute_num_layers;
+      }
+      for (std::int64_t k = 0; k < g.count; ++k) segment_of_.push_back(static_cast<std::int64_t>(segments_.size()));
+      if (g.recompute) max_recompute[part(l)] = std::max(max_recompute[part(l)], g.count);
+      segments_.push_back(g);
+      l += g.count;
     }
-    for (std::int64_t k = 0; k < g.count; ++k) segment_of_.push_back(static_cast<std::int64_t>(segments_.size()));
-    if (g.recompute) max_recompute = std::max(max_recompute, g.count);
-    segments_.push_back(g);
-    l += g.count;
   }
-  for (std::int64_t j = 0; j < max_recompute; ++j)
-    workspace_.push_back(layers_[static_cast<size_t>(j)]->make_activations(*scratch_, true));
+  for (int q = 0; q < 2; ++q)
+    for (std::int64_t j = 0; j < max_recompute[q]; ++j) {
+      const std::int64_t l = (q ? boundary : 0) + j;
+      workspace_[q].push_back(layers_[static_cast<size_t>(l)]->make_activations(*scratch_[q], true));
+    }
 
-  const std::int64_t R = local_rows_;
-  dres_ = make_float("gpt::dres", R * C);
-  if (stage_.pre) word_ = make_float("gpt::word", rows_ * C);
+  const std::int64_t R = local_rows_, Rmax = std::max(local_rows_, dec_local_rows_);
+  const std::int64_t BTmax = std::max(rows_, dec_rows_);
+  dres_ = make_float("gpt::dres", Rmax * C);
+  if (stage_.pre) word_ = make_float("gpt::word", BTmax * C);
   if (stage_.post && cfg.bert) {  // final LayerNorm and BERT's heads
     lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
     lnf_mean_ = make_float("gpt::lnf_mean", R);
@@ -97,17 +149,18 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
     dhead_ = tp.sequence_parallel ? make_float("gpt::dhead", rows_ * C) : dlnf_;
     bert_head_ = std::make_unique<BertHead>(store, B_, T, C, cfg.vocab_size, vocab_local_, vocab_start_, cfg.init_std,
                                             cfg.ln_eps, cfg.binary_head, tp, cfg.dt);
-  } else if (stage_.post) {  // final LayerNorm, LM head and loss buffers
-    lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
-    lnf_mean_ = make_float("gpt::lnf_mean", R);
-    lnf_rstd_ = make_float("gpt::lnf_rstd", R);
-    head_in_ = tp.sequence_parallel ? make_act(cfg.dt, "gpt::head_in", rows_ * C) : lnf_out_;
-    if (cfg.dt != DType::F32) dlogits16_ = make_half("gpt::dlogits16", rows_ * vocab_local_);
-    logits_ = make_float("gpt::logits", rows_ * vocab_local_);
-    losses_ = make_float("gpt::losses", rows_);
-    dlnf_ = make_float("gpt::dlnf", R * C);
-    dhead_ = make_float("gpt::dhead", rows_ * C);
-    ce_scratch_ = make_float("gpt::ce_scratch", 3 * rows_);
+  } else if (stage_.post) {  // final LayerNorm, LM head and loss buffers (of the decoder's rows for T5)
+    const std::int64_t Rh = cfg.t5 ? dec_local_rows_ : R, BTh = cfg.t5 ? dec_rows_ : rows_;
+    lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", Rh * C);
+    lnf_mean_ = make_float("gpt::lnf_mean", Rh);
+    lnf_rstd_ = make_float("gpt::lnf_rstd", Rh);
+    head_in_ = tp.sequence_parallel ? make_act(cfg.dt, "gpt::head_in", BTh * C) : lnf_out_;
+    if (cfg.dt != DType::F32) dlogits16_ = make_half("gpt::dlogits16", BTh * vocab_local_);
+    logits_ = make_float("gpt::logits", BTh * vocab_local_);
+    losses_ = make_float("gpt::losses", BTh);
+    dlnf_ = make_float("gpt::dlnf", Rh * C);
+    dhead_ = make_float("gpt::dhead", BTh * C);
+    ce_scratch_ = make_float("gpt::ce_scratch", 3 * BTh);
   }
 }
 
@@ -146,16 +199,27 @@ GptModel::Slot& GptModel::slot(int i) {
   while (static_cast<int>(slots_.size()) <= i) {
     Slot s;
     s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
-    if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_ * cfg_.hidden);
+    const std::int64_t C = cfg_.hidden;
+    if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_of(cfg_.t5 ? 1 : 0) * C);
     if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
     if (stage_.pre && cfg_.bert) s.types = make_int("gpt::types", rows_);
-    if (cfg_.bert) s.padding = make_int("gpt::padding", rows_);
+    if (cfg_.bert || cfg_.t5) s.padding = make_int("gpt::padding", rows_);
+    if (dec_start_ >= 0) {
+      s.dec_tokens = make_int("gpt::dec_tokens", dec_rows_);
+      s.dec_input = make_float("gpt::dec_input", dec_local_rows_ * C);
+      s.enc_out = make_act(cfg_.dt, "gpt::enc_out", local_rows_ * C);
+      s.enc_mean = make_float("gpt::enc_mean", local_rows_);
+      s.enc_rstd = make_float("gpt::enc_rstd", local_rows_);
+      s.denc = make_float("gpt::denc", local_rows_ * C);
+    }
     const bool selective = cfg_.recompute == GptConfig::Recompute::Selective && !cfg_.flash_attention;
     for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l)
-      s.acts.push_back(segments_[segment_of_[l]].recompute ? LayerActivations{}
-                                                           : layers_[l]->make_activations(*scratch_, !selective));
+      s.acts.push_back(segments_[segment_of_[l]].recompute
+                           ? LayerActivations{}
+                           : layers_[l]->make_activations(*scratch_[part(l)], !selective));
     for (const Segment& g : segments_)
-      s.seg_out.push_back(g.recompute ? make_float("gpt::segment_out", local_rows_ * cfg_.hidden) : FloatView());
+      s.seg_out.push_back(g.recompute ? make_float("gpt::segment_out", local_rows_of(part(g.first)) * C)
+                                      : FloatView());
     slots_.push_back(s);
   }
   return slots_[i];
@@ -165,13 +229,14 @@ LayerActivations GptModel::activations(Slot& s, std::int64_t l) {
   const std::int64_t g = segment_of_[l];
   const Segment& seg = segments_[g];
   if (!seg.recompute) return s.acts[l];  // a copy of the handles: the same buffers
-  LayerActivations a = workspace_[l - seg.first];
+  LayerActivations a = workspace_[part(l)][l - seg.first];
   if (l == seg.first + seg.count - 1) a.out = s.seg_out[g];
   return a;
 }
 
 FloatView GptModel::segment_input(const Slot& s, std::int64_t g) const {
   const std::int64_t first = segments_[g].first;
+  if (first == dec_start_) return s.dec_input;  // T5: the decoder starts from its embeddings
   return first == 0 ? s.input : layer_output(s, first - 1);
 }
 
@@ -182,14 +247,16 @@ FloatView GptModel::layer_output(const Slot& s, std::int64_t l) const {
   const Segment& seg = segments_[g];
   if (!seg.recompute) return s.acts[l].out;
   if (l == seg.first + seg.count - 1) return s.seg_out[g];
-  return workspace_[l - seg.first].out;
+  return workspace_[part(l)][l - seg.first].out;
 }
 
 std::int64_t GptModel::activation_bytes_per_slot() const {
   if (slots_.empty()) return 0;
   const Slot& s = slots_.front();
-  std::int64_t n =
-      static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() + s.padding.span()) * 4;
+  std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() +
+                                             s.padding.span() + s.dec_tokens.span() + s.dec_input.span() +
+                                             s.enc_mean.span() + s.enc_rstd.span() + s.denc.span()) * 4 +
+                  s.enc_out.bytes();
   for (const auto& a : s.acts) n += a.bytes();
   for (const auto& o : s.seg_out) n += static_cast<std::int64_t>(o.span()) * 4;
   return n;
@@ -205,8 +272,11 @@ double GptModel::layer_activation_bytes() const {
 }
 
 std::int64_t GptModel::workspace_bytes() const {
-  std::int64_t n = scratch_->bytes();
-  for (const auto& a : workspace_) n += a.bytes();
+  std::int64_t n = 0;
+  for (int q = 0; q < 2; ++q) {
+    if (scratch_[q]) n += scratch_[q]->bytes();
+    for (const auto& a : workspace_[q]) n += a.bytes();
+  }
   for (const FloatView* v : {&word_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dlnf_, &dhead_, &ce_scratch_})
     n += static_cast<std::int64_t>(v->span()) * 4;
   n += lnf_out_.bytes() + static_cast<std::int64_t>(dlogits16_.span()) * 2;
@@ -220,44 +290,69 @@ DropoutSpec GptModel::embedding_dropout(const DropoutStreams& rng) const {
   if (!rng.training || cfg_.hidden_dropout <= 0.f) return d;
   d.p = cfg_.hidden_dropout;
   d.key = dropout_key(tp_.sequence_parallel ? rng.tp_local : rng.shared, rng.step,
-                      static_cast<std::uint64_t>(cfg_.num_layers), kEmbeddingSite);
+                      static_cast<std::uint64_t>(cfg_.total_layers()), kEmbeddingSite);
   return d;
 }
 
 // Vocabulary-parallel embedding: partial lookups summed over TP (reduce_from), or
-// reduce-scattered to the row split with sequence parallelism; then positions, dropout.
-void GptModel::embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, bool training) {
-  const IntView& tokens = mb.tokens;
-  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
+// reduce-scattered to the row split with sequence parallelism; then positions (and token
+// types), dropout. out: (R, C) of B * T tokens.
+void GptModel::embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
+                     const DropoutStreams& rng, bool training, int which) {
+  const std::int64_t C = cfg_.hidden, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
+  const FloatView word = slice(word_, 0, BT * C);
   if (cfg_.dt == DType::F32)
-    embedding_lookup(word_, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
+    embedding_lookup(word, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
   else
-    embedding_lookup_half(cfg_.dt, word_, tokens, store_->value16(wte_), vocab_start_, vocab_local_, BT, C);
+    embedding_lookup_half(cfg_.dt, word, tokens, store_->value16(wte_), vocab_start_, vocab_local_, BT, C);
   Kokkos::fence();
   if (tp_.sequence_parallel) {
-    ReduceScatterToSequenceParallelRegion::forward(tp_, s.input, word_, BT, C);
+    ReduceScatterToSequenceParallelRegion::forward(tp_, out, word, BT, C);
   } else {
-    ReduceFromTensorParallelRegion::forward(tp_, word_, BT * C);
-    Kokkos::deep_copy(s.input, word_);
+    ReduceFromTensorParallelRegion::forward(tp_, word, BT * C);
+    Kokkos::deep_copy(out, word);
   }
   if (cfg_.dt == DType::F32)
-    add_positions(s.input, store_->value(wpe_), row0, R, T, C);
+    add_positions(out, store_->value(wpe_), row0, R, T, C);
   else
-    add_positions_half(cfg_.dt, s.input, store_->value16(wpe_), row0, R, T, C);
+    add_positions_half(cfg_.dt, out, store_->value16(wpe_), row0, R, T, C);
   if (tte_ >= 0) {  // token types of this rank's rows (BERT); word_ is free again
     Kokkos::fence();
     if (cfg_.dt == DType::F32)
-      embedding_lookup(word_, slice(mb.types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
+      embedding_lookup(word_, slice(types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
     else
-      embedding_lookup_half(cfg_.dt, word_, slice(mb.types, row0, R), store_->value16(tte_), 0, cfg_.num_token_types,
-                            R, C);
+      embedding_lookup_half(cfg_.dt, word_, slice(types, row0, R), store_->value16(tte_), 0, cfg_.num_token_types, R,
+                            C);
     Kokkos::fence();
-    accumulate(s.input, word_, R * C);
-    if (training) Kokkos::deep_copy(s.types, mb.types);
+    accumulate(out, word_, R * C);
   }
-  dropout_forward(s.input, s.input, R * C, training ? embedding_dropout(rng) : DropoutSpec{});
-  if (training) Kokkos::deep_copy(s.tokens, tokens);
+  DropoutSpec d = training ? embedding_dropout(rng) : DropoutSpec{};
+  if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);  // the decoder's own mask
+  dropout_forward(out, out, R * C, d);
+  Kokkos::fence();
+}
+
+// Backward of embed: dout (R, C) is consumed (dropout applied in place).
+void GptModel::embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
+                              const DropoutStreams& rng, int which) {
+  const std::int64_t C = cfg_.hidden, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
+  const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
+  DropoutSpec d = embedding_dropout(rng);
+  if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
+  dropout_backward(dout, dout, R * C, d);
+  add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C);
+  Kokkos::fence();
+  // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
+  // backward); without sequence parallelism dout is already complete on every TP rank.
+  FloatView dword = dout;
+  if (tp_.sequence_parallel) {
+    dword = slice(word_, 0, BT * C);
+    ReduceScatterToSequenceParallelRegion::backward(tp_, dword, dout, R, C);
+  }
+  embedding_lookup_backward(store_->grad(wte_), dword, tokens, vocab_start_, vocab_local_, BT, C);
+  if (tte_ >= 0)
+    embedding_lookup_backward(store_->grad(tte_), dout, slice(types, row0, R), 0, cfg_.num_token_types, R, C);
   Kokkos::fence();
 }
 
@@ -265,7 +360,9 @@ void GptModel::embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, b
 // all-gather of the row split; logits (BT, Vl) are this rank's vocabulary columns) and the
 // loss; when training, the gradient at the last layer's output goes to the slot's head_grad.
 double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float dscale, std::int64_t samples) {
-  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_, Vl = vocab_local_;
+  const bool t5 = cfg_.t5;
+  const std::int64_t C = cfg_.hidden, T = t5 ? cfg_.decoder_seq_length : cfg_.seq_length;
+  const std::int64_t BT = t5 ? dec_rows_ : rows_, R = t5 ? dec_local_rows_ : local_rows_, Vl = vocab_local_;
   const bool sp = tp_.sequence_parallel;
   const IntView& targets = mb.targets;
   Slot& s = slot(slot_index);
@@ -291,6 +388,18 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
   if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
   // logits (BT, Vl) in fp32 (16-bit inputs, fp32 accumulation): the cross-entropy is fp32
   gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(head_in_), C, operand(wte), C, 0.f, logits_.data(), Vl);
+  if (lm_bias_ >= 0) {  // T5's LM head bias (this rank's vocabulary columns)
+    Kokkos::fence();
+    const Act bias = store_->param(lm_bias_);
+    if (bias.is_half())
+      add_bias_half(bias.dt, logits_, bias.h, BT, Vl);
+    else
+      add_bias(logits_, bias.f, BT, Vl);
+    Kokkos::fence();
+  }
+  // T5: the loss is the mean over the micro-batch's targets (mb.num_targets, padding excluded)
+  const double per_target = t5 ? 1.0 / static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1)) : 1.0;
+  if (t5) dscale = static_cast<float>(dscale * per_target);
   const std::int64_t count = training ? BT : samples * T;
   if (tp_.size() == 1) {
     if (training)
@@ -302,9 +411,14 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
                                  *tp_.comm, ce_scratch_);
   }
   Kokkos::fence();
-  const double loss_sum = sum_losses(losses_, count);
+  double loss_sum = sum_losses(losses_, count);
+  if (t5) {
+    bert_losses_.add(BertLosses{loss_sum * per_target, 0.0, loss_sum, static_cast<double>(mb.num_targets), 0.0, 0.0});
+    loss_sum *= per_target;
+  }
   if (!training) return loss_sum;
   const FloatView dwte = store_->grad(wte_);
+  if (lm_bias_ >= 0) bias_backward(store_->grad(lm_bias_), logits_, BT, Vl);  // logits_ holds d logits
   GemmOperand dlogits = operand(logits_.data());
   if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
     pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
@@ -328,19 +442,35 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
   return loss_sum;
 }
 
+void GptModel::run_layer_forward(Slot& s, std::int64_t l, const FloatView& x, LayerActivations& a) {
+  if (part(l))  // T5 decoder layer: causal, cross-attention over the encoder output
+    layers_[l]->forward(x, s.rng, a, *scratch_[1], IntView(), s.enc_out, s.padding);
+  else
+    layers_[l]->forward(x, s.rng, a, *scratch_[0], s.padding);
+}
+
 double GptModel::stage_forward(int slot_index, const MicroBatch& mb, const FloatView& input, bool training,
                                float dscale, const DropoutStreams& rng, std::int64_t samples) {
   Slot& s = slot(slot_index);
   s.rng = training ? rng : DropoutStreams{};
-  if (cfg_.bert) Kokkos::deep_copy(s.padding, mb.padding);  // kept until the slot's backward pass
-  if (stage_.pre)
-    embed(s, mb, s.rng, training);
-  else
+  if (cfg_.bert || cfg_.t5) Kokkos::deep_copy(s.padding, mb.padding);  // kept until the slot's backward pass
+  if (stage_.pre) {
+    embed(s.input, mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0);
+    if (training) Kokkos::deep_copy(s.tokens, mb.tokens);
+    if (training && tte_ >= 0) Kokkos::deep_copy(s.types, mb.types);
+  } else {
     Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
+  }
   FloatView x = s.input;
   for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l) {
+    if (l == dec_start_) {  // T5: the encoder's final LayerNorm, then the decoder's embeddings
+      enc_lnf_.forward(s.enc_out, s.enc_mean, s.enc_rstd, x, local_rows_);
+      if (training) Kokkos::deep_copy(s.dec_tokens, mb.dec_tokens);
+      embed(s.dec_input, mb.dec_tokens, IntView(), cfg_.decoder_seq_length, s.rng, training, 1);
+      x = s.dec_input;
+    }
     LayerActivations a = activations(s, l);
-    layers_[l]->forward(x, s.rng, a, *scratch_, s.padding);
+    run_layer_forward(s, l, x, a);
     if (!segments_[segment_of_[l]].recompute) s.acts[l] = a;  // rng and mask of this micro-batch
     x = a.out;
   }
@@ -356,52 +486,56 @@ const FloatView& GptModel::stage_output(int slot_index) const {
 }
 
 void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
-  const std::int64_t C = cfg_.hidden, T = cfg_.seq_length, BT = rows_, R = local_rows_;
+  const std::int64_t C = cfg_.hidden, R = local_rows_;
   Slot& s = slot(slot_index);
-  Kokkos::deep_copy(dres_, stage_.post ? s.head_grad : slice(grad_output, 0, R * C));
+  const int last_part = layers_.empty() ? 0 : part(static_cast<std::int64_t>(layers_.size()) - 1);
+  FloatView dres = slice(dres_, 0, local_rows_of(last_part) * C);
+  Kokkos::deep_copy(dres, stage_.post ? s.head_grad : slice(grad_output, 0, R * C));
+  if (dec_start_ >= 0) Kokkos::deep_copy(s.denc, 0.f);  // the decoder layers add to it
   Kokkos::fence();
   for (std::int64_t g = static_cast<std::int64_t>(segments_.size()) - 1; g >= 0; --g) {
     const Segment& seg = segments_[g];
+    const int q = part(seg.first);
     std::vector<LayerActivations> acts;
     FloatView x = segment_input(s, g);
     for (std::int64_t l = seg.first; l < seg.first + seg.count; ++l) {
       acts.push_back(activations(s, l));
       // full recomputation: the segment's forward pass again, from its kept input and with the
       // micro-batch's dropout streams (masks are regenerated, so the result is bitwise equal)
-      if (seg.recompute) layers_[l]->forward(x, s.rng, acts.back(), *scratch_, s.padding);
+      if (seg.recompute) run_layer_forward(s, l, x, acts.back());
       x = acts.back().out;
     }
     for (std::int64_t l = seg.first + seg.count - 1; l >= seg.first; --l) {
       const FloatView in = l == seg.first ? segment_input(s, g) : acts[l - 1 - seg.first].out;
-      layers_[l]->backward(dres_, in, acts[l - seg.first], *scratch_);
+      layers_[l]->backward(dres, in, acts[l - seg.first], *scratch_[q], s.denc);
       if (final_backward && on_layer_grads_ready) {
         Kokkos::fence();
         on_layer_grads_ready(stage_.first_layer + l);
       }
     }
+    if (seg.first == dec_start_) {  // T5: into the decoder's embeddings, then the encoder's output
+      embed_backward(dres, s.dec_tokens, IntView(), cfg_.decoder_seq_length, s.rng, 1);
+      dres = slice(dres_, 0, R * C);
+      Kokkos::deep_copy(dres, 0.f);
+      const FloatView enc_last = dec_start_ == 0 ? s.input : layer_output(s, dec_start_ - 1);
+      enc_lnf_.backward(dres, s.denc, enc_last, s.enc_mean, s.enc_rstd, R);
+      Kokkos::fence();
+    }
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
-  const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
-  dropout_backward(dres_, dres_, R * C, embedding_dropout(s.rng));
-  add_positions_backward(store_->grad(wpe_), dres_, row0, R, T, C);
-  Kokkos::fence();
-  // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
-  // backward); without sequence parallelism dres is already complete on every TP rank.
-  FloatView dword = dres_;
-  if (tp_.sequence_parallel) {
-    ReduceScatterToSequenceParallelRegion::backward(tp_, word_, dres_, R, C);
-    dword = word_;
-  }
-  embedding_lookup_backward(store_->grad(wte_), dword, s.tokens, vocab_start_, vocab_local_, BT, C);
-  if (tte_ >= 0)
-    embedding_lookup_backward(store_->grad(tte_), dres_, slice(s.types, row0, R), 0, cfg_.num_token_types, R, C);
-  Kokkos::fence();
+  embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0);
 }
 
 double GptModel::flops_per_step(std::int64_t tokens_batch) const {
   const double s = static_cast<double>(cfg_.seq_length), h = static_cast<double>(cfg_.hidden),
                l = static_cast<double>(cfg_.num_layers), V = static_cast<double>(cfg_.padded_vocab);
   const double B = static_cast<double>(tokens_batch) / s;
+  if (cfg_.t5) {  // forward GEMM FLOPs per sample, x3 for forward + backward
+    const double sd = static_cast<double>(cfg_.decoder_seq_length), ld = static_cast<double>(cfg_.decoder_layers);
+    const double enc = l * (24.0 * s * h * h + 4.0 * s * s * h);
+    const double dec = ld * (24.0 * sd * h * h + 4.0 * sd * sd * h + 4.0 * sd * h * h + 4.0 * s * h * h + 4.0 * sd * s * h);
+    return 3.0 * B * (enc + dec + 2.0 * sd * h * V);
+  }
   return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l));
 }
 

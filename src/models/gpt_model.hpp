@@ -11,6 +11,13 @@
 // the layers attend bidirectionally under the micro-batch's padding mask, and BERT's heads
 // (models/bert_head) replace the LM head; pipelining, recomputation, sequence parallelism and
 // mixed precision are shared.
+// It also assembles T5 (GptConfig::t5, Megatron's encoder-decoder): one global layer index
+// runs over num_layers encoder layers (bidirectional under the encoder's padding mask) and then
+// decoder_layers decoder layers (causal self-attention plus cross-attention over the encoder
+// output); the encoder ends in its own final LayerNorm, whose output every decoder layer reads;
+// word and position embeddings are shared by the encoder, the decoder and the LM head, which
+// adds a vocabulary-parallel bias. The loss is the mean cross-entropy over the decoder targets of
+// a micro-batch (padding excluded).
 #pragma once
 #include <deque>
 #include <functional>
@@ -47,6 +54,11 @@ struct GptConfig {
   bool bert = false;
   bool binary_head = true;         // BERT: the sentence-order head
   std::int64_t num_token_types = 2;
+  // T5 (pretrain_t5): num_layers is the encoder's, seq_length the encoder's sequence length.
+  bool t5 = false;
+  std::int64_t decoder_layers = 0, decoder_seq_length = 0;
+  // Layers of the global index (encoder and decoder for T5).
+  std::int64_t total_layers() const { return num_layers + (t5 ? decoder_layers : 0); }
 };
 
 // The part of the model one pipeline stage (or model chunk) holds: layers
@@ -76,7 +88,8 @@ class GptModel {
   double forward(const MicroBatch& mb, std::int64_t samples = -1);
   double forward_backward(const MicroBatch& mb, float dscale, const DropoutStreams& rng = {});
   // BERT: the MLM and sentence-order losses summed over the micro-batches run since the last
-  // call (the sum of the returned values split in its two parts); resets them.
+  // call (the sum of the returned values split in its two parts); resets them. T5: the LM
+  // losses in the mlm fields.
   BertLosses take_bert_losses();
 
   // ---- pipeline pieces, one micro-batch at a time; `slot` selects the activation set (one per
@@ -115,7 +128,8 @@ class GptModel {
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
   std::int64_t micro_batch() const { return B_; }
   // Model FLOPs per step, Megatron's formula without recomputation:
-  // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary.
+  // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary; T5: the same count
+  // of GEMM FLOPs for the encoder, the decoder (with cross-attention) and the LM head.
   double flops_per_step(std::int64_t tokens_batch) const;
 
  private:
@@ -124,7 +138,12 @@ class GptModel {
     FloatView head_grad;  // (R, C) gradient at the last layer's output (post)
     IntView tokens;       // (BT) tokens, for the embedding backward (pre)
     IntView types;        // (BT) token types (BERT, pre)
-    IntView padding;      // (BT) the micro-batch's padding mask (BERT): the layers' key mask
+    IntView padding;      // (BT) the micro-batch's padding mask (BERT, T5's encoder): the layers' key mask
+    // T5: the decoder's tokens (for the embedding backward), its embedded input (R_d, C), the
+    // encoder output (R, C: final LayerNorm output, with its statistics) and its gradient
+    IntView dec_tokens;
+    FloatView dec_input, enc_mean, enc_rstd, denc;
+    Act enc_out;
     DropoutStreams rng;
     std::vector<LayerActivations> acts;  // per layer; empty for layers under full recomputation
     std::vector<FloatView> seg_out;      // per segment: output of a recomputed segment (R, C)
@@ -135,6 +154,12 @@ class GptModel {
     std::int64_t first = 0, count = 1;
     bool recompute = false;
   };
+  // T5: 1 for the decoder layers, 0 otherwise (local layer index).
+  int part(std::int64_t l) const { return cfg_.t5 && stage_.first_layer + l >= cfg_.num_layers ? 1 : 0; }
+  // Local index of the first decoder layer when this chunk starts the decoder (T5), else -1.
+  std::int64_t decoder_start() const { return dec_start_; }
+  std::int64_t rows_of(int part) const { return part ? dec_rows_ : rows_; }
+  std::int64_t local_rows_of(int part) const { return part ? dec_local_rows_ : local_rows_; }
   Slot& slot(int i);
   // The activation set layer l uses for the slot (the workspace for recomputed layers, with
   // the segment's last layer writing into the slot's seg_out).
@@ -142,7 +167,13 @@ class GptModel {
   FloatView segment_input(const Slot& s, std::int64_t seg) const;
   FloatView layer_output(const Slot& s, std::int64_t l) const;
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
-  void embed(Slot& s, const MicroBatch& mb, const DropoutStreams& rng, bool training);
+  // Word + position (+ token type) embeddings of tokens (T positions per sample) into out (R, C);
+  // `which` keys the dropout (0 the encoder's or GPT's / BERT's, 1 T5's decoder's).
+  void embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
+             const DropoutStreams& rng, bool training, int which);
+  void embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
+                      const DropoutStreams& rng, int which);
+  void run_layer_forward(Slot& s, std::int64_t l, const FloatView& x, LayerActivations& a);
   double head(int slot, const MicroBatch& mb, bool training, float dscale, std::int64_t samples);
 
   GptConfig cfg_;
@@ -151,15 +182,18 @@ class GptModel {
   GptStage stage_;
   std::deque<Slot> slots_;
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
-  ParamId wte_ = -1, wpe_ = -1, tte_ = -1;
+  std::int64_t dec_rows_ = 0, dec_local_rows_ = 0, dec_start_ = -1;
+  ParamId wte_ = -1, wpe_ = -1, tte_ = -1, lm_bias_ = -1;
+  LayerNorm enc_lnf_;  // T5: the encoder's final LayerNorm (on the chunk that starts the decoder)
   std::unique_ptr<BertHead> bert_head_;
   BertLosses bert_losses_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::vector<Segment> segments_;
   std::vector<std::int64_t> segment_of_;       // layer -> segment
-  std::vector<LayerActivations> workspace_;    // shared by recomputed layers (one per position in a segment)
+  // shared by recomputed layers (one per position in a segment), per part
+  std::vector<LayerActivations> workspace_[2];
   LayerNorm lnf_;
-  std::unique_ptr<TransformerScratch> scratch_;
+  std::unique_ptr<TransformerScratch> scratch_[2];  // per part (T5: encoder, decoder shapes)
   FloatView word_, lnf_mean_, lnf_rstd_, logits_, losses_, dres_, dlnf_, dhead_;
   Act lnf_out_, head_in_;  // final LayerNorm output (R, C) and the LM head's input (BT, C)
   HalfView dlogits16_;     // 16-bit copy of the logits' gradient for the head GEMMs

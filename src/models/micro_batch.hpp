@@ -5,6 +5,8 @@
 //         sentence-order labels (B; -1: not counted); num_targets = positions with a label
 //         and num_sentences = samples with a sentence-order label (host counts: the losses
 //         are means over them).
+//   T5:   tokens = the encoder input (B*Te) with its padding mask, dec_tokens the decoder input
+//         (B*Td), targets the decoder targets (-1 at padding), num_targets = targets counted.
 #pragma once
 #include "common/types.hpp"
 
@@ -14,6 +16,7 @@ struct MicroBatch {
   IntView tokens, targets;
   IntView types, padding;  // empty for GPT
   IntView sentence_order;  // (B), BERT
+  IntView dec_tokens;      // (B*Td), T5
   std::int64_t num_targets = 0, num_sentences = 0;
 };
 

@@ -1,6 +1,9 @@
 // Core attention (no projections): softmax(Q K^T / sqrt(hs)) V over heads under a causal mask
-// (GPT) or a key-padding mask (BERT's encoder), with the batched GEMMs through ops/gemm. Head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1 of
-// the q, k and v thirds of each token's 3C-vector (Megatron/DESIGN.md qkv row order).
+// (GPT, the T5 decoder) or a key-padding mask (BERT, the T5 encoder), with the batched GEMMs
+// through ops/gemm. Self-attention: head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1
+// of the q, k and v thirds of each token's 3C-vector (DESIGN.md qkv row order).
+// Cross-attention (T5's decoder over the encoder output): queries q (B, T, C) of one sequence,
+// keys and values kv (B, Tk, 2C) of another, the k half then the v half of each row.
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
@@ -9,8 +12,10 @@
 namespace trident {
 
 struct AttentionShape {
-  std::int64_t B, T, C, nh;  // batch, sequence, channels (of this rank's heads), heads
+  std::int64_t B, T, C, nh;  // batch, sequence (of the queries), channels (of this rank's heads), heads
+  std::int64_t Tk = 0;       // cross-attention: keys per sample (0: T, self-attention)
   std::int64_t hs() const { return C / nh; }
+  std::int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
 
 // Which keys a query attends to. Masked scores get probability 0 (not a large negative
@@ -18,7 +23,7 @@ struct AttentionShape {
 // in both the unfused and the fused path.
 struct AttentionMask {
   bool causal = true;
-  // (B * T): key t of sample b is attended to only when key_valid(b * T + t) != 0 (padding
+  // (B * Tk): key t of sample b is attended to only when key_valid(b * Tk + t) != 0 (padding
   // mask); empty: every key.
   IntView key_valid;
 };
@@ -57,12 +62,33 @@ void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& d
                              const AttentionShape& s, const DropoutSpec& drop = {},
                              const AttentionMask& mask = {});
 
-// Row-wise masked softmax in place over BH * T rows of length T (row r: sample r / (nh T),
-// query i = r % T): the causal mask drops keys j > i, the padding mask keys with key_valid 0.
-void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t T, std::int64_t nh, float scale,
-                            const AttentionMask& mask);
+// ---- cross-attention (s.Tk keys per sample; probabilities (B, nh, T, Tk)); the same
+// contracts as the self-attention functions, with the query and key/value gradients in dq
+// (B, T, C) and dkv (B, Tk, 2C) (both overwritten).
+void cross_attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& q, const FloatView& kv,
+                           const AttentionShape& s, const DropoutSpec& drop = {}, const AttentionMask& mask = {});
+void cross_attention_context(const FloatView& y, const FloatView& probs, const FloatView& kv, const AttentionShape& s);
+void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const FloatView& q,
+                              const FloatView& kv, const FloatView& att, const FloatView& datt,
+                              const AttentionShape& s, const DropoutSpec& drop = {}, const FloatView& att_drop = {},
+                              const AttentionMask& mask = {});
+void cross_attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& q,
+                                const HalfView& kv, const FloatView& scores, const AttentionShape& s,
+                                const DropoutSpec& drop = {}, const AttentionMask& mask = {});
+void cross_attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
+                                  const HalfView& kv, const AttentionShape& s);
+void cross_attention_backward_half(DType dt, const FloatView& dq, const FloatView& dkv, const FloatView& dy,
+                                   const HalfView& q, const HalfView& kv, const HalfView& att,
+                                   const HalfView& att_drop, const FloatView& datt, const FloatView& att32,
+                                   const HalfView& dy16, const HalfView& ds16, const AttentionShape& s,
+                                   const DropoutSpec& drop = {}, const AttentionMask& mask = {});
+
+// Row-wise masked softmax in place over BH * Tq rows of length Tk (row r: sample r / (nh Tq),
+// query i = r % Tq): the causal mask drops keys j > i, the padding mask keys with key_valid 0.
+void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
+                            std::int64_t nh, float scale, const AttentionMask& mask);
 // datt <- att * (datt - sum_j datt*att) * scale  (in place in datt; masked keys get 0)
-void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t T,
-                             float scale, bool causal);
+void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
+                             std::int64_t Tk, float scale, bool causal);
 
 }  // namespace trident

@@ -20,6 +20,7 @@
 #include "common/timer.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
+#include "data/t5_dataset.hpp"
 #include "data/token_shard.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_handle.hpp"
@@ -62,9 +63,18 @@ std::string hms(double s) {
   return buf;
 }
 
-GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, bool bert = false) {
+// The model families of the pretraining loop.
+enum class Family { Gpt, Bert, T5 };
+const char* family_name(Family f) { return f == Family::Bert ? "bert" : f == Family::T5 ? "t5" : "gpt"; }
+
+GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family family = Family::Gpt) {
   GptConfig c;
-  c.bert = bert;
+  c.bert = family == Family::Bert;
+  c.t5 = family == Family::T5;
+  if (c.t5) {
+    c.decoder_layers = d.model.decoder_num_layers > 0 ? d.model.decoder_num_layers : d.model.num_layers;
+    c.decoder_seq_length = d.model.decoder_seq_length;
+  }
   c.binary_head = d.bert.binary_head;
   c.num_layers = d.model.num_layers;
   c.hidden = d.model.hidden_size;
@@ -91,11 +101,15 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, bool b
 // Host staging of one micro-batch: B sample records of `width` ints each ->
 //   GPT  (width S+1, a window): inputs window[0..S), targets window[1..S]
 //   BERT (width 4S+1): tokens, types, labels, padding (S each), then the sentence-order label
+//   T5   (width 2S+2Sd): encoder tokens, encoder padding (S each), decoder input, decoder
+//        targets (Sd each; -1 at padding)
 struct Batch {
-  Batch(std::int64_t B, std::int64_t S, bool bert)
-      : B(B), S(S), bert(bert), width(bert ? 4 * S + 1 : S + 1), window(static_cast<size_t>(B * width)),
-        h_tokens("batch::h_tokens", B * S), h_targets("batch::h_targets", B * S), h_types("batch::h_types", B * S),
-        h_padding("batch::h_padding", B * S), h_order("batch::h_order", B) {}
+  Batch(std::int64_t B, std::int64_t S, Family family, std::int64_t Sd = 0)
+      : B(B), S(S), Sd(Sd), bert(family == Family::Bert), t5(family == Family::T5),
+        width(bert ? 4 * S + 1 : t5 ? 2 * S + 2 * Sd : S + 1), window(static_cast<size_t>(B * width)),
+        h_tokens("batch::h_tokens", B * S), h_targets("batch::h_targets", B * (t5 ? Sd : S)),
+        h_types("batch::h_types", B * S), h_padding("batch::h_padding", B * S), h_order("batch::h_order", B),
+        h_dec("batch::h_dec", B * Sd) {}
   void finish(std::int64_t vocab, MicroBatch& mb) {
     auto check = [&](std::int32_t id) {
       if (id < 0 || id >= vocab)
@@ -103,6 +117,32 @@ struct Batch {
                          std::to_string(vocab));
     };
     std::int64_t labelled = 0, ordered = 0;
+    for (std::int64_t j = 0; j < B && t5; ++j) {
+      const std::int32_t* w = window.data() + j * width;
+      for (std::int64_t t = 0; t < S; ++t) {
+        check(w[t]);
+        h_tokens(j * S + t) = w[t];
+        h_padding(j * S + t) = w[S + t];
+      }
+      for (std::int64_t t = 0; t < Sd; ++t) {
+        const std::int32_t in = w[2 * S + t], target = w[2 * S + Sd + t];
+        check(in);
+        if (target >= 0) {
+          check(target);
+          ++labelled;
+        }
+        h_dec(j * Sd + t) = in;
+        h_targets(j * Sd + t) = target;
+      }
+    }
+    if (t5) {
+      Kokkos::deep_copy(mb.tokens, h_tokens);
+      Kokkos::deep_copy(mb.padding, h_padding);
+      Kokkos::deep_copy(mb.dec_tokens, h_dec);
+      Kokkos::deep_copy(mb.targets, h_targets);
+      mb.num_targets = labelled;
+      return;
+    }
     for (std::int64_t j = 0; j < B; ++j) {
       const std::int32_t* w = window.data() + j * width;
       for (std::int64_t t = 0; t < S; ++t) {
@@ -137,11 +177,11 @@ struct Batch {
     mb.num_targets = labelled;
     mb.num_sentences = ordered;
   }
-  std::int64_t B, S;
-  bool bert;
+  std::int64_t B, S, Sd;
+  bool bert, t5;
   std::int64_t width;
   std::vector<std::int32_t> window;
-  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order;
+  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec;
 };
 
 // The samples of a run, as int32 records of Batch's width: GPT windows or BERT samples.
@@ -192,6 +232,44 @@ SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int
   src.vocab = data->vocab_size();
   src.description = data->describe() + "\n";
   return src;
+}
+
+SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                        std::shared_ptr<void>& keep) {
+  T5Masking m;
+  m.masked_prob = deck.t5.mask_prob;
+  m.short_seq_prob = deck.t5.short_seq_prob;
+  m.max_ngrams = static_cast<int>(deck.t5.max_ngrams);
+  m.geometric_p = deck.t5.geometric_p;
+  TRIDENT_REQUIRE(deck.model.decoder_seq_length > 0, "deck: model.decoder_seq_length must be > 0 for T5");
+  auto data = std::make_shared<T5Data>(deck.data.train_shards, deck.data.split, deck.model.seq_length,
+                                       deck.model.decoder_seq_length, train_samples, valid_samples,
+                                       static_cast<std::uint64_t>(deck.train.seed), deck.data.vocab_file,
+                                       deck.data.merges_file, m);
+  keep = data;
+  const std::int64_t S = deck.model.seq_length, Sd = deck.model.decoder_seq_length;
+  auto encode = [S, Sd](const T5Dataset& ds, std::int64_t i, std::int32_t* out) {
+    thread_local T5Sample smp;  // the prefetcher's thread and the main thread each have one
+    ds.get(i, smp);
+    std::copy(smp.enc.begin(), smp.enc.end(), out);
+    std::copy(smp.enc_padding.begin(), smp.enc_padding.end(), out + S);
+    std::copy(smp.dec_in.begin(), smp.dec_in.end(), out + 2 * S);
+    std::copy(smp.dec_target.begin(), smp.dec_target.end(), out + 2 * S + Sd);
+  };
+  SampleSource src;
+  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
+  if (data->valid())
+    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe() + "\n";
+  return src;
+}
+
+SampleSource samples_of(Family f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                        std::shared_ptr<void>& keep) {
+  if (f == Family::Bert) return bert_samples(deck, train_samples, valid_samples, keep);
+  if (f == Family::T5) return t5_samples(deck, train_samples, valid_samples, keep);
+  return gpt_samples(deck, train_samples, valid_samples, keep);
 }
 
 // Rank 0 writes every global batch (validation): /iter_NNNNNNN int32 [GB, S+1].
@@ -250,11 +328,12 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
 // This rank's part of the model: one stage's layers (embeddings on the first stage, final
 // LayerNorm, head and loss on the last), or, with vp > 1, vp chunks: chunk c is virtual stage
 // c * pp + pp_rank of an even split over pp * vp virtual stages.
-std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo) {
+std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo, const GptConfig& cfg) {
+  const std::int64_t L = cfg.total_layers();
   const int p = topo.pp_size(), s = topo.coords().pp, vp = static_cast<int>(deck.parallel.vp);
   std::vector<GptStage> out;
   if (vp == 1) {
-    const auto split = split_layers(deck.model.num_layers, p, deck.parallel.first_stage_layers,
+    const auto split = split_layers(L, p, deck.parallel.first_stage_layers,
                                     deck.parallel.last_stage_layers);
     GptStage st;
     st.first_layer = split[s].first;
@@ -266,10 +345,10 @@ std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo) {
   TRIDENT_REQUIRE(p > 1, "parallel.vp > 1 (interleaved schedule) needs parallel.pp > 1");
   TRIDENT_REQUIRE(deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
                   "parallel.first_stage_layers / last_stage_layers cannot be combined with parallel.vp > 1");
-  TRIDENT_REQUIRE(deck.model.num_layers % (p * vp) == 0,
-                  "model.num_layers (" << deck.model.num_layers << ") is not divisible by parallel.pp x parallel.vp = "
+  TRIDENT_REQUIRE(L % (p * vp) == 0,
+                  "model.num_layers (" << L << ") is not divisible by parallel.pp x parallel.vp = "
                                        << p << " x " << vp << " (the interleaved schedule's virtual stages)");
-  const auto split = split_layers(deck.model.num_layers, p * vp, 0, 0);
+  const auto split = split_layers(L, p * vp, 0, 0);
   for (int c = 0; c < vp; ++c) {
     GptStage st;
     st.first_layer = split[c * p + s].first;
@@ -300,13 +379,13 @@ std::vector<GptModel*> raw(const std::vector<std::unique_ptr<GptModel>>& v) {
 // (the ranks of a tensor-parallel group score the same block together): block i of this rank
 // starts at sample (dp_rank + i * dp) * B.
 struct EvalModel {
-  EvalModel(const Deck& deck, const Topology& topo, std::int64_t vocab, bool bert)
-      : cfg(make_config(deck, vocab, topo.tp_size(), bert)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
+  EvalModel(const Deck& deck, const Topology& topo, std::int64_t vocab, Family family)
+      : cfg(make_config(deck, vocab, topo.tp_size(), family)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
     store.set_dtype(cfg.dt);
-    chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo));
+    chunks = build_chunks(cfg, store, B, tensor_parallel(deck, topo), chunks_of(deck, topo, cfg));
     store.allocate();
     file = resolve_checkpoint(deck.checkpoint.load);
-    state = load_checkpoint(file, bert ? "bert" : "gpt", store, nullptr, topo);
+    state = load_checkpoint(file, family_name(family), store, nullptr, topo);
     runner = std::make_unique<PipelineRunner>(raw(chunks), topo);
     runner->grouped_p2p = deck.debug.grouped_p2p;
   }
@@ -335,11 +414,12 @@ BertLosses reduce_bert_losses(const std::vector<std::unique_ptr<GptModel>>& chun
   return BertLosses{v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
-// BERT's evaluation mode: the first eval.windows samples of the BERT dataset built from every
-// document of eval.shard (train.seed, the deck's [bert] masking), without dropout; the loss is
-// the MLM cross-entropy averaged over all labelled positions plus the sentence-order
-// cross-entropy averaged over the samples (independent of the micro-batch size and layout).
-int run_bert_eval_only(const Deck& deck, const Topology& topo) {
+// BERT's and T5's evaluation mode: the first eval.windows samples of the dataset built from
+// every document of eval.shard (train.seed, the deck's [bert] or [t5] masking), without
+// dropout; the loss is the LM cross-entropy averaged over all labelled positions (T5: decoder
+// targets) plus, for BERT, the sentence-order cross-entropy averaged over the samples
+// (independent of the micro-batch size and layout).
+int run_masked_eval_only(const Deck& deck, const Topology& topo, Family family) {
   const Communicator& world = topo.world();
   const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
   TRIDENT_REQUIRE(N > 0, "eval.windows must be > 0 in evaluation mode (samples to score)");
@@ -349,10 +429,12 @@ int run_bert_eval_only(const Deck& deck, const Topology& topo) {
     Deck d = deck;
     d.data.train_shards = deck.eval.shard;
     d.data.split = "1";
-    data = bert_samples(d, N, 0, owner);
+    data = samples_of(family, d, N, 0, owner);
   });
-  EvalModel m(deck, topo, data.vocab, true);
-  Batch batch(B, S, true);
+  EvalModel m(deck, topo, data.vocab, family);
+  const bool t5 = family == Family::T5;
+  const std::int64_t Sd = deck.model.decoder_seq_length;
+  Batch batch(B, S, family, Sd);
   const Communicator& dpg = topo.dp_group();
   const GptConfig& cfg = m.cfg;
   m.runner->evaluate(
@@ -362,7 +444,9 @@ int run_bert_eval_only(const Deck& deck, const Topology& topo) {
         for (std::int64_t j = 0; j < B; ++j) {
           std::int32_t* w = batch.window.data() + j * batch.width;
           data.train(std::min(first + j, N - 1), w);
-          if (first + j >= N) {  // padding of a short last block: nothing of it counts
+          if (first + j >= N && t5) {  // padding of a short last block: nothing of it counts
+            std::fill(w + 2 * S + Sd, w + 2 * S + 2 * Sd, -1);
+          } else if (first + j >= N) {
             std::fill(w + 2 * S, w + 3 * S, -1);
             w[4 * S] = -1;
           }
@@ -376,9 +460,10 @@ int run_bert_eval_only(const Deck& deck, const Topology& topo) {
     std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
               << ": " << N << " samples of " << S << " tokens, " << static_cast<std::int64_t>(l.mlm_count)
               << " labelled positions\n";
-    std::cout << std::setprecision(8) << "eval loss: " << mlm + (cfg.binary_head ? sop : 0.0) << "\n";
-    std::cout << "eval lm loss: " << mlm << "\n";
-    if (cfg.binary_head) std::cout << "eval sop loss: " << sop << std::endl;
+    const bool with_sop = cfg.bert && cfg.binary_head;
+    std::cout << std::setprecision(8) << "eval loss: " << mlm + (with_sop ? sop : 0.0) << "\n";
+    std::cout << "eval lm loss: " << mlm << std::endl;
+    if (with_sop) std::cout << "eval sop loss: " << sop << std::endl;
   }
   return 0;
 }
@@ -392,8 +477,8 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,
                   "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
                                     << deck.eval.shard << "' has " << shard->meta().num_tokens);
-  EvalModel m(deck, topo, vocab, false);
-  Batch batch(B, S, false);
+  EvalModel m(deck, topo, vocab, Family::Gpt);
+  Batch batch(B, S, Family::Gpt);
   double loss_sum = 0;
   const Communicator& dpg = topo.dp_group();
   auto block_count = [&](std::int64_t i) {
@@ -426,13 +511,14 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
 
 namespace {
 
-// The pretraining loop of both model families (bert: BERT's samples, model and losses).
-int run_pretraining(const Deck& deck, bool bert) {
+// The pretraining loop of the model families (BERT and T5: their samples, models and losses).
+int run_pretraining(const Deck& deck, Family fam) {
+  const bool bert = fam == Family::Bert, t5 = fam == Family::T5;
   Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp));
   const Communicator& world = topo.world();
   const bool root = world.rank() == 0;
-  const char* family = bert ? "bert" : "gpt";
-  if (deck.eval.only) return bert ? run_bert_eval_only(deck, topo) : run_eval_only(deck, topo);
+  const char* family = family_name(fam);
+  if (deck.eval.only) return fam == Family::Gpt ? run_eval_only(deck, topo) : run_masked_eval_only(deck, topo, fam);
   topo.print(std::cout);
   gemm_set_tf32(deck.precision.tf32);
 
@@ -454,7 +540,7 @@ int run_pretraining(const Deck& deck, bool bert) {
   const std::int64_t valid_samples = deck.eval.interval > 0 ? deck.eval.iters * mbs * dp : 0;
   collectively(world.get(), [&] {
     const std::int64_t n = std::max<std::int64_t>(iters, 1) * GB;
-    data = bert ? bert_samples(deck, n, valid_samples, data_owner) : gpt_samples(deck, n, valid_samples, data_owner);
+    data = samples_of(fam, deck, n, valid_samples, data_owner);
     TRIDENT_REQUIRE(deck.eval.interval == 0 || data.valid,
                     "eval.interval > 0 but data.split '" << deck.data.split << "' leaves no validation documents");
   });
@@ -465,9 +551,9 @@ int run_pretraining(const Deck& deck, bool bert) {
 
   // ---- model and optimizer ----
   ParamStore store;
-  const GptConfig cfg = make_config(deck, vocab, topo.tp_size(), bert);
+  const GptConfig cfg = make_config(deck, vocab, topo.tp_size(), fam);
   const TensorParallel tp = tensor_parallel(deck, topo);
-  const std::vector<GptStage> stages = chunks_of(deck, topo);
+  const std::vector<GptStage> stages = chunks_of(deck, topo, cfg);
   store.set_dtype(cfg.dt);
   auto chunks = build_chunks(cfg, store, mbs, tp, stages);
   GptModel& model = *chunks.front();
@@ -544,11 +630,14 @@ int run_pretraining(const Deck& deck, bool bert) {
     if (root) std::cout << "saved checkpoint " << f << std::endl;
   };
 
-  const double tokens_per_iter = static_cast<double>(GB * S);
+  // tokens of an iteration (T5: encoder and decoder tokens)
+  const double tokens_per_iter = static_cast<double>(GB * (S + (t5 ? cfg.decoder_seq_length : 0)));
   const double flops_per_iter = model.flops_per_step(GB * S);
   if (root) {
-    std::cout << (bert ? "BERT: " : "GPT: ") << cfg.num_layers << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
-              << cfg.ffn << ", seq " << S << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
+    std::cout << (bert ? "BERT: " : t5 ? "T5: " : "GPT: ") << cfg.num_layers
+              << (t5 ? " encoder + " + std::to_string(cfg.decoder_layers) + " decoder" : std::string()) << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn "
+              << cfg.ffn << ", seq " << S
+              << (t5 ? " (encoder), " + std::to_string(cfg.decoder_seq_length) + " (decoder)" : std::string()) << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), "
               << store.global_count() << " parameters\n"
               << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
               << ", pp " << topo.pp_size()
@@ -581,7 +670,8 @@ int run_pretraining(const Deck& deck, bool bert) {
               << "data: " << deck.data.train_shards << "\n"
               << data.description
               << "model FLOPs per iteration: " << flops_per_iter
-              << " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n";
+              << (t5 ? " (GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation)\n"
+                     : " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n");
     if (deck.perf.peak_tflops > 0)
       std::cout << "MFU against a peak of " << deck.perf.peak_tflops << " TFLOP/s per rank"
                 << (deck.perf.peak_name.empty() ? "" : " (" + deck.perf.peak_name + ")") << "\n";
@@ -605,10 +695,11 @@ int run_pretraining(const Deck& deck, bool bert) {
 
   if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
 
-  Batch batch(mbs, S, bert);
+  Batch batch(mbs, S, fam, deck.model.decoder_seq_length);
   // GPT: the loss is the mean over the iteration's tokens; BERT: the mean over its micro-batches
-  // of each micro-batch's MLM (mean over its labelled positions) + sentence-order loss
-  const double loss_count = bert ? static_cast<double>(acc * dp) : static_cast<double>(GB * S);
+  // of each micro-batch's MLM (mean over its labelled positions) + sentence-order loss; T5: the
+  // mean over its micro-batches of each one's mean over its decoder targets (Megatron's T5)
+  const double loss_count = bert || t5 ? static_cast<double>(acc * dp) : static_cast<double>(GB * S);
   const double dscale_unscaled = 1.0 / loss_count;
   // BERT's two losses of the iteration, summed over the model chunks and ranks
   auto bert_parts = [&]() {
@@ -643,9 +734,10 @@ int run_pretraining(const Deck& deck, bool bert) {
         },
         [&](std::int64_t) { return mbs; });
     sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(sum));
-    const double n = bert ? static_cast<double>(deck.eval.iters * dp) : static_cast<double>(deck.eval.iters * mbs * dp * S);
+    const double n = bert || t5 ? static_cast<double>(deck.eval.iters * dp)
+                                : static_cast<double>(deck.eval.iters * mbs * dp * S);
     const double loss = sum / n;
-    const BertLosses parts = bert ? bert_parts() : BertLosses{};
+    const BertLosses parts = bert || t5 ? bert_parts() : BertLosses{};
     if (root) {
       std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss;
       if (bert)
@@ -715,7 +807,7 @@ int run_pretraining(const Deck& deck, bool bert) {
     else
       topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
-    const BertLosses parts = bert ? bert_parts() : BertLosses{};
+    const BertLosses parts = bert || t5 ? bert_parts() : BertLosses{};  // (T5: resets the model's sums)
     timers.stop("grad-allreduce");
     timers.start("optimizer");
     const double loss = loss_sum / loss_count;
@@ -904,7 +996,8 @@ int run_pretraining(const Deck& deck, bool bert) {
 
 }  // namespace
 
-int run_gpt(const Deck& deck) { return run_pretraining(deck, false); }
-int run_bert(const Deck& deck) { return run_pretraining(deck, true); }
+int run_gpt(const Deck& deck) { return run_pretraining(deck, Family::Gpt); }
+int run_bert(const Deck& deck) { return run_pretraining(deck, Family::Bert); }
+int run_t5(const Deck& deck) { return run_pretraining(deck, Family::T5); }
 
 }  // namespace trident

@@ -9,5 +9,7 @@ namespace trident {
 int run_gpt(const Deck& deck);
 // BERT pretraining (apps/pretrain_bert): the same loop with BERT's samples, model and losses.
 int run_bert(const Deck& deck);
+// T5 pretraining (apps/pretrain_t5): span corruption, the encoder-decoder model, its LM loss.
+int run_t5(const Deck& deck);
 
 }  // namespace trident

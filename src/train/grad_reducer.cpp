@@ -8,10 +8,20 @@ namespace trident {
 
 GradReducer::GradReducer(const ParamStore& store, const Communicator& dp, std::int64_t shard)
     : store_(store), dp_(dp), shard_(shard) {
-  const std::string prefix = "model/layers/";
+  // Global layer index of a parameter: GPT's and BERT's "model/layers/N/...", T5's
+  // "model/encoder/layers/N/..." (N) and "model/decoder/layers/N/..." (encoder layers + N).
+  const std::string gpt = "model/layers/", enc = "model/encoder/layers/", dec = "model/decoder/layers/";
+  auto index_after = [](const std::string& name, const std::string& prefix) -> std::int64_t {
+    return name.compare(0, prefix.size(), prefix) == 0 ? std::stoll(name.substr(prefix.size())) : -1;
+  };
+  std::int64_t encoder_layers = 0;
+  for (const auto& p : store.params()) encoder_layers = std::max(encoder_layers, index_after(p.name, enc) + 1);
   for (const auto& p : store.params()) {
-    if (p.name.compare(0, prefix.size(), prefix) != 0 || p.tied_copy) continue;
-    const std::int64_t layer = std::stoll(p.name.substr(prefix.size()));
+    if (p.tied_copy) continue;
+    std::int64_t layer = index_after(p.name, gpt);
+    if (layer < 0) layer = index_after(p.name, enc);
+    if (layer < 0 && index_after(p.name, dec) >= 0) layer = encoder_layers + index_after(p.name, dec);
+    if (layer < 0) continue;
     layer_ranges_[layer].push_back({p.offset, p.offset + p.numel()});
   }
   for (auto& [layer, ranges] : layer_ranges_) {  // merge touching ranges: fewer, larger messages

@@ -24,6 +24,11 @@ PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& to
     mb_.padding = make_int("pipeline::padding", rows);
     mb_.sentence_order = make_int("pipeline::sentence_order", m.micro_batch());
   }
+  if (m.config().t5) {  // encoder padding; decoder input and targets
+    mb_.padding = make_int("pipeline::padding", rows);
+    mb_.dec_tokens = make_int("pipeline::dec_tokens", m.micro_batch() * m.config().decoder_seq_length);
+    mb_.targets = make_int("pipeline::targets", m.micro_batch() * m.config().decoder_seq_length);
+  }
   recv_in_ = make_float("pipeline::recv_in", m.activation_size());
   recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
