@@ -47,6 +47,20 @@ Topology::Topology(MPI_Comm world, int tp, int pp) : world_(world), tp_(tp), pp_
   if (in_embedding) embedding_group_.enable_device();
 }
 
+void Topology::set_decoder_stage(int stage) {
+  TRIDENT_REQUIRE(stage >= 0 && stage < pp_, "internal: decoder stage " << stage << " outside the pipeline");
+  const int group = me_.tp + me_.dp * tp_;
+  MPI_Comm c;
+  const bool in_embedding = me_.pp == 0 || me_.pp == pp_ - 1 || me_.pp == stage;
+  MPI_Comm_split(world_.get(), in_embedding ? group : MPI_UNDEFINED, me_.pp, &c);
+  embedding_group_ = c != MPI_COMM_NULL ? Communicator(c) : Communicator();
+  const bool in_position = me_.pp == 0 || me_.pp == stage;
+  MPI_Comm_split(world_.get(), in_position ? group : MPI_UNDEFINED, me_.pp, &c);
+  position_group_ = c != MPI_COMM_NULL ? Communicator(c) : Communicator();
+  if (in_embedding) embedding_group_.enable_device();
+  if (in_position) position_group_.enable_device();
+}
+
 void Topology::print(std::ostream& os) const {
   if (world_.rank() != 0) return;
   std::ostringstream s;

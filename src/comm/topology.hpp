@@ -8,6 +8,8 @@
 //     pp_rank:  0 0 0 0 1 1 1 1
 //   tp groups {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} {4,6} {5,7};
 //   pp groups {0,4} {1,5} {2,6} {3,7}; embedding groups = first and last stage of each pp group.
+// T5 (encoder-decoder, Megatron's split rank): the embedding group also holds the stage where the
+// decoder starts, and a position-embedding group holds the first stage and that one.
 #pragma once
 #include <ostream>
 
@@ -42,6 +44,12 @@ class Topology {
   const Communicator& pp_group() const { return pp_group_; }
   // First and last pipeline stage of this rank's pp group (null communicator elsewhere).
   const Communicator& embedding_group() const { return embedding_group_; }
+  // T5: the stages that hold the position embeddings (the first and the decoder's first).
+  const Communicator& position_group() const { return position_group_; }
+  // T5 with pipelining: `stage` starts the decoder (embeds its tokens, so it holds copies of the
+  // word and position embeddings); regroups embedding_group() as {first, stage, last} and
+  // position_group() as {first, stage} (collective over the world).
+  void set_decoder_stage(int stage);
 
   // The table of all ranks and their groups (call on every rank; prints on world rank 0).
   void print(std::ostream& os) const;
@@ -50,7 +58,7 @@ class Topology {
   Communicator world_;
   int tp_, pp_, dp_;
   RankCoords me_;
-  Communicator tp_group_, dp_group_, pp_group_, embedding_group_;
+  Communicator tp_group_, dp_group_, pp_group_, embedding_group_, position_group_;
 };
 
 }  // namespace trident

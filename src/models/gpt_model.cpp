@@ -49,17 +49,19 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
                     "sequence parallelism splits micro_batch_size x decoder_seq_length = " << dec_rows_
                                                                                             << " tokens over tp = " << p
                                                                                             << ": not divisible");
-    // The encoder output and the decoder's embeddings are made where the decoder starts; a
-    // pipeline split there would have to forward both (not supported yet).
-    TRIDENT_REQUIRE(stage_.pre && stage_.post,
-                    "T5 runs with parallel.pp = 1 (pipelining the encoder-decoder is not supported yet)");
-    dec_start_ = cfg.num_layers - stage_.first_layer;
+    // The chunk holding the first decoder layer computes the encoder output (the encoder's final
+    // LayerNorm) and the decoder's embeddings; chunks after it receive the encoder output with
+    // the decoder's hidden states and send its gradient back with theirs.
+    const std::int64_t L = cfg.num_layers, first = stage_.first_layer, end = first + stage_.num_layers;
+    if (first <= L && L < end) dec_start_ = L - first;
+    in_dec_ = !stage_.pre && first > L;
+    out_dec_ = !stage_.post && end > L;
   }
   vocab_local_ = cfg.padded_vocab / p;
   vocab_start_ = r * vocab_local_;
 
   ParamInfo wte;  // vocabulary-parallel: rows [start, start + Vl) of the padded table
-  wte.tied_copy = !stage_.pre;  // the last stage's copy of the first stage's table
+  wte.tied_copy = !stage_.pre;  // a later stage's copy of the first stage's table (LM head, T5's decoder)
   wte.name = "model/embedding/word_embeddings";
   wte.shape = {vocab_local_, C};
   wte.global_shape = {cfg.vocab_size, C};
@@ -68,9 +70,18 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   wte.tp_replicated = false;
   wte.weight_decay = true;
   wte.init_std = cfg.init_std;
-  if (stage_.pre || stage_.post) wte_ = store.declare(wte);
-  if (stage_.pre)
-    wpe_ = store.declare("model/embedding/position_embeddings", {cfg.max_positions, C}, true, cfg.init_std);
+  const bool embeds = stage_.pre || dec_start_ >= 0;  // encoder's (GPT's, BERT's) or T5 decoder's embeddings
+  if (embeds || stage_.post) wte_ = store.declare(wte);
+  if (embeds) {
+    ParamInfo wpe;  // one table for the encoder and the decoder (T5)
+    wpe.name = "model/embedding/position_embeddings";
+    wpe.shape = wpe.global_shape = wpe.valid = {cfg.max_positions, C};
+    wpe.global_offset = {0, 0};
+    wpe.tied_copy = !stage_.pre;
+    wpe.weight_decay = true;
+    wpe.init_std = cfg.init_std;
+    wpe_ = store.declare(wpe);
+  }
   if (stage_.pre && cfg.bert)
     tte_ = store.declare("model/embedding/tokentype_embeddings", {cfg.num_token_types, C}, true, cfg.init_std);
 
@@ -91,7 +102,7 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
       layers_.push_back(std::make_unique<TransformerLayer>(
           store, "model/decoder/layers/" + std::to_string(l - cfg.num_layers), l, ds));
   }
-  if (cfg.t5) enc_lnf_ = LayerNorm(store, "model/encoder/final_layernorm", C, cfg.ln_eps);
+  if (dec_start_ >= 0) enc_lnf_ = LayerNorm(store, "model/encoder/final_layernorm", C, cfg.ln_eps);
   if (stage_.post) lnf_ = LayerNorm(store, cfg.t5 ? "model/decoder/final_layernorm" : "model/final_layernorm", C, cfg.ln_eps);
   if (stage_.post && cfg.t5) {  // the LM head's bias, vocabulary-parallel like the word embeddings
     ParamInfo b;
@@ -105,7 +116,8 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   }
   const bool selective = cfg.recompute == GptConfig::Recompute::Selective && !cfg.flash_attention;
   const std::int64_t n = static_cast<std::int64_t>(layers_.size());
-  const std::int64_t boundary = dec_start_ >= 0 ? dec_start_ : n;  // first local decoder layer
+  // first local decoder layer (n: none)
+  const std::int64_t boundary = cfg.t5 ? std::clamp(cfg.num_layers - stage_.first_layer, std::int64_t{0}, n) : n;
   if (boundary > 0 || !cfg.t5) scratch_[0] = std::make_unique<TransformerScratch>(ts, selective);
   if (boundary < n) scratch_[1] = std::make_unique<TransformerScratch>(ds, selective);
 
@@ -139,7 +151,11 @@ GptModel::GptModel(const GptConfig& cfg, ParamStore& store, std::int64_t micro_b
   const std::int64_t R = local_rows_, Rmax = std::max(local_rows_, dec_local_rows_);
   const std::int64_t BTmax = std::max(rows_, dec_rows_);
   dres_ = make_float("gpt::dres", Rmax * C);
-  if (stage_.pre) word_ = make_float("gpt::word", BTmax * C);
+  if (embeds) word_ = make_float("gpt::word", BTmax * C);
+  // T5 pipeline messages: [hidden states (R_d or R rows) | encoder output (R rows)], one size
+  // for every boundary (NCCL's sends and receives must match)
+  message_size_ = cfg.t5 ? (local_rows_ + dec_local_rows_) * C : local_rows_ * C;
+  if (message_size_ > Rmax * C) dres_ = make_float("gpt::dres", message_size_);
   if (stage_.post && cfg.bert) {  // final LayerNorm and BERT's heads
     lnf_out_ = make_act(cfg.dt, "gpt::lnf_out", R * C);
     lnf_mean_ = make_float("gpt::lnf_mean", R);
@@ -198,7 +214,7 @@ BertLosses GptModel::take_bert_losses() {
 GptModel::Slot& GptModel::slot(int i) {
   while (static_cast<int>(slots_.size()) <= i) {
     Slot s;
-    s.input = make_float("gpt::stage_input", local_rows_ * cfg_.hidden);
+    s.input = make_float("gpt::stage_input", message_size_);
     const std::int64_t C = cfg_.hidden;
     if (stage_.post) s.head_grad = make_float("gpt::head_grad", local_rows_of(cfg_.t5 ? 1 : 0) * C);
     if (stage_.pre) s.tokens = make_int("gpt::tokens", rows_);
@@ -207,11 +223,14 @@ GptModel::Slot& GptModel::slot(int i) {
     if (dec_start_ >= 0) {
       s.dec_tokens = make_int("gpt::dec_tokens", dec_rows_);
       s.dec_input = make_float("gpt::dec_input", dec_local_rows_ * C);
-      s.enc_out = make_act(cfg_.dt, "gpt::enc_out", local_rows_ * C);
       s.enc_mean = make_float("gpt::enc_mean", local_rows_);
       s.enc_rstd = make_float("gpt::enc_rstd", local_rows_);
+    }
+    if (dec_start_ >= 0 || in_dec_) {
+      s.enc_out = make_act(cfg_.dt, "gpt::enc_out", local_rows_ * C);
       s.denc = make_float("gpt::denc", local_rows_ * C);
     }
+    if (cfg_.t5 && !stage_.post) s.send = make_float("gpt::send", message_size_);
     const bool selective = cfg_.recompute == GptConfig::Recompute::Selective && !cfg_.flash_attention;
     for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l)
       s.acts.push_back(segments_[segment_of_[l]].recompute
@@ -237,7 +256,7 @@ LayerActivations GptModel::activations(Slot& s, std::int64_t l) {
 FloatView GptModel::segment_input(const Slot& s, std::int64_t g) const {
   const std::int64_t first = segments_[g].first;
   if (first == dec_start_) return s.dec_input;  // T5: the decoder starts from its embeddings
-  return first == 0 ? s.input : layer_output(s, first - 1);
+  return first == 0 ? chunk_input(s) : layer_output(s, first - 1);
 }
 
 // Output of layer l; persistent per slot for a kept layer and for the last layer of a
@@ -255,7 +274,7 @@ std::int64_t GptModel::activation_bytes_per_slot() const {
   const Slot& s = slots_.front();
   std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() +
                                              s.padding.span() + s.dec_tokens.span() + s.dec_input.span() +
-                                             s.enc_mean.span() + s.enc_rstd.span() + s.denc.span()) * 4 +
+                                             s.enc_mean.span() + s.enc_rstd.span() + s.denc.span() + s.send.span()) * 4 +
                   s.enc_out.bytes();
   for (const auto& a : s.acts) n += a.bytes();
   for (const auto& o : s.seg_out) n += static_cast<std::int64_t>(o.span()) * 4;
@@ -366,7 +385,7 @@ double GptModel::head(int slot_index, const MicroBatch& mb, bool training, float
   const bool sp = tp_.sequence_parallel;
   const IntView& targets = mb.targets;
   Slot& s = slot(slot_index);
-  const FloatView last = layers_.empty() ? s.input : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
+  const FloatView last = layers_.empty() ? chunk_input(s) : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
   if (bert_head_) {  // final LayerNorm, then BERT's heads on all rows (gathered from the row split)
     lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
     Kokkos::fence();
@@ -455,13 +474,20 @@ double GptModel::stage_forward(int slot_index, const MicroBatch& mb, const Float
   s.rng = training ? rng : DropoutStreams{};
   if (cfg_.bert || cfg_.t5) Kokkos::deep_copy(s.padding, mb.padding);  // kept until the slot's backward pass
   if (stage_.pre) {
-    embed(s.input, mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0);
+    embed(chunk_input(s), mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0);
     if (training) Kokkos::deep_copy(s.tokens, mb.tokens);
     if (training && tte_ >= 0) Kokkos::deep_copy(s.types, mb.types);
   } else {
     Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
+    if (in_dec_) {  // T5: the encoder output travels behind the decoder's hidden states
+      const FloatView enc = slice(s.input, dec_local_rows_ * cfg_.hidden, local_rows_ * cfg_.hidden);
+      if (s.enc_out.is_half())
+        pack_half(cfg_.dt, s.enc_out.h, enc, local_rows_ * cfg_.hidden);
+      else
+        Kokkos::deep_copy(s.enc_out.f, enc);
+    }
   }
-  FloatView x = s.input;
+  FloatView x = chunk_input(s);
   for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l) {
     if (l == dec_start_) {  // T5: the encoder's final LayerNorm, then the decoder's embeddings
       enc_lnf_.forward(s.enc_out, s.enc_mean, s.enc_rstd, x, local_rows_);
@@ -474,12 +500,30 @@ double GptModel::stage_forward(int slot_index, const MicroBatch& mb, const Float
     if (!segments_[segment_of_[l]].recompute) s.acts[l] = a;  // rng and mask of this micro-batch
     x = a.out;
   }
-  if (!stage_.post) return 0.0;
+  if (!stage_.post) {
+    if (cfg_.t5) {  // T5 message: the hidden states, then (decoder) the encoder output
+      Kokkos::deep_copy(slice(s.send, 0, x.extent(0)), x);
+      if (out_dec_) {
+        const FloatView enc = slice(s.send, dec_local_rows_ * cfg_.hidden, local_rows_ * cfg_.hidden);
+        if (s.enc_out.is_half())
+          unpack_half(cfg_.dt, enc, s.enc_out.h, local_rows_ * cfg_.hidden);
+        else
+          Kokkos::deep_copy(enc, s.enc_out.f);
+      }
+      Kokkos::fence();
+    }
+    return 0.0;
+  }
   return head(slot_index, mb, training, dscale, samples < 0 ? B_ : samples);
+}
+
+FloatView GptModel::chunk_input(const Slot& s) const {
+  return slice(s.input, 0, local_rows_of(layers_.empty() ? 0 : part(0)) * cfg_.hidden);
 }
 
 const FloatView& GptModel::stage_output(int slot_index) const {
   const Slot& s = slots_.at(slot_index);
+  if (cfg_.t5 && !stage_.post) return s.send;
   if (layers_.empty()) return s.input;
   const std::int64_t l = static_cast<std::int64_t>(layers_.size()) - 1;
   return segments_[segment_of_[l]].recompute ? s.seg_out[segment_of_[l]] : s.acts[l].out;
@@ -490,8 +534,11 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
   Slot& s = slot(slot_index);
   const int last_part = layers_.empty() ? 0 : part(static_cast<std::int64_t>(layers_.size()) - 1);
   FloatView dres = slice(dres_, 0, local_rows_of(last_part) * C);
-  Kokkos::deep_copy(dres, stage_.post ? s.head_grad : slice(grad_output, 0, R * C));
-  if (dec_start_ >= 0) Kokkos::deep_copy(s.denc, 0.f);  // the decoder layers add to it
+  Kokkos::deep_copy(dres, stage_.post ? s.head_grad : slice(grad_output, 0, dres.extent(0)));
+  if (out_dec_)  // T5: the encoder output's gradient from the later decoder layers; ours add to it
+    Kokkos::deep_copy(s.denc, slice(grad_output, dec_local_rows_ * C, R * C));
+  else if (s.denc.extent(0) > 0)
+    Kokkos::deep_copy(s.denc, 0.f);
   Kokkos::fence();
   for (std::int64_t g = static_cast<std::int64_t>(segments_.size()) - 1; g >= 0; --g) {
     const Segment& seg = segments_[g];
@@ -517,10 +564,14 @@ void GptModel::stage_backward(int slot_index, const FloatView& grad_output) {
       embed_backward(dres, s.dec_tokens, IntView(), cfg_.decoder_seq_length, s.rng, 1);
       dres = slice(dres_, 0, R * C);
       Kokkos::deep_copy(dres, 0.f);
-      const FloatView enc_last = dec_start_ == 0 ? s.input : layer_output(s, dec_start_ - 1);
+      const FloatView enc_last = dec_start_ == 0 ? chunk_input(s) : layer_output(s, dec_start_ - 1);
       enc_lnf_.backward(dres, s.denc, enc_last, s.enc_mean, s.enc_rstd, R);
       Kokkos::fence();
     }
+  }
+  if (in_dec_) {  // T5 message back: d(decoder hidden states), then d(encoder output)
+    Kokkos::deep_copy(slice(dres_, dec_local_rows_ * C, R * C), s.denc);
+    Kokkos::fence();
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
   embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0);

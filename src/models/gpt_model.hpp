@@ -112,9 +112,14 @@ class GptModel {
   std::function<void(std::int64_t)> on_layer_grads_ready;
   bool final_backward = false;
   const FloatView& input_grad() const { return dres_; }
-  std::int64_t activation_size() const { return local_rows_ * cfg_.hidden; }
+  // Floats of one pipeline message (the stage output sent forward, its gradient sent back):
+  // (R, C); T5: (R_d + R, C), the hidden states then the encoder output, at every boundary.
+  std::int64_t activation_size() const { return message_size_; }
   const GptStage& stage() const { return stage_; }
   ParamId word_embeddings() const { return wte_; }
+  ParamId position_embeddings() const { return wpe_; }
+  // T5: whether this chunk computes the encoder output and the decoder's embeddings.
+  bool starts_decoder() const { return dec_start_ >= 0; }
 
   const GptConfig& config() const { return cfg_; }
   // Bytes of activations this chunk keeps for one micro-batch in flight (measured from the
@@ -144,6 +149,7 @@ class GptModel {
     IntView dec_tokens;
     FloatView dec_input, enc_mean, enc_rstd, denc;
     Act enc_out;
+    FloatView send;  // T5, not the last stage: the message sent forward (activation_size())
     DropoutStreams rng;
     std::vector<LayerActivations> acts;  // per layer; empty for layers under full recomputation
     std::vector<FloatView> seg_out;      // per segment: output of a recomputed segment (R, C)
@@ -165,6 +171,7 @@ class GptModel {
   // the segment's last layer writing into the slot's seg_out).
   LayerActivations activations(Slot& s, std::int64_t l);
   FloatView segment_input(const Slot& s, std::int64_t seg) const;
+  FloatView chunk_input(const Slot& s) const;  // the first layer's input (a view of s.input)
   FloatView layer_output(const Slot& s, std::int64_t l) const;
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
   // Word + position (+ token type) embeddings of tokens (T positions per sample) into out (R, C);
@@ -182,7 +189,8 @@ class GptModel {
   GptStage stage_;
   std::deque<Slot> slots_;
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
-  std::int64_t dec_rows_ = 0, dec_local_rows_ = 0, dec_start_ = -1;
+  std::int64_t dec_rows_ = 0, dec_local_rows_ = 0, dec_start_ = -1, message_size_ = 0;
+  bool in_dec_ = false, out_dec_ = false;  // T5: messages in / out carry the encoder output
   ParamId wte_ = -1, wpe_ = -1, tte_ = -1, lm_bias_ = -1;
   LayerNorm enc_lnf_;  // T5: the encoder's final LayerNorm (on the chunk that starts the decoder)
   std::unique_ptr<BertHead> bert_head_;

@@ -343,6 +343,8 @@ std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo, const Gp
     return {st};
   }
   TRIDENT_REQUIRE(p > 1, "parallel.vp > 1 (interleaved schedule) needs parallel.pp > 1");
+  TRIDENT_REQUIRE(!cfg.t5, "parallel.vp > 1: the interleaved schedule is not supported for T5's encoder-decoder "
+                           "(as in Megatron-LM); use parallel.vp = 1");
   TRIDENT_REQUIRE(deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
                   "parallel.first_stage_layers / last_stage_layers cannot be combined with parallel.vp > 1");
   TRIDENT_REQUIRE(L % (p * vp) == 0,
@@ -358,6 +360,15 @@ std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo, const Gp
     out.push_back(st);
   }
   return out;
+}
+
+// T5: the pipeline stage that holds the first decoder layer (vp = 1).
+int decoder_stage(const Deck& deck, const Topology& topo, const GptConfig& cfg) {
+  const auto split = split_layers(cfg.total_layers(), topo.pp_size(), deck.parallel.first_stage_layers,
+                                  deck.parallel.last_stage_layers);
+  for (int s = 0; s < topo.pp_size(); ++s)
+    if (split[s].first <= cfg.num_layers && cfg.num_layers < split[s].first + split[s].second) return s;
+  return topo.pp_size() - 1;
 }
 
 // The model chunks of this rank, sharing one parameter store.
@@ -554,6 +565,7 @@ int run_pretraining(const Deck& deck, Family fam) {
   const GptConfig cfg = make_config(deck, vocab, topo.tp_size(), fam);
   const TensorParallel tp = tensor_parallel(deck, topo);
   const std::vector<GptStage> stages = chunks_of(deck, topo, cfg);
+  if (t5 && topo.pp_size() > 1) topo.set_decoder_stage(decoder_stage(deck, topo, cfg));
   store.set_dtype(cfg.dt);
   auto chunks = build_chunks(cfg, store, mbs, tp, stages);
   GptModel& model = *chunks.front();
@@ -795,11 +807,16 @@ int run_pretraining(const Deck& deck, Family fam) {
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
-    for (auto& chunk : chunks)  // tied word embeddings: first and last stage sum their gradients
+    for (auto& chunk : chunks) {  // tied embeddings: the stages that hold them sum their gradients
       if (topo.pp_size() > 1 && chunk->word_embeddings() >= 0) {
         const FloatView g = store.grad(chunk->word_embeddings());
         topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
       }
+      if (t5 && topo.pp_size() > 1 && chunk->position_embeddings() >= 0) {  // T5: first and decoder stage
+        const FloatView g = store.grad(chunk->position_embeddings());
+        topo.position_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
+      }
+    }
     if (overlap)
       reducer.reduce_rest();  // what no layer bucket covered (to the shards' owners with ZeRO-1)
     else if (zero)  // each DP rank receives the sum of its shard only

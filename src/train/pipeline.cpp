@@ -71,7 +71,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
     GptModel& model = *chunks_[op.chunk];
     const int slot = op.micro % slots;
-    if (op.forward && (model.stage().pre || model.stage().post || model.config().bert)) load(op.micro, mb_);
+    if (op.forward && (model.stage().pre || model.stage().post || model.config().bert || model.config().t5)) load(op.micro, mb_);
     const double t0 = wall_seconds();
     if (op.forward) {
       loss += model.stage_forward(slot, mb_, input, true, dscale, rng(op.micro));
@@ -138,7 +138,7 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
   };
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
     GptModel& model = *chunks_[op.chunk];
-    if (model.stage().pre || model.stage().post || model.config().bert) load(op.micro, mb_);
+    if (model.stage().pre || model.stage().post || model.config().bert || model.config().t5) load(op.micro, mb_);
     loss += model.stage_forward(0, mb_, input, false, 0.f, DropoutStreams{}, count(op.micro));
     Kokkos::fence();
   };

@@ -31,13 +31,15 @@ orders of fp32 partial sums, measured ~1e-7):
             evaluation mode gives the same losses at np=1, dp=2, tp=2, pp=2 and micro-batch 3; GPT-2 shards (no sentences) are a clear error
   t5        pretrain_t5 (run with --app pretrain_t5 --deck inputs/t5_tiny_ci.ini and the T5
             WordPiece shards): tp=2 with and without sequence parallelism, dp=2 (also with the
-            overlapped bucketed reduction and the distributed optimizer), full and selective
+            overlapped bucketed reduction and the distributed optimizer), pp=2 split at the
+            encoder-decoder boundary (also with grouped p2p), inside the encoder's last stage and
+            inside the decoder's first, pp=4, tp=2 x pp=2 with SP, full and selective
             recomputation and the fused self-attention kernel equal the single-rank run, losses
             and step-1 gradients; bf16 (also at tp=2+SP) and fp16 track the fp32 losses within one
             unit roundoff over 50 steps; a resumed run with dropout continues the losses exactly;
-            the evaluation mode gives the same losses (relative 1e-6) at np=1, dp=2, tp=2 and
-            micro-batch 3; shards
-            without sentinels, pp > 1 and a missing decoder length are clear errors
+            the evaluation mode gives the same losses (relative 1e-6) at np=1, dp=2, tp=2, pp=2 and
+            micro-batch 3; a pp=2 checkpoint resumes at pp=1; shards without sentinels, vp > 1, a
+            missing or too short decoder length are clear errors
 """
 import csv
 import os
@@ -232,6 +234,13 @@ def check_t5(c):
     vocab = ["--data.vocab_file", os.path.join(os.path.dirname(c.a.shards), "bert", "vocab.txt")]
     ref = c.train("single", 1, 1, extra=vocab)
     for name, np_, tp, sp, extra in [("tp2", 2, 2, False, []), ("tp2sp", 2, 2, True, []), ("dp2", 2, 1, False, []),
+                                     ("pp2", 2, 1, False, ["--parallel.pp", "2"]),
+                                     ("pp2_grouped", 2, 1, False, ["--parallel.pp", "2", "--debug.grouped_p2p", "true"]),
+                                     ("pp2_split1", 2, 1, False, ["--parallel.pp", "2", "--parallel.first_stage_layers", "1"]),
+                                     ("pp2_split3", 2, 1, False, ["--parallel.pp", "2",
+                                                                         "--parallel.first_stage_layers", "3"]),
+                                     ("pp4", 4, 1, False, ["--parallel.pp", "4"]),
+                                     ("tp2pp2sp", 4, 2, True, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"]),
                                      ("dp2_overlap_zero1", 2, 1, False, ["--parallel.overlap_grad_reduce", "true",
                                                                          "--optim.distributed", "true"]),
                                      ("recompute_full", 1, 1, False, ["--precision.recompute", "full",
@@ -260,6 +269,7 @@ def check_t5(c):
     shard = sorted(__import__("glob").glob(c.a.shards))[-1]
     evals = {}
     for name, np_, extra in [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
+                             ("pp2", 2, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"]),
                              ("mbs3", 1, ["--train.micro_batch_size", "3"])]:
         _, out, _ = run([c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
                          "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
@@ -268,12 +278,19 @@ def check_t5(c):
         # fp32 partial sums in another order under TP: equal to the printed 8 digits but the last
         assert len(evals[name]) == 2 and all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(evals[name], evals["np1"])), \
             f"t5 eval mode {name}: {evals[name]} vs {evals['np1']}"
-    print("t5 evaluation mode, equal within 1e-6 at np1, dp2, tp2, micro-batch 3: eval loss", evals["np1"][0])
+    print("t5 evaluation mode, equal within 1e-6 at np1, dp2, tp2, pp2, micro-batch 3: eval loss", evals["np1"][0])
+    # a checkpoint saved at pp=2 (the decoder's stage holds copies of the embeddings) resumes at pp=1
+    sched = vocab + ["--optim.decay_iters", "10"]
+    straight = c.train("pp_straight", 1, 1, iters=10, extra=sched)
+    c.train("pp_a", 2, 1, iters=5, extra=sched + ["--parallel.pp", "2", "--parallel.first_stage_layers", "3",
+                                                   "--checkpoint.save", c.path("ck_pp")])
+    compare_losses("t5 pp2 -> pp1", straight[5:],
+                   c.train("pp_b", 1, 1, iters=10, extra=sched + ["--checkpoint.load", c.path("ck_pp")]))
     base = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards] + vocab
     assert not single_error_failures([
         ("t5 on BERT shards (no sentinels)", base + ["--data.train_shards", c.a.shards.replace("kjv_t5", "kjv_bert")],
          "--vocab-extra-ids"),
-        ("t5 with pp=2", base + ["--parallel.pp", "2"], "parallel.pp"),
+        ("t5 with vp=2", base + ["--parallel.pp", "2", "--parallel.vp", "2"], "parallel.vp"),
         ("t5 without a decoder length", base + ["--model.decoder_seq_length", "0"], "decoder_seq_length"),
         ("t5 decoder too short", base + ["--model.decoder_seq_length", "8"], "decoder sequence length"),
     ])
