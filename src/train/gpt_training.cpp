@@ -951,7 +951,8 @@ int run_pretraining(const Deck& deck, Family fam) {
     am.block = deck.precision.recompute_method == "block";
     am.group = static_cast<double>(deck.precision.recompute_num_layers);
     am.layers = static_cast<double>(model.num_layers());
-    const double formula = model.num_layers() > 0 ? korthikanti_layer_bytes(am) : 0.0;
+    // (T5: encoder and decoder layers differ in shape; the formula is for one kind of layer)
+    const double formula = !t5 && model.num_layers() > 0 ? korthikanti_layer_bytes(am) : 0.0;
     const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
     const double mega = megatron_bytes_per_param(deck.precision.dtype, zero, dp);
     std::vector<double> mine_mem = {mf.params, mf.grads, mf.optimizer, bpp, mega, mf.activations, mf.slots,

@@ -10,6 +10,7 @@
 #include "common/half.hpp"
 #include "ops/gemm.hpp"
 #include "ops/layernorm.hpp"
+#include "ops/mixed_precision.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -226,6 +227,78 @@ TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   auto idx = sample_indices(qkv.size(), 60, 7);
   expect_close(pick(g, idx), numeric_gradient(qkv, [&] { return dot(fwd(), R); }, idx), kGradRtol, kGradAtol,
                "attention dqkv");
+}
+
+// T5's cross-attention: queries of one sequence (T) over keys and values of another (Tk), with
+// the key sequence's padding mask; forward against a naive double-precision reference, the
+// gradients of q and of k|v against finite differences, and the bf16 twin against fp32 on the
+// rounded inputs.
+TEST(Attention, CrossAttentionWithKeyPaddingMatchesNaiveAndFiniteDifferences) {
+  AttentionShape s{2, 3, 8, 2};  // B, T (queries), C, nh
+  s.Tk = 5;
+  const std::int64_t B = s.B, T = s.T, Tk = s.Tk, C = s.C, hs = s.hs(), A = B * s.nh * T * Tk;
+  auto q = random_vector(B * T * C, 60), kv = random_vector(B * Tk * 2 * C, 61), R = random_vector(B * T * C, 62);
+  const std::vector<std::int32_t> valid = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1};  // sample 0: 3 keys, sample 1: 5
+  const IntView dvalid = to_device(valid);
+  const AttentionMask mask{false, dvalid};
+  FloatView att = make_float("att", A), y = make_float("y", B * T * C), dq_in, dkv_in;
+  auto fwd = [&] {
+    dq_in = to_device(q);
+    dkv_in = to_device(kv);
+    cross_attention_probs(att, FloatView(), dq_in, dkv_in, s, {}, mask);
+    cross_attention_context(y, att, dkv_in, s);
+    return to_host(y);
+  };
+  auto out = fwd();
+  std::vector<double> want(B * T * C, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < s.nh; ++h)
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> sc(Tk, 0.0);
+        double mx = -1e300, z = 0;
+        for (int j = 0; j < Tk; ++j) {
+          if (!valid[b * Tk + j]) continue;
+          double d = 0;
+          for (int e = 0; e < hs; ++e)
+            d += static_cast<double>(q[(b * T + i) * C + h * hs + e]) * kv[(b * Tk + j) * 2 * C + h * hs + e];
+          sc[j] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, sc[j]);
+        }
+        for (int j = 0; j < Tk; ++j) z += valid[b * Tk + j] ? (sc[j] = std::exp(sc[j] - mx)) : (sc[j] = 0.0);
+        for (int e = 0; e < hs; ++e) {
+          double acc = 0;
+          for (int j = 0; j < Tk; ++j) acc += sc[j] / z * kv[(b * Tk + j) * 2 * C + C + h * hs + e];
+          want[(b * T + i) * C + h * hs + e] = acc;
+        }
+      }
+  expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "cross-attention forward");
+  fwd();
+  FloatView dq = make_float("dq", B * T * C), dkv = make_float("dkv", B * Tk * 2 * C), datt = make_float("datt", A);
+  cross_attention_backward(dq, dkv, to_device(R), dq_in, dkv_in, att, datt, s, {}, FloatView(), mask);
+  auto gq = to_host(dq), gkv = to_host(dkv);
+  auto iq = sample_indices(q.size(), 40, 8), ikv = sample_indices(kv.size(), 60, 9);
+  expect_close(pick(gq, iq), numeric_gradient(q, [&] { return dot(fwd(), R); }, iq), kGradRtol, kGradAtol,
+               "cross-attention dq");
+  expect_close(pick(gkv, ikv), numeric_gradient(kv, [&] { return dot(fwd(), R); }, ikv), kGradRtol, kGradAtol,
+               "cross-attention dkv");
+  for (int b = 0; b < B; ++b)  // padded keys get no gradient
+    for (int j = 0; j < Tk; ++j)
+      if (!valid[b * Tk + j])
+        for (int e = 0; e < 2 * C; ++e) EXPECT_EQ(gkv[(b * Tk + j) * 2 * C + e], 0.f);
+  // bf16: 16-bit operands and probabilities, fp32 accumulation; against fp32 on the rounded inputs
+  for (auto& v : q) v = round_to(DType::BF16, v);
+  for (auto& v : kv) v = round_to(DType::BF16, v);
+  const auto ref = fwd();
+  HalfView q16 = make_half("q16", B * T * C), kv16 = make_half("kv16", B * Tk * 2 * C), att16 = make_half("att16", A),
+           y16 = make_half("y16", B * T * C);
+  pack_half(DType::BF16, q16, to_device(q), B * T * C);
+  pack_half(DType::BF16, kv16, to_device(kv), B * Tk * 2 * C);
+  FloatView scores = make_float("scores", A), y32 = make_float("y32", B * T * C);
+  cross_attention_probs_half(DType::BF16, att16, HalfView(), q16, kv16, scores, s, {}, mask);
+  cross_attention_context_half(DType::BF16, y16, y32, att16, kv16, s);
+  FloatView yw = make_float("yw", B * T * C);
+  unpack_half(DType::BF16, yw, y16, B * T * C);
+  expect_close(as_double(to_host(yw)), as_double(ref), 8e-3, 4e-3, "cross-attention bf16 forward");  // ~2 bf16 ulps
 }
 
 TEST(CrossEntropy, PaddedColumnsNeverMatterAndGradientMatchesFiniteDifferences) {
