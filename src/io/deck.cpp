@@ -72,6 +72,8 @@ class Registry {
     add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
         "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
     add("parallel.first_stage_layers", &d.parallel.first_stage_layers, "layers on the first pipeline stage (0: even split)");
+    add("parallel.pipeline_split_rank", &d.parallel.pipeline_split_rank,
+        "T5: stages [0, r) hold the encoder, [r, pp) the decoder (0: split all layers together)");
     add("parallel.last_stage_layers", &d.parallel.last_stage_layers, "layers on the last pipeline stage (0: even split)");
     add("train.micro_batch_size", &d.train.micro_batch_size, "samples per micro-batch per DP rank");
     add("train.global_batch_size", &d.train.global_batch_size, "samples per iteration (all DP ranks)");
@@ -180,6 +182,7 @@ void validate(const Deck& d) {
   positive("parallel.vp", d.parallel.vp);
   TRIDENT_REQUIRE(d.parallel.first_stage_layers >= 0 && d.parallel.last_stage_layers >= 0,
                   "deck: parallel.first_stage_layers / last_stage_layers must be >= 0");
+  TRIDENT_REQUIRE(d.parallel.pipeline_split_rank >= 0, "deck: parallel.pipeline_split_rank must be >= 0");
   TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0, "deck: model.num_heads (" << d.model.num_heads
                                                                                     << ") is not divisible by parallel.tp ("
                                                                                     << d.parallel.tp << ")");

@@ -24,6 +24,7 @@ struct Deck {
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;
     std::int64_t first_stage_layers = 0, last_stage_layers = 0;
+    std::int64_t pipeline_split_rank = 0;  // T5: first decoder stage (Megatron's split rank); 0: one split
     bool sequence_parallel = false;
     bool overlap_grad_reduce = false;  // DP reduction in per-layer buckets during the backward pass
   } parallel;

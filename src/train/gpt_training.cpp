@@ -328,13 +328,37 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
 // This rank's part of the model: one stage's layers (embeddings on the first stage, final
 // LayerNorm, head and loss on the last), or, with vp > 1, vp chunks: chunk c is virtual stage
 // c * pp + pp_rank of an even split over pp * vp virtual stages.
+// Layers (first, count) of each pipeline stage without interleaving. T5 with
+// parallel.pipeline_split_rank = r (Megatron's split rank): the encoder's layers evenly over
+// stages [0, r), the decoder's over [r, pp).
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layers(const Deck& deck, int p, const GptConfig& cfg) {
+  const std::int64_t r = deck.parallel.pipeline_split_rank;
+  if (r == 0) return split_layers(cfg.total_layers(), p, deck.parallel.first_stage_layers, deck.parallel.last_stage_layers);
+  TRIDENT_REQUIRE(cfg.t5, "parallel.pipeline_split_rank is for T5's encoder-decoder (pretrain_t5) only");
+  TRIDENT_REQUIRE(r < p, "parallel.pipeline_split_rank (" << r << ") must be below parallel.pp (" << p
+                                                          << "): stages [0, r) hold the encoder, [r, pp) the decoder");
+  TRIDENT_REQUIRE(deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
+                  "parallel.pipeline_split_rank cannot be combined with parallel.first_stage_layers / last_stage_layers");
+  const std::int64_t enc_stages = r, dec_stages = p - r;
+  TRIDENT_REQUIRE(cfg.num_layers % enc_stages == 0,
+                  "model.num_layers (" << cfg.num_layers << ", the encoder's) is not divisible by the "
+                                       << enc_stages << " encoder stages of parallel.pipeline_split_rank");
+  TRIDENT_REQUIRE(cfg.decoder_layers % dec_stages == 0,
+                  "model.decoder_num_layers (" << cfg.decoder_layers << ") is not divisible by the " << dec_stages
+                                               << " decoder stages (parallel.pp - parallel.pipeline_split_rank)");
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t k = 0; k < enc_stages; ++k) out.push_back({k * (cfg.num_layers / enc_stages), cfg.num_layers / enc_stages});
+  for (std::int64_t k = 0; k < dec_stages; ++k)
+    out.push_back({cfg.num_layers + k * (cfg.decoder_layers / dec_stages), cfg.decoder_layers / dec_stages});
+  return out;
+}
+
 std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo, const GptConfig& cfg) {
   const std::int64_t L = cfg.total_layers();
   const int p = topo.pp_size(), s = topo.coords().pp, vp = static_cast<int>(deck.parallel.vp);
   std::vector<GptStage> out;
   if (vp == 1) {
-    const auto split = split_layers(L, p, deck.parallel.first_stage_layers,
-                                    deck.parallel.last_stage_layers);
+    const auto split = stage_layers(deck, p, cfg);
     GptStage st;
     st.first_layer = split[s].first;
     st.num_layers = split[s].second;
@@ -364,8 +388,7 @@ std::vector<GptStage> chunks_of(const Deck& deck, const Topology& topo, const Gp
 
 // T5: the pipeline stage that holds the first decoder layer (vp = 1).
 int decoder_stage(const Deck& deck, const Topology& topo, const GptConfig& cfg) {
-  const auto split = split_layers(cfg.total_layers(), topo.pp_size(), deck.parallel.first_stage_layers,
-                                  deck.parallel.last_stage_layers);
+  const auto split = stage_layers(deck, topo.pp_size(), cfg);
   for (int s = 0; s < topo.pp_size(); ++s)
     if (split[s].first <= cfg.num_layers && cfg.num_layers < split[s].first + split[s].second) return s;
   return topo.pp_size() - 1;
