@@ -204,6 +204,19 @@ SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int6
   return src;
 }
 
+// The samples of a BERT or T5 dataset pair (train, optional valid), each record written by
+// encode(dataset, i, out).
+template <class Data, class Encode>
+SampleSource masked_source(const std::shared_ptr<Data>& data, Encode encode) {
+  SampleSource src;
+  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
+  if (data->valid())
+    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe() + "\n";
+  return src;
+}
+
 SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                           std::shared_ptr<void>& keep) {
   BertMasking m;
@@ -225,13 +238,7 @@ SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int
     std::copy(smp.padding.begin(), smp.padding.end(), out + 3 * S);
     out[4 * S] = smp.is_random;
   };
-  SampleSource src;
-  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
-  if (data->valid())
-    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
-  src.vocab = data->vocab_size();
-  src.description = data->describe() + "\n";
-  return src;
+  return masked_source(data, encode);
 }
 
 SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
@@ -256,13 +263,7 @@ SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64
     std::copy(smp.dec_in.begin(), smp.dec_in.end(), out + 2 * S);
     std::copy(smp.dec_target.begin(), smp.dec_target.end(), out + 2 * S + Sd);
   };
-  SampleSource src;
-  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
-  if (data->valid())
-    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
-  src.vocab = data->vocab_size();
-  src.description = data->describe() + "\n";
-  return src;
+  return masked_source(data, encode);
 }
 
 SampleSource samples_of(Family f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,

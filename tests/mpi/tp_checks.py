@@ -28,7 +28,8 @@ orders of fp32 partial sums, measured ~1e-7):
             mask) equal the single-rank run, losses
             and step-1 gradients; bf16 (also at tp=2+SP) and fp16 track the fp32 losses within
             one unit roundoff over 50 steps; a resumed run continues the losses exactly; the
-            evaluation mode gives the same losses at np=1, dp=2, tp=2, pp=2 and micro-batch 3; GPT-2 shards (no sentences) are a clear error
+            evaluation mode gives the same losses (relative 1e-6) at np=1, dp=2, tp=2, pp=2 and
+            micro-batch 3; GPT-2 shards (no sentences) are a clear error
   t5        pretrain_t5 (run with --app pretrain_t5 --deck inputs/t5_tiny_ci.ini and the T5
             WordPiece shards): tp=2 with and without sequence parallelism, dp=2 (also with the
             overlapped bucketed reduction and the distributed optimizer), pp=2 split at the
@@ -182,50 +183,73 @@ def check_pp2(c):
     compare_grads("pp2 vp2 (interleaved)", c.path("pp1_l4_grads.h5"), c.path("pp2_vp2_grads.h5"))
 
 
+def check_layouts(c, tag, extra, layouts):
+    """Each (name, np, tp, sp, pp, args) run equals the single-rank run, losses and step-1 gradients."""
+    ref = c.train("single", 1, 1, extra=extra)
+    for name, np_, tp, sp, pp, args in layouts:
+        compare_losses(f"{tag} {name}", ref, c.train(name, np_, tp, sp=sp, pp=pp, extra=extra + args))
+        compare_grads(f"{tag} {name}", c.path("single_grads.h5"), c.path(name + "_grads.h5"))
+
+
+def check_precision_bands(c, tag, extra):
+    """Mixed precision: 50 steps within one unit roundoff of the 16-bit type of the fp32 losses
+    (bf16 2^-9, fp16 2^-11 with dynamic loss scaling from 2^16), and bf16 at tp=2+SP."""
+    fp32 = c.train("fp32_50", 1, 1, iters=50, extra=extra)
+    for dt, band, np_, tp, sp in [("bf16", 2.0 ** -9, 1, 1, False), ("fp16", 2.0 ** -11, 1, 1, False),
+                                  ("bf16", 2.0 ** -9, 2, 2, True)]:
+        got = c.train(f"{dt}_tp{tp}", np_, tp, sp=sp, iters=50,
+                      extra=extra + ["--precision.dtype", dt, "--precision.initial_loss_scale", "65536"])
+        worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(fp32, got))
+        print(f"{tag} {dt} tp={tp}{' +SP' if sp else ''}: worst relative loss difference to fp32 over 50 steps "
+              f"{worst:.2e} (band {band:.1e})")
+        assert worst <= band, f"{tag} {dt}: {worst:.2e} > {band:.1e}"
+
+
+def check_exact_resume(c, tag, extra):
+    """With dropout, a run resumed from iteration 3 continues the uninterrupted losses bit for bit;
+    leaves the checkpoints in ck/."""
+    full = c.train("resume_full", 1, 1, iters=6, dropout=0.1,
+                   extra=extra + ["--checkpoint.save", c.path("ck"), "--checkpoint.interval", "3"])
+    part = c.train("resume_part", 1, 1, iters=6, dropout=0.1,
+                   extra=extra + ["--checkpoint.load", c.path("ck", "iter_0000003"), "--checkpoint.save", c.path("ck2")])
+    assert full[3:] == part, f"{tag} resume: {full[3:]} != {part}"
+    print(f"{tag} resume: iterations 4-6 equal the uninterrupted run bit for bit")
+
+
+def check_eval_layouts(c, tag, extra, layouts, lines):
+    """Evaluation mode of ck/ on the last shard: the same `lines` eval values under every layout
+    and micro-batch size (21 samples: the last block is padded and its padding must not count),
+    within 1e-6 relative (fp32 partial sums in another order under TP can move the last printed
+    digit)."""
+    shard = sorted(__import__("glob").glob(c.a.shards))[-1]
+    evals = {}
+    for name, np_, args in layouts:
+        _, out, _ = run([c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
+                         "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
+                         "--eval.windows", "21"] + extra + args)
+        evals[name] = [float(l.split(":")[1]) for l in out.splitlines() if l.startswith("eval ")]
+        first = next(iter(evals.values()))
+        assert len(evals[name]) == lines and all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(evals[name], first)), \
+            f"{tag} eval mode {name}: {evals[name]} vs {first}"
+    print(f"{tag} evaluation mode, equal at {', '.join(evals)}: {next(iter(evals.values()))}")
+
+
 def check_bert(c):
     vocab = ["--data.vocab_file", os.path.join(os.path.dirname(c.a.shards), "bert", "vocab.txt")]
-    ref = c.train("single", 1, 1, extra=vocab)
-    for name, np_, tp, sp, pp, extra in [("tp2", 2, 2, False, 1, []), ("tp2sp", 2, 2, True, 1, []),
-                                         ("dp2", 2, 1, False, 1, []), ("pp2", 2, 1, False, 2, []),
-                                         ("recompute_full", 1, 1, False, 1, ["--precision.recompute", "full"]),
-                                         ("recompute_selective", 1, 1, False, 1, ["--precision.recompute", "selective"]),
-                                         ("flash", 1, 1, False, 1, ["--model.flash_attention", "true"])]:
-        compare_losses("bert " + name, ref, c.train(name, np_, tp, sp=sp, pp=pp, extra=vocab + extra))
-        compare_grads("bert " + name, c.path("single_grads.h5"), c.path(name + "_grads.h5"))
+    check_layouts(c, "bert", vocab, [("tp2", 2, 2, False, 1, []), ("tp2sp", 2, 2, True, 1, []),
+                                     ("dp2", 2, 1, False, 1, []), ("pp2", 2, 1, False, 2, []),
+                                     ("recompute_full", 1, 1, False, 1, ["--precision.recompute", "full"]),
+                                     ("recompute_selective", 1, 1, False, 1, ["--precision.recompute", "selective"]),
+                                     ("flash", 1, 1, False, 1, ["--model.flash_attention", "true"])])
     four = vocab + ["--model.num_layers", "4"]
     ref4 = c.train("single_l4", 1, 1, extra=four)
     compare_losses("bert pp2 vp2 (interleaved)", ref4, c.train("pp2_vp2", 2, 1, pp=2, extra=four + ["--parallel.vp", "2"]))
     compare_grads("bert pp2 vp2 (interleaved)", c.path("single_l4_grads.h5"), c.path("pp2_vp2_grads.h5"))
-    # mixed precision: 50 steps within one unit roundoff of the 16-bit type of the fp32 losses
-    # (bf16 2^-9, fp16 2^-11 with dynamic loss scaling from 2^16), and bf16 at tp=2+SP
-    fp32 = c.train("fp32_50", 1, 1, iters=50, extra=vocab)
-    for dt, band, np_, tp, sp in [("bf16", 2.0 ** -9, 1, 1, False), ("fp16", 2.0 ** -11, 1, 1, False),
-                                  ("bf16", 2.0 ** -9, 2, 2, True)]:
-        got = c.train(f"{dt}_tp{tp}", np_, tp, sp=sp, iters=50,
-                      extra=vocab + ["--precision.dtype", dt, "--precision.initial_loss_scale", "65536"])
-        worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(fp32, got))
-        print(f"bert {dt} tp={tp}{' +SP' if sp else ''}: worst relative loss difference to fp32 over 50 steps "
-              f"{worst:.2e} (band {band:.1e})")
-        assert worst <= band, f"bert {dt}: {worst:.2e} > {band:.1e}"
-    # exact resume with dropout: a run resumed from iteration 3 continues the uninterrupted losses
-    full = c.train("resume_full", 1, 1, iters=6, dropout=0.1,
-                   extra=vocab + ["--checkpoint.save", c.path("ck"), "--checkpoint.interval", "3"])
-    part = c.train("resume_part", 1, 1, iters=6, dropout=0.1,
-                   extra=vocab + ["--checkpoint.load", c.path("ck", "iter_0000003"), "--checkpoint.save", c.path("ck2")])
-    assert full[3:] == part, f"bert resume: {full[3:]} != {part}"
-    print("bert resume: iterations 4-6 equal the uninterrupted run bit for bit")
-    # evaluation mode: the same losses under every layout and micro-batch size (21 samples: the
-    # last block is padded and its padding must not count)
-    shard = sorted(__import__("glob").glob(c.a.shards))[-1]
-    evals = {}
-    for name, np_, extra in [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
-                             ("pp2", 2, ["--parallel.pp", "2"]), ("mbs3", 1, ["--train.micro_batch_size", "3"])]:
-        _, out, _ = run([c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
-                         "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
-                         "--eval.windows", "21"] + vocab + extra)
-        evals[name] = [l for l in out.splitlines() if l.startswith("eval ")]
-        assert len(evals[name]) == 3 and evals[name] == evals["np1"], f"bert eval mode {name}: {evals[name]}"
-    print("bert evaluation mode, equal at np1, dp2, tp2, pp2, micro-batch 3:", " | ".join(evals["np1"]))
+    check_precision_bands(c, "bert", vocab)
+    check_exact_resume(c, "bert", vocab)
+    check_eval_layouts(c, "bert", vocab, [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
+                                          ("pp2", 2, ["--parallel.pp", "2"]),
+                                          ("mbs3", 1, ["--train.micro_batch_size", "3"])], lines=3)
     base = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards] + vocab
     assert not single_error_failures([
         ("bert on GPT-2 shards", base + ["--data.train_shards", c.a.shards.replace("kjv_bert", "kjv_gpt2")],
@@ -234,25 +258,19 @@ def check_bert(c):
 
 def check_t5(c):
     vocab = ["--data.vocab_file", os.path.join(os.path.dirname(c.a.shards), "bert", "vocab.txt")]
-    ref = c.train("single", 1, 1, extra=vocab)
-    for name, np_, tp, sp, extra in [("tp2", 2, 2, False, []), ("tp2sp", 2, 2, True, []), ("dp2", 2, 1, False, []),
-                                     ("pp2", 2, 1, False, ["--parallel.pp", "2"]),
-                                     ("pp2_grouped", 2, 1, False, ["--parallel.pp", "2", "--debug.grouped_p2p", "true"]),
-                                     ("pp2_split1", 2, 1, False, ["--parallel.pp", "2", "--parallel.first_stage_layers", "1"]),
-                                     ("pp2_split3", 2, 1, False, ["--parallel.pp", "2",
-                                                                         "--parallel.first_stage_layers", "3"]),
-                                     ("pp4", 4, 1, False, ["--parallel.pp", "4"]),
-                                     ("tp2pp2sp", 4, 2, True, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"]),
-                                     ("dp2_overlap_zero1", 2, 1, False, ["--parallel.overlap_grad_reduce", "true",
-                                                                         "--optim.distributed", "true"]),
-                                     ("recompute_full", 1, 1, False, ["--precision.recompute", "full",
-                                                                      "--precision.recompute_num_layers", "2"]),
-                                     ("recompute_block", 1, 1, False, ["--precision.recompute", "full",
-                                                                       "--precision.recompute_method", "block"]),
-                                     ("recompute_selective", 1, 1, False, ["--precision.recompute", "selective"]),
-                                     ("flash", 1, 1, False, ["--model.flash_attention", "true"])]:
-        compare_losses("t5 " + name, ref, c.train(name, np_, tp, sp=sp, extra=vocab + extra))
-        compare_grads("t5 " + name, c.path("single_grads.h5"), c.path(name + "_grads.h5"))
+    check_layouts(c, "t5", vocab, [
+        ("tp2", 2, 2, False, 1, []), ("tp2sp", 2, 2, True, 1, []), ("dp2", 2, 1, False, 1, []),
+        ("pp2", 2, 1, False, 2, []),
+        ("pp2_grouped", 2, 1, False, 2, ["--debug.grouped_p2p", "true"]),
+        ("pp2_split1", 2, 1, False, 2, ["--parallel.first_stage_layers", "1"]),
+        ("pp2_split3", 2, 1, False, 2, ["--parallel.first_stage_layers", "3"]),
+        ("pp4", 4, 1, False, 4, []),
+        ("tp2pp2sp", 4, 2, True, 2, ["--parallel.first_stage_layers", "3"]),
+        ("dp2_overlap_zero1", 2, 1, False, 1, ["--parallel.overlap_grad_reduce", "true", "--optim.distributed", "true"]),
+        ("recompute_full", 1, 1, False, 1, ["--precision.recompute", "full", "--precision.recompute_num_layers", "2"]),
+        ("recompute_block", 1, 1, False, 1, ["--precision.recompute", "full", "--precision.recompute_method", "block"]),
+        ("recompute_selective", 1, 1, False, 1, ["--precision.recompute", "selective"]),
+        ("flash", 1, 1, False, 1, ["--model.flash_attention", "true"])])
     # Megatron's split rank: 2 encoder layers on stage 0, 3 decoder layers over stages 1-3
     d3 = vocab + ["--model.decoder_num_layers", "3"]
     ref3 = c.train("single_d3", 1, 1, extra=d3)
@@ -266,34 +284,11 @@ def check_t5(c):
     compare_losses("t5 bf16 pp2", c.train("bf16_pp1", 1, 1, extra=bf),
                    c.train("bf16_pp2", 2, 1, pp=2, extra=bf + ["--parallel.first_stage_layers", "3"]),
                    rtol=1e-4, norm_rtol=1e-3)
-    fp32 = c.train("fp32_50", 1, 1, iters=50, extra=vocab)
-    for dt, band, np_, tp, sp in [("bf16", 2.0 ** -9, 1, 1, False), ("fp16", 2.0 ** -11, 1, 1, False),
-                                  ("bf16", 2.0 ** -9, 2, 2, True)]:
-        got = c.train(f"{dt}_tp{tp}", np_, tp, sp=sp, iters=50,
-                      extra=vocab + ["--precision.dtype", dt, "--precision.initial_loss_scale", "65536"])
-        worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(fp32, got))
-        print(f"t5 {dt} tp={tp}{' +SP' if sp else ''}: worst relative loss difference to fp32 over 50 steps "
-              f"{worst:.2e} (band {band:.1e})")
-        assert worst <= band, f"t5 {dt}: {worst:.2e} > {band:.1e}"
-    full = c.train("resume_full", 1, 1, iters=6, dropout=0.1,
-                   extra=vocab + ["--checkpoint.save", c.path("ck"), "--checkpoint.interval", "3"])
-    part = c.train("resume_part", 1, 1, iters=6, dropout=0.1,
-                   extra=vocab + ["--checkpoint.load", c.path("ck", "iter_0000003"), "--checkpoint.save", c.path("ck2")])
-    assert full[3:] == part, f"t5 resume: {full[3:]} != {part}"
-    print("t5 resume: iterations 4-6 equal the uninterrupted run bit for bit")
-    shard = sorted(__import__("glob").glob(c.a.shards))[-1]
-    evals = {}
-    for name, np_, extra in [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
-                             ("pp2", 2, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"]),
-                             ("mbs3", 1, ["--train.micro_batch_size", "3"])]:
-        _, out, _ = run([c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
-                         "--checkpoint.load", c.path("ck"), "--eval.only", "true", "--eval.shard", shard,
-                         "--eval.windows", "21"] + vocab + extra)
-        evals[name] = [float(l.split(":")[1]) for l in out.splitlines() if l.startswith("eval ")]
-        # fp32 partial sums in another order under TP: equal to the printed 8 digits but the last
-        assert len(evals[name]) == 2 and all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(evals[name], evals["np1"])), \
-            f"t5 eval mode {name}: {evals[name]} vs {evals['np1']}"
-    print("t5 evaluation mode, equal within 1e-6 at np1, dp2, tp2, pp2, micro-batch 3: eval loss", evals["np1"][0])
+    check_precision_bands(c, "t5", vocab)
+    check_exact_resume(c, "t5", vocab)
+    check_eval_layouts(c, "t5", vocab, [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
+                                        ("pp2", 2, ["--parallel.pp", "2", "--parallel.first_stage_layers", "3"]),
+                                        ("mbs3", 1, ["--train.micro_batch_size", "3"])], lines=2)
     # a checkpoint saved at pp=2 (the decoder's stage holds copies of the embeddings) resumes at pp=1
     sched = vocab + ["--optim.decay_iters", "10"]
     straight = c.train("pp_straight", 1, 1, iters=10, extra=sched)

@@ -1,0 +1,136 @@
+"""The training-and-comparison loop shared by the BERT and T5 references (bert_reference.py,
+t5_reference.py): read a Trident checkpoint of a given model kind, retrain from it on the
+global batches Trident dumped, and compare per-step losses, lr and grad norm with Trident's
+metrics CSV and the step-1 gradients with grads.h5. Each micro-batch's loss comes from the
+model's `micro_loss(rows)`; the step's loss is the mean over the micro-batches (consecutive
+blocks of micro_batch_size rows of the dump), as in Megatron's BERT and T5 pretraining.
+"""
+import argparse
+import json
+import math
+
+import h5py
+import numpy as np
+import torch
+
+import gpt_reference as g
+
+
+class Checkpoint:
+    """Parameters (float64), iteration and deck of a Trident checkpoint whose `model` attribute
+    is `kind`; fc1 names the first MLP weight (it gives ffn_hidden_size to gpt_reference.Config)."""
+
+    def __init__(self, path, kind, fc1):
+        g._need_file(path, "checkpoint")
+        with h5py.File(path, "r") as f:
+            model = g._attr_str(f.attrs.get("model", ""))
+            if model != kind:
+                raise g.InputError("%s: model is %r, expected %r" % (path, model, kind))
+            self.iteration = int(f.attrs.get("iteration", 0))
+            self.deck = g.parse_deck(g._attr_str(f.attrs["deck"]))
+            shapes = {n: tuple(f[n].shape) for n in ("model/embedding/word_embeddings",
+                                                      "model/embedding/position_embeddings")}
+            shapes["model/layers/0/mlp/fc1/weight"] = tuple(f[fc1].shape)
+            self.config = g.Config(self.deck, shapes)
+            self.params = {}
+            f["model"].visititems(lambda n, d: self.params.__setitem__(
+                "model/" + n, np.asarray(d[...], dtype=np.float64)) if isinstance(d, h5py.Dataset) else None)
+
+
+def arguments(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--batches", required=True)
+    ap.add_argument("--metrics", required=True)
+    ap.add_argument("--grads")
+    ap.add_argument("--loss-rtol", type=float, default=g.DEFAULT_LOSS_RTOL)
+    ap.add_argument("--grad-rtol", type=float, default=g.DEFAULT_GRAD_RTOL)
+    ap.add_argument("--gnorm-rtol", type=float, default=g.DEFAULT_GNORM_RTOL)
+    ap.add_argument("--lr-rtol", type=float, default=g.DEFAULT_LR_RTOL)
+    ap.add_argument("--report")
+    return ap.parse_args()
+
+
+def run(a, ck, params, width, micro_loss, parts=()):
+    """Trains `params` (name -> leaf tensor) from checkpoint `ck` on the dumped batches (rows of
+    `width` ints); micro_loss(rows) returns (loss tensor, {part: float}) for one micro-batch,
+    the parts being extra metrics columns. Returns the exit status (0 pass, 1 tolerance
+    exceeded, 2 bad input)."""
+    cfg = ck.config
+    try:
+        rows = g.read_metrics(a.metrics)
+        for need in parts:
+            if need not in next(iter(rows.values())):
+                raise g.InputError("%s: column %r is missing (another model's run?)" % (a.metrics, need))
+        ref_grads = None
+        if a.grads:
+            g._need_file(a.grads, "grads")
+            with h5py.File(a.grads, "r") as f:
+                ref_grads = {n: np.asarray(f[n][...], dtype=np.float64) for n in params if n in f}
+    except g.InputError as e:
+        print("bad input:", e)
+        return 2
+    opt = g.AdamW(params, cfg, step=ck.iteration)
+    mbs = cfg.micro_batch_size
+    worst = dict.fromkeys(("loss",) + tuple(parts) + ("lr", "grad_norm", "grad"), 0.0)
+    failures = []
+    it = ck.iteration
+    with h5py.File(a.batches, "r") as fb:
+        while g.batch_name(it + 1) in fb and it + 1 in rows:
+            it += 1
+            batch = torch.as_tensor(np.asarray(fb[g.batch_name(it)][...], dtype=np.int64))
+            if tuple(batch.shape) != (cfg.global_batch_size, width):
+                print("bad input: %s has shape %s, expected (%d, %d)" % (g.batch_name(it), tuple(batch.shape),
+                                                                        cfg.global_batch_size, width))
+                return 2
+            for t in params.values():
+                t.grad = None
+            nmb = cfg.global_batch_size // mbs
+            tot = dict.fromkeys(("loss",) + tuple(parts), 0.0)
+            for k in range(nmb):
+                loss, part_values = micro_loss(batch[k * mbs:(k + 1) * mbs])
+                (loss / nmb).backward()
+                tot["loss"] += loss.item() / nmb
+                for name in parts:
+                    tot[name] += part_values[name] / nmb
+            with torch.no_grad():
+                gnorm = math.sqrt(sum(float((t.grad ** 2).sum()) for t in params.values()))
+                if it == 1 and ref_grads is not None:
+                    for n, t in params.items():
+                        if n not in ref_grads:
+                            failures.append("step-1 gradient of %s missing from grads.h5" % n)
+                            continue
+                        ref = t.grad.numpy()
+                        err = np.linalg.norm(ref_grads[n] - ref) / max(np.linalg.norm(ref),
+                                                                        g.DEFAULT_GRAD_FLOOR_FRAC * gnorm)
+                        worst["grad"] = max(worst["grad"], err)
+                        if err > a.grad_rtol:
+                            failures.append("step-1 gradient of %s: relative L2 error %.2e" % (n, err))
+                if cfg.clip_grad > 0 and cfg.clip_grad / (gnorm + 1e-6) < 1:
+                    for t in params.values():
+                        t.grad.mul_(cfg.clip_grad / (gnorm + 1e-6))
+            lr = g.lr_at(cfg, it)
+            opt.step(lr)
+            row = rows[it]
+            checks = [(k, v, a.loss_rtol) for k, v in tot.items()] + [("lr", lr, a.lr_rtol),
+                                                                      ("grad_norm", gnorm, a.gnorm_rtol)]
+            for key, mine, tol in checks:
+                r = g._rel(row[key], mine)
+                worst[key] = max(worst[key], r)
+                if r > tol:
+                    failures.append("step %d: %s Trident %.8g, reference %.8g (relative %.2e > %.0e)"
+                                    % (it, key, row[key], mine, r, tol))
+            print("step %3d | loss %.6f (Trident %.6f)%s | gnorm %.5f (Trident %.5f)"
+                  % (it, tot["loss"], row["loss"], "".join(" | %s %.6f" % (k, tot[k]) for k in parts), gnorm,
+                     row["grad_norm"]))
+    steps = it - ck.iteration
+    if steps == 0:
+        print("bad input: no batch matches a metrics row")
+        return 2
+    print("worst relative differences over %d steps: %s" % (steps, ", ".join("%s %.2e" % kv for kv in worst.items())))
+    if a.report:
+        with open(a.report, "w") as fh:
+            json.dump({"steps": steps, "worst": worst, "failures": failures}, fh, indent=1)
+    for f_ in failures:
+        print("FAIL:", f_)
+    return 1 if failures else 0
