@@ -113,7 +113,7 @@ std::vector<std::vector<std::int32_t>> pick_masked_spans(const std::int32_t* tok
     std::swap(order[static_cast<size_t>(w)], order[static_cast<size_t>(draw.below(w + 1))]);
   std::vector<std::uint8_t> covered(static_cast<size_t>(n), 0);
   std::vector<std::vector<std::int32_t>> spans;
-  std::int64_t masked = 0;
+  std::int64_t masked = 0, cost = 0;
   const auto W = static_cast<std::int64_t>(words.size());
   for (std::int32_t w : order) {
     if (masked >= num_to_predict) break;
@@ -143,13 +143,19 @@ std::vector<std::vector<std::int32_t>> pick_masked_spans(const std::int32_t* tok
         p.insert(p.end(), words[static_cast<size_t>(w + j)].begin(), words[static_cast<size_t>(w + j)].end());
       return p;
     };
+    if (m.max_spans >= 0 && static_cast<std::int64_t>(spans.size()) >= m.max_spans) break;
+    auto too_long = [&](const std::vector<std::int32_t>& p) {
+      const auto len = static_cast<std::int64_t>(p.size());
+      return masked + len > num_to_predict || (m.max_cost >= 0 && cost + len + m.cost_per_span > m.max_cost);
+    };
     std::vector<std::int32_t> pos = positions(ngram);
-    while (masked + static_cast<std::int64_t>(pos.size()) > num_to_predict && ngram > 1) pos = positions(--ngram);
-    if (masked + static_cast<std::int64_t>(pos.size()) > num_to_predict) continue;
+    while (too_long(pos) && ngram > 1) pos = positions(--ngram);
+    if (too_long(pos)) continue;
     if (std::any_of(pos.begin(), pos.end(), [&](std::int32_t p) { return covered[static_cast<size_t>(p)] != 0; }))
       continue;
     for (std::int32_t p : pos) covered[static_cast<size_t>(p)] = 1;
     masked += static_cast<std::int64_t>(pos.size());
+    cost += static_cast<std::int64_t>(pos.size()) + m.cost_per_span;
     spans.push_back(std::move(pos));
   }
   std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });

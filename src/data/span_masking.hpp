@@ -52,6 +52,11 @@ struct SpanMasking {
   int max_ngrams = 3;
   bool geometric = false;  // T5: span lengths (in words) geometric with parameter geometric_p
   double geometric_p = 0.2;
+  // T5's decoder capacity: the spans' tokens plus cost_per_span each (the sentinel) stay within
+  // max_cost (negative: no limit), and at most max_spans spans (negative: no limit). A span
+  // that would not fit is shortened like one that passes the masking budget, or skipped.
+  std::int64_t max_cost = -1, max_spans = -1;
+  int cost_per_span = 0;
 };
 
 // The corpus of a BERT or T5 run (data.train_shards without weights; shards with sentences),

@@ -3,7 +3,9 @@
 //    the target length encoder_length - 2 (shorter with probability short_seq_prob); the
 //    tokens of the run are concatenated and truncated to the target length;
 //  - spans (data/span_masking): whole words, span lengths in words geometric with p = 0.2 and
-//    capped at max_ngrams = 10, about masked_prob = 0.15 of the tokens;
+//    capped at max_ngrams = 10, about masked_prob = 0.15 of the tokens; spans whose sentinel
+//    and tokens would overflow the decoder (or would need more sentinels than the vocabulary
+//    has) are shortened or not drawn, so every sample fits (Megatron asserts instead);
 //  - encoder input: the tokens with span k replaced by the sentinel <extra_id_k>;
 //    decoder input: [BOS] <extra_id_0> span 0 <extra_id_1> span 1 ...;
 //    decoder target: <extra_id_0> span 0 <extra_id_1> span 1 ... [EOS] (the decoder input

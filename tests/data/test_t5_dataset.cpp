@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <cstdlib>
 #include <string>
 
@@ -174,13 +175,47 @@ TEST_F(T5DatasetTest, DeterministicAndClearErrors) {
     EXPECT_EQ(a.enc, b.enc);
     EXPECT_EQ(a.dec_target, b.dec_target);
   }
-  // BERT shards lack [BOS], [EOS] and sentinels; a decoder too short for the masked spans
+  // BERT shards lack [BOS], [EOS] and sentinels; a decoder that cannot hold one span
   expect_error_naming([] { T5Data(sample() + "/kjv_bert_*.h5", "1", kEnc, kDec, 10, 0, 1, sample() + "/bert/vocab.txt", "",
                            T5Masking{}); },
                "--vocab-extra-ids");
-  expect_error_naming([] { T5Data(sample() + "/kjv_t5_*.h5", "1", kEnc, 20, 10, 0, 1, sample() + "/bert/vocab.txt", "",
+  expect_error_naming([] { T5Data(sample() + "/kjv_t5_*.h5", "1", kEnc, 2, 10, 0, 1, sample() + "/bert/vocab.txt", "",
                            T5Masking{}); },
                "decoder sequence length");
+}
+
+// The decoder's capacity: with Megatron's T5-base shapes (encoder 512, decoder 128) every sample
+// fits and the budget almost never binds (masked fraction still 15%); with a decoder of 24 for an
+// encoder of 128 it binds and the masked tokens plus sentinels fill at most 23 positions.
+TEST_F(T5DatasetTest, DecoderCapacityBoundsTheSpans) {
+  for (const auto& [enc, dec, expect_full] : {std::tuple<std::int64_t, std::int64_t, bool>{512, 128, true},
+                                              std::tuple<std::int64_t, std::int64_t, bool>{128, 24, false}}) {
+    T5Data d(sample() + "/kjv_t5_*.h5", "1", enc, dec, 400, 0, 7, sample() + "/bert/vocab.txt", "", T5Masking{});
+    T5Sample s;
+    std::vector<std::int32_t> src;
+    std::int64_t tokens = 0, masked = 0, bound = 0, n = 0;
+    for (std::int64_t i = 0; i < 400; ++i, ++n) {
+      d.train().get(i, s, &src);
+      const std::int64_t nd = real_length(s.dec_padding);  // [BOS] + sentinels + span tokens
+      ASSERT_LE(nd, dec) << "sample " << i;
+      const std::int64_t m = nd - 1 - s.num_spans;
+      const auto want = std::max<std::int64_t>(1, std::llround(0.15 * static_cast<double>(src.size())));
+      if (m < want) ++bound;
+      tokens += static_cast<std::int64_t>(src.size());
+      masked += m;
+    }
+    const double f = static_cast<double>(masked) / static_cast<double>(tokens);
+    std::printf("encoder %lld, decoder %lld: masked %.4f over %lld tokens; budget bound in %lld of %lld samples\n",
+                static_cast<long long>(enc), static_cast<long long>(dec), f, static_cast<long long>(tokens),
+                static_cast<long long>(bound), static_cast<long long>(n));
+    if (expect_full) {
+      EXPECT_NEAR(f, 0.15, 0.01);
+      EXPECT_LE(bound, n / 50);  // at most 2% of the samples
+    } else {
+      EXPECT_LT(f, 0.15);
+      EXPECT_GT(bound, 0);
+    }
+  }
 }
 
 }  // namespace

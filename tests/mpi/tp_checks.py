@@ -304,7 +304,7 @@ def check_t5(c):
         ("t5 split rank not below pp", base + ["--parallel.pp", "2", "--parallel.pipeline_split_rank", "2"],
          "parallel.pipeline_split_rank"),
         ("t5 without a decoder length", base + ["--model.decoder_seq_length", "0"], "decoder_seq_length"),
-        ("t5 decoder too short", base + ["--model.decoder_seq_length", "8"], "decoder sequence length"),
+        ("t5 decoder too short", base + ["--model.decoder_seq_length", "2"], "decoder sequence length"),
     ])
 
 
