@@ -16,6 +16,9 @@ packages=(cmake g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libboos
           libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
           python3-torch python3-numpy python3-h5py python3-matplotlib bible-kjv bible-kjv-text)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+packages+=(procps)
+# the job-script tests start a single-node Slurm (tests/slurm)
+[ "$mode" = test ] && packages+=(slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

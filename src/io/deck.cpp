@@ -115,7 +115,8 @@ class Registry {
     add("t5.max_ngrams", &d.t5.max_ngrams, "T5: longest corrupted span, in whole words");
     add("t5.geometric_p", &d.t5.geometric_p, "T5: span lengths ~ geometric(p), capped at max_ngrams");
     add("checkpoint.save", &d.checkpoint.save, "checkpoint directory to write");
-    add("checkpoint.load", &d.checkpoint.load, "checkpoint directory to resume from");
+    add("checkpoint.load", &d.checkpoint.load,
+        "checkpoint directory to resume from; auto: checkpoint.save when it holds a checkpoint, else start fresh");
     add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");
     add("checkpoint.save_initial", &d.checkpoint.save_initial, "also save iteration 0 (initial weights)");
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
@@ -236,7 +237,8 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");
   nonneg("perf.peak_tflops", d.perf.peak_tflops);
   if (d.eval.only) {
-    TRIDENT_REQUIRE(!d.checkpoint.load.empty(), "deck: eval.only needs checkpoint.load");
+    TRIDENT_REQUIRE(!d.checkpoint.load.empty() && d.checkpoint.load != "auto",
+                    "deck: eval.only needs checkpoint.load (a directory or file, not auto)");
     TRIDENT_REQUIRE(!d.eval.shard.empty(), "deck: eval.only needs eval.shard");
     TRIDENT_REQUIRE(d.eval.windows > 0, "deck: eval.only needs eval.windows > 0");
   } else {

@@ -17,6 +17,7 @@
 #endif
 
 #include "common/error.hpp"
+#include "train/stop_signal.hpp"
 
 #if defined(TRIDENT_HAVE_OPENMP)
 #include <omp.h>
@@ -32,6 +33,9 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   // allocate large scratch per call, and fresh pages cost a page fault each.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // SIGUSR1 / SIGTERM go to one watcher thread (train/stop_signal.hpp): masked before MPI starts
+  // its threads, so that they inherit the mask
+  install_stop_signal_watcher();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -6,7 +6,7 @@
 
 namespace trident {
 
-// Exit code of a failed run (a time-limited/preempted run will get its own code).
+// Exit code of a failed run (a run stopped by a signal exits with train/stop_signal.hpp's codes).
 inline constexpr int kExitFailure = 1;
 
 int run_app(int argc, char** argv, const std::function<int(int, char**)>& body);

@@ -34,6 +34,7 @@
 #include "train/grad_reducer.hpp"
 #include "train/pipeline.hpp"
 #include "train/prefetcher.hpp"
+#include "train/stop_signal.hpp"
 #include "train/pipeline_schedule.hpp"
 #include "ops/elementwise.hpp"
 
@@ -554,6 +555,8 @@ int run_pretraining(const Deck& deck, Family fam) {
   const bool root = world.rank() == 0;
   const char* family = family_name(fam);
   if (deck.eval.only) return fam == Family::Gpt ? run_eval_only(deck, topo) : run_masked_eval_only(deck, topo, fam);
+  // SIGUSR1 / SIGTERM (time limit, preemption): checkpoint at the next iteration boundary, exit 3
+  StopSignal stop;
   topo.print(std::cout);
   gemm_set_tf32(deck.precision.tf32);
 
@@ -633,9 +636,13 @@ int run_pretraining(const Deck& deck, Family fam) {
   sched.style = deck.optim.decay_style;
 
   std::int64_t iteration = 0, consumed = 0;
-  const bool resuming = !deck.checkpoint.load.empty();
+  // checkpoint.load = auto: continue from checkpoint.save when an earlier job left one there
+  const std::string load = auto_checkpoint(deck.checkpoint.load, deck.checkpoint.save, world);
+  if (root && deck.checkpoint.load == "auto" && load.empty() && !deck.checkpoint.save.empty())
+    std::cout << "checkpoint.load auto: no checkpoint in '" << deck.checkpoint.save << "' yet, starting from scratch\n";
+  const bool resuming = !load.empty();
   if (resuming) {
-    const std::string file = resolve_checkpoint(deck.checkpoint.load);
+    const std::string file = resolve_checkpoint(load);
     CheckpointState st = load_checkpoint(file, family, store, &adamw, topo);
     iteration = st.iteration;
     consumed = st.consumed_samples;
@@ -649,7 +656,9 @@ int run_pretraining(const Deck& deck, Family fam) {
     }
   }
   const std::string deck_text = deck.to_ini();
+  std::int64_t last_saved = -1;
   auto save = [&](std::int64_t it) {
+    last_saved = it;
     CheckpointState st;
     st.model = family;
     st.iteration = it;
@@ -929,6 +938,21 @@ int run_pretraining(const Deck& deck, Family fam) {
     if (deck.eval.interval > 0 && (it % deck.eval.interval == 0 || it == iters)) evaluate(it);
     if (!deck.checkpoint.save.empty() && ((deck.checkpoint.interval > 0 && it % deck.checkpoint.interval == 0) || it == iters))
       save(it);
+    if (const int sig = stop.agreed(world); sig != 0 && it < iters) {  // time limit or preemption
+      if (deck.checkpoint.save.empty()) {
+        if (root)
+          std::cout << "received " << StopSignal::name(sig) << ": stopping after iteration " << it
+                    << " without a checkpoint (checkpoint.save is not set); exit code " << kExitStoppedNoCheckpoint
+                    << std::endl;
+        return kExitStoppedNoCheckpoint;
+      }
+      if (last_saved != it) save(it);
+      if (root)
+        std::cout << "received " << StopSignal::name(sig) << ": stopped after iteration " << it << " of " << iters
+                  << " with a checkpoint in '" << deck.checkpoint.save << "'; exit code " << kExitCheckpointed
+                  << " (resubmit with --checkpoint.load auto to continue)" << std::endl;
+      return kExitCheckpointed;
+    }
   }
   const double trained = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration - 1, 1));
   const double bubble = topo.world().allreduce_sum(bubble_sum / trained) / topo.world_size();

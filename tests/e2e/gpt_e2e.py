@@ -11,6 +11,11 @@ Checks:
                by validation/gpt_reference.py (PyTorch) from the same checkpoint
   bad_input    every kind of bad input exits non-zero with one clear message, no rank hangs,
                and nothing already written is damaged
+  preempt      time limits and preemption without Slurm: SIGUSR1 sent to ONE of 2 ranks mid-run
+               makes both write a checkpoint at the next iteration boundary and exit 3; the same
+               command with --checkpoint.load auto resumes and ends with the uninterrupted run's
+               losses (bitwise); SIGTERM likewise; auto on an empty save directory starts fresh;
+               without checkpoint.save a signal exits 4
 """
 import csv
 import glob
@@ -129,6 +134,61 @@ def check_eval(c):
     assert abs(piped - ours) <= 1e-6 * abs(ours)
 
 
+def run_until_signalled(cmd, metrics, sig, rank_marker, after_rows=5, timeout=300):
+    """Starts cmd, waits until `metrics` has after_rows rows, sends `sig` to one rank process (the
+    one whose command line holds rank_marker, the metrics path: all ranks do, the first found
+    gets it) and returns (exit code, output)."""
+    import signal
+    import subprocess
+    import time
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if os.path.exists(metrics) and len(read_metrics(metrics)) >= after_rows:
+            break
+        if p.poll() is not None:
+            raise AssertionError("the run ended before the signal:\n" + p.stdout.read())
+        time.sleep(0.05)
+    pids = subprocess.run(["pgrep", "-f", "--", rank_marker], capture_output=True, text=True).stdout.split()
+    apps = [int(x) for x in pids if os.path.basename(os.readlink(f"/proc/{x}/exe")).startswith("pretrain_")]
+    assert apps, f"no rank process found for {rank_marker}"
+    os.kill(apps[0], sig)
+    out, _ = p.communicate(timeout=timeout)
+    print(f"sent {signal.Signals(sig).name} to rank process {apps[0]} of {len(apps)}; exit code {p.returncode}")
+    return p.returncode, out
+
+
+def check_preempt(c):
+    import signal
+    iters = ["--train.iters", "300", "--optim.decay_iters", "300", "--eval.interval", "0", "--log.interval", "50"]
+    ref = c.path("ref.csv")
+    run(c.cmd(2, *iters, "--log.metrics_file", ref))
+    want = [r["loss"] for r in read_metrics(ref)]
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        name = signal.Signals(sig).name
+        m, ck = c.path(f"{name}.csv"), c.path(f"ck_{name}")
+        cmd = c.cmd(2, *iters, "--log.metrics_file", m, "--checkpoint.save", ck, "--checkpoint.load", "auto")
+        rc, out = run_until_signalled(cmd, m, sig, m)
+        assert rc == 3, f"{name}: exit code {rc}, expected 3\n{out}"
+        assert f"received {name}: stopped after iteration" in out and "exit code 3" in out, out
+        stopped = int(open(os.path.join(ck, "latest")).read())
+        assert 5 <= stopped < 300, stopped
+        _, out2, _ = run(cmd)
+        assert f"resumed from" in out2 and f"at iteration {stopped}" in out2, out2
+        got = read_metrics(m)
+        assert [r["iteration"] for r in got] == [str(i) for i in range(1, 301)], "metrics rows not continuous"
+        assert [r["loss"] for r in got] == want, f"{name}: resumed losses differ from the uninterrupted run"
+        print(f"{name}: stopped after iteration {stopped} with exit code 3, resumed with --checkpoint.load auto; "
+              f"all 300 losses equal the uninterrupted run bit for bit")
+    # auto with nothing saved yet starts from scratch; a signal without checkpoint.save exits 4
+    _, out, _ = run(c.cmd(1, "--train.iters", "2", "--checkpoint.save", c.path("fresh"), "--checkpoint.load", "auto"))
+    assert "starting from scratch" in out, out
+    m = c.path("nosave.csv")
+    rc, out = run_until_signalled(c.cmd(1, *iters, "--log.metrics_file", m), m, signal.SIGUSR1, m)
+    assert rc == 4 and "without a checkpoint" in out, (rc, out)
+    print("auto on an empty save directory starts fresh; a signal without checkpoint.save exits 4")
+
+
 def digest(path):
     h = hashlib.sha256()
     for root, _, files in sorted(os.walk(path)):
@@ -187,7 +247,7 @@ def check_bad_input(c):
 
 
 def main():
-    names = ["train", "resume", "dp2", "eval", "bad_input"]
+    names = ["train", "resume", "dp2", "eval", "bad_input", "preempt"]
     check_main({n: globals()["check_" + n] for n in names}, Ctx, mpiexec_default="")
 
 

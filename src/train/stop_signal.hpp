@@ -1,0 +1,41 @@
+// Time limits and preemption (Slurm): SIGUSR1 (`sbatch --signal=USR1@N`, or forwarded by the job
+// script for `--signal=B:USR1@N`) and SIGTERM (Slurm's time limit, scancel, preemption) ask the
+// run to stop. A watcher thread takes them (they are blocked in every other thread) and only sets
+// a flag; the training loop asks at every iteration boundary
+// whether any rank has seen a signal (one integer all-reduced over the world, so every rank
+// decides alike even when the signal reached only some of them), writes a checkpoint and exits
+// with kExitCheckpointed. A resubmitted or requeued job continues with `--checkpoint.load auto`.
+#pragma once
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace trident {
+
+// Exit codes of the pretraining apps (documented in README "Running on a cluster").
+inline constexpr int kExitSuccess = 0;       // every iteration done
+inline constexpr int kExitCheckpointed = 3;  // stopped by a signal after writing a checkpoint: resubmit to continue
+inline constexpr int kExitStoppedNoCheckpoint = 4;  // stopped by a signal, checkpoint.save unset: nothing to resume
+
+// Blocks SIGUSR1 and SIGTERM in the calling thread (so in every thread created after it) and
+// starts the watcher thread that takes them. Call before MPI_Init (the app driver does). Without a
+// StopSignal alive, a signal ends the process with exit code 128 + signal, as its default action would.
+void install_stop_signal_watcher();
+
+class StopSignal {
+ public:
+  // From now on SIGUSR1 and SIGTERM are recorded instead of ending the process (until destruction).
+  StopSignal();
+  ~StopSignal();
+  StopSignal(const StopSignal&) = delete;
+  StopSignal& operator=(const StopSignal&) = delete;
+  // Collective over `world`: the signal any rank has received since the start (0: none).
+  int agreed(const Communicator& world) const;
+  static std::string name(int signal);  // "SIGUSR1", "SIGTERM"
+};
+
+// checkpoint.load = "auto": the save directory when it holds a `latest` (a job that ran before),
+// otherwise "" (a fresh start). Decided on world rank 0 and broadcast, so every rank agrees.
+std::string auto_checkpoint(const std::string& load, const std::string& save, const Communicator& world);
+
+}  // namespace trident
