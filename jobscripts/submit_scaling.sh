@@ -21,6 +21,7 @@
 #                   here, e.g. 1 and 2 ranks on a workstation)                             sbatch
 #   SBATCH_ARGS     more sbatch options (account, partition, time)
 set -euo pipefail
+set -f  # globs in EXTRA (data.train_shards) reach the app as written
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode=${MODE:-strong} app=${APP:-gpt} deck=${DECK:-inputs/gpt_small.ini} ranks=${RANKS:-"1 2"}
 per_node=${RANKS_PER_NODE:-4} iters=${ITERS:-20} out=${OUT:-runs/scaling_$mode} runner=${RUNNER:-sbatch}

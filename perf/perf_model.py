@@ -11,6 +11,7 @@ Trident runs on this machine).
                         --vocab 131072 --global 1024
   perf_model.py published            # Narayanan et al. 2021 Table 1 and the 2024 H100 row: error per row
   perf_model.py local --build build  # Trident runs here (1 and 2 ranks): measured vs predicted
+  perf_model.py published --max-mean-error 0.10 --max-error 0.20   # the regression check CTest runs
 
 The model (per iteration, per GPU; b micro-batch, m = global / (b dp) micro-batches, v chunks):
   compute    hardware FLOPs / (N peak eff(h/tp)) with 72 B s l h^2 (1 + s/6h + V/12hl) model
@@ -244,15 +245,16 @@ def published(out_md=None):
     return errs
 
 
-def host_device(build, layers=4, hidden=128, seq=128, tokens=512):
-    """This machine as a 'GPU' for the model: the fp32 GEMM rate of exactly this model's GEMMs measured
-    by gemm_roofline through Trident's ops/gemm (peak: a 1024^3 GEMM; efficiency: the model's GEMMs
-    over the peak), memory bandwidth from a large copy measured with numpy, and MPICH's shared-memory
-    transport for the messages (~5 GB/s per direction)."""
+def host_device(build, threads, layers=4, hidden=128, seq=128, tokens=512):
+    """One rank's share of this machine as a 'GPU' for the model: the fp32 GEMM rate of exactly this
+    model's GEMMs measured by gemm_roofline through Trident's ops/gemm with the rank's threads (peak:
+    a 1024^3 GEMM; efficiency: the model's GEMMs over the peak), memory bandwidth from a large copy
+    measured with numpy, and MPICH's shared-memory transport for the messages (~5 GB/s per direction)."""
     exe = os.path.join(build, "perf", "gemm_roofline")
     tmp = os.path.join(build, "perf", "roofline_host.json")
     subprocess.run([exe, "--square", "1024", "--hidden", str(hidden), "--seq", str(seq), "--tokens", str(tokens),
-                    "--vocab", "50304", "--json", tmp], check=True, capture_output=True)
+                    "--vocab", "50304", "--json", tmp], check=True, capture_output=True,
+                   env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     info = json.load(open(tmp))
     peak = info["square"]["flops"] / info["square"]["median_s"]
     shape = next(v for k, v in info.items() if isinstance(v, list) and v and "layer_flops" in v[0])[0]
@@ -271,7 +273,8 @@ def host_device(build, layers=4, hidden=128, seq=128, tokens=512):
 def local(build, out_md=None, iters=8):
     """Trident's GPT runs here against the model with the host as the device: step time and the
     memory Trident reports (parameters + gradients + optimizer, activations)."""
-    dev = host_device(build)
+    cores = os.cpu_count() or 1
+    devices = {}
     deck = os.path.join(ROOT, "inputs", "gpt_small.ini")
     shards = os.path.join(ROOT, "data", "sample", "kjv_gpt2_*.h5")
     M = Model(4, 128, 4, 128, 50257)
@@ -287,6 +290,10 @@ def local(build, out_md=None, iters=8):
                "--data.train_shards", shards, "--train.iters", str(iters), "--eval.interval", "0",
                "--checkpoint.save=", "--log.metrics_file", mcsv, "--train.global_batch_size", "8"]
         tp, pp, dp = kw.get("tp", 1), kw.get("pp", 1), kw.get("dp", 1)
+        threads = max(1, cores // n)  # what the app gives each rank (app_driver: the node's cores / ranks)
+        if threads not in devices:
+            devices[threads] = host_device(build, threads)
+        dev = devices[threads]
         cmd += ["--parallel.tp", str(tp), "--parallel.pp", str(pp), "--precision.recompute", kw.get("recompute", "none")]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rows = list(csv.DictReader(open(mcsv)))[2:]
@@ -301,15 +308,17 @@ def local(build, out_md=None, iters=8):
         lines.append(f"| {name} | {ms:.1f} | {pred_ms:.1f} | {100 * (pred_ms - ms) / ms:+.0f}% | {measured_mem:.1f} | "
                      f"{pred_mem:.1f} | {100 * (pred_mem - measured_mem) / measured_mem:+.0f}% |")
     text = "\n".join(lines)
-    print(f"host: fp32 GEMM peak {dev['peak']['fp32'] * 1e3:.1f} GFLOP/s, this model's GEMMs at "
-          f"{dev['eff_max']:.2f} of it, copy bandwidth {dev['hbm_tbps'] * 1e3:.1f} GB/s")
+    for threads, dev in sorted(devices.items()):
+        print(f"host, {threads} thread(s) per rank: fp32 GEMM peak {dev['peak']['fp32'] * 1e3:.1f} GFLOP/s, this model's GEMMs at "
+              f"{dev['eff_max']:.2f} of it, copy bandwidth {dev['hbm_tbps'] * 1e3:.1f} GB/s")
     print(text)
     if out_md:
         with open(out_md, "w") as f:
             f.write("# Performance model against Trident runs on this machine\n\n" + local.__doc__.strip() + "\n\n"
-                    + f"GPT small (4 layers, hidden 128, seq 128, GPT-2 vocabulary), micro-batch 4, global batch 8, "
-                      f"fp32; host fp32 GEMM peak {dev['peak']['fp32'] * 1e3:.1f} GFLOP/s, the model's GEMMs at "
-                      f"{dev['eff_max']:.2f} of it\n\n" + text + "\n")
+                    + "GPT small (4 layers, hidden 128, seq 128, GPT-2 vocabulary), micro-batch 4, global batch 8, "
+                      "fp32, on " + str(cores) + " cores; per rank: " + "; ".join(
+                          f"{t} thread(s): fp32 GEMM peak {d['peak']['fp32'] * 1e3:.1f} GFLOP/s, the model's GEMMs "
+                          f"at {d['eff_max']:.2f} of it" for t, d in sorted(devices.items())) + "\n\n" + text + "\n")
 
 
 def main():
@@ -339,12 +348,19 @@ def main():
             q.add_argument("--top", type=int, default=10)
     q = sub.add_parser("published")
     q.add_argument("--out")
+    q.add_argument("--max-mean-error", type=float, default=0.0,
+                   help="exit 1 when the mean |relative error| over the rows exceeds this (0: report only)")
+    q.add_argument("--max-error", type=float, default=0.0, help="the same for the worst row")
     q = sub.add_parser("local")
     q.add_argument("--build", default=os.path.join(ROOT, "build"))
     q.add_argument("--out")
     a = ap.parse_args()
     if a.cmd == "published":
-        published(a.out)
+        errs = published(a.out)
+        mean, worst = sum(errs) / len(errs), max(errs)
+        if (a.max_mean_error and mean > a.max_mean_error) or (a.max_error and worst > a.max_error):
+            print(f"FAIL: mean |error| {mean:.3f} (limit {a.max_mean_error}), worst {worst:.3f} (limit {a.max_error})")
+            return 1
         return 0
     if a.cmd == "local":
         local(a.build, a.out)
