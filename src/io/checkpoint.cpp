@@ -251,6 +251,23 @@ std::string resolve_checkpoint(const std::string& load) {
   return file;
 }
 
+std::string read_checkpoint_deck(const std::string& path, const std::string& expected_model, MPI_Comm world) {
+  std::string deck;
+  collectively(world, [&] {
+    H5QuietErrors quiet;
+    TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
+    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+    const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
+    TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
+    const std::string model = h5_read_attr_string(file, "model", path);
+    TRIDENT_REQUIRE(model == expected_model, "checkpoint '" << path << "' holds a " << model << " model, not "
+                                                            << expected_model);
+    deck = h5_read_attr_string(file, "deck", path);
+  });
+  return deck;
+}
+
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
                                 AdamW* opt, const Topology& topo) {
   CheckpointState st;

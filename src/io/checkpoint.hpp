@@ -38,6 +38,11 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
 // Throws Error::all naming the problem when nothing usable is there.
 std::string resolve_checkpoint(const std::string& load);
 
+// Collective over `world`: the resolved deck stored in checkpoint `file` (its root attribute
+// `deck`), after checking that it is a Trident checkpoint of model kind `expected_model`; the
+// model's shapes come from it before any parameter is declared (generation, conversion).
+std::string read_checkpoint_deck(const std::string& file, const std::string& expected_model, MPI_Comm world);
+
 // Collective over topo.world(). Loads parameters (and the optimizer state when optimizer is
 // given) and returns the state attributes. Shape or kind mismatches name the tensor.
 CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,

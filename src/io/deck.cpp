@@ -119,6 +119,8 @@ class Registry {
         "checkpoint directory to resume from; auto: checkpoint.save when it holds a checkpoint, else start fresh");
     add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");
     add("checkpoint.save_initial", &d.checkpoint.save_initial, "also save iteration 0 (initial weights)");
+    add("checkpoint.finetune", &d.checkpoint.finetune,
+        "fine-tune: checkpoint.load gives the weights only; iteration, optimizer and schedule start afresh");
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
     add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
     add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
@@ -232,6 +234,8 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.precision.hysteresis >= 1, "deck: precision.hysteresis must be >= 1");
   nonneg("precision.loss_scale", d.precision.loss_scale);
   TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
+  TRIDENT_REQUIRE(!d.checkpoint.finetune || (!d.checkpoint.load.empty() && d.checkpoint.load != "auto"),
+                  "deck: checkpoint.finetune needs checkpoint.load (the pretrained checkpoint to start from)");
   TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");
   TRIDENT_REQUIRE(d.eval.iters >= 0, "deck: eval.iters must be >= 0");
   TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");

@@ -62,6 +62,10 @@ struct Deck {
     std::string save, load;
     std::int64_t interval = 0;
     bool save_initial = false;
+    // Fine-tuning: checkpoint.load gives the initial weights only (any parallel layout); iteration,
+    // consumed samples, optimizer and schedule start afresh. A run whose checkpoint.save already
+    // holds a checkpoint (a preempted fine-tuning job) resumes from it instead.
+    bool finetune = false;
   } checkpoint;
   struct Eval {
     std::int64_t interval = 0, iters = 10, windows = 0;

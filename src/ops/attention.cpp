@@ -82,7 +82,7 @@ void scores_gemm(float* scores, const Operands& o, const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs();
   for (std::int64_t b = 0; b < s.B; ++b)
     gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q.at(b * Tq * o.ldq), o.ldq, hs,
-                               o.k.at(b * Tk * o.ldk), o.ldk, hs, 0.f, scores + b * nh * Tq * Tk, Tk, Tq * Tk, nh);
+                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, scores + b * nh * Tq * Tk, Tk, Tq * Tk, nh);
 }
 
 // y_h (Tq, hs) = probs_h (Tq, Tk) v_h (Tk, hs), written in place into y (row stride C)
@@ -90,7 +90,7 @@ void context_gemm(float* y, GemmOperand probs, const Operands& o, const Attentio
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C;
   for (std::int64_t b = 0; b < s.B; ++b)
     gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, probs.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.v.at(b * Tk * o.ldv), o.ldv, hs, 0.f, y + b * Tq * C, C, hs, nh);
+                               o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, y + b * Tq * C, C, hs, nh);
 }
 
 // datt_h (Tq, Tk) = dy_h v_h^T ; dv_h (Tk, hs) = probs_h^T dy_h
@@ -98,10 +98,10 @@ void value_grad_gemms(float* datt, const GradOperands& g, GemmOperand dy, GemmOp
                       const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C;
   for (std::int64_t b = 0; b < s.B; ++b) {
-    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C), C, hs, o.v.at(b * Tk * o.ldv),
+    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C), C, hs, o.v.at(b * s.kv_rows() * o.ldv),
                                o.ldv, hs, 0.f, datt + b * nh * Tq * Tk, Tk, Tq * Tk, nh);
     gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               dy.at(b * Tq * C), C, hs, 0.f, g.dv + b * Tk * g.ldv, g.ldv, hs, nh);
+                               dy.at(b * Tq * C), C, hs, 0.f, g.dv + b * s.kv_rows() * g.ldv, g.ldv, hs, nh);
   }
 }
 
@@ -110,9 +110,9 @@ void query_key_grad_gemms(const GradOperands& g, GemmOperand ds, const Operands&
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs();
   for (std::int64_t b = 0; b < s.B; ++b) {
     gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, ds.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.k.at(b * Tk * o.ldk), o.ldk, hs, 0.f, g.dq + b * Tq * g.ldq, g.ldq, hs, nh);
+                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, g.dq + b * Tq * g.ldq, g.ldq, hs, nh);
     gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, ds.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.q.at(b * Tq * o.ldq), o.ldq, hs, 0.f, g.dk + b * Tk * g.ldk, g.ldk, hs, nh);
+                               o.q.at(b * Tq * o.ldq), o.ldq, hs, 0.f, g.dk + b * s.kv_rows() * g.ldk, g.ldk, hs, nh);
   }
 }
 

@@ -14,8 +14,12 @@ namespace trident {
 struct AttentionShape {
   std::int64_t B, T, C, nh;  // batch, sequence (of the queries), channels (of this rank's heads), heads
   std::int64_t Tk = 0;       // cross-attention: keys per sample (0: T, self-attention)
+  // cross-attention: rows per sample in the k|v buffer (0: Tk); larger for a key-value cache that
+  // holds up to kv_stride positions per sample of which the first Tk are used
+  std::int64_t kv_stride = 0;
   std::int64_t hs() const { return C / nh; }
   std::int64_t keys() const { return Tk > 0 ? Tk : T; }
+  std::int64_t kv_rows() const { return kv_stride > 0 ? kv_stride : keys(); }
 };
 
 // Which keys a query attends to. Masked scores get probability 0 (not a large negative

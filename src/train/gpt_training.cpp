@@ -637,9 +637,24 @@ int run_pretraining(const Deck& deck, Family fam) {
 
   std::int64_t iteration = 0, consumed = 0;
   // checkpoint.load = auto: continue from checkpoint.save when an earlier job left one there
-  const std::string load = auto_checkpoint(deck.checkpoint.load, deck.checkpoint.save, world);
+  std::string load = auto_checkpoint(deck.checkpoint.load, deck.checkpoint.save, world);
   if (root && deck.checkpoint.load == "auto" && load.empty() && !deck.checkpoint.save.empty())
     std::cout << "checkpoint.load auto: no checkpoint in '" << deck.checkpoint.save << "' yet, starting from scratch\n";
+  if (deck.checkpoint.finetune) {  // weights only, unless this fine-tuning run saved checkpoints already
+    const std::string own = auto_checkpoint("auto", deck.checkpoint.save, world);
+    if (own.empty()) {
+      const std::string file = resolve_checkpoint(deck.checkpoint.load);
+      const CheckpointState st = load_checkpoint(file, family, store, nullptr, topo);
+      if (half) adamw.init_master(cfg.dt, store.values16());  // fp32 masters from the loaded weights
+      if (root)
+        std::cout << "fine-tuning from " << file << " (" << st.model << ", iteration " << st.iteration
+                  << "): weights only; iteration, optimizer state and learning-rate schedule start afresh\n";
+      load.clear();
+    } else {
+      load = own;
+      if (root) std::cout << "checkpoint.finetune: '" << own << "' holds this run's checkpoints, resuming them\n";
+    }
+  }
   const bool resuming = !load.empty();
   if (resuming) {
     const std::string file = resolve_checkpoint(load);

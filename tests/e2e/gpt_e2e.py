@@ -16,6 +16,11 @@ Checks:
                command with --checkpoint.load auto resumes and ends with the uninterrupted run's
                losses (bitwise); SIGTERM likewise; auto on an empty save directory starts fresh;
                without checkpoint.save a signal exits 4
+  finetune     a model pretrained on the KJV at tp=2 is fine-tuned at tp=1 on another corpus (this
+               repository's Markdown documentation, tokenized here by preprocess_data): weights only
+               (iteration, optimizer and schedule start afresh), its first loss is far below a fresh
+               model's on that corpus, and the loss falls; fine-tuning from a BERT checkpoint, or
+               without checkpoint.load, is a clear error
 """
 import csv
 import glob
@@ -189,6 +194,60 @@ def check_preempt(c):
     print("auto on an empty save directory starts fresh; a signal without checkpoint.save exits 4")
 
 
+def check_finetune(c):
+    pre = c.path("pre")
+    run(c.cmd(2, "--parallel.tp", "2", "--train.iters", "60", "--eval.interval", "0", "--checkpoint.save", pre))
+    docs = [os.path.join(ROOT, p) for p in ("README.md", "data/README.md", "inputs/README.md", "validation/README.md",
+                                            "perf/README.md", "jobscripts/README.md", "../shared/DESIGN.md")]
+    docs = [d for d in docs if os.path.exists(d)]
+    vocab = os.path.join(os.path.dirname(c.shards), "gpt2")
+    prep = os.path.join(os.path.dirname(c.app), "preprocess_data")
+    run([prep, "--input", *docs, "--output-prefix", c.path("docs"), "--tokenizer-type", "GPT2BPETokenizer",
+         "--vocab-file", os.path.join(vocab, "encoder.json"), "--merge-file", os.path.join(vocab, "vocab.bpe"),
+         "--append-eod"])
+    corpus = c.path("docs_*.h5")
+    common = ["--data.train_shards", corpus, "--data.split", "1,0,0", "--train.iters", "40", "--eval.interval", "0",
+              "--optim.warmup_iters", "2", "--model.hidden_dropout", "0", "--model.attention_dropout", "0"]
+    fresh_m, tuned_m = c.path("fresh.csv"), c.path("tuned.csv")
+    run(c.cmd(1, *common, "--log.metrics_file", fresh_m))
+    _, out, _ = run(c.cmd(1, *common, "--log.metrics_file", tuned_m, "--checkpoint.load", pre, "--checkpoint.finetune",
+                          "true", "--checkpoint.save", c.path("tuned")))
+    assert "fine-tuning from" in out and "iteration 60" in out and "weights only" in out, out
+    fresh, tuned = read_metrics(fresh_m), read_metrics(tuned_m)
+    assert [r["iteration"] for r in tuned] == [str(i) for i in range(1, 41)], "the iterations did not restart at 1"
+    assert tuned[0]["consumed_samples"] == "4", tuned[0]
+    assert float(tuned[0]["lr"]) < float(tuned[2]["lr"]), "the warm-up did not restart"
+    f0, t0 = float(fresh[0]["loss"]), float(tuned[0]["loss"])
+    first = sum(float(r["loss"]) for r in tuned[:5]) / 5
+    last = sum(float(r["loss"]) for r in tuned[-5:]) / 5
+    print(f"fine-tuning on the documentation: first loss {t0:.3f} (a fresh model: {f0:.3f}); mean of the first 5 "
+          f"{first:.3f}, of the last 5 {last:.3f}")
+    assert t0 < f0 - 1.0, "the pretrained weights were not loaded"
+    assert last < first - 0.3, "the loss did not fall while fine-tuning"
+    assert open(c.path("tuned", "latest")).read().strip() == "40"
+    # a resubmitted fine-tuning job continues its own checkpoints instead of starting over
+    _, out, _ = run(c.cmd(1, *common, "--train.iters", "42", "--optim.decay_iters", "40",
+                          "--log.metrics_file", tuned_m, "--checkpoint.load", pre, "--checkpoint.finetune", "true",
+                          "--checkpoint.save", c.path("tuned")))
+    assert "holds this run's checkpoints" in out and "at iteration 40" in out, out
+    bad = single_error_failures([
+        ("fine-tune from BERT", c.cmd(1, *common, "--checkpoint.finetune", "true", "--checkpoint.load",
+                                      c.path("bert_ck")), "holds a bert model, not gpt"),
+        ("fine-tune without load", c.cmd(1, *common, "--checkpoint.finetune", "true"), "checkpoint.finetune"),
+    ], timeout=120) if _make_bert_checkpoint(c) else ["could not make a BERT checkpoint"]
+    assert not bad, bad
+
+
+def _make_bert_checkpoint(c):
+    """A tiny BERT checkpoint (pretrain_bert beside pretrain_gpt) for the wrong-kind error."""
+    bert = os.path.join(os.path.dirname(c.app), "pretrain_bert")
+    sample = os.path.dirname(c.shards)
+    run([bert, "--deck", os.path.join(ROOT, "inputs", "bert_tiny_ci.ini"), "--data.train_shards",
+         os.path.join(sample, "kjv_bert_*.h5"), "--data.vocab_file", os.path.join(sample, "bert", "vocab.txt"),
+         "--train.iters", "1", "--eval.interval", "0", "--checkpoint.save", c.path("bert_ck")])
+    return os.path.exists(c.path("bert_ck", "latest"))
+
+
 def digest(path):
     h = hashlib.sha256()
     for root, _, files in sorted(os.walk(path)):
@@ -247,7 +306,7 @@ def check_bad_input(c):
 
 
 def main():
-    names = ["train", "resume", "dp2", "eval", "bad_input", "preempt"]
+    names = ["train", "resume", "dp2", "eval", "bad_input", "preempt", "finetune"]
     check_main({n: globals()["check_" + n] for n in names}, Ctx, mpiexec_default="")
 
 

@@ -1,0 +1,247 @@
+// generate_gpt: text generation from a GPT checkpoint (any tensor-parallel size: run with
+// mpiexec -n tp; pp = 1), batched, with a key-value cache.
+//   mpiexec -n 2 generate_gpt --checkpoint runs/gpt_small/checkpoints --vocab-file gpt2/encoder.json \
+//       --merge-file gpt2/vocab.bpe --prompt "In the beginning" --max-new-tokens 40 --top-p 0.9 --seed 7
+// Prompts: --prompt (repeatable) and/or --prompt-file (one per line). Sampling: greedy
+// (--greedy), or softmax(logits / temperature) restricted to the top-k tokens and to the smallest
+// set whose probabilities reach top-p, drawn from a stream keyed by (seed, prompt, step), so the
+// output does not depend on the batch size or tp. Generation stops at the end-of-document token
+// (unless --ignore-eod), after --max-new-tokens, or at the model's context. --no-cache recomputes
+// the whole prefix at every step (the reference for the cache). Prints, per prompt, the prompt and
+// its continuation decoded back through the tokenizer (byte-exact), and with --print-ids the
+// generated ids.
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "comm/topology.hpp"
+#include "common/error.hpp"
+#include "common/rng.hpp"
+#include "data/gpt2_tokenizer.hpp"
+#include "io/checkpoint.hpp"
+#include "io/deck.hpp"
+#include "io/hdf5_handle.hpp"
+#include "models/gpt_generator.hpp"
+#include "train/app_driver.hpp"
+
+namespace po = boost::program_options;
+using namespace trident;
+
+namespace {
+
+struct Options {
+  std::string checkpoint, vocab, merges, prompt_file;
+  std::vector<std::string> prompts;
+  std::int64_t max_new = 32, batch = 8, max_length = 0, top_k = 0;
+  double temperature = 1.0, top_p = 1.0;
+  std::uint64_t seed = 1234;
+  bool greedy = false, no_cache = false, print_ids = false, ignore_eod = false;
+};
+
+// Rows of the checkpoint's word embeddings: the true vocabulary size.
+std::int64_t checkpoint_vocab(const std::string& file, MPI_Comm world) {
+  std::int64_t v = 0;
+  collectively(world, [&] {
+    H5QuietErrors quiet;
+    H5Handle f = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    H5Handle d = h5_dataset(H5Dopen2(f, "model/embedding/word_embeddings", H5P_DEFAULT));
+    TRIDENT_REQUIRE(d.valid(), "checkpoint '" << file << "' has no model/embedding/word_embeddings");
+    H5Handle sp = h5_space(H5Dget_space(d));
+    hsize_t dims[2] = {0, 0};
+    H5Sget_simple_extent_dims(sp, dims, nullptr);
+    v = static_cast<std::int64_t>(dims[0]);
+  });
+  return v;
+}
+
+// The next token from one row of logits (see the file header).
+std::int32_t pick(const float* logits, std::int64_t V, const Options& o, std::uint64_t key) {
+  if (o.greedy) return static_cast<std::int32_t>(std::max_element(logits, logits + V) - logits);
+  std::vector<std::int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; });
+  std::int64_t keep = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::vector<double> p(static_cast<size_t>(keep));
+  const double mx = logits[ids[0]];
+  double z = 0;
+  for (std::int64_t i = 0; i < keep; ++i) z += (p[i] = std::exp((logits[ids[i]] - mx) / o.temperature));
+  double cum = 0;
+  for (std::int64_t i = 0; i < keep; ++i) {
+    cum += p[i] / z;
+    if (cum >= o.top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  double total = 0;
+  for (std::int64_t i = 0; i < keep; ++i) total += p[i];
+  double u = static_cast<double>(splitmix64(key) >> 11) * 0x1.0p-53 * total;
+  for (std::int64_t i = 0; i < keep; ++i) {
+    u -= p[i];
+    if (u < 0) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  po::options_description desc("generate_gpt: text generation from a GPT checkpoint (run with mpiexec -n tp)");
+  desc.add_options()("help", "this text")(
+      "checkpoint", po::value(&o.checkpoint), "checkpoint: a save directory (its latest), an iter_* directory or a file")(
+      "vocab-file", po::value(&o.vocab), "GPT-2 encoder.json")("merge-file", po::value(&o.merges), "GPT-2 vocab.bpe")(
+      "prompt", po::value(&o.prompts), "a prompt (repeatable)")("prompt-file", po::value(&o.prompt_file),
+                                                                   "prompts, one per line")(
+      "max-new-tokens", po::value(&o.max_new)->default_value(32), "tokens to generate per prompt")(
+      "greedy", po::bool_switch(&o.greedy), "the most likely token at every step")(
+      "temperature", po::value(&o.temperature)->default_value(1.0), "softmax temperature (> 0)")(
+      "top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens (0: all)")(
+      "top-p", po::value(&o.top_p)->default_value(1.0), "sample among the most likely tokens reaching probability p")(
+      "seed", po::value(&o.seed)->default_value(1234), "sampling seed")(
+      "batch", po::value(&o.batch)->default_value(8), "prompts generated together")(
+      "max-length", po::value(&o.max_length)->default_value(0), "positions per sequence (0: the model's context)")(
+      "no-cache", po::bool_switch(&o.no_cache), "recompute the whole prefix at every step (no key-value cache)")(
+      "ignore-eod", po::bool_switch(&o.ignore_eod), "do not stop at the end-of-document token")(
+      "print-ids", po::bool_switch(&o.print_ids), "also print the generated token ids");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error::all(std::string("generate_gpt: ") + e.what() + " (see --help)");
+  }
+  int rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (vm.count("help")) {
+    if (rank == 0) std::cout << desc;
+    return 0;
+  }
+  TRIDENT_REQUIRE(!o.checkpoint.empty(), "generate_gpt: --checkpoint is required");
+  TRIDENT_REQUIRE(!o.vocab.empty() && !o.merges.empty(), "generate_gpt: --vocab-file and --merge-file are required");
+  TRIDENT_REQUIRE(o.temperature > 0, "generate_gpt: --temperature must be > 0");
+  TRIDENT_REQUIRE(o.top_k >= 0, "generate_gpt: --top-k must be >= 0");
+  TRIDENT_REQUIRE(o.top_p > 0 && o.top_p <= 1, "generate_gpt: --top-p must be in (0, 1]");
+  TRIDENT_REQUIRE(o.max_new >= 1 && o.batch >= 1, "generate_gpt: --max-new-tokens and --batch must be >= 1");
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file);
+    TRIDENT_REQUIRE(in, "generate_gpt: cannot read --prompt-file '" << o.prompt_file << "'");
+    for (std::string line; std::getline(in, line);) o.prompts.push_back(line);
+  }
+  TRIDENT_REQUIRE(!o.prompts.empty(), "generate_gpt: no prompt (--prompt or --prompt-file)");
+
+  Topology topo(MPI_COMM_WORLD, world_size, 1);
+  const std::string file = resolve_checkpoint(o.checkpoint);
+  const Deck deck = parse_deck_text(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
+  GptConfig cfg;
+  cfg.num_layers = deck.model.num_layers;
+  cfg.hidden = deck.model.hidden_size;
+  cfg.heads = deck.model.num_heads;
+  cfg.ffn = deck.model.ffn_hidden_size;
+  cfg.seq_length = deck.model.seq_length;
+  cfg.max_positions = deck.model.max_position_embeddings;
+  cfg.vocab_size = checkpoint_vocab(file, MPI_COMM_WORLD);
+  const std::int64_t multiple = deck.model.make_vocab_size_divisible_by * world_size;
+  cfg.padded_vocab = (cfg.vocab_size + multiple - 1) / multiple * multiple;
+  cfg.ln_eps = static_cast<float>(deck.model.layernorm_epsilon);
+  TensorParallel tp;
+  tp.comm = &topo.tp_group();
+  ParamStore store;  // fp32 whatever the training precision: the checkpoint holds fp32 tensors
+  GptModel declare(cfg, store, 1, tp);
+  store.allocate();
+  const CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
+
+  std::unique_ptr<Gpt2Tokenizer> tok;
+  collectively(MPI_COMM_WORLD, [&] { tok = std::make_unique<Gpt2Tokenizer>(o.vocab, o.merges); });
+  TRIDENT_REQUIRE(tok->vocab_size() == cfg.vocab_size, "generate_gpt: the tokenizer has " << tok->vocab_size()
+                                                           << " tokens but the model " << cfg.vocab_size);
+  const std::int64_t L = o.max_length > 0 ? std::min(o.max_length, cfg.max_positions) : cfg.max_positions;
+  std::vector<std::vector<std::int32_t>> ids;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    ids.push_back(tok->encode(o.prompts[i]));
+    TRIDENT_REQUIRE(!ids.back().empty(), "generate_gpt: prompt " << i + 1 << " is empty");
+    TRIDENT_REQUIRE(static_cast<std::int64_t>(ids.back().size()) < L,
+                    "generate_gpt: prompt " << i + 1 << " has " << ids.back().size()
+                                            << " tokens, not less than the context of " << L << " positions");
+  }
+  const std::int64_t slots = std::min<std::int64_t>(o.batch, static_cast<std::int64_t>(ids.size()));
+  GptGenerator gen(cfg, store, tp, slots, L);
+  const std::int32_t eod = tok->eod_id();
+  const std::int64_t V = cfg.vocab_size;
+  std::vector<std::vector<std::int32_t>> out(ids.size());
+  std::int64_t generated = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto key = [&](size_t prompt, std::int64_t step) {
+    return o.seed * 0x9E3779B97F4A7C15ull ^ splitmix64(prompt * 1000003ull + static_cast<std::uint64_t>(step));
+  };
+  for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(slots)) {
+    const size_t B = std::min(ids.size() - first, static_cast<size_t>(slots));
+    std::vector<std::vector<std::int32_t>> seq(B);
+    std::vector<bool> done(B, false);
+    std::vector<std::int32_t> next(B);
+    for (size_t b = 0; b < B; ++b) {
+      seq[b] = ids[first + b];
+      const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
+      next[b] = pick(lg.data(), V, o, key(first + b, 0));
+    }
+    for (std::int64_t step = 0;; ++step) {
+      bool any = false;
+      for (size_t b = 0; b < B; ++b) {
+        if (done[b]) continue;
+        seq[b].push_back(next[b]);
+        out[first + b].push_back(next[b]);
+        ++generated;
+        if ((!o.ignore_eod && next[b] == eod) || static_cast<std::int64_t>(out[first + b].size()) >= o.max_new ||
+            static_cast<std::int64_t>(seq[b].size()) >= L)
+          done[b] = true;
+        any = any || !done[b];
+      }
+      if (!any) break;
+      if (o.no_cache) {  // the whole sequence again, from position 0
+        for (size_t b = 0; b < B; ++b)
+          if (!done[b]) {
+            const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
+            next[b] = pick(lg.data(), V, o, key(first + b, step + 1));
+          }
+        continue;
+      }
+      std::vector<std::int32_t> in(B);
+      std::vector<std::int64_t> pos(B);
+      for (size_t b = 0; b < B; ++b) {  // finished samples ride along at their last position
+        in[b] = seq[b].back();
+        pos[b] = std::min<std::int64_t>(static_cast<std::int64_t>(seq[b].size()) - 1, L - 1);
+      }
+      const std::vector<float> lg = gen.decode(in, pos);
+      for (size_t b = 0; b < B; ++b)
+        if (!done[b]) next[b] = pick(lg.data() + b * V, V, o, key(first + b, step + 1));
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0) {
+    std::cout << "checkpoint " << file << " (iteration " << st.iteration << "), tp " << world_size << ", "
+              << (o.no_cache ? "no cache" : "key-value cache") << ", " << (o.greedy ? "greedy" : "sampling") << "\n";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::cout << "[" << i + 1 << "] " << o.prompts[i] << tok->decode(out[i]) << "\n";
+      if (o.print_ids) {
+        std::cout << "ids[" << i + 1 << "]:";
+        for (auto t : out[i]) std::cout << " " << t;
+        std::cout << "\n";
+      }
+    }
+    std::cout << "generated " << generated << " tokens in " << secs << " s: " << generated / secs << " tokens/s"
+              << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return trident::run_app(argc, argv, run); }
