@@ -32,6 +32,7 @@
 #include "io/hdf5_handle.hpp"
 #include "models/gpt_generator.hpp"
 #include "train/app_driver.hpp"
+#include "train/gpt_training.hpp"
 
 namespace po = boost::program_options;
 using namespace trident;
@@ -141,17 +142,10 @@ int run(int argc, char** argv) {
   Topology topo(MPI_COMM_WORLD, world_size, 1);
   const std::string file = resolve_checkpoint(o.checkpoint);
   const Deck deck = parse_deck_text(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
-  GptConfig cfg;
-  cfg.num_layers = deck.model.num_layers;
-  cfg.hidden = deck.model.hidden_size;
-  cfg.heads = deck.model.num_heads;
-  cfg.ffn = deck.model.ffn_hidden_size;
-  cfg.seq_length = deck.model.seq_length;
-  cfg.max_positions = deck.model.max_position_embeddings;
-  cfg.vocab_size = checkpoint_vocab(file, MPI_COMM_WORLD);
-  const std::int64_t multiple = deck.model.make_vocab_size_divisible_by * world_size;
-  cfg.padded_vocab = (cfg.vocab_size + multiple - 1) / multiple * multiple;
-  cfg.ln_eps = static_cast<float>(deck.model.layernorm_epsilon);
+  GptConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
+  cfg.dt = DType::F32;  // inference in fp32 whatever the training precision (checkpoints hold fp32)
+  cfg.recompute = GptConfig::Recompute::None;
+  cfg.hidden_dropout = cfg.attention_dropout = 0.f;
   TensorParallel tp;
   tp.comm = &topo.tp_group();
   ParamStore store;  // fp32 whatever the training precision: the checkpoint holds fp32 tensors

@@ -251,18 +251,29 @@ std::string resolve_checkpoint(const std::string& load) {
   return file;
 }
 
+namespace {
+// Opens a checkpoint and checks its format, version and model kind (inside `collectively`).
+H5Handle open_checkpoint(const std::string& path, const std::string& expected_model) {
+  TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
+  H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+  const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
+  TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
+  const auto ver = h5_read_attr_int(file, "format_version", path);
+  TRIDENT_REQUIRE(ver <= kCheckpointVersion, "checkpoint '" << path << "' has format_version " << ver
+                                                            << ", newer than this Trident (" << kCheckpointVersion << ")");
+  const std::string model = h5_read_attr_string(file, "model", path);
+  TRIDENT_REQUIRE(model == expected_model, "checkpoint '" << path << "' holds a " << model << " model, not "
+                                                          << expected_model);
+  return file;
+}
+}  // namespace
+
 std::string read_checkpoint_deck(const std::string& path, const std::string& expected_model, MPI_Comm world) {
   std::string deck;
   collectively(world, [&] {
     H5QuietErrors quiet;
-    TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
-    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
-    const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
-    TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
-    const std::string model = h5_read_attr_string(file, "model", path);
-    TRIDENT_REQUIRE(model == expected_model, "checkpoint '" << path << "' holds a " << model << " model, not "
-                                                            << expected_model);
+    H5Handle file = open_checkpoint(path, expected_model);
     deck = h5_read_attr_string(file, "deck", path);
   });
   return deck;
@@ -280,17 +291,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   }
   collectively(topo.world().get(), [&] {
     H5QuietErrors quiet;
-    TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
-    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
-    const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
-    TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
-    const auto ver = h5_read_attr_int(file, "format_version", path);
-    TRIDENT_REQUIRE(ver <= kCheckpointVersion, "checkpoint '" << path << "' has format_version " << ver
-                                                              << ", newer than this Trident (" << kCheckpointVersion << ")");
-    st.model = h5_read_attr_string(file, "model", path);
-    TRIDENT_REQUIRE(st.model == expected_model, "checkpoint '" << path << "' holds a " << st.model << " model, not "
-                                                               << expected_model);
+    H5Handle file = open_checkpoint(path, expected_model);
+    st.model = expected_model;
     st.iteration = h5_read_attr_int(file, "iteration", path);
     st.consumed_samples = h5_read_attr_int(file, "consumed_samples", path);
     st.optimizer_steps = h5_read_attr_int(file, "optimizer_steps", path);

@@ -67,8 +67,15 @@ std::string hms(double s) {
 // The model families of the pretraining loop.
 enum class Family { Gpt, Bert, T5 };
 const char* family_name(Family f) { return f == Family::Bert ? "bert" : f == Family::T5 ? "t5" : "gpt"; }
+GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family family = Family::Gpt);
 
-GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family family = Family::Gpt) {
+}  // namespace
+
+GptConfig gpt_config_from_deck(const Deck& d, std::int64_t vocab, std::int64_t tp) { return make_config(d, vocab, tp); }
+
+namespace {
+
+GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family family) {
   GptConfig c;
   c.bert = family == Family::Bert;
   c.t5 = family == Family::T5;

@@ -1,6 +1,9 @@
 // GPT pretraining and evaluation driven by a deck: the body of apps/pretrain_gpt.
 #pragma once
+#include <cstdint>
+
 #include "io/deck.hpp"
+#include "models/gpt_model.hpp"
 
 namespace trident {
 
@@ -11,5 +14,8 @@ int run_gpt(const Deck& deck);
 int run_bert(const Deck& deck);
 // T5 pretraining (apps/pretrain_t5): span corruption, the encoder-decoder model, its LM loss.
 int run_t5(const Deck& deck);
+// The GPT model of a deck (shapes, dropout, recomputation, precision) for a vocabulary of `vocab`
+// tokens padded for tensor-parallel size tp (generation and tools build the training model alike).
+GptConfig gpt_config_from_deck(const Deck& deck, std::int64_t vocab, std::int64_t tp);
 
 }  // namespace trident
