@@ -30,17 +30,18 @@ class GptGenerator {
   // positions [0, pos[b]); returns logits (tokens.size(), vocab_size), row-major.
   std::vector<float> decode(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& pos);
   std::int64_t max_len() const { return max_len_; }
+  // The body of prefill and decode (public only because CUDA's device lambdas may not live in
+  // private members): runs R = B * n rows (B samples of n new tokens each) through the model;
+  // slot0: the slot of the first sample (the others follow); a causal prefill (n > 1, positions
+  // 0..n-1) or one token per sample with `lengths` valid keys each (positions + 1).
+  std::vector<float> forward(std::int64_t B, std::int64_t n, std::int64_t slot0, const std::vector<std::int32_t>& tok,
+                             const std::vector<std::int32_t>& positions, const std::vector<std::int64_t>& lengths);
 
  private:
   struct Layer {
     FloatView ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     FloatView cache;  // (slots, max_len, 2 C_l): the k half then the v half of each position
   };
-  // Runs R = B * n rows (B samples of n new tokens each) through the model; kv_first: the slot of
-  // the first sample (its cache rows follow); causal prefill (n > 1, positions 0..n-1) or one
-  // token per sample with the valid key counts `lengths` (positions + 1).
-  std::vector<float> forward(std::int64_t B, std::int64_t n, std::int64_t slot0, const std::vector<std::int32_t>& tok,
-                             const std::vector<std::int32_t>& positions, const std::vector<std::int64_t>& lengths);
   FloatView param(const ParamStore& store, const std::string& name) const;
 
   GptConfig cfg_;
