@@ -5,7 +5,8 @@ corpus for 300 iterations, then
   * greedy and seeded sampling (temperature 0.8, top-k 40, top-p 0.95) with the key-value cache give,
     token for token, what recomputing the whole prefix at every step gives (--no-cache);
   * tp=2 gives the tp=1 tokens (greedy and sampled), and so do batch sizes 1 and 4;
-  * the output is the prompt followed by the generated ids decoded through the tokenizer;
+  * the output is the prompt followed by the generated ids decoded through the tokenizer, and
+    prompts from --prompt-file (one per line) give what --prompt gives;
   * an empty prompt, a prompt longer than the context, a BERT checkpoint and an unknown option
     are clear errors.
 
@@ -50,8 +51,9 @@ def main():
          "--data.train_shards", a.shards, "--train.iters", "300", "--eval.interval", "0", "--model.hidden_dropout", "0",
          "--model.attention_dropout", "0", "--checkpoint.save", ck])
     vocab = os.path.join(os.path.dirname(a.shards), "gpt2")
-    base = ["--checkpoint", ck, "--vocab-file", os.path.join(vocab, "encoder.json"), "--merge-file",
-            os.path.join(vocab, "vocab.bpe"), "--max-new-tokens", "24", "--print-ids", "--ignore-eod"]
+    common = ["--checkpoint", ck, "--vocab-file", os.path.join(vocab, "encoder.json"), "--merge-file",
+              os.path.join(vocab, "vocab.bpe"), "--max-new-tokens", "24", "--print-ids", "--ignore-eod"]
+    base = list(common)
     for p in PROMPTS:
         base += ["--prompt", p]
     gen = os.path.join(apps, "generate_gpt")
@@ -74,6 +76,11 @@ def main():
               f"({distinct} distinct tokens); first: {out.splitlines()[1][:100]!r}")
         if name == "greedy":
             assert out.splitlines()[1].startswith("[1] " + PROMPTS[0]), out
+            prompt_file = os.path.join(a.work, "prompts.txt")
+            with open(prompt_file, "w") as f:
+                f.write("\n".join(PROMPTS) + "\n")
+            from_file = run([gen] + common + ["--prompt-file", prompt_file] + mode)[1]
+            assert ids_of(from_file) == cached, "--prompt-file differs from --prompt"
     long_prompt = " ".join(["and"] * 200)
     bad = single_error_failures([
         ("empty prompt", [gen] + base + ["--prompt", ""], "is empty"),
