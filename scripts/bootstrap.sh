@@ -13,7 +13,7 @@ jobs=${JOBS:-$(nproc)}
 np=${NP:-2}
 
 packages=(cmake g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libboost-program-options-dev
-          libtrilinos-kokkos-dev libdnnl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
+          libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
           python3-torch python3-numpy python3-h5py python3-matplotlib bible-kjv bible-kjv-text)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 packages+=(procps)
