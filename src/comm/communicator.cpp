@@ -25,7 +25,7 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
 }
 
 Communicator::Communicator(Communicator&& o) noexcept
-    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), nccl_(std::move(o.nccl_)) {}
+    : nccl_(std::move(o.nccl_)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
@@ -216,5 +216,18 @@ void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int
 }
 
 void Communicator::barrier() const { TRIDENT_CHECK_MPI(MPI_Barrier(comm_)); }
+
+std::string comm_library_versions() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(buf, &len);
+  std::string mpi(buf, static_cast<std::size_t>(len));
+  const auto eol = mpi.find('\n');
+  std::string out = "MPI: " + mpi.substr(0, eol);
+#if defined(TRIDENT_ENABLE_CUDA)
+  out += "\nNCCL: " + detail::nccl_version_string();
+#endif
+  return out;
+}
 
 }  // namespace trident

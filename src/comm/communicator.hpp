@@ -100,4 +100,8 @@ class Communicator {
   int rank_ = 0, size_ = 1;
 };
 
+// The communication libraries this build runs on, one per line: the MPI library's own version
+// string (first line) and, in CUDA builds, NCCL's. Callable before MPI_Init.
+std::string comm_library_versions();
+
 }  // namespace trident

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -26,5 +27,7 @@ void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& o
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root);
 // out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)
 void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::int64_t n);
+// "2.28.9" (the library loaded at run time)
+std::string nccl_version_string();
 
 }  // namespace trident::detail

@@ -68,4 +68,11 @@ void nccl_reduce_scatter(const NcclComm& c, const float* in, float* out, std::in
   TRIDENT_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat, ncclSum, c.comm, stream()));
 }
 
+std::string nccl_version_string() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z from 2.9 on
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 }  // namespace trident::detail

@@ -105,4 +105,14 @@ void h5_make_parents(hid_t loc, const std::string& path) {
   }
 }
 
+std::string hdf5_library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  std::string v = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+#if defined(H5_HAVE_PARALLEL)
+  v += " (parallel)";
+#endif
+  return v;
+}
+
 }  // namespace trident

@@ -78,4 +78,7 @@ std::vector<hsize_t> h5_dims(hid_t dataset);
 // Creates intermediate groups of `path` ("a/b/c" creates a and a/b) below loc.
 void h5_make_parents(hid_t loc, const std::string& path);
 
+// "1.10.8 (parallel)": the HDF5 library loaded at run time.
+std::string hdf5_library_version();
+
 }  // namespace trident

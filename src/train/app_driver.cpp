@@ -16,7 +16,10 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "comm/communicator.hpp"
 #include "common/error.hpp"
+#include "io/hdf5_handle.hpp"
+#include "ops/gemm.hpp"
 #include "train/stop_signal.hpp"
 
 #if defined(TRIDENT_HAVE_OPENMP)
@@ -27,6 +30,40 @@
 #endif
 
 namespace trident {
+
+namespace {
+
+bool asks_version(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--version") return true;
+  return false;
+}
+
+// --version: what this executable was built with and runs on, printed by rank 0 after MPI has
+// started and before Kokkos does: it proves that the executable loads its libraries and that MPI
+// initialises, without touching a GPU (scripts/gpu_check.sh's start check).
+void print_version(const char* argv0) {
+  std::string app = argv0;
+  if (const auto slash = app.rfind('/'); slash != std::string::npos) app = app.substr(slash + 1);
+  const int kv = KOKKOS_VERSION;
+  std::printf("%s (Trident %s)\n", app.c_str(), TRIDENT_VERSION_STRING);
+#if defined(TRIDENT_ENABLE_CUDA)
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);  // 0 where no driver is installed
+  std::printf("backend: CUDA (sm_%s), CUDA runtime %d.%d, driver %s\n", TRIDENT_CUDA_ARCHS, runtime / 1000,
+              runtime % 1000 / 10,
+              driver ? (std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10)).c_str() : "none");
+#else
+  std::printf("backend: host\n");
+#endif
+  std::printf("Kokkos: %d.%d.%d, default execution space %s\n", kv / 10000, kv / 100 % 100, kv % 100,
+              Kokkos::DefaultExecutionSpace::name());
+  std::printf("GEMM: %s\n%s\nHDF5: %s\n", gemm_backend_name(), comm_library_versions().c_str(),
+              hdf5_library_version().c_str());
+}
+
+}  // namespace
 
 int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) {
   // Keep freed buffers in the heap instead of returning them to the OS: GEMM libraries
@@ -39,6 +76,12 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (asks_version(argc, argv)) {
+    if (rank == 0) print_version(argv[0]);
+    std::fflush(stdout);
+    MPI_Finalize();
+    return 0;
+  }
 #if defined(TRIDENT_HAVE_OPENMP)
   // Host GEMM threads: unless OMP_NUM_THREADS says otherwise, the node's cores are shared
   // evenly by the ranks on the node (several ranks each spawning one thread per core would
