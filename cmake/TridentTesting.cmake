@@ -1,7 +1,23 @@
 # Test helpers.
 #   trident_add_unit_test(name SOURCES ...)        one rank, GoogleTest, discovered cases
 #   trident_add_mpi_test(name NP n COMMAND ...)   runs COMMAND under mpiexec -n n
+#
+# Against a Kokkos whose host execution space runs threads (OpenMP, e.g. -DKokkos_ROOT=<a Kokkos
+# built with Kokkos_ENABLE_OPENMP>), every MPI test runs with TRIDENT_TEST_THREADS (default 4)
+# threads per rank and carries the label `threads`, and each unit-test executable gets one more
+# test, threads_<name>, that runs all its cases at that many threads: `ctest -L threads` is the race
+# check (a kernel that scatters without atomics, or reads what another thread writes, fails there
+# as it would on a GPU). OMP_WAIT_POLICY=passive keeps idle threads off the cores MPI polls on.
 include(GoogleTest)
+set(TRIDENT_KOKKOS_THREADS OFF)
+if(COMMAND kokkos_check)
+  kokkos_check(DEVICES OpenMP RETURN_VALUE TRIDENT_KOKKOS_THREADS)
+endif()
+set(TRIDENT_TEST_THREADS 4 CACHE STRING "Threads per rank of the `threads` tests (threaded Kokkos builds)")
+set(TRIDENT_THREADS_ENV "OMP_NUM_THREADS=${TRIDENT_TEST_THREADS};OMP_WAIT_POLICY=passive;OMP_PROC_BIND=false")
+if(TRIDENT_KOKKOS_THREADS)
+  message(STATUS "Kokkos runs host threads (OpenMP): tests labelled `threads` run at ${TRIDENT_TEST_THREADS} threads per rank")
+endif()
 
 function(trident_add_unit_test name)
   cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
@@ -17,6 +33,11 @@ function(trident_add_unit_test name)
   endif()
   gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77 DISCOVERY_TIMEOUT 60
                        DISCOVERY_MODE ${mode})
+  if(TRIDENT_KOKKOS_THREADS)
+    add_test(NAME threads_${name} COMMAND ${name})
+    set_tests_properties(threads_${name} PROPERTIES LABELS threads TIMEOUT 900 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${TRIDENT_THREADS_ENV}")
+  endif()
 endfunction()
 
 function(trident_add_mpi_test name)
@@ -28,6 +49,10 @@ function(trident_add_mpi_test name)
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${MPIEXEC_PREFLAGS} ${A_COMMAND} ${MPIEXEC_POSTFLAGS})
   set_tests_properties(${name} PROPERTIES LABELS "mpi;np${A_NP};${A_LABELS}" TIMEOUT ${A_TIMEOUT}
                                          PROCESSORS ${A_NP} SKIP_RETURN_CODE 77)
+  if(TRIDENT_KOKKOS_THREADS)
+    set_property(TEST ${name} APPEND PROPERTY LABELS threads)
+    set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT "${TRIDENT_THREADS_ENV}")
+  endif()
   if(A_FIXTURES)
     set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${A_FIXTURES}")
   endif()

@@ -130,7 +130,7 @@ class Runner:
     def __init__(self):
         self.commands = []
 
-    def run(self, cmd, env_extra, what, log_path=None):
+    def run(self, cmd, env_extra, what, log_path=None, timeout=None):
         env = dict(os.environ)
         for k, v in env_extra.items():
             if v is None:
@@ -141,7 +141,13 @@ class Runner:
         self.commands.append(shown)
         print(f"\n[{what}] load {loadavg()}\n$ {shown}", flush=True)
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            tail = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+            sys.stdout.write(tail[-4000:])
+            raise RuntimeError(f"{what} did not finish within {timeout:.0f} s: {shown}")
         if log_path:
             with open(log_path, "w") as f:
                 f.write(proc.stdout)

@@ -1,18 +1,24 @@
 #!/usr/bin/python3
-"""GPU training benchmark (issue 6): GPT-2 124M, 350M and 1.3B on one GPU in bf16, at the largest
-micro-batch that fits, next to PyTorch on the same GPU, shapes and batch in the same run.
+"""GPU training benchmark: GPT-2 124M, 350M and 1.3B on one GPU in bf16, next to PyTorch on the
+same GPU, shapes and micro-batch in the same run.
 
-For each shape and attention path (--attention: "flash", Trident's fused kernel, which on the GPU
-runs on CUDA cores; "unfused", QK^T and PV as cuBLAS strided-batched GEMMs on tensor cores with
-the softmax kernel between them and selective recomputation): Trident's CUDA build
-(apps/pretrain_gpt from --build-dir, precision.dtype bf16, sequence 1024) is started with
-micro-batches from --micro-batches (largest first) until one runs; then PyTorch (perf/torch_gpt.py --device cuda --dtype bf16:
-autocast, and scaled_dot_product_attention where that torch has it) at the same micro-batch.
-Reports tokens/s, model TFLOP/s (Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = 50304) and MFU
-against --peak-tflops (default 989: H100/H200 SXM dense bf16), and writes
-perf/results/gpu_<date>.{md,json}. Without a GPU it says so and exits 0 (nothing measured).
+For each shape and attention path (--attention: "flash", Trident's fused kernel; "unfused", QK^T
+and PV as cuBLAS strided-batched GEMMs on tensor cores with the softmax kernel between them and
+selective recomputation): the micro-batch is chosen from the memory model (perf/perf_model.py:
+parameters, gradients and optimizer state at Megatron's bytes per parameter, Korthikanti et al.'s
+activations, the logits), the largest power of two up to --max-micro-batch whose predicted memory
+stays under --memory-fraction of the GPU's memory; should that run fail anyway, the next smaller
+one is tried (at most twice, and the report says so). Trident's CUDA build (apps/pretrain_gpt from
+--build-dir, precision.dtype bf16, sequence 1024) runs --iters steps; then PyTorch (perf/
+torch_gpt.py --device cuda --dtype bf16: autocast, scaled_dot_product_attention) at the same
+micro-batch. Reports tokens/s, model TFLOP/s (Megatron's 72 B s l h^2 (1 + s/6h + V/12hl),
+V = 50304), MFU against --peak-tflops (default 989: H100/H200 SXM dense bf16), and the fraction of
+the GPU's bf16 GEMM rate measured in the same run through PyTorch (8192^3, the ceiling a training
+step can approach). Runs are not started after --deadline (seconds since the epoch); each run is
+limited to the time left. Writes <out-dir>/gpu_<date>.{md,json}. Without a GPU it says so and
+exits 0 (nothing measured).
 
-  /usr/bin/python3 perf/bench_gpu.py --build-dir build-cuda
+  python3 perf/bench_gpu.py --build-dir build-cuda
 """
 import argparse
 import datetime
@@ -21,17 +27,65 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpt as bg  # noqa: E402
+import perf_model as pm  # noqa: E402
 
 SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "1.3b": (24, 2048, 16)}
+VOCAB = 50304
 
 
-def gpu_present():
+def gpu_facts():
+    """(name, memory in bytes) of GPU 0, or None without a GPU."""
     if shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT).returncode == 0
+        return None
+    p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        return None
+    name, mib = [x.strip() for x in p.stdout.strip().splitlines()[0].split(",")]
+    return name, float(mib) * 2**20
+
+
+def model_gpu(name, memory):
+    """The perf model's figures for this GPU, with its measured memory."""
+    key = "h200" if "H200" in name else "h100-sxm" if "H100" in name else "a100-80gb" if "A100" in name else "h100-sxm"
+    g = dict(pm.GPUS[key])
+    g["hbm_gb"] = memory / 1e9
+    return key, g
+
+
+def choose_micro_batch(shape, flash, seq, gpu, fraction, largest):
+    """Largest power-of-two micro-batch whose predicted memory fits; with the prediction."""
+    L, C, H = SHAPES[shape]
+    M = pm.Model(L, C, H, seq, VOCAB)
+    best, mb = None, 1
+    while mb <= largest:
+        lay = pm.Layout(micro=mb, global_batch=mb, dtype="bf16", distributed=False, flash=flash,
+                        recompute="none" if flash else "selective")
+        r = pm.predict(M, lay, gpu)
+        if r["memory"] <= fraction * gpu["hbm_gb"] * 1e9:
+            best = (mb, r["memory"])
+        mb *= 2
+    return best or (1, None)
+
+
+def gemm_ceiling(python, timeout):
+    """The GPU's bf16 GEMM rate through PyTorch (TFLOP/s), 8192^3, mean of 10 after 3 warm-ups."""
+    code = ("import torch,time\n"
+            "a=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16);b=torch.randn_like(a)\n"
+            "for _ in range(3): a@b\n"
+            "torch.cuda.synchronize();t=time.perf_counter()\n"
+            "for _ in range(10): a@b\n"
+            "torch.cuda.synchronize();print(2*8192**3*10/(time.perf_counter()-t)/1e12)\n")
+    try:
+        p = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+        return float(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def main(argv=None):
@@ -39,7 +93,10 @@ def main(argv=None):
     p.add_argument("--build-dir", default=os.path.join(bg.REPO, "build-cuda"))
     p.add_argument("--shapes", default="124m,350m,1.3b")
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--micro-batches", default="64,32,16,8,4,2,1")
+    p.add_argument("--micro-batches", default="auto",
+                   help="'auto' (the memory model) or a list to try, largest first (e.g. 16,8,4)")
+    p.add_argument("--max-micro-batch", type=int, default=64)
+    p.add_argument("--memory-fraction", type=float, default=0.8)
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--dropout", type=float, default=0.1)
@@ -49,22 +106,49 @@ def main(argv=None):
     p.add_argument("--out-dir", default=os.path.join(bg.REPO, "perf", "results"))
     p.add_argument("--work-dir", default=os.path.join(bg.REPO, "perf", "work"))
     p.add_argument("--attention", default="flash,unfused", help="Trident attention paths to measure")
+    p.add_argument("--deadline", type=float, default=0.0, help="start no run after this time (epoch s)")
     p.add_argument("--no-torch", action="store_true")
     a = p.parse_args(argv)
-    if not gpu_present():
-        print("bench_gpu: no NVIDIA GPU here (nvidia-smi -L fails): nothing measured")
+    facts = gpu_facts()
+    if facts is None:
+        print("bench_gpu: no NVIDIA GPU here (nvidia-smi fails): nothing measured")
         return 0
+    gpu_name, gpu_mem = facts
+    gpu_key, gpu = model_gpu(gpu_name, gpu_mem)
     app = os.path.join(a.build_dir, "apps", "pretrain_gpt")
     if not os.path.exists(app):
         sys.exit(f"bench_gpu: {app} is missing: build the CUDA backend first (README, 'GPU clusters')")
     os.makedirs(a.work_dir, exist_ok=True)
+    deadline = a.deadline or float("inf")
+
+    def time_left(what):
+        left = deadline - time.time()
+        if left < 15:
+            print(f"  {what}: not started, the time budget is spent")
+            return None
+        return left
+
     runner, results, started, torch_runs = bg.Runner(), [], datetime.datetime.now(), {}
-    a.iters, a.warmup, a.batch = a.iters, a.warmup, 0  # for bg.read_trident
+    a.batch = 0  # for bg.read_trident
+    ceiling = None
+    if not a.no_torch and time_left("GEMM ceiling"):
+        ceiling = gemm_ceiling(a.python, min(60, deadline - time.time()))
+        print(f"bf16 GEMM 8192^3 through PyTorch: {ceiling and f'{ceiling:.0f} TFLOP/s'}")
     for shape, attention in [(s, at) for s in a.shapes.split(",") for at in a.attention.split(",")]:
         L, C, H = SHAPES[shape]
         flash = attention == "flash"
         r = {"shape": shape, "attention": attention, "layers": L, "hidden": C, "heads": H, "seq": a.seq}
-        for mb in [int(x) for x in a.micro_batches.split(",")]:
+        if a.micro_batches == "auto":
+            mb0, mem = choose_micro_batch(shape, flash, a.seq, gpu, a.memory_fraction, a.max_micro_batch)
+            r["model_micro_batch"], r["model_memory_gib"] = mb0, mem / 2**30 if mem else None
+            tries = [m for m in (mb0, mb0 // 2, mb0 // 4) if m >= 1]
+        else:
+            tries = [int(x) for x in a.micro_batches.split(",")]
+        for mb in tries:
+            left = time_left(f"Trident {shape} {attention} mb {mb}")
+            if left is None:
+                r["skipped"] = "time budget"
+                break
             metrics = os.path.join(a.work_dir, f"gpu_{shape}_{attention}_mb{mb}.csv")
             cmd = [app, "--deck", os.path.join(bg.REPO, "perf", "decks", "gpt_bench.ini"),
                    "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
@@ -76,9 +160,10 @@ def main(argv=None):
                    "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
                    "--perf.peak_tflops", str(a.peak_tflops), "--log.metrics_file", metrics]
             try:
-                out = runner.run(cmd, {}, f"Trident {shape} {attention} attention, micro-batch {mb}")
+                out = runner.run(cmd, {}, f"Trident {shape} {attention} attention, micro-batch {mb}", timeout=left)
             except RuntimeError as e:
-                print(f"  micro-batch {mb} does not run ({e}); trying a smaller one")
+                print(f"  micro-batch {mb} does not run ({e})")
+                r.setdefault("failed_micro_batches", []).append(mb)
                 continue
             a.batch = mb
             t = bg.read_trident(metrics, out, a)
@@ -95,7 +180,10 @@ def main(argv=None):
                    "--steps", str(a.iters), "--warmup", str(a.warmup), "--dropout", str(a.dropout), "--json", tj]
             try:
                 if (shape, mb) not in torch_runs:  # once per shape and micro-batch
-                    runner.run(cmd, {}, f"PyTorch {shape}")
+                    left = time_left(f"PyTorch {shape}")
+                    if left is None:
+                        raise RuntimeError("not run: time budget")
+                    runner.run(cmd, {}, f"PyTorch {shape}", timeout=left)
                     with open(tj) as f:
                         torch_runs[(shape, mb)] = json.load(f)
                 r["torch"] = dict(torch_runs[(shape, mb)])
@@ -104,21 +192,27 @@ def main(argv=None):
                 r["torch_error"] = str(e)[-300:]
         results.append(r)
     lines = [f"# GPT training on one GPU, {started.date()}", "",
-             f"bf16, sequence {a.seq}, largest micro-batch that runs; MFU against {a.peak_tflops} "
-             f"TFLOP/s ({a.peak_name}); median of steps {a.warmup + 1}..{a.iters}. PyTorch at the same "
-             "micro-batch (autocast bf16, scaled_dot_product_attention).", "",
-             "| shape | attention | micro-batch | Trident tok/s | Trident TFLOP/s | Trident MFU | PyTorch tok/s "
-             "| PyTorch MFU | Trident / PyTorch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{gpu_name} ({gpu_mem / 2**30:.0f} GiB); bf16, sequence {a.seq}; MFU against {a.peak_tflops} TFLOP/s "
+             f"({a.peak_name}); bf16 GEMM 8192^3 through PyTorch in this run: "
+             f"{f'{ceiling:.0f} TFLOP/s' if ceiling else 'not measured'}. Median of steps {a.warmup + 1}..{a.iters}. "
+             f"Micro-batch: {'the largest predicted by perf_model.py (' + gpu_key + ') to fit in ' + str(a.memory_fraction) + ' of the memory' if a.micro_batches == 'auto' else a.micro_batches}. "
+             "PyTorch at the same micro-batch (autocast bf16, scaled_dot_product_attention).", "",
+             "| shape | attention | micro-batch (model: predicted GiB) | Trident tok/s | Trident TFLOP/s | Trident MFU "
+             "| of GEMM ceiling | PyTorch tok/s | PyTorch MFU | Trident / PyTorch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t, q = r.get("trident"), r.get("torch")
         head = f"| {r['shape']} | {r['attention']} | "
+        model = (f" ({r['model_micro_batch']}: {r['model_memory_gib']:.1f})" if r.get("model_memory_gib") else "")
         if not t:
-            lines.append(head + "did not run | - | - | - | - | - | - |")
+            why = r.get("skipped") or f"failed at {r.get('failed_micro_batches')}"
+            lines.append(head + f"{why}{model} | - | - | - | - | - | - | - |")
             continue
-        mine = f"{t['micro_batch']} | {t['tokens_per_s']:.0f} | {t['tflops']:.1f} | {100 * t['mfu']:.1f}% | "
+        ceil = f"{100 * t['tflops'] / ceiling:.1f}%" if ceiling and t["tflops"] else "-"
+        mine = f"{t['micro_batch']}{model} | {t['tokens_per_s']:.0f} | {t['tflops']:.1f} | {100 * t['mfu']:.1f}% | {ceil} | "
         lines.append(head + mine + (f"{q['tokens_per_s']:.0f} | {100 * q['mfu']:.1f}% | "
-                                    f"{t['tokens_per_s'] / q['tokens_per_s']:.2f} |" if q else "- | - | - |"))
+                                    f"{t['tokens_per_s'] / q['tokens_per_s']:.2f} |" if q else
+                                    f"{r.get('torch_error', '-')[:60]} | - | - |"))
     lines += ["", "Commands:", ""] + [f"    {c}" for c in runner.commands]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -127,7 +221,8 @@ def main(argv=None):
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".json", "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump({"gpu": gpu_name, "memory_bytes": gpu_mem, "gemm_ceiling_tflops": ceiling, "results": results},
+                  f, indent=1)
     return 0
 
 

@@ -1,54 +1,315 @@
 #!/usr/bin/env bash
-# GPU checks of the CUDA backend, as one script (run on a machine with an NVIDIA GPU):
-#   1. configure and build Trident against the CUDA-enabled Kokkos install at $KOKKOS_ROOT
-#      (Kokkos is the user's: this script never builds it), with the tests;
-#   2. run the unit tests on the GPU (every op against its host reference and finite
-#      differences, the fused kernels against the unfused ops, bf16 conversions and GEMMs);
-#   3. train the tiny CI deck on one GPU in fp32, bf16 and bf16 + flash attention, and check that
-#      the bf16 losses track fp32 within the bf16 band (the same check as on the host); the same
-#      for BERT's tiny deck (pretrain_bert, padding masks in both attention paths);
-#   4. run the GPU benchmark (perf/bench_gpu.py) and leave its report in perf/results/.
-# Without a GPU it says so and exits 0.
+# The GPU checks of the CUDA backend, as one script for a GPU machine that has only the kit
+# (.gpu_kit/, made by scripts/gpu_kit.sh) and its own image: nvcc, CMake, a python3 with torch.
 #
-#   KOKKOS_ROOT=/opt/kokkos-cuda CUDA_ARCH=90 scripts/gpu_check.sh [build-dir]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${1:-build-cuda}
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_check: no NVIDIA GPU here (nvidia-smi -L fails): GPU checks skipped"
-  exit 0
-fi
-: "${KOKKOS_ROOT:?set KOKKOS_ROOT to a CUDA-enabled Kokkos install (4.7 or later for CUDA 13)}"
-ARCH=${CUDA_ARCH:-90}
-JOBS=${JOBS:-$(nproc)}
-nvidia-smi -L
-echo "== configure and build ($BUILD, sm_$ARCH, Kokkos at $KOKKOS_ROOT)"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_ENABLE_CUDA=ON -DKokkos_ROOT="$KOKKOS_ROOT" \
-      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTRIDENT_BUILD_TESTS=ON
-cmake --build "$BUILD" -j "$JOBS"
-echo "== unit tests on the GPU"
-(cd "$BUILD" && ctest -L unit --output-on-failure -j 4)
-echo "== tiny deck on one GPU: fp32, bf16, bf16 + flash attention"
-bash data/prepare_sample.sh >/dev/null
-for app in gpt bert; do
-  for run in "fp32 false" "bf16 false" "bf16 true"; do
-    set -- $run
-    "$BUILD/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" --train.iters 50 --model.hidden_dropout 0 \
-      --model.attention_dropout 0 --precision.dtype "$1" --model.flash_attention "$2" --eval.interval 0 \
-      --log.interval 10 --log.metrics_file "$BUILD/gpu_${app}_$1_$2.csv"
-  done
-done
-/usr/bin/python3 - "$BUILD" <<'PY'
-import csv, sys
-b = sys.argv[1]
-load = lambda n: [float(r["loss"]) for r in csv.DictReader(open(f"{b}/gpu_{n}.csv"))]
-for app in ("gpt", "bert"):
-    ref = load(f"{app}_fp32_false")
-    for n in ("bf16_false", "bf16_true"):
-        w = max(abs(x - y) / x for x, y in zip(ref, load(f"{app}_{n}")))
-        print(f"{app} {n}: worst relative loss difference to fp32 over 50 steps {w:.2e} (band {2**-9:.2e})")
-        assert w <= 2**-9, (app, n)
+#   bash scripts/gpu_check.sh OUTDIR
+#
+# Phases, each under its own time limit, all within GPU_CHECK_BUDGET seconds (default 470):
+#   kit        check the kit's manifest and checksums, unpack it into /tmp/trident-gpu and the
+#              sample data into data/sample
+#   start      the prebuilt apps and tests: every library resolves (ldd) and `--version` runs
+#              (MPI starts, nothing touches the GPU); the kit's source digest equals this tree's
+#   rebuild    only when the start check fails or the sources differ (or GPU_CHECK_REBUILD=1):
+#              configure and build the apps and unit tests here from the kit
+#              (GPU_CHECK_REBUILD=configure only configures: a check of the kit's headers,
+#              libraries and Kokkos that keeps the prebuilt binaries)
+#   gpu        nvidia-smi sees a GPU; without one the script stops here, says so, and exits 0
+#   unit       every unit-test executable on the GPU (ops against host references and finite
+#              differences, fused against unfused kernels, bf16 conversions and GEMMs)
+#   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
+#              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
+#              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
+#   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16, both attention paths, micro-
+#              batches from the memory model, PyTorch on the same GPU as the peer; stops starting
+#              runs when the budget runs out
+# OUTDIR receives at most 8 files: report.md (phases with wall times, results), log.txt (all
+# output), unit.txt, train.csv, bench.md, bench.json. The report also goes to perf/results/.
+# Exit status: 0 when every phase that ran passed (also when it stopped at the GPU boundary),
+# 1 when a phase failed, 2 for a usage error.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/gpu_common.sh
+source "$root/scripts/gpu_common.sh"
+[ $# -ge 1 ] || { echo "usage: bash scripts/gpu_check.sh OUTDIR" >&2; exit 2; }
+mkdir -p "$1" || exit 2
+out=$(cd "$1" && pwd)
+kit=${GPU_KIT:-$root/.gpu_kit}
+budget=${GPU_CHECK_BUDGET:-470}
+export PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+work=$GPU_PREFIX/work
+t_start=$(date +%s)
+deadline=$((t_start + budget))
+exec > >(tee "$out/log.txt") 2>&1
+
+phases=() failed=0 stopped=""
+# run_phase NAME LIMIT_S FUNCTION: runs FUNCTION under its own limit, records its wall time
+run_phase() {
+  local name=$1 limit=$2 fn=$3 t0 rc left
+  left=$((deadline - $(date +%s)))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -le 5 ]; then
+    phases+=("$name|skipped|0|the budget of ${budget} s is spent")
+    gpu_log "== $name: skipped (budget spent)"
+    return 1
+  fi
+  gpu_log "== $name (limit ${limit} s)"
+  t0=$(date +%s)
+  note=""
+  phase_deadline=$((t0 + limit))
+  "$fn"
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  if [ $rc -eq 0 ]; then
+    phases+=("$name|ok|$dt|$note")
+  elif [ $rc -eq 124 ] || [ "$(date +%s)" -ge "$phase_deadline" ]; then
+    phases+=("$name|timed out|$dt|$note")
+    failed=1
+  else
+    phases+=("$name|FAILED|$dt|$note")
+    failed=1
+  fi
+  gpu_log "== $name: ${phases[-1]#*|}"
+  return $rc
+}
+# left in this phase, for the commands inside it
+left() { local l=$((phase_deadline - $(date +%s))); [ $l -lt 1 ] && l=1; echo $l; }
+
+write_report() {
+  local f=$out/report.md p name st dt nt
+  {
+    echo "# gpu_check $(date -u +%Y-%m-%d) on $(uname -n)"
+    echo
+    echo "Kit: $(sed -n 's/^made=//p' "$kit/MANIFEST" 2>/dev/null); sources $(sed -n 's/^sources=//p' "$kit/MANIFEST" 2>/dev/null), git $(sed -n 's/^git=//p' "$kit/MANIFEST" 2>/dev/null)."
+    echo "This tree's sources: $(gpu_source_digest "$root"). Budget ${budget} s; total $(( $(date +%s) - t_start )) s."
+    [ -n "$stopped" ] && { echo; echo "**Stopped: $stopped**"; }
+    echo
+    echo "| phase | result | wall s | notes |"
+    echo "|---|---|---|---|"
+    for p in "${phases[@]}"; do
+      IFS='|' read -r name st dt nt <<<"$p"
+      echo "| $name | $st | $dt | $nt |"
+    done
+    for x in unit.txt train.csv bench.md; do
+      [ -s "$out/$x" ] || continue
+      echo; echo "## $x"; echo
+      case $x in *.md) sed 's/^# /### /' "$out/$x" ;; *) echo '```'; cat "$out/$x"; echo '```' ;; esac
+    done
+  } >"$f"
+  mkdir -p "$root/perf/results" 2>/dev/null && cp "$f" "$root/perf/results/gpu_check_$(date -u +%Y-%m-%d).md" 2>/dev/null
+  echo
+  cat "$f"
+}
+trap 'write_report' EXIT
+
+# ---- kit ------------------------------------------------------------------------------------------
+unpack() {  # TARBALL DIR: with xz where the image has it, else with Python's tarfile
+  if command -v xz >/dev/null 2>&1; then
+    xz -dc -T0 "$1" | tar -C "$2" -xf -
+  else
+    "$PYTHON" - "$1" "$2" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1], "r:xz") as t:
+    kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    t.extractall(sys.argv[2], **kw)
 PY
-echo "== GPU benchmark"
-/usr/bin/python3 perf/bench_gpu.py --build-dir "$BUILD"
-echo "gpu_check: done"
+  fi
+}
+phase_kit() {
+  [ -f "$kit/MANIFEST" ] || { echo "no kit at $kit (make it with scripts/gpu_kit.sh and carry .gpu_kit)"; return 1; }
+  local line part sum size
+  while read -r line; do
+    read -r part sum size <<<"${line#part=}"
+    echo "$sum  $kit/$part" | sha256sum -c --quiet - || { echo "kit part $part is corrupt"; return 1; }
+  done < <(grep '^part=' "$kit/MANIFEST")
+  [ "$(sed -n 's/^prefix=//p' "$kit/MANIFEST")" = "$GPU_PREFIX" ] || { echo "the kit was made for another prefix"; return 1; }
+  if [ -f "$GPU_PREFIX/.kit-workspace" ]; then
+    echo "$GPU_PREFIX is where gpu_kit.sh assembles the kit on this machine ($(cat "$GPU_PREFIX/.kit-workspace")):"
+    echo "not unpacking over it; rehearse in a chroot instead (bash scripts/gpu_rehearsal.sh)"
+    return 1
+  fi
+  rm -rf "$GPU_DEPS" "$GPU_KOKKOS" "$GPU_BUILD" "$work"
+  mkdir -p "$GPU_PREFIX" "$work"
+  for part in deps kokkos build; do
+    unpack "$kit/$part.tar.xz" "$GPU_PREFIX" || return 1
+  done
+  unpack "$kit/data.tar.xz" "$work" || return 1
+  mkdir -p "$root/data/sample"
+  cp -r "$work/data/sample/." "$root/data/sample/"
+  note="$(du -sm "$GPU_PREFIX" | cut -f1) MiB unpacked"
+}
+
+# ---- start check ----------------------------------------------------------------------------------
+start_check() {  # BUILD
+  local b=$1 f bad=0 missing stub lib_path=$LD_LIBRARY_PATH
+  # no GPU driver here: the toolkit's stub stands in for libcuda.so.1 in this check only
+  if stub=$(gpu_stub_driver_dir); then
+    echo "no GPU driver library (libcuda.so.1) here: the start check loads the CUDA toolkit's stub"
+    lib_path=$lib_path:$stub
+  fi
+  for f in "$b"/apps/* "$b"/tests/unit/test_*; do
+    [ -x "$f" ] && [ -f "$f" ] || continue
+    case $f in *.cmake) continue ;; esac
+    missing=$(LD_LIBRARY_PATH=$lib_path ldd "$f" 2>&1 | grep "not found" | awk '{print $1}' | paste -sd' ')
+    if [ -n "$missing" ]; then
+      echo "$(basename "$f"): $missing not found"
+      bad=1
+    fi
+  done
+  [ $bad -eq 0 ] || return 1
+  LD_LIBRARY_PATH=$lib_path timeout 30 "$b/apps/pretrain_gpt" --version || { echo "pretrain_gpt --version failed"; return 1; }
+}
+phase_start() {
+  gpu_env
+  echo "CUDA library directories: $(gpu_cuda_lib_dirs | paste -sd' ')"
+  local want have
+  want=$(sed -n 's/^sources=//p' "$kit/MANIFEST")
+  have=$(gpu_source_digest "$root")
+  if [ "$want" != "$have" ]; then
+    note="the kit was built from sources $want, this tree is $have: rebuilding"
+    need_rebuild=1
+    return 0
+  fi
+  if ! start_check "$GPU_BUILD"; then
+    note="the prebuilt binaries do not start here: rebuilding"
+    need_rebuild=1
+    return 0
+  fi
+  note="prebuilt binaries start"
+}
+
+# ---- rebuild here -----------------------------------------------------------------------------------
+phase_rebuild() {
+  local b=$GPU_PREFIX/build-device flags targets=() t
+  flags=$(cat "$GPU_KOKKOS/trident_cuda_flags" 2>/dev/null)
+  command -v cmake >/dev/null || { echo "no cmake here"; return 1; }
+  timeout "$(left)" bash -c "source '$root/scripts/gpu_common.sh'; gpu_env; \
+    gpu_configure '$root' '$b' ${flags:+\"-DCMAKE_CUDA_FLAGS=$flags\"} -DPython3_EXECUTABLE=\"\$(command -v $PYTHON)\"" ||
+    { note="configure failed"; return 1; }
+  if [ "${GPU_CHECK_REBUILD:-}" = configure ]; then
+    note="configured only (GPU_CHECK_REBUILD=configure); the prebuilt binaries stay in use"
+    return 0
+  fi
+  targets=("${GPU_APPS[@]}" gemm_roofline trident_kernel_timer)
+  for t in "$root"/tests/unit/test_*.cpp; do targets+=("$(basename "${t%.cpp}")"); done
+  timeout "$(left)" cmake --build "$b" -j "$(nproc)" --target "${targets[@]}" 2>&1 | tee "$work/rebuild.log"
+  if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+    note="build failed: $(grep -m1 -E 'error|fatal' "$work/rebuild.log" | cut -c1-160 | tr '|' '/')"
+    return 1
+  fi
+  GPU_BUILD=$b
+  gpu_env
+  start_check "$GPU_BUILD" || return 1
+  note="built here in $b"
+}
+
+# ---- GPU -----------------------------------------------------------------------------------------------
+phase_gpu() {
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    stopped="at the GPU boundary: no NVIDIA GPU here (nvidia-smi -L fails); everything before it passed"
+    note="no GPU"
+    return 0
+  fi
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  note="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n1)"
+}
+
+# ---- unit tests on the GPU ---------------------------------------------------------------------------------
+phase_unit() {
+  local t name rc passed failed_n total_fail=0
+  : >"$out/unit.txt"
+  for t in "$GPU_BUILD"/tests/unit/test_*; do
+    [ -x "$t" ] && [ -f "$t" ] || continue
+    case $t in *.cmake) continue ;; esac
+    name=$(basename "$t")
+    timeout "$(left)" "$t" --gtest_brief=1 >"$work/$name.log" 2>&1
+    rc=$?
+    passed=$(sed -n 's/.*\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$work/$name.log" | tail -n1)
+    failed_n=$(sed -n 's/.*\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$work/$name.log" | tail -n1)
+    printf '%-24s exit %3d  passed %4s  failed %4s\n' "$name" "$rc" "${passed:-0}" "${failed_n:-0}" | tee -a "$out/unit.txt"
+    if [ $rc -ne 0 ]; then
+      total_fail=1
+      grep -E '^\[  FAILED  \]|Failure|error' "$work/$name.log" | head -n 20 | tee -a "$out/unit.txt"
+    fi
+  done
+  note="$(awk '{p += $5; f += $7} END {print p " passed, " f " failed"}' <(grep 'exit' "$out/unit.txt"))"
+  return $total_fail
+}
+
+# ---- training on the GPU against the host and within the bf16 band ---------------------------------------
+phase_train() {
+  local app dtype flash rc=0
+  for run in "gpt fp32 false" "gpt bf16 false" "gpt bf16 true" "bert fp32 false" "bert bf16 false" "bert bf16 true" \
+             "t5 fp32 false"; do
+    read -r app dtype flash <<<"$run"
+    (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" \
+      $(gpu_band_args) --precision.dtype "$dtype" --model.flash_attention "$flash" \
+      --log.metrics_file "$work/${app}_${dtype}_${flash}.csv") >"$work/${app}_${dtype}_${flash}.log" 2>&1 ||
+      { echo "pretrain_$app $dtype flash=$flash failed:"; tail -n 15 "$work/${app}_${dtype}_${flash}.log"; rc=1; }
+  done
+  "$PYTHON" - "$work" "$out/train.csv" <<'PY' || rc=1
+import csv, os, sys
+work, dst = sys.argv[1], sys.argv[2]
+def losses(p):
+    return [float(r["loss"]) for r in csv.DictReader(open(p))] if os.path.exists(p) else None
+rows, ok = [], True
+band_bf16 = 2.0 ** -9
+# fp32 on the GPU against fp32 on the host (oneDNN vs cuBLAS summation orders): measured first here
+tol_fp32 = float(os.environ.get("GPU_CHECK_FP32_TOL", "1e-4"))
+for app in ("gpt", "bert", "t5"):
+    gpu, host = losses(f"{work}/{app}_fp32_false.csv"), losses(f"{work}/data/reference/{app}_fp32_host.csv")
+    if gpu and host and len(gpu) == len(host):
+        w = max(abs(g - h) / abs(h) for g, h in zip(gpu, host))
+        rows.append((app, "fp32 GPU vs fp32 host", len(gpu), f"{w:.3e}", f"{tol_fp32:.1e}", w <= tol_fp32))
+    else:
+        rows.append((app, "fp32 GPU vs fp32 host", 0, "missing", f"{tol_fp32:.1e}", False))
+    if app == "t5":
+        continue
+    for flash in ("false", "true"):
+        b = losses(f"{work}/{app}_bf16_{flash}.csv")
+        what = "bf16" + (" + flash" if flash == "true" else "") + " vs fp32 GPU"
+        if gpu and b and len(gpu) == len(b):
+            w = max(abs(x - y) / abs(x) for x, y in zip(gpu, b))
+            rows.append((app, what, len(b), f"{w:.3e}", f"{band_bf16:.1e}", w <= band_bf16))
+        else:
+            rows.append((app, what, 0, "missing", f"{band_bf16:.1e}", False))
+with open(dst, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["app", "comparison", "steps", "worst relative loss difference", "tolerance", "pass"])
+    w.writerows(rows)
+for r in rows:
+    print(f"{r[0]:5s} {r[1]:28s} {r[2]:3} steps  worst {r[3]:>10s}  tolerance {r[4]}  {'ok' if r[5] else 'FAIL'}")
+sys.exit(0 if all(r[5] for r in rows) else 1)
+PY
+  note="$(awk -F, 'NR > 1 {n++; if ($6 == "True") p++} END {print p + 0 " of " n + 0 " comparisons pass"}' "$out/train.csv" 2>/dev/null)"
+  return $rc
+}
+
+# ---- benchmark ---------------------------------------------------------------------------------------------
+phase_bench() {
+  mkdir -p "$work/bench"
+  timeout "$(left)" "$PYTHON" "$root/perf/bench_gpu.py" --build-dir "$GPU_BUILD" --work-dir "$work/bench" \
+    --out-dir "$work/bench" --deadline $((phase_deadline - 20)) --python "$PYTHON"
+  local rc=$?
+  local md
+  md=$(ls -t "$work"/bench/gpu_*.md 2>/dev/null | head -n1)
+  [ -n "$md" ] && cp "$md" "$out/bench.md" && cp "${md%.md}.json" "$out/bench.json" 2>/dev/null
+  [ -n "$md" ] && cp "$md" "$root/perf/results/" 2>/dev/null
+  note="$(grep -c '^| 1.3b\|^| 124m\|^| 350m' "$out/bench.md" 2>/dev/null) rows"
+  return $rc
+}
+
+need_rebuild=0
+[ "${GPU_CHECK_REBUILD:-0}" != 0 ] && need_rebuild=1
+run_phase kit 60 phase_kit || exit 1
+run_phase start 60 phase_start || exit 1
+if [ $need_rebuild -eq 1 ]; then
+  run_phase rebuild "${GPU_CHECK_BUILD_LIMIT:-330}" phase_rebuild || exit 1
+fi
+run_phase gpu 20 phase_gpu || exit 1
+[ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
+run_phase unit 120 phase_unit
+run_phase train 120 phase_train
+run_phase bench 400 phase_bench
+exit $failed

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The race check: Trident built against a Kokkos whose host execution space is OpenMP, and the
+# unit and MPI suites run with several threads per rank (CTest label `threads`). A kernel that
+# scatters without atomics or reads what another thread writes fails there as it would on a GPU,
+# where no GPU is at hand.
+#
+#   bash scripts/threads_check.sh --kokkos-src DIR [--threads N] [--build DIR] [--jobs N] [--record]
+#     --kokkos-src  a Kokkos 4.x source tree; built with OpenMP outside the repository, in
+#                   $TRIDENT_GPU_CACHE (default ~/.cache/trident-gpu)/kokkos-openmp-<version>
+#     --kokkos-root or an OpenMP-enabled Kokkos install to use as it is
+#     --threads     threads per rank (default 4; on 2 cores 2 ranks x 4 threads oversubscribe, which
+#                   makes interleavings more varied)
+#     --build       the build directory (default build-threads)
+#     --record      write the summary to perf/results/threads_check_<date>.md
+# Exit status: that of ctest -L threads.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kokkos_src="" kokkos_root="" threads=4 build=$root/build-threads jobs=$(nproc) record=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kokkos-src) kokkos_src=$2; shift 2 ;;
+    --kokkos-root) kokkos_root=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --record) record=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "threads_check: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+die() { echo "threads_check: error: $*" >&2; exit 1; }
+cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
+t0=$(date +%s)
+if [ -z "$kokkos_root" ]; then
+  [ -f "$kokkos_src/CMakeLists.txt" ] || die "give --kokkos-src DIR (a Kokkos 4.x source tree) or --kokkos-root DIR"
+  kv=$(sed -n 's/^set(Kokkos_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$kokkos_src/CMakeLists.txt" | paste -sd. -)
+  kcache=$cache/kokkos-openmp-$kv
+  kokkos_root=$kcache/install
+  if [ ! -f "$kcache/.done" ]; then
+    echo "threads_check: building Kokkos $kv with OpenMP in $kcache (outside the repository)"
+    rm -rf "$kcache"
+    cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$kokkos_root" \
+      -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON \
+      -DKokkos_ENABLE_TESTS=OFF >"$cache/kokkos-openmp-configure.log" 2>&1 || die "Kokkos configure failed"
+    cmake --build "$kcache/build" -j "$jobs" >"$cache/kokkos-openmp-build.log" 2>&1 || die "Kokkos build failed"
+    cmake --install "$kcache/build" >/dev/null
+    touch "$kcache/.done"
+  fi
+fi
+echo "threads_check: Trident against $kokkos_root in $build, $threads threads per rank"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos_root" \
+  -DTRIDENT_TEST_THREADS="$threads" >"$build.configure.log" 2>&1 || { tail -n 30 "$build.configure.log"; die "configure failed"; }
+grep -q "tests labelled .threads." "$build.configure.log" || die "the Kokkos at $kokkos_root runs no host threads (OpenMP)"
+cmake --build "$build" -j "$jobs" >"$build.build.log" 2>&1 || { grep -m 20 error "$build.build.log"; die "build failed"; }
+t1=$(date +%s)
+set +e
+(cd "$build" && ctest -L threads --output-on-failure -j 1 2>&1 | tee "$build/threads_ctest.log")
+rc=${PIPESTATUS[0]}
+set -e
+if [ $record -eq 1 ]; then
+  rec=$root/perf/results/threads_check_$(date +%Y-%m-%d).md
+  {
+    echo "# Race check, $(date +%Y-%m-%d): Kokkos with OpenMP, $threads threads per rank"
+    echo
+    echo "\`bash scripts/threads_check.sh --threads $threads --record\` on $(hostname) ($(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'))."
+    echo "Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$kokkos_root"/include/KokkosCore_config.h "$kokkos_root"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) (OpenMP + Serial) outside the repository;"
+    echo "build $((t1 - t0)) s, \`ctest -L threads\` $(( $(date +%s) - t1 )) s (unit executables whole, and every MPI test, with"
+    echo "OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive)."
+    echo
+    echo '```'
+    grep -E "tests passed|Test +#|Failed|\*\*\*" "$build/threads_ctest.log" | sed 's/ \+/ /g'
+    echo '```'
+  } >"$rec"
+  echo "threads_check: recorded $rec"
+fi
+exit "$rc"
