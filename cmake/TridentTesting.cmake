@@ -3,7 +3,8 @@
 #   trident_add_mpi_test(name NP n COMMAND ...)   runs COMMAND under mpiexec -n n
 #
 # Against a Kokkos whose host execution space runs threads (OpenMP, e.g. -DKokkos_ROOT=<a Kokkos
-# built with Kokkos_ENABLE_OPENMP>), every MPI test runs with TRIDENT_TEST_THREADS (default 4)
+# built with Kokkos_ENABLE_OPENMP>), every MPI test (and each tests/mpi check driver's check) runs
+# with TRIDENT_TEST_THREADS (default 4)
 # threads per rank and carries the label `threads`, and each unit-test executable gets one more
 # test, threads_<name>, that runs all its cases at that many threads: `ctest -L threads` is the race
 # check (a kernel that scatters without atomics, or reads what another thread writes, fails there
@@ -18,6 +19,17 @@ set(TRIDENT_THREADS_ENV "OMP_NUM_THREADS=${TRIDENT_TEST_THREADS};OMP_WAIT_POLICY
 if(TRIDENT_KOKKOS_THREADS)
   message(STATUS "Kokkos runs host threads (OpenMP): tests labelled `threads` run at ${TRIDENT_TEST_THREADS} threads per rank")
 endif()
+# trident_threads_test(name...): in a threaded Kokkos build, these tests run at
+# TRIDENT_TEST_THREADS threads per rank and carry the label `threads`
+function(trident_threads_test)
+  if(NOT TRIDENT_KOKKOS_THREADS)
+    return()
+  endif()
+  foreach(t ${ARGN})
+    set_property(TEST ${t} APPEND PROPERTY LABELS threads)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TRIDENT_THREADS_ENV}")
+  endforeach()
+endfunction()
 
 function(trident_add_unit_test name)
   cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
@@ -49,10 +61,7 @@ function(trident_add_mpi_test name)
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${A_NP} ${MPIEXEC_PREFLAGS} ${A_COMMAND} ${MPIEXEC_POSTFLAGS})
   set_tests_properties(${name} PROPERTIES LABELS "mpi;np${A_NP};${A_LABELS}" TIMEOUT ${A_TIMEOUT}
                                          PROCESSORS ${A_NP} SKIP_RETURN_CODE 77)
-  if(TRIDENT_KOKKOS_THREADS)
-    set_property(TEST ${name} APPEND PROPERTY LABELS threads)
-    set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT "${TRIDENT_THREADS_ENV}")
-  endif()
+  trident_threads_test(${name})
   if(A_FIXTURES)
     set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${A_FIXTURES}")
   endif()

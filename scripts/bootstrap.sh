@@ -31,7 +31,15 @@ if ((${#missing[@]})); then
 fi
 
 echo "== building in $build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+mkdir -p "$build"
+# the configure log stays in the build directory; its Trident lines (GEMM library, a oneDNN that
+# could not be used) are shown
+if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1; then
+  cat "$build/configure.log" >&2
+  echo "== configure failed (log: $build/configure.log)" >&2
+  exit 1
+fi
+grep -E '(^-- )?Trident' "$build/configure.log" || true
 cmake --build "$build" -j "$jobs"
 
 case "$mode" in

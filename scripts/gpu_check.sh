@@ -26,6 +26,12 @@
 # output), unit.txt, train.csv, bench.md, bench.json. The report also goes to perf/results/.
 # Exit status: 0 when every phase that ran passed (also when it stopped at the GPU boundary),
 # 1 when a phase failed, 2 for a usage error.
+#
+# For rehearsing the script's own logic on a machine without a GPU (tests/gpu_kit: a stand-in
+# nvidia-smi on PATH and the host build): GPU_CHECK_BUILD_DIR=<build> runs that build instead of
+# the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
+# host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
+# GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -38,6 +44,8 @@ budget=${GPU_CHECK_BUDGET:-470}
 export PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 work=$GPU_PREFIX/work
+results=${GPU_CHECK_RESULTS_DIR-$root/perf/results}  # empty: the report stays in OUTDIR only
+[ -n "${GPU_CHECK_WORK:-}" ] && work=$GPU_CHECK_WORK
 t_start=$(date +%s)
 deadline=$((t_start + budget))
 exec > >(tee "$out/log.txt") 2>&1
@@ -72,6 +80,8 @@ run_phase() {
   gpu_log "== $name: ${phases[-1]#*|}"
   return $rc
 }
+# why a phase failed: printed, and kept for the report
+why() { note="$*"; echo "$*"; }
 # left in this phase, for the commands inside it
 left() { local l=$((phase_deadline - $(date +%s))); [ $l -lt 1 ] && l=1; echo $l; }
 
@@ -80,7 +90,11 @@ write_report() {
   {
     echo "# gpu_check $(date -u +%Y-%m-%d) on $(uname -n)"
     echo
-    echo "Kit: $(sed -n 's/^made=//p' "$kit/MANIFEST" 2>/dev/null); sources $(sed -n 's/^sources=//p' "$kit/MANIFEST" 2>/dev/null), git $(sed -n 's/^git=//p' "$kit/MANIFEST" 2>/dev/null)."
+    if [ "${GPU_CHECK_NO_KIT:-0}" = 1 ]; then
+      echo "Kit: none (GPU_CHECK_NO_KIT=1); build ${GPU_CHECK_BUILD_DIR:-?}."
+    else
+      echo "Kit: $(sed -n 's/^made=//p' "$kit/MANIFEST" 2>/dev/null); sources $(sed -n 's/^sources=//p' "$kit/MANIFEST" 2>/dev/null), git $(sed -n 's/^git=//p' "$kit/MANIFEST" 2>/dev/null)."
+    fi
     echo "This tree's sources: $(gpu_source_digest "$root"). Budget ${budget} s; total $(( $(date +%s) - t_start )) s."
     [ -n "$stopped" ] && { echo; echo "**Stopped: $stopped**"; }
     echo
@@ -96,7 +110,7 @@ write_report() {
       case $x in *.md) sed 's/^# /### /' "$out/$x" ;; *) echo '```'; cat "$out/$x"; echo '```' ;; esac
     done
   } >"$f"
-  mkdir -p "$root/perf/results" 2>/dev/null && cp "$f" "$root/perf/results/gpu_check_$(date -u +%Y-%m-%d).md" 2>/dev/null
+  [ -n "$results" ] && mkdir -p "$results" 2>/dev/null && cp "$f" "$results/gpu_check_$(date -u +%Y-%m-%d).md" 2>/dev/null
   echo
   cat "$f"
 }
@@ -116,24 +130,23 @@ PY
   fi
 }
 phase_kit() {
-  [ -f "$kit/MANIFEST" ] || { echo "no kit at $kit (make it with scripts/gpu_kit.sh and carry .gpu_kit)"; return 1; }
+  [ -f "$kit/MANIFEST" ] || { why "no kit at $kit (make it with scripts/gpu_kit.sh and carry .gpu_kit)"; return 1; }
   local line part sum size
   while read -r line; do
     read -r part sum size <<<"${line#part=}"
-    echo "$sum  $kit/$part" | sha256sum -c --quiet - || { echo "kit part $part is corrupt"; return 1; }
+    echo "$sum  $kit/$part" | sha256sum -c --quiet - || { why "kit part $part does not match its checksum"; return 1; }
   done < <(grep '^part=' "$kit/MANIFEST")
-  [ "$(sed -n 's/^prefix=//p' "$kit/MANIFEST")" = "$GPU_PREFIX" ] || { echo "the kit was made for another prefix"; return 1; }
+  [ "$(sed -n 's/^prefix=//p' "$kit/MANIFEST")" = "$GPU_PREFIX" ] || { why "the kit was made for another prefix than $GPU_PREFIX"; return 1; }
   if [ -f "$GPU_PREFIX/.kit-workspace" ]; then
-    echo "$GPU_PREFIX is where gpu_kit.sh assembles the kit on this machine ($(cat "$GPU_PREFIX/.kit-workspace")):"
-    echo "not unpacking over it; rehearse in a chroot instead (bash scripts/gpu_rehearsal.sh)"
+    why "$GPU_PREFIX is where gpu_kit.sh assembles the kit on this machine: not unpacking over it (rehearse with scripts/gpu_rehearsal.sh)"
     return 1
   fi
   rm -rf "$GPU_DEPS" "$GPU_KOKKOS" "$GPU_BUILD" "$work"
   mkdir -p "$GPU_PREFIX" "$work"
   for part in deps kokkos build; do
-    unpack "$kit/$part.tar.xz" "$GPU_PREFIX" || return 1
+    unpack "$kit/$part.tar.xz" "$GPU_PREFIX" || { why "unpacking $part.tar.xz failed"; return 1; }
   done
-  unpack "$kit/data.tar.xz" "$work" || return 1
+  unpack "$kit/data.tar.xz" "$work" || { why "unpacking data.tar.xz failed"; return 1; }
   mkdir -p "$root/data/sample"
   cp -r "$work/data/sample/." "$root/data/sample/"
   note="$(du -sm "$GPU_PREFIX" | cut -f1) MiB unpacked"
@@ -162,6 +175,13 @@ start_check() {  # BUILD
 phase_start() {
   gpu_env
   echo "CUDA library directories: $(gpu_cuda_lib_dirs | paste -sd' ')"
+  if [ -n "${GPU_CHECK_BUILD_DIR:-}" ]; then
+    GPU_BUILD=$GPU_CHECK_BUILD_DIR
+    gpu_env
+    start_check "$GPU_BUILD" || return 1
+    note="the build in $GPU_BUILD (GPU_CHECK_BUILD_DIR)"
+    return 0
+  fi
   local want have
   want=$(sed -n 's/^sources=//p' "$kit/MANIFEST")
   have=$(gpu_source_digest "$root")
@@ -182,7 +202,7 @@ phase_start() {
 phase_rebuild() {
   local b=$GPU_PREFIX/build-device flags targets=() t
   flags=$(cat "$GPU_KOKKOS/trident_cuda_flags" 2>/dev/null)
-  command -v cmake >/dev/null || { echo "no cmake here"; return 1; }
+  command -v cmake >/dev/null || { why "no cmake here"; return 1; }
   timeout "$(left)" bash -c "source '$root/scripts/gpu_common.sh'; gpu_env; \
     gpu_configure '$root' '$b' ${flags:+\"-DCMAKE_CUDA_FLAGS=$flags\"} -DPython3_EXECUTABLE=\"\$(command -v $PYTHON)\"" ||
     { note="configure failed"; return 1; }
@@ -241,16 +261,16 @@ phase_unit() {
 phase_train() {
   local app dtype flash rc=0
   for run in "gpt fp32 false" "gpt bf16 false" "gpt bf16 true" "bert fp32 false" "bert bf16 false" "bert bf16 true" \
-             "t5 fp32 false"; do
+             "t5 fp32 false"; do  # the fp32 runs are those of gpu_host_reference (GPU_TRAIN_APPS)
     read -r app dtype flash <<<"$run"
     (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" \
       $(gpu_band_args) --precision.dtype "$dtype" --model.flash_attention "$flash" \
       --log.metrics_file "$work/${app}_${dtype}_${flash}.csv") >"$work/${app}_${dtype}_${flash}.log" 2>&1 ||
       { echo "pretrain_$app $dtype flash=$flash failed:"; tail -n 15 "$work/${app}_${dtype}_${flash}.log"; rc=1; }
   done
-  "$PYTHON" - "$work" "$out/train.csv" <<'PY' || rc=1
+  "$PYTHON" - "$work" "$out/train.csv" "${GPU_CHECK_REFERENCE_DIR:-$work/data/reference}" <<'PY' || rc=1
 import csv, os, sys
-work, dst = sys.argv[1], sys.argv[2]
+work, dst, ref = sys.argv[1], sys.argv[2], sys.argv[3]
 def losses(p):
     return [float(r["loss"]) for r in csv.DictReader(open(p))] if os.path.exists(p) else None
 rows, ok = [], True
@@ -258,7 +278,7 @@ band_bf16 = 2.0 ** -9
 # fp32 on the GPU against fp32 on the host (oneDNN vs cuBLAS summation orders): measured first here
 tol_fp32 = float(os.environ.get("GPU_CHECK_FP32_TOL", "1e-4"))
 for app in ("gpt", "bert", "t5"):
-    gpu, host = losses(f"{work}/{app}_fp32_false.csv"), losses(f"{work}/data/reference/{app}_fp32_host.csv")
+    gpu, host = losses(f"{work}/{app}_fp32_false.csv"), losses(f"{ref}/{app}_fp32_host.csv")
     if gpu and host and len(gpu) == len(host):
         w = max(abs(g - h) / abs(h) for g, h in zip(gpu, host))
         rows.append((app, "fp32 GPU vs fp32 host", len(gpu), f"{w:.3e}", f"{tol_fp32:.1e}", w <= tol_fp32))
@@ -275,7 +295,7 @@ for app in ("gpt", "bert", "t5"):
         else:
             rows.append((app, what, 0, "missing", f"{band_bf16:.1e}", False))
 with open(dst, "w", newline="") as f:
-    w = csv.writer(f)
+    w = csv.writer(f, lineterminator="\n")
     w.writerow(["app", "comparison", "steps", "worst relative loss difference", "tolerance", "pass"])
     w.writerows(rows)
 for r in rows:
@@ -290,19 +310,24 @@ PY
 phase_bench() {
   mkdir -p "$work/bench"
   timeout "$(left)" "$PYTHON" "$root/perf/bench_gpu.py" --build-dir "$GPU_BUILD" --work-dir "$work/bench" \
-    --out-dir "$work/bench" --deadline $((phase_deadline - 20)) --python "$PYTHON"
+    --out-dir "$work/bench" --deadline $((phase_deadline - 20)) --python "$PYTHON" ${GPU_CHECK_BENCH_ARGS:-}
   local rc=$?
   local md
   md=$(ls -t "$work"/bench/gpu_*.md 2>/dev/null | head -n1)
   [ -n "$md" ] && cp "$md" "$out/bench.md" && cp "${md%.md}.json" "$out/bench.json" 2>/dev/null
-  [ -n "$md" ] && cp "$md" "$root/perf/results/" 2>/dev/null
+  [ -n "$md" ] && [ -n "$results" ] && cp "$md" "$results/" 2>/dev/null
   note="$(grep -c '^| 1.3b\|^| 124m\|^| 350m' "$out/bench.md" 2>/dev/null) rows"
   return $rc
 }
 
 need_rebuild=0
 [ "${GPU_CHECK_REBUILD:-0}" != 0 ] && need_rebuild=1
-run_phase kit 60 phase_kit || exit 1
+if [ "${GPU_CHECK_NO_KIT:-0}" = 1 ]; then
+  mkdir -p "$work"
+  phases+=("kit|skipped|0|GPU_CHECK_NO_KIT=1: data/sample and GPU_CHECK_REFERENCE_DIR are used")
+else
+  run_phase kit 60 phase_kit || exit 1
+fi
 run_phase start 60 phase_start || exit 1
 if [ $need_rebuild -eq 1 ]; then
   run_phase rebuild "${GPU_CHECK_BUILD_LIMIT:-330}" phase_rebuild || exit 1

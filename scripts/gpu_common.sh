@@ -7,7 +7,7 @@
 #   $GPU_PREFIX/deps     Debian packages unpacked with dpkg -x (runtime libraries, headers, mpiexec)
 #   $GPU_PREFIX/kokkos   a CUDA-enabled Kokkos install
 #   $GPU_PREFIX/build    Trident's CUDA build (prebuilt here)
-GPU_PREFIX=/tmp/trident-gpu
+GPU_PREFIX=${TRIDENT_GPU_PREFIX:-/tmp/trident-gpu}
 GPU_DEPS=$GPU_PREFIX/deps
 GPU_LIBDIR=$GPU_DEPS/usr/lib/x86_64-linux-gnu
 GPU_KOKKOS=$GPU_PREFIX/kokkos
@@ -104,6 +104,23 @@ gpu_stub_driver_dir() {
   return 1
 }
 
+# Kokkos' version from a source tree: "4.6.99"
+gpu_kokkos_src_version() {  # SRC
+  sed -n 's/^set(Kokkos_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$1/CMakeLists.txt" | paste -sd. -
+}
+# Extra CMake options for building a Kokkos source tree. Development snapshots before 4.7 that
+# default to the new mdspan-based View crash on the first move-assignment of a View (a null
+# record decremented: seen with the June 2025 4.6.99 snapshot, at -O0 and -O3, Serial, OpenMP and
+# CUDA builds alike); their legacy View is used instead.
+gpu_kokkos_options() {  # SRC
+  local v maj min
+  v=$(gpu_kokkos_src_version "$1")
+  maj=${v%%.*} min=$(echo "$v" | cut -d. -f2)
+  if grep -qs "IMPL_VIEW_LEGACY" "$1/cmake/kokkos_enable_options.cmake" && { [ "$maj" -lt 4 ] || { [ "$maj" -eq 4 ] && [ "$min" -lt 7 ]; }; }; then
+    echo "-DKokkos_ENABLE_IMPL_VIEW_LEGACY=ON"
+  fi
+}
+
 # Configure Trident's CUDA build against the kit: SRC BUILD [extra cmake arguments...]
 gpu_configure() {
   local src=$1 build=$2 nccl inc gen=()
@@ -113,7 +130,7 @@ gpu_configure() {
   command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
   cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$GPU_ARCH" -DTRIDENT_NATIVE_ARCH=OFF \
-    -DBUILD_SHARED_LIBS=ON -DKokkos_ROOT="$GPU_KOKKOS" \
+    -DBUILD_SHARED_LIBS=ON -UKokkos_DIR -DKokkos_ROOT="$GPU_KOKKOS" \
     -DCMAKE_PREFIX_PATH="$GPU_DEPS/usr" -DCMAKE_IGNORE_PREFIX_PATH=/usr \
     -DMPI_C_COMPILER="$GPU_DEPS/usr/bin/mpicc.mpich" -DMPI_CXX_COMPILER="$GPU_DEPS/usr/bin/mpicxx.mpich" \
     -DMPIEXEC_EXECUTABLE="$GPU_DEPS/usr/bin/mpiexec.hydra" \
@@ -124,6 +141,18 @@ gpu_configure() {
 
 # The short training runs repeated on the GPU and, for the reference, on the host (fp32): the tiny
 # CI decks, 50 iterations, dropout off, no evaluation.
+GPU_TRAIN_APPS=(gpt bert t5)
 gpu_band_args() {
   echo "--train.iters 50 --model.hidden_dropout 0 --model.attention_dropout 0 --eval.interval 0 --log.interval 10"
+}
+# The host's fp32 losses of those runs: ROOT HOST_BUILD OUTDIR -> OUTDIR/<app>_fp32_host.csv
+gpu_host_reference() {
+  local app
+  mkdir -p "$3"
+  for app in "${GPU_TRAIN_APPS[@]}"; do
+    # shellcheck disable=SC2046
+    (cd "$1" && "$2/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" $(gpu_band_args) --precision.dtype fp32 \
+      --model.flash_attention false --log.metrics_file "$3/${app}_fp32_host.csv" >"$3/${app}_fp32_host.log" 2>&1) ||
+      { echo "the host reference run of pretrain_$app failed ($3/${app}_fp32_host.log)" >&2; return 1; }
+  done
 }

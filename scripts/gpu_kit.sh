@@ -70,11 +70,7 @@ digest_host=$(gpu_source_digest "$root")
 # the runs gpu_check.sh repeats on the GPU in fp32 (dropout off), here on the host
 if [ "$(cat "$ref/.digest" 2>/dev/null)" != "$digest_host" ]; then
   rm -f "$ref"/*.csv
-  for app in gpt bert t5; do
-    (cd "$root" && OMP_NUM_THREADS=$jobs "$host_build/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" \
-      $(gpu_band_args) --precision.dtype fp32 --model.flash_attention false \
-      --log.metrics_file "$ref/${app}_fp32_host.csv" >/dev/null)
-  done
+  OMP_NUM_THREADS=$jobs gpu_host_reference "$root" "$host_build" "$ref" || die "host reference runs failed"
   echo "$digest_host" >"$ref/.digest"
 fi
 phase "sample data and host reference losses ready"
@@ -172,13 +168,14 @@ if [ -n "$kokkos_root" ]; then
   cp -a "$kokkos_root" "$GPU_KOKKOS"
 else
   [ -f "$kokkos_src/CMakeLists.txt" ] || die "--kokkos-src $kokkos_src is not a Kokkos source tree"
-  kv=$(sed -n 's/^set(Kokkos_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$kokkos_src/CMakeLists.txt" | paste -sd. -)
+  kv=$(gpu_kokkos_src_version "$kokkos_src")
+  kopts=$(gpu_kokkos_options "$kokkos_src")
   kmaj=${kv%%.*} kmin=$(echo "$kv" | cut -d. -f2)
   if [ "${cuda_major:-0}" -ge 13 ] && { [ "$kmaj" -lt 4 ] || { [ "$kmaj" -eq 4 ] && [ "$kmin" -lt 7 ]; }; }; then
     compat_flags="-include $GPU_KOKKOS/include/trident_cuda13_compat.h"
   fi
   kcache=$cache/kokkos-$kv-cuda$cuda_major-sm$GPU_ARCH
-  stamp="$kv $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) $compat_flags"
+  stamp="$kv $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) $compat_flags $kopts"
   if [ "$(cat "$kcache/.stamp" 2>/dev/null)" != "$stamp" ]; then
     gpu_log "gpu_kit: building Kokkos $kv for CUDA (sm_$GPU_ARCH) in $kcache (outside the repository)"
     rm -rf "$kcache"
@@ -191,7 +188,7 @@ else
     cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$GPU_KOKKOS" \
       -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"$arch_opt"=ON \
       -DKokkos_ENABLE_COMPILE_AS_CMAKE_LANGUAGE=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CXX_STANDARD=17 \
-      -DBUILD_SHARED_LIBS=ON -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF \
+      -DBUILD_SHARED_LIBS=ON -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF $kopts \
       ${compat_flags:+"-DCMAKE_CUDA_FLAGS=$compat_flags"} >"$kcache/configure.log" 2>&1 ||
       { tail -n 30 "$kcache/configure.log"; die "Kokkos configure failed ($kcache/configure.log)"; }
     cmake --build "$kcache/build" -j "$jobs" >"$kcache/build.log" 2>&1 ||

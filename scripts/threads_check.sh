@@ -33,44 +33,52 @@ cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
 t0=$(date +%s)
 if [ -z "$kokkos_root" ]; then
   [ -f "$kokkos_src/CMakeLists.txt" ] || die "give --kokkos-src DIR (a Kokkos 4.x source tree) or --kokkos-root DIR"
-  kv=$(sed -n 's/^set(Kokkos_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$kokkos_src/CMakeLists.txt" | paste -sd. -)
-  kcache=$cache/kokkos-openmp-$kv
+  # shellcheck source=scripts/gpu_common.sh
+  source "$root/scripts/gpu_common.sh"
+  kv=$(gpu_kokkos_src_version "$kokkos_src")
+  kopts=$(gpu_kokkos_options "$kokkos_src")
+  kcache=$cache/kokkos-openmp-$kv${kopts:+-legacy-view}
   kokkos_root=$kcache/install
   if [ ! -f "$kcache/.done" ]; then
     echo "threads_check: building Kokkos $kv with OpenMP in $kcache (outside the repository)"
     rm -rf "$kcache"
     cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$kokkos_root" \
       -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON \
-      -DKokkos_ENABLE_TESTS=OFF >"$cache/kokkos-openmp-configure.log" 2>&1 || die "Kokkos configure failed"
+      -DKokkos_ENABLE_TESTS=OFF $kopts >"$cache/kokkos-openmp-configure.log" 2>&1 || die "Kokkos configure failed"
     cmake --build "$kcache/build" -j "$jobs" >"$cache/kokkos-openmp-build.log" 2>&1 || die "Kokkos build failed"
     cmake --install "$kcache/build" >/dev/null
     touch "$kcache/.done"
   fi
 fi
 echo "threads_check: Trident against $kokkos_root in $build, $threads threads per rank"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos_root" \
-  -DTRIDENT_TEST_THREADS="$threads" >"$build.configure.log" 2>&1 || { tail -n 30 "$build.configure.log"; die "configure failed"; }
-grep -q "tests labelled .threads." "$build.configure.log" || die "the Kokkos at $kokkos_root runs no host threads (OpenMP)"
-cmake --build "$build" -j "$jobs" >"$build.build.log" 2>&1 || { grep -m 20 error "$build.build.log"; die "build failed"; }
+mkdir -p "$build"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -UKokkos_DIR -DKokkos_ROOT="$kokkos_root" \
+  -DTRIDENT_TEST_THREADS="$threads" >"$build/threads_configure.log" 2>&1 ||
+  { tail -n 30 "$build/threads_configure.log"; die "configure failed"; }
+grep -q "tests labelled .threads." "$build/threads_configure.log" || die "the Kokkos at $kokkos_root runs no host threads (OpenMP)"
+cmake --build "$build" -j "$jobs" >"$build/threads_build.log" 2>&1 || { grep -m 20 error "$build/threads_build.log"; die "build failed"; }
 t1=$(date +%s)
 set +e
 (cd "$build" && ctest -L threads --output-on-failure -j 1 2>&1 | tee "$build/threads_ctest.log")
 rc=${PIPESTATUS[0]}
 set -e
 if [ $record -eq 1 ]; then
+  # one file a day; each run adds its section
   rec=$root/perf/results/threads_check_$(date +%Y-%m-%d).md
+  [ -f "$rec" ] || printf '# Race checks (Kokkos with OpenMP), %s\n' "$(date +%Y-%m-%d)" >"$rec"
   {
-    echo "# Race check, $(date +%Y-%m-%d): Kokkos with OpenMP, $threads threads per rank"
     echo
-    echo "\`bash scripts/threads_check.sh --threads $threads --record\` on $(hostname) ($(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'))."
-    echo "Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$kokkos_root"/include/KokkosCore_config.h "$kokkos_root"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) (OpenMP + Serial) outside the repository;"
-    echo "build $((t1 - t0)) s, \`ctest -L threads\` $(( $(date +%s) - t1 )) s (unit executables whole, and every MPI test, with"
-    echo "OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive)."
+    echo "## $threads threads per rank, $(date +%H:%M): $(grep -E 'tests passed' "$build/threads_ctest.log" | tail -n1)"
+    echo
+    echo "\`bash scripts/threads_check.sh --threads $threads --record\` on $(uname -n) ($(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')):"
+    echo "Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$kokkos_root"/include/KokkosCore_config.h "$kokkos_root"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) with OpenMP and Serial, built outside the repository${kopts:+ with $kopts};"
+    echo "build $((t1 - t0)) s, \`ctest -L threads\` $(( $(date +%s) - t1 )) s: each unit-test executable whole and every MPI test"
+    echo "(tests/mpi's layout, precision and BERT/T5 checks) with OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive."
     echo
     echo '```'
     grep -E "tests passed|Test +#|Failed|\*\*\*" "$build/threads_ctest.log" | sed 's/ \+/ /g'
     echo '```'
-  } >"$rec"
+  } >>"$rec"
   echo "threads_check: recorded $rec"
 fi
 exit "$rc"

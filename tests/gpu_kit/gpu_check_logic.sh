@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh's phases after the GPU boundary (unit, train, bench), rehearsed on the host so
+# that a rare GPU run does not find the script's own mistakes: a stand-in nvidia-smi (one "GPU",
+# no device is used), the host build in place of the kit's CUDA build, the host's fp32 reference
+# losses made here. Asserts that every phase passes, that the fp32 runs equal the reference bit
+# for bit (the same executable and inputs), that bf16 stays within its band, and that the
+# benchmark picked its micro-batches from the memory model and reported a row per attention path.
+#   gpu_check_logic.sh REPO BUILD WORKDIR
+set -euo pipefail
+root=$1 build=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work/bin"
+cat >"$work/bin/nvidia-smi" <<'SMI'
+#!/bin/sh
+# stand-in for gpu_check.sh's logic rehearsal: reports one GPU, runs nothing
+case "$*" in
+  -L) echo "GPU 0: Stand-in GPU (UUID: GPU-00000000-0000-0000-0000-000000000000)" ;;
+  *memory.total,driver_version,clocks*) echo "Stand-in GPU, 16384 MiB, 0.0, 0 MHz" ;;
+  *memory.total,driver_version*) echo "Stand-in GPU, 16384 MiB, 0.0" ;;
+  *memory.total*) echo "Stand-in GPU, 16384" ;;
+  *) exit 1 ;;
+esac
+SMI
+chmod +x "$work/bin/nvidia-smi"
+export TRIDENT_GPU_PREFIX=$work/prefix   # nothing of a real kit is touched
+# shellcheck source=scripts/gpu_common.sh
+source "$root/scripts/gpu_common.sh"
+gpu_host_reference "$root" "$build" "$work/reference"
+set +e
+PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
+  GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=900 \
+  GPU_CHECK_BENCH_ARGS="--shapes 124m --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
+  bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
+rc=$?
+set -e
+fail() { echo "gpu_check_logic: FAIL: $*"; tail -n 40 "$work/gpu_check.log"; exit 1; }
+[ $rc -eq 0 ] || fail "gpu_check.sh exited $rc"
+report=$work/out/report.md
+for ph in start gpu unit train bench; do
+  grep -q "^| $ph | ok |" "$report" || fail "phase $ph did not pass"
+done
+grep -q "Stopped" "$report" && fail "the run stopped early"
+grep -q "^| train | ok | [0-9]* | 7 of 7 comparisons pass |" "$report" || fail "the train phase's note does not say 7 of 7"
+grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
+n=$(ls "$work/out" | wc -l)
+[ "$n" -le 8 ] || fail "$n files in the output folder (at most 8 come back from the GPU machine)"
+"${PYTHON:-/usr/bin/python3}" - "$work/out" <<'PY' || fail "results"
+import csv, json, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/train.csv")))
+fp32 = [r for r in rows if r["comparison"] == "fp32 GPU vs fp32 host"]
+assert sorted(r["app"] for r in fp32) == ["bert", "gpt", "t5"], fp32
+for r in fp32:  # the same executable on the same inputs: the same losses, digit for digit
+    assert float(r["worst relative loss difference"]) == 0.0 and r["steps"] == "50", r
+band = [r for r in rows if r["comparison"].startswith("bf16")]
+assert len(band) == 4 and all(r["pass"] == "True" for r in band), band
+for r in band:  # bf16 really ran: not equal to fp32
+    assert 0.0 < float(r["worst relative loss difference"]) <= 2.0 ** -9, r
+bench = json.load(open(f"{out}/bench.json"))
+res = bench["results"]
+assert [r["attention"] for r in res] == ["flash", "unfused"], res
+for r in res:
+    assert r["model_micro_batch"] == 2 and r["trident"]["micro_batch"] == 2, r
+    assert r["trident"]["tokens_per_s"] > 0 and len(r["trident"]["losses"]) == 3, r
+unit = open(f"{out}/unit.txt").read()
+assert "failed    0" in unit and "passed" in unit, unit
+print("gpu_check_logic: every phase passed; fp32 equal to the reference on gpt, bert, t5; bf16 within 2^-9:",
+      ", ".join(f"{r['app']}{' flash' if 'flash' in r['comparison'] else ''} {float(r['worst relative loss difference']):.2e}" for r in band))
+PY
+echo "gpu_check_logic: PASS"
