@@ -22,11 +22,11 @@
 #include "ops/gemm.hpp"
 #include "train/stop_signal.hpp"
 
-#if defined(TRIDENT_HAVE_OPENMP)
-#include <omp.h>
-
+#include <chrono>
 #include <cstdlib>
 #include <thread>
+#if defined(TRIDENT_HAVE_OPENMP)
+#include <omp.h>
 #endif
 
 namespace trident {
@@ -61,6 +61,35 @@ void print_version(const char* argv0) {
               Kokkos::DefaultExecutionSpace::name());
   std::printf("GEMM: %s\n%s\nHDF5: %s\n", gemm_backend_name(), comm_library_versions().c_str(),
               hdf5_library_version().c_str());
+}
+
+// An Error::all is meant to be met by every rank at the same point; when it is, the ranks agree on
+// it here and leave cleanly (rank 0 prints it once, every rank returns 1). When only some ranks
+// met it (a file only rank 0 writes, a read on one data-parallel rank), the others are busy in a
+// collective and never arrive: after `grace` seconds the rank that met it prints the error with
+// its rank and aborts the whole job, so that nothing hangs. The agreement runs on a duplicate of
+// MPI_COMM_WORLD made at start-up, apart from every collective the body uses.
+int leave_after_error(MPI_Comm agree, int rank, const char* what) {
+  double grace = 5.0;
+  if (const char* g = std::getenv("TRIDENT_ERROR_GRACE_S")) grace = std::atof(g);
+  MPI_Request req;
+  MPI_Ibarrier(agree, &req);
+  const double start = MPI_Wtime();
+  int done = 0;
+  while (true) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done || MPI_Wtime() - start > grace) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (done) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", what);
+    return kExitFailure;
+  }
+  std::fprintf(stderr, "error (rank %d): %s\n(not every rank met this error within %.0f s: aborting the job)\n", rank,
+               what, grace);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, kExitFailure);
+  return kExitFailure;
 }
 
 }  // namespace
@@ -119,14 +148,15 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   int kargc = static_cast<int>(kargv.size());
   kargv.push_back(nullptr);
   int rc = 0;
+  MPI_Comm agree = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &agree);
   {
     Kokkos::ScopeGuard kokkos(kargc, kargv.data());
     try {
       rc = body(argc, argv);
     } catch (const Error& e) {
       if (e.scope() == Error::Scope::all_ranks) {
-        if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
-        rc = kExitFailure;
+        rc = leave_after_error(agree, rank, e.what());
       } else {
         std::fprintf(stderr, "error (rank %d): %s\n", rank, e.what());
         std::fflush(stderr);
@@ -138,6 +168,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
       MPI_Abort(MPI_COMM_WORLD, kExitFailure);
     }
   }
+  MPI_Comm_free(&agree);
   std::fflush(stdout);
   std::fflush(stderr);
   MPI_Finalize();

@@ -310,6 +310,12 @@ def check_bad_input(c):
     no_deck = [c.mpiexec, "-n", "1", c.app] if c.mpiexec else [c.app]
     failures = single_error_failures(
         [(name, c.cmd(np_, *extra) if extra is not None else no_deck, needle) for name, np_, extra, needle in cases])
+    # an error that rank 0 alone meets (only rank 0 writes the metrics file; here a directory):
+    # the job ends within seconds (TRIDENT_ERROR_GRACE_S, 5 s) instead of leaving rank 1 waiting
+    # in a collective; 30 s allows for a slow machine
+    failures += single_error_failures(
+        [("metrics file unwritable, met by rank 0 alone", c.cmd(2, "--log.metrics_file", c.path("ck")),
+          "log.metrics_file")], timeout=30)
     after = digest(c.path("ck")), open(m).read()
     if after != before:
         failures.append("existing checkpoint or metrics file was modified by a failed run")
