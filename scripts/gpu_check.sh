@@ -31,7 +31,8 @@
 # nvidia-smi on PATH and the host build): GPU_CHECK_BUILD_DIR=<build> runs that build instead of
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
-# GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports.
+# GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
+# GPU_CHECK_{UNIT,TRAIN,BENCH}_LIMIT change those phases' limits (120, 120, 400 s: a GPU's).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -334,7 +335,7 @@ if [ $need_rebuild -eq 1 ]; then
 fi
 run_phase gpu 20 phase_gpu || exit 1
 [ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
-run_phase unit 120 phase_unit
-run_phase train 120 phase_train
-run_phase bench 400 phase_bench
+run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
+run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
+run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench
 exit $failed

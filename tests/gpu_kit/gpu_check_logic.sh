@@ -28,7 +28,8 @@ source "$root/scripts/gpu_common.sh"
 gpu_host_reference "$root" "$build" "$work/reference"
 set +e
 PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
-  GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=900 \
+  GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
+  GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_BENCH_LIMIT=600 \
   GPU_CHECK_BENCH_ARGS="--shapes 124m --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
   bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
 rc=$?
