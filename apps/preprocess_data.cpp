@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "data/jsonl.hpp"
 #include "train/app_driver.hpp"
 #include "data/tokenizer.hpp"
 #include "data/sentence_splitter.hpp"
@@ -58,6 +59,7 @@ struct Options {
   int vocab_extra_ids = 0;
   std::int64_t shard_tokens = 0;
   std::int64_t log_interval = 100;
+  bool overwrite = false;
 };
 
 struct InputFile {
@@ -94,6 +96,8 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
     ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
      "key of the text in each JSON line (default: text); one key")
     ("append-eod", po::bool_switch(&o.append_eod), "append the end-of-document token to every document")
+    ("overwrite", po::bool_switch(&o.overwrite),
+     "replace the shards an earlier run wrote with this prefix (without it, existing shards are an error)")
     ("vocab-extra-ids", po::value<int>(&o.vocab_extra_ids)->default_value(0),
      "append [BOS], [EOS] and N sentinels <extra_id_0>.. to the vocabulary (T5: 100)")
     ("split-sentences", po::bool_switch(&o.split_sentences),
@@ -324,53 +328,19 @@ class Worker {
 
   // The JSON-lines records whose first byte lies in [begin, end) of the file.
   void jsonl_range(const InputFile& f, std::int64_t begin, std::int64_t end) {
-    std::FILE* fp = std::fopen(f.path.c_str(), "rb");
-    TRIDENT_REQUIRE(fp, "preprocess_data: cannot open input file '" << f.path << "'");
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(fp, std::fclose);
-    char* line = nullptr;  // getline's buffer, grown by it
-    std::size_t cap = 0;
-    struct FreeLine {
-      char*& p;
-      ~FreeLine() { std::free(p); }
-    } free_line{line};
-    std::int64_t pos = begin;
-    if (begin > 0) {
-      // Start at the first line beginning at or after `begin`.
-      TRIDENT_REQUIRE(fseeko(fp, begin - 1, SEEK_SET) == 0, "preprocess_data: cannot seek in '" << f.path << "'");
-      const int c = std::fgetc(fp);
-      pos = begin;
-      if (c != '\n' && c != EOF) {
-        const ssize_t n = getline(&line, &cap, fp);
-        pos += n > 0 ? n : 0;
-      }
-    }
-    while (pos < end) {
-      const ssize_t n = getline(&line, &cap, fp);
-      if (n <= 0) break;
-      const std::int64_t line_start = pos;
-      pos += n;
-      add_bytes(n);
-      std::string_view sv(line, static_cast<std::size_t>(n));
-      while (!sv.empty() && (sv.back() == '\n' || sv.back() == '\r')) sv.remove_suffix(1);
-      if (sv.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
-      nlohmann::json j;
+    std::string text;
+    trident::for_each_line_in_range(f.path, begin, end, [&](std::string_view line, std::int64_t start,
+                                                            std::int64_t bytes) {
+      add_bytes(bytes);
+      bool has_text = false;
       try {
-        j = nlohmann::json::parse(sv.begin(), sv.end());
-      } catch (const nlohmann::json::exception& e) {
-        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, line_start)) +
-                         ": invalid JSON (" + e.what() + ")");
+        has_text = trident::jsonl_text(line, o_.json_key, text);
+      } catch (const Error& e) {
+        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, start)) + ": " +
+                         e.what());
       }
-      const char* problem = nullptr;
-      if (!j.is_object()) problem = "is not a JSON object";
-      else if (!j.contains(o_.json_key)) problem = "has no key";
-      else if (!j[o_.json_key].is_string()) problem = "has a non-string value under key";
-      if (problem) {
-        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, line_start)) +
-                         ": the JSON line " + problem + (j.is_object() ? " '" + o_.json_key + "'" : ""));
-      }
-      document(j[o_.json_key].get_ref<const std::string&>());
-    }
-    TRIDENT_REQUIRE(!std::ferror(fp), "preprocess_data: error reading '" << f.path << "'");
+      if (has_text) document(text);
+    });
   }
 
   void plain_file(const InputFile& f) {
@@ -469,6 +439,11 @@ int run(int argc, char** argv) {
       TRIDENT_REQUIRE(!ec, "preprocess_data: cannot create the output directory '" << p.parent_path().string()
                                                                                    << "': " << ec.message());
     }
+    const auto existing = existing_shards(o.output_prefix);
+    TRIDENT_REQUIRE(existing.empty() || o.overwrite,
+                    "preprocess_data: " << existing.size() << " shard(s) with prefix '" << o.output_prefix
+                                        << "' exist already (" << existing.front().second
+                                        << ", ...): pass --overwrite to replace them, or choose another --output-prefix");
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     const std::string part_stem = p.filename().string() + ".part-r";
     for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -543,9 +518,11 @@ int run(int argc, char** argv) {
   MPI_Reduce(local, sum, 6, MPI_LONG_LONG, MPI_SUM, 0, comm);
   if (rank == 0) {
     // Shards left over from an earlier run with this prefix would be taken for part of this one.
+    // (--overwrite; without it there were none). When this run wrote nothing, the earlier
+    // shards stay: they are deleted only when new output replaces them.
     int stale = 0;
     for (const auto& [index, path] : existing_shards(o.output_prefix)) {
-      if (index >= total_shards) {
+      if (total_shards > 0 && index >= total_shards) {
         std::error_code ec;
         if (fs::remove(path, ec)) ++stale;
       }

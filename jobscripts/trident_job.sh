@@ -4,7 +4,7 @@
 # Environment (all optional):
 #   TRIDENT_SITE       site file jobscripts/sites/<site>.env (module loads, srun flags)   generic
 #   TRIDENT_BUILD      build directory holding apps/                                      build
-#   TRIDENT_RESUBMIT   when the app stops for the time limit (exit 3), submit this same
+#   TRIDENT_RESUBMIT   when the app stops for the time limit (exit 3) or its watchdog (exit 5), submit this same
 #                      script again, at most this many times in a chain                  0
 #   TRIDENT_SBATCH_ARGS sbatch options for the resubmitted job (those given on the first sbatch
 #                      command line, e.g. "--nodes=4 --time=12:00:00"; #SBATCH lines carry over)
@@ -35,7 +35,7 @@ trident_app() {  # the path of app $1, or exit with a message
 # trident_run APP ARGS...: srun the app over every task of the allocation. Slurm's warning signal
 # (--signal=B:USR1@N reaches this shell only) and SIGTERM are passed on to the ranks, which then
 # checkpoint at the next iteration boundary and exit 3; with TRIDENT_RESUBMIT > 0 the job then
-# submits itself again (--checkpoint.load auto in the deck or EXTRA makes the new job resume).
+# submits itself again (also after exit 5, a run the watchdog ended) (--checkpoint.load auto in the deck or EXTRA makes the new job resume).
 trident_run() {
   local app
   app=$(trident_app "$1")
@@ -57,9 +57,15 @@ trident_run() {
   done
   trap - USR1 TERM
   echo "trident: $(basename "$app") exited with code $rc"
-  if [ "$rc" -eq 3 ] && [ "${TRIDENT_RESUBMIT:-0}" -gt 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  # 3: checkpointed for the time limit or preemption; 5: the watchdog ended a stuck job (a node
+  # that stopped answering): both continue from the last checkpoint in a new job
+  if { [ "$rc" -eq 3 ] || [ "$rc" -eq 5 ]; } && [ "${TRIDENT_RESUBMIT:-0}" -gt 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     local script=${TRIDENT_SCRIPT:-$0}
-    echo "trident: checkpointed for the time limit; resubmitting $script (${TRIDENT_RESUBMIT} left)"
+    if [ "$rc" -eq 3 ]; then
+      echo "trident: checkpointed for the time limit; resubmitting $script (${TRIDENT_RESUBMIT} left)"
+    else
+      echo "trident: the watchdog ended a stuck run; resubmitting $script (${TRIDENT_RESUBMIT} left)"
+    fi
     # shellcheck disable=SC2086
     TRIDENT_RESUBMIT=$((TRIDENT_RESUBMIT - 1)) sbatch --export=ALL --dependency="afterany:$SLURM_JOB_ID" \
       ${TRIDENT_SBATCH_ARGS:-} "$script"

@@ -32,7 +32,8 @@ def main():
         ck = os.path.join(a.build, "perf", "bench_generate_ck")
         subprocess.run([os.path.join(a.build, "apps", "pretrain_gpt"), "--deck", os.path.join(ROOT, "inputs", "gpt_small.ini"),
                         "--data.train_shards", os.path.join(sample, "kjv_gpt2_*.h5"), "--train.iters", "50",
-                        "--eval.interval", "0", "--checkpoint.save", ck, "--log.metrics_file="],
+                        "--eval.interval", "0", "--checkpoint.save", ck, "--checkpoint.overwrite", "true",
+                        "--log.metrics_file="],  # its own scratch checkpoint, remade each time
                        check=True, capture_output=True)
     prompts = ["In the beginning", "And it came to pass", "The LORD is my shepherd", "Blessed are",
                "And God said", "Now the serpent was", "Hear, O Israel", "For God so loved"]

@@ -199,7 +199,18 @@ def roofline_for(roof, hidden, layers):
     raise KeyError(hidden)
 
 
+def fresh_metrics(path):
+    """A benchmark's own scratch metrics file (and its .eval sibling), removed before a run: a run
+    from scratch refuses to replace a metrics file with rows (train/output_checks.hpp)."""
+    stem, ext = os.path.splitext(path)
+    for p in (path, stem + ".eval" + ext):
+        if os.path.exists(p):
+            os.remove(p)
+    return path
+
+
 def trident_cmd(a, shape, metrics_file):
+    fresh_metrics(metrics_file)
     L, C, H = SHAPES[shape]
     cmd = [os.path.join(a.bin_dir, "pretrain_gpt"), "--deck", a.deck,
            "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),

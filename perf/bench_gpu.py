@@ -149,7 +149,7 @@ def main(argv=None):
             if left is None:
                 r["skipped"] = "time budget"
                 break
-            metrics = os.path.join(a.work_dir, f"gpu_{shape}_{attention}_mb{mb}.csv")
+            metrics = bg.fresh_metrics(os.path.join(a.work_dir, f"gpu_{shape}_{attention}_mb{mb}.csv"))
             cmd = [app, "--deck", os.path.join(bg.REPO, "perf", "decks", "gpt_bench.ini"),
                    "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
                    "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),

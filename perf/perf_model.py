@@ -286,6 +286,8 @@ def local(build, out_md=None, iters=8):
     os.makedirs(work, exist_ok=True)
     for name, n, kw in cases:
         mcsv = os.path.join(work, name.replace(" ", "_") + ".csv")
+        if os.path.exists(mcsv):
+            os.remove(mcsv)  # its own scratch file: a run from scratch would refuse to replace it
         cmd = ["mpiexec", "-n", str(n), os.path.join(build, "apps", "pretrain_gpt"), "--deck", deck,
                "--data.train_shards", shards, "--train.iters", str(iters), "--eval.interval", "0",
                "--checkpoint.save=", "--log.metrics_file", mcsv, "--train.global_batch_size", "8"]

@@ -49,3 +49,18 @@ def check_main(checks, make_context, mpiexec_default="mpiexec"):
     checks[a.check](make_context(a))
     print(f"{a.check}: passed")
 
+
+
+def trident_checksum(values):
+    """The `checksum` attribute Trident writes on a checkpoint dataset (README "Checkpoints"), computed
+    independently of the C++ code: the sum mod 2^64 over the elements, in row-major order, of
+    splitmix64(index * 0x9e3779b97f4a7c15 + the element's fp32 bits), as 16 hex digits."""
+    import numpy as np
+    k = np.uint64(0x9E3779B97F4A7C15)
+    bits = np.ascontiguousarray(values, dtype="<f4").view(np.uint32).ravel().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = np.arange(bits.size, dtype=np.uint64) * k + bits + k
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        return "%016x" % int(x.sum(dtype=np.uint64))

@@ -1,6 +1,8 @@
 // Communicator implementation (MPI). Large buffers are reduced in chunks below INT_MAX.
 #include "comm/communicator.hpp"
 
+#include "common/progress.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <utility>
@@ -25,7 +27,8 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
 }
 
 Communicator::Communicator(Communicator&& o) noexcept
-    : nccl_(std::move(o.nccl_)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+    : nccl_(std::move(o.nccl_)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
+      name_(std::move(o.name_)) {}
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
@@ -33,6 +36,7 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
     comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
     rank_ = o.rank_;
     size_ = o.size_;
+    name_ = std::move(o.name_);
     nccl_ = std::move(o.nccl_);
   }
   return *this;
@@ -74,6 +78,7 @@ int as_int(std::int64_t n) {
 void Communicator::allreduce_sum(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allreduce(*nccl_, data, n, false))
   allreduce_chunked(data, n, MPI_SUM, comm_);
 }
@@ -82,6 +87,7 @@ MPI_Request Communicator::iallreduce_sum(float* data, std::int64_t n) const {
   MPI_Request r = MPI_REQUEST_NULL;
   if (size_ == 1 || n == 0) return r;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+  const progress::InComm in_comm("iallreduce", name_.c_str(), size_);
 #if defined(TRIDENT_ENABLE_CUDA)
   if (nccl_) {
     detail::nccl_allreduce(*nccl_, data, n, false);
@@ -97,6 +103,7 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
   MPI_Request r = MPI_REQUEST_NULL;
   if (size_ == 1 || n == 0) return r;
   count("reduce", (size_ - 1) * 4.0 * n / size_);
+  const progress::InComm in_comm("reduce", name_.c_str(), size_);
 #if defined(TRIDENT_ENABLE_CUDA)
   if (nccl_) {
     detail::nccl_reduce(*nccl_, data, n, root);
@@ -110,6 +117,7 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
 
 void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
   if (ops.empty()) return;
+  const progress::InComm in_comm(ops[0].send ? "p2p send/recv" : "p2p recv/send", name_.c_str(), size_, ops[0].peer);
 #if defined(TRIDENT_ENABLE_CUDA)
   if (nccl_) {
     detail::nccl_p2p_group(*nccl_, ops);
@@ -129,6 +137,7 @@ void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
 }
 
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {
+  const progress::InComm in_comm("waitall (non-blocking reductions)", "started", 0);
   if (!requests.empty())
     TRIDENT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   requests.clear();
@@ -137,12 +146,14 @@ void Communicator::wait_all(std::vector<MPI_Request>& requests) {
 void Communicator::allreduce_max(float* data, std::int64_t n) const {
   if (size_ == 1 || n == 0) return;
   count("allreduce", 2.0 * (size_ - 1) / size_ * 4.0 * n);
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allreduce(*nccl_, data, n, true))
   allreduce_chunked(data, n, MPI_MAX, comm_);
 }
 
 void Communicator::allgather(const float* in, float* out, std::int64_t n) const {
   count("allgather", (size_ - 1) * 4.0 * n);
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 4 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
@@ -150,6 +161,7 @@ void Communicator::allgather(const float* in, float* out, std::int64_t n) const 
 
 void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::int64_t n) const {
   count("allgather", (size_ - 1) * 2.0 * n);
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 2 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_UINT16_T, out, as_int(n), MPI_UINT16_T, comm_));
@@ -158,6 +170,7 @@ void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::i
 void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("allgather", (size_ - 1) * 2.0 * n);
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 2 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_UINT16_T, comm_));
@@ -165,6 +178,7 @@ void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const 
 
 void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
+  const progress::InComm in_comm("reduce_scatter", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, in, out, n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
@@ -173,6 +187,7 @@ void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) c
 void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
+  const progress::InComm in_comm("reduce_scatter", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, buf, buf + rank_ * n, n))  // NCCL's in-place form
   Kokkos::fence();
   // MPI_IN_PLACE leaves this rank's block at the start of buf: move it to its place.
@@ -188,34 +203,42 @@ void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
 void Communicator::allgather_in_place(float* buf, std::int64_t n) const {
   if (size_ == 1) return;
   count("allgather", (size_ - 1) * 4.0 * n);
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 4 * n))
   Kokkos::fence();
   TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_FLOAT, comm_));
 }
 
 double Communicator::allreduce_sum(double v) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   double out = v;
   if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
   return out;
 }
 
 double Communicator::allreduce_max(double v) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   double out = v;
   if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return out;
 }
 
 std::int64_t Communicator::allreduce_sum(std::int64_t v) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   std::int64_t out = v;
   if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_));
   return out;
 }
 
 void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));
 }
 
-void Communicator::barrier() const { TRIDENT_CHECK_MPI(MPI_Barrier(comm_)); }
+void Communicator::barrier() const {
+  const progress::InComm in_comm("barrier", name_.c_str(), size_);
+  TRIDENT_CHECK_MPI(MPI_Barrier(comm_));
+}
 
 std::string comm_library_versions() {
   char buf[MPI_MAX_LIBRARY_VERSION_STRING] = {};

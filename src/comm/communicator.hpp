@@ -35,6 +35,9 @@ class Communicator {
   bool device_enabled() const { return static_cast<bool>(nccl_); }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The group's name in reports ("tp", "dp", ...; common/progress.hpp).
+  void set_name(const std::string& name) { name_ = name; }
+  const std::string& name() const { return name_; }
 
   // In-place sum / max over the group of a buffer in the default memory space.
   void allreduce_sum(float* data, std::int64_t n) const;
@@ -98,6 +101,7 @@ class Communicator {
   void release();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::string name_ = "world";
 };
 
 // The communication libraries this build runs on, one per line: the MPI library's own version

@@ -34,13 +34,17 @@ Topology::Topology(MPI_Comm world, int tp, int pp) : world_(world), tp_(tp), pp_
   // tp group: same (dp, pp); key = tp rank
   MPI_Comm_split(world, me_.dp + me_.pp * dp_, me_.tp, &c);
   tp_group_ = Communicator(c);
+  tp_group_.set_name("tp");
   MPI_Comm_split(world, me_.tp + me_.pp * tp_, me_.dp, &c);
   dp_group_ = Communicator(c);
+  dp_group_.set_name("dp");
   MPI_Comm_split(world, me_.tp + me_.dp * tp_, me_.pp, &c);
   pp_group_ = Communicator(c);
+  pp_group_.set_name("pp");
   const bool in_embedding = me_.pp == 0 || me_.pp == pp_ - 1;
   MPI_Comm_split(world, in_embedding ? me_.tp + me_.dp * tp_ : MPI_UNDEFINED, me_.pp, &c);
   if (c != MPI_COMM_NULL) embedding_group_ = Communicator(c);
+  embedding_group_.set_name("embedding");
   // CUDA builds: NCCL communicators for the groups that move device buffers, created in the same
   // order on every rank (each creation is collective over its group).
   for (Communicator* g : {&tp_group_, &dp_group_, &pp_group_}) g->enable_device();
@@ -54,9 +58,11 @@ void Topology::set_decoder_stage(int stage) {
   const bool in_embedding = me_.pp == 0 || me_.pp == pp_ - 1 || me_.pp == stage;
   MPI_Comm_split(world_.get(), in_embedding ? group : MPI_UNDEFINED, me_.pp, &c);
   embedding_group_ = c != MPI_COMM_NULL ? Communicator(c) : Communicator();
+  embedding_group_.set_name("embedding");
   const bool in_position = me_.pp == 0 || me_.pp == stage;
   MPI_Comm_split(world_.get(), in_position ? group : MPI_UNDEFINED, me_.pp, &c);
   position_group_ = c != MPI_COMM_NULL ? Communicator(c) : Communicator();
+  position_group_.set_name("position");
   if (in_embedding) embedding_group_.enable_device();
   if (in_position) position_group_.enable_device();
 }

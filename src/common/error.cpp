@@ -1,13 +1,17 @@
 // Collective error agreement.
 #include "common/error.hpp"
 
+#include "common/progress.hpp"
+
 #include <vector>
 
 namespace trident {
 
 void agree_or_throw(MPI_Comm comm, const std::string& local_error) {
-  int rank = 0;
+  int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const progress::InComm in_comm("agreement on errors (allreduce)", "world", size);
   int bad = local_error.empty() ? -1 : rank;
   int first_bad = -1;
   // The lowest failing rank (or -1) via MAX over (-1 | rank) would pick the highest; use MIN

@@ -193,6 +193,28 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_path, const std::string& m
     }
     num_merges_ = rank;
     TRIDENT_REQUIRE(num_merges_ > 0, "GPT-2 merges file '" << merges_path << "' holds no merges");
+    // Every multi-byte token of the vocabulary is the result of a merge (GPT-2: 256 bytes +
+    // 50000 merges + <|endoftext|>). A merges file cut short, even at a line boundary, leaves
+    // tokens no merge makes, and would silently tokenize differently.
+    std::vector<bool> made(symbol_bytes_.size(), false);
+    for (const auto& m : merges_) made[static_cast<std::size_t>(m.second.result)] = true;
+    std::size_t missing = 0;
+    std::string example;
+    for (const auto& [bytes, id] : bytes_to_id_) {
+      if (bytes.size() < 2) continue;
+      // added special tokens spelled in printable ASCII (<|endoftext|>, <pad>, [MASK]) come from
+      // no merge
+      const bool marker = (bytes.front() == '<' && bytes.back() == '>') || (bytes.front() == '[' && bytes.back() == ']');
+      if (marker) continue;
+      const auto it = symbol_of.find(bytes);
+      if (it != symbol_of.end() && made[static_cast<std::size_t>(it->second)]) continue;
+      if (missing++ == 0) example = "id " + std::to_string(id);
+    }
+    TRIDENT_REQUIRE(missing == 0, "GPT-2 merges file '" << merges_path << "' holds " << num_merges_ << " merges, but "
+                                                        << missing << " multi-byte token(s) of the vocabulary '"
+                                                        << vocab_path << "' (" << example
+                                                        << ", ...) come from none of them: the merges file is "
+                                                           "truncated or belongs to another vocabulary");
   }
 
   // ---- character classes of the Basic Multilingual Plane ----

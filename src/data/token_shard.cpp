@@ -5,8 +5,15 @@
 // training job fails at start-up, naming the file, rather than mid-run.
 #include "data/token_shard.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <set>
 #include <filesystem>
 #include <limits>
 #include <sstream>
@@ -63,6 +70,7 @@ struct TokenShardWriter::Impl {
   H5Handle file, tokens;
   std::vector<std::int32_t> buffer;
   std::int64_t written = 0;  // tokens already in the file
+  std::int64_t max_token_id = -1;
   std::vector<std::int64_t> doc_offsets{0};
   std::vector<std::int64_t> sent_offsets{0};
 
@@ -113,6 +121,7 @@ TokenShardWriter::TokenShardWriter(const std::string& path, const std::string& t
   H5Handle space = h5_space(H5Screate_simple(1, dims, maxdims));
   H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_chunk(dcpl, 1, chunk);
+  H5Pset_fletcher32(dcpl);  // a checksum per chunk, verified by HDF5 on every read
   m.tokens = h5_dataset(H5Dcreate2(m.file, "tokens", m.wide ? H5T_STD_I32LE : H5T_STD_U16LE, space, H5P_DEFAULT,
                                    dcpl, H5P_DEFAULT));
   if (!m.tokens.valid()) {
@@ -140,6 +149,7 @@ void TokenShardWriter::add_document(const std::vector<std::int32_t>& tokens,
   for (std::int32_t t : tokens) {
     TRIDENT_REQUIRE(t >= 0 && t < m.vocab_size,
                     where_of(m.path) << ": token id " << t << " outside [0, vocab_size=" << m.vocab_size << ")");
+    m.max_token_id = std::max<std::int64_t>(m.max_token_id, t);
   }
   const std::int64_t base = m.total();
   if (m.with_sentences) {
@@ -206,6 +216,7 @@ void TokenShardWriter::close() {
     h5_write_attr(m.file, "tokenizer", m.tokenizer);
     h5_write_attr(m.file, "vocab_size", m.vocab_size);
     h5_write_attr(m.file, "eod_id", m.eod_id);
+    h5_write_attr(m.file, "max_token_id", m.max_token_id);
     for (int i = 0; i < kNumSpecial; ++i) {
       const std::int64_t v = *special_fields(m.specials, i);
       if (v > 0 || (v == 0 && i != kNumSpecial - 1)) h5_write_attr(m.file, kSpecialAttrs[i], v);
@@ -228,7 +239,27 @@ struct TokenShardReader::Impl {
   TokenShardMeta meta;
   H5Handle file, tokens;
   std::vector<std::int64_t> doc_offsets, sent_offsets;
+  struct stat opened {};                 // the file as opened
+  mutable std::atomic<bool> touched{false};  // read since the last check_touched_shards()
+  std::string changes() const;  // TokenShardReader::changed_on_disk
+  Impl();
+  ~Impl();
 };
+
+namespace {
+// every open reader of this process, for check_touched_shards()
+std::mutex g_readers_mutex;
+std::set<const TokenShardReader::Impl*> g_readers;
+}  // namespace
+
+TokenShardReader::Impl::Impl() {
+  std::lock_guard<std::mutex> lock(g_readers_mutex);
+  g_readers.insert(this);
+}
+TokenShardReader::Impl::~Impl() {
+  std::lock_guard<std::mutex> lock(g_readers_mutex);
+  g_readers.erase(this);
+}
 
 namespace {
 
@@ -279,6 +310,7 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
   std::error_code ec;
   TRIDENT_REQUIRE(std::filesystem::exists(path, ec), where << ": file does not exist");
   TRIDENT_REQUIRE(std::filesystem::is_regular_file(path, ec), where << ": not a regular file");
+  TRIDENT_REQUIRE(::stat(path.c_str(), &m.opened) == 0, where << ": cannot stat: " << std::strerror(errno));
   H5QuietErrors quiet;
   m.file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   TRIDENT_REQUIRE(m.file.valid(), where << ": cannot be opened as an HDF5 file");
@@ -321,6 +353,30 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
                           << (is_signed ? "" : " (unsigned)") << "; expected uint16 or int32");
   }
   m.meta.num_tokens = static_cast<std::int64_t>(n_tokens);
+  if (m.meta.format_version >= 2) {
+    TRIDENT_REQUIRE(h5_has_attr(m.file, "max_token_id"),
+                    where << ": missing attribute 'max_token_id' (format_version " << m.meta.format_version << ")");
+    m.meta.max_token_id = h5_read_attr_int(m.file, "max_token_id", where);
+  } else {  // version 1 records no maximum: the tokens are read once, here
+    std::vector<std::int32_t> block;
+    for (std::int64_t b = 0; b < m.meta.num_tokens; b += std::int64_t(1) << 20) {
+      const std::int64_t n = std::min<std::int64_t>(std::int64_t(1) << 20, m.meta.num_tokens - b);
+      block.resize(static_cast<std::size_t>(n));
+      H5Handle fspace = h5_space(H5Dget_space(m.tokens));
+      const hsize_t start[1] = {static_cast<hsize_t>(b)}, cnt[1] = {static_cast<hsize_t>(n)};
+      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+      H5Handle mspace = h5_space(H5Screate_simple(1, cnt, nullptr));
+      TRIDENT_REQUIRE(H5Dread(m.tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, block.data()) >= 0,
+                      where << ": cannot read tokens [" << b << ", " << b + n << ")");
+      for (std::int32_t t : block) {
+        TRIDENT_REQUIRE(t >= 0, where << ": negative token id " << t << " at position " << b);
+        m.meta.max_token_id = std::max<std::int64_t>(m.meta.max_token_id, t);
+      }
+    }
+  }
+  TRIDENT_REQUIRE(m.meta.max_token_id < m.meta.vocab_size,
+                  where << ": holds token id " << m.meta.max_token_id << ", outside its vocabulary (vocab_size "
+                        << m.meta.vocab_size << ")");
 
   m.doc_offsets = read_offsets(m.file, "document_offsets", where);
   check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where);
@@ -361,8 +417,48 @@ void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t
   const hsize_t cnt[1] = {static_cast<hsize_t>(count)};
   H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
   H5Handle mspace = h5_space(H5Screate_simple(1, cnt, nullptr));
+  m.touched = true;
   TRIDENT_REQUIRE(H5Dread(m.tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, out) >= 0,
-                  where_of(m.meta.path) << ": cannot read tokens [" << begin << ", " << begin + count << ")");
+                  where_of(m.meta.path) << ": cannot read tokens [" << begin << ", " << begin + count
+                                        << ") (a chunk fails its checksum, or the file changed: " << changed_on_disk()
+                                        << ")");
+  const std::uint32_t vocab = static_cast<std::uint32_t>(m.meta.vocab_size);
+  for (std::int64_t i = 0; i < count; ++i)
+    if (static_cast<std::uint32_t>(out[i]) >= vocab)
+      throw Error::all(where_of(m.meta.path) + ": token id " + std::to_string(out[i]) + " at position " +
+                       std::to_string(begin + i) + " is outside the vocabulary (vocab_size " +
+                       std::to_string(m.meta.vocab_size) + "): the file is corrupt or changed");
+}
+
+std::string TokenShardReader::Impl::changes() const {
+  const Impl& m = *this;
+  struct stat now {};
+  if (::stat(m.meta.path.c_str(), &now) != 0) return std::string("it is gone (") + std::strerror(errno) + ")";
+  std::ostringstream os;
+  if (now.st_ino != m.opened.st_ino || now.st_dev != m.opened.st_dev)
+    os << "it was replaced by another file";
+  else if (now.st_size != m.opened.st_size)
+    os << "its size changed from " << m.opened.st_size << " to " << now.st_size << " bytes";
+  else if (now.st_mtim.tv_sec != m.opened.st_mtim.tv_sec || now.st_mtim.tv_nsec != m.opened.st_mtim.tv_nsec)
+    os << "it was modified";
+  return os.str();
+}
+
+std::string TokenShardReader::changed_on_disk() const { return impl_->changes(); }
+
+std::string TokenShardReader::check_touched_shards() {
+  std::vector<const Impl*> touched;
+  {
+    std::lock_guard<std::mutex> lock(g_readers_mutex);
+    for (const Impl* r : g_readers)
+      if (r->touched.exchange(false)) touched.push_back(r);
+  }
+  std::string out;
+  for (const Impl* r : touched) {
+    const std::string c = r->changes();
+    if (!c.empty()) out += (out.empty() ? "" : "; ") + where_of(r->meta.path) + " changed while the job reads it: " + c;
+  }
+  return out;
 }
 
 }  // namespace trident

@@ -2,7 +2,11 @@
 //   /tokens             1-D, uint16 when vocab_size <= 65536, else int32; chunked
 //   /document_offsets   int64, n_docs + 1; document d is tokens[off[d]:off[d+1]]
 //   /sentence_offsets   optional int64; sentence boundaries (token offsets) when split
-//   root attributes: format = "trident.tokens", format_version, tokenizer, vocab_size, eod_id
+//   root attributes: format = "trident.tokens", format_version, tokenizer, vocab_size, eod_id,
+//                    max_token_id (format_version 2)
+// format_version 2 adds HDF5's Fletcher-32 checksum to every chunk of /tokens (verified by HDF5
+// on every read) and max_token_id (checked against vocab_size when the shard opens); version 1
+// shards are still read, their tokens scanned once when they open.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,7 +20,7 @@
 namespace trident {
 
 inline constexpr const char* kTokenShardFormat = "trident.tokens";
-inline constexpr std::int64_t kTokenShardVersion = 1;
+inline constexpr std::int64_t kTokenShardVersion = 2;
 
 struct TokenShardMeta {
   std::string path;
@@ -26,6 +30,7 @@ struct TokenShardMeta {
   std::int64_t eod_id = -1;
   std::int64_t num_tokens = 0;
   std::int64_t num_documents = 0;
+  std::int64_t max_token_id = -1;  // -1: no tokens
   bool has_sentences = false;
   // Optional root attributes cls_id, sep_id, mask_id, pad_id, bos_id, eos_id, sentinel_id,
   // num_sentinels (written by tokenizers that have those tokens; -1 / 0 when absent): the
@@ -74,11 +79,21 @@ class TokenShardReader {
   const TokenShardMeta& meta() const;
   const std::vector<std::int64_t>& document_offsets() const;
   const std::vector<std::int64_t>& sentence_offsets() const;  // empty when absent
-  // tokens[begin, begin + count) into out (count int32 values). Throws Error::all on a bad range.
+  // tokens[begin, begin + count) into out (count int32 values). Throws Error::all on a bad range,
+  // a failed read (a chunk whose checksum does not match) or a token id outside the vocabulary.
   void read(std::int64_t begin, std::int64_t count, std::int32_t* out) const;
 
+  // "" while the file is the one opened (same inode, size and modification time), else what
+  // changed. Reads since the last call mark the shard as touched.
+  std::string changed_on_disk() const;
+  // The shards read since the last call that changed on disk since they were opened, as one
+  // message naming each ("" when none); every shard alive in this process is looked at, so any
+  // dataset's corpora are covered. Thread-safe against reads in the prefetcher thread.
+  static std::string check_touched_shards();
+
+  struct Impl;  // opaque
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,7 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -45,23 +47,118 @@ H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
   return f;
 }
 
+// The row blocks of p: this rank's local slice maps onto the global tensor as row_blocks boxes
+// (start in the local tensor, start in the global tensor, extent).
+struct Block {
+  std::vector<hsize_t> mstart, fstart, count;
+};
+
+std::vector<Block> blocks_of(const ParamInfo& p) {
+  const int nd = static_cast<int>(p.shape.size());
+  const hsize_t nb = static_cast<hsize_t>(p.row_blocks);
+  std::vector<Block> out;
+  for (hsize_t b = 0; b < nb; ++b) {
+    Block k{std::vector<hsize_t>(nd, 0), std::vector<hsize_t>(p.global_offset.begin(), p.global_offset.end()),
+            std::vector<hsize_t>(p.valid.begin(), p.valid.end())};
+    k.mstart[0] = b * static_cast<hsize_t>(p.shape[0]) / nb;
+    k.fstart[0] += b * static_cast<hsize_t>(p.global_shape[0]) / nb;
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
 // Calls f(memory space, file space) once per row block of p with the selections that map this
 // rank's local slice onto the global tensor.
 template <class F>
 void for_each_block(const ParamInfo& p, F&& f, hid_t fspace) {
   const int nd = static_cast<int>(p.shape.size());
-  const hsize_t nb = static_cast<hsize_t>(p.row_blocks);
   std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
   H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
-  for (hsize_t b = 0; b < nb; ++b) {
-    std::vector<hsize_t> mstart(nd, 0), count(p.valid.begin(), p.valid.end()),
-        fstart(p.global_offset.begin(), p.global_offset.end());
-    mstart[0] = b * ldims[0] / nb;
-    fstart[0] += b * static_cast<hsize_t>(p.global_shape[0]) / nb;
-    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr);
-    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr);
+  for (const Block& k : blocks_of(p)) {
+    H5Sselect_hyperslab(mspace, H5S_SELECT_SET, k.mstart.data(), nullptr, k.count.data(), nullptr);
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, k.fstart.data(), nullptr, k.count.data(), nullptr);
     f(mspace.get(), fspace);
   }
+}
+
+// Checksums (format_version 2): every dataset carries the attribute `checksum`, 16 hex digits of
+// the sum (mod 2^64) over its elements of splitmix64(global row-major index * K + the element's
+// fp32 bits). A sum of per-element terms does not depend on the order of the elements, so each
+// rank adds up the slices it owns, under any parallel layout, and one all-reduce gives the
+// tensor's checksum, when writing as when loading. A change of any single element changes it.
+constexpr const char* kChecksumAlgorithm = "sum64(splitmix64(index*0x9e3779b97f4a7c15+fp32 bits))";
+
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// This rank's part of the checksum of p's global tensor: the sum over its row blocks of `base`
+// (the local tensor, row-major with p.shape).
+std::uint64_t partial_checksum(const ParamInfo& p, const float* base) {
+  const int nd = static_cast<int>(p.shape.size());
+  std::uint64_t sum = 0;
+  for (const Block& k : blocks_of(p)) {
+    // rows of the box: all dimensions but the last one, walked as an odometer
+    std::vector<hsize_t> idx(nd, 0);
+    const hsize_t inner = k.count[nd - 1];
+    bool empty = false;
+    for (int d = 0; d < nd; ++d) empty = empty || k.count[d] == 0;
+    if (empty) continue;
+    while (true) {
+      std::uint64_t loff = 0, goff = 0;
+      for (int d = 0; d < nd; ++d) {
+        loff = loff * static_cast<std::uint64_t>(p.shape[d]) + k.mstart[d] + idx[d];
+        goff = goff * static_cast<std::uint64_t>(p.global_shape[d]) + k.fstart[d] + idx[d];
+      }
+      const float* x = base + loff;
+      for (hsize_t j = 0; j < inner; ++j) {
+        std::uint32_t bits;
+        std::memcpy(&bits, x + j, sizeof bits);
+        sum += splitmix64((goff + j) * 0x9e3779b97f4a7c15ULL + bits);
+      }
+      int d = nd - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < k.count[d]) break;
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+  }
+  return sum;
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The ranks that own a tensor's slice (one replica per data-parallel group, one tensor-parallel
+// copy of replicated tensors, no tied copies) partition it: their partial checksums add up to
+// the tensor's.
+bool owns_slice(const ParamInfo& p, bool writes, int tp_rank) {
+  return writes && !p.tied_copy && !(p.tp_replicated && tp_rank != 0);
+}
+
+// The checksums of the datasets prefix + name for every name of `tensors` (sorted, the same on
+// every rank) from the slices this rank owns in `host` (laid out like the store). Collective over
+// comm: one all-reduce.
+std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host, bool writes, int tp_rank,
+                                     const std::map<std::string, std::vector<hsize_t>>& tensors, MPI_Comm comm) {
+  std::vector<std::uint64_t> part;
+  part.reserve(tensors.size());
+  for (const auto& entry : tensors) {
+    const ParamId id = store.find(entry.first);
+    std::uint64_t s = 0;
+    if (id >= 0 && owns_slice(store.info(id), writes, tp_rank)) s = partial_checksum(store.info(id), host + store.info(id).offset);
+    part.push_back(s);
+  }
+  std::vector<std::uint64_t> total(part.size(), 0);
+  MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_UINT64_T, MPI_SUM, comm);
+  return total;
 }
 
 // The union over all ranks of (name, global shape) of the tensors they hold: with pipeline
@@ -99,14 +196,19 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
 // Writes every parameter of `store` from `host` (a host copy of a buffer laid out like the
 // store) as global datasets prefix + name. Collective: every rank creates every dataset of
 // `tensors` (all_tensors), and writes the slices it owns.
+// `sums`: the datasets' checksums (checksums()), in the order of `tensors`, or empty for none.
 void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host, bool i_write,
-                   int tp_rank, const std::map<std::string, std::vector<hsize_t>>& tensors) {
+                   int tp_rank, const std::map<std::string, std::vector<hsize_t>>& tensors,
+                   const std::vector<std::uint64_t>& sums) {
+  std::size_t index = 0;
   for (const auto& [pname, gdims] : tensors) {
     const std::string name = prefix + pname;
     h5_make_parents(file, name);
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
     H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
+    if (!sums.empty()) h5_write_attr(dset, "checksum", hex64(sums[index]));  // collective: same value everywhere
+    ++index;
     const ParamId id = store.find(pname);
     if (id < 0) continue;
     const ParamInfo& p = store.info(id);
@@ -124,8 +226,11 @@ void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store
     const std::string name = prefix + p.name;
     TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
                         H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
-                    "checkpoint " << where << " has no tensor '" << name << "'");
+                    "checkpoint " << where << " has no tensor '" << name
+                                  << "' (not a checkpoint of this model, or the file is corrupt)");
     H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+    TRIDENT_REQUIRE(dset.valid(), "checkpoint " << where << ": tensor '" << name
+                                                << "' cannot be opened (the file is corrupt)");
     const auto dims = h5_dims(dset);
     std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());
     TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
@@ -133,7 +238,7 @@ void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store
     H5Handle fspace = h5_space(H5Dget_space(dset));
     for_each_block(p, [&](hid_t mspace, hid_t fsel) {
       TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) >= 0,
-                      "checkpoint " << where << ": reading '" << name << "' failed");
+                      "checkpoint " << where << ": reading '" << name << "' failed (the file is corrupt or truncated)");
     }, fspace);
   }
 }
@@ -174,6 +279,30 @@ void load_state(const FloatView& part, const HostFloatView& full, const AdamW& o
   Kokkos::deep_copy(part, mirror);
 }
 
+// The first tensor of `store` with a NaN or an infinity in `host` (laid out like the store) as
+// "<prefix><name>", or "" when every element is finite.
+std::string first_nonfinite(const ParamStore& store, const HostFloatView& host, const std::string& prefix) {
+  if (host.extent(0) == 0) return "";
+  for (const auto& p : store.params()) {
+    const std::int64_t n = p.numel();
+    const float* x = host.data() + p.offset;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[i])) return prefix + p.name;
+  }
+  return "";
+}
+
+// The weights, moments and masters of a checkpoint, checked for non-finite values: `what` and the
+// first offending tensor, or "".
+std::string nonfinite_tensors(const std::string& what, const ParamStore& store, const HostFloatView& values,
+                              const HostFloatView& m, const HostFloatView& v, const HostFloatView& master) {
+  std::string t = first_nonfinite(store, values, "");
+  if (t.empty()) t = first_nonfinite(store, m, "optimizer/exp_avg/");
+  if (t.empty()) t = first_nonfinite(store, v, "optimizer/exp_avg_sq/");
+  if (t.empty()) t = first_nonfinite(store, master, "optimizer/master/");
+  return t.empty() ? std::string() : what + ": tensor '" + t + "' holds non-finite values (NaN or inf)";
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
@@ -191,6 +320,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     v = full_state(opt->exp_avg_sq(), *opt, store, topo);
     if (opt->has_master()) master = full_state(opt->master(), *opt, store, topo);
   }
+  // a diverged run never writes a checkpoint (the earlier ones, and `latest`, stay as they are)
+  agree_or_throw(world.get(), nonfinite_tensors("refusing to write the checkpoint of iteration " + std::to_string(st.iteration) +
+                                                    " (the run has diverged; earlier checkpoints are kept)",
+                                                store, values, m, v, master));
   std::string err;
   {
     H5QuietErrors quiet;
@@ -198,13 +331,19 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
     agree_or_throw(world.get(), err);
     const bool w = writes_slice(topo);
+    const int tp = topo.coords().tp;
     const auto tensors = all_tensors(store, world.get());
-    write_tensors(file, "", store, values.data(), w, topo.coords().tp, tensors);
+    auto put = [&](const std::string& prefix, const HostFloatView& buf) {
+      write_tensors(file, prefix, store, buf.data(), w, tp, tensors,
+                    checksums(store, buf.data(), w, tp, tensors, world.get()));
+    };
+    put("", values);
     if (opt) {
-      write_tensors(file, "optimizer/exp_avg/", store, m.data(), w, topo.coords().tp, tensors);
-      write_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), w, topo.coords().tp, tensors);
-      if (opt->has_master()) write_tensors(file, "optimizer/master/", store, master.data(), w, topo.coords().tp, tensors);
+      put("optimizer/exp_avg/", m);
+      put("optimizer/exp_avg_sq/", v);
+      if (opt->has_master()) put("optimizer/master/", master);
     }
+    h5_write_attr(file, "checksum_algorithm", std::string(kChecksumAlgorithm));
     // Attributes are written collectively (same values on every rank).
     h5_write_attr(file, "format", std::string(kCheckpointFormat));
     h5_write_attr(file, "format_version", kCheckpointVersion);
@@ -230,6 +369,8 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
       throw Error::one("cannot rename '" + tmp_path + "': " + std::strerror(errno));
     write_text_atomically(save_dir + "/latest", std::to_string(st.iteration) + "\n");
+    if (const int n = remove_stale_tmp_files(save_dir))
+      std::printf("removed %d temporary file(s) of earlier checkpoint saves that did not finish\n", n);
   });
   return final_path;
 }
@@ -289,9 +430,15 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(store.padded_size()));
     v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
   }
-  collectively(topo.world().get(), [&] {
+  const MPI_Comm world = topo.world().get();
+  const auto tensors = all_tensors(store, world);
+  std::int64_t version = 0;
+  // the stored checksums of every dataset read, by prefix, in the order of `tensors`
+  std::map<std::string, std::vector<std::string>> stored;
+  collectively(world, [&] {
     H5QuietErrors quiet;
     H5Handle file = open_checkpoint(path, expected_model);
+    version = h5_read_attr_int(file, "format_version", path);
     st.model = expected_model;
     st.iteration = h5_read_attr_int(file, "iteration", path);
     st.consumed_samples = h5_read_attr_int(file, "consumed_samples", path);
@@ -299,18 +446,33 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     st.seed = h5_read_attr_int(file, "seed", path);
     st.loss_scale = h5_read_attr_double(file, "loss_scale", path);
     st.deck = h5_read_attr_string(file, "deck", path);
-    read_tensors(file, "", store, values.data(), path);
+    auto get = [&](const std::string& prefix, float* host) {
+      read_tensors(file, prefix, store, host, path);
+      if (version < 2) return;
+      auto& sums = stored[prefix];
+      for (const auto& entry : tensors) {
+        const std::string name = prefix + entry.first;
+        TRIDENT_REQUIRE(H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
+                        "checkpoint " << path << " has no tensor '" << name << "'");
+        H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+        TRIDENT_REQUIRE(h5_has_attr(dset, "checksum"), "checkpoint " << path << ": tensor '" << name
+                                                                     << "' has no checksum attribute (format_version "
+                                                                     << version << " requires one)");
+        sums.push_back(h5_read_attr_string(dset, "checksum", path + ": " + name));
+      }
+    };
+    get("", values.data());
     if (opt) {
       TRIDENT_REQUIRE(h5_read_attr_int(file, "has_optimizer", path) == 1,
                       "checkpoint '" << path << "' has no optimizer state to resume from");
-      read_tensors(file, "optimizer/exp_avg/", store, m.data(), path);
-      read_tensors(file, "optimizer/exp_avg_sq/", store, v.data(), path);
+      get("optimizer/exp_avg/", m.data());
+      get("optimizer/exp_avg_sq/", v.data());
       // fp32 master weights of a 16-bit run; without them (a checkpoint of an fp32 run) the
       // masters start from the model's values
       has_master = opt->has_master() && H5Lexists(file, "optimizer/master", H5P_DEFAULT) > 0;
       if (has_master) {
         master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(store.padded_size()));
-        read_tensors(file, "optimizer/master/", store, master.data(), path);
+        get("optimizer/master/", master.data());
       }
     }
     if (h5_has_attr(file, "loss_scale_growth_tracker")) {
@@ -319,6 +481,38 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       st.skipped_iterations = h5_read_attr_int(file, "skipped_iterations", path);
     }
   });
+  if (version >= 2) {
+    // every rank computes the same sums and so reaches the same verdict
+    std::string bad;
+    const bool w = writes_slice(topo);
+    const int tp = topo.coords().tp;
+    auto verify = [&](const std::string& prefix, const HostFloatView& buf) {
+      if (!bad.empty()) return;
+      const auto sums = checksums(store, buf.data(), w, tp, tensors, world);
+      const auto& want = stored[prefix];
+      std::size_t i = 0;
+      for (const auto& entry : tensors) {
+        if (hex64(sums[i]) != want[i]) {
+          bad = "checkpoint " + path + " is corrupt: tensor '" + prefix + entry.first + "' fails its checksum (stored " +
+                want[i] + ", computed " + hex64(sums[i]) + ")";
+          return;
+        }
+        ++i;
+      }
+    };
+    verify("", values);
+    if (opt) {
+      verify("optimizer/exp_avg/", m);
+      verify("optimizer/exp_avg_sq/", v);
+      if (has_master) verify("optimizer/master/", master);
+    }
+    agree_or_throw(world, bad);
+  } else if (topo.world().rank() == 0) {
+    std::printf("checkpoint %s has format_version %lld: no checksums to verify\n", path.c_str(),
+                static_cast<long long>(version));
+  }
+  agree_or_throw(world, nonfinite_tensors("checkpoint " + path + " was written by a diverged run", store, values, m, v,
+                                          master));
   store.model_from_host(values);
   if (opt) {
     load_state(opt->exp_avg(), m, *opt);
@@ -334,6 +528,48 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   return st;
 }
 
+std::vector<std::string> checkpoints_newest_first(const std::string& save) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(save, ec)) return {};
+  for (const auto& e : fs::directory_iterator(save, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    const std::string file = (e.path() / "checkpoint.h5").string();
+    if (fs::is_regular_file(file, ec)) found.emplace_back(std::stoll(name.substr(5)), file);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::int64_t checkpoint_iteration_of(const std::string& file) {
+  const std::string dir = fs::path(file).parent_path().filename().string();
+  if (dir.size() != 12 || dir.rfind("iter_", 0) != 0 || dir.find_first_not_of("0123456789", 5) != std::string::npos)
+    return -1;
+  return std::stoll(dir.substr(5));
+}
+
+int remove_stale_tmp_files(const std::string& save) {
+  int removed = 0;
+  std::error_code ec;
+  auto drop = [&](const fs::path& p) {
+    if (fs::is_regular_file(p, ec) && fs::remove(p, ec)) ++removed;
+  };
+  drop(fs::path(save) / "latest.tmp");
+  if (!fs::is_directory(save, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(save, ec)) {
+    if (e.path().filename().string().rfind("iter_", 0) != 0) continue;
+    drop(e.path() / "checkpoint.h5.tmp");
+    // an iter_* directory a failed save left empty
+    if (fs::is_directory(e.path(), ec) && fs::is_empty(e.path(), ec) && fs::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 void save_named_tensors(const std::string& path, const std::string& prefix, const ParamStore& store,
                         const FloatView& buffer, std::int64_t iteration, const Topology& topo) {
   auto host = Kokkos::create_mirror_view_and_copy(HostSpace(), buffer);
@@ -343,7 +579,7 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
   write_tensors(file, prefix, store, host.data(), writes_slice(topo), topo.coords().tp,
-                all_tensors(store, topo.world().get()));
+                all_tensors(store, topo.world().get()), {});
   h5_write_attr(file, "iteration", iteration);
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/topology.hpp"
 #include "layers/param_store.hpp"
@@ -18,7 +19,8 @@
 namespace trident {
 
 inline constexpr const char* kCheckpointFormat = "trident.checkpoint";
-inline constexpr std::int64_t kCheckpointVersion = 1;
+// 2: every dataset carries a `checksum` attribute, verified on load (1: none; still loaded)
+inline constexpr std::int64_t kCheckpointVersion = 2;
 
 struct CheckpointState {
   std::string model;  // "gpt", "bert", "t5"
@@ -44,9 +46,23 @@ std::string resolve_checkpoint(const std::string& load);
 std::string read_checkpoint_deck(const std::string& file, const std::string& expected_model, MPI_Comm world);
 
 // Collective over topo.world(). Loads parameters (and the optimizer state when optimizer is
-// given) and returns the state attributes. Shape or kind mismatches name the tensor.
+// given) and returns the state attributes. Shape or kind mismatches name the tensor; so does a
+// tensor whose checksum does not match (a corrupt file) or that holds NaN or inf (a diverged
+// run). The store and optimizer are changed only once everything has been read and verified, so
+// a caller may try an older checkpoint after a failure.
 CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,
                                 AdamW* optimizer, const Topology& topo);
+
+// The checkpoint files under save directory `save`, newest first (iter_* directories holding a
+// checkpoint.h5), for checkpoint.load = auto's fall-back. Local (call on one rank).
+std::vector<std::string> checkpoints_newest_first(const std::string& save);
+
+// The iteration of a checkpoint file .../iter_NNNNNNN/checkpoint.h5 (-1 when not named so).
+std::int64_t checkpoint_iteration_of(const std::string& file);
+
+// Removes checkpoint.h5.tmp files (and a latest.tmp) left under `save` by saves that were killed
+// or failed, and returns how many it removed. Local; call after a successful save.
+int remove_stale_tmp_files(const std::string& save);
 
 // Writes one flat buffer laid out like `store` as named global tensors (prefix + name) into a
 // new HDF5 file (collective; e.g. gradients for validation). Attributes: iteration.

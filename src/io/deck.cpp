@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -101,6 +102,8 @@ class Registry {
     add("precision.min_loss_scale", &d.precision.min_loss_scale, "fp16 dynamic loss scaling: smallest scale");
     add("precision.loss_scale_window", &d.precision.loss_scale_window, "fp16 dynamic loss scaling: clean steps before the scale doubles");
     add("precision.hysteresis", &d.precision.hysteresis, "fp16 dynamic loss scaling: consecutive overflows before the scale halves");
+    add("precision.max_skipped_iterations", &d.precision.max_skipped_iterations,
+        "fp16: skipped (overflowing) iterations in a row that stop the job as diverged (0: no limit)");
     add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
     add("data.split", &d.data.split, "train,valid,test document ratios");
     add("data.prefetch", &d.data.prefetch, "read the next micro-batch on a helper thread while the current one computes");
@@ -121,6 +124,8 @@ class Registry {
     add("checkpoint.save_initial", &d.checkpoint.save_initial, "also save iteration 0 (initial weights)");
     add("checkpoint.finetune", &d.checkpoint.finetune,
         "fine-tune: checkpoint.load gives the weights only; iteration, optimizer and schedule start afresh");
+    add("checkpoint.overwrite", &d.checkpoint.overwrite,
+        "a run from scratch may replace the checkpoints in checkpoint.save and the metrics files (refused otherwise)");
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
     add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
     add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
@@ -131,6 +136,13 @@ class Registry {
     add("log.timeline_file", &d.log.timeline_file, "Chrome-trace JSON of the pipeline schedule (one row per rank)");
     add("perf.peak_tflops", &d.perf.peak_tflops, "peak TFLOP/s per rank for MFU (0: no MFU)");
     add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
+    add("watchdog.enable", &d.watchdog.enable,
+        "end a job whose iteration overruns its deadline, printing where each rank is stuck (exit code 5)");
+    add("watchdog.factor", &d.watchdog.factor, "deadline: this many times the median iteration time (0: min_s)");
+    add("watchdog.min_s", &d.watchdog.min_s, "deadline floor in seconds");
+    add("watchdog.warmup_iters", &d.watchdog.warmup_iters, "iterations timed against startup_s before the median applies");
+    add("watchdog.startup_s", &d.watchdog.startup_s,
+        "deadline in seconds of the warm-up iterations, evaluations and checkpoint saves");
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
     add("debug.dump_grads", &d.debug.dump_grads, "HDF5 file receiving the gradients of iteration 1 (validation)");
     add("debug.grouped_p2p", &d.debug.grouped_p2p,
@@ -232,6 +244,7 @@ void validate(const Deck& d) {
                   "deck: precision.min_loss_scale must be > 0 and at most precision.initial_loss_scale");
   TRIDENT_REQUIRE(d.precision.loss_scale_window >= 1, "deck: precision.loss_scale_window must be >= 1");
   TRIDENT_REQUIRE(d.precision.hysteresis >= 1, "deck: precision.hysteresis must be >= 1");
+  TRIDENT_REQUIRE(d.precision.max_skipped_iterations >= 0, "deck: precision.max_skipped_iterations must be >= 0");
   nonneg("precision.loss_scale", d.precision.loss_scale);
   TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
   TRIDENT_REQUIRE(!d.checkpoint.finetune || (!d.checkpoint.load.empty() && d.checkpoint.load != "auto"),
@@ -239,6 +252,10 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");
   TRIDENT_REQUIRE(d.eval.iters >= 0, "deck: eval.iters must be >= 0");
   TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");
+  TRIDENT_REQUIRE(d.watchdog.factor >= 0, "deck: watchdog.factor must be >= 0");
+  TRIDENT_REQUIRE(d.watchdog.min_s > 0, "deck: watchdog.min_s must be > 0");
+  TRIDENT_REQUIRE(d.watchdog.startup_s > 0, "deck: watchdog.startup_s must be > 0");
+  TRIDENT_REQUIRE(d.watchdog.warmup_iters >= 0, "deck: watchdog.warmup_iters must be >= 0");
   nonneg("perf.peak_tflops", d.perf.peak_tflops);
   if (d.eval.only) {
     TRIDENT_REQUIRE(!d.checkpoint.load.empty() && d.checkpoint.load != "auto",
@@ -297,6 +314,19 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     }
     if (ini) po::store(po::parse_config_file(*ini, reg.desc(), /*allow_unregistered=*/false), vm);
     po::notify(vm);
+    // keys whose default (0 or empty) only means "not set": they must be given
+    std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads", "model.seq_length"};
+    if (!d.eval.only) required.insert(required.end(), {"train.global_batch_size", "train.iters", "data.train_shards"});
+    std::string missing;
+    int n_missing = 0;
+    for (const auto& k : required)
+      if (vm.count(k) == 0 || vm[k].defaulted()) {
+        missing += (missing.empty() ? "" : ", ") + k;
+        ++n_missing;
+      }
+    if (n_missing > 0)
+      throw Error::all("deck " + where + ": " + missing + (n_missing > 1 ? " are" : " is") +
+                       " required (set in the deck or on the command line as --section.key value)");
   } catch (const po::error& e) {
     throw Error::all("deck " + where + ": " + e.what());
   }
@@ -351,6 +381,9 @@ bool parse_deck(int argc, const char* const* argv, Deck& deck, std::string* help
     return false;
   }
   TRIDENT_REQUIRE(!deck_path.empty(), "no input deck: pass --deck FILE (see inputs/README.md)");
+  std::error_code ec;
+  TRIDENT_REQUIRE(!std::filesystem::is_directory(deck_path, ec),
+                  "the input deck '" << deck_path << "' is a directory, not a deck file");
   std::ifstream in(deck_path);
   TRIDENT_REQUIRE(in.good(), "cannot open the input deck '" << deck_path << "'");
   deck.deck_path = deck_path;

@@ -43,6 +43,9 @@ struct Deck {
     double loss_scale = 0.0;  // fixed loss scale; 0: dynamic (fp16) or none (fp32, bf16)
     double initial_loss_scale = 4294967296.0, min_loss_scale = 1.0;  // Megatron's defaults
     std::int64_t loss_scale_window = 1000, hysteresis = 2;
+    // fp16: this many skipped (overflowing) iterations in a row stop the job (0: no limit); an
+    // overflow at min_loss_scale always does
+    std::int64_t max_skipped_iterations = 100;
     bool tf32 = false;  // fp32 GEMMs on TF32 tensor cores (CUDA builds)
   } precision;
   struct Data {
@@ -66,6 +69,9 @@ struct Deck {
     // consumed samples, optimizer and schedule start afresh. A run whose checkpoint.save already
     // holds a checkpoint (a preempted fine-tuning job) resumes from it instead.
     bool finetune = false;
+    // A run that starts from scratch may replace what an earlier run left in checkpoint.save and
+    // in the metrics files (refused otherwise: train/output_checks.hpp).
+    bool overwrite = false;
   } checkpoint;
   struct Eval {
     std::int64_t interval = 0, iters = 10, windows = 0;
@@ -80,6 +86,15 @@ struct Deck {
     double peak_tflops = 0.0;
     std::string peak_name;
   } perf;
+  // Per-iteration deadline (train/watchdog.hpp): after warmup_iters iterations, an iteration (or
+  // an evaluation or checkpoint) that runs past max(min_s, factor x the median iteration time) ends
+  // the job with the watchdog's exit code; before that, and for evaluations and checkpoints, the
+  // deadline is startup_s. factor 0: a fixed deadline of min_s.
+  struct Watchdog {
+    bool enable = true;
+    double factor = 10.0, min_s = 300.0, startup_s = 1800.0;
+    std::int64_t warmup_iters = 5;
+  } watchdog;
   struct Debug {
     std::string dump_batches, dump_grads;
     std::string force_overflow;  // iterations whose gradients get an inf (tests of loss scaling)

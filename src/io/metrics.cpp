@@ -2,6 +2,7 @@
 #include "io/metrics.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <iomanip>
 #include <sstream>
 
@@ -43,7 +44,9 @@ std::string sibling_metrics_path(const std::string& path, const std::string& tag
 MetricsWriter::MetricsWriter(const std::string& path, std::vector<std::string> columns, std::int64_t resume_iteration)
     : path_(path), columns_(std::move(columns)) {
   json_ = ends_with(path, ".jsonl") || ends_with(path, ".json");
-  std::vector<std::string> kept;
+  std::string header;
+  for (size_t i = 0; i < columns_.size(); ++i) header += (i ? "," : "") + columns_[i];
+  std::vector<std::string> kept, superseded;
   if (resume_iteration >= 0) {
     std::ifstream in(path);
     std::string line;
@@ -54,17 +57,31 @@ MetricsWriter::MetricsWriter(const std::string& path, std::vector<std::string> c
         continue;  // header
       }
       first = false;
-      if (!line.empty() && line_iteration(line, json_) <= static_cast<double>(resume_iteration)) kept.push_back(line);
+      if (line.empty()) continue;
+      (line_iteration(line, json_) <= static_cast<double>(resume_iteration) ? kept : superseded).push_back(line);
     }
   }
-  out_.open(path, std::ios::trunc);
-  TRIDENT_REQUIRE(out_.good(), "log.metrics_file: cannot write '" << path << "'");
-  if (!json_) {
-    for (size_t i = 0; i < columns_.size(); ++i) out_ << (i ? "," : "") << columns_[i];
-    out_ << "\n";
+  if (!superseded.empty()) {  // kept beside the file, never dropped
+    const std::string side = sibling_metrics_path(path, "superseded");
+    std::ifstream probe(side);
+    const bool fresh_side = !probe.good() || probe.peek() == std::ifstream::traits_type::eof();
+    std::ofstream s(side, std::ios::app);
+    if (!json_ && fresh_side) s << header << "\n";
+    for (const auto& l : superseded) s << l << "\n";
+    s.flush();
+    TRIDENT_REQUIRE(s.good(), "log.metrics_file: cannot write '" << side << "'");
   }
-  for (auto& l : kept) out_ << l << "\n";
-  out_.flush();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream t(tmp, std::ios::trunc);
+    if (!json_) t << header << "\n";
+    for (const auto& l : kept) t << l << "\n";
+    t.flush();
+    TRIDENT_REQUIRE(t.good(), "log.metrics_file: cannot write '" << tmp << "'");
+  }
+  TRIDENT_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, "log.metrics_file: cannot replace '" << path << "'");
+  out_.open(path, std::ios::app);
+  TRIDENT_REQUIRE(out_.good(), "log.metrics_file: cannot write '" << path << "'");
 }
 
 void MetricsWriter::write(const std::vector<double>& values) {

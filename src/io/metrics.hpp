@@ -1,7 +1,10 @@
 // Metrics files: one row per logged iteration, CSV (header line) or JSON lines, chosen by the
 // file extension (.jsonl/.json -> JSON lines, anything else CSV). Written by one rank.
-// On resume from iteration k, rows of the same file with iteration > k (from the interrupted
-// run) are dropped first, so the file reads as one uninterrupted run.
+// On resume from iteration k, rows of the same file with iteration > k (iterations the interrupted
+// run did after its last checkpoint, which the resumed run repeats) move to a sibling file,
+// <name>.superseded.<ext>, so that the file reads as one uninterrupted run and no row is lost.
+// The file is rewritten through a temporary file and a rename: a crash leaves the old one whole.
+// A run from scratch replaces an existing file only when asked to (train/output_checks.hpp).
 #pragma once
 #include <cstdint>
 #include <fstream>

@@ -105,6 +105,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_stop_signal_rank(rank);
   if (asks_version(argc, argv)) {
     if (rank == 0) print_version(argv[0]);
     std::fflush(stdout);

@@ -17,6 +17,7 @@
 
 #include "comm/topology.hpp"
 #include "common/error.hpp"
+#include "common/progress.hpp"
 #include "common/timer.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
@@ -31,10 +32,12 @@
 #include "optim/loss_scaler.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/memory_report.hpp"
+#include "train/output_checks.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/pipeline.hpp"
 #include "train/prefetcher.hpp"
 #include "train/stop_signal.hpp"
+#include "train/watchdog.hpp"
 #include "train/pipeline_schedule.hpp"
 #include "ops/elementwise.hpp"
 
@@ -74,6 +77,62 @@ GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family
 GptConfig gpt_config_from_deck(const Deck& d, std::int64_t vocab, std::int64_t tp) { return make_config(d, vocab, tp); }
 
 namespace {
+
+// A checkpoint continues (or seeds) this run only if it holds the same model: every dimension
+// that shapes the weights, compared from the deck stored in the checkpoint. Tensor shapes alone
+// would let fewer layers (the extra ones dropped) or other head counts (same shapes) through.
+// Returns the table of differences, or "" when the checkpoint holds this model (collective; a
+// checkpoint whose deck cannot be read throws).
+std::string model_differences(const std::string& file, const char* family, Family fam, const GptConfig& want,
+                              std::int64_t vocab, const Topology& topo) {
+  const Deck saved_deck = parse_deck_text(read_checkpoint_deck(file, family, topo.world().get()));
+  const GptConfig got = make_config(saved_deck, vocab, topo.tp_size(), fam);
+  struct Row {
+    const char* key;
+    std::int64_t saved, run;
+  };
+  std::vector<Row> rows = {{"model.num_layers", got.num_layers, want.num_layers},
+                           {"model.hidden_size", got.hidden, want.hidden},
+                           {"model.num_heads", got.heads, want.heads},
+                           {"model.ffn_hidden_size", got.ffn, want.ffn},
+                           {"model.max_position_embeddings", got.max_positions, want.max_positions}};
+  if (want.t5) rows.push_back({"model.decoder_num_layers", got.decoder_layers, want.decoder_layers});
+  if (want.bert) rows.push_back({"bert.binary_head", got.binary_head ? 1 : 0, want.binary_head ? 1 : 0});
+  if (saved_deck.model.vocab_size > 0)
+    rows.push_back({"model.vocab_size", saved_deck.model.vocab_size, want.vocab_size});
+  std::ostringstream table;
+  bool differ = false;
+  table << "checkpoint " << file << " holds another model than this run's:\n  "
+        << std::left << std::setw(32) << "key" << std::right << std::setw(12) << "checkpoint" << std::setw(12) << "this run";
+  for (const Row& r : rows) {
+    if (r.saved == r.run) continue;
+    differ = true;
+    table << "\n  " << std::left << std::setw(32) << r.key << std::right << std::setw(12) << r.saved << std::setw(12) << r.run;
+  }
+  return differ ? table.str() : std::string();
+}
+
+void check_same_model(const std::string& file, const char* family, Family fam, const GptConfig& want,
+                      std::int64_t vocab, const Topology& topo) {
+  const std::string diff = model_differences(file, family, fam, want, vocab, topo);
+  TRIDENT_REQUIRE(diff.empty(), diff);
+}
+
+// Rank 0's list of checkpoint files, on every rank.
+std::vector<std::string> broadcast_list(std::vector<std::string> list, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string joined;
+  for (const auto& s : list) joined += s + '\n';
+  int n = static_cast<int>(joined.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
+  joined.resize(static_cast<std::size_t>(n));
+  MPI_Bcast(joined.data(), n, MPI_CHAR, 0, comm);
+  list.clear();
+  std::istringstream in(joined);
+  for (std::string line; std::getline(in, line);) list.push_back(line);
+  return list;
+}
 
 GptConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, Family family) {
   GptConfig c;
@@ -651,6 +710,7 @@ int run_pretraining(const Deck& deck, Family fam) {
     const std::string own = auto_checkpoint("auto", deck.checkpoint.save, world);
     if (own.empty()) {
       const std::string file = resolve_checkpoint(deck.checkpoint.load);
+      check_same_model(file, family, fam, cfg, vocab, topo);
       const CheckpointState st = load_checkpoint(file, family, store, nullptr, topo);
       if (half) adamw.init_master(cfg.dt, store.values16());  // fp32 masters from the loaded weights
       if (root)
@@ -664,10 +724,58 @@ int run_pretraining(const Deck& deck, Family fam) {
   }
   const bool resuming = !load.empty();
   if (resuming) {
-    const std::string file = resolve_checkpoint(load);
-    CheckpointState st = load_checkpoint(file, family, store, &adamw, topo);
+    // checkpoint.load = auto resuming this run's own checkpoints: a checkpoint that fails to load
+    // (corrupt: a checksum, an unreadable tensor; or written by a diverged run) gives way to the
+    // next older one that loads, with a message; an explicit checkpoint.load never falls back
+    const bool may_fall_back = deck.checkpoint.load == "auto" && !deck.checkpoint.finetune;
+    std::vector<std::string> candidates;
+    std::int64_t newest = std::numeric_limits<std::int64_t>::max();
+    try {
+      candidates.push_back(resolve_checkpoint(load));
+      newest = checkpoint_iteration_of(candidates[0]);
+    } catch (const Error& e) {  // `latest` unreadable or naming a missing checkpoint
+      if (!may_fall_back) throw;
+      if (root) std::cout << "warning: " << e.what() << "\ncheckpoint.load auto: trying the iter_* directories\n";
+    }
+    if (may_fall_back) {
+      std::vector<std::string> older;
+      if (root)
+        for (const auto& f : checkpoints_newest_first(load))
+          if (checkpoint_iteration_of(f) < newest) older.push_back(f);
+      for (auto& f : broadcast_list(older, world.get())) candidates.push_back(std::move(f));
+      TRIDENT_REQUIRE(!candidates.empty(), "checkpoint.load auto: '" << load << "' holds no checkpoint that loads");
+    }
+    std::string file;
+    CheckpointState st;
+    for (std::size_t c = 0;; ++c) {
+      file = candidates[c];
+      std::string diff;
+      try {
+        diff = model_differences(file, family, fam, cfg, vocab, topo);
+        if (diff.empty()) {
+          st = load_checkpoint(file, family, store, &adamw, topo);
+          break;
+        }
+      } catch (const Error& e) {
+        if (!may_fall_back || e.scope() != Error::Scope::all_ranks) throw;
+        if (c + 1 == candidates.size())
+          throw Error::all(std::string(e.what()) + "\n(checkpoint.load auto: no checkpoint in '" + load +
+                           "' loads; tried " + std::to_string(candidates.size()) + ")");
+        if (root)
+          std::cout << "warning: " << e.what() << "\ncheckpoint.load auto: falling back to " << candidates[c + 1]
+                    << std::endl;
+        continue;
+      }
+      TRIDENT_REQUIRE(diff.empty(), diff);  // another model: never a reason to fall back
+    }
     iteration = st.iteration;
     consumed = st.consumed_samples;
+    if (iteration >= iters) {  // a finished run (a job resubmitted once too often, say): nothing to do
+      if (root)
+        std::cout << "checkpoint " << file << " is at iteration " << iteration << " and train.iters is " << iters
+                  << ": nothing left to train (raise train.iters to continue)" << std::endl;
+      return 0;
+    }
     if (fp16 && st.dtype == "fp16" && lsc.dynamic)
       scaler.restore(st.loss_scale, st.loss_scale_growth_tracker, st.loss_scale_hysteresis_tracker, st.skipped_iterations);
     if (root) {
@@ -677,9 +785,27 @@ int run_pretraining(const Deck& deck, Family fam) {
                   << ": the data order changes\n";
     }
   }
+  // weights, both moments and (16-bit runs) the fp32 masters, as fp32 tensors
+  const std::int64_t checkpoint_bytes =
+      store.global_count() * static_cast<std::int64_t>(sizeof(float)) * (adamw.has_master() ? 4 : 3);
+  {
+    // everything this run will write, checked before its first iteration (collective)
+    OutputPlan plan;
+    plan.resuming = resuming;
+    plan.checkpoint_bytes = checkpoint_bytes;
+    check_outputs(deck, plan, world);
+  }
   const std::string deck_text = deck.to_ini();
+  WatchdogOptions wdo;
+  wdo.enable = deck.watchdog.enable;
+  wdo.factor = deck.watchdog.factor;
+  wdo.min_s = deck.watchdog.min_s;
+  wdo.startup_s = deck.watchdog.startup_s;
+  wdo.warmup_iters = deck.watchdog.warmup_iters;
+  Watchdog watchdog(wdo, world.rank());
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t it) {
+    watchdog.slow_phase("checkpoint save", it);
     last_saved = it;
     CheckpointState st;
     st.model = family;
@@ -693,6 +819,7 @@ int run_pretraining(const Deck& deck, Family fam) {
     st.skipped_iterations = scaler.skipped();
     st.dtype = deck.precision.dtype;
     st.deck = deck_text;
+    check_room_for_checkpoint(deck.checkpoint.save, checkpoint_bytes, world);
     const std::string f = save_checkpoint(deck.checkpoint.save, st, store, &adamw, topo);
     if (root) std::cout << "saved checkpoint " << f << std::endl;
   };
@@ -762,6 +889,7 @@ int run_pretraining(const Deck& deck, Family fam) {
 
   if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
 
+  std::int64_t consecutive_skips = 0;  // fp16: overflowing iterations in a row
   Batch batch(mbs, S, fam, deck.model.decoder_seq_length);
   // GPT: the loss is the mean over the iteration's tokens; BERT: the mean over its micro-batches
   // of each micro-batch's MLM (mean over its labelled positions) + sentence-order loss; T5: the
@@ -823,11 +951,14 @@ int run_pretraining(const Deck& deck, Family fam) {
   const double t_start = wall_seconds();
   double t_last = t_start;
   std::int64_t iters_since_log = 0;
+  stop.arm();  // from here a signal checkpoints at the next iteration boundary (before: exit 4 at once)
   while (iteration < iters) {
     const std::int64_t it = iteration + 1;
     const double t0 = wall_seconds();
+    watchdog.iteration(it);
     store.zero_grads();
     timers.start("forward-backward");
+    progress::set_phase("forward-backward");
     const double pipe_t0 = wall_seconds(), busy0 = runner.forward_seconds() + runner.backward_seconds();
     // fp16: the loss gradient is multiplied by the loss scale (1 otherwise)
     const float dscale = static_cast<float>(dscale_unscaled * scaler.scale());
@@ -851,6 +982,10 @@ int run_pretraining(const Deck& deck, Family fam) {
           return rng;
         });
     prefetch.drain();
+    // the shards this iteration read must still be the files opened (a shard truncated or replaced
+    // under the job reads as zeros or as another corpus): checked before the step uses the data
+    progress::set_phase("shard check");
+    agree_or_throw(world.get(), TokenShardReader::check_touched_shards());
     // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
     const double span = wall_seconds() - pipe_t0;
     const double busy = runner.forward_seconds() + runner.backward_seconds() - busy0;
@@ -858,6 +993,7 @@ int run_pretraining(const Deck& deck, Family fam) {
       bubble_sum += busy > 0 ? (span - busy) / busy : 0.0;
     timers.stop("forward-backward");
     timers.start("grad-allreduce");
+    progress::set_phase("grad-allreduce");
     if (overlap) reducer.wait();  // the layers' buckets, started during the backward pass
     if (tp.sequence_parallel)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
@@ -882,6 +1018,7 @@ int run_pretraining(const Deck& deck, Family fam) {
     const BertLosses parts = bert || t5 ? bert_parts() : BertLosses{};  // (T5: resets the model's sums)
     timers.stop("grad-allreduce");
     timers.start("optimizer");
+    progress::set_phase("optimizer");
     const double loss = loss_sum / loss_count;
     // Loss scaling (fp16): unscale the optimizer's range of the main gradients, check it for
     // inf/NaN, agree on the verdict over every rank, and skip the step on overflow.
@@ -892,7 +1029,18 @@ int run_pretraining(const Deck& deck, Family fam) {
     if (fp16) {
       if (scale_used != 1.0) scale(opt_grads, static_cast<float>(1.0 / scale_used), adamw.size());
       const bool found_inf = world.allreduce_max(has_nonfinite(opt_grads, adamw.size()) ? 1.0 : 0.0) > 0;
+      // a run that keeps overflowing has diverged: stop it rather than skip forever (and never
+      // checkpoint its non-finite state); every rank decides alike from the agreed verdict
+      TRIDENT_REQUIRE(!(found_inf && lsc.dynamic && scaler.scale() <= lsc.min_scale),
+                      "iteration " << it << ": the fp16 gradients overflow at the minimum loss scale ("
+                                   << lsc.min_scale << "): training has diverged (loss " << loss_sum / loss_count
+                                   << "); lower optim.lr, or train in bf16");
       skip = scaler.update(found_inf);
+      consecutive_skips = skip ? consecutive_skips + 1 : 0;
+      TRIDENT_REQUIRE(deck.precision.max_skipped_iterations == 0 || consecutive_skips < deck.precision.max_skipped_iterations,
+                      "iteration " << it << ": " << consecutive_skips << " fp16 iterations in a row overflowed and were "
+                                   << "skipped (precision.max_skipped_iterations): training has diverged; lower optim.lr, "
+                                   << "or train in bf16");
     }
     const double gnorm = skip ? std::nan("") : global_grad_norm(store, topo, shard_begin, shard_begin + shard);
     TRIDENT_REQUIRE(skip || (std::isfinite(loss) && std::isfinite(gnorm)),
@@ -929,6 +1077,7 @@ int run_pretraining(const Deck& deck, Family fam) {
 
     const double t1 = wall_seconds();
     const double dt = t1 - t0;
+    watchdog.iteration_done(dt);
     const double tps = tokens_per_iter / dt;
     const double tflops = flops_per_iter / dt / world.size() / 1e12;
     const double mfu = deck.perf.peak_tflops > 0 ? tflops / deck.perf.peak_tflops : std::nan("");
@@ -957,7 +1106,10 @@ int run_pretraining(const Deck& deck, Family fam) {
         iters_since_log = 0;
       }
     }
-    if (deck.eval.interval > 0 && (it % deck.eval.interval == 0 || it == iters)) evaluate(it);
+    if (deck.eval.interval > 0 && (it % deck.eval.interval == 0 || it == iters)) {
+      watchdog.slow_phase("evaluation", it);
+      evaluate(it);
+    }
     if (!deck.checkpoint.save.empty() && ((deck.checkpoint.interval > 0 && it % deck.checkpoint.interval == 0) || it == iters))
       save(it);
     if (const int sig = stop.agreed(world); sig != 0 && it < iters) {  // time limit or preemption
@@ -976,6 +1128,7 @@ int run_pretraining(const Deck& deck, Family fam) {
       return kExitCheckpointed;
     }
   }
+  watchdog.idle();
   const double trained = static_cast<double>(std::max<std::int64_t>(iteration - first_iteration - 1, 1));
   const double bubble = topo.world().allreduce_sum(bubble_sum / trained) / topo.world_size();
   // Per-rank timers, gathered to rank 0: forward, backward, p2p wait, gradient reduction, optimizer.

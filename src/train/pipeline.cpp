@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/error.hpp"
+#include "common/progress.hpp"
 #include "common/timer.hpp"
 #include "train/pipeline_schedule.hpp"
 
@@ -54,6 +55,7 @@ void PipelineRunner::run_lockstep(const std::vector<PipelineOp>& ops, const Pipe
 void PipelineRunner::wait(MPI_Request& r) {
   if (r == MPI_REQUEST_NULL) return;
   const double t = wall_seconds();
+  const progress::InComm in_comm("wait for a pipeline send", "pp", -1);
   TRIDENT_CHECK_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
   t_p2p_ += wall_seconds() - t;
 }
@@ -107,6 +109,8 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
     FloatView& in = op.forward ? recv_in_ : recv_grad_;
     if (receives) {
       const double t = wall_seconds();
+      const progress::InComm in_comm(op.forward ? "pipeline receive of activations" : "pipeline receive of gradients",
+                                     "pp", topo_.pp_size(), op.forward ? prev : next);
       TRIDENT_CHECK_MPI(MPI_Recv(in.data(), n, MPI_FLOAT, op.forward ? prev : next, recv_tag, pp, MPI_STATUS_IGNORE));
       t_p2p_ += wall_seconds() - t;
     }
@@ -152,11 +156,15 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
   for (const PipelineOp& op : ops) {
     GptModel& model = *chunks_[op.chunk];
     const int v = op.chunk * p + s;
-    if (!model.stage().pre)
+    if (!model.stage().pre) {
+      const progress::InComm in_comm("pipeline receive of activations", "pp", topo_.pp_size(), prev);
       TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + op.micro, pp, MPI_STATUS_IGNORE));
+    }
     compute(op, recv_in_);
-    if (!model.stage().post)
+    if (!model.stage().post) {
+      const progress::InComm in_comm("pipeline send of activations", "pp", topo_.pp_size(), next);
       TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + op.micro, pp));
+    }
   }
   return loss;
 }

@@ -7,9 +7,12 @@
 #include "train/stop_signal.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -18,7 +21,8 @@ namespace trident {
 
 namespace {
 std::atomic<int> g_signal{0};
-std::atomic<bool> g_wanted{false};  // a StopSignal exists: the run checkpoints and exits
+std::atomic<bool> g_wanted{false};  // a StopSignal is armed: the run checkpoints and exits
+std::atomic<int> g_rank{-1};        // this process's world rank once MPI has started
 
 sigset_t stop_set() {
   sigset_t s;
@@ -39,18 +43,35 @@ void install_stop_signal_watcher() {
     for (;;) {
       int sig = 0;
       if (sigwait(&s, &sig) != 0) continue;
-      if (!g_wanted.load()) std::_Exit(128 + sig);  // no run to stop cleanly: the default action's code
+      if (!g_wanted.load()) {  // no training loop to stop cleanly (start-up, shut-down, other apps)
+        const int rank = g_rank.load();
+        if (rank <= 0) {
+          // write(2) only: this thread may not take the stdio locks another thread holds
+          char msg[256];
+          const int n = std::snprintf(msg, sizeof msg,
+                                      "trident: received %s outside the training loop (during start-up or "
+                                      "shut-down): nothing is trained that a checkpoint could keep; stopping now "
+                                      "with exit code %d\n",
+                                      sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal",
+                                      kExitStoppedNoCheckpoint);
+          if (n > 0) (void)!::write(2, msg, static_cast<std::size_t>(std::min<int>(n, sizeof msg - 1)));
+        }
+        std::_Exit(kExitStoppedNoCheckpoint);
+      }
       int none = 0;
       g_signal.compare_exchange_strong(none, sig);
     }
   }).detach();
 }
 
+void set_stop_signal_rank(int rank) { g_rank = rank; }
+
 StopSignal::StopSignal() {
   install_stop_signal_watcher();  // no-op when the app driver installed it first
   g_signal = 0;
-  g_wanted = true;
 }
+
+void StopSignal::arm() { g_wanted = true; }
 
 StopSignal::~StopSignal() { g_wanted = false; }
 

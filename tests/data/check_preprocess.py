@@ -14,6 +14,7 @@ errors: bad inputs give one clear message, exit status 1, no hang and no files l
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -52,10 +53,15 @@ def load(prefix):
         with h5py.File(f, "r") as h:
             attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h.attrs.items()}
             attrs = {k: (str(v) if isinstance(v, (str, np.str_)) else int(v)) for k, v in attrs.items()}
+            t = h["tokens"][...]
+            # max_token_id is the shard's own (format_version 2), checked here against its tokens;
+            # the other attributes are the same in every shard
+            check(attrs.pop("max_token_id", None) == (int(t.max()) if len(t) else -1),
+                  "%s: max_token_id is not the largest token id" % f)
+            check(h["tokens"].fletcher32, "%s: /tokens has no Fletcher-32 checksums" % f)
             if meta is None:
                 meta = attrs
             check(attrs == meta, "%s: attributes %s differ from the first shard's %s" % (f, attrs, meta))
-            t = h["tokens"][...]
             off = h["document_offsets"][...]
             check(off[0] == 0 and off[-1] == len(t), "%s: document offsets do not span /tokens" % f)
             check(len(off) > 1, "%s: a shard without documents" % f)
@@ -92,7 +98,7 @@ def invariance(a):
             results[(split, n)] = load(prefix)
     f1, t1, d1, s1, m1 = results[(False, 1)]
     f2, t2, d2, s2, m2 = results[(False, 2)]
-    check(m1 == {"format": "trident.tokens", "format_version": 1, "tokenizer": "GPT2BPETokenizer",
+    check(m1 == {"format": "trident.tokens", "format_version": 2, "tokenizer": "GPT2BPETokenizer",
                  "vocab_size": 50257, "eod_id": 50256}, "attributes: %s" % m1)
     check(len(f1) >= 5 and len(f2) >= 6, "expected several shards, got %d (np=1) and %d (np=2)" % (len(f1), len(f2)))
     check(len(d1) == 1190, "1189 documents expected, got %d" % (len(d1) - 1))
@@ -136,7 +142,7 @@ def invariance(a):
         bert.append(load(prefix))
     (_, tb1, db1, sb1, mb1), (_, tb2, db2, sb2, _) = bert
     check(np.array_equal(tb1, tb2) and db1 == db2 and sb1 == sb2, "WordPiece: np=1 and np=2 differ")
-    check(mb1 == {"format": "trident.tokens", "format_version": 1, "tokenizer": "BertWordPieceLowerCase",
+    check(mb1 == {"format": "trident.tokens", "format_version": 2, "tokenizer": "BertWordPieceLowerCase",
                   "vocab_size": 30522, "eod_id": 102, "cls_id": 101, "sep_id": 102, "mask_id": 103, "pad_id": 0},
           "WordPiece attributes: %s" % mb1)
     check(len(db1) == 1190 and sb1 is not None and set(db1) <= set(sb1), "WordPiece: documents / sentences")
@@ -185,12 +191,25 @@ def invariance(a):
         subprocess.run([a.encode_file, vocab, merges, os.path.join(src, name), out], check=True, capture_output=True)
         want = [int(x) for x in open(out).read().split()] + [50256]
         check(t[d[k]:d[k + 1]].tolist() == want, "mixed inputs: document %d is not %s" % (k, name))
-    # Rerun with a bigger shard size: fewer shards, stale higher-numbered ones removed.
+    # Existing shards are never replaced without --overwrite; an empty input never deletes them.
     prefix = os.path.join(work, "mixed_np1")
-    before = len(glob.glob(prefix + "_*.h5"))
+    before = sorted(glob.glob(prefix + "_*.h5"))
+    digest = {f: hashlib.sha256(open(f, "rb").read()).hexdigest() for f in before}
+    unchanged = lambda: {f: hashlib.sha256(open(f, "rb").read()).hexdigest()
+                         for f in sorted(glob.glob(prefix + "_*.h5"))} == digest
     r = run_pp(a, 1, ["--input"] + inputs + ["--output-prefix", prefix, "--append-eod"] + gpt2_args(a))
+    check(r.returncode == 1 and "pass --overwrite" in r.stderr and unchanged(),
+          "rerun without --overwrite: exit %d, shards unchanged %s:\n%s" % (r.returncode, unchanged(), r.stderr))
+    empty = os.path.join(src, "empty.jsonl")
+    open(empty, "w").close()
+    r = run_pp(a, 1, ["--input", empty, "--output-prefix", prefix, "--append-eod", "--overwrite"] + gpt2_args(a))
+    check(r.returncode == 0 and "no shard written" in r.stdout and unchanged(),
+          "empty input with --overwrite: exit %d, shards unchanged %s:\n%s" % (r.returncode, unchanged(), r.stdout))
+    # Rerun with --overwrite and a bigger shard size: fewer shards, stale higher-numbered ones removed.
+    r = run_pp(a, 1, ["--input"] + inputs + ["--output-prefix", prefix, "--append-eod", "--overwrite"] + gpt2_args(a))
     after = sorted(glob.glob(prefix + "_*.h5"))
-    check(r.returncode == 0 and before > 1 and len(after) == 1, "rerun: %d shards before, %s after" % (before, after))
+    check(r.returncode == 0 and len(before) > 1 and len(after) == 1,
+          "rerun: %d shards before, %s after" % (len(before), after))
     check("stale" in r.stdout, "rerun did not report the removed stale shards:\n" + r.stdout)
 
 

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -113,7 +114,8 @@ TEST_F(TokenShardTest, RoundTripUint16) {
 
   TokenShardReader r(p);
   EXPECT_EQ(r.meta().tokenizer, "GPT2BPETokenizer");
-  EXPECT_EQ(r.meta().format_version, 1);
+  EXPECT_EQ(r.meta().format_version, trident::kTokenShardVersion);
+  EXPECT_EQ(r.meta().max_token_id, *std::max_element(all.begin(), all.end()));
   EXPECT_EQ(r.meta().vocab_size, 50257);
   EXPECT_EQ(r.meta().eod_id, 50256);
   EXPECT_EQ(r.meta().num_tokens, static_cast<std::int64_t>(all.size()));
@@ -269,8 +271,20 @@ TEST_F(TokenShardTest, MalformedFilesNameTheProblem) {
        "attribute 'format' is 'trident.checkpoint'"},
       {"format_int.h5", [](hid_t f) { trident::h5_write_attr(f, "format", std::int64_t(1)); },
        "attribute 'format' is not a string"},
-      {"version.h5", [](hid_t f) { trident::h5_write_attr(f, "format_version", std::int64_t(2)); },
-       "format_version 2 is not supported"},
+      {"version.h5", [](hid_t f) { trident::h5_write_attr(f, "format_version", std::int64_t(3)); },
+       "format_version 3 is not supported"},
+      {"no_max.h5", [](hid_t f) { H5Adelete(f, "max_token_id"); }, "missing attribute 'max_token_id'"},
+      {"max.h5", [](hid_t f) { trident::h5_write_attr(f, "max_token_id", std::int64_t(100)); },
+       "holds token id 100, outside its vocabulary (vocab_size 100)"},
+      {"v1_scan.h5",
+       [](hid_t f) {  // version 1 records no maximum: the tokens are scanned when the shard opens
+         trident::h5_write_attr(f, "format_version", std::int64_t(1));
+         H5Adelete(f, "max_token_id");
+         H5Handle d = trident::h5_dataset(H5Dopen2(f, "tokens", H5P_DEFAULT));
+         const std::int32_t big[5] = {1, 2, 150, 4, 5};
+         H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, big);
+       },
+       "holds token id 150, outside its vocabulary (vocab_size 100)"},
       {"no_version.h5", [](hid_t f) { H5Adelete(f, "format_version"); }, "missing attribute 'format_version'"},
       {"no_tokenizer.h5", [](hid_t f) { H5Adelete(f, "tokenizer"); }, "missing attribute 'tokenizer'"},
       {"vocab0.h5", [](hid_t f) { trident::h5_write_attr(f, "vocab_size", std::int64_t(0)); },
@@ -321,4 +335,83 @@ TEST_F(TokenShardTest, MalformedFilesNameTheProblem) {
     write_and_mutate(p, c.mutate);
     expect_open_error(p, c.expect);
   }
+}
+
+// A token id the attributes do not admit is found when it is read; a chunk whose bytes changed
+// fails its Fletcher-32 checksum; a file truncated or replaced under an open reader is reported.
+TEST_F(TokenShardTest, CorruptOrChangedFilesAreDetected) {
+  {  // max_token_id lies: the read names the token and its position
+    const std::string p = path("lie.h5");
+    write_and_mutate(p, [](hid_t f) {
+      H5Handle d = trident::h5_dataset(H5Dopen2(f, "tokens", H5P_DEFAULT));
+      const std::int32_t big[5] = {1, 2, 150, 4, 5};
+      H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, big);
+    });
+    TokenShardReader r(p);
+    std::vector<std::int32_t> out(5);
+    try {
+      r.read(0, 5, out.data());
+      ADD_FAILURE() << "a token outside the vocabulary was read without an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token id 150 at position 2 is outside the vocabulary"), std::string::npos)
+          << e.what();
+    }
+  }
+  // three chunks of tokens; bytes in the middle one overwritten by zeros
+  const std::string p = path("rot.h5");
+  std::vector<std::int32_t> doc(3 * 131072);
+  for (std::size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<std::int32_t>(1 + i % 50000);
+  {
+    TokenShardWriter w(p, "GPT2BPETokenizer", 50257, 50256, false);
+    w.add_document(doc);
+    w.close();
+  }
+  haddr_t chunk_addr = 0;
+  {
+    H5Handle f = trident::h5_file(H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    H5Handle d = trident::h5_dataset(H5Dopen2(f, "tokens", H5P_DEFAULT));
+    hsize_t offset[1];
+    unsigned mask = 0;
+    hsize_t size = 0;
+    H5Handle space = trident::h5_space(H5Dget_space(d));
+    ASSERT_GE(H5Dget_chunk_info(d, space, 1, offset, &mask, &chunk_addr, &size), 0);
+    ASSERT_EQ(offset[0], 131072u);
+  }
+  {
+    std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(chunk_addr + 1000));
+    const std::vector<char> zeros(4096, 0);
+    io.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  TokenShardReader r(p);
+  std::vector<std::int32_t> out(100);
+  r.read(10, 100, out.data());  // the first chunk is intact
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), doc.begin() + 10));
+  try {
+    r.read(131072 + 5000, 100, out.data());
+    ADD_FAILURE() << "a chunk with overwritten bytes was read without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fails its checksum"), std::string::npos) << e.what();
+  }
+  // truncated under the open reader: reported by changed_on_disk and by check_touched_shards
+  EXPECT_EQ(r.changed_on_disk(), "");
+  (void)TokenShardReader::check_touched_shards();  // clears the marks of the reads above
+  EXPECT_EQ(TokenShardReader::check_touched_shards(), "") << "no read since the last check";
+  fs::resize_file(p, 4096);
+  EXPECT_NE(r.changed_on_disk().find("its size changed from"), std::string::npos) << r.changed_on_disk();
+  EXPECT_EQ(TokenShardReader::check_touched_shards(), "") << "the shard was not read since the last check";
+  try {
+    r.read(10, 100, out.data());  // cached chunk: HDF5 may serve it from memory
+  } catch (const Error&) {
+  }
+  const std::string report = TokenShardReader::check_touched_shards();
+  EXPECT_NE(report.find(p), std::string::npos) << report;
+  EXPECT_NE(report.find("changed while the job reads it: its size changed from"), std::string::npos) << report;
+  // replaced by another file
+  const std::string q = path("swap.h5");
+  write_and_mutate(q, [](hid_t) {});
+  TokenShardReader rq(q);
+  fs::copy_file(path("lie.h5"), q + ".new");
+  fs::rename(q + ".new", q);
+  EXPECT_EQ(rq.changed_on_disk(), "it was replaced by another file");
 }

@@ -9,8 +9,6 @@ Checks:
   dp2          np=2 (dp=2) equals np=1 at the same global batch: per-step loss rel. diff <= 1e-5
   eval         evaluation mode prints 'eval loss:' and agrees with the windows' loss recomputed
                by validation/gpt_reference.py (PyTorch) from the same checkpoint
-  bad_input    every kind of bad input exits non-zero with one clear message, no rank hangs,
-               and nothing already written is damaged
   preempt      time limits and preemption without Slurm: SIGUSR1 sent to ONE of 2 ranks mid-run
                makes both write a checkpoint at the next iteration boundary and exit 3; the same
                command with --checkpoint.load auto resumes and ends with the uninterrupted run's
@@ -21,10 +19,11 @@ Checks:
                (iteration, optimizer and schedule start afresh; a step at lr 0 leaves every tensor
                equal to the pretrained one), and the loss falls; fine-tuning from a BERT checkpoint, or
                without checkpoint.load, is a clear error
+Faults and bad input (the checks that were bad_input, outputs and diverge here) are in
+tests/faults/fault_suite.py.
 """
 import csv
 import glob
-import hashlib
 import os
 import shutil
 import sys
@@ -259,71 +258,8 @@ def _make_bert_checkpoint(c):
     return os.path.exists(c.path("bert_ck", "latest"))
 
 
-def digest(path):
-    h = hashlib.sha256()
-    for root, _, files in sorted(os.walk(path)):
-        for f in sorted(files):
-            with open(os.path.join(root, f), "rb") as fh:
-                h.update(f.encode() + fh.read())
-    return h.hexdigest()
-
-
-def check_bad_input(c):
-    import h5py
-    import numpy as np
-    # a good checkpoint and metrics file that failures must leave untouched
-    m = c.path("m.csv")
-    run(c.cmd(1, "--train.iters", "2", "--checkpoint.save", c.path("ck"), "--log.metrics_file", m))
-    before = digest(c.path("ck")), open(m).read()
-    not_hdf5 = c.path("junk.h5")
-    with open(not_hdf5, "w") as f:
-        f.write("this is not HDF5\n")
-    def fake_shard(path, tokens, offsets):
-        # written with h5py (variable-length UTF-8 attributes), as a user's own tool would
-        with h5py.File(path, "w") as f:
-            for k, v in dict(format="trident.tokens", tokenizer="GPT2BPETokenizer").items():
-                f.attrs[k] = v
-            for k, v in dict(format_version=1, vocab_size=50257, eod_id=50256).items():
-                f.attrs[k] = np.int64(v)
-            if tokens is not None:
-                f.create_dataset("tokens", data=tokens)
-            f.create_dataset("document_offsets", data=np.array(offsets, dtype=np.int64))
-    no_tokens, bad_offsets = c.path("shard_a.h5"), c.path("shard_b.h5")
-    fake_shard(no_tokens, None, [0, 3])
-    fake_shard(bad_offsets, np.arange(10, dtype=np.uint16), [0, 7, 5, 10])
-    cases = [
-        ("unknown key", 1, ["--model.num_layerz", "3"], "model.num_layerz"),
-        ("bad value", 1, ["--train.iters", "many"], "train.iters"),
-        ("bad choice", 2, ["--optim.decay_style", "exp"], "optim.decay_style"),
-        ("heads do not divide hidden", 2, ["--model.num_heads", "5"], "model.num_heads"),
-        ("batch does not divide over dp", 2, ["--train.global_batch_size", "2"], "train.global_batch_size"),
-        ("missing shard", 2, ["--data.train_shards", c.path("nothing_*.h5")], "matches no file"),
-        ("not an HDF5 shard", 2, ["--data.train_shards", not_hdf5], "junk.h5"),
-        ("shard without /tokens", 2, ["--data.train_shards", no_tokens], "/tokens"),
-        ("shard with bad offsets", 1, ["--data.train_shards", bad_offsets], "document_offsets"),
-        ("vocab mismatch", 2, ["--model.vocab_size", "1000"], "vocab_size"),
-        ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", c.path("ck"),
-                                            "--log.metrics_file", m], "has shape"),
-        ("missing checkpoint", 1, ["--checkpoint.load", c.path("nope")], "does not exist"),
-        ("no deck", 1, None, "--deck"),
-    ]
-    no_deck = [c.mpiexec, "-n", "1", c.app] if c.mpiexec else [c.app]
-    failures = single_error_failures(
-        [(name, c.cmd(np_, *extra) if extra is not None else no_deck, needle) for name, np_, extra, needle in cases])
-    # an error that rank 0 alone meets (only rank 0 writes the metrics file; here a directory):
-    # the job ends within seconds (TRIDENT_ERROR_GRACE_S, 5 s) instead of leaving rank 1 waiting
-    # in a collective; 30 s allows for a slow machine
-    failures += single_error_failures(
-        [("metrics file unwritable, met by rank 0 alone", c.cmd(2, "--log.metrics_file", c.path("ck")),
-          "log.metrics_file")], timeout=30)
-    after = digest(c.path("ck")), open(m).read()
-    if after != before:
-        failures.append("existing checkpoint or metrics file was modified by a failed run")
-    assert not failures, failures
-
-
 def main():
-    names = ["train", "resume", "dp2", "eval", "bad_input", "preempt", "finetune"]
+    names = ["train", "resume", "dp2", "eval", "preempt", "finetune"]
     check_main({n: globals()["check_" + n] for n in names}, Ctx, mpiexec_default="")
 
 

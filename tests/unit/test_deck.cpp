@@ -53,6 +53,17 @@ TEST(Deck, ResolvedTextRoundTrips) {
   EXPECT_DOUBLE_EQ(e.optim.lr, 0.00025);
 }
 
+TEST(Deck, MissingRequiredKeysAreNamed) {
+  std::string no_iters = kDeck;
+  no_iters.erase(no_iters.find("iters = 10"), 10);
+  EXPECT_NE(error_of(no_iters).find("train.iters is required"), std::string::npos) << error_of(no_iters);
+  const std::string two = error_of("[model]\nnum_layers = 2\nhidden_size = 64\nnum_heads = 4\n[train]\nglobal_batch_size = 8\n"
+                                   "iters = 1\n[data]\ntrain_shards = x.h5\n");
+  EXPECT_NE(two.find("model.seq_length is required"), std::string::npos) << two;
+  // given on the command line instead of the deck: fine
+  EXPECT_EQ(error_of(no_iters, {"--train.iters", "3"}), "");
+}
+
 TEST(Deck, ErrorsNameTheKey) {
   EXPECT_NE(error_of(std::string(kDeck) + "[model]\nnum_layerz = 3\n").find("model.num_layerz"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--train.iters", "ten"}).find("train.iters"), std::string::npos);
@@ -73,3 +84,4 @@ TEST(Deck, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
 }
+
