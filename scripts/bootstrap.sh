@@ -19,6 +19,8 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 packages+=(procps)
 # the job-script tests start a single-node Slurm (tests/slurm)
 [ "$mode" = test ] && packages+=(slurmctld slurmd slurm-client munge)
+# the fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizers
+[ "$mode" = test ] && packages+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -85,3 +85,15 @@ TEST(Deck, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
 }
 
+// Boost.Program_options loops forever on a message whose key or value holds one of its
+// placeholders (%canonical_option%, %value%): found by tests/fuzz/fuzz_deck. Such decks now fail
+// (or parse) at once, and '%' in a string value is kept.
+TEST(Deck, PercentSignsNeverHangTheParser) {
+  const std::string base = "[model]\nnum_layers=1\nhidden_size=8\nnum_heads=1\nseq_length=4\n[train]\n"
+                           "global_batch_size=1\niters=1\n[data]\ntrain_shards=x.h5\n";
+  EXPECT_THROW(parse_deck_text(base + "[bert]\nbi%canonical_option%nary_head = true\n"), Error);
+  EXPECT_THROW(parse_deck_text(base + "[optim]\nlr = %value%\n"), Error);
+  EXPECT_THROW(parse_deck_text(base, {"--train.iters", "%canonical_option%"}), Error);
+  const Deck d = parse_deck_text(base + "[perf]\npeak_name = 100% of %value% dense\n");
+  EXPECT_EQ(d.perf.peak_name, "100% of %value% dense");
+}
