@@ -348,6 +348,8 @@ def main():
         else:
             q.add_argument("--gpus", type=int, required=True)
             q.add_argument("--top", type=int, default=10)
+            q.add_argument("--expect", metavar="TP,PP",
+                           help="exit 1 unless a layout with this tensor- and pipeline-parallel size is among the best --top")
     q = sub.add_parser("published")
     q.add_argument("--out")
     q.add_argument("--max-mean-error", type=float, default=0.0,
@@ -369,7 +371,17 @@ def main():
         return 0
     M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None)
     if a.cmd == "advise":
-        advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash)
+        rows = advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash)
+        if not rows:
+            print("FAIL: no layout fits")
+            return 1
+        if a.expect:
+            tp, pp = (int(x) for x in a.expect.split(","))
+            ranks = [i + 1 for i, (_, L, _) in enumerate(rows[:a.top]) if (L.tp, L.pp) == (tp, pp)]
+            if not ranks:
+                print(f"FAIL: no layout with tp {tp} pp {pp} among the best {a.top}")
+                return 1
+            print(f"expected layout tp {tp} pp {pp}: rank {ranks[0]} of the best {a.top}")
         return 0
     L = Layout(a.tp, a.pp, a.vp, a.dp, a.micro, a.global_batch, a.recompute, a.dtype, sp=not a.no_sp and a.tp > 1,
                distributed=not a.no_distributed, flash=a.flash, tp_overlap=a.tp_overlap)

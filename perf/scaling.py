@@ -61,9 +61,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--expect-sizes", type=int, default=0, help="exit 1 unless the series has this many rank counts")
     a = ap.parse_args()
     mode, runs = read_series(a.dir)
     rows = table(runs)
+    if a.expect_sizes and len(rows) != a.expect_sizes:
+        print(f"FAIL: {len(rows)} rank counts in {a.dir}, expected {a.expect_sizes}")
+        return 1
     with open(os.path.join(a.dir, "scaling.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -3,8 +3,8 @@
 
 usage: slurm_checks.py --root REPO --build BUILD --shards GLOB --work DIR [--mpiexec M]
 
-Starts Slurm with tests/slurm/slurm_cluster.sh (skips with exit code 77 and the reason when it
-cannot), then:
+Starts Slurm with tests/slurm/slurm_cluster.sh (skips with exit code 77 and the reason without root
+or the packages; fails when they are there but Slurm does not come up), then:
   gpt      `sbatch --wait jobscripts/pretrain_gpt.sbatch` (2 ranks through srun --mpi=pmi2) trains
            the tiny deck: exit code 0, every metrics row, a checkpoint
   preempt  a run of jobscripts/pretrain_gpt.sbatch with TRIDENT_RESUBMIT=1 receives the time-limit
@@ -64,9 +64,12 @@ def main():
     state_dir = w("slurm")
     r = subprocess.run(["bash", os.path.join(HERE, "slurm_cluster.sh"), "start", state_dir], capture_output=True,
                        text=True)
-    if r.returncode != 0:
-        print("SKIP: Slurm could not start here:", r.stderr.strip())
+    if r.returncode == 77:
+        print("SKIP: Slurm is not available here:", r.stderr.strip())
         return 77
+    if r.returncode != 0:  # root and the packages are there, but Slurm did not come up: a failure
+        print("FAIL: Slurm is installed but did not start:", r.stderr.strip())
+        return 1
     env = dict(os.environ, SLURM_CONF=os.path.join(state_dir, "slurm.conf"), TRIDENT_BUILD=a.build,
                DECK=os.path.join(a.root, "inputs", "gpt_tiny_ci.ini"))
     env.pop("OMP_NUM_THREADS", None)

@@ -5,10 +5,12 @@
 #                                returns once the node is idle
 #   slurm_cluster.sh stop DIR    stops them
 # Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Exit code 77 (CTest's skip)
-# when they are missing or do not come up, with the reason on stderr.
+# when they are missing, with the reason on stderr; exit 1 when they are there but do not come up
+# (a broken Slurm set-up is a failure, not a reason to skip).
 set -euo pipefail
 cmd=${1:?start|stop} dir=$(mkdir -p "${2:?state directory}" && cd "$2" && pwd)
 skip() { echo "slurm_cluster: $*" >&2; exit 77; }
+fail() { echo "slurm_cluster: $*" >&2; for f in "$dir"/log/*.log; do [ -f "$f" ] && tail -n 15 "$f" >&2; done; exit 1; }
 stop() {
   for p in slurmd slurmctld munged; do
     [ -f "$dir/$p.pid" ] && kill "$(cat "$dir/$p.pid")" 2>/dev/null || true
@@ -28,7 +30,7 @@ cpus=$(nproc)
 mem=$(awk '/MemTotal/{print int($2 / 1024 * 0.8)}' /proc/meminfo)
 # our own munged and socket: works whether or not the system's munge runs
 munged --force --socket="$dir/munge.sock" --key-file=/etc/munge/munge.key --pid-file="$dir/munged.pid" \
-  --log-file="$dir/log/munged.log" --seed-file="$dir/munge.seed" || skip "munged did not start (see $dir/log/munged.log)"
+  --log-file="$dir/log/munged.log" --seed-file="$dir/munge.seed" || fail "munged did not start (see $dir/log/munged.log)"
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=trident-test
 SlurmctldHost=$host(127.0.0.1)
@@ -58,8 +60,8 @@ NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 export SLURM_CONF="$dir/slurm.conf"
-slurmctld -c -f "$SLURM_CONF" || skip "slurmctld did not start (see $dir/log/slurmctld.log)"
-slurmd -f "$SLURM_CONF" || skip "slurmd did not start (see $dir/log/slurmd.log)"
+slurmctld -c -f "$SLURM_CONF" || fail "slurmctld did not start (see $dir/log/slurmctld.log)"
+slurmd -f "$SLURM_CONF" || fail "slurmd did not start (see $dir/log/slurmd.log)"
 for _ in $(seq 1 60); do
   if sinfo -h -o %T 2>/dev/null | grep -q idle; then
     echo "export SLURM_CONF=$SLURM_CONF"
@@ -68,4 +70,4 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 stop
-skip "the node did not become idle within 30 s (see $dir/log/)"
+fail "the node did not become idle within 30 s (see $dir/log/)"
