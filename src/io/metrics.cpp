@@ -19,8 +19,8 @@ std::string num(double v) {
   std::ostringstream os;
   if (v == std::floor(v) && std::fabs(v) < 1e15)
     os << static_cast<long long>(v);
-  else
-    os << std::setprecision(9) << v;
+  else  // 17 significant digits: the double round-trips, so equal text means equal bits
+    os << std::setprecision(17) << v;
   return os.str();
 }
 // iteration of a kept line (first CSV field, or "iteration" of a JSON line); -1 if unknown
