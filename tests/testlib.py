@@ -64,3 +64,38 @@ def trident_checksum(values):
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
         return "%016x" % int(x.sum(dtype=np.uint64))
+
+
+def assert_layout(cmd, out):
+    """The layout a pretraining run reports (its 'parallel:' and 'optimizer:' lines) is the one its
+    command line asks for: tp, pp, dp (ranks / (tp x pp)), sequence parallelism, vp and the
+    distributed optimizer, each checked when given on the command line (dp always). A run that fell
+    back to another layout fails here instead of passing its comparison by accident."""
+    import re
+
+    def flag(key, default):
+        v = default
+        for i, a in enumerate(cmd):
+            if a == "--" + key and i + 1 < len(cmd):
+                v = cmd[i + 1]
+            elif a.startswith("--" + key + "="):
+                v = a.split("=", 1)[1]
+        return v
+
+    np_ = int(cmd[cmd.index("-n") + 1]) if "-n" in cmd else 1
+    tp, pp = int(flag("parallel.tp", 1)), int(flag("parallel.pp", 1))
+    want = dict(tp=tp, pp=pp, dp=np_ // (tp * pp))
+    m = re.search(r"^parallel: tp (\d+)( with sequence parallelism)?, pp (\d+)(?: \((?:interleaved 1F1B, vp (\d+)|1F1B)\))?"
+                  r", dp (\d+);", out, re.M)
+    assert m, "the run printed no 'parallel:' line"
+    got = dict(tp=int(m.group(1)), pp=int(m.group(3)), dp=int(m.group(5)))
+    if flag("parallel.sequence_parallel", None) is not None:
+        want["sp"] = flag("parallel.sequence_parallel", "false") == "true" and tp > 1
+        got["sp"] = m.group(2) is not None
+    if flag("parallel.vp", None) is not None and pp > 1:
+        want["vp"] = int(flag("parallel.vp", 1))
+        got["vp"] = int(m.group(4) or 1)
+    if flag("optim.distributed", None) is not None:
+        want["zero1"] = flag("optim.distributed", "false") == "true"
+        got["zero1"] = "distributed (ZeRO-1)" in out
+    assert got == want, f"the run reports the layout {got}, not the requested {want}"

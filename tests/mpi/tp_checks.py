@@ -50,7 +50,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from testlib import check_main, run, single_error_failures  # noqa: E402
+from testlib import assert_layout, check_main, run, single_error_failures  # noqa: E402
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-5
@@ -80,7 +80,8 @@ class Ctx:
                "--model.hidden_dropout", str(dropout), "--model.attention_dropout", str(dropout),
                "--train.iters", str(iters), "--eval.interval", "0", "--log.metrics_file", m,
                "--debug.dump_grads", self.path(name + "_grads.h5")] + list(extra)
-        run(cmd)
+        _, out, _ = run(cmd)
+        assert_layout(cmd, out)
         return losses(m)
 
 
