@@ -8,7 +8,10 @@ corpus for 300 iterations, then
   * the output is the prompt followed by the generated ids decoded through the tokenizer, and
     prompts from --prompt-file (one per line) give what --prompt gives;
   * an empty prompt, a prompt longer than the context, a BERT checkpoint and an unknown option
-    are clear errors.
+    are clear errors;
+  * sampling follows its definition: over 3000 independent streams the first sampled token matches
+    the exact softmax / temperature / top-k / top-p distribution computed from an independent PyTorch
+    forward of the checkpoint (chi-square, p > 0.001), and greedy is that forward's argmax.
 
 usage: generate_checks.py --build BUILD --shards GLOB --work DIR [--mpiexec M]
 """
@@ -99,7 +102,106 @@ def main():
                                   "holds a bert model, not gpt")])
     assert not bad, bad
     print("errors: empty prompt, prompt beyond the context, unknown option, bad top-p, BERT checkpoint")
+    check_sampling(a, ck, gen, vocab)
     return 0
+
+
+def reference_logits(ck, ids):
+    """Next-token logits after `ids`, from an independent float64 PyTorch forward of the checkpoint
+    (validation/gpt_reference.py), not from Trident."""
+    sys.path.insert(0, os.path.join(ROOT, "validation"))
+    import torch
+    import torch.nn.functional as F
+    import gpt_reference as ref
+    latest = int(open(os.path.join(ck, "latest")).read())
+    c = ref.Checkpoint(os.path.join(ck, "iter_%07d" % latest, "checkpoint.h5"))
+    m = ref.GPTReference(c.config, c.params)
+    cfg, p = c.config, m.params
+    with torch.no_grad():
+        x = torch.tensor([ids], dtype=torch.int64)
+        h = p["model/embedding/word_embeddings"][x] + p["model/embedding/position_embeddings"][:len(ids)].unsqueeze(0)
+        for i in range(cfg.num_layers):
+            h = m._block(h, i)
+        h = F.layer_norm(h, (cfg.hidden_size,), p["model/final_layernorm/weight"], p["model/final_layernorm/bias"],
+                         cfg.layernorm_epsilon)
+        return F.linear(h[0, -1], p["model/embedding/word_embeddings"]).numpy()
+
+
+def sampling_distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """The exact distribution of one sampled token: softmax(logits / temperature) restricted to the
+    top_k most likely tokens, then to the smallest most-likely set whose (renormalised)
+    probability reaches top_p, renormalised (the usual definition, as in Hugging Face's warpers)."""
+    import numpy as np
+    order = np.argsort(-logits, kind="stable")
+    z = (logits[order] - logits[order[0]]) / temperature
+    w = np.exp(z)
+    if top_k:
+        w = w[:top_k]
+    q = w / w.sum()
+    if top_p < 1.0:
+        n = int(np.searchsorted(np.cumsum(q), top_p) + 1)
+        q = q[:n] / q[:n].sum()
+    return {int(order[i]): float(q[i]) for i in range(len(q))}
+
+
+def check_sampling(a, ck, gen, vocab):
+    """The first sampled token over many independent streams (3000 copies of one prompt, each its
+    own stream) follows the exact distribution computed above (chi-square, p > 0.001; a token outside
+    the allowed set fails at once); greedy gives the argmax of the reference logits."""
+    import numpy as np
+    import torch
+    prompt = "And God said, Let there be"
+    text = os.path.join(a.work, "prompt.txt")
+    with open(text, "w") as f:
+        f.write(prompt)
+    enc = os.path.join(a.build, "tests", "data", "encode_file")
+    run([enc, os.path.join(vocab, "encoder.json"), os.path.join(vocab, "vocab.bpe"), text, text + ".ids"])
+    ids = [int(x) for x in open(text + ".ids").read().split()]
+    logits = reference_logits(ck, ids)
+    n = 3000
+    many = os.path.join(a.work, "many.txt")
+    with open(many, "w") as f:
+        f.write((prompt + "\n") * n)
+    common = [gen, "--checkpoint", ck, "--vocab-file", os.path.join(vocab, "encoder.json"), "--merge-file",
+              os.path.join(vocab, "vocab.bpe"), "--max-new-tokens", "1", "--print-ids", "--ignore-eod"]
+    out = run(common + ["--prompt", prompt, "--greedy"])[1]
+    greedy = [int(l.split(":")[1]) for l in out.splitlines() if l.startswith("ids[1]:")][0]
+    assert greedy == int(np.argmax(logits)), f"greedy gave {greedy}, the reference's argmax is {np.argmax(logits)}"
+    print(f"greedy: token {greedy} = argmax of the reference logits")
+    for mode in ({"temperature": 1.0}, {"temperature": 0.7, "top_k": 8}, {"temperature": 1.0, "top_p": 0.6},
+                 {"temperature": 1.3, "top_k": 50, "top_p": 0.9}):
+        want = sampling_distribution(logits, **mode)
+        flags = []
+        for k, v in mode.items():
+            flags += ["--" + k.replace("_", "-"), str(v)]
+        # the decoded text of a sampled token may be a partial UTF-8 sequence: read the output leniently
+        import subprocess
+        r = subprocess.run(common + ["--prompt-file", many, "--batch", "100", "--seed", "11"] + flags,
+                           capture_output=True, text=True, errors="replace", timeout=600)
+        assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-1000:]
+        out = r.stdout
+        got = [int(l.split(":")[1]) for l in out.splitlines() if re.match(r"ids\[\d+\]:", l)]
+        assert len(got) == n, (len(got), out[-500:])
+        outside = sorted({t for t in got if t not in want})
+        assert not outside, f"{mode}: sampled tokens outside the allowed set: {outside[:10]}"
+        counts = {}
+        for t in got:
+            counts[t] = counts.get(t, 0) + 1
+        # bins: tokens expected at least 5 times, the rest pooled
+        big = [t for t, q in want.items() if q * n >= 5]
+        obs = [counts.get(t, 0) for t in big]
+        exp = [want[t] * n for t in big]
+        rest_exp = n - sum(exp)
+        if rest_exp >= 5:
+            obs.append(n - sum(obs))
+            exp.append(rest_exp)
+        chi2 = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+        df = len(obs) - 1
+        pval = float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                             torch.tensor(chi2 / 2.0, dtype=torch.float64))) if df > 0 else 1.0
+        print(f"sampling {mode}: {len(want)} allowed tokens, {df + 1} bins, chi-square {chi2:.1f} (df {df}), "
+              f"p = {pval:.3g}")
+        assert df > 0 and pval > 1e-3, f"{mode}: the sampled tokens do not follow the distribution (p = {pval:.3g})"
 
 
 if __name__ == "__main__":
