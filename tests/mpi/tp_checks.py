@@ -3,9 +3,10 @@
 
 usage: tp_checks.py CHECK --app PRETRAIN_GPT --deck DECK --shards GLOB --work DIR [--mpiexec M]
 
-Checks (fp32, dropout off unless stated; tolerances: relative 1e-5 on every per-step loss
-over 10 steps, relative L2 1e-5 per gradient tensor after step 1 -- different summation
-orders of fp32 partial sums, measured ~1e-7):
+Checks (fp32, dropout off unless stated; tolerances about 10x the worst measured over these
+layouts (validation/README.md, "Tolerances"): relative 3e-7 on every per-step loss and 1e-6 on
+every grad norm over 10 steps, relative L2 6e-6 per gradient tensor after step 1 -- different
+summation orders of fp32 partial sums; every run's reported layout checked against the request):
   tp2       tp=2 without and with sequence parallelism equal tp=1 (np=2)
   tp2dp2    tp=2 x dp=2 (np=4), with sequence parallelism, equals the single-rank run
   resume    a checkpoint saved at tp=2 resumes at tp=1 and one saved at tp=1 at tp=2+SP,
@@ -52,8 +53,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from testlib import assert_layout, check_main, run, single_error_failures  # noqa: E402
 
-LOSS_RTOL = 1e-5
-GRAD_RTOL = 1e-5
+# about 10x the worst measured over every layout below (validation/README.md, "Tolerances"):
+# loss 2.8e-8, grad norm 9.0e-8, step-1 gradients 6.0e-7
+LOSS_RTOL = 3e-7
+GRAD_RTOL = 6e-6
 
 
 def losses(path):
@@ -85,7 +88,7 @@ class Ctx:
         return losses(m)
 
 
-def compare_losses(name, ref, got, rtol=LOSS_RTOL, norm_rtol=1e-4):
+def compare_losses(name, ref, got, rtol=LOSS_RTOL, norm_rtol=1e-6):
     assert len(ref) == len(got), (len(ref), len(got))
     worst = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(ref, got))
     worst_norm = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(ref, got))
