@@ -8,6 +8,7 @@ blocks of micro_batch_size rows of the dump), as in Megatron's BERT and T5 pretr
 import argparse
 import json
 import math
+import os
 
 import h5py
 import numpy as np
@@ -47,6 +48,8 @@ def arguments(description):
     ap.add_argument("--grad-rtol", type=float, default=g.DEFAULT_GRAD_RTOL)
     ap.add_argument("--gnorm-rtol", type=float, default=g.DEFAULT_GNORM_RTOL)
     ap.add_argument("--lr-rtol", type=float, default=g.DEFAULT_LR_RTOL)
+    ap.add_argument("--params", help="Trident's debug.dump_params directory (parameters after some iterations)")
+    ap.add_argument("--param-rtol", type=float, default=g.DEFAULT_PARAM_RTOL)
     ap.add_argument("--report")
     return ap.parse_args()
 
@@ -72,7 +75,11 @@ def run(a, ck, params, width, micro_loss, parts=()):
         return 2
     opt = g.AdamW(params, cfg, step=ck.iteration)
     mbs = cfg.micro_batch_size
-    worst = dict.fromkeys(("loss",) + tuple(parts) + ("lr", "grad_norm", "grad"), 0.0)
+    worst = dict.fromkeys(("loss",) + tuple(parts) + ("lr", "grad_norm", "grad", "param"), 0.0)
+    if a.params and not os.path.isdir(a.params):
+        print("bad input: --params: %s is not a directory" % a.params)
+        return 2
+    param_iters = []
     failures = []
     it = ck.iteration
     with h5py.File(a.batches, "r") as fb:
@@ -111,6 +118,14 @@ def run(a, ck, params, width, micro_loss, parts=()):
                         t.grad.mul_(cfg.clip_grad / (gnorm + 1e-6))
             lr = g.lr_at(cfg, it)
             opt.step(lr)
+            pf = g.params_file(a.params, it)
+            if pf:
+                w, rows_p, bad_p = g.compare_params(pf, params, ck.params, a.param_rtol)
+                worst["param"] = max(worst["param"], w) if w == w else w
+                failures += bad_p
+                param_iters.append(it)
+                print("  parameters after iteration %d: %d tensors, worst error %.2e of the change since the "
+                      "checkpoint (tolerance %.1e)" % (it, len(rows_p), w, a.param_rtol))
             row = rows[it]
             checks = [(k, v, a.loss_rtol) for k, v in tot.items()] + [("lr", lr, a.lr_rtol),
                                                                       ("grad_norm", gnorm, a.gnorm_rtol)]
@@ -127,10 +142,12 @@ def run(a, ck, params, width, micro_loss, parts=()):
     if steps == 0:
         print("bad input: no batch matches a metrics row")
         return 2
+    if a.params and not param_iters:
+        failures.append("%s: no parameter dump for the compared iterations" % a.params)
     print("worst relative differences over %d steps: %s" % (steps, ", ".join("%s %.2e" % kv for kv in worst.items())))
     if a.report:
         with open(a.report, "w") as fh:
-            json.dump({"steps": steps, "worst": worst, "failures": failures}, fh, indent=1)
+            json.dump({"steps": steps, "worst": worst, "parameter_iterations": param_iters, "failures": failures}, fh, indent=1)
     for f_ in failures:
         print("FAIL:", f_)
     return 1 if failures else 0

@@ -1,19 +1,55 @@
 #!/usr/bin/env python3
 """Runs one validation case: Trident trains the case's deck (dumping its initial checkpoint,
-every global batch and the step-1 gradients), then the PyTorch reference retrains from the
-same checkpoint on the same batches and compares losses, lr, grad norms and gradients.
-Cases named bert_* run pretrain_bert against bert_reference.py, t5_* pretrain_t5 against
-t5_reference.py, the others pretrain_gpt against gpt_reference.py.
+every global batch, the step-1 gradients and the parameters after the first, middle and last
+iterations), then the PyTorch reference retrains from the same initial checkpoint on the same
+batches and compares losses, lr, grad norms, gradients and parameters. Cases named bert_* run
+pretrain_bert against bert_reference.py, t5_* pretrain_t5 against t5_reference.py, the others
+pretrain_gpt against gpt_reference.py.
 
 usage: run_case.py CASE_DIR --app PRETRAIN_GPT --work DIR [--np N] [--mpiexec M] [--shards GLOB]
+                   [--set KEY=VALUE ...] [--resume-at K]
+
+--set overrides a deck key for this run (a parallel layout, recomputation, the distributed
+optimizer); the layout the run reports must be the requested one (tests/testlib.assert_layout).
+--resume-at K stops Trident after iteration K and resumes it from that checkpoint in a second
+job; the reference still trains the whole run in one go from iteration 0, so the resumed half is
+compared with the uninterrupted trajectory.
 """
 import argparse
+import configparser
 import os
 import shutil
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from testlib import assert_layout  # noqa: E402
+
+# The CTest cases assert about 10x the worst value measured over the GPT, BERT and T5 cases and
+# their layouts (validation/README.md, "Tolerances"): loss 7.2e-8 (GPT, linear decay), lr 1.9e-16,
+# grad norm 5.2e-7, step-1 gradients 5.7e-7, parameters 3.2e-4 of their change since
+# the checkpoint (GPT, pp=2 x vp=2, 4 layers, after step 1).
+TOLERANCES = ["--loss-rtol", "7e-7", "--lr-rtol", "2e-15", "--gnorm-rtol", "6e-6", "--grad-rtol", "6e-6",
+              "--param-rtol", "3e-3"]
+
+
+def deck_iters(case, overrides):
+    """train.iters and optim.decay_iters of the case's deck after the --set overrides."""
+    cp = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
+    cp.read(os.path.join(case, "deck.ini"))
+    get = lambda s, k, d: overrides.get(s + "." + k, cp.get(s, k, fallback=d))
+    return int(get("train", "iters", "0")), int(get("optim", "decay_iters", "0"))
+
+
+def trident(cmd):
+    """Runs one Trident job, echoing its output; returns the output (stops on failure)."""
+    print("+", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(p.stdout, end="", flush=True)
+    if p.returncode != 0:
+        sys.exit(f"Trident failed ({p.returncode})")
+    return p.stdout
 
 
 def main():
@@ -25,33 +61,75 @@ def main():
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--shards", default="", help="override data.train_shards")
     p.add_argument("--vocab", default="", help="override data.vocab_file (BERT, T5)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a deck key")
+    p.add_argument("--resume-at", type=int, default=0, metavar="K", help="stop after iteration K and resume")
+    p.add_argument("--dropout-tape", action="store_true",
+                   help="record Trident's dropout masks (debug.dump_dropout; one rank) for the reference to apply")
+    p.add_argument("--resume-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a deck key in the resumed job only (e.g. another layout)")
     a = p.parse_args()
+
+    def pairs(items, flag):
+        out = {}
+        for kv in items:
+            if "=" not in kv:
+                sys.exit(f"{flag} {kv}: expected KEY=VALUE")
+            k, v = kv.split("=", 1)
+            out[k] = v
+        return out
+
+    overrides = pairs(a.set, "--set")
+    resume_overrides = dict(overrides, **pairs(a.resume_set, "--resume-set"))
+    iters, decay_iters = deck_iters(a.case, overrides)
+    if iters < 1:
+        sys.exit(f"{a.case}/deck.ini: no train.iters")
+    if a.resume_at and not 0 < a.resume_at < iters:
+        sys.exit(f"--resume-at {a.resume_at}: must lie inside the run's {iters} iterations")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     w = lambda *x: os.path.join(a.work, *x)
-    cmd = [a.mpiexec, "-n", str(a.np), a.app, "--deck", os.path.join(a.case, "deck.ini"),
-           "--checkpoint.save", w("ck"), "--checkpoint.save_initial", "true",
-           "--debug.dump_batches", w("batches.h5"), "--debug.dump_grads", w("grads.h5"),
-           "--log.metrics_file", w("metrics.csv")]
-    if a.shards:
-        cmd += ["--data.train_shards", a.shards]
-    if a.vocab:
-        cmd += ["--data.vocab_file", a.vocab]
-    print("+", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd)
-    if r.returncode != 0:
-        sys.exit(f"Trident failed ({r.returncode})")
+    dump_at = sorted({1, (iters + 1) // 2, iters} | ({a.resume_at} if a.resume_at else set()))
+
+    def command(over, initial=True):
+        cmd = [a.mpiexec, "-n", str(a.np), a.app, "--deck", os.path.join(a.case, "deck.ini"),
+               "--checkpoint.save", w("ck"), "--checkpoint.save_initial", "true" if initial else "false",
+               "--debug.dump_batches", w("batches.h5"), "--debug.dump_grads", w("grads.h5"),
+               "--debug.dump_params", w("params"), "--debug.dump_params_iters", ",".join(map(str, dump_at)),
+               "--log.metrics_file", w("metrics.csv")]
+        if a.dropout_tape:
+            cmd += ["--debug.dump_dropout", w("dropout.h5")]
+        if a.shards:
+            cmd += ["--data.train_shards", a.shards]
+        if a.vocab:
+            cmd += ["--data.vocab_file", a.vocab]
+        for k, v in over.items():
+            cmd += ["--" + k, v]
+        return cmd
+
+    if a.resume_at:
+        # the whole run's schedule in both jobs (decay_iters defaults to train.iters)
+        sched = ["--optim.decay_iters", str(decay_iters or iters)]
+        first = command(overrides) + ["--train.iters", str(a.resume_at)] + sched
+        assert_layout(first, trident(first))
+        second = command(resume_overrides, initial=False) + ["--checkpoint.load", w("ck"),
+                                                             "--train.iters", str(iters)] + sched
+        out = trident(second)
+        assert_layout(second, out)
+        if "resumed from" not in out or f"at iteration {a.resume_at} " not in out:
+            sys.exit(f"the second job did not report resuming at iteration {a.resume_at}")
+    else:
+        cmd = command(overrides)
+        assert_layout(cmd, trident(cmd))
     name = os.path.basename(os.path.normpath(a.case))
     script = "bert_reference.py" if name.startswith("bert") else "t5_reference.py" if name.startswith("t5") \
         else "gpt_reference.py"
     ref = ["/usr/bin/python3", os.path.join(HERE, script)]
     ref += ["compare"] if script == "gpt_reference.py" else []
     ref += ["--checkpoint", w("ck", "iter_0000000", "checkpoint.h5"), "--batches", w("batches.h5"),
-           "--metrics", w("metrics.csv"), "--grads", w("grads.h5"), "--report", w("report.json")]
-    # the CTest cases assert about 10x the worst value measured over the GPT, BERT and T5 cases on
-    # 1 and 2 ranks (validation/README.md, "Tolerances"): loss 7.2e-8 (GPT, linear decay), lr 1.9e-16, grad norm 5.2e-7,
-    # step-1 gradients 5.7e-7
-    ref += ["--loss-rtol", "7e-7", "--lr-rtol", "2e-15", "--gnorm-rtol", "6e-6", "--grad-rtol", "6e-6"]
+            "--metrics", w("metrics.csv"), "--grads", w("grads.h5"), "--params", w("params"),
+            "--report", w("report.json")] + TOLERANCES
+    if a.dropout_tape:
+        ref += ["--dropout-tape", w("dropout.h5")]
     print("+", " ".join(ref), flush=True)
     sys.exit(subprocess.run(ref).returncode)
 

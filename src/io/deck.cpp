@@ -149,6 +149,11 @@ class Registry {
         "deadline in seconds of the warm-up iterations, evaluations and checkpoint saves");
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
     add("debug.dump_grads", &d.debug.dump_grads, "HDF5 file receiving the gradients of iteration 1 (validation)");
+    add("debug.dump_params", &d.debug.dump_params,
+        "directory receiving the parameters after each of debug.dump_params_iters as iter_NNNNNNN.h5 (validation)");
+    add("debug.dump_params_iters", &d.debug.dump_params_iters, "comma-separated iterations for debug.dump_params");
+    add("debug.dump_dropout", &d.debug.dump_dropout,
+        "HDF5 file receiving the mask of every forward dropout call in call order (validation; one rank, no recomputation)");
     add("debug.grouped_p2p", &d.debug.grouped_p2p,
         "pipeline messages as lock-step send + receive groups over MPI (the order the NCCL path uses; for tests)");
     add("debug.force_overflow", &d.debug.force_overflow,

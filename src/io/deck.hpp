@@ -97,6 +97,9 @@ struct Deck {
   } watchdog;
   struct Debug {
     std::string dump_batches, dump_grads;
+    std::string dump_params;             // directory receiving the parameters after dump_params_iters
+    std::string dump_params_iters = "1";  // comma-separated iterations
+    std::string dump_dropout;            // HDF5 file receiving every forward dropout mask (one rank)
     std::string force_overflow;  // iterations whose gradients get an inf (tests of loss scaling)
     bool grouped_p2p = false;    // pipeline messages in send+receive groups, as the NCCL path runs them
   } debug;

@@ -169,6 +169,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
   const DropoutSpec att_spec = spec(rng, s_.attention_dropout, kAttentionProbs, true);
+  record_dropout("attention_probs", index_, att_spec, {s_.B, s_.nh / p, s_.T, s_.T});
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
@@ -183,7 +184,9 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   }
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
-  bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterProj, sp));
+  const DropoutSpec proj_spec = spec(rng, s_.hidden_dropout, kAfterProj, sp);
+  record_dropout("after_proj", index_, proj_spec, {R, C});
+  bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, proj_spec);
   if (cross()) cross_forward(a, s, enc_valid);
   const FloatView& mlp_in = cross() ? a.res3 : a.res2;
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
@@ -192,7 +195,9 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   bias_gelu_forward(a.fc, a.fc_gelu, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.F / p);
   Kokkos::fence();
   fc2_.forward(s.branch, a.fc_gelu, false);  // (R, C)
-  bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, spec(rng, s_.hidden_dropout, kAfterFc2, sp));
+  const DropoutSpec fc2_spec = spec(rng, s_.hidden_dropout, kAfterFc2, sp);
+  record_dropout("after_fc2", index_, fc2_spec, {R, C});
+  bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, fc2_spec);
   Kokkos::fence();
 }
 
@@ -210,6 +215,7 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as = cross_shape();
   const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
+  record_dropout("cross_probs", index_, att_spec, {as.B, as.nh, as.T, as.Tk});
   a.enc_valid = enc_valid;
   const AttentionMask mask{false, enc_valid};
   normx_.forward(a.lnx, a.lnx_mean, a.lnx_rstd, a.res2, R);
@@ -226,7 +232,9 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   }
   Kokkos::fence();
   cproj_.forward(s.branch, a.catty, false);
-  bias_dropout_add(a.res3, a.res2, s.branch, cproj_.bias(), R, C, spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp));
+  const DropoutSpec cproj_spec = spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp);
+  record_dropout("after_cross_proj", index_, cproj_spec, {R, C});
+  bias_dropout_add(a.res3, a.res2, s.branch, cproj_.bias(), R, C, cproj_spec);
 }
 
 // dres: on entry d res3, on exit d res2; the encoder output's gradient is added to denc.

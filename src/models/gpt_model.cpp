@@ -348,6 +348,7 @@ void GptModel::embed(const FloatView& out, const IntView& tokens, const IntView&
   }
   DropoutSpec d = training ? embedding_dropout(rng) : DropoutSpec{};
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);  // the decoder's own mask
+  record_dropout(which ? "decoder_embedding" : "embedding", -1, d, {R, C});
   dropout_forward(out, out, R * C, d);
   Kokkos::fence();
 }

@@ -27,6 +27,19 @@ void dropout_backward(const FloatView& din, const FloatView& dout, std::int64_t 
   apply("ops::dropout_backward", din, dout, n, d);
 }
 
+namespace {
+DropoutRecorder& recorder() {
+  static DropoutRecorder r;
+  return r;
+}
+}  // namespace
+
+void set_dropout_recorder(DropoutRecorder r) { recorder() = std::move(r); }
+
+void record_dropout(const char* site, std::int64_t layer, const DropoutSpec& d, const std::vector<std::int64_t>& shape) {
+  if (d.active() && recorder()) recorder()(site, layer, d, shape);
+}
+
 std::uint64_t dropout_key(std::uint64_t stream, std::uint64_t step, std::uint64_t layer, std::uint64_t site) {
   std::uint64_t k = splitmix64(stream);
   k = splitmix64(k ^ step);

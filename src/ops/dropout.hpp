@@ -4,6 +4,9 @@
 // derive them): one stream shared by all TP ranks outside tensor-parallel regions, a stream per
 // TP rank inside them.
 #pragma once
+#include <functional>
+#include <vector>
+
 #include "common/types.hpp"
 
 namespace trident {
@@ -29,6 +32,15 @@ KOKKOS_INLINE_FUNCTION float dropout_uniform(std::uint64_t key, std::uint64_t i)
 void dropout_forward(const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d);
 // din = dout * keep / (1 - p) (din may alias dout)
 void dropout_backward(const FloatView& din, const FloatView& dout, std::int64_t n, const DropoutSpec& d);
+
+// Validation (debug.dump_dropout): a recorder that sees every forward dropout call of the model,
+// in call order, with its place (site name, layer; -1 for the embedding) and the shape the mask
+// covers (row-major over the call's elements). None is installed by default; record_dropout is then
+// a no-op, as it is for an inactive spec.
+using DropoutRecorder =
+    std::function<void(const char* site, std::int64_t layer, const DropoutSpec& d, const std::vector<std::int64_t>& shape)>;
+void set_dropout_recorder(DropoutRecorder recorder);
+void record_dropout(const char* site, std::int64_t layer, const DropoutSpec& d, const std::vector<std::int64_t>& shape);
 
 // Key of one dropout call: a pure function of its parts (see DropoutSpec).
 std::uint64_t dropout_key(std::uint64_t stream, std::uint64_t step, std::uint64_t layer, std::uint64_t site);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -366,6 +367,68 @@ class BatchDumper {
   H5Handle file_;
 };
 
+// debug.dump_dropout: the mask of every forward dropout call of a one-rank run, in call order, as
+// /NNNNNNN uint8 datasets (1 kept, 0 dropped) with attributes site, layer, iteration and p. The
+// masks come from the counter-based uniform the kernels evaluate (dropout_uniform(key, i) >= p).
+// They are kept in memory during the forward passes and written by flush() between iterations:
+// the data prefetcher reads shards through HDF5 on a helper thread meanwhile, and HDF5 is not
+// thread-safe.
+class DropoutTape {
+ public:
+  DropoutTape(const std::string& path, const std::int64_t* iteration) : iteration_(iteration) {
+    H5QuietErrors quiet;
+    file_ = h5_file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!file_.valid()) throw Error::one("debug.dump_dropout: cannot create '" + path + "'");
+    set_dropout_recorder([this](const char* site, std::int64_t layer, const DropoutSpec& d,
+                                const std::vector<std::int64_t>& shape) { record(site, layer, d, shape); });
+  }
+  ~DropoutTape() { set_dropout_recorder(nullptr); }
+  DropoutTape(const DropoutTape&) = delete;
+  DropoutTape& operator=(const DropoutTape&) = delete;
+
+  void flush() {
+    H5QuietErrors quiet;
+    for (const Mask& m : pending_) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "%07lld", static_cast<long long>(written_++));
+      std::vector<hsize_t> dims(m.shape.begin(), m.shape.end());
+      H5Handle sp = h5_space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+      H5Handle ds = h5_dataset(H5Dcreate2(file_, name, H5T_STD_U8LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      if (!ds.valid() || H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, m.keep.data()) < 0)
+        throw Error::one(std::string("debug.dump_dropout: cannot write mask ") + name);
+      h5_write_attr(ds, "site", m.site);
+      h5_write_attr(ds, "layer", m.layer);
+      h5_write_attr(ds, "iteration", m.iteration);
+      h5_write_attr(ds, "p", m.p);
+    }
+    pending_.clear();
+    H5Fflush(file_, H5F_SCOPE_LOCAL);
+  }
+
+ private:
+  struct Mask {
+    std::string site;
+    std::int64_t layer, iteration;
+    double p;
+    std::vector<std::int64_t> shape;
+    std::vector<std::uint8_t> keep;
+  };
+
+  void record(const char* site, std::int64_t layer, const DropoutSpec& d, const std::vector<std::int64_t>& shape) {
+    std::int64_t n = 1;
+    for (std::int64_t e : shape) n *= e;
+    Mask m{site, layer, *iteration_, static_cast<double>(d.p), shape, std::vector<std::uint8_t>(static_cast<size_t>(n))};
+    for (std::int64_t i = 0; i < n; ++i)
+      m.keep[static_cast<size_t>(i)] = dropout_uniform(d.key, static_cast<std::uint64_t>(i)) >= d.p;
+    pending_.push_back(std::move(m));
+  }
+
+  H5Handle file_;
+  const std::int64_t* iteration_;
+  std::vector<Mask> pending_;
+  std::int64_t written_ = 0;
+};
+
 TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
   TensorParallel tp;
   tp.comm = &topo.tp_group();
@@ -686,14 +749,22 @@ int run_pretraining(const Deck& deck, Family fam) {
   lsc.window = deck.precision.loss_scale_window;
   lsc.hysteresis = deck.precision.hysteresis;
   LossScaler scaler(lsc);
-  std::vector<std::int64_t> force_overflow;
-  for (const std::string& f : split_list(deck.debug.force_overflow)) {
-    try {
-      force_overflow.push_back(std::stoll(f));
-    } catch (...) {
-      throw Error::all("deck: debug.force_overflow: '" + f + "' is not an iteration number");
+  const auto iterations_of = [](const std::string& key, const std::string& list) {
+    std::vector<std::int64_t> its;
+    for (const std::string& f : split_list(list)) {
+      std::size_t used = 0;
+      std::int64_t v = -1;
+      try {
+        v = std::stoll(f, &used);
+      } catch (...) {
+      }
+      if (used != f.size() || v < 1) throw Error::all("deck: " + key + ": '" + f + "' is not an iteration number");
+      its.push_back(v);
     }
-  }
+    return its;
+  };
+  const std::vector<std::int64_t> force_overflow = iterations_of("debug.force_overflow", deck.debug.force_overflow);
+  const std::vector<std::int64_t> dump_params_at = iterations_of("debug.dump_params_iters", deck.debug.dump_params_iters);
   LrSchedule sched;
   sched.lr = deck.optim.lr;
   sched.min_lr = deck.optim.min_lr;
@@ -887,6 +958,16 @@ int run_pretraining(const Deck& deck, Family fam) {
   std::unique_ptr<BatchDumper> dumper;
   if (root && !deck.debug.dump_batches.empty()) dumper = std::make_unique<BatchDumper>(deck.debug.dump_batches, resuming);
 
+  std::int64_t tape_iteration = 0;  // the iteration the dropout tape's masks belong to
+  std::unique_ptr<DropoutTape> tape;
+  if (!deck.debug.dump_dropout.empty()) {
+    // the tape is a sequence of forward calls: one rank, each forward pass run once
+    TRIDENT_REQUIRE(world.size() == 1 && deck.precision.recompute == "none",
+                    "debug.dump_dropout records the masks of a one-rank run without recomputation (this run has "
+                        << world.size() << " ranks, recomputation " << deck.precision.recompute << ")");
+    tape = std::make_unique<DropoutTape>(deck.debug.dump_dropout, &tape_iteration);
+  }
+
   if (!deck.checkpoint.save.empty() && deck.checkpoint.save_initial && iteration == 0) save(0);
 
   std::int64_t consecutive_skips = 0;  // fp16: overflowing iterations in a row
@@ -954,6 +1035,7 @@ int run_pretraining(const Deck& deck, Family fam) {
   stop.arm();  // from here a signal checkpoints at the next iteration boundary (before: exit 4 at once)
   while (iteration < iters) {
     const std::int64_t it = iteration + 1;
+    tape_iteration = it;
     const double t0 = wall_seconds();
     watchdog.iteration(it);
     store.zero_grads();
@@ -1050,6 +1132,7 @@ int run_pretraining(const Deck& deck, Family fam) {
       if (zero) topo.dp_group().allgather_in_place(grads.data(), shard);  // debug only: every shard
       save_named_tensors(deck.debug.dump_grads, "", store, grads, it, topo);
     }
+    if (tape) tape->flush();
     if (dumper) {
       std::vector<std::int32_t> rows(static_cast<size_t>(GB * batch.width));
       for (std::int64_t i = 0; i < GB; ++i) data.train(consumed + i, rows.data() + i * batch.width);
@@ -1071,6 +1154,14 @@ int run_pretraining(const Deck& deck, Family fam) {
       if (zero) topo.dp_group().allgather_in_place(store.values().data(), shard);  // updated shards to every rank
     }
     timers.stop("optimizer");
+    if (!deck.debug.dump_params.empty() && std::find(dump_params_at.begin(), dump_params_at.end(), it) != dump_params_at.end()) {
+      // the updated parameters (16-bit runs: the 16-bit model widened, as in a checkpoint)
+      std::ostringstream name;
+      name << "iter_" << std::setw(7) << std::setfill('0') << it << ".h5";
+      const FloatView values = half ? Kokkos::create_mirror_view_and_copy(FloatView::memory_space(), store.model_to_host())
+                                    : store.values();
+      save_named_tensors((std::filesystem::path(deck.debug.dump_params) / name.str()).string(), "", store, values, it, topo);
+    }
     consumed += GB;
     iteration = it;
     ++iters_since_log;

@@ -127,6 +127,8 @@ void check_outputs(const Deck& deck, const OutputPlan& plan, const Communicator&
     if (err.empty() && !deck.log.metrics_file.empty() && deck.eval.interval > 0)
       err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "eval"), fresh, overwrite);
     if (err.empty()) err = check_output_file("log.timeline_file", deck.log.timeline_file, false, true);
+    if (err.empty()) err = check_output_file("debug.dump_dropout", deck.debug.dump_dropout, false, true);
+    if (err.empty() && !deck.debug.dump_params.empty()) err = ensure_dir("debug.dump_params", deck.debug.dump_params);
     if (err.empty() && !save.empty()) err = ensure_dir("checkpoint.save", save);
     if (err.empty() && !save.empty() && fresh && !overwrite) {
       const std::int64_t latest = latest_checkpoint_iteration(save);

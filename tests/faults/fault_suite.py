@@ -306,6 +306,10 @@ def group_inputs(s):
         ("checkpoint with other heads", 2, ["--model.num_heads", "2", "--checkpoint.load", ck, "--train.iters", "4"],
          "model.num_heads"),
         ("missing checkpoint", 2, ["--checkpoint.load", s.path("nope")], "does not exist"),
+        ("parameter dump at iteration 0", 2, ["--debug.dump_params", s.path("pd"), "--debug.dump_params_iters", "1,0"],
+         "debug.dump_params_iters: '0' is not an iteration number"),
+        ("dropout tape of a two-rank run", 2, ["--debug.dump_dropout", s.path("tape.h5")],
+         "debug.dump_dropout records the masks of a one-rank run"),
     ]
     for name, np_, extra, needle in cases:
         s.case(name, s.cmd(np_, *QUICK, *extra), 1, needle, bound=60, protect=keep)

@@ -28,9 +28,13 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 the 16-bit type (bf16 2^-9 = 2.0e-3, fp16 2^-11 = 4.9e-4; measured 1.6e-4 and
                 8.1e-5); recomputation in bf16 gives bitwise identical gradients; a bf16 run
                 resumed from its checkpoint (fp32 masters saved) continues the uninterrupted
-                losses exactly; an fp32 checkpoint resumes in bf16
+                losses exactly, and so does an fp16 run (masters and loss-scaler state saved); an
+                fp32 checkpoint resumes in bf16, and bf16 and fp16 checkpoints resume in fp32,
+                tracking the uninterrupted runs within the band of the 16-bit type
   mixed_parallel bf16 at tp=2 with sequence parallelism, pp=2, and dp=2 with the distributed
-                optimizer (np=2) track the single-rank bf16 losses within the bf16 band
+                optimizer (np=2) track the single-rank bf16 losses within the bf16 band; fp16 at
+                tp=2 with sequence parallelism and at pp=2 the single-rank fp16 losses within the
+                fp16 band
   flash         the fused attention kernel (model.flash_attention) against the unfused GEMM +
                 softmax path, dropout 0.1: losses over 10 steps within 1e-5 relative and step-1
                 gradients within 1e-5 relative L2 (different summation orders), at tp=1 and at
@@ -218,6 +222,21 @@ def check_mixed(c):
     c.train("fp32_a", 1, 1, iters=5, dropout=0.1, extra=["--optim.decay_iters", "10", "--checkpoint.save", c.path("ck_fp32")])
     tail = c.train("fp32_to_bf16", 1, 1, iters=10, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_fp32")])
     track("fp32 checkpoint resumed in bf16", straight[5:], tail, BF16_BAND)
+    # a bf16 checkpoint resumed in fp32 (from its fp32 masters) tracks the fp32 run
+    straight32 = c.train("fp32_straight", 1, 1, iters=10, dropout=0.1, extra=["--optim.decay_iters", "10"])
+    tail = c.train("bf16_to_fp32", 1, 1, iters=10, dropout=0.1,
+                   extra=["--optim.decay_iters", "10", "--checkpoint.load", c.path("ck_bf16")])
+    track("bf16 checkpoint resumed in fp32", straight32[5:], tail, BF16_BAND)
+    # fp16: a resumed run (masters and loss-scaler state saved) continues the uninterrupted losses
+    # exactly; its checkpoint resumed in fp32 tracks the fp32 run
+    f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--optim.decay_iters", "10"]
+    straight16 = c.train("fp16_straight", 1, 1, iters=10, dropout=0.1, extra=f16)
+    c.train("fp16_a", 1, 1, iters=5, dropout=0.1, extra=f16 + ["--checkpoint.save", c.path("ck_fp16")])
+    tail = c.train("fp16_b", 1, 1, iters=10, dropout=0.1, extra=f16 + ["--checkpoint.load", c.path("ck_fp16")])
+    same_losses("fp16 resumed at iteration 5", straight16[5:], tail)
+    tail = c.train("fp16_to_fp32", 1, 1, iters=10, dropout=0.1,
+                   extra=["--optim.decay_iters", "10", "--checkpoint.load", c.path("ck_fp16")])
+    track("fp16 checkpoint resumed in fp32", straight32[5:], tail, FP16_BAND)
 
 
 def check_mixed_parallel(c):
@@ -227,6 +246,10 @@ def check_mixed_parallel(c):
     track("bf16 pp=2", ref, c.train("bf16_pp2", 2, 1, pp=2, iters=10, extra=bf), BF16_BAND)
     track("bf16 dp=2 ZeRO-1", ref, c.train("bf16_zero", 2, 1, iters=10, extra=bf + ["--optim.distributed", "true"]),
           BF16_BAND)
+    f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--model.num_layers", "4"]
+    ref16 = c.train("fp16", 1, 1, iters=10, extra=f16)
+    track("fp16 tp=2 + SP", ref16, c.train("fp16_tp2", 2, 2, sp=True, iters=10, extra=f16), FP16_BAND)
+    track("fp16 pp=2", ref16, c.train("fp16_pp2", 2, 1, pp=2, iters=10, extra=f16), FP16_BAND)
 
 
 def check_flash(c):
