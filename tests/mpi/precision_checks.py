@@ -191,11 +191,16 @@ def metrics(path):
         return list(csv.DictReader(f))
 
 
-def track(name, ref, got, band):
+def track(name, ref, got, band, tol=None):
+    """Per-step losses of `got` within `tol` (relative) of `ref`: about 10x the worst measured for
+    this comparison (validation/README.md, "Tolerances"), never looser than `band`, the unit
+    roundoff of the 16-bit type; tol 0 asks for equal losses."""
+    tol = band if tol is None else min(tol, band)
     worst = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(ref, got))
-    print(f"{name}: {len(got)} steps, worst relative loss difference {worst:.2e} (band {band:.2e})")
+    print(f"{name}: {len(got)} steps, worst relative loss difference {worst:.2e} (asserted {tol:.1e}; "
+          f"16-bit unit roundoff {band:.2e})")
     assert len(ref) == len(got), (len(ref), len(got))
-    assert worst <= band, f"{name}: losses leave the band: {worst:.2e} > {band:.2e}"
+    assert worst <= tol, f"{name}: losses differ by {worst:.2e} > {tol:.1e}"
 
 
 def check_mixed(c):
@@ -221,12 +226,12 @@ def check_mixed(c):
     # an fp32 checkpoint resumed in bf16
     c.train("fp32_a", 1, 1, iters=5, dropout=0.1, extra=["--optim.decay_iters", "10", "--checkpoint.save", c.path("ck_fp32")])
     tail = c.train("fp32_to_bf16", 1, 1, iters=10, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_fp32")])
-    track("fp32 checkpoint resumed in bf16", straight[5:], tail, BF16_BAND)
+    track("fp32 checkpoint resumed in bf16", straight[5:], tail, BF16_BAND, 5.9e-5)  # measured 6.0e-6
     # a bf16 checkpoint resumed in fp32 (from its fp32 masters) tracks the fp32 run
     straight32 = c.train("fp32_straight", 1, 1, iters=10, dropout=0.1, extra=["--optim.decay_iters", "10"])
     tail = c.train("bf16_to_fp32", 1, 1, iters=10, dropout=0.1,
                    extra=["--optim.decay_iters", "10", "--checkpoint.load", c.path("ck_bf16")])
-    track("bf16 checkpoint resumed in fp32", straight32[5:], tail, BF16_BAND)
+    track("bf16 checkpoint resumed in fp32", straight32[5:], tail, BF16_BAND, 5e-4)  # measured 5.1e-5
     # fp16: a resumed run (masters and loss-scaler state saved) continues the uninterrupted losses
     # exactly; its checkpoint resumed in fp32 tracks the fp32 run
     f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--optim.decay_iters", "10"]
@@ -236,20 +241,20 @@ def check_mixed(c):
     same_losses("fp16 resumed at iteration 5", straight16[5:], tail)
     tail = c.train("fp16_to_fp32", 1, 1, iters=10, dropout=0.1,
                    extra=["--optim.decay_iters", "10", "--checkpoint.load", c.path("ck_fp16")])
-    track("fp16 checkpoint resumed in fp32", straight32[5:], tail, FP16_BAND)
+    track("fp16 checkpoint resumed in fp32", straight32[5:], tail, FP16_BAND, 1.5e-5)  # measured 1.56e-6
 
 
 def check_mixed_parallel(c):
     bf = ["--precision.dtype", "bf16", "--model.num_layers", "4"]
     ref = c.train("bf16", 1, 1, iters=10, extra=bf)
-    track("bf16 tp=2 + SP", ref, c.train("bf16_tp2", 2, 2, sp=True, iters=10, extra=bf), BF16_BAND)
-    track("bf16 pp=2", ref, c.train("bf16_pp2", 2, 1, pp=2, iters=10, extra=bf), BF16_BAND)
+    track("bf16 tp=2 + SP", ref, c.train("bf16_tp2", 2, 2, sp=True, iters=10, extra=bf), BF16_BAND, 5.7e-5)  # 5.8e-6
+    track("bf16 pp=2", ref, c.train("bf16_pp2", 2, 1, pp=2, iters=10, extra=bf), BF16_BAND, 0.0)  # equal
     track("bf16 dp=2 ZeRO-1", ref, c.train("bf16_zero", 2, 1, iters=10, extra=bf + ["--optim.distributed", "true"]),
-          BF16_BAND)
+          BF16_BAND, 7.6e-6)  # measured 7.7e-7
     f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--model.num_layers", "4"]
     ref16 = c.train("fp16", 1, 1, iters=10, extra=f16)
-    track("fp16 tp=2 + SP", ref16, c.train("fp16_tp2", 2, 2, sp=True, iters=10, extra=f16), FP16_BAND)
-    track("fp16 pp=2", ref16, c.train("fp16_pp2", 2, 1, pp=2, iters=10, extra=f16), FP16_BAND)
+    track("fp16 tp=2 + SP", ref16, c.train("fp16_tp2", 2, 2, sp=True, iters=10, extra=f16), FP16_BAND, 7e-6)  # 7.2e-7
+    track("fp16 pp=2", ref16, c.train("fp16_pp2", 2, 1, pp=2, iters=10, extra=f16), FP16_BAND, 3.2e-6)  # 3.3e-7
 
 
 def check_flash(c):
@@ -264,7 +269,7 @@ def check_flash(c):
     compare_grads("flash tp=2 + SP", c.path("unfused_tp2_grads.h5"), c.path("flash_tp2_grads.h5"))
     bf = ["--precision.dtype", "bf16"]
     track("bf16 flash vs bf16 unfused", c.train("bf16_unfused", 1, 1, iters=10, dropout=0.1, extra=bf),
-          c.train("bf16_flash", 1, 1, iters=10, dropout=0.1, extra=bf + flash), BF16_BAND)
+          c.train("bf16_flash", 1, 1, iters=10, dropout=0.1, extra=bf + flash), BF16_BAND, 1e-4)  # 1.0e-5
 
 
 def check_overlap(c):

@@ -195,18 +195,29 @@ def check_layouts(c, tag, extra, layouts):
         compare_grads(f"{tag} {name}", c.path("single_grads.h5"), c.path(name + "_grads.h5"))
 
 
+# 16-bit runs against fp32 over 50 steps: (tag, dtype, tp) -> asserted relative loss difference, about
+# 10x the worst measured (validation/README.md, "Tolerances") and never looser than the 16-bit unit
+# roundoff (bf16 2^-9, fp16 2^-11)
+PRECISION_TOL = {("bert", "bf16", 1): 1.3e-3,   # measured 1.39e-4
+                 ("bert", "fp16", 1): 2.0 ** -11,  # 5.65e-5
+                 ("bert", "bf16", 2): 2.0 ** -9,   # 3.23e-4
+                 ("t5", "bf16", 1): 2.0 ** -9,     # 3.58e-4
+                 ("t5", "fp16", 1): 1.6e-4,        # 1.67e-5
+                 ("t5", "bf16", 2): 2.0 ** -9}     # 3.57e-4
+
+
 def check_precision_bands(c, tag, extra):
-    """Mixed precision: 50 steps within one unit roundoff of the 16-bit type of the fp32 losses
-    (bf16 2^-9, fp16 2^-11 with dynamic loss scaling from 2^16), and bf16 at tp=2+SP."""
+    """Mixed precision: 50 steps of bf16 and fp16 (dynamic loss scaling from 2^16), and bf16 at
+    tp=2+SP, against the fp32 losses (PRECISION_TOL)."""
     fp32 = c.train("fp32_50", 1, 1, iters=50, extra=extra)
-    for dt, band, np_, tp, sp in [("bf16", 2.0 ** -9, 1, 1, False), ("fp16", 2.0 ** -11, 1, 1, False),
-                                  ("bf16", 2.0 ** -9, 2, 2, True)]:
+    for dt, np_, tp, sp in [("bf16", 1, 1, False), ("fp16", 1, 1, False), ("bf16", 2, 2, True)]:
         got = c.train(f"{dt}_tp{tp}", np_, tp, sp=sp, iters=50,
                       extra=extra + ["--precision.dtype", dt, "--precision.initial_loss_scale", "65536"])
+        tol = PRECISION_TOL[(tag, dt, tp)]
         worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(fp32, got))
         print(f"{tag} {dt} tp={tp}{' +SP' if sp else ''}: worst relative loss difference to fp32 over 50 steps "
-              f"{worst:.2e} (band {band:.1e})")
-        assert worst <= band, f"{tag} {dt}: {worst:.2e} > {band:.1e}"
+              f"{worst:.2e} (asserted {tol:.1e})")
+        assert worst <= tol, f"{tag} {dt}: {worst:.2e} > {tol:.1e}"
 
 
 def check_exact_resume(c, tag, extra):
