@@ -867,13 +867,7 @@ int run_pretraining(const Deck& deck, Family fam) {
     check_outputs(deck, plan, world);
   }
   const std::string deck_text = deck.to_ini();
-  WatchdogOptions wdo;
-  wdo.enable = deck.watchdog.enable;
-  wdo.factor = deck.watchdog.factor;
-  wdo.min_s = deck.watchdog.min_s;
-  wdo.startup_s = deck.watchdog.startup_s;
-  wdo.warmup_iters = deck.watchdog.warmup_iters;
-  Watchdog watchdog(wdo, world.rank());
+  Watchdog watchdog(deck.watchdog, world.rank());
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t it) {
     watchdog.slow_phase("checkpoint save", it);

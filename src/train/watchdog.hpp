@@ -15,15 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "io/deck.hpp"
+
 namespace trident {
 
 inline constexpr int kExitWatchdog = 5;  // the watchdog ended a stuck job: resubmit to continue
 
-struct WatchdogOptions {
-  bool enable = true;
-  double factor = 10.0, min_s = 300.0, startup_s = 1800.0;
-  std::int64_t warmup_iters = 5;
-};
+// The deck's [watchdog] section (enable, factor, min_s, startup_s, warmup_iters).
+using WatchdogOptions = Deck::Watchdog;
 
 class Watchdog {
  public:
