@@ -36,9 +36,10 @@ import reference_loop  # noqa: E402  (checkpoint reading, the training and compa
 
 
 class BertReference:
-    def __init__(self, ckpt, dtype):
+    def __init__(self, ckpt, dtype, drop):
         self.cfg, self.binary = ckpt.config, "model/binary_head/weight" in ckpt.params
         self.p = {n: torch.tensor(v, dtype=dtype).requires_grad_(True) for n, v in ckpt.params.items()}
+        self.drop = drop  # reference_loop.Dropout: Trident's masks, where Trident applies them
 
     def _block(self, x, i, valid):
         cfg, p = self.cfg, self.p
@@ -50,12 +51,15 @@ class BertReference:
         q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in (q, k, v))
         s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(D)
         s = s.masked_fill(~valid[:, None, None, :], float("-inf"))  # padded keys
-        y = torch.matmul(torch.softmax(s, -1), v).transpose(1, 2).reshape(B, T, C)
-        x = x + F.linear(y, p[pre + "self_attention/proj/weight"], p[pre + "self_attention/proj/bias"])
+        att = self.drop(torch.softmax(s, -1), "attention_probs", i, "attention_dropout", (B, H, T, T))
+        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.drop(F.linear(y, p[pre + "self_attention/proj/weight"], p[pre + "self_attention/proj/bias"]),
+                          "after_proj", i, "hidden_dropout", (B * T, C))
         a = F.layer_norm(x, (C,), p[pre + "post_attention_layernorm/weight"],
                          p[pre + "post_attention_layernorm/bias"], eps)
         h = F.gelu(F.linear(a, p[pre + "mlp/fc1/weight"], p[pre + "mlp/fc1/bias"]), approximate="tanh")
-        return x + F.linear(h, p[pre + "mlp/fc2/weight"], p[pre + "mlp/fc2/bias"])
+        return x + self.drop(F.linear(h, p[pre + "mlp/fc2/weight"], p[pre + "mlp/fc2/bias"]),
+                             "after_fc2", i, "hidden_dropout", (B * T, C))
 
     def losses(self, tok, typ, lab, pad, order):
         """MLM and SOP losses (means) of one micro-batch."""
@@ -64,6 +68,7 @@ class BertReference:
         C, eps = cfg.hidden_size, cfg.layernorm_epsilon
         wte = p["model/embedding/word_embeddings"]
         x = wte[tok] + p["model/embedding/position_embeddings"][:T][None] + p["model/embedding/tokentype_embeddings"][typ]
+        x = self.drop(x, "embedding", -1, "hidden_dropout", (B * T, C))
         valid = pad.bool()
         for i in range(cfg.num_layers):
             x = self._block(x, i, valid)
@@ -84,17 +89,18 @@ def main():
     torch.set_num_threads(2)
     try:
         ck = reference_loop.Checkpoint(a.checkpoint, "bert", "model/layers/0/mlp/fc1/weight")
+        drop = reference_loop.dropout_of(a, ck.config)
     except g.InputError as e:
         print("bad input:", e)
         return 2
-    model = BertReference(ck, torch.float64)
+    model = BertReference(ck, torch.float64, drop)
     S = ck.config.seq_length
 
     def micro_loss(b):
         mlm, sop = model.losses(b[:, :S], b[:, S:2 * S], b[:, 2 * S:3 * S], b[:, 3 * S:4 * S], b[:, 4 * S])
         return mlm + sop, {"lm_loss": mlm.item(), "sop_loss": sop.item()}
 
-    return reference_loop.run(a, ck, model.p, 4 * S + 1, micro_loss, parts=("lm_loss", "sop_loss"))
+    return reference_loop.run(a, ck, model.p, 4 * S + 1, micro_loss, parts=("lm_loss", "sop_loss"), dropout=drop)
 
 
 if __name__ == "__main__":

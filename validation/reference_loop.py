@@ -38,6 +38,34 @@ class Checkpoint:
                 "model/" + n, np.asarray(d[...], dtype=np.float64)) if isinstance(d, h5py.Dataset) else None)
 
 
+class Dropout:
+    """Trident's recorded dropout masks (--dropout-tape, gpt_reference.DropoutTape) applied in a
+    reference's forward pass: x * keep / (1 - p) at the call that asks for (site, layer); x itself
+    when the run had no dropout there. `shape` is the mask's shape in the tape (Trident's layout of
+    the call's elements)."""
+
+    def __init__(self, tape, cfg):
+        self.tape, self.cfg = tape, cfg
+
+    def __call__(self, x, site, layer, which, shape):
+        p = getattr(self.cfg, which)  # hidden_dropout or attention_dropout
+        if self.tape is None or p <= 0:
+            return x
+        keep = torch.as_tensor(self.tape.next(site, layer, p, shape), dtype=x.dtype)
+        return (x.reshape(shape) * keep * (1.0 / (1.0 - p))).reshape(x.shape)
+
+
+def dropout_of(a, cfg):
+    """The Dropout of a run: its tape when it used dropout (required then), else a no-op."""
+    if cfg.hidden_dropout > 0 or cfg.attention_dropout > 0:
+        if not a.dropout_tape:
+            raise g.InputError("the run used dropout (hidden %g, attention %g): give its masks with --dropout-tape "
+                               "(Trident's debug.dump_dropout), or train the case without dropout"
+                               % (cfg.hidden_dropout, cfg.attention_dropout))
+        return Dropout(g.DropoutTape(a.dropout_tape), cfg)
+    return Dropout(None, cfg)
+
+
 def arguments(description):
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--checkpoint", required=True)
@@ -49,12 +77,13 @@ def arguments(description):
     ap.add_argument("--gnorm-rtol", type=float, default=g.DEFAULT_GNORM_RTOL)
     ap.add_argument("--lr-rtol", type=float, default=g.DEFAULT_LR_RTOL)
     ap.add_argument("--params", help="Trident's debug.dump_params directory (parameters after some iterations)")
+    ap.add_argument("--dropout-tape", help="Trident's debug.dump_dropout file: the masks of a run with dropout")
     ap.add_argument("--param-rtol", type=float, default=g.DEFAULT_PARAM_RTOL)
     ap.add_argument("--report")
     return ap.parse_args()
 
 
-def run(a, ck, params, width, micro_loss, parts=()):
+def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
     """Trains `params` (name -> leaf tensor) from checkpoint `ck` on the dumped batches (rows of
     `width` ints); micro_loss(rows) returns (loss tensor, {part: float}) for one micro-batch,
     the parts being extra metrics columns. Returns the exit status (0 pass, 1 tolerance
@@ -92,6 +121,8 @@ def run(a, ck, params, width, micro_loss, parts=()):
                 return 2
             for t in params.values():
                 t.grad = None
+            if dropout is not None and dropout.tape is not None:
+                dropout.tape.iteration = it
             nmb = cfg.global_batch_size // mbs
             tot = dict.fromkeys(("loss",) + tuple(parts), 0.0)
             for k in range(nmb):
@@ -142,6 +173,13 @@ def run(a, ck, params, width, micro_loss, parts=()):
     if steps == 0:
         print("bad input: no batch matches a metrics row")
         return 2
+    tape = dropout.tape if dropout is not None else None
+    if tape is not None:
+        if tape.pos != tape.n:
+            failures.append("dropout tape: %d masks recorded, the reference used %d" % (tape.n, tape.pos))
+        kept = [k for _, _, k in tape.masks] or [float("nan")]
+        print("dropout: %d of Trident's masks applied; kept fraction per mask %.4f .. %.4f"
+              % (tape.pos, min(kept), max(kept)))
     if a.params and not param_iters:
         failures.append("%s: no parameter dump for the compared iterations" % a.params)
     print("worst relative differences over %d steps: %s" % (steps, ", ".join("%s %.2e" % kv for kv in worst.items())))
