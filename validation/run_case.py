@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from testlib import assert_layout  # noqa: E402
 
 # The CTest cases assert about 10x the worst value measured over the GPT, BERT and T5 cases and
-# their layouts (validation/README.md, "Tolerances"): loss 7.2e-8 (GPT, linear decay), lr 1.9e-16,
+# their layouts (validation/README.md, "Tolerances"): loss 8.6e-8 (BERT's SOP part, pp=2), lr 1.9e-16,
 # grad norm 5.2e-7, step-1 gradients 6.7e-7, parameters 3.18e-4 of their change since
 # the checkpoint (GPT pp=2 x vp=2, 4 layers, after step 1).
-TOLERANCES = ["--loss-rtol", "7e-7", "--lr-rtol", "2e-15", "--gnorm-rtol", "6e-6", "--grad-rtol", "6e-6",
+TOLERANCES = ["--loss-rtol", "7e-7", "--lr-rtol", "1.8e-15", "--gnorm-rtol", "5e-6", "--grad-rtol", "6e-6",
               "--param-rtol", "3e-3"]
 
 

@@ -4,7 +4,7 @@
 usage: tp_checks.py CHECK --app PRETRAIN_GPT --deck DECK --shards GLOB --work DIR [--mpiexec M]
 
 Checks (fp32, dropout off unless stated; tolerances about 10x the worst measured over these
-layouts (validation/README.md, "Tolerances"): relative 3e-7 on every per-step loss and 1e-6 on
+layouts (validation/README.md, "Tolerances"): relative 3e-7 on every per-step loss and 8.5e-7 on
 every grad norm over 10 steps, relative L2 6e-6 per gradient tensor after step 1 -- different
 summation orders of fp32 partial sums; every run's reported layout checked against the request):
   tp2       tp=2 without and with sequence parallelism equal tp=1 (np=2)
@@ -56,6 +56,7 @@ from testlib import assert_layout, check_main, run, single_error_failures  # noq
 # about 10x the worst measured over every layout below (validation/README.md, "Tolerances"):
 # loss 2.8e-8, grad norm 9.0e-8, step-1 gradients 6.0e-7
 LOSS_RTOL = 3e-7
+NORM_RTOL = 8.5e-7
 GRAD_RTOL = 6e-6
 
 
@@ -88,7 +89,7 @@ class Ctx:
         return losses(m)
 
 
-def compare_losses(name, ref, got, rtol=LOSS_RTOL, norm_rtol=1e-6):
+def compare_losses(name, ref, got, rtol=LOSS_RTOL, norm_rtol=NORM_RTOL):
     assert len(ref) == len(got), (len(ref), len(got))
     worst = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(ref, got))
     worst_norm = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(ref, got))
@@ -294,11 +295,12 @@ def check_t5(c):
     compare_grads("t5 pp4 split rank 1", c.path("single_d3_grads.h5"), c.path("pp4_split_rank1_grads.h5"))
     # bf16 through the pipeline (the encoder output travels as fp32 of its 16-bit values, exactly);
     # the tied embeddings' gradients are summed in another order, which can flip the rounding of
-    # a 16-bit weight: measured 3.6e-6 (loss) and 4.1e-5 (grad norm) after 10 steps
+    # a 16-bit weight; measured 2.0e-9 (loss) and 2.7e-8 (grad norm) after 10 steps, within the fp32
+    # layout tolerances
     bf = vocab + ["--precision.dtype", "bf16"]
     compare_losses("t5 bf16 pp2", c.train("bf16_pp1", 1, 1, extra=bf),
                    c.train("bf16_pp2", 2, 1, pp=2, extra=bf + ["--parallel.first_stage_layers", "3"]),
-                   rtol=1e-4, norm_rtol=1e-3)
+                   )
     check_precision_bands(c, "t5", vocab)
     check_exact_resume(c, "t5", vocab)
     check_eval_layouts(c, "t5", vocab, [("np1", 1, []), ("dp2", 2, []), ("tp2", 2, ["--parallel.tp", "2"]),
