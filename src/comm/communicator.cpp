@@ -48,6 +48,13 @@ void Communicator::enable_device() {
 #endif
 }
 
+int Communicator::max_tag() const {
+  void* value = nullptr;
+  int flag = 0;
+  TRIDENT_CHECK_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &flag));
+  return flag && value ? *static_cast<int*>(value) : 32767;
+}
+
 Communicator::~Communicator() { release(); }
 
 void Communicator::release() {

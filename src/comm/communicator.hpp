@@ -38,6 +38,9 @@ class Communicator {
   // The group's name in reports ("tp", "dp", ...; common/progress.hpp).
   void set_name(const std::string& name) { name_ = name; }
   const std::string& name() const { return name_; }
+  // The largest message tag the MPI library accepts on this group (its MPI_TAG_UB attribute; the
+  // standard guarantees only 32767).
+  int max_tag() const;
 
   // In-place sum / max over the group of a buffer in the default memory space.
   void allreduce_sum(float* data, std::int64_t n) const;

@@ -22,7 +22,7 @@ BertDataset::BertDataset(const Corpus& corpus, std::int64_t doc_begin, std::int6
   TRIDENT_REQUIRE(static_cast<std::int64_t>(continues_.size()) == corpus.vocab_size(),
                   name << " dataset: the vocabulary has " << continues_.size() << " tokens, the shards "
                        << corpus.vocab_size());
-  TRIDENT_REQUIRE(m_.masked_lm_prob > 0 && m_.masked_lm_prob < 1, "bert.masked_lm_prob must be in (0, 1)");
+  TRIDENT_REQUIRE(m_.masked_lm_prob > 0 && m_.masked_lm_prob < 1, "deck: bert.mask_prob = " << m_.masked_lm_prob << " must lie in (0, 1)");
   TRIDENT_REQUIRE(m_.short_seq_prob >= 0 && m_.short_seq_prob <= 1, "bert.short_seq_prob must be in [0, 1]");
   TRIDENT_REQUIRE(m_.max_ngrams >= 1, "bert.max_ngrams must be >= 1");
   const std::int64_t max_tokens = seq_length - (m_.binary_head ? 3 : 2);

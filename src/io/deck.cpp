@@ -209,8 +209,10 @@ void validate(const Deck& d) {
   positive("t5.max_ngrams", d.t5.max_ngrams);
   TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 ||
                       d.model.max_position_embeddings >= std::max(d.model.seq_length, d.model.decoder_seq_length),
-                  "deck: model.max_position_embeddings (" << d.model.max_position_embeddings
-                                                          << ") is smaller than model.seq_length (" << d.model.seq_length << ")");
+                  "deck: model.max_position_embeddings (" << d.model.max_position_embeddings << ") is smaller than "
+                      << (d.model.decoder_seq_length > d.model.seq_length
+                              ? "model.decoder_seq_length (" + std::to_string(d.model.decoder_seq_length) + ")"
+                              : "model.seq_length (" + std::to_string(d.model.seq_length) + ")"));
   TRIDENT_REQUIRE(d.model.layernorm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
   TRIDENT_REQUIRE(d.model.init_method_std > 0, "deck: model.init_method_std must be > 0");
   positive("parallel.tp", d.parallel.tp);

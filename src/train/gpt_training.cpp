@@ -341,7 +341,8 @@ SampleSource samples_of(Family f, const Deck& deck, std::int64_t train_samples, 
   return gpt_samples(deck, train_samples, valid_samples, keep);
 }
 
-// Rank 0 writes every global batch (validation): /iter_NNNNNNN int32 [GB, S+1].
+// Rank 0 writes every global batch (validation): /iter_NNNNNNN int32 [GB, width], a row being one
+// sample as its family encodes it (GPT: S+1 tokens; BERT: 4S+1; T5: 2S+2S_d; validation/README.md).
 class BatchDumper {
  public:
   BatchDumper(const std::string& path, bool resume) : path_(path) {

@@ -1,6 +1,7 @@
 // Pipeline executor.
 #include "train/pipeline.hpp"
 
+#include <algorithm>
 #include <fstream>
 
 #include "common/error.hpp"
@@ -60,9 +61,24 @@ void PipelineRunner::wait(MPI_Request& r) {
   t_p2p_ += wall_seconds() - t;
 }
 
+// Pipeline messages are tagged by the virtual stage they enter and the micro-batch (forward:
+// below kBackwardTag, backward: kBackwardTag + the same): every tag of m micro-batches over p x vp
+// virtual stages must stay below kBackwardTag and within the library's MPI_TAG_UB.
+namespace {
+void check_tags(std::int64_t m, int p, int vp, const Communicator& pp) {
+  const std::int64_t span = (static_cast<std::int64_t>(p) * vp + 1) * m;
+  TRIDENT_REQUIRE(span < kBackwardTag && kBackwardTag + span <= pp.max_tag(),
+                  "pipeline: " << m << " micro-batches over " << p * vp << " (virtual) stages need message tags up to "
+                               << kBackwardTag + span << ", beyond what this MPI library allows ("
+                               << std::min<std::int64_t>(kBackwardTag - 1, pp.max_tag()) << "): use fewer micro-batches per "
+                               << "iteration (a larger train.micro_batch_size) or fewer stages");
+}
+}  // namespace
+
 double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
                              const std::function<DropoutStreams(std::int64_t)>& rng) {
   const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
+  if (p > 1) check_tags(m, p, vp, topo_.pp_group());
   const MPI_Comm pp = topo_.pp_group().get();
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int mi = static_cast<int>(m);
@@ -130,6 +146,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
 double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
                                 const std::function<std::int64_t(std::int64_t)>& count) {
   const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
+  if (p > 1) check_tags(m, p, vp, topo_.pp_group());
   const MPI_Comm pp = topo_.pp_group().get();
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int prev = (s - 1 + p) % p, next = (s + 1) % p, mi = static_cast<int>(m);

@@ -24,8 +24,8 @@ struct TimelineEvent {
 class PipelineRunner {
  public:
   // load(k, mb): the k-th micro-batch of this rank's share into mb's device views (called on
-  // the stages that read it: the first and last, and every stage for BERT, whose layers need
-  // the padding mask).
+  // the stages that read it: the first and last, and every stage for BERT and T5, whose layers
+  // need the padding mask and, in T5's decoder, the decoder tokens).
   using Loader = std::function<void(std::int64_t, MicroBatch&)>;
   // chunks: this rank's model chunks (one without interleaving; vp with the interleaved
   // schedule, chunk c being virtual stage c * pp + pp_rank).

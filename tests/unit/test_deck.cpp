@@ -83,6 +83,9 @@ TEST(Deck, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
+  // the longer of the two sequence lengths is the one named (T5's decoder may be the longer)
+  const std::string dec = error_of(kDeck, {"--model.max_position_embeddings", "40", "--model.decoder_seq_length", "48"});
+  EXPECT_NE(dec.find("model.decoder_seq_length (48)"), std::string::npos) << dec;
 }
 
 // Boost.Program_options loops forever on a message whose key or value holds one of its
