@@ -446,6 +446,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     st.seed = h5_read_attr_int(file, "seed", path);
     st.loss_scale = h5_read_attr_double(file, "loss_scale", path);
     st.deck = h5_read_attr_string(file, "deck", path);
+    // the run's precision: a resumed fp16 run restores its loss scaler only from an fp16 checkpoint
+    if (h5_has_attr(file, "dtype")) st.dtype = h5_read_attr_string(file, "dtype", path);
     auto get = [&](const std::string& prefix, float* host) {
       read_tensors(file, prefix, store, host, path);
       if (version < 2) return;

@@ -234,11 +234,18 @@ def check_mixed(c):
     track("bf16 checkpoint resumed in fp32", straight32[5:], tail, BF16_BAND, 5e-4)  # measured 5.1e-5
     # fp16: a resumed run (masters and loss-scaler state saved) continues the uninterrupted losses
     # exactly; its checkpoint resumed in fp32 tracks the fp32 run
-    f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--optim.decay_iters", "10"]
+    # (the scale doubles every 2 clean steps: the resumed run must continue from the saved scale)
+    f16 = ["--precision.dtype", "fp16", "--precision.initial_loss_scale", "65536", "--optim.decay_iters", "10",
+           "--precision.loss_scale_window", "2"]
     straight16 = c.train("fp16_straight", 1, 1, iters=10, dropout=0.1, extra=f16)
     c.train("fp16_a", 1, 1, iters=5, dropout=0.1, extra=f16 + ["--checkpoint.save", c.path("ck_fp16")])
     tail = c.train("fp16_b", 1, 1, iters=10, dropout=0.1, extra=f16 + ["--checkpoint.load", c.path("ck_fp16")])
     same_losses("fp16 resumed at iteration 5", straight16[5:], tail)
+    scales = lambda name: [r["loss_scale"] for r in metrics(c.path(name + ".csv"))]  # noqa: E731
+    assert scales("fp16_straight")[5:] == scales("fp16_b"), \
+        f"fp16 resume: loss scales {scales('fp16_b')} differ from the uninterrupted {scales('fp16_straight')[5:]}"
+    print(f"fp16 resumed at iteration 5: loss scales {scales('fp16_b')[0]} .. {scales('fp16_b')[-1]} continue the "
+          "uninterrupted run's")
     tail = c.train("fp16_to_fp32", 1, 1, iters=10, dropout=0.1,
                    extra=["--optim.decay_iters", "10", "--checkpoint.load", c.path("ck_fp16")])
     track("fp16 checkpoint resumed in fp32", straight32[5:], tail, FP16_BAND, 1.5e-5)  # measured 1.56e-6
