@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Bitwise identity of Trident's training runs against a recorded baseline.
+
+The redesign of the model core and the trainer (issue 19) must not change one bit of what a
+run computes. This tool runs a fixed set of Trident jobs (every validation case, the
+tensor/pipeline/data-parallel, recomputation, distributed-optimizer, 16-bit, fused-attention,
+overlap, evaluation and generation runs the equivalence checks cover) and reduces each to:
+  - the per-step metric columns as exact text (iteration, consumed samples, loss, lr, grad norm,
+    loss scale, skipped), and the evaluation rows, also as text;
+  - the sha256 of every dataset of every checkpoint the run saved (name, dtype, shape, bytes);
+  - for generation, the printed text and token ids (greedy; sampled with and without the cache).
+
+  identity.py record --build-dir build --sample data/sample [--family gpt|bert|t5]
+      runs the jobs and writes validation/identity/<machine key>.json (merging families);
+  identity.py check --build-dir build --sample data/sample [--family F]
+      runs them again and compares with the record: exit 0 when every value is identical,
+      1 with the first differences per run, 77 when no record exists for this machine key.
+
+Bits depend on the CPU (oneDNN picks kernels by instruction set), the GEMM backend and the
+compiler flags, so a record is keyed by them: <vendor>-f<family>-m<model>-<gemm>[-native].
+Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does.
+"""
+import argparse
+import csv
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RECORD_DIR = os.path.join(HERE, "identity")
+METRIC_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped"]
+
+
+def case(name, family, deck, np_=1, set_=(), resume_at=0, resume_set=(), generate=False):
+    return dict(name=name, family=family, deck=deck, np=np_, set=list(set_), resume_at=resume_at,
+                resume_set=list(resume_set), generate=generate)
+
+
+def cases():
+    v = lambda c: os.path.join("validation", c, "deck.ini")
+    ci = lambda f: os.path.join("inputs", f + "_tiny_ci.ini")
+    tp2, sp, pp2 = ["parallel.tp=2"], ["parallel.sequence_parallel=true"], ["parallel.pp=2"]
+    zero = ["optim.distributed=true"]
+    bf16, fp16 = ["precision.dtype=bf16"], ["precision.dtype=fp16"]
+    out = [
+        # the validation cases (validation/CMakeLists.txt), Trident's side only
+        case("gpt_tiny_np1", "gpt", v("gpt_tiny"), generate=True),
+        case("gpt_tiny_np2", "gpt", v("gpt_tiny"), 2),
+        case("gpt_tiny_tp2", "gpt", v("gpt_tiny"), 2, tp2),
+        case("gpt_tiny_tp2_sp", "gpt", v("gpt_tiny"), 2, tp2 + sp),
+        case("gpt_tiny_pp2", "gpt", v("gpt_tiny"), 2, pp2),
+        case("gpt_tiny_pp2_vp2", "gpt", v("gpt_tiny"), 2, pp2 + ["parallel.vp=2", "model.num_layers=4"]),
+        case("gpt_tiny_tp2pp2dp2_sp", "gpt", v("gpt_tiny"), 8, tp2 + pp2 + sp + ["train.iters=5"]),
+        case("gpt_tiny_zero1_tp2dp2", "gpt", v("gpt_tiny"), 4, tp2 + zero),
+        case("gpt_tiny_zero1_pp2dp2", "gpt", v("gpt_tiny"), 4, pp2 + zero),
+        case("gpt_tiny_recompute_full_dp2", "gpt", v("gpt_tiny"), 2, ["precision.recompute=full"]),
+        case("gpt_tiny_recompute_selective_tp2", "gpt", v("gpt_tiny"), 2, tp2 + ["precision.recompute=selective"]),
+        case("gpt_tiny_resume10_dp2", "gpt", v("gpt_tiny"), 2, resume_at=10),
+        case("gpt_tiny_resume10_tp2_to_pp2", "gpt", v("gpt_tiny"), 2, tp2, 10,
+             ["parallel.tp=1", "parallel.pp=2"]),
+        case("gpt_linear_np1", "gpt", v("gpt_linear")),
+        case("gpt_constant_np1", "gpt", v("gpt_constant")),
+        case("gpt_dropout_np1", "gpt", v("gpt_dropout")),
+        case("gpt_bf16_np1", "gpt", v("gpt_bf16")),
+        case("gpt_fp16_np1", "gpt", v("gpt_fp16")),
+        # 16-bit under the layouts, recomputation and the distributed optimizer
+        case("gpt_bf16_tp2_sp", "gpt", v("gpt_bf16"), 2, tp2 + sp),
+        case("gpt_bf16_pp2", "gpt", v("gpt_bf16"), 2, pp2),
+        case("gpt_bf16_zero1_dp2", "gpt", v("gpt_bf16"), 2, zero),
+        case("gpt_fp16_tp2_sp", "gpt", v("gpt_fp16"), 2, tp2 + sp),
+        case("gpt_fp16_pp2_recompute", "gpt", v("gpt_fp16"), 2, pp2 + ["precision.recompute=full"]),
+        # the CI deck: dropout, evaluation, fused attention, overlap, prefetch, grouped p2p
+        case("gpt_ci_np1", "gpt", ci("gpt")),
+        case("gpt_ci_flash_tp2_sp", "gpt", ci("gpt"), 2, tp2 + sp + ["model.flash_attention=true"]),
+        case("gpt_ci_bf16_flash", "gpt", ci("gpt"), 1, bf16 + ["model.flash_attention=true"]),
+        case("gpt_ci_overlap_dp2", "gpt", ci("gpt"), 2, ["parallel.overlap_grad_reduce=true",
+                                                           "data.prefetch=true", "train.global_batch_size=8"]),
+        case("gpt_ci_pp2_vp2_tp2", "gpt", ci("gpt"), 4, tp2 + pp2 + ["parallel.vp=2", "model.num_layers=4"]),
+        # BERT
+        case("bert_tiny_np1", "bert", v("bert_tiny")),
+        case("bert_tiny_np2", "bert", v("bert_tiny"), 2),
+        case("bert_tiny_tp2_sp", "bert", v("bert_tiny"), 2, tp2 + sp),
+        case("bert_tiny_pp2", "bert", v("bert_tiny"), 2, pp2),
+        case("bert_dropout_np1", "bert", v("bert_dropout"), 1, ["train.iters=10"]),
+        case("bert_tiny_bf16_zero1_dp2", "bert", v("bert_tiny"), 2, bf16 + zero),
+        case("bert_ci_np1", "bert", ci("bert")),
+        case("bert_ci_pp2_vp2", "bert", ci("bert"), 2, pp2 + ["parallel.vp=2", "model.num_layers=4"]),
+        case("bert_ci_fp16_recompute_tp2", "bert", ci("bert"), 2, fp16 + tp2 + ["precision.recompute=selective"]),
+        # T5
+        case("t5_tiny_np1", "t5", v("t5_tiny")),
+        case("t5_tiny_np2", "t5", v("t5_tiny"), 2),
+        case("t5_tiny_tp2", "t5", v("t5_tiny"), 2, tp2),
+        case("t5_tiny_pp2", "t5", v("t5_tiny"), 2, pp2),
+        case("t5_tiny_resume10_dp2", "t5", v("t5_tiny"), 2, resume_at=10),
+        case("t5_dropout_np1", "t5", v("t5_dropout"), 1, ["train.iters=10"]),
+        case("t5_tiny_bf16_tp2_sp", "t5", v("t5_tiny"), 2, bf16 + tp2 + sp),
+        case("t5_ci_np1", "t5", ci("t5")),
+        case("t5_ci_fp16_recompute_zero1_dp2", "t5", ci("t5"), 2, fp16 + zero + ["precision.recompute=full"]),
+    ]
+    return out
+
+
+def machine_key(build_dir):
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if ":" in line:
+                k, v = (s.strip() for s in line.split(":", 1))
+                info.setdefault(k, v)
+            elif info:
+                break
+    cache = {}
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if "=" in line and ":" in line.split("=", 1)[0]:
+                    k, v = line.rstrip("\n").split("=", 1)
+                    cache[k.split(":")[0]] = v
+    except OSError:
+        sys.exit(f"{build_dir}/CMakeCache.txt: not a configured build directory")
+    vendor = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(info.get("vendor_id", ""),
+                                                                   info.get("vendor_id", "cpu").lower() or "cpu")
+    key = f"{vendor}-f{info.get('cpu family', 'x')}-m{info.get('model', 'x')}-{cache.get('TRIDENT_GEMM_RESOLVED', 'unknown-gemm')}"
+    if cache.get("TRIDENT_NATIVE_ARCH", "OFF").upper() in ("ON", "1", "TRUE", "YES"):
+        key += "-native"
+    return key
+
+
+def sha_of_file_datasets(path):
+    """{dataset name: sha256 of dtype, shape and bytes} for every dataset of one HDF5 file."""
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            a = np.ascontiguousarray(obj[()])
+            h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes())
+            out[name] = h.hexdigest()[:16]  # 64 bits: a chance collision is not a concern here
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return out
+
+
+def metric_rows(path):
+    """The metric columns that carry results, as the text Trident wrote."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = [c for c in METRIC_COLUMNS if rows and c in rows[0]]
+    return [",".join(r[c] for c in cols) for r in rows]
+
+
+def run(cmd, env):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if p.returncode != 0:
+        print(p.stdout[-4000:])
+        sys.exit(f"identity: {' '.join(cmd)} failed ({p.returncode})")
+    return p.stdout
+
+
+def run_case(c, a, work):
+    apps = {"gpt": "pretrain_gpt", "bert": "pretrain_bert", "t5": "pretrain_t5"}
+    shards = {"gpt": "kjv_gpt2_*.h5", "bert": "kjv_bert_*.h5", "t5": "kjv_t5_*.h5"}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    app = os.path.join(a.build_dir, "apps", apps[c["family"]])
+    w = lambda *x: os.path.join(work, *x)
+
+    def command(over, initial=True):
+        cmd = [a.mpiexec, "-n", str(c["np"]), app, "--deck", os.path.join(ROOT, c["deck"]),
+               "--data.train_shards", os.path.join(a.sample, shards[c["family"]]),
+               "--checkpoint.save", w("ck"), "--checkpoint.save_initial", "true" if initial else "false",
+               "--log.metrics_file", w("metrics.csv")]
+        if c["family"] != "gpt":
+            cmd += ["--data.vocab_file", os.path.join(a.sample, "bert", "vocab.txt")]
+        for kv in over:
+            k, v = kv.split("=", 1)
+            cmd += ["--" + k, v]
+        return cmd
+
+    if c["resume_at"]:
+        run(command(c["set"]) + ["--train.iters", str(c["resume_at"])], env)
+        run(command(c["set"] + c["resume_set"], initial=False) + ["--checkpoint.load", w("ck")], env)
+    else:
+        run(command(c["set"]), env)
+    result = {"metrics": metric_rows(w("metrics.csv"))}
+    for extra in sorted(glob.glob(w("metrics*.csv"))):
+        if extra != w("metrics.csv"):
+            with open(extra) as f:
+                result[os.path.basename(extra)] = f.read().splitlines()
+    result["checkpoints"] = {os.path.basename(os.path.dirname(p)): sha_of_file_datasets(p)
+                             for p in sorted(glob.glob(w("ck", "iter_*", "checkpoint.h5")))}
+    if c["generate"]:
+        gen = [a.mpiexec, "-n", "1", os.path.join(a.build_dir, "apps", "generate_gpt"), "--checkpoint", w("ck"),
+               "--vocab-file", os.path.join(a.sample, "gpt2", "encoder.json"),
+               "--merge-file", os.path.join(a.sample, "gpt2", "vocab.bpe"),
+               "--prompt", "In the beginning", "--prompt", "And the LORD said unto Moses",
+               "--max-new-tokens", "12", "--print-ids"]
+        keep = lambda out: [l for l in out.splitlines() if l.startswith(("ids[", "["))]
+        sample = ["--top-k", "40", "--temperature", "1.5", "--seed", "7"]
+        result["generate_greedy"] = keep(run(gen + ["--greedy"], env))
+        result["generate_sampled"] = keep(run(gen + sample, env))
+        result["generate_sampled_no_cache"] = keep(run(gen + sample + ["--no-cache"], env))
+    return result
+
+
+def diff(name, want, got):
+    """The first differences between a recorded and a new result, as lines."""
+    out = []
+    for k in sorted(set(want) | set(got)):
+        w, g = want.get(k), got.get(k)
+        if w == g:
+            continue
+        if k == "checkpoints" and isinstance(w, dict) and isinstance(g, dict):
+            for it in sorted(set(w) | set(g)):
+                wd, gd = w.get(it, {}), g.get(it, {})
+                bad = [d for d in sorted(set(wd) | set(gd)) if wd.get(d) != gd.get(d)]
+                if bad:
+                    out.append(f"{name}: checkpoint {it}: {len(bad)} datasets differ, e.g. {bad[:3]}")
+        elif isinstance(w, list) and isinstance(g, list):
+            for i, (x, y) in enumerate(zip(w, g)):
+                if x != y:
+                    out.append(f"{name}: {k} row {i + 1}: recorded {x!r}, now {y!r}")
+                    break
+            if len(w) != len(g):
+                out.append(f"{name}: {k}: {len(w)} rows recorded, {len(g)} now")
+        else:
+            out.append(f"{name}: {k}: recorded {w!r:.200}, now {g!r:.200}")
+    return out
+
+
+def selftest(a):
+    """The comparison fails on one changed digit, dataset or token, and passes on a rerun."""
+    c = next(c for c in cases() if c["name"] == "gpt_tiny_np1")
+    c = dict(c, set=["train.iters=4"])
+    with tempfile.TemporaryDirectory(prefix="trident_identity_") as work:
+        first = run_case(c, a, os.path.join(work, "first"))
+        second = run_case(c, a, os.path.join(work, "second"))
+    problems = []
+    if diff("rerun", first, second):
+        problems.append(f"two identical runs differ: {diff('rerun', first, second)[:2]}")
+    m = json.loads(json.dumps(first))
+    row = m["metrics"][2].split(",")
+    row[2] = row[2][:-1] + ("1" if row[2][-1] != "1" else "2")
+    m["metrics"][2] = ",".join(row)
+    d = json.loads(json.dumps(first))
+    it = sorted(d["checkpoints"])[-1]
+    name = sorted(d["checkpoints"][it])[-1]
+    d["checkpoints"][it][name] = "0" * 16
+    g = json.loads(json.dumps(first))
+    g["generate_sampled"][1] += " 1"
+    for what, changed in (("a loss's last digit", m), ("one checkpoint dataset", d), ("one generated token", g)):
+        found = diff("selftest", changed, second)
+        print(f"{what} changed: {'detected: ' + found[0] if found else 'NOT detected'}")
+        if not found:
+            problems.append(f"{what} changed but the comparison passed")
+    for p_ in problems:
+        print("FAIL:", p_)
+    print("identity comparator selftest:", "FAIL" if problems else "PASS")
+    return 1 if problems else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["record", "check", "list", "selftest"])
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    p.add_argument("--sample", default=os.path.join(ROOT, "data", "sample"))
+    p.add_argument("--family", choices=["gpt", "bert", "t5"], action="append",
+                   help="only this model family's runs (repeatable; default all)")
+    p.add_argument("--only", action="append", default=[], metavar="RUN", help="only this run (repeatable)")
+    p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--record-dir", default=RECORD_DIR)
+    p.add_argument("--work", default="", help="keep the runs' files here (default: a temporary directory)")
+    a = p.parse_args()
+    a.build_dir = os.path.abspath(a.build_dir)
+    a.sample = os.path.abspath(a.sample)
+    todo = [c for c in cases() if (not a.family or c["family"] in a.family) and (not a.only or c["name"] in a.only)]
+    unknown = set(a.only) - {c["name"] for c in cases()}
+    if unknown:
+        sys.exit(f"--only {sorted(unknown)[0]}: no such run (identity.py list)")
+    if a.mode == "list":
+        for c in todo:
+            print(c["name"], c["np"], " ".join(c["set"]))
+        return 0
+    if a.mode == "selftest":
+        return selftest(a)
+    key = machine_key(a.build_dir)
+    path = os.path.join(a.record_dir, key + ".json")
+    record = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            record = json.load(f)
+    if a.mode == "check":
+        missing = [c["name"] for c in todo if c["name"] not in record.get("runs", {})]
+        if missing:
+            print(f"SKIP: no identity record for machine key {key} ({len(missing)} runs missing, e.g. "
+                  f"{missing[0]}); record one at a trusted commit with: validation/identity.py record")
+            return 77
+    work = a.work or tempfile.mkdtemp(prefix="trident_identity_")
+    failures, results = [], {}
+    try:
+        for c in todo:
+            d = os.path.join(work, c["name"])
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            got = run_case(c, a, d)
+            results[c["name"]] = got
+            n = sum(len(v) for v in got["checkpoints"].values())
+            if a.mode == "check":
+                lines = diff(c["name"], record["runs"][c["name"]], got)
+                failures += lines
+                print(f"{c['name']}: {'DIFFERS' if lines else 'identical'} ({len(got['metrics'])} steps, "
+                      f"{len(got['checkpoints'])} checkpoints, {n} datasets)", flush=True)
+            else:
+                print(f"{c['name']}: recorded ({len(got['metrics'])} steps, {len(got['checkpoints'])} "
+                      f"checkpoints, {n} datasets)", flush=True)
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+    if a.mode == "record":
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
+                                text=True).stdout.strip()
+        record.setdefault("runs", {}).update(results)
+        record["machine_key"] = key
+        record.setdefault("recorded_at", {}).update({n: commit for n in results})
+        os.makedirs(a.record_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+        print(f"wrote {path} ({len(results)} runs)")
+        return 0
+    for line in failures:
+        print("FAIL:", line)
+    print(f"{len(todo) - len({l.split(':')[0] for l in failures})} of {len(todo)} runs bitwise identical "
+          f"to the record ({key})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
