@@ -2,7 +2,7 @@
 """PyTorch peer for perf/bench_gpt.py: trains a GPT-2-architecture model for a few steps on the CPU
 and prints one JSON object with its throughput.
 
-The model is the one Trident trains (DESIGN.md): learned absolute positions, pre-LayerNorm
+The model is the one Trident trains (docs/DESIGN.md): learned absolute positions, pre-LayerNorm
 (eps 1e-5), GELU (tanh form), causal self-attention written out as matmuls (Trident's op
 order: QK^T, mask, softmax, dropout, PV), dropout (default 0.1) where GPT-2 and Trident have it
 (embeddings, attention probabilities, each residual branch), tied input/output embeddings, init normal(0, 0.02) with output

@@ -1,4 +1,8 @@
-"""Shared pieces of the Python test drivers (tests/e2e, tests/mpi)."""
+"""Shared pieces of the Python test drivers (tests/e2e, tests/mpi, tests/faults and
+validation/run_case.py): run() a command and collect its output; single_error_failures() for
+cases that must fail with exactly one 'error' line; check_main(), the drivers' common command
+line; trident_checksum(), a checkpoint dataset's `checksum` attribute recomputed with numpy; and
+assert_layout(), the parallel layout a run reports checked against the one it asked for."""
 import subprocess
 import time
 

@@ -1,4 +1,7 @@
-// NCCL communicators and collectives (CUDA builds only).
+// NCCL communicators and collectives (CUDA builds only): the detail:: functions of nccl.hpp.
+// nccl_create broadcasts rank 0's ncclUniqueId over the MPI communicator and initialises the
+// NCCL rank; every collective and point-to-point group is enqueued on the Kokkos CUDA stream.
+// A failing NCCL call throws Error::one naming the call, file and line (TRIDENT_NCCL).
 #include <cuda_runtime.h>
 #include <nccl.h>
 

@@ -1,4 +1,7 @@
-// Topology: communicator splits in Megatron's rank order.
+// Topology implementation: rank coordinates in Megatron's order (tp fastest, then dp, then pp),
+// the MPI_Comm_split of the world into the tp, dp, pp and embedding groups (and T5's regrouping
+// in set_decoder_stage), their NCCL communicators enabled in the same order on every rank, and
+// the rank table of print().
 #include "comm/topology.hpp"
 
 #include <iomanip>

@@ -1,5 +1,6 @@
 // Math usable in kernels on every backend: the C library's float functions, which nvcc also
-// provides as device functions (Kokkos::exp etc. only exist from Kokkos 4).
+// provides as device functions (Kokkos::exp etc. only exist from Kokkos 4), and fast_exp /
+// fast_tanh, branch-free approximations (no libm call) that compilers vectorise.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <math.h>

@@ -1,4 +1,6 @@
-// Collective error agreement.
+// Collective error agreement (agree_or_throw, declared in error.hpp): an MPI_MIN all-reduce
+// finds the lowest rank with a local error, that rank broadcasts its message, and every rank
+// throws it as Error::all. Marked for the watchdog (common/progress.hpp) while it runs.
 #include "common/error.hpp"
 
 #include "common/progress.hpp"

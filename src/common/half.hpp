@@ -1,5 +1,5 @@
-// bf16 and fp16 as raw 16-bit words (DESIGN.md: Kokkos' own half types are 4 bytes on host
-// builds), with conversions usable in kernels on every backend. float -> 16 bits rounds to
+// bf16 and fp16 as raw 16-bit words (docs/DESIGN.md: Kokkos' own half types are 4 bytes on
+// host builds), with conversions usable in kernels on every backend. float -> 16 bits rounds to
 // nearest, ties to even, as the GPU's conversion instructions do: NaN stays NaN (quiet),
 // values beyond the largest finite half round to infinity, fp16 subnormals are produced and
 // read exactly. 16 bits -> float is exact.
@@ -105,8 +105,8 @@ inline HalfView make_half(const char* label, std::int64_t n) { return HalfView(s
 // (exactly one of them is allocated, as `dt` says).
 struct Act {
   DType dt = DType::F32;
-  FloatView f;
-  HalfView h;
+  FloatView f;  // (size()) fp32 values when dt == F32, else empty
+  HalfView h;   // (size()) bf16 / fp16 words when dt != F32, else empty
   bool is_half() const { return dt != DType::F32; }
   std::int64_t size() const { return static_cast<std::int64_t>(is_half() ? h.extent(0) : f.extent(0)); }
   std::int64_t bytes() const { return size() * dtype_bytes(dt); }

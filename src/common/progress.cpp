@@ -1,4 +1,6 @@
-// Progress record for the watchdog.
+// Progress record for the watchdog (progress.hpp): the phase and the current communication call
+// (op, group, size, peer, start time) live in process-wide atomics; InComm saves and restores
+// the enclosing call, so nested calls unwind correctly; describe() formats them for the report.
 #include "common/progress.hpp"
 
 #include <atomic>

@@ -1,4 +1,6 @@
-// Wall-clock timers. stop() fences Kokkos first so device work is counted where it ran.
+// Wall-clock timers: wall_seconds() (steady clock) and PhaseTimers, named timers whose
+// start/stop intervals add up per name. stop() fences Kokkos first so device work is counted
+// where it ran.
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <chrono>

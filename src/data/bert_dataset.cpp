@@ -1,4 +1,7 @@
-// BERT dataset: sample index, sentence pairs, truncation and whole-word n-gram masking.
+// BERT dataset (layout in bert_dataset.hpp): the sample index (span_masking's sentence runs,
+// after checking that the shards hold sentences and BERT's special tokens), sample assembly
+// ([CLS] A [SEP] B [SEP] with the random swap and front/back truncation), whole-word n-gram
+// masking with the 80/10/10 replacement, and BertData's train/valid datasets over one corpus.
 #include "data/bert_dataset.hpp"
 
 #include <algorithm>

@@ -59,7 +59,7 @@ class BertDataset {
   std::int64_t seq_length_, epochs_ = 0;
   std::uint64_t seed_;
   SpecialTokens sp_;
-  std::vector<std::uint8_t> continues_;
+  std::vector<std::uint8_t> continues_;  // (vocab_size) 1 when the id continues the word before it
   BertMasking m_;
   std::vector<SentenceRun> index_;
 };

@@ -1,4 +1,7 @@
-// Corpus over token shards.
+// Corpus over token shards: parse_shard_spec (files, globs and Megatron's weighted "w path"
+// pairs; glob matches sorted, a glob matching nothing is an error), the Corpus that opens every
+// shard, checks that they agree on tokenizer, vocabulary and special tokens and lists their
+// non-empty documents in order, and split_documents (data.split ratios to document boundaries).
 #include "data/corpus.hpp"
 
 #include <glob.h>

@@ -26,7 +26,7 @@ class Corpus {
 
   std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_shard_.size()); }
   std::int64_t document_length(std::int64_t d) const { return doc_end_[d] - doc_begin_[d]; }
-  // Reads tokens [offset, offset + count) of document d.
+  // Reads tokens [offset, offset + count) of document d into out (count).
   void read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const;
   std::int64_t vocab_size() const { return vocab_size_; }
   std::int64_t eod_id() const { return eod_id_; }
@@ -42,8 +42,8 @@ class Corpus {
 
  private:
   std::vector<TokenShardReader> shards_;
-  std::vector<std::int32_t> doc_shard_;
-  std::vector<std::int64_t> doc_begin_, doc_end_;
+  std::vector<std::int32_t> doc_shard_;            // (num_documents) shard of each document
+  std::vector<std::int64_t> doc_begin_, doc_end_;  // (num_documents) each: its token range in that shard
   std::int64_t vocab_size_ = 0, eod_id_ = -1, num_tokens_ = 0;
   std::string tokenizer_;
   bool has_sentences_ = true;

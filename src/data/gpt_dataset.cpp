@@ -1,4 +1,8 @@
-// GPT dataset, blending, and the train/valid construction.
+// GPT dataset, blending, and the train/valid construction: GptDataset's per-epoch document
+// shuffle and sample order (Fisher-Yates over a counter-based generator, the same on every
+// platform) and sample reads that cross document boundaries; BlendedDataset's assignment of each
+// sample to the dataset lagging its weight most; GptData, one corpus per weighted group of
+// data.train_shards, split into train / valid documents.
 #include "data/gpt_dataset.hpp"
 
 #include <algorithm>

@@ -30,7 +30,7 @@ class GptDataset {
   std::int64_t seq_length_, num_samples_ = 0, epochs_ = 0;
   std::vector<std::int64_t> doc_idx_;     // document of each stream position (epochs x docs)
   std::vector<std::int64_t> doc_start_;   // stream token offset where doc_idx_[k] starts (+ end)
-  std::vector<std::int64_t> shuffle_;     // sample order
+  std::vector<std::int64_t> shuffle_;     // (num_samples) sample order
 };
 
 // Megatron's blending: sample i goes to the dataset whose realised share lags its weight most.
@@ -43,8 +43,8 @@ class BlendedDataset {
 
  private:
   std::vector<std::unique_ptr<GptDataset>> datasets_;
-  std::vector<std::int32_t> which_;
-  std::vector<std::int64_t> index_;
+  std::vector<std::int32_t> which_;  // (num_samples) dataset of each blended sample
+  std::vector<std::int64_t> index_;  // (num_samples) its sample index in that dataset
 };
 
 // Builds the train and valid datasets of data.train_shards for a run. Owns the corpora.

@@ -1,4 +1,6 @@
-// JSON-lines input.
+// JSON-lines input (contract in jsonl.hpp): for_each_line_in_range seeks to the first line that
+// starts inside the byte range and reads lines with getline until one starts at or past its
+// end; jsonl_text parses one line with nlohmann::json and takes the string under the key.
 #include "data/jsonl.hpp"
 
 #include <cstdio>

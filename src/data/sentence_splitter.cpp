@@ -1,4 +1,7 @@
-// Rule-based sentence splitting (rules in sentence_splitter.hpp).
+// Rule-based sentence splitting (rules in sentence_splitter.hpp): one pass over the bytes finds
+// paragraph breaks and runs of terminators with their closers, then applies the lower-case,
+// initial, abbreviation and dotted-word exceptions; ICU classifies the letter or number after an
+// ideographic terminator.
 #include "data/sentence_splitter.hpp"
 
 #include <algorithm>

@@ -1,4 +1,7 @@
-// Sample index and masked spans shared by the BERT and T5 datasets.
+// Sample index and masked spans shared by the BERT and T5 datasets (rules in span_masking.hpp):
+// sentence_runs (documents filtered, runs cut at drawn target lengths, epoch after epoch, then a
+// Fisher-Yates shuffle), open_masking_corpus (the unweighted corpus, its special tokens and the
+// per-id word-continuation table from the tokenizer) and pick_masked_spans.
 #include "data/span_masking.hpp"
 
 #include <algorithm>

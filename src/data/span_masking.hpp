@@ -65,7 +65,7 @@ struct SpanMasking {
 struct MaskingCorpus {
   std::unique_ptr<Corpus> corpus;
   SpecialTokens specials;
-  std::vector<std::uint8_t> continues;
+  std::vector<std::uint8_t> continues;  // (vocab_size) 1 when the id continues the word before it
 };
 MaskingCorpus open_masking_corpus(const std::string& shard_spec, const std::string& vocab_file,
                                   const std::string& merges_file, const char* model);

@@ -1,4 +1,7 @@
-// T5 dataset: span corruption with sentinels.
+// T5 dataset: span corruption with sentinels (layout in t5_dataset.hpp). The constructor checks
+// the shards' sentences and special tokens and the encoder / decoder lengths; get() reads one
+// sentence run, draws geometric spans within the decoder's budget and builds the encoder input,
+// decoder input and target, and padding masks; T5Data builds train and valid over one corpus.
 #include "data/t5_dataset.hpp"
 
 #include <algorithm>

@@ -55,7 +55,7 @@ class T5Dataset {
   std::int64_t enc_len_, dec_len_, epochs_ = 0;
   std::uint64_t seed_;
   SpecialTokens sp_;
-  std::vector<std::uint8_t> continues_;
+  std::vector<std::uint8_t> continues_;  // (vocab_size) 1 when the id continues the word before it
   T5Masking m_;
   std::vector<SentenceRun> index_;
 };

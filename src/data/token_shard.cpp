@@ -1,4 +1,4 @@
-// Token shard writer and reader (format: token_shard.hpp / DESIGN.md "Token shards").
+// Token shard writer and reader (format: token_shard.hpp / docs/DESIGN.md "Token shards").
 // The writer keeps at most kFlushTokens tokens in memory: /tokens is an extendible chunked
 // dataset grown by one hyperslab write per flush. Offsets (8 bytes per document / sentence)
 // stay in memory until close(). The reader validates the whole structure on open so that a
@@ -68,11 +68,11 @@ struct TokenShardWriter::Impl {
   bool closed = false;
   bool wide = false;  // int32 tokens (else uint16)
   H5Handle file, tokens;
-  std::vector<std::int32_t> buffer;
+  std::vector<std::int32_t> buffer;  // (< kFlushTokens) tokens not yet written to the file
   std::int64_t written = 0;  // tokens already in the file
   std::int64_t max_token_id = -1;
-  std::vector<std::int64_t> doc_offsets{0};
-  std::vector<std::int64_t> sent_offsets{0};
+  std::vector<std::int64_t> doc_offsets{0};   // (documents + 1) so far
+  std::vector<std::int64_t> sent_offsets{0};  // (sentences + 1) so far (with_sentences only)
 
   std::int64_t total() const { return written + static_cast<std::int64_t>(buffer.size()); }
 
@@ -238,7 +238,7 @@ void TokenShardWriter::close() {
 struct TokenShardReader::Impl {
   TokenShardMeta meta;
   H5Handle file, tokens;
-  std::vector<std::int64_t> doc_offsets, sent_offsets;
+  std::vector<std::int64_t> doc_offsets, sent_offsets;  // (num_documents + 1), (sentences + 1) or empty
   struct stat opened {};                 // the file as opened
   mutable std::atomic<bool> touched{false};  // read since the last check_touched_shards()
   std::string changes() const;  // TokenShardReader::changed_on_disk

@@ -1,4 +1,4 @@
-// Token shards: one HDF5 file per shard, the format of DESIGN.md ("Token shards").
+// Token shards: one HDF5 file per shard, the format of docs/DESIGN.md ("Token shards").
 //   /tokens             1-D, uint16 when vocab_size <= 65536, else int32; chunked
 //   /document_offsets   int64, n_docs + 1; document d is tokens[off[d]:off[d+1]]
 //   /sentence_offsets   optional int64; sentence boundaries (token offsets) when split
@@ -77,6 +77,7 @@ class TokenShardReader {
   TokenShardReader& operator=(TokenShardReader&&) noexcept;
 
   const TokenShardMeta& meta() const;
+  // (num_documents + 1) and (sentences + 1) token offsets, each from 0 to num_tokens
   const std::vector<std::int64_t>& document_offsets() const;
   const std::vector<std::int64_t>& sentence_offsets() const;  // empty when absent
   // tokens[begin, begin + count) into out (count int32 values). Throws Error::all on a bad range,

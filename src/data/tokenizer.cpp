@@ -1,4 +1,6 @@
-// Tokenizer factory, and GPT-2's BPE with BERT's special tokens appended.
+// Tokenizer factory (make_tokenizer: Megatron's type names to Gpt2Tokenizer or
+// WordPieceTokenizer) and two wrappers: GPT-2's BPE with [CLS] [SEP] [MASK] [PAD] appended after
+// its vocabulary, and any tokenizer with T5's [BOS], [EOS] and extra-id sentinels appended.
 #include "data/tokenizer.hpp"
 
 #include "common/error.hpp"

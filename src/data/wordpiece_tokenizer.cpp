@@ -1,4 +1,7 @@
-// BERT's WordPiece tokenizer (see the header for the rules).
+// BERT's WordPiece tokenizer (see the header for the rules): loading vocab.txt (stripped lines,
+// duplicates rejected, [UNK] [CLS] [SEP] [MASK] [PAD] required), basic tokenization over ICU
+// character classes (cleaning, CJK spacing, lower-casing with NFD accent stripping, punctuation
+// splits) and the greedy longest-match-first WordPiece loop with its [UNK] fallback.
 #include "data/wordpiece_tokenizer.hpp"
 
 #include <unicode/locid.h>

@@ -1,4 +1,7 @@
-// AdamW kernel.
+// AdamW kernel: one Kokkos thread per chunk of 4096 elements with a vectorisable inner loop
+// that scales the gradient, applies the decoupled decay (only below decay_size), updates both
+// moments and the parameter; in mixed precision the updated fp32 masters are also rounded into
+// the 16-bit model words. Also init_master and grad_norm_squared (ops/elementwise's sum_squares).
 #include "optim/adamw.hpp"
 
 #include <cmath>

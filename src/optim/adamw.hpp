@@ -36,20 +36,20 @@ class AdamW {
   std::int64_t begin() const { return begin_; }
   std::int64_t size() const { return n_; }
   const FloatView& exp_avg() const { return m_; }       // (n): element i is flat index begin + i
-  const FloatView& exp_avg_sq() const { return v_; }
+  const FloatView& exp_avg_sq() const { return v_; }    // (n): element i is flat index begin + i
   std::int64_t state_bytes() const { return (has_master() ? 3 : 2) * n_ * static_cast<std::int64_t>(sizeof(float)); }
 
  private:
   AdamWConfig cfg_;
   std::int64_t n_, decay_size_, begin_, step_ = 0;
-  FloatView m_, v_, master_;
+  FloatView m_, v_, master_;  // (n) each: exp_avg, exp_avg_sq, fp32 masters (empty without init_master)
   DType dt_ = DType::F32;
   template <class Out>
   void update(float* p, const float* g, Out out, double lr, float grad_scale);
 };
 
-// Global L2 norm of the gradient (this rank's buffer; caller reduces across model-parallel
-// groups when they exist).
+// Global L2 norm of the gradient, squared: the sum of squares of grads[0, n) (this rank's
+// buffer; caller reduces across model-parallel groups when they exist).
 double grad_norm_squared(const FloatView& grads, std::int64_t n);
 
 }  // namespace trident

@@ -1,4 +1,7 @@
-// Loss scaler (Megatron semantics).
+// Loss scaler (Megatron semantics; rules in loss_scaler.hpp): the constant scaler only counts
+// skipped steps; the dynamic one resets the growth window and spends one unit of hysteresis on
+// every overflow (backing off, never below min_scale, once the budget is spent) and grows the
+// scale after `window` clean steps in a row. restore() reloads the state from a checkpoint.
 #include "optim/loss_scaler.hpp"
 
 #include <algorithm>

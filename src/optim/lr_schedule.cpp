@@ -1,4 +1,6 @@
-// LR schedule.
+// LR schedule (LrSchedule::at; shapes in lr_schedule.hpp): linear warm-up over iterations
+// 1..warmup_iters, then constant lr, or the linear or cosine (0.5 (1 + cos(pi r))) decay from lr
+// to min_lr over (warmup_iters, decay_iters], and min_lr after decay_iters.
 #include "optim/lr_schedule.hpp"
 
 #include <cmath>

@@ -1,4 +1,6 @@
-// Helpers of the data tests: the sample data directory and "this throws an Error naming X".
+// Helpers of the data tests: sample_dir(), the sample data directory (TRIDENT_SAMPLE_DIR, made
+// by data/prepare_sample.sh), and expect_error_naming(f, what): f() must throw a trident::Error
+// whose message contains `what`.
 #pragma once
 #include <gtest/gtest.h>
 

@@ -311,7 +311,7 @@ TEST_F(Gpt2TokenizerTest, SentencesTokenizeLikeTheWholeText) {
 }
 
 TEST_F(Gpt2TokenizerTest, Throughput) {
-  // Reported, not asserted (DESIGN.md: performance is never asserted by timed tests).
+  // Reported, not asserted (docs/DESIGN.md: performance is never asserted by timed tests).
   const std::string kjv = slurp(sample_dir() + "/kjv.txt");
   if (kjv.empty()) GTEST_SKIP() << "no kjv.txt";
   Gpt2Tokenizer fresh(vocab_, merges_);

@@ -1,4 +1,7 @@
-// Topology and collective error agreement under MPI (run with np = 2 and 4).
+// Topology and collective error agreement under MPI (run with np = 2 and 4): Megatron's rank
+// order on the worked example of topology.hpp, group sizes and members against the formula for
+// every (tp, pp) that divides the world, an error on every rank for sizes that do not divide,
+// and one rank's exception turned into the same Error::all on every rank (collectively).
 #include <gtest/gtest.h>
 #include <mpi.h>
 

@@ -1,4 +1,6 @@
-// Input deck: defaults, overrides, and errors that name the key.
+// Input deck (io/deck): defaults and derived values, command-line overrides, the resolved text
+// round-tripping through to_ini(), errors that name the key (missing, unknown or invalid), and
+// '%' in keys or values, which must never hang Boost.Program_options.
 #include <gtest/gtest.h>
 
 #include "common/error.hpp"

@@ -25,7 +25,7 @@ constexpr double kRtol = 2e-5, kAtol = 2e-6;
 struct Case {
   AttentionShape s;
   float drop;
-  std::vector<std::int32_t> key_valid = {};  // empty: causal; else bidirectional with this padding mask
+  std::vector<std::int32_t> key_valid = {};  // (B * T) padding mask, bidirectional; empty: causal
 };
 
 void compare_with_unfused(const Case& k) {

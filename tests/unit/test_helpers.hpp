@@ -1,4 +1,6 @@
-// Helpers for op tests: host<->device copies, random fills, and central finite differences.
+// Helpers for op tests: host<->device copies of flat views, random normal fills, central finite
+// differences of a scalar function at sampled indices (numeric_gradient, step 1e-2), and
+// expect_close, an element-wise |a - b| <= atol + rtol |b| check that reports the first failures.
 #pragma once
 #include <gtest/gtest.h>
 

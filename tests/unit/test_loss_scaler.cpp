@@ -1,4 +1,6 @@
-// Dynamic loss scaling against Megatron's DynamicGradScaler rules, step by step.
+// Dynamic loss scaling against Megatron's DynamicGradScaler rules, step by step: back-off after
+// `hysteresis` consecutive overflows, growth and a restored budget after a clean window, the
+// min_scale floor and the skipped-step count; the constant scaler only counts skipped steps.
 #include <gtest/gtest.h>
 
 #include "optim/loss_scaler.hpp"
