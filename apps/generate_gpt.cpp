@@ -32,7 +32,7 @@
 #include "io/hdf5_handle.hpp"
 #include "models/gpt_generator.hpp"
 #include "train/app_driver.hpp"
-#include "train/gpt_training.hpp"
+#include "train/model_setup.hpp"
 
 namespace po = boost::program_options;
 using namespace trident;
@@ -142,9 +142,9 @@ int run(int argc, char** argv) {
   Topology topo(MPI_COMM_WORLD, world_size, 1);
   const std::string file = resolve_checkpoint(o.checkpoint);
   const Deck deck = parse_deck_text(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
-  GptConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
+  TransformerConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
   cfg.dt = DType::F32;  // inference in fp32 whatever the training precision (checkpoints hold fp32)
-  cfg.recompute = GptConfig::Recompute::None;
+  cfg.recompute = TransformerConfig::Recompute::None;
   cfg.hidden_dropout = cfg.attention_dropout = 0.f;
   TensorParallel tp;
   tp.comm = &topo.tp_group();

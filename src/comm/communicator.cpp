@@ -1,4 +1,8 @@
-// Communicator implementation (MPI). Large buffers are reduced in chunks below INT_MAX.
+// Communicator implementation: the collectives of communicator.hpp over MPI, or over NCCL
+// (comm/nccl.hpp) once enable_device() has run in a CUDA build. Each call marks itself for the
+// watchdog (common/progress.hpp); the buffer collectives also add their ring-algorithm bytes to
+// the traffic stats. Blocking all-reduces of large buffers go to MPI in chunks of 2^28 elements
+// (below INT_MAX); most other MPI calls refuse counts beyond an int with Error::one.
 #include "comm/communicator.hpp"
 
 #include "common/progress.hpp"
@@ -245,6 +249,24 @@ void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int
 void Communicator::barrier() const {
   const progress::InComm in_comm("barrier", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Barrier(comm_));
+}
+
+std::vector<double> Communicator::gather_to_root(const std::vector<double>& mine) const {
+  const progress::InComm in_comm("gather", name_.c_str(), size_);
+  std::vector<double> all(rank_ == 0 ? mine.size() * static_cast<std::size_t>(size_) : 0);
+  const int n = static_cast<int>(mine.size());
+  TRIDENT_CHECK_MPI(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
+  return all;
+}
+
+std::string Communicator::broadcast_text(const std::string& text) const {
+  const progress::InComm in_comm("broadcast", name_.c_str(), size_);
+  std::string out = rank_ == 0 ? text : std::string();
+  int n = static_cast<int>(out.size());
+  TRIDENT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, comm_));
+  out.resize(static_cast<std::size_t>(n));
+  TRIDENT_CHECK_MPI(MPI_Bcast(out.data(), n, MPI_CHAR, 0, comm_));
+  return out;
 }
 
 std::string comm_library_versions() {

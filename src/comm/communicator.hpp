@@ -42,7 +42,7 @@ class Communicator {
   // standard guarantees only 32767).
   int max_tag() const;
 
-  // In-place sum / max over the group of a buffer in the default memory space.
+  // In-place sum / max over the group of a buffer data (n) in the default memory space.
   void allreduce_sum(float* data, std::int64_t n) const;
   void allreduce_max(float* data, std::int64_t n) const;
   // out (size() * n) = the n values of every rank, in rank order.
@@ -58,8 +58,9 @@ class Communicator {
   // In place over buf (size() * n): every rank contributes its block buf[rank() * n, ...) and
   // receives all of them.
   void allgather_in_place(float* buf, std::int64_t n) const;
-  // Non-blocking in-place sum of a device buffer; complete with wait_all. CUDA builds with NCCL
-  // enqueue it on the Kokkos stream (ordered with the kernels) and return MPI_REQUEST_NULL.
+  // Non-blocking in-place sum of a device buffer data (n); complete with wait_all. CUDA builds
+  // with NCCL enqueue it on the Kokkos stream (ordered with the kernels) and return
+  // MPI_REQUEST_NULL.
   MPI_Request iallreduce_sum(float* data, std::int64_t n) const;
   static void wait_all(std::vector<MPI_Request>& requests);
   // Non-blocking in-place sum to `root` only (its buffer receives the sum; the others' buffers
@@ -70,7 +71,7 @@ class Communicator {
   // messages between two ranks match in order; MPI_Isend/Irecv + MPI_Waitall otherwise).
   struct P2POp {
     bool send;
-    float* buf;
+    float* buf;  // (n) floats in the default memory space
     std::int64_t n;
     int peer, tag;
   };
@@ -81,6 +82,11 @@ class Communicator {
   // Gathers `n` ints from every rank into out (size n * size()) on every rank.
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
   void barrier() const;
+  // Rank 0 receives every rank's `mine` (all the same length) in rank order; the other ranks
+  // receive an empty vector (host values: reports and summaries).
+  std::vector<double> gather_to_root(const std::vector<double>& mine) const;
+  // Rank 0's text, on every rank.
+  std::string broadcast_text(const std::string& text) const;
 
   // Traffic accounting, per collective kind: calls and the bytes each rank sends with ring
   // algorithms -- all-reduce of n bytes: 2 (p-1)/p n; all-gather / reduce-scatter of a total of

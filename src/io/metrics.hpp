@@ -1,5 +1,6 @@
-// Metrics files: one row per logged iteration, CSV (header line) or JSON lines, chosen by the
-// file extension (.jsonl/.json -> JSON lines, anything else CSV). Written by one rank.
+// Metrics files: one row per iteration (every iteration, whatever log.interval), CSV (header
+// line) or JSON lines, chosen by the file extension (.jsonl/.json -> JSON lines, anything else
+// CSV). Written by one rank.
 // On resume from iteration k, rows of the same file with iteration > k (iterations the interrupted
 // run did after its last checkpoint, which the resumed run repeats) move to a sibling file,
 // <name>.superseded.<ext>, so that the file reads as one uninterrupted run and no row is lost.

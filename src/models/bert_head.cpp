@@ -12,10 +12,10 @@
 
 namespace trident {
 
-BertHead::BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
-                   std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
-                   const TensorParallel& tp, DType dt)
-    : B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head),
+BertHead::BertHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, std::int64_t C,
+                   std::int64_t vocab_size, std::int64_t vocab_local, std::int64_t vocab_start, float init_std,
+                   float ln_eps, bool binary_head, const TensorParallel& tp, DType dt)
+    : wte_(wte), B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), binary_(binary_head),
       partial_(tp.sequence_parallel), tp_(tp), store_(&store), dt_(dt) {
   dense_ = Linear(store, "model/lm_head/dense", C, C, init_std);
   norm_ = LayerNorm(store, "model/lm_head/layernorm", C, ln_eps);
@@ -59,12 +59,25 @@ std::int64_t BertHead::workspace_bytes() const {
   return n;
 }
 
-BertLosses BertHead::run(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb,
-                         bool training, float dscale, const FloatView& dx) {
+LossParts BertHead::take_loss_parts() {
+  const LossParts p = parts_;
+  parts_ = {};
+  return p;
+}
+
+double BertHead::run(const Act& x, const MicroBatch& mb, bool training, float dscale, std::int64_t,
+                     const FloatView& dx) {
+  const LossParts l = losses(x, store_->param(wte_), store_->grad(wte_), mb, training, dscale, dx);
+  parts_.add(l);
+  return l.lm + l.sop;
+}
+
+LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
+                           float dscale, const FloatView& dx) {
   const bool half = dt_ != DType::F32;
   const std::int64_t BT = B_ * T_, C = C_;
   const double n_targets = static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1));
-  BertLosses out;
+  LossParts out;
   // ---- masked LM ----
   dense_.forward(t1_, x, BT);
   Kokkos::fence();
@@ -90,9 +103,9 @@ BertLosses BertHead::run(const Act& x, const Act& wte, const FloatView& dwte, co
                                  ce_scratch_);
   }
   Kokkos::fence();
-  out.mlm_sum = sum_losses(losses_, BT);
-  out.mlm_count = static_cast<double>(mb.num_targets);
-  out.mlm = out.mlm_sum / n_targets;
+  out.lm_sum = sum_losses(losses_, BT);
+  out.lm_count = static_cast<double>(mb.num_targets);
+  out.lm = out.lm_sum / n_targets;
   // ---- sentence order ----
   if (binary_) {
     gather_strided_rows(pin_, x, B_, T_, C);  // the [CLS] rows

@@ -17,42 +17,37 @@
 // model/binary_head/{weight,bias} [2, C], [2]. Mixed precision as GPT's head: 16-bit
 // parameters and GEMM inputs (x, the LayerNorm output h, the pooled [CLS] rows, the tanh
 // output), fp32 GEMM outputs, GELU, LayerNorm statistics, softmax, cross-entropy and gradients.
+// The losses are the micro-batch's means (LossParts lm = masked LM, sop = sentence order), and
+// the head returns lm + sop.
 #pragma once
 #include "layers/layer_norm.hpp"
 #include "layers/linear.hpp"
 #include "layers/tensor_parallel.hpp"
-#include "models/micro_batch.hpp"
+#include "models/model_head.hpp"
 
 namespace trident {
 
-struct BertLosses {
-  double mlm = 0, sop = 0;  // means over the micro-batch
-  // the sums and counts behind them (labelled positions; samples with a sentence-order label)
-  double mlm_sum = 0, mlm_count = 0, sop_sum = 0, sop_count = 0;
-  void add(const BertLosses& o) {
-    mlm += o.mlm;
-    sop += o.sop;
-    mlm_sum += o.mlm_sum;
-    mlm_count += o.mlm_count;
-    sop_sum += o.sop_sum;
-    sop_count += o.sop_count;
-  }
-};
-
-class BertHead {
+class BertHead : public ModelHead {
  public:
-  BertHead() = default;
-  BertHead(ParamStore& store, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
+  // wte: this stage's word embeddings (tied); vocab_local rows of the padded vocabulary from
+  // vocab_start; B, T: micro-batch and sequence length.
+  BertHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
            std::int64_t vocab_local, std::int64_t vocab_start, float init_std, float ln_eps, bool binary_head,
            const TensorParallel& tp, DType dt);
 
-  // Losses of the micro-batch; when training, dx (BT, C) receives the gradient of
-  // dscale * (mlm + sop) and the parameter gradients (wte's included, into dwte) accumulate.
-  BertLosses run(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
-                 float dscale, const FloatView& dx);
-  std::int64_t workspace_bytes() const;
+  // mlm + sop of the micro-batch; when training, dx (BT, C) receives the gradient of
+  // dscale * (mlm + sop) and the parameter gradients (wte's included) accumulate.
+  double run(const Act& x, const MicroBatch& mb, bool training, float dscale, std::int64_t samples,
+             const FloatView& dx) override;
+  LossParts take_loss_parts() override;
+  bool grad_in_norm_buffer() const override { return !partial_; }
+  std::int64_t workspace_bytes() const override;
 
  private:
+  LossParts losses(const Act& x, const Act& wte, const FloatView& dwte, const MicroBatch& mb, bool training,
+                   float dscale, const FloatView& dx);
+  ParamId wte_ = -1;
+  LossParts parts_;
   std::int64_t B_ = 0, T_ = 0, C_ = 0, V_ = 0, Vl_ = 0, start_ = 0;
   bool binary_ = true, partial_ = false;
   TensorParallel tp_;

@@ -20,10 +20,11 @@ FloatView GptGenerator::param(const ParamStore& store, const std::string& name) 
   return store.value(id);
 }
 
-GptGenerator::GptGenerator(const GptConfig& cfg, const ParamStore& store, const TensorParallel& tp,
+GptGenerator::GptGenerator(const TransformerConfig& cfg, const ParamStore& store, const TensorParallel& tp,
                            std::int64_t slots, std::int64_t max_len)
     : cfg_(cfg), tp_(tp), slots_(slots), max_len_(max_len) {
-  TRIDENT_REQUIRE(!cfg.bert && !cfg.t5, "generation runs GPT models");
+  TRIDENT_REQUIRE(cfg.layer.mask == MaskKind::Causal && cfg.num_token_types == 0 && !cfg.encoder_decoder(),
+                  "generation runs GPT models (a causal stack without token types or decoder)");
   TRIDENT_REQUIRE(store.dtype() == DType::F32, "generation: the parameters must be fp32");
   TRIDENT_REQUIRE(max_len >= 1 && max_len <= cfg.max_positions,
                   "generation: " << max_len << " positions exceed the model's " << cfg.max_positions);

@@ -20,9 +20,9 @@ namespace trident {
 
 class GptGenerator {
  public:
-  // cfg and store: a GPT (cfg.t5 and cfg.bert false) with fp32 parameters declared by GptModel
+  // cfg and store: a GPT (causal stack, no token types, no decoder) with fp32 parameters declared by GptModel
   // and loaded; slots: samples decoded together; max_len: positions per sample (<= max_positions).
-  GptGenerator(const GptConfig& cfg, const ParamStore& store, const TensorParallel& tp, std::int64_t slots,
+  GptGenerator(const TransformerConfig& cfg, const ParamStore& store, const TensorParallel& tp, std::int64_t slots,
                std::int64_t max_len);
   // Logits (vocab_size) of the last of `tokens`, run from position 0 into slot `slot`'s cache.
   std::vector<float> prefill(std::int64_t slot, const std::vector<std::int32_t>& tokens);
@@ -44,7 +44,7 @@ class GptGenerator {
   };
   FloatView param(const ParamStore& store, const std::string& name) const;
 
-  GptConfig cfg_;
+  TransformerConfig cfg_;
   TensorParallel tp_;
   std::int64_t slots_, max_len_, Cl_, Fl_, nhl_, Vl_, vstart_;
   std::vector<Layer> layers_;

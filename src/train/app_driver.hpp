@@ -1,5 +1,5 @@
 // The common body of every app's main(): MPI and Kokkos set-up, and the two kinds of error
-// exit (DESIGN.md): an Error::all is printed once by rank 0 and every rank returns 1; anything
+// exit (docs/DESIGN.md "Errors and faults"): an Error::all is printed once by rank 0 and every rank returns 1; anything
 // else is printed with its rank and the job is aborted so no rank hangs.
 #pragma once
 #include <functional>

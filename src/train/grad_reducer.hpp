@@ -1,6 +1,6 @@
 // Data-parallel gradient reduction in buckets overlapped with the backward pass (Megatron's
 // --overlap-grad-reduce). A bucket is one transformer layer's parameters: as soon as the last
-// micro-batch's backward pass has finished a layer (GptModel::on_layer_grads_ready), its
+// micro-batch's backward pass has finished a layer (LanguageModel::on_layer_grads_ready), its
 // contiguous ranges of the flat gradient buffer are all-reduced over the data-parallel group
 // without blocking (MPI_Iallreduce; NCCL on the device stream in CUDA builds), while the
 // earlier layers still run backward. After the backward pass, wait() completes them and

@@ -1,7 +1,12 @@
-// Megatron's and Korthikanti et al.'s memory figures.
+// Megatron's and Korthikanti et al.'s memory figures, and the per-rank memory report.
 #include "train/memory_report.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <vector>
 
 namespace trident {
 
@@ -29,6 +34,38 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
     return (r * input + (m.layers - r) * korthikanti_layer_bytes(k)) / m.layers;
   }
   return std::ceil(m.layers / m.group) * input / m.layers;  // uniform: one input per group
+}
+
+void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
+                         bool distributed, const Topology& topo) {
+  const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
+  const double mega = megatron_bytes_per_param(dtype, distributed, topo.dp_size());
+  std::vector<double> mine_mem = {mf.params, mf.grads, mf.optimizer, bpp, mega, mf.activations, mf.slots,
+                                  mf.workspace, mf.layer_activations, formula};
+  const int K = static_cast<int>(mine_mem.size());
+  const std::vector<double> all_mem = topo.world().gather_to_root(mine_mem);
+  if (topo.world().rank() == 0) {
+    std::ostringstream os;
+    os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's "
+       << dtype << (distributed ? " distributed-optimizer" : "") << " figure; activations per layer and "
+       << "micro-batch beside Korthikanti et al. 2022 with " << am.e << "-byte values and 1-byte masks):\n"
+       << "  rank | pp tp dp |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
+          "| workspace | per layer: measured KiB / formula KiB (ratio)\n";
+    const double MiB = 1024.0 * 1024.0;
+    for (int r = 0; r < topo.world_size(); ++r) {
+      const double* v = &all_mem[static_cast<size_t>(r) * K];
+      const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+      os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp << " | " << std::fixed
+         << std::setprecision(2) << std::setw(8) << v[0] / MiB << " | " << std::setw(8) << v[1] / MiB << " | "
+         << std::setw(9) << v[2] / MiB << " | " << std::setw(8) << v[3] << " (" << std::setprecision(2) << v[4]
+         << ") | " << std::setw(10) << v[5] / MiB << " (" << std::setprecision(0) << v[6] << ") | "
+         << std::setprecision(2) << std::setw(9) << v[7] / MiB << " | " << std::setprecision(1) << v[8] / 1024.0
+         << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0) << ")\n";
+    }
+    os << "memory figures:";
+    for (int k = 0; k < K; ++k) os << " " << std::setprecision(6) << std::defaultfloat << all_mem[k];
+    std::cout << os.str() << std::endl;
+  }
 }
 
 }  // namespace trident

@@ -8,6 +8,8 @@
 #include <ostream>
 #include <string>
 
+#include "comm/topology.hpp"
+
 namespace trident {
 
 // Megatron's bytes per parameter for a dtype ("fp32", "bf16", "fp16") and optimizer:
@@ -42,5 +44,12 @@ struct MemoryFigures {
   double local_params = 0;                      // parameters this rank holds
   double slots = 0;                             // micro-batches in flight at the peak
 };
+
+// Rank 0 prints every rank's figures (MiB, bytes per parameter beside Megatron's figure for
+// dtype and the optimizer, activations per layer beside `formula`, Korthikanti et al.'s bytes
+// for am: 0 when it does not apply) and a raw "memory figures:" line of rank 0's values, which
+// tests/mpi/precision_checks.py and perf/perf_model.py read. Collective over topo's world.
+void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
+                         bool distributed, const Topology& topo);
 
 }  // namespace trident

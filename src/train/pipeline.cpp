@@ -15,22 +15,10 @@ namespace {
 constexpr int kBackwardTag = 1 << 20;  // tags: forward activation = micro, gradient = kBackwardTag + micro
 }
 
-PipelineRunner::PipelineRunner(std::vector<GptModel*> chunks, const Topology& topo)
+PipelineRunner::PipelineRunner(std::vector<LanguageModel*> chunks, const Topology& topo)
     : chunks_(std::move(chunks)), topo_(topo), bwd_send_(chunks_.size(), MPI_REQUEST_NULL) {
-  const GptModel& m = *chunks_.front();
-  const std::int64_t rows = m.micro_batch() * m.config().seq_length;
-  mb_.tokens = make_int("pipeline::tokens", rows);
-  mb_.targets = make_int("pipeline::targets", rows);
-  if (m.config().bert) {
-    mb_.types = make_int("pipeline::types", rows);
-    mb_.padding = make_int("pipeline::padding", rows);
-    mb_.sentence_order = make_int("pipeline::sentence_order", m.micro_batch());
-  }
-  if (m.config().t5) {  // encoder padding; decoder input and targets
-    mb_.padding = make_int("pipeline::padding", rows);
-    mb_.dec_tokens = make_int("pipeline::dec_tokens", m.micro_batch() * m.config().decoder_seq_length);
-    mb_.targets = make_int("pipeline::targets", m.micro_batch() * m.config().decoder_seq_length);
-  }
+  const LanguageModel& m = *chunks_.front();
+  mb_ = m.allocate_micro_batch();
   recv_in_ = make_float("pipeline::recv_in", m.activation_size());
   recv_grad_ = make_float("pipeline::recv_grad", m.activation_size());
 }
@@ -87,9 +75,9 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   const int slots = max_in_flight(ops, vp);  // in-flight micro-batches of a chunk are consecutive
   double loss = 0;
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
-    GptModel& model = *chunks_[op.chunk];
+    LanguageModel& model = *chunks_[op.chunk];
     const int slot = op.micro % slots;
-    if (op.forward && (model.stage().pre || model.stage().post || model.config().bert || model.config().t5)) load(op.micro, mb_);
+    if (op.forward && model.reads_micro_batch()) load(op.micro, mb_);
     const double t0 = wall_seconds();
     if (op.forward) {
       loss += model.stage_forward(slot, mb_, input, true, dscale, rng(op.micro));
@@ -105,7 +93,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   };
   // what a step sends after computing: the slot's stage output, or the chunk's input gradient
   auto output = [&](const PipelineOp& op) {
-    GptModel& model = *chunks_[op.chunk];
+    LanguageModel& model = *chunks_[op.chunk];
     return op.forward ? model.stage_output(op.micro % slots).data() : model.input_grad().data();
   };
   if (grouped_p2p || topo_.pp_group().device_enabled()) {
@@ -115,7 +103,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   fwd_send_.assign(static_cast<size_t>(vp), std::vector<MPI_Request>(static_cast<size_t>(slots), MPI_REQUEST_NULL));
   const int prev = (s - 1 + p) % p, next = (s + 1) % p;
   for (const PipelineOp& op : ops) {
-    GptModel& model = *chunks_[op.chunk];
+    LanguageModel& model = *chunks_[op.chunk];
     const bool pre = model.stage().pre, post = model.stage().post;
     const int v = op.chunk * p + s, slot = op.micro % slots;
     // what this step receives first (tagged by the virtual stage it enters), and sends after
@@ -158,8 +146,8 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
     return ops;
   };
   auto compute = [&](const PipelineOp& op, const FloatView& input) {
-    GptModel& model = *chunks_[op.chunk];
-    if (model.stage().pre || model.stage().post || model.config().bert || model.config().t5) load(op.micro, mb_);
+    LanguageModel& model = *chunks_[op.chunk];
+    if (model.reads_micro_batch()) load(op.micro, mb_);
     loss += model.stage_forward(0, mb_, input, false, 0.f, DropoutStreams{}, count(op.micro));
     Kokkos::fence();
   };
@@ -171,7 +159,7 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
     return loss;
   }
   for (const PipelineOp& op : ops) {
-    GptModel& model = *chunks_[op.chunk];
+    LanguageModel& model = *chunks_[op.chunk];
     const int v = op.chunk * p + s;
     if (!model.stage().pre) {
       const progress::InComm in_comm("pipeline receive of activations", "pp", topo_.pp_size(), prev);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/topology.hpp"
-#include "models/gpt_model.hpp"
+#include "models/language_model.hpp"
 #include "train/pipeline_schedule.hpp"
 
 namespace trident {
@@ -24,12 +24,13 @@ struct TimelineEvent {
 class PipelineRunner {
  public:
   // load(k, mb): the k-th micro-batch of this rank's share into mb's device views (called on
-  // the stages that read it: the first and last, and every stage for BERT and T5, whose layers
-  // need the padding mask and, in T5's decoder, the decoder tokens).
+  // the stages that read it, LanguageModel::reads_micro_batch: the first and last, and every
+  // stage of a padding-masked or encoder-decoder model, whose layers need the padding mask and
+  // the decoder's tokens).
   using Loader = std::function<void(std::int64_t, MicroBatch&)>;
   // chunks: this rank's model chunks (one without interleaving; vp with the interleaved
   // schedule, chunk c being virtual stage c * pp + pp_rank).
-  PipelineRunner(std::vector<GptModel*> chunks, const Topology& topo);
+  PipelineRunner(std::vector<LanguageModel*> chunks, const Topology& topo);
 
   // Forward and backward of m micro-batches in 1F1B order (interleaved when there are several
   // chunks); returns the sum of token losses
@@ -62,7 +63,7 @@ class PipelineRunner {
                     const std::function<void(const PipelineOp&, const FloatView&)>& compute,
                     const std::function<float*(const PipelineOp&)>& output);
   std::vector<FloatView> pool_;  // grouped mode's receive buffers
-  std::vector<GptModel*> chunks_;
+  std::vector<LanguageModel*> chunks_;
   const Topology& topo_;
   MicroBatch mb_;
   FloatView recv_in_, recv_grad_;

@@ -12,7 +12,7 @@
 
 namespace trident {
 
-// Exit codes of the pretraining apps (documented in README "Running on a cluster").
+// Exit codes of the pretraining apps (docs/DESIGN.md "Exit codes").
 inline constexpr int kExitSuccess = 0;       // every iteration done
 inline constexpr int kExitCheckpointed = 3;  // stopped by a signal after writing a checkpoint: resubmit to continue
 inline constexpr int kExitStoppedNoCheckpoint = 4;  // stopped by a signal, checkpoint.save unset: nothing to resume

@@ -13,8 +13,8 @@ using namespace trident::test;
 namespace fs = std::filesystem;
 
 namespace {
-GptConfig cfg(std::int64_t layers) {
-  GptConfig c;
+TransformerConfig cfg(std::int64_t layers) {
+  TransformerConfig c;
   c.num_layers = layers;
   c.hidden = 8;
   c.heads = 2;
@@ -86,7 +86,7 @@ TEST(Checkpoint, OtherShapeOrKindIsAnErrorNamingTheTensor) {
   save_checkpoint(dir, st, a, nullptr, topo);
   {
     ParamStore b;
-    GptConfig c = cfg(1);
+    TransformerConfig c = cfg(1);
     c.hidden = 12;
     c.heads = 3;
     GptModel mb(c, b, 1);

@@ -12,8 +12,8 @@ using namespace trident;
 using namespace trident::test;
 
 namespace {
-GptConfig tiny(std::int64_t padded) {
-  GptConfig c;
+TransformerConfig tiny(std::int64_t padded) {
+  TransformerConfig c;
   c.num_layers = 2;
   c.hidden = 16;
   c.heads = 2;

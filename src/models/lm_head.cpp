@@ -1,0 +1,99 @@
+// The tied LM head and vocabulary-parallel cross-entropy of GPT and T5 (lm_head.hpp).
+#include "models/lm_head.hpp"
+
+#include <algorithm>
+
+#include "ops/cross_entropy.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
+
+namespace trident {
+
+LmHead::LmHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
+               std::int64_t vocab_local, std::int64_t vocab_start, const TensorParallel& tp, DType dt, bool with_bias,
+               bool per_target_mean)
+    : store_(&store), wte_(wte), B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), tp_(tp),
+      per_target_mean_(per_target_mean) {
+  if (with_bias) {  // vocabulary-parallel like the word embeddings
+    ParamInfo b;
+    b.name = "model/lm_head/bias";
+    b.shape = {Vl_};
+    b.global_shape = {V_};
+    b.global_offset = {std::min(start_, V_)};
+    b.valid = {std::max<std::int64_t>(0, std::min(Vl_, V_ - start_))};
+    b.tp_replicated = false;
+    bias_ = store.declare(b);
+  }
+  const std::int64_t BT = B * T;
+  if (dt != DType::F32) dlogits16_ = make_half("lm_head::dlogits16", BT * Vl_);
+  logits_ = make_float("lm_head::logits", BT * Vl_);
+  losses_ = make_float("lm_head::losses", BT);
+  ce_scratch_ = make_float("lm_head::ce_scratch", 3 * BT);
+}
+
+std::int64_t LmHead::workspace_bytes() const {
+  return static_cast<std::int64_t>(logits_.span() + losses_.span() + ce_scratch_.span()) * 4 +
+         static_cast<std::int64_t>(dlogits16_.span()) * 2;
+}
+
+LossParts LmHead::take_loss_parts() {
+  const LossParts p = parts_;
+  parts_ = {};
+  return p;
+}
+
+double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dscale, std::int64_t samples,
+                   const FloatView& dx) {
+  const std::int64_t C = C_, T = T_, BT = B_ * T_, Vl = Vl_;
+  const Act wte = store_->param(wte_);
+  // logits (BT, Vl) in fp32 (16-bit inputs, fp32 accumulation): the cross-entropy is fp32
+  gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(x), C, operand(wte), C, 0.f, logits_.data(), Vl);
+  if (bias_ >= 0) {  // this rank's vocabulary columns of the bias
+    Kokkos::fence();
+    const Act bias = store_->param(bias_);
+    if (bias.is_half())
+      add_bias_half(bias.dt, logits_, bias.h, BT, Vl);
+    else
+      add_bias(logits_, bias.f, BT, Vl);
+    Kokkos::fence();
+  }
+  const double per_target = per_target_mean_ ? 1.0 / static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1))
+                                             : 1.0;
+  if (per_target_mean_) dscale = static_cast<float>(dscale * per_target);
+  const std::int64_t count = training ? BT : samples * T;
+  if (tp_.size() == 1) {
+    if (training)
+      cross_entropy_forward_backward(losses_, logits_, mb.targets, BT, V_, Vl, dscale);
+    else
+      cross_entropy_forward(losses_, logits_, mb.targets, BT, V_, Vl);
+  } else {
+    vocab_parallel_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, *tp_.comm,
+                                 ce_scratch_);
+  }
+  Kokkos::fence();
+  double loss_sum = sum_losses(losses_, count);
+  if (per_target_mean_) {
+    parts_.add(LossParts{loss_sum * per_target, 0.0, loss_sum, static_cast<double>(mb.num_targets), 0.0, 0.0});
+    loss_sum *= per_target;
+  }
+  if (!training) return loss_sum;
+  const FloatView dwte = store_->grad(wte_);
+  if (bias_ >= 0) bias_backward(store_->grad(bias_), logits_, BT, Vl);  // logits_ holds d logits
+  GemmOperand dlogits = operand(logits_.data());
+  if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
+    pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
+    Kokkos::fence();
+    dlogits = operand(wte.dt, dlogits16_.data());
+  }
+  // dx (BT, C) = dlogits (BT, Vl) wte_local (Vl, C): partial over TP
+  gemm_mixed(Trans::N, Trans::N, BT, C, Vl, 1.f, dlogits, Vl, operand(wte), C, 0.f, dx.data(), C);
+  // dwte_local += dlogits^T x
+  gemm_mixed(Trans::T, Trans::N, Vl, C, BT, 1.f, dlogits, Vl, operand(x), C, 1.f, dwte.data(), C);
+  Kokkos::fence();
+  // without sequence parallelism the input came in by copy_to: its gradient is summed over TP
+  if (!tp_.sequence_parallel) CopyToTensorParallelRegion::backward(tp_, dx, BT * C);
+  return loss_sum;
+}
+
+}  // namespace trident

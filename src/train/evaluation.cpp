@@ -1,0 +1,152 @@
+// The evaluation mode (eval.only, docs/DESIGN.md "Evaluation mode"): a checkpoint scored on
+// eval.shard without dropout, under any parallel layout.
+#include "train/evaluation.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include "common/error.hpp"
+#include "data/token_shard.hpp"
+#include "io/checkpoint.hpp"
+#include "io/hdf5_handle.hpp"
+#include "train/family_task.hpp"
+#include "train/model_setup.hpp"
+#include "train/pipeline.hpp"
+
+namespace trident {
+
+namespace {
+
+// The model of the evaluation mode, loaded from checkpoint.load, and its pipeline runner.
+// Samples are dealt round-robin in blocks of micro_batch_size over the data-parallel ranks
+// (the ranks of a tensor-parallel group score the same block together): block i of this rank
+// starts at sample (dp_rank + i * dp) * B.
+struct EvalModel {
+  EvalModel(const Deck& deck, const Topology& topo, std::int64_t vocab, ModelFamily family)
+      : cfg(make_config(deck, vocab, topo.tp_size(), family)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
+    store.set_dtype(cfg.dt);
+    chunks = build_chunks(family, cfg, head_options(deck), store, B, tensor_parallel(deck, topo),
+                          chunks_of(deck, topo, cfg));
+    store.allocate();
+    file = resolve_checkpoint(deck.checkpoint.load);
+    state = load_checkpoint(file, family_name(family), store, nullptr, topo);
+    runner = std::make_unique<PipelineRunner>(raw(chunks), topo);
+    runner->grouped_p2p = deck.debug.grouped_p2p;
+  }
+  // blocks of B samples this rank scores out of n
+  std::int64_t blocks(std::int64_t n) const {
+    const std::int64_t nblocks = (n + B - 1) / B;
+    return nblocks > dp->rank() ? (nblocks - 1 - dp->rank()) / dp->size() + 1 : 0;
+  }
+  TransformerConfig cfg;
+  std::int64_t B;
+  const Communicator* dp;
+  ParamStore store;
+  std::vector<std::unique_ptr<LanguageModel>> chunks;
+  std::string file;
+  CheckpointState state;
+  std::unique_ptr<PipelineRunner> runner;
+};
+
+// BERT's and T5's evaluation mode: the first eval.windows samples of the dataset built from
+// every document of eval.shard (train.seed, the deck's [bert] or [t5] masking), without
+// dropout; the loss is the LM cross-entropy averaged over all labelled positions (T5: decoder
+// targets) plus, for BERT, the sentence-order cross-entropy averaged over the samples
+// (independent of the micro-batch size and layout).
+int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily family) {
+  const Communicator& world = topo.world();
+  const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
+  TRIDENT_REQUIRE(N > 0, "eval.windows must be > 0 in evaluation mode (samples to score)");
+  SampleSource data;
+  std::shared_ptr<void> owner;
+  collectively(world.get(), [&] {
+    Deck d = deck;
+    d.data.train_shards = deck.eval.shard;
+    d.data.split = "1";
+    data = samples_of(family, d, N, 0, owner);
+  });
+  EvalModel m(deck, topo, data.vocab, family);
+  const bool t5 = family == ModelFamily::T5;
+  const std::int64_t Sd = deck.model.decoder_seq_length;
+  Batch batch(B, S, family, Sd);
+  const Communicator& dpg = topo.dp_group();
+  m.runner->evaluate(
+      m.blocks(N),
+      [&](std::int64_t i, MicroBatch& mb) {
+        const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
+        for (std::int64_t j = 0; j < B; ++j) {
+          std::int32_t* w = batch.window.data() + j * batch.width;
+          data.train(std::min(first + j, N - 1), w);
+          if (first + j >= N && t5) {  // padding of a short last block: nothing of it counts
+            std::fill(w + 2 * S + Sd, w + 2 * S + 2 * Sd, -1);
+          } else if (first + j >= N) {
+            std::fill(w + 2 * S, w + 3 * S, -1);
+            w[4 * S] = -1;
+          }
+        }
+        batch.finish(data.vocab, mb);
+      },
+      [&](std::int64_t) { return B; });
+  const LossParts l = reduce_loss_parts(m.chunks, topo);
+  const double mlm = l.lm_sum / std::max(l.lm_count, 1.0), sop = l.sop_sum / std::max(l.sop_count, 1.0);
+  if (world.rank() == 0) {
+    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
+              << ": " << N << " samples of " << S << " tokens, " << static_cast<std::int64_t>(l.lm_count)
+              << " labelled positions\n";
+    const bool with_sop = family == ModelFamily::Bert && deck.bert.binary_head;
+    std::cout << std::setprecision(8) << "eval loss: " << mlm + (with_sop ? sop : 0.0) << "\n";
+    std::cout << "eval lm loss: " << mlm << std::endl;
+    if (with_sop) std::cout << "eval sop loss: " << sop << std::endl;
+  }
+  return 0;
+}
+
+int run_eval_only(const Deck& deck, const Topology& topo) {
+  const Communicator& world = topo.world();
+  std::unique_ptr<TokenShardReader> shard;
+  collectively(world.get(), [&] { shard = std::make_unique<TokenShardReader>(deck.eval.shard); });
+  const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
+  const std::int64_t vocab = deck.model.vocab_size > 0 ? deck.model.vocab_size : shard->meta().vocab_size;
+  TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,
+                  "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
+                                    << deck.eval.shard << "' has " << shard->meta().num_tokens);
+  EvalModel m(deck, topo, vocab, ModelFamily::Gpt);
+  Batch batch(B, S, ModelFamily::Gpt);
+  double loss_sum = 0;
+  const Communicator& dpg = topo.dp_group();
+  auto block_count = [&](std::int64_t i) {
+    const std::int64_t first = (dpg.rank() + i * dpg.size()) * B;
+    return std::min(B, N - first);
+  };
+  loss_sum = m.runner->evaluate(
+      m.blocks(N),
+      [&](std::int64_t i, MicroBatch& mb) {
+        const std::int64_t first = (dpg.rank() + i * dpg.size()) * B, count = block_count(i);
+        for (std::int64_t j = 0; j < B; ++j) {
+          const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
+          shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
+        }
+        batch.finish(vocab, mb);
+      },
+      block_count);
+  loss_sum = dpg.allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
+  const double loss = loss_sum / static_cast<double>(N * S);
+  if (world.rank() == 0) {
+    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
+              << ": " << N << " windows of " << S << " tokens\n";
+    std::cout << std::setprecision(8) << "eval loss: " << loss << "\n";
+    std::cout << "eval perplexity: " << std::exp(loss) << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_evaluation(const Deck& deck, const Topology& topo, ModelFamily family) {
+  return family == ModelFamily::Gpt ? run_eval_only(deck, topo) : run_masked_eval_only(deck, topo, family);
+}
+
+}  // namespace trident

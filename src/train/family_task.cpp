@@ -1,0 +1,188 @@
+// The model families' tasks (train/family_task.hpp): sample encoding and staging, loss
+// normalisation, metric columns.
+#include "train/family_task.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "data/bert_dataset.hpp"
+#include "data/gpt_dataset.hpp"
+#include "data/t5_dataset.hpp"
+
+namespace trident {
+
+void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
+  auto check = [&](std::int32_t id) {
+    if (id < 0 || id >= vocab)
+      throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                       std::to_string(vocab));
+  };
+  std::int64_t labelled = 0, ordered = 0;
+  for (std::int64_t j = 0; j < B && t5; ++j) {
+    const std::int32_t* w = window.data() + j * width;
+    for (std::int64_t t = 0; t < S; ++t) {
+      check(w[t]);
+      h_tokens(j * S + t) = w[t];
+      h_padding(j * S + t) = w[S + t];
+    }
+    for (std::int64_t t = 0; t < Sd; ++t) {
+      const std::int32_t in = w[2 * S + t], target = w[2 * S + Sd + t];
+      check(in);
+      if (target >= 0) {
+        check(target);
+        ++labelled;
+      }
+      h_dec(j * Sd + t) = in;
+      h_targets(j * Sd + t) = target;
+    }
+  }
+  if (t5) {
+    Kokkos::deep_copy(mb.tokens, h_tokens);
+    Kokkos::deep_copy(mb.padding, h_padding);
+    Kokkos::deep_copy(mb.dec_tokens, h_dec);
+    Kokkos::deep_copy(mb.targets, h_targets);
+    mb.num_targets = labelled;
+    return;
+  }
+  for (std::int64_t j = 0; j < B; ++j) {
+    const std::int32_t* w = window.data() + j * width;
+    for (std::int64_t t = 0; t < S; ++t) {
+      if (!bert) {
+        check(w[t]);
+        check(w[t + 1]);
+        h_tokens(j * S + t) = w[t];
+        h_targets(j * S + t) = w[t + 1];
+        continue;
+      }
+      check(w[t]);
+      if (w[2 * S + t] >= 0) {
+        check(w[2 * S + t]);
+        ++labelled;
+      }
+      h_tokens(j * S + t) = w[t];
+      h_types(j * S + t) = w[S + t];
+      h_targets(j * S + t) = w[2 * S + t];
+      h_padding(j * S + t) = w[3 * S + t];
+    }
+    if (bert) {
+      h_order(j) = w[4 * S];
+      if (w[4 * S] >= 0) ++ordered;
+    }
+  }
+  Kokkos::deep_copy(mb.tokens, h_tokens);
+  Kokkos::deep_copy(mb.targets, h_targets);
+  if (!bert) return;
+  Kokkos::deep_copy(mb.types, h_types);
+  Kokkos::deep_copy(mb.padding, h_padding);
+  Kokkos::deep_copy(mb.sentence_order, h_order);
+  mb.num_targets = labelled;
+  mb.num_sentences = ordered;
+}
+
+namespace {
+
+SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                         std::shared_ptr<void>& keep) {
+  auto data = std::make_shared<GptData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
+                                        valid_samples, static_cast<std::uint64_t>(deck.train.seed));
+  keep = data;
+  SampleSource src;
+  src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
+  if (data->valid()) src.valid = [d = data.get()](std::int64_t i, std::int32_t* out) { d->valid()->get(i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe();
+  return src;
+}
+
+// The samples of a BERT or T5 dataset pair (train, optional valid), each record written by
+// encode(dataset, i, out).
+template <class Data, class Encode>
+SampleSource masked_source(const std::shared_ptr<Data>& data, Encode encode) {
+  SampleSource src;
+  src.train = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(d->train(), i, out); };
+  if (data->valid())
+    src.valid = [d = data.get(), encode](std::int64_t i, std::int32_t* out) { encode(*d->valid(), i, out); };
+  src.vocab = data->vocab_size();
+  src.description = data->describe() + "\n";
+  return src;
+}
+
+SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                          std::shared_ptr<void>& keep) {
+  BertMasking m;
+  m.masked_lm_prob = deck.bert.mask_prob;
+  m.short_seq_prob = deck.bert.short_seq_prob;
+  m.max_ngrams = static_cast<int>(deck.bert.max_ngrams);
+  m.binary_head = deck.bert.binary_head;
+  auto data = std::make_shared<BertData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
+                                         valid_samples, static_cast<std::uint64_t>(deck.train.seed),
+                                         deck.data.vocab_file, deck.data.merges_file, m);
+  keep = data;
+  const std::int64_t S = deck.model.seq_length;
+  auto encode = [S](const BertDataset& ds, std::int64_t i, std::int32_t* out) {
+    thread_local BertSample smp;  // the prefetcher's thread and the main thread each have one
+    ds.get(i, smp);
+    std::copy(smp.tokens.begin(), smp.tokens.end(), out);
+    std::copy(smp.types.begin(), smp.types.end(), out + S);
+    std::copy(smp.labels.begin(), smp.labels.end(), out + 2 * S);
+    std::copy(smp.padding.begin(), smp.padding.end(), out + 3 * S);
+    out[4 * S] = smp.is_random;
+  };
+  return masked_source(data, encode);
+}
+
+SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                        std::shared_ptr<void>& keep) {
+  T5Masking m;
+  m.masked_prob = deck.t5.mask_prob;
+  m.short_seq_prob = deck.t5.short_seq_prob;
+  m.max_ngrams = static_cast<int>(deck.t5.max_ngrams);
+  m.geometric_p = deck.t5.geometric_p;
+  TRIDENT_REQUIRE(deck.model.decoder_seq_length > 0, "deck: model.decoder_seq_length must be > 0 for T5");
+  auto data = std::make_shared<T5Data>(deck.data.train_shards, deck.data.split, deck.model.seq_length,
+                                       deck.model.decoder_seq_length, train_samples, valid_samples,
+                                       static_cast<std::uint64_t>(deck.train.seed), deck.data.vocab_file,
+                                       deck.data.merges_file, m);
+  keep = data;
+  const std::int64_t S = deck.model.seq_length, Sd = deck.model.decoder_seq_length;
+  auto encode = [S, Sd](const T5Dataset& ds, std::int64_t i, std::int32_t* out) {
+    thread_local T5Sample smp;  // the prefetcher's thread and the main thread each have one
+    ds.get(i, smp);
+    std::copy(smp.enc.begin(), smp.enc.end(), out);
+    std::copy(smp.enc_padding.begin(), smp.enc_padding.end(), out + S);
+    std::copy(smp.dec_in.begin(), smp.dec_in.end(), out + 2 * S);
+    std::copy(smp.dec_target.begin(), smp.dec_target.end(), out + 2 * S + Sd);
+  };
+  return masked_source(data, encode);
+}
+
+}  // namespace
+
+SampleSource samples_of(ModelFamily f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                        std::shared_ptr<void>& keep) {
+  if (f == ModelFamily::Bert) return bert_samples(deck, train_samples, valid_samples, keep);
+  if (f == ModelFamily::T5) return t5_samples(deck, train_samples, valid_samples, keep);
+  return gpt_samples(deck, train_samples, valid_samples, keep);
+}
+
+std::vector<std::string> FamilyTask::train_columns() const {
+  std::vector<std::string> columns = {"iteration",    "consumed_samples", "loss",    "lr",
+                                      "grad_norm",    "loss_scale",       "skipped", "ms_per_iter",
+                                      "tokens_per_s", "tflops_per_rank",  "mfu"};
+  if (reports_loss_parts) columns.insert(columns.begin() + 3, {"lm_loss", "sop_loss"});
+  return columns;
+}
+
+std::vector<std::string> FamilyTask::eval_columns() const {
+  return reports_loss_parts ? std::vector<std::string>{"iteration", "loss", "lm_loss", "sop_loss"}
+                            : std::vector<std::string>{"iteration", "loss", "ppl"};
+}
+
+const FamilyTask& task_of(ModelFamily f) {
+  static const FamilyTask gpt{ModelFamily::Gpt, "GPT", false, false};
+  static const FamilyTask bert{ModelFamily::Bert, "BERT", true, true};
+  static const FamilyTask t5{ModelFamily::T5, "T5", true, false};
+  return f == ModelFamily::Bert ? bert : f == ModelFamily::T5 ? t5 : gpt;
+}
+
+}  // namespace trident

@@ -1,0 +1,76 @@
+// What each model family brings to the generic trainer (train/trainer, docs/DESIGN.md
+// "Data flow"): how its samples are encoded into int32 records and staged into a micro-batch,
+// how its loss is normalised, and which metric columns it reports. The model itself comes from
+// models/model_factory, its loss parts from its head (models/loss_parts).
+//   GPT:  windows of S+1 tokens; the loss is the mean over the iteration's tokens.
+//   BERT: masked-LM samples with a sentence-order label; the loss is the mean over the
+//         iteration's micro-batches of each one's MLM mean plus sentence-order mean, reported
+//         with both parts (lm_loss, sop_loss).
+//   T5:   span-corruption samples for the encoder-decoder; the mean over the micro-batches of
+//         each one's mean over its decoder targets (Megatron's T5).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/deck.hpp"
+#include "models/micro_batch.hpp"
+#include "models/model_factory.hpp"
+
+namespace trident {
+
+// Host staging of one micro-batch: B sample records of `width` ints each ->
+//   GPT  (width S+1, a window): inputs window[0..S), targets window[1..S]
+//   BERT (width 4S+1): tokens, types, labels, padding (S each), then the sentence-order label
+//   T5   (width 2S+2Sd): encoder tokens, encoder padding (S each), decoder input, decoder
+//        targets (Sd each; -1 at padding)
+struct Batch {
+  Batch(std::int64_t B, std::int64_t S, ModelFamily family, std::int64_t Sd = 0)
+      : B(B), S(S), Sd(Sd), bert(family == ModelFamily::Bert), t5(family == ModelFamily::T5),
+        width(bert ? 4 * S + 1
+              : t5 ? 2 * S + 2 * Sd
+                   : S + 1),
+        window(static_cast<size_t>(B * width)), h_tokens("batch::h_tokens", B * S),
+        h_targets("batch::h_targets", B * (t5 ? Sd : S)), h_types("batch::h_types", B * S),
+        h_padding("batch::h_padding", B * S), h_order("batch::h_order", B), h_dec("batch::h_dec", B * Sd) {}
+  // Checks every token id against the vocabulary and copies the records of `window` into mb's
+  // device views (and mb's label counts).
+  void finish(std::int64_t vocab, MicroBatch& mb);
+  std::int64_t B, S, Sd;
+  bool bert, t5;
+  std::int64_t width;
+  std::vector<std::int32_t> window;
+  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec;
+};
+
+// The samples of a run, as int32 records of Batch's width.
+struct SampleSource {
+  std::function<void(std::int64_t, std::int32_t*)> train, valid;  // sample i; valid may be empty
+  std::int64_t vocab = 0;
+  std::string description;
+};
+
+// The samples of a family's dataset over deck.data.train_shards (train_samples for training,
+// valid_samples from the validation split); keep owns the dataset the functions read.
+SampleSource samples_of(ModelFamily f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
+                        std::shared_ptr<void>& keep);
+
+struct FamilyTask {
+  ModelFamily family;
+  const char* banner;  // "GPT", "BERT", "T5": the start-up summary's first word
+  // the loss of an iteration: the mean over its micro-batches of each one's mean (BERT, T5),
+  // else the mean over its tokens (GPT)
+  bool loss_per_micro_batch;
+  // lm_loss and sop_loss columns and log fields beside the loss (BERT); else the perplexity in
+  // the evaluation rows
+  bool reports_loss_parts;
+  // metrics.csv columns (docs/DESIGN.md "Metrics") and those of metrics.eval.csv
+  std::vector<std::string> train_columns() const;
+  std::vector<std::string> eval_columns() const;
+};
+
+const FamilyTask& task_of(ModelFamily f);
+
+}  // namespace trident

@@ -1,0 +1,233 @@
+// Building the model of a deck (train/model_setup.hpp): configuration, pipeline chunks,
+// checkpoint compatibility, and the reductions over the model chunks.
+#include "train/model_setup.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "io/checkpoint.hpp"
+#include "ops/elementwise.hpp"
+#include "train/pipeline_schedule.hpp"
+
+namespace trident {
+
+namespace {
+
+std::int64_t pad_vocab(std::int64_t v, std::int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+HeadOptions head_options(const Deck& d) {
+  HeadOptions h;
+  h.binary_head = d.bert.binary_head;
+  return h;
+}
+
+TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, ModelFamily family) {
+  TransformerConfig c;
+  set_family_spec(family, c, d.model.decoder_num_layers > 0 ? d.model.decoder_num_layers : d.model.num_layers,
+                  d.model.decoder_seq_length);
+  c.num_layers = d.model.num_layers;
+  c.hidden = d.model.hidden_size;
+  c.heads = d.model.num_heads;
+  c.ffn = d.model.ffn_hidden_size;
+  c.seq_length = d.model.seq_length;
+  c.max_positions = d.model.max_position_embeddings;
+  c.vocab_size = vocab;
+  c.padded_vocab = pad_vocab(vocab, d.model.make_vocab_size_divisible_by * tp);
+  c.ln_eps = static_cast<float>(d.model.layernorm_epsilon);
+  c.init_std = static_cast<float>(d.model.init_method_std);
+  c.hidden_dropout = static_cast<float>(d.model.hidden_dropout);
+  c.attention_dropout = static_cast<float>(d.model.attention_dropout);
+  c.recompute = d.precision.recompute == "full"        ? TransformerConfig::Recompute::Full
+                : d.precision.recompute == "selective" ? TransformerConfig::Recompute::Selective
+                                                       : TransformerConfig::Recompute::None;
+  c.recompute_block = d.precision.recompute_method == "block";
+  c.recompute_num_layers = d.precision.recompute_num_layers;
+  c.flash_attention = d.model.flash_attention;
+  c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
+  return c;
+}
+
+// A checkpoint continues (or seeds) this run only if it holds the same model: every dimension
+// that shapes the weights, compared from the deck stored in the checkpoint. Tensor shapes alone
+// would let fewer layers (the extra ones dropped) or other head counts (same shapes) through.
+// Returns the table of differences, or "" when the checkpoint holds this model (collective; a
+// checkpoint whose deck cannot be read throws).
+std::string model_differences(const std::string& file, const char* family, ModelFamily fam,
+                              const TransformerConfig& want, const HeadOptions& want_head, std::int64_t vocab,
+                              const Topology& topo) {
+  const Deck saved_deck = parse_deck_text(read_checkpoint_deck(file, family, topo.world().get()));
+  const TransformerConfig got = make_config(saved_deck, vocab, topo.tp_size(), fam);
+  const HeadOptions got_head = head_options(saved_deck);
+  struct Row {
+    const char* key;
+    std::int64_t saved, run;
+  };
+  std::vector<Row> rows = {{"model.num_layers", got.num_layers, want.num_layers},
+                           {"model.hidden_size", got.hidden, want.hidden},
+                           {"model.num_heads", got.heads, want.heads},
+                           {"model.ffn_hidden_size", got.ffn, want.ffn},
+                           {"model.max_position_embeddings", got.max_positions, want.max_positions}};
+  if (fam == ModelFamily::T5) rows.push_back({"model.decoder_num_layers", got.decoder_layers, want.decoder_layers});
+  if (fam == ModelFamily::Bert)
+    rows.push_back({"bert.binary_head", got_head.binary_head ? 1 : 0, want_head.binary_head ? 1 : 0});
+  if (saved_deck.model.vocab_size > 0)
+    rows.push_back({"model.vocab_size", saved_deck.model.vocab_size, want.vocab_size});
+  std::ostringstream table;
+  bool differ = false;
+  table << "checkpoint " << file << " holds another model than this run's:\n  " << std::left << std::setw(32) << "key"
+        << std::right << std::setw(12) << "checkpoint" << std::setw(12) << "this run";
+  for (const Row& r : rows) {
+    if (r.saved == r.run) continue;
+    differ = true;
+    table << "\n  " << std::left << std::setw(32) << r.key << std::right << std::setw(12) << r.saved << std::setw(12)
+          << r.run;
+  }
+  return differ ? table.str() : std::string();
+}
+
+void check_same_model(const std::string& file, const char* family, ModelFamily fam, const TransformerConfig& want,
+                      const HeadOptions& want_head, std::int64_t vocab, const Topology& topo) {
+  const std::string diff = model_differences(file, family, fam, want, want_head, vocab, topo);
+  TRIDENT_REQUIRE(diff.empty(), diff);
+}
+
+TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
+  TensorParallel tp;
+  tp.comm = &topo.tp_group();
+  tp.sequence_parallel = deck.parallel.sequence_parallel && topo.tp_size() > 1;
+  return tp;
+}
+
+// Global L2 norm of the gradients: TP-sharded parameters summed over the TP group, the
+// replicated ones (identical on every TP rank by then) counted once, the stages summed over
+// the pipeline group, tied copies (the last stage's word embeddings) left out. Each
+// data-parallel rank sums the squares of its shard [begin, end) of the flat buffer and the
+// partial sums are added over the DP group: the distributed optimizer holds only that shard of
+// the reduced gradient, and the plain optimizer computes the same sum the same way (so both
+// clip by the bitwise same factor).
+double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end) {
+  double part[2] = {0, 0};  // sharded over TP, replicated over TP
+  for (const auto& p : store.params()) {
+    if (p.tied_copy) continue;
+    const std::int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
+    if (b >= e) continue;
+    part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
+  }
+  double sharded = topo.dp_group().allreduce_sum(part[0]), replicated = topo.dp_group().allreduce_sum(part[1]);
+  sharded = topo.tp_group().allreduce_sum(sharded);
+  return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated));
+}
+
+namespace {
+
+// Layers (first, count) of each pipeline stage without interleaving. T5 with
+// parallel.pipeline_split_rank = r (Megatron's split rank): the encoder's layers evenly over
+// stages [0, r), the decoder's over [r, pp).
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layers(const Deck& deck, int p, const TransformerConfig& cfg) {
+  const std::int64_t r = deck.parallel.pipeline_split_rank;
+  if (r == 0)
+    return split_layers(cfg.total_layers(), p, deck.parallel.first_stage_layers, deck.parallel.last_stage_layers);
+  TRIDENT_REQUIRE(cfg.encoder_decoder(), "parallel.pipeline_split_rank is for T5's encoder-decoder (pretrain_t5) only");
+  TRIDENT_REQUIRE(r < p, "parallel.pipeline_split_rank (" << r << ") must be below parallel.pp (" << p
+                                                          << "): stages [0, r) hold the encoder, [r, pp) the decoder");
+  TRIDENT_REQUIRE(
+      deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
+      "parallel.pipeline_split_rank cannot be combined with parallel.first_stage_layers / last_stage_layers");
+  const std::int64_t enc_stages = r, dec_stages = p - r;
+  TRIDENT_REQUIRE(cfg.num_layers % enc_stages == 0,
+                  "model.num_layers (" << cfg.num_layers << ", the encoder's) is not divisible by the " << enc_stages
+                                       << " encoder stages of parallel.pipeline_split_rank");
+  TRIDENT_REQUIRE(cfg.decoder_layers % dec_stages == 0,
+                  "model.decoder_num_layers (" << cfg.decoder_layers << ") is not divisible by the " << dec_stages
+                                               << " decoder stages (parallel.pp - parallel.pipeline_split_rank)");
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t k = 0; k < enc_stages; ++k)
+    out.push_back({k * (cfg.num_layers / enc_stages), cfg.num_layers / enc_stages});
+  for (std::int64_t k = 0; k < dec_stages; ++k)
+    out.push_back({cfg.num_layers + k * (cfg.decoder_layers / dec_stages), cfg.decoder_layers / dec_stages});
+  return out;
+}
+
+}  // namespace
+
+// This rank's part of the model: one stage's layers (embeddings on the first stage, final
+// LayerNorm, head and loss on the last), or, with vp > 1, vp chunks: chunk c is virtual stage
+// c * pp + pp_rank of an even split over pp * vp virtual stages.
+std::vector<ModelStage> chunks_of(const Deck& deck, const Topology& topo, const TransformerConfig& cfg) {
+  const std::int64_t L = cfg.total_layers();
+  const int p = topo.pp_size(), s = topo.coords().pp, vp = static_cast<int>(deck.parallel.vp);
+  std::vector<ModelStage> out;
+  if (vp == 1) {
+    const auto split = stage_layers(deck, p, cfg);
+    ModelStage st;
+    st.first_layer = split[s].first;
+    st.num_layers = split[s].second;
+    st.pre = topo.is_first_stage();
+    st.post = topo.is_last_stage();
+    return {st};
+  }
+  TRIDENT_REQUIRE(p > 1, "parallel.vp > 1 (interleaved schedule) needs parallel.pp > 1");
+  TRIDENT_REQUIRE(!cfg.encoder_decoder(),
+                  "parallel.vp > 1: the interleaved schedule is not supported for T5's encoder-decoder "
+                  "(as in Megatron-LM); use parallel.vp = 1");
+  TRIDENT_REQUIRE(deck.parallel.first_stage_layers == 0 && deck.parallel.last_stage_layers == 0,
+                  "parallel.first_stage_layers / last_stage_layers cannot be combined with parallel.vp > 1");
+  TRIDENT_REQUIRE(L % (p * vp) == 0, "model.num_layers ("
+                                         << L << ") is not divisible by parallel.pp x parallel.vp = " << p << " x "
+                                         << vp << " (the interleaved schedule's virtual stages)");
+  const auto split = split_layers(L, p * vp, 0, 0);
+  for (int c = 0; c < vp; ++c) {
+    ModelStage st;
+    st.first_layer = split[c * p + s].first;
+    st.num_layers = split[c * p + s].second;
+    st.pre = c == 0 && s == 0;
+    st.post = c == vp - 1 && s == p - 1;
+    out.push_back(st);
+  }
+  return out;
+}
+
+// T5: the pipeline stage that holds the first decoder layer (vp = 1).
+int decoder_stage(const Deck& deck, const Topology& topo, const TransformerConfig& cfg) {
+  const auto split = stage_layers(deck, topo.pp_size(), cfg);
+  for (int s = 0; s < topo.pp_size(); ++s)
+    if (split[s].first <= cfg.num_layers && cfg.num_layers < split[s].first + split[s].second) return s;
+  return topo.pp_size() - 1;
+}
+
+// The model chunks of this rank, sharing one parameter store.
+std::vector<std::unique_ptr<LanguageModel>> build_chunks(ModelFamily fam, const TransformerConfig& cfg,
+                                                         const HeadOptions& head, ParamStore& store, std::int64_t mbs,
+                                                         const TensorParallel& tp,
+                                                         const std::vector<ModelStage>& stages) {
+  std::vector<std::unique_ptr<LanguageModel>> out;
+  for (const auto& st : stages) out.push_back(make_model(fam, cfg, store, mbs, tp, st, head));
+  return out;
+}
+
+std::vector<LanguageModel*> raw(const std::vector<std::unique_ptr<LanguageModel>>& v) {
+  std::vector<LanguageModel*> out;
+  for (auto& m : v) out.push_back(m.get());
+  return out;
+}
+
+// The loss parts of the chunks since the last call (BERT's two, T5's LM loss), summed over the
+// pipeline and data-parallel groups (each value once per TP group: TP ranks hold the same).
+LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const Topology& topo) {
+  LossParts l;
+  for (auto& chunk : chunks) l.add(chunk->take_loss_parts());
+  double v[6] = {l.lm, l.sop, l.lm_sum, l.lm_count, l.sop_sum, l.sop_count};
+  for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
+  return LossParts{v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
+TransformerConfig gpt_config_from_deck(const Deck& d, std::int64_t vocab, std::int64_t tp) {
+  return make_config(d, vocab, tp, ModelFamily::Gpt);
+}
+
+}  // namespace trident

@@ -1,0 +1,52 @@
+// Building a family's model from a deck (docs/DESIGN.md "Architecture"): the transformer
+// config, this rank's pipeline chunks over one parameter store, whether a checkpoint holds the
+// same model, and the reductions over the chunks (gradient norm, loss parts). Used by the
+// trainer, the evaluation mode and generation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/topology.hpp"
+#include "io/deck.hpp"
+#include "layers/param_store.hpp"
+#include "layers/tensor_parallel.hpp"
+#include "models/model_factory.hpp"
+
+namespace trident {
+
+// The family's transformer config of a deck, for a vocabulary of `vocab` tokens padded to a
+// multiple of model.make_vocab_size_divisible_by x tp.
+TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, ModelFamily family);
+// The GPT model of a deck (generation and tools build the training model alike).
+TransformerConfig gpt_config_from_deck(const Deck& deck, std::int64_t vocab, std::int64_t tp);
+HeadOptions head_options(const Deck& d);
+
+// The table of differences between the model a checkpoint holds (from the deck stored in it)
+// and this run's, or "" when they are the same model (collective; a checkpoint whose deck
+// cannot be read throws). check_same_model throws the table.
+std::string model_differences(const std::string& file, const char* family, ModelFamily fam,
+                              const TransformerConfig& want, const HeadOptions& want_head, std::int64_t vocab,
+                              const Topology& topo);
+void check_same_model(const std::string& file, const char* family, ModelFamily fam, const TransformerConfig& want,
+                      const HeadOptions& want_head, std::int64_t vocab, const Topology& topo);
+
+TensorParallel tensor_parallel(const Deck& deck, const Topology& topo);
+// This rank's model chunks: one ModelStage, or parallel.vp of them (interleaved schedule).
+std::vector<ModelStage> chunks_of(const Deck& deck, const Topology& topo, const TransformerConfig& cfg);
+// Encoder-decoder: the pipeline stage holding the first decoder layer (vp = 1).
+int decoder_stage(const Deck& deck, const Topology& topo, const TransformerConfig& cfg);
+// The model chunks of this rank, sharing one parameter store.
+std::vector<std::unique_ptr<LanguageModel>> build_chunks(ModelFamily fam, const TransformerConfig& cfg,
+                                                         const HeadOptions& head, ParamStore& store, std::int64_t mbs,
+                                                         const TensorParallel& tp,
+                                                         const std::vector<ModelStage>& stages);
+std::vector<LanguageModel*> raw(const std::vector<std::unique_ptr<LanguageModel>>& v);
+
+// Global L2 norm of the gradients, this data-parallel rank summing its shard [begin, end).
+double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end);
+// The chunks' loss parts since the last call, summed over the pipeline and data-parallel groups.
+LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const Topology& topo);
+
+}  // namespace trident

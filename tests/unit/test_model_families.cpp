@@ -1,0 +1,257 @@
+// Model-level checks of the BERT and T5 families (models/bert_model, models/t5_model), as
+// test_model.cpp has for GPT: parameter gradients against finite differences of the loss the
+// family reports, what the padding mask promises (padded positions change nothing), the loss
+// independent of vocabulary padding, T5's decoder causal (a decoder input changes no earlier
+// target's loss), the named loss parts adding up to the loss, and forward equal to the loss of
+// forward_backward. Tiny shapes, one rank, fp32, no dropout.
+#include <cmath>
+
+#include "models/bert_model.hpp"
+#include "models/t5_model.hpp"
+#include "test_helpers.hpp"
+
+using namespace trident;
+using namespace trident::test;
+
+namespace {
+
+constexpr std::int64_t kB = 2, kS = 6, kSd = 5, kV = 37, kC = 16;
+
+TransformerConfig base(std::int64_t padded) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden = kC;
+  c.heads = 2;
+  c.ffn = 32;
+  c.seq_length = kS;
+  c.max_positions = 8;
+  c.vocab_size = kV;
+  c.padded_vocab = padded;
+  c.init_std = 0.3f;  // larger than 0.02 so that every path carries gradient signal
+  return c;
+}
+
+TransformerConfig bert_config(std::int64_t padded = 64) {
+  TransformerConfig c = base(padded);
+  BertModel::set_spec(c);
+  return c;
+}
+
+TransformerConfig t5_config(std::int64_t padded = 64) {
+  TransformerConfig c = base(padded);
+  T5Model::set_spec(c, 2, kSd);
+  return c;
+}
+
+std::vector<std::int32_t> ids(std::int64_t n, std::int64_t below, std::uint64_t seed) {
+  CounterRng r(seed);
+  std::vector<std::int32_t> t(static_cast<size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<std::int32_t>(r.below_at(i, below));
+  return t;
+}
+
+// A BERT micro-batch held on the host: sample 0 is full, sample 1 has its last two positions
+// padded; a few positions carry masked-LM labels; both samples carry a sentence-order label.
+struct BertBatch {
+  std::vector<std::int32_t> tokens = ids(kB * kS, kV, 1), types = std::vector<std::int32_t>(kB * kS, 0),
+                            labels = std::vector<std::int32_t>(kB * kS, -1),
+                            padding = std::vector<std::int32_t>(kB * kS, 1), order = {0, 1};
+  BertBatch() {
+    for (std::int64_t t = 3; t < kS; ++t) types[t] = types[kS + t] = 1;
+    padding[kS + kS - 1] = padding[kS + kS - 2] = 0;
+    const auto l = ids(kB * kS, kV, 2);
+    for (std::int64_t i : {std::int64_t{1}, std::int64_t{4}, std::int64_t{5}, kS + 0, kS + 2}) labels[i] = l[i];
+  }
+  std::int64_t labelled() const {
+    std::int64_t n = 0;
+    for (auto v : labels) n += v >= 0;
+    return n;
+  }
+  void load(MicroBatch& mb) const {
+    Kokkos::deep_copy(mb.tokens, to_device(tokens));
+    Kokkos::deep_copy(mb.types, to_device(types));
+    Kokkos::deep_copy(mb.targets, to_device(labels));
+    Kokkos::deep_copy(mb.padding, to_device(padding));
+    Kokkos::deep_copy(mb.sentence_order, to_device(order));
+    mb.num_targets = labelled();
+    mb.num_sentences = kB;
+  }
+};
+
+// A T5 micro-batch: encoder tokens with sample 1's last position padded, decoder inputs and
+// targets (sample 1's last decoder target unlabelled).
+struct T5Batch {
+  std::vector<std::int32_t> enc = ids(kB * kS, kV, 3), padding = std::vector<std::int32_t>(kB * kS, 1),
+                            dec = ids(kB * kSd, kV, 4), targets = ids(kB * kSd, kV, 5);
+  T5Batch() {
+    padding[kS + kS - 1] = 0;
+    targets[kSd + kSd - 1] = -1;
+  }
+  std::int64_t labelled() const {
+    std::int64_t n = 0;
+    for (auto v : targets) n += v >= 0;
+    return n;
+  }
+  void load(MicroBatch& mb) const {
+    Kokkos::deep_copy(mb.tokens, to_device(enc));
+    Kokkos::deep_copy(mb.padding, to_device(padding));
+    Kokkos::deep_copy(mb.dec_tokens, to_device(dec));
+    Kokkos::deep_copy(mb.targets, to_device(targets));
+    mb.num_targets = labelled();
+  }
+};
+
+template <class Model, class Batch>
+void check_gradients(const TransformerConfig& cfg, const Batch& batch, std::uint64_t seed) {
+  ParamStore store;
+  Model model(cfg, store, kB);
+  store.allocate();
+  store.initialize(seed);
+  MicroBatch mb = model.allocate_micro_batch();
+  batch.load(mb);
+  store.zero_grads();
+  model.forward_backward(mb, 1.f);  // the gradient of the family's loss (a mean) itself
+  auto grads = to_host(store.grads());
+  auto values = to_host(store.values());
+  auto loss = [&] {
+    Kokkos::deep_copy(store.values(),
+                      Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
+    return model.forward(mb);
+  };
+  for (const auto& p : store.params()) {
+    std::vector<size_t> idx;
+    const std::int64_t rows_valid = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
+    for (auto i : sample_indices(static_cast<size_t>(rows_valid), 10, std::hash<std::string>()(p.name)))
+      idx.push_back(static_cast<size_t>(p.offset) + i);
+    auto num = numeric_gradient(values, loss, idx, 1e-2f);
+    std::vector<double> ana;
+    for (auto i : idx) ana.push_back(grads[i]);
+    expect_close(ana, num, 2e-2, 5e-4, p.name.c_str());
+  }
+}
+
+// The loss and the whole gradient of one micro-batch, from a freshly initialised model.
+template <class Model, class Batch>
+std::pair<double, std::vector<float>> loss_and_grads(const TransformerConfig& cfg, const Batch& batch,
+                                                     std::uint64_t seed, LossParts* parts = nullptr) {
+  ParamStore store;
+  Model model(cfg, store, kB);
+  store.allocate();
+  store.initialize(seed);
+  MicroBatch mb = model.allocate_micro_batch();
+  batch.load(mb);
+  store.zero_grads();
+  const double loss = model.forward_backward(mb, 1.f);
+  if (parts) *parts = model.take_loss_parts();
+  return {loss, to_host(store.grads())};
+}
+
+}  // namespace
+
+TEST(BertModel, GradientsMatchFiniteDifferencesOfTheLoss) { check_gradients<BertModel>(bert_config(), BertBatch(), 7); }
+
+TEST(BertModel, PaddedPositionsChangeNothing) {
+  BertBatch a, b;
+  for (std::int64_t t = 0; t < kS; ++t)
+    if (!b.padding[kS + t]) b.tokens[kS + t] = (b.tokens[kS + t] + 11) % kV, b.types[kS + t] = 1 - b.types[kS + t];
+  ASSERT_NE(a.tokens, b.tokens);
+  const auto la = loss_and_grads<BertModel>(bert_config(), a, 13), lb = loss_and_grads<BertModel>(bert_config(), b, 13);
+  EXPECT_EQ(la.first, lb.first);
+  // Padded positions reach no loss term and, masked as keys, no other position: every gradient
+  // is the same, bit for bit (their embedding rows receive exact zeros).
+  ASSERT_EQ(la.second.size(), lb.second.size());
+  for (size_t i = 0; i < la.second.size(); ++i) ASSERT_EQ(la.second[i], lb.second[i]) << i;
+  // and the same change at a real position does change the loss
+  BertBatch c;
+  c.tokens[kS + 1] = (c.tokens[kS + 1] + 11) % kV;
+  EXPECT_NE(loss_and_grads<BertModel>(bert_config(), c, 13).first, la.first);
+}
+
+TEST(BertModel, LossDoesNotDependOnVocabularyPadding) {
+  const BertBatch batch;
+  const auto a = loss_and_grads<BertModel>(bert_config(37), batch, 11);
+  const auto b = loss_and_grads<BertModel>(bert_config(128), batch, 11);
+  EXPECT_NEAR(a.first, b.first, 1e-5 * std::fabs(a.first));
+}
+
+TEST(BertModel, LossPartsAddUpAndForwardEqualsForwardBackward) {
+  const BertBatch batch;
+  LossParts parts;
+  const auto fb = loss_and_grads<BertModel>(bert_config(), batch, 5, &parts);
+  EXPECT_NEAR(parts.lm + parts.sop, fb.first, 1e-12 * std::fabs(fb.first));
+  EXPECT_GT(parts.lm, 0.0);
+  EXPECT_GT(parts.sop, 0.0);
+  EXPECT_EQ(parts.lm_count, static_cast<double>(batch.labelled()));
+  EXPECT_EQ(parts.sop_count, static_cast<double>(kB));
+  EXPECT_NEAR(parts.lm_sum / parts.lm_count, parts.lm, 1e-12 * parts.lm);
+  ParamStore store;
+  BertModel model(bert_config(), store, kB);
+  store.allocate();
+  store.initialize(5);
+  MicroBatch mb = model.allocate_micro_batch();
+  batch.load(mb);
+  EXPECT_EQ(model.forward(mb), fb.first);
+}
+
+TEST(BertModel, WithoutTheBinaryHeadTheLossIsTheMaskedLmLoss) {
+  const BertBatch batch;
+  ParamStore store;
+  BertModel model(bert_config(), store, kB, {}, {}, /*binary_head=*/false);
+  store.allocate();
+  store.initialize(5);
+  MicroBatch mb = model.allocate_micro_batch();
+  batch.load(mb);
+  const double loss = model.forward(mb);
+  const LossParts parts = model.take_loss_parts();
+  EXPECT_EQ(parts.sop, 0.0);
+  EXPECT_NEAR(parts.lm, loss, 1e-12 * loss);
+  EXPECT_EQ(store.find("model/binary_head/weight"), -1);
+}
+
+TEST(T5Model, GradientsMatchFiniteDifferencesOfTheLoss) { check_gradients<T5Model>(t5_config(), T5Batch(), 9); }
+
+TEST(T5Model, DecoderIsCausal) {
+  // Only targets at positions < 2 count; decoder inputs at positions >= 2 change nothing.
+  T5Batch a;
+  for (std::int64_t j = 0; j < kB; ++j)
+    for (std::int64_t t = 2; t < kSd; ++t) a.targets[j * kSd + t] = -1;
+  T5Batch b = a;
+  for (std::int64_t j = 0; j < kB; ++j)
+    for (std::int64_t t = 2; t < kSd; ++t) b.dec[j * kSd + t] = (b.dec[j * kSd + t] + 7) % kV;
+  const auto la = loss_and_grads<T5Model>(t5_config(), a, 17), lb = loss_and_grads<T5Model>(t5_config(), b, 17);
+  EXPECT_EQ(la.first, lb.first);
+  // and the inputs before do change it
+  T5Batch c = a;
+  c.dec[1] = (c.dec[1] + 7) % kV;
+  EXPECT_NE(loss_and_grads<T5Model>(t5_config(), c, 17).first, la.first);
+}
+
+TEST(T5Model, PaddedEncoderPositionsChangeNothing) {
+  T5Batch a, b;
+  b.enc[kS + kS - 1] = (b.enc[kS + kS - 1] + 5) % kV;
+  const auto la = loss_and_grads<T5Model>(t5_config(), a, 19), lb = loss_and_grads<T5Model>(t5_config(), b, 19);
+  EXPECT_EQ(la.first, lb.first);
+  // and a real encoder position does change it
+  T5Batch c;
+  c.enc[kS + 1] = (c.enc[kS + 1] + 5) % kV;
+  EXPECT_NE(loss_and_grads<T5Model>(t5_config(), c, 19).first, la.first);
+}
+
+TEST(T5Model, LossIsTheMeanOverDecoderTargetsAndIndependentOfVocabularyPadding) {
+  const T5Batch batch;
+  LossParts parts;
+  const auto a = loss_and_grads<T5Model>(t5_config(37), batch, 23, &parts);
+  const auto b = loss_and_grads<T5Model>(t5_config(128), batch, 23);
+  EXPECT_NEAR(a.first, b.first, 1e-5 * std::fabs(a.first));
+  EXPECT_EQ(parts.lm_count, static_cast<double>(batch.labelled()));
+  EXPECT_NEAR(parts.lm, a.first, 1e-12 * a.first);
+  EXPECT_NEAR(parts.lm_sum / parts.lm_count, a.first, 1e-12 * a.first);
+  EXPECT_EQ(parts.sop, 0.0);
+  ParamStore store;
+  T5Model model(t5_config(37), store, kB);
+  store.allocate();
+  store.initialize(23);
+  MicroBatch mb = model.allocate_micro_batch();
+  batch.load(mb);
+  EXPECT_EQ(model.forward(mb), a.first);
+}
