@@ -1,4 +1,4 @@
-// preprocess_data: tokenizes a corpus into Trident token shards (DESIGN.md, "Preprocessing
+// preprocess_data: tokenizes a corpus into Trident token shards (docs/DESIGN.md, "Preprocessing
 // command line" and "Token shards"), with Megatron-LM's flags so that users' scripts carry over.
 //
 //   mpiexec -n 4 preprocess_data --input 'corpus/*.jsonl' --output-prefix out/pile_gpt2 \

@@ -1,4 +1,4 @@
-// HDF5 checkpoints (DESIGN.md "Checkpoints"):
+// HDF5 checkpoints (docs/DESIGN.md "Checkpoints"):
 //   <save>/iter_0000100/checkpoint.h5 and <save>/latest (the iteration as text), both written
 //   under a temporary name and renamed, so an interrupted save never damages the previous one.
 // Tensors are stored GLOBAL: every rank writes its slice by hyperslab through parallel HDF5

@@ -1,7 +1,7 @@
 // Core attention (no projections): softmax(Q K^T / sqrt(hs)) V over heads under a causal mask
 // (GPT, the T5 decoder) or a key-padding mask (BERT, the T5 encoder), with the batched GEMMs
 // through ops/gemm. Self-attention: head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1
-// of the q, k and v thirds of each token's 3C-vector (DESIGN.md qkv row order).
+// of the q, k and v thirds of each token's 3C-vector (docs/DESIGN.md qkv row order).
 // Cross-attention (T5's decoder over the encoder output): queries q (B, T, C) of one sequence,
 // keys and values kv (B, Tk, 2C) of another, the k half then the v half of each row.
 #pragma once
