@@ -27,11 +27,11 @@
 #include "common/error.hpp"
 #include "common/rng.hpp"
 #include "data/gpt2_tokenizer.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "io/deck.hpp"
 #include "io/hdf5_handle.hpp"
 #include "models/gpt_generator.hpp"
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 #include "train/model_setup.hpp"
 
 namespace po = boost::program_options;
@@ -96,22 +96,25 @@ std::int32_t pick(const float* logits, std::int64_t V, const Options& o, std::ui
 int run(int argc, char** argv) {
   Options o;
   po::options_description desc("generate_gpt: text generation from a GPT checkpoint (run with mpiexec -n tp)");
-  desc.add_options()("help", "this text")(
-      "checkpoint", po::value(&o.checkpoint), "checkpoint: a save directory (its latest), an iter_* directory or a file")(
+  desc.add_options()("help", "this text")("checkpoint", po::value(&o.checkpoint),
+                                          "checkpoint: a save directory (its latest), an iter_* directory or a file")(
       "vocab-file", po::value(&o.vocab), "GPT-2 encoder.json")("merge-file", po::value(&o.merges), "GPT-2 vocab.bpe")(
       "prompt", po::value(&o.prompts), "a prompt (repeatable)")("prompt-file", po::value(&o.prompt_file),
-                                                                   "prompts, one per line")(
-      "max-new-tokens", po::value(&o.max_new)->default_value(32), "tokens to generate per prompt")(
-      "greedy", po::bool_switch(&o.greedy), "the most likely token at every step")(
+                                                                "prompts, one per line")(
+      "max-new-tokens", po::value(&o.max_new)->default_value(32),
+      "tokens to generate per prompt")("greedy", po::bool_switch(&o.greedy), "the most likely token at every step")(
       "temperature", po::value(&o.temperature)->default_value(1.0), "softmax temperature (> 0)")(
-      "top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens (0: all)")(
-      "top-p", po::value(&o.top_p)->default_value(1.0), "sample among the most likely tokens reaching probability p")(
-      "seed", po::value(&o.seed)->default_value(1234), "sampling seed")(
-      "batch", po::value(&o.batch)->default_value(8), "prompts generated together")(
-      "max-length", po::value(&o.max_length)->default_value(0), "positions per sequence (0: the model's context)")(
+      "top-k", po::value(&o.top_k)->default_value(0),
+      "sample among the k most likely tokens (0: all)")("top-p", po::value(&o.top_p)->default_value(1.0),
+                                                        "sample among the most likely tokens reaching probability p")(
+      "seed", po::value(&o.seed)->default_value(1234),
+      "sampling seed")("batch", po::value(&o.batch)->default_value(8),
+                       "prompts generated together")("max-length", po::value(&o.max_length)->default_value(0),
+                                                     "positions per sequence (0: the model's context)")(
       "no-cache", po::bool_switch(&o.no_cache), "recompute the whole prefix at every step (no key-value cache)")(
-      "ignore-eod", po::bool_switch(&o.ignore_eod), "do not stop at the end-of-document token")(
-      "print-ids", po::bool_switch(&o.print_ids), "also print the generated token ids");
+      "ignore-eod", po::bool_switch(&o.ignore_eod),
+      "do not stop at the end-of-document token")("print-ids", po::bool_switch(&o.print_ids),
+                                                  "also print the generated token ids");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -156,7 +159,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<Gpt2Tokenizer> tok;
   collectively(MPI_COMM_WORLD, [&] { tok = std::make_unique<Gpt2Tokenizer>(o.vocab, o.merges); });
   TRIDENT_REQUIRE(tok->vocab_size() == cfg.vocab_size, "generate_gpt: the tokenizer has " << tok->vocab_size()
-                                                           << " tokens but the model " << cfg.vocab_size);
+                                                                                          << " tokens but the model "
+                                                                                          << cfg.vocab_size);
   const std::int64_t L = o.max_length > 0 ? std::min(o.max_length, cfg.max_positions) : cfg.max_positions;
   std::vector<std::vector<std::int32_t>> ids;
   for (size_t i = 0; i < o.prompts.size(); ++i) {

@@ -37,7 +37,7 @@
 
 #include "common/error.hpp"
 #include "data/jsonl.hpp"
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 #include "data/tokenizer.hpp"
 #include "data/sentence_splitter.hpp"
 #include "data/token_shard.hpp"
@@ -193,7 +193,8 @@ void broadcast_inputs(std::vector<InputFile>& files, MPI_Comm comm) {
   MPI_Comm_rank(comm, &rank);
   std::string blob;
   if (rank == 0) {
-    for (const InputFile& f : files) blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0';
+    for (const InputFile& f : files)
+      blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0';
   }
   long long len = static_cast<long long>(blob.size());
   MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
@@ -236,8 +237,7 @@ struct Stats {
 
 class ShardSink {
  public:
-  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank)
-      : o_(o), tok_(tok), rank_(rank) {}
+  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank) : o_(o), tok_(tok), rank_(rank) {}
   ~ShardSink() = default;
 
   void add(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& sentence_ends) {
@@ -329,18 +329,19 @@ class Worker {
   // The JSON-lines records whose first byte lies in [begin, end) of the file.
   void jsonl_range(const InputFile& f, std::int64_t begin, std::int64_t end) {
     std::string text;
-    trident::for_each_line_in_range(f.path, begin, end, [&](std::string_view line, std::int64_t start,
-                                                            std::int64_t bytes) {
-      add_bytes(bytes);
-      bool has_text = false;
-      try {
-        has_text = trident::jsonl_text(line, o_.json_key, text);
-      } catch (const Error& e) {
-        throw Error::one("preprocess_data: " + f.path + ":" + std::to_string(line_number_at(f.path, start)) + ": " +
-                         e.what());
-      }
-      if (has_text) document(text);
-    });
+    trident::for_each_line_in_range(f.path, begin, end,
+                                    [&](std::string_view line, std::int64_t start, std::int64_t bytes) {
+                                      add_bytes(bytes);
+                                      bool has_text = false;
+                                      try {
+                                        has_text = trident::jsonl_text(line, o_.json_key, text);
+                                      } catch (const Error& e) {
+                                        throw Error::one("preprocess_data: " + f.path + ":" +
+                                                         std::to_string(line_number_at(f.path, start)) + ": " +
+                                                         e.what());
+                                      }
+                                      if (has_text) document(text);
+                                    });
   }
 
   void plain_file(const InputFile& f) {
@@ -423,16 +424,16 @@ int run(int argc, char** argv) {
   std::unique_ptr<trident::Tokenizer> tok;
   trident::collectively(comm, [&] {
     tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids);
-    TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0,
-                    "preprocess_data: --append-eod but the vocabulary '" << o.vocab_file << "' has no end-of-document token");
+    TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0, "preprocess_data: --append-eod but the vocabulary '"
+                                                             << o.vocab_file << "' has no end-of-document token");
   });
 
   // Output directory; stale temporary parts of an earlier, failed run are removed.
   trident::collectively(comm, [&] {
     if (rank != 0) return;
     const fs::path p(o.output_prefix);
-    TRIDENT_REQUIRE(!p.filename().empty(), "preprocess_data: --output-prefix '" << o.output_prefix
-                                                                               << "' must name files, not a directory");
+    TRIDENT_REQUIRE(!p.filename().empty(),
+                    "preprocess_data: --output-prefix '" << o.output_prefix << "' must name files, not a directory");
     std::error_code ec;
     if (p.has_parent_path()) {
       fs::create_directories(p.parent_path(), ec);
@@ -440,10 +441,11 @@ int run(int argc, char** argv) {
                                                                                    << "': " << ec.message());
     }
     const auto existing = existing_shards(o.output_prefix);
-    TRIDENT_REQUIRE(existing.empty() || o.overwrite,
-                    "preprocess_data: " << existing.size() << " shard(s) with prefix '" << o.output_prefix
-                                        << "' exist already (" << existing.front().second
-                                        << ", ...): pass --overwrite to replace them, or choose another --output-prefix");
+    TRIDENT_REQUIRE(
+        existing.empty() || o.overwrite,
+        "preprocess_data: " << existing.size() << " shard(s) with prefix '" << o.output_prefix << "' exist already ("
+                            << existing.front().second
+                            << ", ...): pass --overwrite to replace them, or choose another --output-prefix");
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     const std::string part_stem = p.filename().string() + ".part-r";
     for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -455,9 +457,7 @@ int run(int argc, char** argv) {
   // This rank's byte range of the concatenated inputs.
   std::int64_t total_bytes = 0;
   for (const InputFile& f : files) total_bytes += f.size;
-  const auto cut = [&](int r) {
-    return static_cast<std::int64_t>((static_cast<__int128>(total_bytes) * r) / nranks);
-  };
+  const auto cut = [&](int r) { return static_cast<std::int64_t>((static_cast<__int128>(total_bytes) * r) / nranks); };
   const std::int64_t lo = cut(rank), hi = cut(rank + 1);
   if (rank == 0) {
     std::printf("preprocess_data: %zu input file(s), %.1f MB, %d rank(s), tokenizer %s (vocab %lld, eod %d)%s%s\n",
@@ -505,7 +505,7 @@ int run(int argc, char** argv) {
       std::error_code ec;
       fs::rename(worker.sink().parts()[k], dst, ec);
       TRIDENT_REQUIRE(!ec, "preprocess_data: cannot rename '" << worker.sink().parts()[k] << "' to '" << dst
-                                                             << "': " << ec.message());
+                                                              << "': " << ec.message());
       finals.push_back(dst);
     }
   });
@@ -534,12 +534,13 @@ int run(int argc, char** argv) {
     std::printf(", %.1f MB; %.0f tokens/s, %.2f MB/s over %d rank(s)\n", sum[4] / 1e6, sum[2] / dt, sum[4] / dt / 1e6,
                 nranks);
     if (total_shards > 0) {
-      std::printf("preprocess_data: %lld shard(s): %s ... %s\n", total_shards,
-                  final_name(o.output_prefix, 0).c_str(), final_name(o.output_prefix, total_shards - 1).c_str());
+      std::printf("preprocess_data: %lld shard(s): %s ... %s\n", total_shards, final_name(o.output_prefix, 0).c_str(),
+                  final_name(o.output_prefix, total_shards - 1).c_str());
     } else {
       std::printf("preprocess_data: warning: the input holds no document with text; no shard written\n");
     }
-    if (stale > 0) std::printf("preprocess_data: removed %d stale shard(s) of an earlier run with this prefix\n", stale);
+    if (stale > 0)
+      std::printf("preprocess_data: removed %d stale shard(s) of an earlier run with this prefix\n", stale);
     std::fflush(stdout);
   }
   return 0;

@@ -1,6 +1,6 @@
 // pretrain_bert: BERT pretraining (masked LM + sentence order) from an input deck.
 //   mpiexec -n N pretrain_bert --deck inputs/bert_tiny_ci.ini [--section.key value ...]
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {

@@ -1,6 +1,6 @@
 // pretrain_gpt: GPT pretraining (and evaluation mode) from an input deck.
 //   mpiexec -n N pretrain_gpt --deck inputs/gpt_small.ini [--section.key value ...]
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {

@@ -1,6 +1,6 @@
 // pretrain_t5: T5 pretraining (span corruption, encoder-decoder) from an input deck.
 //   mpiexec -n N pretrain_t5 --deck inputs/t5_tiny_ci.ini [--section.key value ...]
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {

@@ -33,7 +33,7 @@
 #include "common/error.hpp"
 #include "common/half.hpp"
 #include "ops/gemm.hpp"
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 
 namespace trident::perf {
 
@@ -63,9 +63,9 @@ void to_bf16(const Kokkos::View<std::uint16_t*, Kokkos::LayoutRight>& h, const V
 namespace {
 
 using trident::Trans;
-using trident::perf::View;
 using trident::perf::fill;
 using trident::perf::to_bf16;
+using trident::perf::View;
 
 struct Options {
   std::int64_t tokens = 256, seq = 64, head_dim = 64, vocab = 50304, square = 2048;
@@ -88,9 +88,7 @@ struct Shape {
   double flops() const { return 2.0 * static_cast<double>(M) * N * K * batch; }
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::vector<std::int64_t> parse_list(const std::string& s) {
   std::vector<std::int64_t> v;
@@ -111,24 +109,32 @@ Options parse(int argc, char** argv) {
       TRIDENT_REQUIRE(i + 1 < argc, "gemm_roofline: " << a << " needs a value");
       return argv[++i];
     };
-    if (a == "--tokens") o.tokens = std::stoll(value());
-    else if (a == "--seq") o.seq = std::stoll(value());
-    else if (a == "--head-dim") o.head_dim = std::stoll(value());
-    else if (a == "--vocab") o.vocab = std::stoll(value());
-    else if (a == "--square") o.square = std::stoll(value());
-    else if (a == "--hidden") o.hidden = parse_list(value());
-    else if (a == "--min-time") o.min_time = std::stod(value());
-    else if (a == "--json") o.json = value();
+    if (a == "--tokens")
+      o.tokens = std::stoll(value());
+    else if (a == "--seq")
+      o.seq = std::stoll(value());
+    else if (a == "--head-dim")
+      o.head_dim = std::stoll(value());
+    else if (a == "--vocab")
+      o.vocab = std::stoll(value());
+    else if (a == "--square")
+      o.square = std::stoll(value());
+    else if (a == "--hidden")
+      o.hidden = parse_list(value());
+    else if (a == "--min-time")
+      o.min_time = std::stod(value());
+    else if (a == "--json")
+      o.json = value();
     else if (a == "--dtype") {
       const std::string d = value();
       TRIDENT_REQUIRE(d == "fp32" || d == "bf16", "gemm_roofline: --dtype must be fp32 or bf16");
       o.bf16 = d == "bf16";
-    }
-    else if (a == "--help" || a == "-h") {
-      std::cout << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
-                   "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
-                   "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
-                   "and a square GEMM; threads: OMP_NUM_THREADS (oneDNN).\n";
+    } else if (a == "--help" || a == "-h") {
+      std::cout
+          << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
+             "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
+             "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
+             "and a square GEMM; threads: OMP_NUM_THREADS (oneDNN).\n";
       std::exit(0);
     } else if (a.rfind("--kokkos", 0) == 0) {
       continue;  // Kokkos' own flags
@@ -220,10 +226,12 @@ int run(int argc, char** argv) {
   int threads = 0;
   if (const char* e = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(e);
   std::ostringstream js;
-  js << std::setprecision(9) << "{\n  \"dtype\": \"" << (o.bf16 ? "bf16" : "fp32") << "\",\n  \"backend\": \"" << trident::gemm_backend_name() << "\",\n  \"threads\": "
-     << threads << ",\n  \"tokens\": " << o.tokens << ",\n  \"seq\": " << o.seq << ",\n  \"vocab_padded\": " << o.vocab
-     << ",\n  \"models\": [";
-  std::cout << "gemm_roofline: " << (o.bf16 ? "bf16 (fp32 accumulation) GEMM through trident::gemm_bf16" : "fp32 GEMM through trident::gemm") << " (" << trident::gemm_backend_name() << "), "
+  js << std::setprecision(9) << "{\n  \"dtype\": \"" << (o.bf16 ? "bf16" : "fp32") << "\",\n  \"backend\": \""
+     << trident::gemm_backend_name() << "\",\n  \"threads\": " << threads << ",\n  \"tokens\": " << o.tokens
+     << ",\n  \"seq\": " << o.seq << ",\n  \"vocab_padded\": " << o.vocab << ",\n  \"models\": [";
+  std::cout << "gemm_roofline: "
+            << (o.bf16 ? "bf16 (fp32 accumulation) GEMM through trident::gemm_bf16" : "fp32 GEMM through trident::gemm")
+            << " (" << trident::gemm_backend_name() << "), "
             << (threads > 0 ? std::to_string(threads) : std::string("default (OMP_NUM_THREADS unset)"))
             << " thread(s); tokens N = " << o.tokens << " (B = " << o.tokens / o.seq << ", T = " << o.seq
             << "), padded vocab " << o.vocab << "\n";
@@ -234,7 +242,8 @@ int run(int argc, char** argv) {
               << "); counts are per layer (LM head: per step)\n"
               << std::left << std::setw(30) << "GEMM" << std::right << std::setw(3) << "op" << std::setw(8) << "M"
               << std::setw(8) << "N" << std::setw(8) << "K" << std::setw(7) << "batch" << std::setw(10) << "MFLOP"
-              << std::setw(11) << "median ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "best" << "\n";
+              << std::setw(11) << "median ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "best"
+              << "\n";
     double layer_flops = 0, layer_time = 0, head_flops = 0, head_time = 0;
     js << (ci ? "," : "") << "\n    {\"hidden\": " << C << ", \"head_dim\": " << o.head_dim << ", \"shapes\": [";
     for (std::size_t i = 0; i < shapes.size(); ++i) {
@@ -270,8 +279,8 @@ int run(int argc, char** argv) {
   if (o.square > 0) {
     Shape sq{"square", Trans::N, Trans::N, o.square, o.square, o.square, 1, 0.f, false};
     time_shape(sq, std::max(o.min_time, 0.5), o.bf16);
-    std::cout << "\nsquare " << o.square << "^3 NN: median " << std::setprecision(2) << sq.median_s * 1e3 << " ms = "
-              << std::setprecision(1) << sq.flops() / sq.median_s / 1e9 << " GFLOP/s (best "
+    std::cout << "\nsquare " << o.square << "^3 NN: median " << std::setprecision(2) << sq.median_s * 1e3
+              << " ms = " << std::setprecision(1) << sq.flops() / sq.median_s / 1e9 << " GFLOP/s (best "
               << sq.flops() / sq.best_s / 1e9 << ") -- the peak\n";
     js << ",\n  \"square\": {\"n\": " << o.square << ", \"flops\": " << sq.flops() << ", \"median_s\": " << sq.median_s
        << ", \"best_s\": " << sq.best_s << ", \"reps\": " << sq.reps << "}";

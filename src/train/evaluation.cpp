@@ -10,7 +10,7 @@
 
 #include "common/error.hpp"
 #include "data/token_shard.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "io/hdf5_handle.hpp"
 #include "train/family_task.hpp"
 #include "train/model_setup.hpp"

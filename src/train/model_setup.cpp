@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "ops/elementwise.hpp"
 #include "train/pipeline_schedule.hpp"
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "train/model_setup.hpp"
 #include "train/stop_signal.hpp"
 

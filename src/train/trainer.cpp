@@ -26,7 +26,7 @@
 #include "common/progress.hpp"
 #include "common/timer.hpp"
 #include "data/token_shard.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"

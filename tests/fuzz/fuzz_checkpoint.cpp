@@ -24,7 +24,7 @@
 
 #include "comm/topology.hpp"
 #include "common/error.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "io/hdf5_handle.hpp"
 #include "layers/param_store.hpp"
 
@@ -70,12 +70,14 @@ Written write_checkpoint(FuzzedDataProvider& in) {
   H5Handle f = trident::h5_file(H5Fcreate(file_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!f.valid()) std::abort();
   const char* formats[] = {"trident.checkpoint", "trident.tokens", ""};
-  if (in.ConsumeIntegralInRange(0, 15) > 0) trident::h5_write_attr(f, "format", std::string(formats[in.ConsumeIntegralInRange(0, 2)]));
+  if (in.ConsumeIntegralInRange(0, 15) > 0)
+    trident::h5_write_attr(f, "format", std::string(formats[in.ConsumeIntegralInRange(0, 2)]));
   const std::int64_t version = in.ConsumeIntegralInRange<std::int64_t>(0, 3);
   if (in.ConsumeIntegralInRange(0, 15) > 0) trident::h5_write_attr(f, "format_version", version);
   w.version2 = version == 2;
   const char* models[] = {"gpt", "bert", "t5", ""};
-  if (in.ConsumeIntegralInRange(0, 15) > 0) trident::h5_write_attr(f, "model", std::string(models[in.ConsumeIntegralInRange(0, 3)]));
+  if (in.ConsumeIntegralInRange(0, 15) > 0)
+    trident::h5_write_attr(f, "model", std::string(models[in.ConsumeIntegralInRange(0, 3)]));
   for (const char* k : {"iteration", "consumed_samples", "optimizer_steps", "seed", "has_optimizer"})
     if (in.ConsumeIntegralInRange(0, 15) > 0) trident::h5_write_attr(f, k, in.ConsumeIntegral<std::int64_t>());
   if (in.ConsumeIntegralInRange(0, 15) > 0) trident::h5_write_attr(f, "loss_scale", in.ConsumeFloatingPoint<double>());

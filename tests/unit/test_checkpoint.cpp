@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "common/error.hpp"
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "models/gpt_model.hpp"
 #include "test_helpers.hpp"
 

@@ -1,5 +1,5 @@
 // App driver.
-#include "train/app_driver.hpp"
+#include "runtime/app_driver.hpp"
 
 #include "io/deck.hpp"
 

@@ -1,5 +1,5 @@
 // HDF5 checkpoint writer/reader (parallel HDF5 for writing, independent reads for loading).
-#include "io/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 #include <sys/stat.h>
 
@@ -153,7 +153,8 @@ std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host,
   for (const auto& entry : tensors) {
     const ParamId id = store.find(entry.first);
     std::uint64_t s = 0;
-    if (id >= 0 && owns_slice(store.info(id), writes, tp_rank)) s = partial_checksum(store.info(id), host + store.info(id).offset);
+    if (id >= 0 && owns_slice(store.info(id), writes, tp_rank))
+      s = partial_checksum(store.info(id), host + store.info(id).offset);
     part.push_back(s);
   }
   std::vector<std::uint64_t> total(part.size(), 0);
@@ -205,7 +206,8 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     const std::string name = prefix + pname;
     h5_make_parents(file, name);
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
-    H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Handle dset = h5_dataset(
+        H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
     if (!sums.empty()) h5_write_attr(dset, "checksum", hex64(sums[index]));  // collective: same value everywhere
     ++index;
@@ -213,10 +215,13 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     if (id < 0) continue;
     const ParamInfo& p = store.info(id);
     if (!i_write || p.tied_copy || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of each tensor
-    for_each_block(p, [&](hid_t mspace, hid_t fsel) {
-      if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
-        throw Error::one("checkpoint: writing '" + name + "' failed");
-    }, fspace);
+    for_each_block(
+        p,
+        [&](hid_t mspace, hid_t fsel) {
+          if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
+            throw Error::one("checkpoint: writing '" + name + "' failed");
+        },
+        fspace);
   }
 }
 
@@ -229,17 +234,21 @@ void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store
                     "checkpoint " << where << " has no tensor '" << name
                                   << "' (not a checkpoint of this model, or the file is corrupt)");
     H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
-    TRIDENT_REQUIRE(dset.valid(), "checkpoint " << where << ": tensor '" << name
-                                                << "' cannot be opened (the file is corrupt)");
+    TRIDENT_REQUIRE(dset.valid(),
+                    "checkpoint " << where << ": tensor '" << name << "' cannot be opened (the file is corrupt)");
     const auto dims = h5_dims(dset);
     std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());
     TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
                                                 << " but this model needs " << shape_str(want));
     H5Handle fspace = h5_space(H5Dget_space(dset));
-    for_each_block(p, [&](hid_t mspace, hid_t fsel) {
-      TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) >= 0,
-                      "checkpoint " << where << ": reading '" << name << "' failed (the file is corrupt or truncated)");
-    }, fspace);
+    for_each_block(
+        p,
+        [&](hid_t mspace, hid_t fsel) {
+          TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) >= 0,
+                          "checkpoint " << where << ": reading '" << name
+                                        << "' failed (the file is corrupt or truncated)");
+        },
+        fspace);
   }
 }
 
@@ -321,9 +330,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (opt->has_master()) master = full_state(opt->master(), *opt, store, topo);
   }
   // a diverged run never writes a checkpoint (the earlier ones, and `latest`, stay as they are)
-  agree_or_throw(world.get(), nonfinite_tensors("refusing to write the checkpoint of iteration " + std::to_string(st.iteration) +
-                                                    " (the run has diverged; earlier checkpoints are kept)",
-                                                store, values, m, v, master));
+  agree_or_throw(world.get(),
+                 nonfinite_tensors("refusing to write the checkpoint of iteration " + std::to_string(st.iteration) +
+                                       " (the run has diverged; earlier checkpoints are kept)",
+                                   store, values, m, v, master));
   std::string err;
   {
     H5QuietErrors quiet;
@@ -359,8 +369,9 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     h5_write_attr(file, "dtype", st.dtype);
     h5_write_attr(file, "deck", st.deck);
     h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(opt ? 1 : 0));
-    h5_write_attr(file, "parallel_layout", "tp=" + std::to_string(topo.tp_size()) + " pp=" +
-                                               std::to_string(topo.pp_size()) + " dp=" + std::to_string(topo.dp_size()));
+    h5_write_attr(file, "parallel_layout",
+                  "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
+                      " dp=" + std::to_string(topo.dp_size()));
     if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
   }
   agree_or_throw(world.get(), err);
@@ -387,8 +398,8 @@ std::string resolve_checkpoint(const std::string& load) {
   in >> it;
   TRIDENT_REQUIRE(in && it >= 0, "checkpoint.load: '" << latest << "' does not hold an iteration number");
   const std::string file = load + "/" + iter_dir_name(it) + "/checkpoint.h5";
-  TRIDENT_REQUIRE(fs::exists(file, ec), "checkpoint.load: 'latest' names iteration " << it << " but '" << file
-                                                                                     << "' is missing");
+  TRIDENT_REQUIRE(fs::exists(file, ec),
+                  "checkpoint.load: 'latest' names iteration " << it << " but '" << file << "' is missing");
   return file;
 }
 
@@ -402,10 +413,11 @@ H5Handle open_checkpoint(const std::string& path, const std::string& expected_mo
   TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
   const auto ver = h5_read_attr_int(file, "format_version", path);
   TRIDENT_REQUIRE(ver <= kCheckpointVersion, "checkpoint '" << path << "' has format_version " << ver
-                                                            << ", newer than this Trident (" << kCheckpointVersion << ")");
+                                                            << ", newer than this Trident (" << kCheckpointVersion
+                                                            << ")");
   const std::string model = h5_read_attr_string(file, "model", path);
-  TRIDENT_REQUIRE(model == expected_model, "checkpoint '" << path << "' holds a " << model << " model, not "
-                                                          << expected_model);
+  TRIDENT_REQUIRE(model == expected_model,
+                  "checkpoint '" << path << "' holds a " << model << " model, not " << expected_model);
   return file;
 }
 }  // namespace
@@ -495,8 +507,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       std::size_t i = 0;
       for (const auto& entry : tensors) {
         if (hex64(sums[i]) != want[i]) {
-          bad = "checkpoint " + path + " is corrupt: tensor '" + prefix + entry.first + "' fails its checksum (stored " +
-                want[i] + ", computed " + hex64(sums[i]) + ")";
+          bad = "checkpoint " + path + " is corrupt: tensor '" + prefix + entry.first +
+                "' fails its checksum (stored " + want[i] + ", computed " + hex64(sums[i]) + ")";
           return;
         }
         ++i;

@@ -29,7 +29,7 @@ struct CheckpointState {
   // fp16 dynamic loss scaling state and the count of skipped (overflowing) iterations
   std::int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0, skipped_iterations = 0;
   std::string dtype = "fp32";  // the run's precision.dtype
-  std::string deck;   // resolved INI text
+  std::string deck;            // resolved INI text
 };
 
 // Collective over topo.world(). Returns the path of the file written.
