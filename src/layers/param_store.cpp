@@ -1,4 +1,11 @@
-// ParamStore implementation.
+// ParamStore (param_store.hpp): declare() checks each parameter's shapes and records the open
+// LayerScope's layer; allocate() lays out the flat buffer in the four groups of docs/DESIGN.md
+// "Tensor and sequence parallelism" ([decay, TP-sharded] [decay, replicated] [no decay,
+// replicated] [no decay, TP-sharded]), padded to a multiple of `multiple` (the trainer passes
+// dp x 4096), with one fp32 gradient buffer of the same layout. initialize() draws each global
+// tensor from the normal stream of (seed, name) and keeps this rank's window of it, so the
+// initial values do not depend on tp; 16-bit parameters are converted on the host, rounded to
+// nearest even.
 #include "layers/param_store.hpp"
 
 #include <cmath>
@@ -14,8 +21,8 @@ std::int64_t ParamInfo::numel() const {
   return n;
 }
 
-ParamId ParamStore::declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay,
-                            float init_std, float init_value) {
+ParamId ParamStore::declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
+                            float init_value) {
   ParamInfo p;
   p.name = name;
   p.shape = shape;
@@ -31,10 +38,12 @@ ParamId ParamStore::declare(const std::string& name, std::vector<std::int64_t> s
 ParamId ParamStore::declare(ParamInfo info) {
   TRIDENT_REQUIRE(values_.extent(0) == 0, "ParamStore: declare('" << info.name << "') after allocate()");
   TRIDENT_REQUIRE(find(info.name) < 0, "ParamStore: duplicate parameter '" << info.name << "'");
-  TRIDENT_REQUIRE(!info.shape.empty() && info.shape.size() <= 2, "ParamStore: '" << info.name << "' must be 1-D or 2-D");
+  TRIDENT_REQUIRE(!info.shape.empty() && info.shape.size() <= 2,
+                  "ParamStore: '" << info.name << "' must be 1-D or 2-D");
   TRIDENT_REQUIRE(info.row_blocks >= 1 && info.shape[0] % info.row_blocks == 0 &&
                       info.global_shape[0] % info.row_blocks == 0,
                   "ParamStore: '" << info.name << "' rows do not split into " << info.row_blocks << " blocks");
+  info.layer = layer_;
   params_.push_back(std::move(info));
   return static_cast<ParamId>(params_.size() - 1);
 }
@@ -78,15 +87,19 @@ HalfView ParamStore::value16(ParamId id) const {
 Act ParamStore::param(ParamId id) const {
   Act a;
   a.dt = dtype_;
-  if (dtype_ == DType::F32) a.f = value(id); else a.h = value16(id);
+  if (dtype_ == DType::F32)
+    a.f = value(id);
+  else
+    a.h = value16(id);
   return a;
 }
 
 HostFloatView ParamStore::model_to_host() const {
   if (dtype_ == DType::F32) return Kokkos::create_mirror_view_and_copy(HostSpace(), values_);
   auto h16 = Kokkos::create_mirror_view_and_copy(HostSpace(), values16_);
-  HostFloatView host(std::string("params::host"), h16.extent(0));
-  for (size_t i = 0; i < h16.extent(0); ++i) host(i) = dtype_ == DType::BF16 ? bf16_to_float(h16(i)) : fp16_to_float(h16(i));
+  HostFloatView host(std::string("params::host"), h16.extent(0));  // (padded_size)
+  for (size_t i = 0; i < h16.extent(0); ++i)
+    host(i) = dtype_ == DType::BF16 ? bf16_to_float(h16(i)) : fp16_to_float(h16(i));
   return host;
 }
 
@@ -95,8 +108,9 @@ void ParamStore::model_from_host(const HostFloatView& host) {
     Kokkos::deep_copy(values_, host);
     return;
   }
-  auto h16 = Kokkos::create_mirror_view(values16_);
-  for (size_t i = 0; i < h16.extent(0); ++i) h16(i) = dtype_ == DType::BF16 ? float_to_bf16(host(i)) : float_to_fp16(host(i));
+  auto h16 = Kokkos::create_mirror_view(values16_);  // (padded_size) 16-bit words
+  for (size_t i = 0; i < h16.extent(0); ++i)
+    h16(i) = dtype_ == DType::BF16 ? float_to_bf16(host(i)) : float_to_fp16(host(i));
   Kokkos::deep_copy(values16_, h16);
 }
 FloatView ParamStore::grad(ParamId id) const { return slice(grads_, params_.at(id).offset, params_.at(id).numel()); }
@@ -120,7 +134,7 @@ ParamId ParamStore::find(const std::string& name) const {
 void ParamStore::zero_grads() { Kokkos::deep_copy(grads_, 0.f); }
 
 void ParamStore::initialize(std::uint64_t seed) {
-  HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));
+  HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));  // (padded_size)
   for (auto& p : params_) {
     const std::int64_t nb = p.row_blocks;
     const std::int64_t rows = p.shape[0] / nb, cols = p.shape.size() > 1 ? p.shape[1] : 1;  // per block

@@ -21,22 +21,25 @@
 namespace trident {
 
 struct ParamInfo {
-  std::string name;                   // e.g. "model/layers/0/mlp/fc1/weight"
-  std::vector<std::int64_t> shape;    // local shape (1-D or 2-D), row-major
+  std::string name;                 // e.g. "model/layers/0/mlp/fc1/weight"
+  std::vector<std::int64_t> shape;  // local shape (1-D or 2-D), row-major
   std::vector<std::int64_t> global_shape;
   std::vector<std::int64_t> global_offset;  // start of the local slice in the global tensor
-  std::vector<std::int64_t> valid;    // local extent that maps onto the global tensor (rest: padding)
+  std::vector<std::int64_t> valid;          // local extent that maps onto the global tensor (rest: padding)
   // The row dimension consists of row_blocks equal blocks, each sharded alike (fused qkv:
   // q | k | v). global_offset[0] and valid[0] are then per block.
   std::int64_t row_blocks = 1;
-  bool tp_replicated = true;          // every TP rank holds the same full tensor
+  bool tp_replicated = true;  // every TP rank holds the same full tensor
   // A copy of a parameter owned by another pipeline stage (the last stage's tied word
   // embeddings): loaded from checkpoints, never written, left out of the gradient norm.
   bool tied_copy = false;
   bool weight_decay = false;
-  float init_std = 0.f;               // normal(0, init_std); 0 means constant init_value
+  float init_std = 0.f;  // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;
-  std::int64_t offset = -1;           // into the flat buffers, set by allocate()
+  std::int64_t offset = -1;  // into the flat buffers, set by allocate()
+  // The global transformer layer that declared it (ParamStore::LayerScope), -1 for the
+  // embeddings, final LayerNorms and heads: what the overlapped gradient reduction buckets by.
+  std::int64_t layer = -1;
   std::int64_t numel() const;
 };
 
@@ -48,6 +51,18 @@ class ParamStore {
   ParamId declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
                   float init_value = 0.f);
   ParamId declare(ParamInfo info);
+  // While a LayerScope lives, declared parameters belong to global transformer layer `layer`.
+  class LayerScope {
+   public:
+    LayerScope(ParamStore& store, std::int64_t layer) : store_(store), outer_(store.layer_) { store.layer_ = layer; }
+    ~LayerScope() { store_.layer_ = outer_; }
+    LayerScope(const LayerScope&) = delete;
+    LayerScope& operator=(const LayerScope&) = delete;
+
+   private:
+    ParamStore& store_;
+    std::int64_t outer_;
+  };
   // The type of the model's parameters: fp32, or bf16 / fp16 words (mixed precision: the fp32
   // master copy then lives in the optimizer). Set before allocate().
   void set_dtype(DType dt);
@@ -57,14 +72,14 @@ class ParamStore {
   void allocate(std::int64_t multiple = 1);
   bool allocated() const { return padded_size() > 0 || total_ == 0; }
 
-  FloatView value(ParamId id) const;     // fp32 parameters only
-  HalfView value16(ParamId id) const;    // 16-bit parameters only
-  Act param(ParamId id) const;           // either
+  FloatView value(ParamId id) const;   // fp32 parameters only
+  HalfView value16(ParamId id) const;  // 16-bit parameters only
+  Act param(ParamId id) const;         // either
   FloatView grad(ParamId id) const;
   const ParamInfo& info(ParamId id) const { return params_.at(id); }
   const std::vector<ParamInfo>& params() const { return params_; }
-  const FloatView& values() const { return values_; }      // fp32 model (empty with 16-bit parameters)
-  const HalfView& values16() const { return values16_; }   // 16-bit model (empty with fp32 parameters)
+  const FloatView& values() const { return values_; }     // fp32 model (empty with 16-bit parameters)
+  const HalfView& values16() const { return values16_; }  // 16-bit model (empty with fp32 parameters)
   // The model's parameters as fp32 on the host (widened from 16 bits), and back (rounded to
   // nearest even into 16 bits).
   HostFloatView model_to_host() const;
@@ -92,6 +107,7 @@ class ParamStore {
   FloatView values_, grads_;
   HalfView values16_;
   std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0;
+  std::int64_t layer_ = -1;  // the open LayerScope's layer
 };
 
 }  // namespace trident

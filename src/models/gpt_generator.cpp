@@ -1,4 +1,9 @@
-// GPT inference with a key-value cache.
+// GptGenerator (gpt_generator.hpp): views of this rank's fp32 parameter slices by checkpoint
+// name, workspaces and a key-value cache per layer; forward() runs R = B * n rows with plain fp32
+// ops (no dropout, no backward): the vocabulary-parallel embedding all-reduced over TP plus the
+// positions, per layer LayerNorm, the qkv GEMM with the new keys and values stored in the cache,
+// attention of the queries over the cache, proj and the MLP all-reduced over TP; then the final
+// LayerNorm of each sample's last row and the logits, gathered over TP to (B, vocab_size).
 #include "models/gpt_generator.hpp"
 
 #include <algorithm>
@@ -39,7 +44,7 @@ GptGenerator::GptGenerator(const TransformerConfig& cfg, const ParamStore& store
   lnf_w_ = param(store, "model/final_layernorm/weight");
   lnf_b_ = param(store, "model/final_layernorm/bias");
   for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
-    const std::string pre = "model/layers/" + std::to_string(l) + "/";
+    const std::string pre = layer_param_prefix(cfg, l) + "/";
     Layer L;
     L.ln1_w = param(store, pre + "input_layernorm/weight");
     L.ln1_b = param(store, pre + "input_layernorm/bias");
@@ -78,9 +83,10 @@ GptGenerator::GptGenerator(const TransformerConfig& cfg, const ParamStore& store
 std::vector<float> GptGenerator::prefill(std::int64_t slot, const std::vector<std::int32_t>& tokens) {
   const auto n = static_cast<std::int64_t>(tokens.size());
   TRIDENT_REQUIRE(n >= 1, "generation: an empty prompt");
-  TRIDENT_REQUIRE(n <= max_len_, "generation: the prompt has " << n << " tokens, more than the context of " << max_len_);
+  TRIDENT_REQUIRE(n <= max_len_,
+                  "generation: the prompt has " << n << " tokens, more than the context of " << max_len_);
   TRIDENT_REQUIRE(slot >= 0 && slot < slots_, "internal: generation slot " << slot);
-  std::vector<std::int32_t> pos(static_cast<size_t>(n));
+  std::vector<std::int32_t> pos(static_cast<size_t>(n));  // (n): positions 0..n-1
   for (std::int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
   return forward(1, n, slot, tokens, pos, {n});
 }
@@ -88,8 +94,8 @@ std::vector<float> GptGenerator::prefill(std::int64_t slot, const std::vector<st
 std::vector<float> GptGenerator::decode(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& pos) {
   const auto B = static_cast<std::int64_t>(tokens.size());
   TRIDENT_REQUIRE(B >= 1 && B <= slots_ && pos.size() == tokens.size(), "internal: generation decode of " << B);
-  std::vector<std::int32_t> p32(tokens.size());
-  std::vector<std::int64_t> lengths(tokens.size());
+  std::vector<std::int32_t> p32(tokens.size());      // (B)
+  std::vector<std::int64_t> lengths(tokens.size());  // (B): valid keys per sample
   for (size_t b = 0; b < tokens.size(); ++b) {
     TRIDENT_REQUIRE(pos[b] < max_len_, "generation: position " << pos[b] << " is beyond the context of " << max_len_);
     p32[b] = static_cast<std::int32_t>(pos[b]);
@@ -99,7 +105,8 @@ std::vector<float> GptGenerator::decode(const std::vector<std::int32_t>& tokens,
 }
 
 std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::int64_t slot0,
-                                         const std::vector<std::int32_t>& tok, const std::vector<std::int32_t>& positions,
+                                         const std::vector<std::int32_t>& tok,
+                                         const std::vector<std::int32_t>& positions,
                                          const std::vector<std::int64_t>& lengths) {
   const std::int64_t C = cfg_.hidden, R = B * n, Cl = Cl_, Fl = Fl_, L = max_len_;
   const std::int64_t Tk = *std::max_element(lengths.begin(), lengths.end());
@@ -131,6 +138,7 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   as.Tk = n > 1 ? n : Tk;
   as.kv_stride = L;
   const AttentionMask mask{n > 1, n > 1 ? IntView() : slice(valid_, 0, B * Tk)};
+  // (R, C) x, h, out; (R, 3 C_l) qkv; (R, C_l) q, y; (R, F_l) fc, act
   const FloatView x = x_, h = h_, qkv = qkv_, q = q_, y = y_, out = out_, fc = fc_, act = act_;
   for (Layer& ly : layers_) {
     layernorm_forward(h, mean_, rstd_, x, ly.ln1_w, ly.ln1_b, R, C, eps);
@@ -140,13 +148,14 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
     Kokkos::fence();
     // the new rows' keys and values into the cache (row r: sample r / n at its position), the queries apart
     const FloatView cache = slice(ly.cache, slot0 * L * 2 * Cl, (slots_ - slot0) * L * 2 * Cl);  // from slot0 on
-    const IntView pos = positions_;
-    Kokkos::parallel_for("generate::cache_store", range(R * Cl), KOKKOS_LAMBDA(std::int64_t i) {
-      const std::int64_t r = i / Cl, c = i % Cl, b = r / n, at = (b * L + pos(r)) * 2 * Cl;
-      q(r * Cl + c) = qkv(r * 3 * Cl + c);
-      cache(at + c) = qkv(r * 3 * Cl + Cl + c);
-      cache(at + Cl + c) = qkv(r * 3 * Cl + 2 * Cl + c);
-    });
+    const IntView pos = positions_;                                                              // (R)
+    Kokkos::parallel_for(
+        "generate::cache_store", range(R * Cl), KOKKOS_LAMBDA(std::int64_t i) {
+          const std::int64_t r = i / Cl, c = i % Cl, b = r / n, at = (b * L + pos(r)) * 2 * Cl;
+          q(r * Cl + c) = qkv(r * 3 * Cl + c);
+          cache(at + c) = qkv(r * 3 * Cl + Cl + c);
+          cache(at + Cl + c) = qkv(r * 3 * Cl + 2 * Cl + c);
+        });
     Kokkos::fence();
     cross_attention_probs(att_, FloatView(), q, cache, as, {}, mask);
     cross_attention_context(y, att_, cache, as);
@@ -170,24 +179,25 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
     Kokkos::fence();
   }
   // the last row of each sample: final LayerNorm, then this rank's vocabulary columns
-  Kokkos::parallel_for("generate::last_rows", range(B * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t b = i / C, c = i % C;
-    out(i) = x((b * n + n - 1) * C + c);
-  });
+  Kokkos::parallel_for(
+      "generate::last_rows", range(B * C), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t b = i / C, c = i % C;
+        out(i) = x((b * n + n - 1) * C + c);
+      });
   Kokkos::fence();
   layernorm_forward(h, mean_, rstd_, out, lnf_w_, lnf_b_, B, C, eps);
   Kokkos::fence();
   gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, wte_.data(), C, 0.f, logits_.data(), Vl_);
   Kokkos::fence();
   const std::int64_t p = tp_.size(), V = cfg_.vocab_size;
-  FloatView all = logits_;
+  FloatView all = logits_;  // (B, V_l), or (p, B, V_l) once gathered
   if (p > 1) {
     tp_.comm->allgather(logits_.data(), gathered_.data(), B * Vl_);  // (p, B, V_l)
     all = gathered_;
   }
   auto host = Kokkos::create_mirror_view(all);
   Kokkos::deep_copy(host, all);
-  std::vector<float> result(static_cast<size_t>(B * V));
+  std::vector<float> result(static_cast<size_t>(B * V));  // (B, vocab_size)
   for (std::int64_t r = 0; r < p; ++r)
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < Vl_ && r * Vl_ + j < V; ++j)

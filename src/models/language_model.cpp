@@ -105,14 +105,9 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   ds.causal = cfg.decoder_layer.mask == MaskKind::Causal;
   ds.Tk = T;
   for (std::int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l) {
-    if (!cfg.encoder_decoder())
-      layers_.push_back(std::make_unique<TransformerLayer>(store, "model/layers/" + std::to_string(l), l, ts));
-    else if (l < cfg.num_layers)
-      layers_.push_back(std::make_unique<TransformerLayer>(store, "model/encoder/layers/" + std::to_string(l), l, ts));
-    else
-      layers_.push_back(std::make_unique<TransformerLayer>(store,
-                                                           "model/decoder/layers/" + std::to_string(l - cfg.num_layers),
-                                                           l, ds));
+    const ParamStore::LayerScope scope(store, l);  // the layer's parameters know their layer
+    const bool decoder = cfg.encoder_decoder() && l >= cfg.num_layers;
+    layers_.push_back(std::make_unique<TransformerLayer>(store, layer_param_prefix(cfg, l), l, decoder ? ds : ts));
   }
   if (dec_start_ >= 0) enc_lnf_ = LayerNorm(store, "model/encoder/final_layernorm", C, cfg.ln_eps);
   if (stage_.post)

@@ -6,6 +6,7 @@
 // t5_model), whose set_spec fills these fields; the trainer reads the rest from the deck.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "common/half.hpp"
 
@@ -56,6 +57,15 @@ struct TransformerConfig {
   // Layers of the global index (encoder and decoder of an encoder-decoder).
   std::int64_t total_layers() const { return num_layers + decoder_layers; }
 };
+
+// The checkpoint name prefix of global layer l's parameters: "model/layers/l", or for an
+// encoder-decoder "model/encoder/layers/l" and "model/decoder/layers/(l - num_layers)"
+// (docs/DESIGN.md "Checkpoints"). The one place these names are made.
+inline std::string layer_param_prefix(const TransformerConfig& cfg, std::int64_t l) {
+  if (!cfg.encoder_decoder()) return "model/layers/" + std::to_string(l);
+  return l < cfg.num_layers ? "model/encoder/layers/" + std::to_string(l)
+                            : "model/decoder/layers/" + std::to_string(l - cfg.num_layers);
+}
 
 // The part of the model one pipeline stage (or model chunk) holds: layers
 // [first_layer, first_layer + num_layers) of the global index, the embeddings when `pre`, the

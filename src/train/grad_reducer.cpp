@@ -1,4 +1,9 @@
-// Bucketed, overlapped data-parallel gradient reduction.
+// GradReducer (grad_reducer.hpp; docs/DESIGN.md "Data parallelism, gradient reduction and the
+// optimizer"): the constructor collects each transformer layer's ranges of the flat gradient
+// buffer (by ParamInfo::layer, tied copies left out) and merges touching ones; start() posts one
+// non-blocking all-reduce per range, or with ZeRO-1 one reduce per piece to the rank owning its
+// shard; reduce_rest() reduces the gaps between the ranges already done and the tail up to the
+// padded size.
 #include "train/grad_reducer.hpp"
 
 #include <algorithm>
@@ -8,25 +13,15 @@ namespace trident {
 
 GradReducer::GradReducer(const ParamStore& store, const Communicator& dp, std::int64_t shard)
     : store_(store), dp_(dp), shard_(shard) {
-  // Global layer index of a parameter: GPT's and BERT's "model/layers/N/...", T5's
-  // "model/encoder/layers/N/..." (N) and "model/decoder/layers/N/..." (encoder layers + N).
-  const std::string gpt = "model/layers/", enc = "model/encoder/layers/", dec = "model/decoder/layers/";
-  auto index_after = [](const std::string& name, const std::string& prefix) -> std::int64_t {
-    return name.compare(0, prefix.size(), prefix) == 0 ? std::stoll(name.substr(prefix.size())) : -1;
-  };
-  std::int64_t encoder_layers = 0;
-  for (const auto& p : store.params()) encoder_layers = std::max(encoder_layers, index_after(p.name, enc) + 1);
+  // One bucket per global transformer layer, as each parameter recorded when its layer declared
+  // it (ParamInfo::layer); the rest (embeddings, final LayerNorms, heads) goes in reduce_rest.
   for (const auto& p : store.params()) {
-    if (p.tied_copy) continue;
-    std::int64_t layer = index_after(p.name, gpt);
-    if (layer < 0) layer = index_after(p.name, enc);
-    if (layer < 0 && index_after(p.name, dec) >= 0) layer = encoder_layers + index_after(p.name, dec);
-    if (layer < 0) continue;
-    layer_ranges_[layer].push_back({p.offset, p.offset + p.numel()});
+    if (p.tied_copy || p.layer < 0) continue;
+    layer_ranges_[p.layer].push_back({p.offset, p.offset + p.numel()});
   }
   for (auto& [layer, ranges] : layer_ranges_) {  // merge touching ranges: fewer, larger messages
     std::sort(ranges.begin(), ranges.end());
-    std::vector<Range> merged;
+    std::vector<Range> merged;  // sorted, touching ranges joined
     for (const Range& r : ranges) {
       if (!merged.empty() && merged.back().second == r.first)
         merged.back().second = r.second;

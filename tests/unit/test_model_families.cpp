@@ -255,3 +255,27 @@ TEST(T5Model, LossIsTheMeanOverDecoderTargetsAndIndependentOfVocabularyPadding) 
   batch.load(mb);
   EXPECT_EQ(model.forward(mb), a.first);
 }
+
+TEST(T5Model, ParametersRecordTheirGlobalLayer) {
+  // A pipeline stage holding only decoder layers (global 2 and 3 of 2 encoder + 2 decoder layers):
+  // each parameter records the global layer that declared it, which the overlapped gradient
+  // reduction buckets by; embeddings, final LayerNorms and the head record none.
+  const TransformerConfig cfg = t5_config();
+  ParamStore store;
+  ModelStage stage;
+  stage.first_layer = 2;
+  stage.num_layers = 2;
+  stage.pre = false;
+  T5Model model(cfg, store, kB, {}, stage);
+  int in_layers = 0;
+  for (const auto& p : store.params()) {
+    const bool dec0 = p.name.rfind("model/decoder/layers/0/", 0) == 0,
+               dec1 = p.name.rfind("model/decoder/layers/1/", 0) == 0;
+    EXPECT_EQ(p.layer, dec0 ? 2 : dec1 ? 3 : -1) << p.name;
+    in_layers += dec0 || dec1;
+  }
+  EXPECT_GT(in_layers, 0);
+  EXPECT_EQ(layer_param_prefix(cfg, 1), "model/encoder/layers/1");
+  EXPECT_EQ(layer_param_prefix(cfg, 3), "model/decoder/layers/1");
+  EXPECT_EQ(layer_param_prefix(base(64), 3), "model/layers/3");
+}
