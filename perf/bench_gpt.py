@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """GPT training throughput on the CPU: Trident next to PyTorch, against the GEMM roofline.
 
+(About 600 lines: the benchmark, its per-op breakdown and its report are one procedure whose
+steps share the run's measurements.)
+
 For each shape (default: GPT-2 124M = 12 layers x 768 x 12 heads, and "small" = 6 x 384 x 6 heads)
 at micro batch = global batch = B (4), sequence T (64), with the same number of threads (2):
 

@@ -5,6 +5,10 @@ precision on a named GPU and network; an advisor that ranks the layouts that fit
 throughput; and checks of the model against measured runs (published Megatron-LM throughputs, and
 Trident runs on this machine).
 
+One file of about 900 lines: the formulas, the device and network tables and the commands share
+one set of definitions, read next to the papers they come from; it imports nothing
+from the project, so a user can copy it to a login node alone.
+
   perf_model.py predict --gpu a100-80gb --layers 96 --hidden 12288 --heads 96 --seq 2048 \\
                         --vocab 51200 --tp 8 --pp 12 --dp 8 --micro 1 --global 1536 --recompute full
   perf_model.py advise  --gpu h100-sxm --gpus 1024 --layers 80 --hidden 8192 --heads 64 --seq 4096 \\

@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """PyTorch reference for Trident's GPT-2 training (run with Debian's /usr/bin/python3).
 
+One file of about 1500 lines on purpose: the reference must be readable end to end and run
+standalone, importing nothing of Trident's, so that it stays independent of what it checks.
+
 An independent, deliberately plain re-implementation of what Trident's GPT does, used as
 ground truth in validation cases:
 

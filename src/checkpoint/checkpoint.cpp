@@ -1,4 +1,10 @@
-// HDF5 checkpoint writer/reader (parallel HDF5 for writing, independent reads for loading).
+// Checkpoint save and load (docs/DESIGN.md "Checkpoints"). Every parameter, and the AdamW moments
+// and fp32 masters (ZeRO-1 shards gathered over DP first), is a float32 dataset of its global
+// shape. Saving writes checkpoint.h5.tmp through MPI-IO: every rank creates every dataset in
+// sorted order, DP rank 0 writes the slices it owns, each dataset gets its order-independent
+// checksum; rank 0 then renames it and rewrites `latest`. Loading reads each rank's slices with
+// independent reads, checks format, model, shapes, checksums and finiteness on every rank, and
+// changes the store and the optimizer only after all of that passed ("Save and load").
 #include "checkpoint/checkpoint.hpp"
 
 #include <sys/stat.h>
@@ -50,7 +56,7 @@ H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
 // The row blocks of p: this rank's local slice maps onto the global tensor as row_blocks boxes
 // (start in the local tensor, start in the global tensor, extent).
 struct Block {
-  std::vector<hsize_t> mstart, fstart, count;
+  std::vector<hsize_t> mstart, fstart, count;  // (ndims) each
 };
 
 std::vector<Block> blocks_of(const ParamInfo& p) {
@@ -72,7 +78,7 @@ std::vector<Block> blocks_of(const ParamInfo& p) {
 template <class F>
 void for_each_block(const ParamInfo& p, F&& f, hid_t fspace) {
   const int nd = static_cast<int>(p.shape.size());
-  std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());
+  std::vector<hsize_t> ldims(p.shape.begin(), p.shape.end());  // (ndims): the local shape
   H5Handle mspace = h5_space(H5Screate_simple(nd, ldims.data(), nullptr));
   for (const Block& k : blocks_of(p)) {
     H5Sselect_hyperslab(mspace, H5S_SELECT_SET, k.mstart.data(), nullptr, k.count.data(), nullptr);
@@ -102,7 +108,7 @@ std::uint64_t partial_checksum(const ParamInfo& p, const float* base) {
   std::uint64_t sum = 0;
   for (const Block& k : blocks_of(p)) {
     // rows of the box: all dimensions but the last one, walked as an odometer
-    std::vector<hsize_t> idx(nd, 0);
+    std::vector<hsize_t> idx(nd, 0);  // (nd)
     const hsize_t inner = k.count[nd - 1];
     bool empty = false;
     for (int d = 0; d < nd; ++d) empty = empty || k.count[d] == 0;
@@ -148,7 +154,7 @@ bool owns_slice(const ParamInfo& p, bool writes, int tp_rank) {
 // comm: one all-reduce.
 std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host, bool writes, int tp_rank,
                                      const std::map<std::string, std::vector<hsize_t>>& tensors, MPI_Comm comm) {
-  std::vector<std::uint64_t> part;
+  std::vector<std::uint64_t> part;  // (tensors.size()): this rank's partial sums
   part.reserve(tensors.size());
   for (const auto& entry : tensors) {
     const ParamId id = store.find(entry.first);
@@ -157,7 +163,7 @@ std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host,
       s = partial_checksum(store.info(id), host + store.info(id).offset);
     part.push_back(s);
   }
-  std::vector<std::uint64_t> total(part.size(), 0);
+  std::vector<std::uint64_t> total(part.size(), 0);  // (tensors.size())
   MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_UINT64_T, MPI_SUM, comm);
   return total;
 }
@@ -176,7 +182,7 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
   int size = 0;
   MPI_Comm_size(comm, &size);
   int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), offs(size, 0);
+  std::vector<int> lens(size), offs(size, 0);  // (comm size): bytes and offsets per rank
   MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
   for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
   std::string all(static_cast<size_t>(offs[size - 1] + lens[size - 1]), '\0');
@@ -187,7 +193,7 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
     std::istringstream ls(line);
     std::string name;
     ls >> name;
-    std::vector<hsize_t> dims;
+    std::vector<hsize_t> dims;  // the global shape
     for (hsize_t d; ls >> d;) dims.push_back(d);
     out[name] = dims;
   }
@@ -237,7 +243,7 @@ void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store
     TRIDENT_REQUIRE(dset.valid(),
                     "checkpoint " << where << ": tensor '" << name << "' cannot be opened (the file is corrupt)");
     const auto dims = h5_dims(dset);
-    std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());
+    std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());  // (ndims)
     TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
                                                 << " but this model needs " << shape_str(want));
     H5Handle fspace = h5_space(H5Dget_space(dset));
@@ -275,7 +281,7 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 HostFloatView full_state(const FloatView& part, const AdamW& opt, const ParamStore& store, const Topology& topo) {
   const std::int64_t N = store.padded_size();
   if (opt.size() == N) return Kokkos::create_mirror_view_and_copy(HostSpace(), part);
-  FloatView full = make_float("checkpoint::optimizer_state", N);
+  FloatView full = make_float("checkpoint::optimizer_state", N);  // (padded_size)
   Kokkos::deep_copy(slice(full, opt.begin(), opt.size()), part);
   topo.dp_group().allgather_in_place(full.data(), opt.size());
   return Kokkos::create_mirror_view_and_copy(HostSpace(), full);
@@ -323,7 +329,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (world.rank() == 0) make_dirs(dir);
   });
   auto values = store.model_to_host();  // 16-bit parameters widened: stored as fp32 tensors
-  HostFloatView m, v, master;
+  HostFloatView m, v, master;           // (padded_size) each, with an optimizer
   if (opt) {
     m = full_state(opt->exp_avg(), *opt, store, topo);
     v = full_state(opt->exp_avg_sq(), *opt, store, topo);
@@ -435,8 +441,9 @@ std::string read_checkpoint_deck(const std::string& path, const std::string& exp
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
                                 AdamW* opt, const Topology& topo) {
   CheckpointState st;
+  // (padded_size): the model, laid out like the store
   HostFloatView values(std::string("checkpoint::values"), static_cast<size_t>(store.padded_size()));
-  HostFloatView m, v, master;
+  HostFloatView m, v, master;  // (padded_size) each, when allocated
   bool has_master = false;
   if (opt) {
     m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(store.padded_size()));

@@ -1,4 +1,9 @@
-// Deck parsing with Boost.Program_options (INI files and --section.key overrides).
+// Input-deck parsing with Boost.Program_options (docs/DESIGN.md "Input deck"). A Registry
+// declares every key once, as an option with its default (the --help text) and as a printer for
+// Deck::to_ini(). The INI file and the --section.key overrides (the last one of a key wins, no
+// abbreviations; '%' escaped around Boost) are parsed together; then the required keys are
+// checked, the "0 means derived" defaults resolved (finish) and every constraint validated, each
+// failure an Error::all that names the key.
 #include "io/deck.hpp"
 
 #include <algorithm>
@@ -63,7 +68,8 @@ class Registry {
     add("model.decoder_seq_length", &d.model.decoder_seq_length, "T5: decoder sequence length");
     add("model.decoder_num_layers", &d.model.decoder_num_layers, "T5: decoder layers (0: num_layers)");
     add("model.vocab_size", &d.model.vocab_size, "vocabulary size (0: from the shards)");
-    add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by, "vocabulary padding multiple (x tp)");
+    add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by,
+        "vocabulary padding multiple (x tp)");
     add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "LayerNorm epsilon");
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
     add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
@@ -76,10 +82,12 @@ class Registry {
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
     add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
         "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
-    add("parallel.first_stage_layers", &d.parallel.first_stage_layers, "layers on the first pipeline stage (0: even split)");
+    add("parallel.first_stage_layers", &d.parallel.first_stage_layers,
+        "layers on the first pipeline stage (0: even split)");
     add("parallel.pipeline_split_rank", &d.parallel.pipeline_split_rank,
         "T5: stages [0, r) hold the encoder, [r, pp) the decoder (0: split all layers together)");
-    add("parallel.last_stage_layers", &d.parallel.last_stage_layers, "layers on the last pipeline stage (0: even split)");
+    add("parallel.last_stage_layers", &d.parallel.last_stage_layers,
+        "layers on the last pipeline stage (0: even split)");
     add("train.micro_batch_size", &d.train.micro_batch_size, "samples per micro-batch per DP rank");
     add("train.global_batch_size", &d.train.global_batch_size, "samples per iteration (all DP ranks)");
     add("train.iters", &d.train.iters, "training iterations");
@@ -94,23 +102,29 @@ class Registry {
     add("optim.beta1", &d.optim.beta1, "Adam beta1");
     add("optim.beta2", &d.optim.beta2, "Adam beta2");
     add("optim.eps", &d.optim.eps, "Adam epsilon");
-    add("optim.distributed", &d.optim.distributed, "distributed optimizer (ZeRO-1): optimizer state sharded over data-parallel ranks");
-    add("precision.dtype", &d.precision.dtype, "fp32 | bf16 | fp16 (mixed precision: 16-bit parameters and activations, fp32 master weights)");
+    add("optim.distributed", &d.optim.distributed,
+        "distributed optimizer (ZeRO-1): optimizer state sharded over data-parallel ranks");
+    add("precision.dtype", &d.precision.dtype,
+        "fp32 | bf16 | fp16 (mixed precision: 16-bit parameters and activations, fp32 master weights)");
     add("precision.loss_scale", &d.precision.loss_scale, "fp16: fixed loss scale (0: dynamic loss scaling)");
     add("precision.recompute", &d.precision.recompute, "activation recomputation: none | selective | full");
     add("precision.recompute_method", &d.precision.recompute_method,
         "full recomputation: uniform (groups of recompute_num_layers) | block (first recompute_num_layers layers)");
-    add("precision.recompute_num_layers", &d.precision.recompute_num_layers, "layers per group (uniform) or recomputed layers per chunk (block)");
+    add("precision.recompute_num_layers", &d.precision.recompute_num_layers,
+        "layers per group (uniform) or recomputed layers per chunk (block)");
     add("precision.tf32", &d.precision.tf32, "CUDA builds: fp32 GEMMs on TF32 tensor cores (ignored on the host)");
     add("precision.initial_loss_scale", &d.precision.initial_loss_scale, "fp16 dynamic loss scaling: initial scale");
     add("precision.min_loss_scale", &d.precision.min_loss_scale, "fp16 dynamic loss scaling: smallest scale");
-    add("precision.loss_scale_window", &d.precision.loss_scale_window, "fp16 dynamic loss scaling: clean steps before the scale doubles");
-    add("precision.hysteresis", &d.precision.hysteresis, "fp16 dynamic loss scaling: consecutive overflows before the scale halves");
+    add("precision.loss_scale_window", &d.precision.loss_scale_window,
+        "fp16 dynamic loss scaling: clean steps before the scale doubles");
+    add("precision.hysteresis", &d.precision.hysteresis,
+        "fp16 dynamic loss scaling: consecutive overflows before the scale halves");
     add("precision.max_skipped_iterations", &d.precision.max_skipped_iterations,
         "fp16: skipped (overflowing) iterations in a row that stop the job as diverged (0: no limit)");
     add("data.train_shards", &d.data.train_shards, "shard files or globs, each optionally preceded by a weight");
     add("data.split", &d.data.split, "train,valid,test document ratios");
-    add("data.prefetch", &d.data.prefetch, "read the next micro-batch on a helper thread while the current one computes");
+    add("data.prefetch", &d.data.prefetch,
+        "read the next micro-batch on a helper thread while the current one computes");
     add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (BERT's whole-word masking; text output)");
     add("data.merges_file", &d.data.merges_file, "BPE merges (GPT-2 BPE vocabularies)");
     add("bert.mask_prob", &d.bert.mask_prob, "BERT: fraction of the tokens of a sample that are predicted");
@@ -144,7 +158,8 @@ class Registry {
         "end a job whose iteration overruns its deadline, printing where each rank is stuck (exit code 5)");
     add("watchdog.factor", &d.watchdog.factor, "deadline: this many times the median iteration time (0: min_s)");
     add("watchdog.min_s", &d.watchdog.min_s, "deadline floor in seconds");
-    add("watchdog.warmup_iters", &d.watchdog.warmup_iters, "iterations timed against startup_s before the median applies");
+    add("watchdog.warmup_iters", &d.watchdog.warmup_iters,
+        "iterations timed against startup_s before the median applies");
     add("watchdog.startup_s", &d.watchdog.startup_s,
         "deadline in seconds of the warm-up iterations, evaluations and checkpoint saves");
     add("debug.dump_batches", &d.debug.dump_batches, "HDF5 file receiving every global batch (validation)");
@@ -161,8 +176,8 @@ class Registry {
   }
 
   po::options_description desc_;
-  std::vector<Entry> entries_;
-  std::vector<std::string*> strings_;
+  std::vector<Entry> entries_;         // every key, in declaration order
+  std::vector<std::string*> strings_;  // the string-valued fields ('%' restored after parsing)
 };
 
 // Boost.Program_options builds its messages by replacing placeholders such as
@@ -172,7 +187,8 @@ class Registry {
 const std::string kPercent = "\xEE\x80\xA5";  // U+E025
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
+    s.replace(pos, from.size(), to);
   return s;
 }
 
@@ -209,7 +225,8 @@ void validate(const Deck& d) {
   positive("t5.max_ngrams", d.t5.max_ngrams);
   TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 ||
                       d.model.max_position_embeddings >= std::max(d.model.seq_length, d.model.decoder_seq_length),
-                  "deck: model.max_position_embeddings (" << d.model.max_position_embeddings << ") is smaller than "
+                  "deck: model.max_position_embeddings ("
+                      << d.model.max_position_embeddings << ") is smaller than "
                       << (d.model.decoder_seq_length > d.model.seq_length
                               ? "model.decoder_seq_length (" + std::to_string(d.model.decoder_seq_length) + ")"
                               : "model.seq_length (" + std::to_string(d.model.seq_length) + ")"));
@@ -221,9 +238,9 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.parallel.first_stage_layers >= 0 && d.parallel.last_stage_layers >= 0,
                   "deck: parallel.first_stage_layers / last_stage_layers must be >= 0");
   TRIDENT_REQUIRE(d.parallel.pipeline_split_rank >= 0, "deck: parallel.pipeline_split_rank must be >= 0");
-  TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0, "deck: model.num_heads (" << d.model.num_heads
-                                                                                    << ") is not divisible by parallel.tp ("
-                                                                                    << d.parallel.tp << ")");
+  TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0,
+                  "deck: model.num_heads (" << d.model.num_heads << ") is not divisible by parallel.tp ("
+                                            << d.parallel.tp << ")");
   TRIDENT_REQUIRE(d.model.ffn_hidden_size % d.parallel.tp == 0,
                   "deck: model.ffn_hidden_size (" << d.model.ffn_hidden_size << ") is not divisible by parallel.tp ("
                                                   << d.parallel.tp << ")");
@@ -231,7 +248,8 @@ void validate(const Deck& d) {
                   "deck: parallel.sequence_parallel splits train.micro_batch_size x model.seq_length = "
                       << d.train.micro_batch_size * d.model.seq_length << " tokens over parallel.tp = " << d.parallel.tp
                       << ": not divisible");
-  TRIDENT_REQUIRE(d.model.hidden_dropout >= 0 && d.model.hidden_dropout < 1, "deck: model.hidden_dropout must be in [0, 1)");
+  TRIDENT_REQUIRE(d.model.hidden_dropout >= 0 && d.model.hidden_dropout < 1,
+                  "deck: model.hidden_dropout must be in [0, 1)");
   TRIDENT_REQUIRE(d.model.attention_dropout >= 0 && d.model.attention_dropout < 1,
                   "deck: model.attention_dropout must be in [0, 1)");
   positive("train.micro_batch_size", d.train.micro_batch_size);
@@ -245,8 +263,8 @@ void validate(const Deck& d) {
   }
   TRIDENT_REQUIRE(d.optim.lr >= 0, "deck: optim.lr must be >= 0");
   nonneg("optim.min_lr", d.optim.min_lr);
-  TRIDENT_REQUIRE(d.optim.min_lr <= d.optim.lr, "deck: optim.min_lr (" << d.optim.min_lr << ") exceeds optim.lr ("
-                                                                        << d.optim.lr << ")");
+  TRIDENT_REQUIRE(d.optim.min_lr <= d.optim.lr,
+                  "deck: optim.min_lr (" << d.optim.min_lr << ") exceeds optim.lr (" << d.optim.lr << ")");
   nonneg("optim.weight_decay", d.optim.weight_decay);
   nonneg("optim.clip_grad", d.optim.clip_grad);
   TRIDENT_REQUIRE(d.optim.beta1 >= 0 && d.optim.beta1 < 1, "deck: optim.beta1 must be in [0, 1)");
@@ -338,8 +356,9 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
   try {
     po::variables_map vm;
     if (!cmdline_args.empty()) {
-      po::store(po::command_line_parser(cmdline_args).options(reg.desc()).style(po::command_line_style::default_style &
-                                                                                 ~po::command_line_style::allow_guessing)
+      po::store(po::command_line_parser(cmdline_args)
+                    .options(reg.desc())
+                    .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
                     .run(),
                 vm);
     }
@@ -347,7 +366,8 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     po::notify(vm);
     for (std::string* v : reg.strings()) *v = replace_all(*v, kPercent, "%");
     // keys whose default (0 or empty) only means "not set": they must be given
-    std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads", "model.seq_length"};
+    std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads",
+                                         "model.seq_length"};
     if (!d.eval.only) required.insert(required.end(), {"train.global_batch_size", "train.iters", "data.train_shards"});
     std::string missing;
     int n_missing = 0;

@@ -1,4 +1,8 @@
-// HDF5 helpers.
+// The HDF5 helpers of hdf5_handle.hpp. Attributes are written as scalars, replacing one of the
+// same name: strings fixed-length and NUL-padded, integers int64 LE, doubles f64 LE (the root
+// attributes of docs/DESIGN.md "Token shards" and "Checkpoints"). Readers check the attribute's
+// class, throw Error::all naming it and `where`, and accept variable-length strings too (h5py
+// writes those).
 #include "io/hdf5_handle.hpp"
 
 #include "common/error.hpp"
@@ -89,7 +93,7 @@ double h5_read_attr_double(hid_t obj, const std::string& name, const std::string
 std::vector<hsize_t> h5_dims(hid_t dataset) {
   H5Handle space = h5_space(H5Dget_space(dataset));
   int rank = H5Sget_simple_extent_ndims(space);
-  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
+  std::vector<hsize_t> dims(rank > 0 ? rank : 0);  // (rank): one extent per dimension
   if (rank > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
   return dims;
 }

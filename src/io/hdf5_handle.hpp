@@ -1,4 +1,8 @@
-// RAII ownership of HDF5 identifiers and a few helpers shared by shards, checkpoints and dumps.
+// RAII ownership of HDF5 identifiers (H5Handle: one hid_t closed by its matching H5?close, made by
+// h5_file, h5_group, ...), a guard that silences HDF5's own error printing, and the helpers that
+// token shards, checkpoints and debug dumps share: scalar attributes (string, int64, double),
+// dataset dimensions, intermediate groups and the HDF5 library version. The files they build are
+// described in docs/DESIGN.md "Token shards" and "Checkpoints".
 #pragma once
 #include <hdf5.h>
 

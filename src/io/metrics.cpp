@@ -1,4 +1,8 @@
-// Metrics writer.
+// MetricsWriter (docs/DESIGN.md "Metrics"): JSON lines for .jsonl / .json, otherwise CSV with a
+// header line; integral values are written as integers, others with 17 significant digits, NaN as
+// nan (CSV) or null (JSON); every row is flushed as written. On resume the file is rewritten
+// through <path>.tmp and a rename with the rows up to the resume iteration, and the later rows are
+// appended to the sibling <stem>.superseded.<ext> (sibling_metrics_path), never dropped.
 #include "io/metrics.hpp"
 
 #include <cmath>
@@ -46,7 +50,7 @@ MetricsWriter::MetricsWriter(const std::string& path, std::vector<std::string> c
   json_ = ends_with(path, ".jsonl") || ends_with(path, ".json");
   std::string header;
   for (size_t i = 0; i < columns_.size(); ++i) header += (i ? "," : "") + columns_[i];
-  std::vector<std::string> kept, superseded;
+  std::vector<std::string> kept, superseded;  // existing lines up to / after resume_iteration
   if (resume_iteration >= 0) {
     std::ifstream in(path);
     std::string line;

@@ -1,4 +1,7 @@
-// LayerNorm layer (weight 1, bias 0 at init; no weight decay).
+// LayerNorm layer: the weight and bias (C) of one LayerNorm in the parameter store (weight 1 and
+// bias 0 at init, no weight decay, replicated over tensor-parallel ranks), applied by
+// ops/layernorm over the last dimension of (N, C) rows with fp32 statistics; with 16-bit
+// parameters the output is 16-bit words (docs/DESIGN.md "Mixed precision").
 #pragma once
 #include <string>
 

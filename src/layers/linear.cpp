@@ -1,4 +1,8 @@
-// Linear layer through ops/gemm (fp32 or 16-bit parameters).
+// Linear (linear.hpp): a y = x W^T + b replicated over TP whose GEMMs all go through
+// gemm_mixed, so one path serves fp32 and 16-bit parameters (docs/DESIGN.md "Mixed precision").
+// The weight [out, in] is declared with weight decay, the bias without; backward rounds dy into
+// the 16-bit workspace dy16 first when the parameters are 16-bit, and dW and db accumulate in
+// fp32.
 #include "layers/linear.hpp"
 
 #include "ops/elementwise.hpp"
@@ -7,15 +11,14 @@
 
 namespace trident {
 
-Linear::Linear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-               bool bias)
+Linear::Linear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std, bool bias)
     : store_(&store), in_(in), out_(out) {
   w_ = store.declare(name + "/weight", {out, in}, /*weight_decay=*/true, init_std);
   if (bias) b_ = store.declare(name + "/bias", {out}, /*weight_decay=*/false, 0.f, 0.f);
 }
 
 void Linear::forward(const FloatView& y, const Act& x, std::int64_t N) const {
-  const Act w = store_->param(w_);
+  const Act w = store_->param(w_);  // (out, in)
   gemm_mixed(Trans::N, Trans::T, N, out_, in_, 1.f, operand(x), in_, operand(w), in_, 0.f, y.data(), out_);
   if (b_ < 0) return;
   if (w.is_half())
@@ -26,10 +29,10 @@ void Linear::forward(const FloatView& y, const Act& x, std::int64_t N) const {
 
 void Linear::backward(const FloatView& dx, const FloatView& dy, const Act& x, std::int64_t N,
                       const HalfView& dy16) const {
-  const Act w = store_->param(w_);
-  const FloatView dw = store_->grad(w_);
+  const Act w = store_->param(w_);        // (out, in)
+  const FloatView dw = store_->grad(w_);  // (out, in)
   Kokkos::fence();
-  GemmOperand g = operand(dy.data());
+  GemmOperand g = operand(dy.data());  // dy (N, out): fp32, or its 16-bit copy
   if (w.is_half()) {
     pack_half(w.dt, dy16, dy, N * out_);
     Kokkos::fence();

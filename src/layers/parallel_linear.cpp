@@ -1,4 +1,9 @@
-// Column- and row-parallel linear layers.
+// ColumnParallelLinear and RowParallelLinear (parallel_linear.hpp; docs/DESIGN.md "Tensor and
+// sequence parallelism"). The constructors declare this rank's weight and bias slices with their
+// place in the global tensor (column: out/tp rows, in row_blocks blocks for a fused q|k|v, bias
+// split alike; row: in/tp columns, bias replicated), which checkpoints and initialisation use.
+// forward / backward run the GEMMs through ops/gemm (fp32) or gemm_mixed (16-bit operands, fp32
+// accumulation) between the region operations of layers/tensor_parallel.
 #include "layers/parallel_linear.hpp"
 
 #include "common/error.hpp"
@@ -44,15 +49,16 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 
 void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32,
                                    bool add_bias_here) {
-  const Act w = store_->param(w_);
-  Act input = x;
+  const Act w = store_->param(w_);  // (out/tp, in)
+  Act input = x;                    // (rows, in) once gathered
   if (tp_.sequence_parallel) {
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);  // -> (rows, in)
     input = gathered;
   }
   Kokkos::fence();
   if (!w.is_half()) {
-    gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(), out_local_);
+    gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(),
+         out_local_);
     if (add_bias_here) add_bias(y.f, store_->value(b_), rows_, out_local_);
     return;
   }
@@ -63,24 +69,28 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
 
 void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered,
                                     const HalfView& dy16) {
-  const Act w = store_->param(w_);
-  const FloatView dw = store_->grad(w_);
-  if (tp_.sequence_parallel)  // re-gather the row-split input rather than keeping it
+  const Act w = store_->param(w_);        // (out/tp, in)
+  const FloatView dw = store_->grad(w_);  // (out/tp, in)
+  if (tp_.sequence_parallel)              // re-gather the row-split input rather than keeping it
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);
-  const Act input = tp_.sequence_parallel ? gathered : x;
-  const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;
+  const Act input = tp_.sequence_parallel ? gathered : x;            // (rows, in)
+  const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;  // (rows, in)
   Kokkos::fence();
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
   if (!w.is_half()) {
-    gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.f.data(), in_, 0.f, dinput.data(), in_);
-    gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.f.data(), in_, 1.f, dw.data(), in_);
+    gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.f.data(), in_, 0.f, dinput.data(),
+         in_);
+    gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.f.data(), in_, 1.f, dw.data(),
+         in_);
   } else {
     pack_half(w.dt, dy16, dy, rows_ * out_local_);
     Kokkos::fence();
     const GemmOperand g = operand(w.dt, dy16.data());
-    gemm_mixed(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, g, out_local_, operand(w), in_, 0.f, dinput.data(), in_);
-    gemm_mixed(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, g, out_local_, operand(input), in_, 1.f, dw.data(), in_);
+    gemm_mixed(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, g, out_local_, operand(w), in_, 0.f, dinput.data(),
+               in_);
+    gemm_mixed(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, g, out_local_, operand(input), in_, 1.f, dw.data(),
+               in_);
   }
   bias_backward(store_->grad(b_), dy, rows_, out_local_);
   Kokkos::fence();
@@ -112,9 +122,9 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_here) {
-  const Act w = store_->param(w_);
+  const Act w = store_->param(w_);  // (out, in/tp)
   const std::int64_t p = tp_.size();
-  const FloatView out = tp_.sequence_parallel ? partial_ : y;
+  const FloatView out = tp_.sequence_parallel ? partial_ : y;  // (rows, out), partial sums over TP
   Kokkos::fence();
   gemm_mixed(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, operand(x), in_local_, operand(w), in_local_, 0.f,
              out.data(), out_);
@@ -133,13 +143,13 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
 }
 
 void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16) {
-  const Act w = store_->param(w_);
-  const FloatView dw = store_->grad(w_);
+  const Act w = store_->param(w_);        // (out, in/tp)
+  const FloatView dw = store_->grad(w_);  // (out, in/tp)
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
   bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
-  FloatView dfull = dy;
+  FloatView dfull = dy;  // (rows, out) once gathered
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
     dfull = dy_full_;
@@ -147,15 +157,19 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   Kokkos::fence();
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
   if (!w.is_half()) {
-    gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.f.data(), in_local_, 0.f, dx.data(), in_local_);
-    gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.f.data(), in_local_, 1.f, dw.data(), in_local_);
+    gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.f.data(), in_local_, 0.f, dx.data(),
+         in_local_);
+    gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.f.data(), in_local_, 1.f, dw.data(),
+         in_local_);
     return;
   }
   pack_half(w.dt, dy16, dfull, rows_ * out_);
   Kokkos::fence();
   const GemmOperand g = operand(w.dt, dy16.data());
-  gemm_mixed(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, g, out_, operand(w), in_local_, 0.f, dx.data(), in_local_);
-  gemm_mixed(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, g, out_, operand(x), in_local_, 1.f, dw.data(), in_local_);
+  gemm_mixed(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, g, out_, operand(w), in_local_, 0.f, dx.data(),
+             in_local_);
+  gemm_mixed(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, g, out_, operand(x), in_local_, 1.f, dw.data(),
+             in_local_);
 }
 
 }  // namespace trident

@@ -1,4 +1,8 @@
-// Tensor/sequence-parallel region operations.
+// The collectives behind the region operations of tensor_parallel.hpp (docs/DESIGN.md "Tensor
+// and sequence parallelism"): the all-reduce, the row all-gather (fp32 and 16-bit words) and the
+// row reduce-scatter over the TP communicator; the row and column scatters, which only copy this
+// rank's block; and the column gather, which all-gathers into a (tp, rows, cols) scratch and
+// interleaves it into (rows, tp * cols). With tp = 1 each is a copy or nothing.
 #include "layers/tensor_parallel.hpp"
 
 #include "common/error.hpp"
@@ -30,7 +34,8 @@ void tp_gather_rows(const TensorParallel& tp, const HalfView& out, const HalfVie
 void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                             std::int64_t cols) {
   const std::int64_t p = tp.size();
-  if (rows % p != 0) throw Error::one("reduce-scatter of " + std::to_string(rows) + " rows over " + std::to_string(p) + " ranks");
+  if (rows % p != 0)
+    throw Error::one("reduce-scatter of " + std::to_string(rows) + " rows over " + std::to_string(p) + " ranks");
   if (p == 1) {
     Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
     return;
@@ -53,20 +58,22 @@ void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const Flo
   }
   tp.comm->allgather(in.data(), scratch.data(), rows * cols);
   // scratch (p, rows, cols) -> out (rows, p * cols)
-  Kokkos::parallel_for("tp::gather_columns", range(p * rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t c = i % cols, r = (i / cols) % rows, k = i / (rows * cols);
-    out(r * p * cols + k * cols + c) = scratch(i);
-  });
+  Kokkos::parallel_for(
+      "tp::gather_columns", range(p * rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t c = i % cols, r = (i / cols) % rows, k = i / (rows * cols);
+        out(r * p * cols + k * cols + c) = scratch(i);
+      });
   Kokkos::fence();
 }
 
 void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                         std::int64_t cols) {
   const std::int64_t p = tp.size(), local = cols / p, k = tp.rank();
-  Kokkos::parallel_for("tp::scatter_columns", range(rows * local), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t r = i / local, c = i % local;
-    out(i) = in(r * cols + k * local + c);
-  });
+  Kokkos::parallel_for(
+      "tp::scatter_columns", range(rows * local), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t r = i / local, c = i % local;
+        out(i) = in(r * cols + k * local + c);
+      });
   Kokkos::fence();
 }
 

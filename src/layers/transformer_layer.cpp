@@ -1,4 +1,10 @@
-// Transformer layer forward/backward.
+// TransformerLayer (transformer_layer.hpp; docs/DESIGN.md "The model core"): the shared scratch
+// and per-micro-batch activation buffers with their byte counts, the parameters under the
+// checkpoint names of docs/DESIGN.md "Tensors", and forward / backward on the fp32 or 16-bit
+// path: LayerNorm, column-parallel qkv, core attention (fused, or probabilities and context
+// through GEMMs), row-parallel proj, fused bias + dropout + residual, the MLP with fused bias +
+// GELU, and for decoder layers the cross-attention block in between. Dropout masks come from keys
+// of (stream, step, layer, site) and are regenerated in backward ("Recomputation").
 #include "layers/transformer_layer.hpp"
 
 #include "common/error.hpp"
@@ -13,14 +19,13 @@
 namespace trident {
 
 namespace {
-enum Site : std::uint64_t {
-  kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3, kCrossProbs = 4, kAfterCrossProj = 5
-};
+enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3, kCrossProbs = 4, kAfterCrossProj = 5 };
 }
 
 std::int64_t LayerActivations::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3})
+  for (const FloatView* v :
+       {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_gelu, &lnx, &cq, &ckv, &catty}) n += v->bytes();
   if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
@@ -75,9 +80,7 @@ std::int64_t TransformerScratch::bytes() const {
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
                                    const TransformerShape& s)
-    : s_(s),
-      index_(index),
-      norm1_(store, p + "/input_layernorm", s.C, s.ln_eps),
+    : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.C, s.ln_eps),
       norm2_(store, p + "/post_attention_layernorm", s.C, s.ln_eps),
       qkv_(store, p + "/self_attention/qkv", s.C, 3 * s.C, s.init_std, s.tp, s.rows(), 3),
       fc1_(store, p + "/mlp/fc1", s.C, s.F, s.init_std, s.tp, s.rows()),
@@ -94,11 +97,11 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                         << s.enc_rows() << " tokens over tp = " << tp << ": not divisible");
   }
   TRIDENT_REQUIRE(s.nh % tp == 0, "model.num_heads (" << s.nh << ") is not divisible by parallel.tp (" << tp << ")");
-  TRIDENT_REQUIRE(s.F % tp == 0, "model.ffn_hidden_size (" << s.F << ") is not divisible by parallel.tp (" << tp << ")");
+  TRIDENT_REQUIRE(s.F % tp == 0,
+                  "model.ffn_hidden_size (" << s.F << ") is not divisible by parallel.tp (" << tp << ")");
   TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.rows() % tp == 0,
-                  "sequence parallelism splits micro_batch_size x seq_length = " << s.rows()
-                                                                                   << " tokens over tp = " << tp
-                                                                                   << ": not divisible");
+                  "sequence parallelism splits micro_batch_size x seq_length = " << s.rows() << " tokens over tp = "
+                                                                                 << tp << ": not divisible");
 }
 
 LayerActivations TransformerLayer::make_activations(const TransformerScratch& scratch, bool keep_attention) const {
@@ -188,7 +191,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   record_dropout("after_proj", index_, proj_spec, {R, C});
   bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, proj_spec);
   if (cross()) cross_forward(a, s, enc_valid);
-  const FloatView& mlp_in = cross() ? a.res3 : a.res2;
+  const FloatView& mlp_in = cross() ? a.res3 : a.res2;  // (R, C)
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   Kokkos::fence();
   fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc, false);  // (BT, F/tp) before its bias
@@ -220,8 +223,8 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   const AttentionMask mask{false, enc_valid};
   normx_.forward(a.lnx, a.lnx_mean, a.lnx_rstd, a.res2, R);
   Kokkos::fence();
-  cq_.forward(a.cq, a.lnx, s.gathered, s.dcq);           // (BT, C/tp)
-  ckv_.forward(a.ckv, a.enc, s.gathered_enc, s.dckv);    // (E, 2C/tp)
+  cq_.forward(a.cq, a.lnx, s.gathered, s.dcq);         // (BT, C/tp)
+  ckv_.forward(a.ckv, a.enc, s.gathered_enc, s.dckv);  // (E, 2C/tp)
   Kokkos::fence();
   if (half) {
     cross_attention_probs_half(s_.dt, a.catt.h, a.catt_drop.h, a.cq.h, a.ckv.h, s.datt, as, att_spec, mask);
@@ -268,8 +271,8 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
   normx_.backward(dres, s.dln, a.res2, a.lnx_mean, a.lnx_rstd, R);
 }
 
-void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a,
-                                TransformerScratch& s, const FloatView& denc) {
+void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
+                                const FloatView& denc) {
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size(), nF = s_.rows() * (s_.F / p);
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
@@ -286,7 +289,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered, s.dy16);  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
-  if (cross()) cross_backward(dres, a, s, denc);                   // dres now d res2
+  if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();
@@ -296,8 +299,8 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
     flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, att_spec, a.mask);
   } else if (half) {
     if (!a.attention_kept) attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec, a.mask);
-    attention_backward_half(s_.dt, s.dqkv, s.datty, a.qkv.h, a.att.h, a.att_drop.h, s.datt, s.att32, s.dy16, s.ds16,
-                            as, att_spec, a.mask);
+    attention_backward_half(s_.dt, s.dqkv, s.datty, a.qkv.h, a.att.h, a.att_drop.h, s.datt, s.att32, s.dy16, s.ds16, as,
+                            att_spec, a.mask);
   } else {
     if (!a.attention_kept) attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec, a.mask);
     attention_backward(s.dqkv, s.datty, a.qkv.f, a.att.f, s.datt, as, att_spec, a.att_drop.f, a.mask);

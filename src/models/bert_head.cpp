@@ -1,4 +1,10 @@
-// BERT's masked-LM and sentence-order heads.
+// BertHead (bert_head.hpp; docs/DESIGN.md "The model core"): the dense, LayerNorm,
+// vocabulary-parallel bias, pooler and binary-head parameters under their checkpoint names, and
+// the workspaces. losses() runs the masked-LM transform, the tied logits and the (vocabulary-
+// parallel) cross-entropy scaled by dscale / labelled positions, then the sentence-order head on
+// the [CLS] rows; when training, the backward passes: the logits' gradient (16-bit in mixed
+// precision) into dwte and the bias, the transform's into dx, the pooler's added to the [CLS]
+// rows of dx.
 #include "models/bert_head.hpp"
 
 #include <algorithm>
@@ -134,8 +140,8 @@ LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, 
   if (!training) return out;
 
   // ---- backward: logits -> h (partial over TP: this rank's vocabulary columns) ----
-  GemmOperand dlogits = operand(logits_.data());
-  if (half) {  // the logits' gradient enters the GEMMs in 16 bits
+  GemmOperand dlogits = operand(logits_.data());  // (BT, Vl): fp32, or its 16-bit copy
+  if (half) {                                     // the logits' gradient enters the GEMMs in 16 bits
     pack_half(dt_, dy16_, logits_, BT * Vl_);
     Kokkos::fence();
     dlogits = operand(dt_, dy16_.data());

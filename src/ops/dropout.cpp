@@ -1,4 +1,8 @@
-// Dropout kernels.
+// Dropout kernels (dropout.hpp; the key convention is docs/DESIGN.md "Tensor and sequence
+// parallelism"): forward and backward are one kernel that keeps element i when
+// dropout_uniform(key, i) >= p and scales it by 1/(1 - p), so backward regenerates the forward
+// mask; an inactive spec copies (nothing when in place). Also the process-wide recorder of
+// debug.dump_dropout, and dropout_key: splitmix64 mixing of stream, step and layer * 16 + site.
 #include "ops/dropout.hpp"
 
 #include "common/rng.hpp"
@@ -13,9 +17,10 @@ void apply(const char* label, const FloatView& out, const FloatView& in, std::in
   }
   const float p = d.p, scale = 1.f / (1.f - d.p);
   const std::uint64_t key = d.key;
-  Kokkos::parallel_for(label, range(n), KOKKOS_LAMBDA(std::int64_t i) {
-    out(i) = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? in(i) * scale : 0.f;
-  });
+  Kokkos::parallel_for(
+      label, range(n), KOKKOS_LAMBDA(std::int64_t i) {
+        out(i) = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? in(i)*scale : 0.f;
+      });
 }
 }  // namespace
 
@@ -36,7 +41,8 @@ DropoutRecorder& recorder() {
 
 void set_dropout_recorder(DropoutRecorder r) { recorder() = std::move(r); }
 
-void record_dropout(const char* site, std::int64_t layer, const DropoutSpec& d, const std::vector<std::int64_t>& shape) {
+void record_dropout(const char* site, std::int64_t layer, const DropoutSpec& d,
+                    const std::vector<std::int64_t>& shape) {
   if (d.active() && recorder()) recorder()(site, layer, d, shape);
 }
 

@@ -1,4 +1,7 @@
-// Element-wise kernels.
+// The kernels of elementwise.hpp: one Kokkos thread per element, except bias_backward (a thread
+// per block of 64 columns walking the rows in order: deterministic, no atomics) and sum_squares
+// (fixed chunks of 1024 values summed in fp32, the chunk sums in double), so neither result
+// depends on the backend's thread count.
 #include "ops/elementwise.hpp"
 
 #include <math.h>
@@ -9,33 +12,36 @@
 namespace trident {
 
 void add(const FloatView& out, const FloatView& a, const FloatView& b, std::int64_t n) {
-  Kokkos::parallel_for("ops::add", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
+  Kokkos::parallel_for(
+      "ops::add", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
 }
 
 void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::accumulate", range(n), KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
+  Kokkos::parallel_for(
+      "ops::accumulate", range(n), KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
 }
 
 void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for("ops::add_bias", range(rows * cols),
-                       KOKKOS_LAMBDA(std::int64_t i) { y(i) += bias(i % cols); });
+  Kokkos::parallel_for(
+      "ops::add_bias", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += bias(i % cols); });
 }
 
 void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::tanh_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = dtanh(x(i)); });
+  Kokkos::parallel_for(
+      "ops::tanh_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = dtanh(x(i)); });
 }
 
 void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& out, std::int64_t n) {
-  Kokkos::parallel_for("ops::tanh_backward", range(n),
-                       KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
+  Kokkos::parallel_for(
+      "ops::tanh_backward", range(n), KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
 }
 
 namespace {
 template <class V>
 void gather_rows_impl(const V& out, const V& x, std::int64_t n, std::int64_t stride, std::int64_t cols) {
-  Kokkos::parallel_for("ops::gather_strided_rows", range(n * cols), KOKKOS_LAMBDA(std::int64_t i) {
-    out(i) = x((i / cols) * stride * cols + i % cols);
-  });
+  Kokkos::parallel_for(
+      "ops::gather_strided_rows", range(n * cols),
+      KOKKOS_LAMBDA(std::int64_t i) { out(i) = x((i / cols) * stride * cols + i % cols); });
 }
 }  // namespace
 
@@ -48,9 +54,9 @@ void gather_strided_rows(const Act& out, const Act& x, std::int64_t n, std::int6
 
 void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,
                               std::int64_t cols) {
-  Kokkos::parallel_for("ops::scatter_add_strided_rows", range(n * cols), KOKKOS_LAMBDA(std::int64_t i) {
-    dx((i / cols) * stride * cols + i % cols) += dout(i);
-  });
+  Kokkos::parallel_for(
+      "ops::scatter_add_strided_rows", range(n * cols),
+      KOKKOS_LAMBDA(std::int64_t i) { dx((i / cols) * stride * cols + i % cols) += dout(i); });
 }
 
 void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols) {
@@ -59,20 +65,22 @@ void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t row
   constexpr std::int64_t kCols = 64;
   const float* d = dy.data();
   float* out = dbias.data();
-  Kokkos::parallel_for("ops::bias_backward", range((cols + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
-    const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < cols ? c0 + kCols : cols;
-    float acc[kCols] = {};
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* row = d + r * cols;
-      TRIDENT_SIMD
-      for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-    }
-    for (std::int64_t c = c0; c < c1; ++c) out[c] += acc[c - c0];
-  });
+  Kokkos::parallel_for(
+      "ops::bias_backward", range((cols + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
+        const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < cols ? c0 + kCols : cols;
+        float acc[kCols] = {};  // (kCols): this block's column sums
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float* row = d + r * cols;
+          TRIDENT_SIMD
+          for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+        }
+        for (std::int64_t c = c0; c < c1; ++c) out[c] += acc[c - c0];
+      });
 }
 
 void scale(const FloatView& x, float s, std::int64_t n) {
-  Kokkos::parallel_for("ops::scale", range(n), KOKKOS_LAMBDA(std::int64_t i) { x(i) *= s; });
+  Kokkos::parallel_for(
+      "ops::scale", range(n), KOKKOS_LAMBDA(std::int64_t i) { x(i) *= s; });
 }
 
 double sum_squares(const FloatView& x, std::int64_t n) {

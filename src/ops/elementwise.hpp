@@ -1,4 +1,7 @@
-// Small element-wise kernels: residual adds, bias broadcast and bias gradients, fills, scaling.
+// Small element-wise kernels over flat fp32 views (shapes beside each declaration): residual
+// adds and accumulation, the bias broadcast and its column-sum gradient, tanh (BERT's pooler),
+// strided row gathers (BERT's [CLS] rows) and their scatter-add backward, scaling, and the
+// reductions over gradients (sum of squares for the norm, the non-finite check of fp16 steps).
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"

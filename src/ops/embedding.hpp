@@ -1,4 +1,8 @@
-// Embeddings: a (vocabulary-parallel) word-embedding lookup and learned absolute positions.
+// Embedding kernels (docs/DESIGN.md "Tensor and sequence parallelism"): the vocabulary-parallel
+// word-embedding lookup (a rank reads only its rows [start, start + rows_local) of the padded
+// table and writes 0 for other tokens; the partial rows are then summed over TP), learned
+// absolute positions added to the rows held here, their backward passes into fp32 gradients, and
+// 16-bit twins that read bf16 / fp16 tables.
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
@@ -10,8 +14,8 @@ namespace trident {
 void embedding_lookup(const FloatView& out, const IntView& tokens, const FloatView& wte, std::int64_t start,
                       std::int64_t rows_local, std::int64_t N, std::int64_t C);
 // dwte[tok - start] += dout[n] for tokens of this rank's range (deterministic order).
-void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens,
-                               std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C);
+void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens, std::int64_t start,
+                               std::int64_t rows_local, std::int64_t N, std::int64_t C);
 // x (R, C) += wpe[(row0 + i) % T] for local rows i (row0: first global row held here).
 void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
                    std::int64_t C);

@@ -1,4 +1,8 @@
-// Fused bias + GELU and bias + dropout + residual add.
+// The fused kernels of fused.hpp, one thread per element of (rows, cols), templated on the
+// storage format (F32Fmt, Bf16Fmt, Fp16Fmt) and dispatched by DType. bias + GELU stores the
+// rounded pre-activation and applies gelu_tanh to that stored value; bias + dropout + residual
+// regenerates the mask with dropout_uniform(key, i) as dropout_forward does, so ops/dropout's
+// backward matches it.
 #include "ops/fused.hpp"
 
 #include "ops/gelu.hpp"
@@ -8,11 +12,12 @@ namespace detail {
 
 template <class F, class V>
 void bias_gelu(const V& pre, const V& out, const FloatView& y, const V& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for("ops::bias_gelu_forward", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
-    const auto stored = F::store(y(i) + F::load(bias(i % cols)));
-    pre(i) = stored;
-    out(i) = F::store(gelu_tanh(F::load(stored)));
-  });
+  Kokkos::parallel_for(
+      "ops::bias_gelu_forward", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+        const auto stored = F::store(y(i) + F::load(bias(i % cols)));
+        pre(i) = stored;
+        out(i) = F::store(gelu_tanh(F::load(stored)));
+      });
 }
 
 template <class F, class V>
@@ -21,11 +26,12 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
   const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
   const bool dropping = d.active();
   const std::uint64_t key = d.key;
-  Kokkos::parallel_for("ops::bias_dropout_add", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
-    const float v = branch(i) + F::load(bias(i % cols));
-    const float kept = dropping ? (dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? v * scale : 0.f) : v;
-    out(i) = residual(i) + kept;
-  });
+  Kokkos::parallel_for(
+      "ops::bias_dropout_add", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+        const float v = branch(i) + F::load(bias(i % cols));
+        const float kept = dropping ? (dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? v * scale : 0.f) : v;
+        out(i) = residual(i) + kept;
+      });
 }
 
 }  // namespace detail

@@ -1,4 +1,6 @@
-// GELU (tanh form) forward and backward.
+// GELU forward and backward kernels (gelu.hpp): one template per direction over a storage format
+// (F32Fmt, Bf16Fmt, Fp16Fmt of common/half.hpp: load to fp32, compute, round on store), used for
+// fp32 views and, by DType, for bf16 / fp16 words; gradients are fp32 in every case.
 #include "ops/gelu.hpp"
 
 #include "common/device_math.hpp"
@@ -8,13 +10,14 @@ namespace trident {
 namespace detail {
 template <class F, class V>
 void gelu_forward(const V& out, const V& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::gelu_forward", range(n),
-                       KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(gelu_tanh(F::load(x(i)))); });
+  Kokkos::parallel_for(
+      "ops::gelu_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(gelu_tanh(F::load(x(i)))); });
 }
 template <class F, class V>
 void gelu_backward(const FloatView& dx, const FloatView& dout, const V& x, std::int64_t n) {
-  Kokkos::parallel_for("ops::gelu_backward", range(n),
-                       KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i))); });
+  Kokkos::parallel_for(
+      "ops::gelu_backward", range(n),
+      KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i))); });
 }
 }  // namespace detail
 

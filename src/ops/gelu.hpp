@@ -1,4 +1,7 @@
-// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// GELU, tanh approximation (GPT-2; docs/DESIGN.md "The model core"):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). gelu_tanh and gelu_tanh_grad (tanh by
+// common/device_math's fast_tanh) are the one definition every kernel applies: fp32, 16-bit and
+// the fused bias + GELU of ops/fused. Then the element-wise kernels over n values.
 #pragma once
 #include "common/device_math.hpp"
 #include "common/half.hpp"

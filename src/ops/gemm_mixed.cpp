@@ -1,4 +1,7 @@
-// Dispatch of typed GEMM operands to the fp32, bf16 and fp16 GEMMs (every backend).
+// GEMMs over operands of a run-time type (GemmOperand, ops/gemm.hpp), built on every backend:
+// gemm_mixed sends two operands of one type to gemm (fp32), gemm_bf16 or gemm_fp16, always with
+// an fp32 C, and refuses mixed types; the strided-batched variant uses the batched fp32 GEMM for
+// fp32 and loops over the batch otherwise (docs/DESIGN.md "Mixed precision").
 #include <sstream>
 
 #include "common/error.hpp"
@@ -10,12 +13,14 @@ void gemm_mixed(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t
                 std::int64_t lda, GemmOperand B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (A.dt != B.dt) {
     std::ostringstream os;
-    os << "internal: gemm_mixed with operands of different types (" << dtype_name(A.dt) << ", " << dtype_name(B.dt) << ")";
+    os << "internal: gemm_mixed with operands of different types (" << dtype_name(A.dt) << ", " << dtype_name(B.dt)
+       << ")";
     throw Error::one(os.str());
   }
   switch (A.dt) {
     case DType::F32:
-      gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A.p), lda, static_cast<const float*>(B.p), ldb, beta, C, ldc);
+      gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A.p), lda, static_cast<const float*>(B.p), ldb, beta, C,
+           ldc);
       break;
     case DType::BF16:
       gemm_bf16(ta, tb, M, N, K, alpha, static_cast<const std::uint16_t*>(A.p), lda,

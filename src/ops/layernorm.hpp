@@ -1,4 +1,7 @@
-// LayerNorm over the last dimension, statistics in fp32.
+// LayerNorm over the last dimension of (N, C) rows with fp32 statistics (docs/DESIGN.md "Mixed
+// precision"): forward saves each row's mean and 1/sqrt(var + eps) for backward, which adds the
+// input gradient to dx (the residual stream's gradient) and accumulates dw and db. The 16-bit
+// twins store out, w and b as bf16 / fp16 words; x, the statistics and the gradients stay fp32.
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"

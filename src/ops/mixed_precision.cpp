@@ -1,4 +1,7 @@
-// 16-bit twins of the fp32 ops: the same arithmetic, 16-bit loads and stores.
+// The conversion and bias kernels of mixed_precision.hpp (docs/DESIGN.md "Mixed precision"): one
+// template per kernel over the storage format, dispatched once per call on the DType (Bf16Fmt or
+// Fp16Fmt; fp32 is an internal error). Loads widen exactly, stores round to nearest even, and
+// the 16-bit bias is widened and added in fp32.
 #include "ops/mixed_precision.hpp"
 
 #include "common/device_math.hpp"
@@ -8,37 +11,40 @@
 namespace trident {
 namespace detail {
 
-
 template <class F>
 void pack(const HalfView& out, const FloatView& in, std::int64_t n) {
-  Kokkos::parallel_for("ops::pack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(in(i)); });
+  Kokkos::parallel_for(
+      "ops::pack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(in(i)); });
 }
 template <class F>
 void unpack(const FloatView& out, const HalfView& in, std::int64_t n) {
-  Kokkos::parallel_for("ops::unpack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::load(in(i)); });
+  Kokkos::parallel_for(
+      "ops::unpack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::load(in(i)); });
 }
 template <class F>
-void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for("ops::add_bias_pack_half", range(rows * cols),
-                       KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(y(i) + F::load(bias(i % cols))); });
+void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
+                   std::int64_t cols) {
+  Kokkos::parallel_for(
+      "ops::add_bias_pack_half", range(rows * cols),
+      KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(y(i) + F::load(bias(i % cols))); });
 }
 template <class F>
 void add_bias(const FloatView& y, const HalfView& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for("ops::add_bias_half", range(rows * cols),
-                       KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
+  Kokkos::parallel_for(
+      "ops::add_bias_half", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
 }
 
 }  // namespace detail
 
 // One dispatch on the run-time type per call.
-#define TRIDENT_HALF_CALL(dt, name, ...)                                                      \
-  do {                                                                                        \
-    if ((dt) == DType::BF16)                                                                  \
-      detail::name<Bf16Fmt>(__VA_ARGS__);                                                     \
-    else if ((dt) == DType::F16)                                                              \
-      detail::name<Fp16Fmt>(__VA_ARGS__);                                                     \
-    else                                                                                      \
-      throw Error::one("internal: a 16-bit kernel was called with dtype fp32");               \
+#define TRIDENT_HALF_CALL(dt, name, ...)                                        \
+  do {                                                                          \
+    if ((dt) == DType::BF16)                                                    \
+      detail::name<Bf16Fmt>(__VA_ARGS__);                                       \
+    else if ((dt) == DType::F16)                                                \
+      detail::name<Fp16Fmt>(__VA_ARGS__);                                       \
+    else                                                                        \
+      throw Error::one("internal: a 16-bit kernel was called with dtype fp32"); \
   } while (0)
 
 void pack_half(DType dt, const HalfView& out, const FloatView& in, std::int64_t n) {

@@ -1,4 +1,10 @@
-// App driver.
+// run_app and run_deck_app (app_driver.hpp): the stop-signal watcher before MPI_Init, --version
+// printed by rank 0 before Kokkos starts, OpenMP threads shared by the ranks of a node, in CUDA
+// builds the GPU of the node-local rank, Kokkos around the body, and the error exits of
+// docs/DESIGN.md "Two kinds of error": an Error::all waits up to TRIDENT_ERROR_GRACE_S seconds in
+// an MPI_Ibarrier on a duplicate of MPI_COMM_WORLD and returns 1 (printed once by rank 0) when
+// every rank arrives; otherwise, like any other error, it is printed with the rank and the job
+// aborted (docs/DESIGN.md "Exit codes").
 #include "runtime/app_driver.hpp"
 
 #include "io/deck.hpp"
@@ -128,7 +134,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
 #endif
   // Each rank drives the GPU of its node-local rank (ranks per node beyond the GPU count share
   // them round-robin); an explicit --kokkos-device-id on the command line wins.
-  std::vector<std::string> args(argv, argv + argc);
+  std::vector<std::string> args(argv, argv + argc);  // argv, plus --kokkos-device-id (CUDA)
 #if defined(TRIDENT_ENABLE_CUDA)
   {
     bool given = false;
@@ -144,7 +150,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     }
   }
 #endif
-  std::vector<char*> kargv;
+  std::vector<char*> kargv;  // (kargc + 1): args, then nullptr
   for (auto& a : args) kargv.push_back(a.data());
   int kargc = static_cast<int>(kargv.size());
   kargv.push_back(nullptr);

@@ -1,4 +1,8 @@
-// Megatron's and Korthikanti et al.'s memory figures, and the per-rank memory report.
+// The figures of memory_report.hpp: Megatron-LM's bytes per parameter by dtype and optimizer
+// mode, Korthikanti et al.'s activation bytes per layer and micro-batch (with or without sequence
+// parallelism, selective or fused attention, full recomputation by uniform groups or block), and
+// print_memory_report, which gathers every rank's measured figures to world rank 0 and prints a
+// row per rank (with its pp, tp, dp coordinates) and the raw "memory figures:" line.
 #include "train/memory_report.hpp"
 
 #include <algorithm>
@@ -27,7 +31,7 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
   };
   if (m.recompute != "full") return kept();
   const double input = e * sbh / split;  // the kept input of a recomputed group
-  if (m.block) {  // the first `group` layers each keep their input, the others everything
+  if (m.block) {                         // the first `group` layers each keep their input, the others everything
     const double r = m.group < m.layers ? m.group : m.layers;
     ActivationModel k = m;
     k.recompute = "none";
@@ -40,14 +44,14 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
                          bool distributed, const Topology& topo) {
   const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
   const double mega = megatron_bytes_per_param(dtype, distributed, topo.dp_size());
-  std::vector<double> mine_mem = {mf.params, mf.grads, mf.optimizer, bpp, mega, mf.activations, mf.slots,
-                                  mf.workspace, mf.layer_activations, formula};
-  const int K = static_cast<int>(mine_mem.size());
-  const std::vector<double> all_mem = topo.world().gather_to_root(mine_mem);
+  std::vector<double> mine_mem = {mf.params, mf.grads,     mf.optimizer,         bpp,    mega, mf.activations,
+                                  mf.slots,  mf.workspace, mf.layer_activations, formula};
+  const int K = static_cast<int>(mine_mem.size());                            // figures per rank
+  const std::vector<double> all_mem = topo.world().gather_to_root(mine_mem);  // (world size, K) on rank 0
   if (topo.world().rank() == 0) {
     std::ostringstream os;
-    os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's "
-       << dtype << (distributed ? " distributed-optimizer" : "") << " figure; activations per layer and "
+    os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's " << dtype
+       << (distributed ? " distributed-optimizer" : "") << " figure; activations per layer and "
        << "micro-batch beside Korthikanti et al. 2022 with " << am.e << "-byte values and 1-byte masks):\n"
        << "  rank | pp tp dp |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
           "| workspace | per layer: measured KiB / formula KiB (ratio)\n";

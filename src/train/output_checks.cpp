@@ -1,4 +1,9 @@
-// Start-up checks of the run's outputs (train/output_checks.hpp).
+// Start-up checks of the run's outputs (output_checks.hpp; docs/DESIGN.md "Before the first
+// iteration"). Rank 0 makes the output directories, checks that the metrics, timeline and dropout
+// dump files can be written (a new file is created and removed again), refuses in a run from
+// scratch a non-empty metrics file or a save directory holding checkpoints unless
+// checkpoint.overwrite, and checks free space for one checkpoint + 5%; then every rank creates
+// and removes a file in checkpoint.save. Each verdict is agreed over the world.
 #include "train/output_checks.hpp"
 
 #include <sys/statvfs.h>
@@ -96,8 +101,9 @@ std::string room_for(const std::string& dir, std::int64_t bytes) {
   if (bytes <= 0 || statvfs(dir.c_str(), &s) != 0) return "";
   const double avail = static_cast<double>(s.f_bavail) * static_cast<double>(s.f_frsize);
   if (avail >= 1.05 * static_cast<double>(bytes)) return "";
-  return "checkpoint.save: '" + dir + "' has " + human_bytes(avail) + " free, but one checkpoint of this run takes about " +
-         human_bytes(static_cast<double>(bytes)) + " (disk full)";
+  return "checkpoint.save: '" + dir + "' has " + human_bytes(avail) +
+         " free, but one checkpoint of this run takes about " + human_bytes(static_cast<double>(bytes)) +
+         " (disk full)";
 }
 
 }  // namespace
@@ -125,7 +131,8 @@ void check_outputs(const Deck& deck, const OutputPlan& plan, const Communicator&
   if (root) {
     err = check_output_file("log.metrics_file", deck.log.metrics_file, fresh, overwrite);
     if (err.empty() && !deck.log.metrics_file.empty() && deck.eval.interval > 0)
-      err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "eval"), fresh, overwrite);
+      err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "eval"), fresh,
+                              overwrite);
     if (err.empty()) err = check_output_file("log.timeline_file", deck.log.timeline_file, false, true);
     if (err.empty()) err = check_output_file("debug.dump_dropout", deck.debug.dump_dropout, false, true);
     if (err.empty() && !deck.debug.dump_params.empty()) err = ensure_dir("debug.dump_params", deck.debug.dump_params);

@@ -1,4 +1,10 @@
-// Pipeline executor.
+// PipelineRunner and the timeline writer (pipeline.hpp; docs/DESIGN.md "Pipeline parallelism").
+// train() runs this stage's 1F1B or interleaved op list: by default each input is received with
+// MPI_Recv when its op runs and each output sent with MPI_Isend, tagged virtual_stage * m + micro
+// (forward) or 2^20 + the same (backward); in grouped mode (NCCL, or debug.grouped_p2p) the ops
+// run in the send + receive groups of the lock-step plan. evaluate() is forward-only. Forward,
+// backward and wait times accumulate; write_timeline gathers every rank's boxes to world rank 0
+// and writes them as Chrome-trace JSON.
 #include "train/pipeline.hpp"
 
 #include <algorithm>
@@ -28,7 +34,7 @@ void PipelineRunner::run_lockstep(const std::vector<PipelineOp>& ops, const Pipe
                                   const std::function<float*(const PipelineOp&)>& output) {
   const std::int64_t n = chunks_.front()->activation_size();
   while (static_cast<int>(pool_.size()) < plan.buffers) pool_.push_back(make_float("pipeline::recv", n));
-  std::vector<Communicator::P2POp> group;
+  std::vector<Communicator::P2POp> group;  // one step's sends and receives
   for (const PipelineStep& step : plan.steps) {
     if (step.op >= 0) compute(ops[step.op], step.input >= 0 ? pool_[step.input] : recv_in_);
     group.clear();
@@ -58,7 +64,8 @@ void check_tags(std::int64_t m, int p, int vp, const Communicator& pp) {
   TRIDENT_REQUIRE(span < kBackwardTag && kBackwardTag + span <= pp.max_tag(),
                   "pipeline: " << m << " micro-batches over " << p * vp << " (virtual) stages need message tags up to "
                                << kBackwardTag + span << ", beyond what this MPI library allows ("
-                               << std::min<std::int64_t>(kBackwardTag - 1, pp.max_tag()) << "): use fewer micro-batches per "
+                               << std::min<std::int64_t>(kBackwardTag - 1, pp.max_tag())
+                               << "): use fewer micro-batches per "
                                << "iteration (a larger train.micro_batch_size) or fewer stages");
 }
 }  // namespace
@@ -70,7 +77,9 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   const MPI_Comm pp = topo_.pp_group().get();
   const int n = static_cast<int>(chunks_.front()->activation_size());
   const int mi = static_cast<int>(m);
-  auto schedule = [&](int stage) { return vp == 1 ? schedule_1f1b(p, stage, mi) : schedule_interleaved(p, stage, mi, vp); };
+  auto schedule = [&](int stage) {
+    return vp == 1 ? schedule_1f1b(p, stage, mi) : schedule_interleaved(p, stage, mi, vp);
+  };
   const auto ops = schedule(s);
   const int slots = max_in_flight(ops, vp);  // in-flight micro-batches of a chunk are consecutive
   double loss = 0;
@@ -110,7 +119,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
     const int recv_tag = op.forward ? v * mi + op.micro : kBackwardTag + v * mi + op.micro;
     const int send_tag = op.forward ? (v + 1) * mi + op.micro : kBackwardTag + (v - 1) * mi + op.micro;
     const bool receives = op.forward ? !pre : !post, sends = op.forward ? !post : !pre;
-    FloatView& in = op.forward ? recv_in_ : recv_grad_;
+    FloatView& in = op.forward ? recv_in_ : recv_grad_;  // (activation_size)
     if (receives) {
       const double t = wall_seconds();
       const progress::InComm in_comm(op.forward ? "pipeline receive of activations" : "pipeline receive of gradients",
@@ -182,7 +191,7 @@ void write_timeline(const std::string& path, const std::vector<TimelineEvent>& e
   double origin = t_origin;
   MPI_Allreduce(&t_origin, &origin, 1, MPI_DOUBLE, MPI_MIN, world);
   t_origin = origin;
-  std::vector<double> mine;
+  std::vector<double> mine;  // (4 * events): t0, t1, micro, forward per event
   for (const auto& e : events) {
     mine.push_back(e.t0 - t_origin);
     mine.push_back(e.t1 - t_origin);
@@ -191,10 +200,11 @@ void write_timeline(const std::string& path, const std::vector<TimelineEvent>& e
   }
   const int size = topo.world_size(), rank = topo.world_rank();
   int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), offs(size, 0);
+  std::vector<int> lens(size), offs(size, 0);  // (world size), counted on rank 0
   MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world);
   if (rank == 0)
     for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
+  // every rank's values, rank after rank (rank 0 only)
   std::vector<double> all(rank == 0 ? static_cast<size_t>(offs[size - 1] + lens[size - 1]) : 0);
   MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, world);
   if (rank != 0) return;

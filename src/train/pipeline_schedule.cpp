@@ -1,4 +1,8 @@
-// Pipeline schedules and the layer split.
+// Pipeline schedules and the layer split (pipeline_schedule.hpp; docs/DESIGN.md "Pipeline
+// parallelism"): the 1F1B and interleaved op lists of one stage, the most micro-batches a chunk
+// holds at once, plan_lockstep (every stage's op list simulated step by step, each message put in
+// the group of the step that produced it, receive buffers reused once their op has run), and
+// split_layers (an even split, or given first / last stage counts and the rest even).
 #include "train/pipeline_schedule.hpp"
 
 #include <algorithm>
@@ -43,7 +47,7 @@ std::vector<PipelineOp> schedule_interleaved(int p, int s, int m, int vp) {
 }
 
 int max_in_flight(const std::vector<PipelineOp>& ops, int chunks) {
-  std::vector<int> now(static_cast<size_t>(chunks), 0);
+  std::vector<int> now(static_cast<size_t>(chunks), 0);  // (chunks): micro-batches in flight
   int most = 1;
   for (const auto& op : ops) {
     now[op.chunk] += op.forward ? 1 : -1;
@@ -52,17 +56,17 @@ int max_in_flight(const std::vector<PipelineOp>& ops, int chunks) {
   return most;
 }
 
-PipelinePlan plan_lockstep(int p, int stage, int m, int vp,
-                           const std::function<std::vector<PipelineOp>(int)>& ops_of, int tag_backward) {
+PipelinePlan plan_lockstep(int p, int stage, int m, int vp, const std::function<std::vector<PipelineOp>(int)>& ops_of,
+                           int tag_backward) {
   const int last_v = p * vp - 1;
-  std::vector<std::vector<PipelineOp>> ops(static_cast<size_t>(p));
+  std::vector<std::vector<PipelineOp>> ops(static_cast<size_t>(p));  // (p): every stage's op list
   std::size_t remaining = 0;
   for (int st = 0; st < p; ++st) remaining += (ops[st] = ops_of(st)).size();
   // message (into virtual stage v, micro k) -> tag; step it was sent at; its buffer at `stage`
   auto tag = [&](bool backward, int v, int k) { return (backward ? tag_backward : 0) + v * m + k; };
   std::map<int, int> sent_at, buffer_of;
-  std::vector<std::size_t> next(static_cast<size_t>(p), 0);
-  std::vector<int> free_buffers;  // of `stage`'s pool
+  std::vector<std::size_t> next(static_cast<size_t>(p), 0);  // (p): each stage's next op
+  std::vector<int> free_buffers;                             // of `stage`'s pool
   PipelinePlan plan;
   struct Produced {
     int from, to, tag;
@@ -121,8 +125,8 @@ PipelinePlan plan_lockstep(int p, int stage, int m, int vp,
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> split_layers(std::int64_t L, int p, std::int64_t first,
-                                                               std::int64_t last) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+                                                                std::int64_t last) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;  // (p): first layer, count
   if (p == 1) return {{0, L}};
   if (first == 0 && last == 0) {
     TRIDENT_REQUIRE(L % p == 0, "model.num_layers (" << L << ") is not divisible by parallel.pp (" << p

@@ -1,4 +1,7 @@
-// Prefetcher: double-buffered asynchronous loading of the next micro-batch.
+// Prefetcher (prefetcher.hpp; data.prefetch in docs/DESIGN.md "Data flow"): two record buffers
+// used by micro-batch parity. get(k) waits for k's std::async load when one is pending
+// (rethrowing its error in the main thread) or fills it here, then starts loading k + 1 into the
+// other buffer when prefetching is on and k + 1 < m.
 #include "train/prefetcher.hpp"
 
 namespace trident {
@@ -18,7 +21,7 @@ void Prefetcher::drain() {
 }
 
 const std::vector<std::int32_t>& Prefetcher::get(std::int64_t k, std::int64_t m) {
-  std::vector<std::int32_t>& mine = buf_[k % 2];
+  std::vector<std::int32_t>& mine = buf_[k % 2];  // (window_values): micro-batch k's records
   if (pending_k_ == k) {
     pending_.get();  // rethrows a loading error here, in the main thread
     pending_k_ = -1;

@@ -7,8 +7,9 @@
 //   unscale and check them (fp16); global grad norm; clip; AdamW; log; evaluate; checkpoint.
 // Samples of an iteration, global order: micro-step k, DP rank r, slot j ->
 //   sample consumed + (k * dp + r) * micro_batch + j   (Megatron's pretraining sampler).
-// This file is the loop and its start-up summary; model building, resuming, evaluation, the
-// families' tasks, the debugging taps and the memory report live beside it in train/.
+// This file is the loop and its start-up summary (about 600 lines: the iteration's steps read
+// best in one function, in the order they run); model building, resuming, evaluation, the
+// families' tasks, the debugging taps and the end-of-run reports live beside it in train/.
 #include "train/trainer.hpp"
 
 #include <algorithm>

@@ -1,4 +1,10 @@
-// Watchdog thread.
+// The watchdog thread (watchdog.hpp; docs/DESIGN.md "During the run"). The main thread arms each
+// phase with its start and deadline: startup_s for warm-up iterations, evaluations and saves,
+// otherwise max(min_s, factor x the median of the last 1000 iteration times), or min_s when the
+// factor is 0. The thread waits on a condition variable, at most 1 s at a time; past the deadline
+// it writes one line naming the phase and the communication call in progress (common/progress)
+// and calls MPI_Abort with kExitWatchdog, with std::_Exit 20 s later should the abort not return
+// (docs/DESIGN.md "Exit codes").
 #include "train/watchdog.hpp"
 
 #include <mpi.h>
@@ -14,9 +20,7 @@
 namespace trident {
 
 namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 Watchdog::Watchdog(const WatchdogOptions& options, int world_rank) : opt_(options), rank_(world_rank) {
@@ -36,7 +40,7 @@ double Watchdog::iteration_deadline() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (timed_ < opt_.warmup_iters || times_.empty() || opt_.factor == 0)
     return timed_ < opt_.warmup_iters ? opt_.startup_s : opt_.min_s;
-  std::vector<double> t = times_;
+  std::vector<double> t = times_;  // a copy: nth_element reorders it
   std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
   return std::max(opt_.min_s, opt_.factor * t[t.size() / 2]);
 }

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Fault-injection suite of the pretraining apps (CTest label `faults`).
 
+(About 630 lines: one table of cases per group, each a few lines, over one runner; a case is
+read where it is declared.)
+
 usage: fault_suite.py GROUP --build BUILD --deck DECK --shards GLOB --work DIR [--mpiexec M]
 
 Every case runs a tiny job (the CI deck, 1, 2 or 4 ranks), injects a fault or a bad input, and
