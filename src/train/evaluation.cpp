@@ -32,6 +32,9 @@ struct EvalModel {
                           chunks_of(deck, topo, cfg));
     store.allocate();
     file = resolve_checkpoint(deck.checkpoint.load);
+    // the same model as the deck describes (head counts and layers with the same tensor shapes
+    // would otherwise load silently), as training and fine-tuning require
+    check_same_model(file, family_name(family), family, cfg, head_options(deck), vocab, topo);
     state = load_checkpoint(file, family_name(family), store, nullptr, topo);
     runner = std::make_unique<PipelineRunner>(raw(chunks), topo);
     runner->grouped_p2p = deck.debug.grouped_p2p;
