@@ -21,8 +21,8 @@ packages+=(procps)
 [ "$mode" = test ] && packages+=(slurmctld slurmd slurm-client munge)
 # the fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizers
 [ "$mode" = test ] && packages+=(clang libclang-rt-14-dev)
-# the format check of the changed C++ files (tests/format, scripts/check_format.sh)
-[ "$mode" = test ] && packages+=(clang-format)
+# the format check of the changed C++ files (tests/format, scripts/check_format.sh: clang-format and git)
+[ "$mode" = test ] && packages+=(clang-format git)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

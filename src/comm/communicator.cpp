@@ -122,7 +122,8 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
   }
 #endif
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, as_int(n), MPI_FLOAT, MPI_SUM, root, comm_, &r));
+  TRIDENT_CHECK_MPI(
+      MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, as_int(n), MPI_FLOAT, MPI_SUM, root, comm_, &r));
   return r;
 }
 
@@ -256,6 +257,49 @@ std::vector<double> Communicator::gather_to_root(const std::vector<double>& mine
   std::vector<double> all(rank_ == 0 ? mine.size() * static_cast<std::size_t>(size_) : 0);
   const int n = static_cast<int>(mine.size());
   TRIDENT_CHECK_MPI(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
+  return all;
+}
+
+void Communicator::send(const float* buf, std::int64_t n, int peer, int tag) const {
+  TRIDENT_CHECK_MPI(MPI_Send(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_));
+}
+
+void Communicator::recv(float* buf, std::int64_t n, int peer, int tag) const {
+  TRIDENT_CHECK_MPI(MPI_Recv(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+}
+
+MPI_Request Communicator::isend(const float* buf, std::int64_t n, int peer, int tag) const {
+  MPI_Request r = MPI_REQUEST_NULL;
+  TRIDENT_CHECK_MPI(MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_, &r));
+  return r;
+}
+
+void Communicator::wait(MPI_Request& request) {
+  if (request == MPI_REQUEST_NULL) return;
+  TRIDENT_CHECK_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
+}
+
+double Communicator::allreduce_min(double v) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
+  double out = v;
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MIN, comm_));
+  return out;
+}
+
+std::vector<double> Communicator::gatherv_to_root(const std::vector<double>& mine, std::vector<int>* lengths) const {
+  const progress::InComm in_comm("gather", name_.c_str(), size_);
+  const int len = static_cast<int>(mine.size());
+  std::vector<int> lens(rank_ == 0 ? static_cast<std::size_t>(size_) : 0), offs(lens.size(), 0);
+  TRIDENT_CHECK_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_));
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    offs[r] = static_cast<int>(total);
+    total += static_cast<std::size_t>(lens[r]);
+  }
+  std::vector<double> all(total);
+  TRIDENT_CHECK_MPI(
+      MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, comm_));
+  if (lengths) *lengths = lens;
   return all;
 }
 

@@ -76,8 +76,15 @@ class Communicator {
     int peer, tag;
   };
   void p2p_group(const std::vector<P2POp>& ops) const;
+  // Single point-to-point messages of float buffers over MPI (the pipeline's ungrouped
+  // schedules). wait completes an isend's request (nothing for MPI_REQUEST_NULL).
+  void send(const float* buf, std::int64_t n, int peer, int tag) const;
+  void recv(float* buf, std::int64_t n, int peer, int tag) const;
+  MPI_Request isend(const float* buf, std::int64_t n, int peer, int tag) const;
+  static void wait(MPI_Request& request);
   double allreduce_sum(double v) const;
   double allreduce_max(double v) const;
+  double allreduce_min(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;
   // Gathers `n` ints from every rank into out (size n * size()) on every rank.
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
@@ -85,6 +92,9 @@ class Communicator {
   // Rank 0 receives every rank's `mine` (all the same length) in rank order; the other ranks
   // receive an empty vector (host values: reports and summaries).
   std::vector<double> gather_to_root(const std::vector<double>& mine) const;
+  // The same for vectors of any length: rank 0 receives them rank after rank, and each rank's
+  // length in *lengths when given.
+  std::vector<double> gatherv_to_root(const std::vector<double>& mine, std::vector<int>* lengths = nullptr) const;
   // Rank 0's text, on every rank.
   std::string broadcast_text(const std::string& text) const;
 

@@ -51,7 +51,7 @@ void PipelineRunner::wait(MPI_Request& r) {
   if (r == MPI_REQUEST_NULL) return;
   const double t = wall_seconds();
   const progress::InComm in_comm("wait for a pipeline send", "pp", -1);
-  TRIDENT_CHECK_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
+  Communicator::wait(r);
   t_p2p_ += wall_seconds() - t;
 }
 
@@ -74,8 +74,8 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
                              const std::function<DropoutStreams(std::int64_t)>& rng) {
   const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
   if (p > 1) check_tags(m, p, vp, topo_.pp_group());
-  const MPI_Comm pp = topo_.pp_group().get();
-  const int n = static_cast<int>(chunks_.front()->activation_size());
+  const Communicator& pp = topo_.pp_group();
+  const std::int64_t n = chunks_.front()->activation_size();
   const int mi = static_cast<int>(m);
   auto schedule = [&](int stage) {
     return vp == 1 ? schedule_1f1b(p, stage, mi) : schedule_interleaved(p, stage, mi, vp);
@@ -124,15 +124,15 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
       const double t = wall_seconds();
       const progress::InComm in_comm(op.forward ? "pipeline receive of activations" : "pipeline receive of gradients",
                                      "pp", topo_.pp_size(), op.forward ? prev : next);
-      TRIDENT_CHECK_MPI(MPI_Recv(in.data(), n, MPI_FLOAT, op.forward ? prev : next, recv_tag, pp, MPI_STATUS_IGNORE));
+      pp.recv(in.data(), n, op.forward ? prev : next, recv_tag);
       t_p2p_ += wall_seconds() - t;
     }
     // the slot's previous output (forward) or the chunk's input_grad() (backward) is reused
     wait(op.forward ? fwd_send_[op.chunk][slot] : bwd_send_[op.chunk]);
     compute(op, in);
     if (sends)
-      TRIDENT_CHECK_MPI(MPI_Isend(output(op), n, MPI_FLOAT, op.forward ? next : prev, send_tag, pp,
-                                  op.forward ? &fwd_send_[op.chunk][slot] : &bwd_send_[op.chunk]));
+      (op.forward ? fwd_send_[op.chunk][slot] : bwd_send_[op.chunk]) = pp.isend(output(op), n, op.forward ? next : prev,
+                                                                                send_tag);
   }
   for (auto& chunk : fwd_send_)
     for (auto& r : chunk) wait(r);
@@ -144,8 +144,8 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
                                 const std::function<std::int64_t(std::int64_t)>& count) {
   const int p = topo_.pp_size(), s = topo_.coords().pp, vp = static_cast<int>(chunks_.size());
   if (p > 1) check_tags(m, p, vp, topo_.pp_group());
-  const MPI_Comm pp = topo_.pp_group().get();
-  const int n = static_cast<int>(chunks_.front()->activation_size());
+  const Communicator& pp = topo_.pp_group();
+  const std::int64_t n = chunks_.front()->activation_size();
   const int prev = (s - 1 + p) % p, next = (s + 1) % p, mi = static_cast<int>(m);
   double loss = 0;
   auto schedule = [&](int) {  // every stage: the micro-batches in order, each through its chunks
@@ -172,12 +172,12 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
     const int v = op.chunk * p + s;
     if (!model.stage().pre) {
       const progress::InComm in_comm("pipeline receive of activations", "pp", topo_.pp_size(), prev);
-      TRIDENT_CHECK_MPI(MPI_Recv(recv_in_.data(), n, MPI_FLOAT, prev, v * mi + op.micro, pp, MPI_STATUS_IGNORE));
+      pp.recv(recv_in_.data(), n, prev, v * mi + op.micro);
     }
     compute(op, recv_in_);
     if (!model.stage().post) {
       const progress::InComm in_comm("pipeline send of activations", "pp", topo_.pp_size(), next);
-      TRIDENT_CHECK_MPI(MPI_Send(model.stage_output(0).data(), n, MPI_FLOAT, next, (v + 1) * mi + op.micro, pp));
+      pp.send(model.stage_output(0).data(), n, next, (v + 1) * mi + op.micro);
     }
   }
   return loss;
@@ -185,12 +185,9 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
 
 void write_timeline(const std::string& path, const std::vector<TimelineEvent>& events, const Topology& topo,
                     double t_origin) {
-  const MPI_Comm world = topo.world().get();
   // one time origin for all ranks: steady_clock is one monotonic clock per node (rows of ranks
   // on different nodes are aligned at the earliest start, not synchronised)
-  double origin = t_origin;
-  MPI_Allreduce(&t_origin, &origin, 1, MPI_DOUBLE, MPI_MIN, world);
-  t_origin = origin;
+  t_origin = topo.world().allreduce_min(t_origin);
   std::vector<double> mine;  // (4 * events): t0, t1, micro, forward per event
   for (const auto& e : events) {
     mine.push_back(e.t0 - t_origin);
@@ -199,25 +196,19 @@ void write_timeline(const std::string& path, const std::vector<TimelineEvent>& e
     mine.push_back(e.forward ? 1.0 : 0.0);
   }
   const int size = topo.world_size(), rank = topo.world_rank();
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), offs(size, 0);  // (world size), counted on rank 0
-  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world);
-  if (rank == 0)
-    for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
-  // every rank's values, rank after rank (rank 0 only)
-  std::vector<double> all(rank == 0 ? static_cast<size_t>(offs[size - 1] + lens[size - 1]) : 0);
-  MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, world);
+  std::vector<int> lens;  // (world size) on rank 0: each rank's values
+  const std::vector<double> all = topo.world().gatherv_to_root(mine, &lens);  // rank after rank
   if (rank != 0) return;
   std::ofstream out(path);
   TRIDENT_REQUIRE(out.good(), "log.timeline_file: cannot write '" << path << "'");
   out << "{\"traceEvents\": [\n";
   bool first = true;
-  for (int r = 0; r < size; ++r) {
+  for (int r = 0, at = 0; r < size; at += lens[r], ++r) {
     const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
     out << (first ? "" : ",\n") << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << r
         << ", \"args\": {\"name\": \"rank " << r << " (pp " << c.pp << ", tp " << c.tp << ", dp " << c.dp << ")\"}}";
     first = false;
-    for (int i = offs[r]; i < offs[r] + lens[r]; i += 4) {
+    for (int i = at; i < at + lens[r]; i += 4) {
       const bool fwd = all[i + 3] > 0.5;
       out << ",\n{\"name\": \"" << (fwd ? "F" : "B") << static_cast<int>(all[i + 2]) << "\", \"cat\": \""
           << (fwd ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << r
