@@ -13,6 +13,27 @@
 
 namespace trident {
 
+namespace {
+
+// dx (rows, n_in) = dy (rows, n_out) W (n_out, n_in) and dW (n_out, n_in) += dy^T x: the two
+// backward GEMMs of both parallel linears. 16-bit weights: dy is rounded into dy16 first and
+// the GEMMs take 16-bit inputs with fp32 accumulation.
+void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_out, const FloatView& dy, const Act& w,
+                           const Act& x, const FloatView& dx, const FloatView& dw, const HalfView& dy16) {
+  if (!w.is_half()) {
+    gemm(Trans::N, Trans::N, rows, n_in, n_out, 1.f, dy.data(), n_out, w.f.data(), n_in, 0.f, dx.data(), n_in);
+    gemm(Trans::T, Trans::N, n_out, n_in, rows, 1.f, dy.data(), n_out, x.f.data(), n_in, 1.f, dw.data(), n_in);
+    return;
+  }
+  pack_half(w.dt, dy16, dy, rows * n_out);
+  Kokkos::fence();
+  const GemmOperand g = operand(w.dt, dy16.data());
+  gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, g, n_out, operand(w), n_in, 0.f, dx.data(), n_in);
+  gemm_mixed(Trans::T, Trans::N, n_out, n_in, rows, 1.f, g, n_out, operand(x), n_in, 1.f, dw.data(), n_in);
+}
+
+}  // namespace
+
 ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in,
                                            std::int64_t out, float init_std, const TensorParallel& tp,
                                            std::int64_t rows, std::int64_t row_blocks)
@@ -78,20 +99,7 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   Kokkos::fence();
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
-  if (!w.is_half()) {
-    gemm(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, dy.data(), out_local_, w.f.data(), in_, 0.f, dinput.data(),
-         in_);
-    gemm(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, dy.data(), out_local_, input.f.data(), in_, 1.f, dw.data(),
-         in_);
-  } else {
-    pack_half(w.dt, dy16, dy, rows_ * out_local_);
-    Kokkos::fence();
-    const GemmOperand g = operand(w.dt, dy16.data());
-    gemm_mixed(Trans::N, Trans::N, rows_, in_, out_local_, 1.f, g, out_local_, operand(w), in_, 0.f, dinput.data(),
-               in_);
-    gemm_mixed(Trans::T, Trans::N, out_local_, in_, rows_, 1.f, g, out_local_, operand(input), in_, 1.f, dw.data(),
-               in_);
-  }
+  linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
   bias_backward(store_->grad(b_), dy, rows_, out_local_);
   Kokkos::fence();
   if (tp_.sequence_parallel)
@@ -156,20 +164,7 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   }
   Kokkos::fence();
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
-  if (!w.is_half()) {
-    gemm(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, dfull.data(), out_, w.f.data(), in_local_, 0.f, dx.data(),
-         in_local_);
-    gemm(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, dfull.data(), out_, x.f.data(), in_local_, 1.f, dw.data(),
-         in_local_);
-    return;
-  }
-  pack_half(w.dt, dy16, dfull, rows_ * out_);
-  Kokkos::fence();
-  const GemmOperand g = operand(w.dt, dy16.data());
-  gemm_mixed(Trans::N, Trans::N, rows_, in_local_, out_, 1.f, g, out_, operand(w), in_local_, 0.f, dx.data(),
-             in_local_);
-  gemm_mixed(Trans::T, Trans::N, out_, in_local_, rows_, 1.f, g, out_, operand(x), in_local_, 1.f, dw.data(),
-             in_local_);
+  linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
 }
 
 }  // namespace trident

@@ -25,14 +25,7 @@ BertHead::BertHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t 
       partial_(tp.sequence_parallel), tp_(tp), store_(&store), dt_(dt) {
   dense_ = Linear(store, "model/lm_head/dense", C, C, init_std);
   norm_ = LayerNorm(store, "model/lm_head/layernorm", C, ln_eps);
-  ParamInfo b;  // vocabulary-parallel like the word embeddings
-  b.name = "model/lm_head/bias";
-  b.shape = {Vl_};
-  b.global_shape = {V_};
-  b.global_offset = {std::min(start_, V_)};
-  b.valid = {std::max<std::int64_t>(0, std::min(Vl_, V_ - start_))};
-  b.tp_replicated = false;
-  bias_ = store.declare(b);
+  bias_ = declare_lm_head_bias(store, V_, Vl_, start_);
   if (binary_) {
     pooler_ = Linear(store, "model/pooler/dense", C, C, init_std);
     binary_head_ = Linear(store, "model/binary_head", C, 2, init_std);
@@ -99,15 +92,7 @@ LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, 
     add_bias(logits_, store_->value(bias_), BT, Vl_);
   Kokkos::fence();
   const float dmlm = static_cast<float>(dscale / n_targets);
-  if (tp_.size() == 1) {
-    if (training)
-      cross_entropy_forward_backward(losses_, logits_, mb.targets, BT, V_, Vl_, dmlm);
-    else
-      cross_entropy_forward(losses_, logits_, mb.targets, BT, V_, Vl_);
-  } else {
-    vocab_parallel_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl_, start_, dmlm, training, *tp_.comm,
-                                 ce_scratch_);
-  }
+  token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl_, start_, dmlm, training, tp_.comm, ce_scratch_);
   Kokkos::fence();
   out.lm_sum = sum_losses(losses_, BT);
   out.lm_count = static_cast<double>(mb.num_targets);

@@ -10,21 +10,23 @@
 
 namespace trident {
 
+ParamId declare_lm_head_bias(ParamStore& store, std::int64_t V, std::int64_t Vl, std::int64_t start) {
+  ParamInfo b;
+  b.name = "model/lm_head/bias";
+  b.shape = {Vl};
+  b.global_shape = {V};
+  b.global_offset = {std::min(start, V)};
+  b.valid = {std::max<std::int64_t>(0, std::min(Vl, V - start))};
+  b.tp_replicated = false;
+  return store.declare(b);
+}
+
 LmHead::LmHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab_size,
                std::int64_t vocab_local, std::int64_t vocab_start, const TensorParallel& tp, DType dt, bool with_bias,
                bool per_target_mean)
     : store_(&store), wte_(wte), B_(B), T_(T), C_(C), V_(vocab_size), Vl_(vocab_local), start_(vocab_start), tp_(tp),
       per_target_mean_(per_target_mean) {
-  if (with_bias) {  // vocabulary-parallel like the word embeddings
-    ParamInfo b;
-    b.name = "model/lm_head/bias";
-    b.shape = {Vl_};
-    b.global_shape = {V_};
-    b.global_offset = {std::min(start_, V_)};
-    b.valid = {std::max<std::int64_t>(0, std::min(Vl_, V_ - start_))};
-    b.tp_replicated = false;
-    bias_ = store.declare(b);
-  }
+  if (with_bias) bias_ = declare_lm_head_bias(store, V_, Vl_, start_);
   const std::int64_t BT = B * T;
   if (dt != DType::F32) dlogits16_ = make_half("lm_head::dlogits16", BT * Vl_);
   logits_ = make_float("lm_head::logits", BT * Vl_);
@@ -62,15 +64,7 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
                                              : 1.0;
   if (per_target_mean_) dscale = static_cast<float>(dscale * per_target);
   const std::int64_t count = training ? BT : samples * T;
-  if (tp_.size() == 1) {
-    if (training)
-      cross_entropy_forward_backward(losses_, logits_, mb.targets, BT, V_, Vl, dscale);
-    else
-      cross_entropy_forward(losses_, logits_, mb.targets, BT, V_, Vl);
-  } else {
-    vocab_parallel_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, *tp_.comm,
-                                 ce_scratch_);
-  }
+  token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm, ce_scratch_);
   Kokkos::fence();
   double loss_sum = sum_losses(losses_, count);
   if (per_target_mean_) {

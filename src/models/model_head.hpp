@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/types.hpp"
+#include "layers/param_store.hpp"
 #include "models/loss_parts.hpp"
 #include "models/micro_batch.hpp"
 
@@ -30,5 +31,10 @@ class ModelHead {
   virtual bool grad_in_norm_buffer() const { return false; }
   virtual std::int64_t workspace_bytes() const = 0;
 };
+
+// "model/lm_head/bias" (V), vocabulary-parallel like the word embeddings: this rank holds
+// entries [start, start + Vl) of the padded vocabulary, those below V real (GPT has none; T5's
+// LM head and BERT's masked-LM head declare it).
+ParamId declare_lm_head_bias(ParamStore& store, std::int64_t V, std::int64_t Vl, std::int64_t start);
 
 }  // namespace trident

@@ -26,42 +26,43 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
 template <bool kBackward>
 void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                         std::int64_t V, std::int64_t Vp, float dscale) {
-  Kokkos::parallel_for(kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward",
-                       range(N), KOKKOS_LAMBDA(std::int64_t n) {
-                         float* row = logits.data() + n * Vp;
-                         if (ignore_position(targets(n), losses(n), row, Vp, kBackward)) return;
-                         // Pass 1, online softmax by blocks: running max mx and sum of exp(x - mx),
-                         // rescaled when a block raises the max. The row is read once.
-                         float mx = -3.0e38f, sum = 0.f;
-                         for (std::int64_t b0 = 0; b0 < V; b0 += kBlock) {
-                           const std::int64_t b1 = b0 + kBlock < V ? b0 + kBlock : V;
-                           float bm = -3.0e38f;
-                           TRIDENT_SIMD_MAX(bm)
-                           for (std::int64_t j = b0; j < b1; ++j) bm = row[j] > bm ? row[j] : bm;
-                           if (bm > mx) {
-                             sum *= fast_exp(mx - bm);
-                             mx = bm;
-                           }
-                           float bs = 0.f;
-                           TRIDENT_SIMD_SUM(bs)
-                           for (std::int64_t j = b0; j < b1; ++j) bs += fast_exp(row[j] - mx);
-                           sum += bs;
-                         }
-                         const std::int64_t tgt = targets(n);
-                         losses(n) = mx + dlog(sum) - row[tgt];
-                         if (kBackward) {
-                           // Pass 2: the gradient softmax * dscale - onehot * dscale, in place.
-                           const float s = dscale / sum;
-                           for (std::int64_t j = 0; j < V; ++j) row[j] = fast_exp(row[j] - mx) * s;
-                           row[tgt] -= dscale;
-                           for (std::int64_t j = V; j < Vp; ++j) row[j] = 0.f;
-                         }
-                       });
+  Kokkos::parallel_for(
+      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", range(N),
+      KOKKOS_LAMBDA(std::int64_t n) {
+        float* row = logits.data() + n * Vp;
+        if (ignore_position(targets(n), losses(n), row, Vp, kBackward)) return;
+        // Pass 1, online softmax by blocks: running max mx and sum of exp(x - mx),
+        // rescaled when a block raises the max. The row is read once.
+        float mx = -3.0e38f, sum = 0.f;
+        for (std::int64_t b0 = 0; b0 < V; b0 += kBlock) {
+          const std::int64_t b1 = b0 + kBlock < V ? b0 + kBlock : V;
+          float bm = -3.0e38f;
+          TRIDENT_SIMD_MAX(bm)
+          for (std::int64_t j = b0; j < b1; ++j) bm = row[j] > bm ? row[j] : bm;
+          if (bm > mx) {
+            sum *= fast_exp(mx - bm);
+            mx = bm;
+          }
+          float bs = 0.f;
+          TRIDENT_SIMD_SUM(bs)
+          for (std::int64_t j = b0; j < b1; ++j) bs += fast_exp(row[j] - mx);
+          sum += bs;
+        }
+        const std::int64_t tgt = targets(n);
+        losses(n) = mx + dlog(sum) - row[tgt];
+        if (kBackward) {
+          // Pass 2: the gradient softmax * dscale - onehot * dscale, in place.
+          const float s = dscale / sum;
+          for (std::int64_t j = 0; j < V; ++j) row[j] = fast_exp(row[j] - mx) * s;
+          row[tgt] -= dscale;
+          for (std::int64_t j = V; j < Vp; ++j) row[j] = 0.f;
+        }
+      });
 }
 }  // namespace
 
-void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets,
-                           std::int64_t N, std::int64_t V, std::int64_t Vp) {
+void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                           std::int64_t V, std::int64_t Vp) {
   cross_entropy_impl<false>(losses, logits, targets, N, V, Vp, 0.f);
 }
 
@@ -76,38 +77,41 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
   // columns of this rank that are real vocabulary entries: [0, nvalid)
   const std::int64_t nvalid = V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
   const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);  // sums: (sum exp, target logit)
-  Kokkos::parallel_for("ops::vocab_parallel_ce_max", range(N), KOKKOS_LAMBDA(std::int64_t n) {
-    const float* row = logits.data() + n * Vl;
-    float mx = -3.0e38f;
-    TRIDENT_SIMD_MAX(mx)
-    for (std::int64_t j = 0; j < nvalid; ++j) mx = row[j] > mx ? row[j] : mx;
-    rowmax(n) = mx;
-  });
+  Kokkos::parallel_for(
+      "ops::vocab_parallel_ce_max", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+        const float* row = logits.data() + n * Vl;
+        float mx = -3.0e38f;
+        TRIDENT_SIMD_MAX(mx)
+        for (std::int64_t j = 0; j < nvalid; ++j) mx = row[j] > mx ? row[j] : mx;
+        rowmax(n) = mx;
+      });
   Kokkos::fence();
   comm.allreduce_max(rowmax.data(), N);
-  Kokkos::parallel_for("ops::vocab_parallel_ce_sum", range(N), KOKKOS_LAMBDA(std::int64_t n) {
-    const float* row = logits.data() + n * Vl;
-    const float mx = rowmax(n);
-    float s = 0.f;
-    TRIDENT_SIMD_SUM(s)
-    for (std::int64_t j = 0; j < nvalid; ++j) s += fast_exp(row[j] - mx);
-    const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
-    sums(n) = s;
-    sums(N + n) = (t >= 0 && t < nvalid) ? row[t] : 0.f;
-  });
+  Kokkos::parallel_for(
+      "ops::vocab_parallel_ce_sum", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+        const float* row = logits.data() + n * Vl;
+        const float mx = rowmax(n);
+        float s = 0.f;
+        TRIDENT_SIMD_SUM(s)
+        for (std::int64_t j = 0; j < nvalid; ++j) s += fast_exp(row[j] - mx);
+        const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
+        sums(n) = s;
+        sums(N + n) = (t >= 0 && t < nvalid) ? row[t] : 0.f;
+      });
   Kokkos::fence();
   comm.allreduce_sum(sums.data(), 2 * N);
-  Kokkos::parallel_for("ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
-    float* row = logits.data() + n * Vl;
-    if (ignore_position(targets(n), losses(n), row, Vl, backward)) return;
-    losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);
-    if (!backward) return;
-    const float mx = rowmax(n), s = dscale / sums(n);
-    for (std::int64_t j = 0; j < nvalid; ++j) row[j] = fast_exp(row[j] - mx) * s;
-    for (std::int64_t j = nvalid; j < Vl; ++j) row[j] = 0.f;
-    const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
-    if (t >= 0 && t < nvalid) row[t] -= dscale;
-  });
+  Kokkos::parallel_for(
+      "ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+        float* row = logits.data() + n * Vl;
+        if (ignore_position(targets(n), losses(n), row, Vl, backward)) return;
+        losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);
+        if (!backward) return;
+        const float mx = rowmax(n), s = dscale / sums(n);
+        for (std::int64_t j = 0; j < nvalid; ++j) row[j] = fast_exp(row[j] - mx) * s;
+        for (std::int64_t j = nvalid; j < Vl; ++j) row[j] = 0.f;
+        const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
+        if (t >= 0 && t < nvalid) row[t] -= dscale;
+      });
   Kokkos::fence();
 }
 
@@ -116,6 +120,17 @@ double sum_losses(const FloatView& losses, std::int64_t N) {
   Kokkos::parallel_reduce(
       "ops::sum_losses", range(N), KOKKOS_LAMBDA(std::int64_t n, double& acc) { acc += losses(n); }, total);
   return total;
+}
+
+void token_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                         std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale, bool backward,
+                         const Communicator* comm, const FloatView& scratch) {
+  if (comm && comm->size() > 1)
+    vocab_parallel_cross_entropy(losses, logits, targets, N, V, Vl, start, dscale, backward, *comm, scratch);
+  else if (backward)
+    cross_entropy_forward_backward(losses, logits, targets, N, V, Vl, dscale);
+  else
+    cross_entropy_forward(losses, logits, targets, N, V, Vl);
 }
 
 }  // namespace trident

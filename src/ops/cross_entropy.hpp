@@ -9,8 +9,8 @@
 namespace trident {
 
 // losses (N) = -log softmax(logits[n, :V])[target[n]]
-void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets,
-                           std::int64_t N, std::int64_t V, std::int64_t Vp);
+void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                           std::int64_t V, std::int64_t Vp);
 // As forward, and overwrites logits with d(sum_n losses[n] * dscale)/dlogits (padding columns 0).
 void cross_entropy_forward_backward(const FloatView& losses, const FloatView& logits, const IntView& targets,
                                     std::int64_t N, std::int64_t V, std::int64_t Vp, float dscale);
@@ -22,6 +22,12 @@ void cross_entropy_forward_backward(const FloatView& losses, const FloatView& lo
 void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets,
                                   std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
                                   bool backward, const Communicator& comm, const FloatView& scratch);
+// The loss of logits (N, Vl) for a tensor-parallel group `comm` (nullptr or one rank: the local
+// forms above, with Vl = Vp; else the vocabulary-parallel form): what the LM heads call.
+// backward: also the gradient, as cross_entropy_forward_backward.
+void token_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                         std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale, bool backward,
+                         const Communicator* comm, const FloatView& scratch);
 // sum over n of losses[n], accumulated in double
 double sum_losses(const FloatView& losses, std::int64_t N);
 

@@ -94,6 +94,12 @@ SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int6
   return src;
 }
 
+// A sample record: each field copied to `out` + its offset.
+void write_fields(std::int32_t* out,
+                  std::initializer_list<std::pair<const std::vector<std::int32_t>*, std::int64_t>> fields) {
+  for (const auto& [field, at] : fields) std::copy(field->begin(), field->end(), out + at);
+}
+
 // The samples of a BERT or T5 dataset pair (train, optional valid), each record written by
 // encode(dataset, i, out).
 template <class Data, class Encode>
@@ -122,10 +128,7 @@ SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int
   auto encode = [S](const BertDataset& ds, std::int64_t i, std::int32_t* out) {
     thread_local BertSample smp;  // the prefetcher's thread and the main thread each have one
     ds.get(i, smp);
-    std::copy(smp.tokens.begin(), smp.tokens.end(), out);
-    std::copy(smp.types.begin(), smp.types.end(), out + S);
-    std::copy(smp.labels.begin(), smp.labels.end(), out + 2 * S);
-    std::copy(smp.padding.begin(), smp.padding.end(), out + 3 * S);
+    write_fields(out, {{&smp.tokens, 0}, {&smp.types, S}, {&smp.labels, 2 * S}, {&smp.padding, 3 * S}});
     out[4 * S] = smp.is_random;
   };
   return masked_source(data, encode);
@@ -133,12 +136,12 @@ SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int
 
 SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                         std::shared_ptr<void>& keep) {
+  TRIDENT_REQUIRE(deck.model.decoder_seq_length > 0, "deck: model.decoder_seq_length must be > 0 for T5");
   T5Masking m;
   m.masked_prob = deck.t5.mask_prob;
   m.short_seq_prob = deck.t5.short_seq_prob;
   m.max_ngrams = static_cast<int>(deck.t5.max_ngrams);
   m.geometric_p = deck.t5.geometric_p;
-  TRIDENT_REQUIRE(deck.model.decoder_seq_length > 0, "deck: model.decoder_seq_length must be > 0 for T5");
   auto data = std::make_shared<T5Data>(deck.data.train_shards, deck.data.split, deck.model.seq_length,
                                        deck.model.decoder_seq_length, train_samples, valid_samples,
                                        static_cast<std::uint64_t>(deck.train.seed), deck.data.vocab_file,
@@ -148,10 +151,7 @@ SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64
   auto encode = [S, Sd](const T5Dataset& ds, std::int64_t i, std::int32_t* out) {
     thread_local T5Sample smp;  // the prefetcher's thread and the main thread each have one
     ds.get(i, smp);
-    std::copy(smp.enc.begin(), smp.enc.end(), out);
-    std::copy(smp.enc_padding.begin(), smp.enc_padding.end(), out + S);
-    std::copy(smp.dec_in.begin(), smp.dec_in.end(), out + 2 * S);
-    std::copy(smp.dec_target.begin(), smp.dec_target.end(), out + 2 * S + Sd);
+    write_fields(out, {{&smp.enc, 0}, {&smp.enc_padding, S}, {&smp.dec_in, 2 * S}, {&smp.dec_target, 2 * S + Sd}});
   };
   return masked_source(data, encode);
 }

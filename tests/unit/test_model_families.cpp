@@ -50,6 +50,18 @@ std::vector<std::int32_t> ids(std::int64_t n, std::int64_t below, std::uint64_t 
   return t;
 }
 
+// Positions that carry a label (>= 0).
+std::int64_t count_labelled(const std::vector<std::int32_t>& labels) {
+  std::int64_t n = 0;
+  for (auto v : labels) n += v >= 0;
+  return n;
+}
+
+// Host vectors into the micro-batch's device views.
+void copy_fields(std::initializer_list<std::pair<IntView, const std::vector<std::int32_t>*>> fields) {
+  for (const auto& [view, host] : fields) Kokkos::deep_copy(view, to_device(*host));
+}
+
 // A BERT micro-batch held on the host: sample 0 is full, sample 1 has its last two positions
 // padded; a few positions carry masked-LM labels; both samples carry a sentence-order label.
 struct BertBatch {
@@ -62,17 +74,13 @@ struct BertBatch {
     const auto l = ids(kB * kS, kV, 2);
     for (std::int64_t i : {std::int64_t{1}, std::int64_t{4}, std::int64_t{5}, kS + 0, kS + 2}) labels[i] = l[i];
   }
-  std::int64_t labelled() const {
-    std::int64_t n = 0;
-    for (auto v : labels) n += v >= 0;
-    return n;
-  }
+  std::int64_t labelled() const { return count_labelled(labels); }
   void load(MicroBatch& mb) const {
-    Kokkos::deep_copy(mb.tokens, to_device(tokens));
-    Kokkos::deep_copy(mb.types, to_device(types));
-    Kokkos::deep_copy(mb.targets, to_device(labels));
-    Kokkos::deep_copy(mb.padding, to_device(padding));
-    Kokkos::deep_copy(mb.sentence_order, to_device(order));
+    copy_fields({{mb.tokens, &tokens},
+                 {mb.types, &types},
+                 {mb.targets, &labels},
+                 {mb.padding, &padding},
+                 {mb.sentence_order, &order}});
     mb.num_targets = labelled();
     mb.num_sentences = kB;
   }
@@ -87,38 +95,41 @@ struct T5Batch {
     padding[kS + kS - 1] = 0;
     targets[kSd + kSd - 1] = -1;
   }
-  std::int64_t labelled() const {
-    std::int64_t n = 0;
-    for (auto v : targets) n += v >= 0;
-    return n;
-  }
+  std::int64_t labelled() const { return count_labelled(targets); }
   void load(MicroBatch& mb) const {
-    Kokkos::deep_copy(mb.tokens, to_device(enc));
-    Kokkos::deep_copy(mb.padding, to_device(padding));
-    Kokkos::deep_copy(mb.dec_tokens, to_device(dec));
-    Kokkos::deep_copy(mb.targets, to_device(targets));
+    copy_fields({{mb.tokens, &enc}, {mb.padding, &padding}, {mb.dec_tokens, &dec}, {mb.targets, &targets}});
     mb.num_targets = labelled();
   }
 };
 
+// A freshly initialised model of one family with one micro-batch loaded.
+template <class Model>
+struct Loaded {
+  template <class Batch>
+  Loaded(const TransformerConfig& cfg, const Batch& batch, std::uint64_t seed) : model(cfg, store, kB) {
+    store.allocate();
+    store.initialize(seed);
+    mb = model.allocate_micro_batch();
+    batch.load(mb);
+    store.zero_grads();
+  }
+  ParamStore store;
+  Model model;
+  MicroBatch mb;
+};
+
 template <class Model, class Batch>
 void check_gradients(const TransformerConfig& cfg, const Batch& batch, std::uint64_t seed) {
-  ParamStore store;
-  Model model(cfg, store, kB);
-  store.allocate();
-  store.initialize(seed);
-  MicroBatch mb = model.allocate_micro_batch();
-  batch.load(mb);
-  store.zero_grads();
-  model.forward_backward(mb, 1.f);  // the gradient of the family's loss (a mean) itself
-  auto grads = to_host(store.grads());
-  auto values = to_host(store.values());
+  Loaded<Model> m(cfg, batch, seed);
+  m.model.forward_backward(m.mb, 1.f);  // the gradient of the family's loss (a mean) itself
+  auto grads = to_host(m.store.grads());
+  auto values = to_host(m.store.values());
   auto loss = [&] {
-    Kokkos::deep_copy(store.values(),
+    Kokkos::deep_copy(m.store.values(),
                       Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
-    return model.forward(mb);
+    return m.model.forward(m.mb);
   };
-  for (const auto& p : store.params()) {
+  for (const auto& p : m.store.params()) {
     std::vector<size_t> idx;
     const std::int64_t rows_valid = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
     for (auto i : sample_indices(static_cast<size_t>(rows_valid), 10, std::hash<std::string>()(p.name)))
@@ -134,16 +145,17 @@ void check_gradients(const TransformerConfig& cfg, const Batch& batch, std::uint
 template <class Model, class Batch>
 std::pair<double, std::vector<float>> loss_and_grads(const TransformerConfig& cfg, const Batch& batch,
                                                      std::uint64_t seed, LossParts* parts = nullptr) {
-  ParamStore store;
-  Model model(cfg, store, kB);
-  store.allocate();
-  store.initialize(seed);
-  MicroBatch mb = model.allocate_micro_batch();
-  batch.load(mb);
-  store.zero_grads();
-  const double loss = model.forward_backward(mb, 1.f);
-  if (parts) *parts = model.take_loss_parts();
-  return {loss, to_host(store.grads())};
+  Loaded<Model> m(cfg, batch, seed);
+  const double loss = m.model.forward_backward(m.mb, 1.f);
+  if (parts) *parts = m.model.take_loss_parts();
+  return {loss, to_host(m.store.grads())};
+}
+
+// The loss of forward (no gradient) of one micro-batch, from a freshly initialised model.
+template <class Model, class Batch>
+double forward_loss(const TransformerConfig& cfg, const Batch& batch, std::uint64_t seed) {
+  Loaded<Model> m(cfg, batch, seed);
+  return m.model.forward(m.mb);
 }
 
 }  // namespace
@@ -184,13 +196,7 @@ TEST(BertModel, LossPartsAddUpAndForwardEqualsForwardBackward) {
   EXPECT_EQ(parts.lm_count, static_cast<double>(batch.labelled()));
   EXPECT_EQ(parts.sop_count, static_cast<double>(kB));
   EXPECT_NEAR(parts.lm_sum / parts.lm_count, parts.lm, 1e-12 * parts.lm);
-  ParamStore store;
-  BertModel model(bert_config(), store, kB);
-  store.allocate();
-  store.initialize(5);
-  MicroBatch mb = model.allocate_micro_batch();
-  batch.load(mb);
-  EXPECT_EQ(model.forward(mb), fb.first);
+  EXPECT_EQ(forward_loss<BertModel>(bert_config(), batch, 5), fb.first);
 }
 
 TEST(BertModel, WithoutTheBinaryHeadTheLossIsTheMaskedLmLoss) {
@@ -247,13 +253,7 @@ TEST(T5Model, LossIsTheMeanOverDecoderTargetsAndIndependentOfVocabularyPadding) 
   EXPECT_NEAR(parts.lm, a.first, 1e-12 * a.first);
   EXPECT_NEAR(parts.lm_sum / parts.lm_count, a.first, 1e-12 * a.first);
   EXPECT_EQ(parts.sop, 0.0);
-  ParamStore store;
-  T5Model model(t5_config(37), store, kB);
-  store.allocate();
-  store.initialize(23);
-  MicroBatch mb = model.allocate_micro_batch();
-  batch.load(mb);
-  EXPECT_EQ(model.forward(mb), a.first);
+  EXPECT_EQ(forward_loss<T5Model>(t5_config(37), batch, 23), a.first);
 }
 
 TEST(T5Model, ParametersRecordTheirGlobalLayer) {
