@@ -252,14 +252,6 @@ void Communicator::barrier() const {
   TRIDENT_CHECK_MPI(MPI_Barrier(comm_));
 }
 
-std::vector<double> Communicator::gather_to_root(const std::vector<double>& mine) const {
-  const progress::InComm in_comm("gather", name_.c_str(), size_);
-  std::vector<double> all(rank_ == 0 ? mine.size() * static_cast<std::size_t>(size_) : 0);
-  const int n = static_cast<int>(mine.size());
-  TRIDENT_CHECK_MPI(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
-  return all;
-}
-
 void Communicator::send(const float* buf, std::int64_t n, int peer, int tag) const {
   TRIDENT_CHECK_MPI(MPI_Send(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_));
 }

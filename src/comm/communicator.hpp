@@ -89,11 +89,8 @@ class Communicator {
   // Gathers `n` ints from every rank into out (size n * size()) on every rank.
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
   void barrier() const;
-  // Rank 0 receives every rank's `mine` (all the same length) in rank order; the other ranks
-  // receive an empty vector (host values: reports and summaries).
-  std::vector<double> gather_to_root(const std::vector<double>& mine) const;
-  // The same for vectors of any length: rank 0 receives them rank after rank, and each rank's
-  // length in *lengths when given.
+  // Rank 0 receives every rank's `mine` (of any length), rank after rank, and each rank's length
+  // in *lengths when given; the other ranks receive an empty vector (host values: reports).
   std::vector<double> gatherv_to_root(const std::vector<double>& mine, std::vector<int>* lengths = nullptr) const;
   // Rank 0's text, on every rank.
   std::string broadcast_text(const std::string& text) const;

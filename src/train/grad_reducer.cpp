@@ -7,7 +7,6 @@
 #include "train/grad_reducer.hpp"
 
 #include <algorithm>
-#include <string>
 
 namespace trident {
 

@@ -46,8 +46,8 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
   const double mega = megatron_bytes_per_param(dtype, distributed, topo.dp_size());
   std::vector<double> mine_mem = {mf.params, mf.grads,     mf.optimizer,         bpp,    mega, mf.activations,
                                   mf.slots,  mf.workspace, mf.layer_activations, formula};
-  const int K = static_cast<int>(mine_mem.size());                            // figures per rank
-  const std::vector<double> all_mem = topo.world().gather_to_root(mine_mem);  // (world size, K) on rank 0
+  const int K = static_cast<int>(mine_mem.size());                             // figures per rank
+  const std::vector<double> all_mem = topo.world().gatherv_to_root(mine_mem);  // (world size, K) on rank 0
   if (topo.world().rank() == 0) {
     std::ostringstream os;
     os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's " << dtype

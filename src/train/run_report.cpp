@@ -9,7 +9,7 @@
 namespace trident {
 
 void print_rank_timers(const std::vector<double>& mine, const Topology& topo) {
-  const std::vector<double> all = topo.world().gather_to_root(mine);
+  const std::vector<double> all = topo.world().gatherv_to_root(mine);
   if (topo.world().rank() == 0 && topo.world_size() > 1) {
     std::ostringstream os;
     os << "timers per rank (s): rank | pp tp dp | forward | backward | p2p wait | grad reduction | optimizer\n";
