@@ -23,6 +23,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/agreement.hpp"
+#include "comm/mpi_job.hpp"
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 #include "common/rng.hpp"
@@ -122,9 +124,7 @@ int run(int argc, char** argv) {
   } catch (const po::error& e) {
     throw Error::all(std::string("generate_gpt: ") + e.what() + " (see --help)");
   }
-  int rank = 0, world_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const int rank = mpi_job::world_rank(), world_size = mpi_job::world_size();
   if (vm.count("help")) {
     if (rank == 0) std::cout << desc;
     return 0;

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreement.hpp"
+#include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "data/jsonl.hpp"
 #include "runtime/app_driver.hpp"
@@ -188,19 +190,14 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& patterns) {
   return files;
 }
 
-void broadcast_inputs(std::vector<InputFile>& files, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+void broadcast_inputs(std::vector<InputFile>& files, const trident::Communicator& world) {
   std::string blob;
-  if (rank == 0) {
+  if (world.rank() == 0) {
     for (const InputFile& f : files)
       blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0';
   }
-  long long len = static_cast<long long>(blob.size());
-  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
-  blob.resize(static_cast<std::size_t>(len));
-  MPI_Bcast(blob.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-  if (rank == 0) return;
+  blob = world.broadcast_text(blob);
+  if (world.rank() == 0) return;
   files.clear();
   std::vector<std::string> fields;
   std::size_t pos = 0;
@@ -395,10 +392,9 @@ std::vector<std::pair<std::int64_t, std::string>> existing_shards(const std::str
 }
 
 int run(int argc, char** argv) {
-  MPI_Comm comm = MPI_COMM_WORLD;
-  int rank = 0, nranks = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &nranks);
+  const trident::Communicator world(MPI_COMM_WORLD);
+  const MPI_Comm comm = world.get();
+  const int rank = world.rank(), nranks = world.size();
   const auto t0 = Clock::now();
 
   std::optional<Options> parsed = parse_options(argc, argv, rank);
@@ -417,7 +413,7 @@ int run(int argc, char** argv) {
       }
     }
     trident::agree_or_throw(comm, err);
-    broadcast_inputs(files, comm);
+    broadcast_inputs(files, world);
   }
 
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
@@ -452,7 +448,7 @@ int run(int argc, char** argv) {
       if (e.path().filename().string().rfind(part_stem, 0) == 0) fs::remove(e.path(), ec);
     }
   });
-  MPI_Barrier(comm);
+  world.barrier();
 
   // This rank's byte range of the concatenated inputs.
   std::int64_t total_bytes = 0;
@@ -493,11 +489,8 @@ int run(int argc, char** argv) {
   }
 
   // Global shard numbering: exclusive prefix sum of the shard counts in rank order.
-  const long long my_shards = static_cast<long long>(worker.sink().parts().size());
-  long long first = 0, total_shards = 0;
-  MPI_Exscan(&my_shards, &first, 1, MPI_LONG_LONG, MPI_SUM, comm);
-  if (rank == 0) first = 0;
-  MPI_Allreduce(&my_shards, &total_shards, 1, MPI_LONG_LONG, MPI_SUM, comm);
+  const std::int64_t my_shards = static_cast<std::int64_t>(worker.sink().parts().size());
+  const long long first = world.exscan_sum(my_shards), total_shards = world.allreduce_sum(my_shards);
   std::vector<std::string> finals;
   trident::collectively(comm, [&] {
     for (std::size_t k = 0; k < worker.sink().parts().size(); ++k) {
@@ -509,13 +502,14 @@ int run(int argc, char** argv) {
       finals.push_back(dst);
     }
   });
-  MPI_Barrier(comm);
+  world.barrier();
 
   // Totals and the summary.
   const Stats& s = worker.stats();
-  long long local[6] = {s.documents, s.skipped, s.tokens, s.sentences, s.bytes, my_shards};
-  long long sum[6] = {0, 0, 0, 0, 0, 0};
-  MPI_Reduce(local, sum, 6, MPI_LONG_LONG, MPI_SUM, 0, comm);
+  std::int64_t totals[6] = {s.documents, s.skipped, s.tokens, s.sentences, s.bytes, my_shards};
+  world.allreduce_sum(totals, 6);
+  long long sum[6];
+  for (int k = 0; k < 6; ++k) sum[k] = static_cast<long long>(totals[k]);
   if (rank == 0) {
     // Shards left over from an earlier run with this prefix would be taken for part of this one.
     // (--overwrite; without it there were none). When this run wrote nothing, the earlier

@@ -20,6 +20,8 @@
 #include <map>
 #include <sstream>
 
+#include "comm/agreement.hpp"
+#include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "io/hdf5_handle.hpp"
 
@@ -163,9 +165,8 @@ std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host,
       s = partial_checksum(store.info(id), host + store.info(id).offset);
     part.push_back(s);
   }
-  std::vector<std::uint64_t> total(part.size(), 0);  // (tensors.size())
-  MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_UINT64_T, MPI_SUM, comm);
-  return total;
+  Communicator::borrow(comm).allreduce_sum(part.data(), static_cast<std::int64_t>(part.size()));
+  return part;  // now the sums over all ranks
 }
 
 // The union over all ranks of (name, global shape) of the tensors they hold: with pipeline
@@ -179,14 +180,8 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
     for (auto d : p.global_shape) mine += " " + std::to_string(d);
     mine += "\n";
   }
-  int size = 0;
-  MPI_Comm_size(comm, &size);
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), offs(size, 0);  // (comm size): bytes and offsets per rank
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
-  for (int r = 1; r < size; ++r) offs[r] = offs[r - 1] + lens[r - 1];
-  std::string all(static_cast<size_t>(offs[size - 1] + lens[size - 1]), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
+  std::string all;
+  for (const auto& text : Communicator::borrow(comm).allgather_text(mine)) all += text;
   std::map<std::string, std::vector<hsize_t>> out;
   std::istringstream in(all);
   for (std::string line; std::getline(in, line);) {

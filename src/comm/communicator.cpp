@@ -9,6 +9,8 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "common/error.hpp"
@@ -30,14 +32,27 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_size(comm_, &size_);
 }
 
+Communicator Communicator::borrow(MPI_Comm comm) {
+  Communicator c(comm);
+  c.owned_ = false;
+  return c;
+}
+
+Communicator Communicator::duplicate(MPI_Comm comm) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  TRIDENT_CHECK_MPI(MPI_Comm_dup(comm, &dup));
+  return Communicator(dup);
+}
+
 Communicator::Communicator(Communicator&& o) noexcept
-    : nccl_(std::move(o.nccl_)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-      name_(std::move(o.name_)) {}
+    : nccl_(std::move(o.nccl_)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(o.owned_), rank_(o.rank_),
+      size_(o.size_), name_(std::move(o.name_)) {}
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this != &o) {
     release();
     comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
+    owned_ = o.owned_;
     rank_ = o.rank_;
     size_ = o.size_;
     name_ = std::move(o.name_);
@@ -63,7 +78,7 @@ Communicator::~Communicator() { release(); }
 
 void Communicator::release() {
   nccl_.reset();  // before the MPI communicator its id was broadcast over
-  if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
+  if (owned_ && comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -242,6 +257,31 @@ std::int64_t Communicator::allreduce_sum(std::int64_t v) const {
   return out;
 }
 
+std::int64_t Communicator::allreduce_min(std::int64_t v) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
+  std::int64_t out = v;
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, comm_));
+  return out;
+}
+
+void Communicator::allreduce_sum(std::int64_t* data, std::int64_t n) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_INT64_T, MPI_SUM, comm_));
+}
+
+void Communicator::allreduce_sum(std::uint64_t* data, std::int64_t n) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
+  if (size_ > 1)
+    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_UINT64_T, MPI_SUM, comm_));
+}
+
+std::int64_t Communicator::exscan_sum(std::int64_t v) const {
+  const progress::InComm in_comm("exscan", name_.c_str(), size_);
+  std::int64_t out = 0;
+  TRIDENT_CHECK_MPI(MPI_Exscan(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_));
+  return rank_ == 0 ? 0 : out;  // MPI leaves rank 0's result undefined
+}
+
 void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));
@@ -250,6 +290,18 @@ void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int
 void Communicator::barrier() const {
   const progress::InComm in_comm("barrier", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Barrier(comm_));
+}
+
+bool Communicator::barrier_within(double seconds) const {
+  MPI_Request req = MPI_REQUEST_NULL;
+  TRIDENT_CHECK_MPI(MPI_Ibarrier(comm_, &req));
+  const double start = MPI_Wtime();
+  int done = 0;
+  while (true) {
+    TRIDENT_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done || MPI_Wtime() - start > seconds) return done != 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 void Communicator::send(const float* buf, std::int64_t n, int peer, int tag) const {
@@ -295,13 +347,27 @@ std::vector<double> Communicator::gatherv_to_root(const std::vector<double>& min
   return all;
 }
 
-std::string Communicator::broadcast_text(const std::string& text) const {
+std::string Communicator::broadcast_text(const std::string& text, int root) const {
   const progress::InComm in_comm("broadcast", name_.c_str(), size_);
-  std::string out = rank_ == 0 ? text : std::string();
-  int n = static_cast<int>(out.size());
-  TRIDENT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, comm_));
+  std::string out = rank_ == root ? text : std::string();
+  std::int64_t n = static_cast<std::int64_t>(out.size());
+  TRIDENT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_));
+  if (n > 0x7fffffff) throw Error::one("broadcast of " + std::to_string(n) + " bytes: more than MPI's int count");
   out.resize(static_cast<std::size_t>(n));
-  TRIDENT_CHECK_MPI(MPI_Bcast(out.data(), n, MPI_CHAR, 0, comm_));
+  TRIDENT_CHECK_MPI(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm_));
+  return out;
+}
+
+std::vector<std::string> Communicator::allgather_text(const std::string& mine) const {
+  const progress::InComm in_comm("allgather", name_.c_str(), size_);
+  const int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(size_)), offs(static_cast<std::size_t>(size_), 0);  // (size)
+  TRIDENT_CHECK_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
+  for (int r = 1; r < size_; ++r) offs[r] = offs[r - 1] + lens[r - 1];
+  std::string all(static_cast<std::size_t>(offs[size_ - 1] + lens[size_ - 1]), '\0');
+  TRIDENT_CHECK_MPI(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm_));
+  std::vector<std::string> out;
+  for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<std::size_t>(offs[r]), lens[r]));
   return out;
 }
 

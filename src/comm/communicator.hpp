@@ -21,6 +21,12 @@ class Communicator {
   Communicator() = default;
   // Takes ownership of comm unless it is MPI_COMM_WORLD/MPI_COMM_SELF.
   explicit Communicator(MPI_Comm comm);
+  // A view of a communicator someone else owns (never freed by this object): code handed a bare
+  // MPI_Comm runs its collectives through here, with the same error checks.
+  static Communicator borrow(MPI_Comm comm);
+  // A new communicator over the same ranks (MPI_Comm_dup), owned: traffic on it never matches
+  // traffic on `comm` (collective over comm).
+  static Communicator duplicate(MPI_Comm comm);
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   Communicator(Communicator&& o) noexcept;
@@ -86,14 +92,25 @@ class Communicator {
   double allreduce_max(double v) const;
   double allreduce_min(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;
+  std::int64_t allreduce_min(std::int64_t v) const;
+  // In-place sums over the group of host integer arrays data (n).
+  void allreduce_sum(std::int64_t* data, std::int64_t n) const;
+  void allreduce_sum(std::uint64_t* data, std::int64_t n) const;
+  // The sum of v over the ranks below this one (0 on rank 0).
+  std::int64_t exscan_sum(std::int64_t v) const;
   // Gathers `n` ints from every rank into out (size n * size()) on every rank.
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
   void barrier() const;
+  // A barrier that gives up: true when every rank of the group entered it within `seconds`,
+  // false otherwise (the barrier is then left pending; the caller is about to end the job).
+  bool barrier_within(double seconds) const;
   // Rank 0 receives every rank's `mine` (of any length), rank after rank, and each rank's length
   // in *lengths when given; the other ranks receive an empty vector (host values: reports).
   std::vector<double> gatherv_to_root(const std::vector<double>& mine, std::vector<int>* lengths = nullptr) const;
-  // Rank 0's text, on every rank.
-  std::string broadcast_text(const std::string& text) const;
+  // Rank root's text, on every rank.
+  std::string broadcast_text(const std::string& text, int root = 0) const;
+  // Every rank's text, in rank order, on every rank.
+  std::vector<std::string> allgather_text(const std::string& mine) const;
 
   // Traffic accounting, per collective kind: calls and the bytes each rank sends with ring
   // algorithms -- all-reduce of n bytes: 2 (p-1)/p n; all-gather / reduce-scatter of a total of
@@ -116,6 +133,7 @@ class Communicator {
   std::shared_ptr<detail::NcclComm> nccl_;
   void release();
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = true;  // false for borrow()ed views
   int rank_ = 0, size_ = 1;
   std::string name_ = "world";
 };

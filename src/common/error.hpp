@@ -24,41 +24,25 @@ class Error : public std::runtime_error {
   Scope scope_;
 };
 
-// Collective agreement: every rank of `comm` calls this with its own local error text (empty
-// when fine). If any rank failed, every rank throws Error::all with the first failing rank's
-// message, so no rank is left waiting in a later collective.
-void agree_or_throw(MPI_Comm comm, const std::string& local_error);
-
-// Runs f(); if it throws on some ranks only, turns that into a collective Error::all.
-template <class F>
-void collectively(MPI_Comm comm, F&& f) {
-  std::string err;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  agree_or_throw(comm, err);
-}
+// The collective agreement on errors met by some ranks only is comm/agreement.hpp.
 
 }  // namespace trident
 
-#define TRIDENT_REQUIRE(cond, msg)                                    \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::ostringstream trident_os_;                                 \
-      trident_os_ << msg;                                             \
-      throw ::trident::Error::all(trident_os_.str());                 \
-    }                                                                 \
+#define TRIDENT_REQUIRE(cond, msg)                    \
+  do {                                                \
+    if (!(cond)) {                                    \
+      std::ostringstream trident_os_;                 \
+      trident_os_ << msg;                             \
+      throw ::trident::Error::all(trident_os_.str()); \
+    }                                                 \
   } while (0)
 
-#define TRIDENT_CHECK_MPI(call)                                                          \
-  do {                                                                                   \
-    int trident_rc_ = (call);                                                            \
-    if (trident_rc_ != MPI_SUCCESS) {                                                    \
-      std::ostringstream trident_os_;                                                    \
-      trident_os_ << "MPI call " #call " failed with code " << trident_rc_ << " at "     \
-                  << __FILE__ << ":" << __LINE__;                                        \
-      throw ::trident::Error::one(trident_os_.str());                                    \
-    }                                                                                    \
+#define TRIDENT_CHECK_MPI(call)                                                                                      \
+  do {                                                                                                               \
+    int trident_rc_ = (call);                                                                                        \
+    if (trident_rc_ != MPI_SUCCESS) {                                                                                \
+      std::ostringstream trident_os_;                                                                                \
+      trident_os_ << "MPI call " #call " failed with code " << trident_rc_ << " at " << __FILE__ << ":" << __LINE__; \
+      throw ::trident::Error::one(trident_os_.str());                                                                \
+    }                                                                                                                \
   } while (0)

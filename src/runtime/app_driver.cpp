@@ -2,15 +2,14 @@
 // printed by rank 0 before Kokkos starts, OpenMP threads shared by the ranks of a node, in CUDA
 // builds the GPU of the node-local rank, Kokkos around the body, and the error exits of
 // docs/DESIGN.md "Two kinds of error": an Error::all waits up to TRIDENT_ERROR_GRACE_S seconds in
-// an MPI_Ibarrier on a duplicate of MPI_COMM_WORLD and returns 1 (printed once by rank 0) when
-// every rank arrives; otherwise, like any other error, it is printed with the rank and the job
-// aborted (docs/DESIGN.md "Exit codes").
+// a barrier on a duplicate of MPI_COMM_WORLD (Communicator::barrier_within) and returns 1
+// (printed once by rank 0) when every rank arrives; otherwise, like any other error, it is
+// printed with the rank and the job aborted (docs/DESIGN.md "Exit codes").
 #include "runtime/app_driver.hpp"
 
 #include "io/deck.hpp"
 
 #include <malloc.h>
-#include <mpi.h>
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
@@ -23,12 +22,12 @@
 #endif
 
 #include "comm/communicator.hpp"
+#include "comm/mpi_job.hpp"
 #include "common/error.hpp"
 #include "io/hdf5_handle.hpp"
 #include "ops/gemm.hpp"
 #include "train/stop_signal.hpp"
 
-#include <chrono>
 #include <cstdlib>
 #include <thread>
 #if defined(TRIDENT_HAVE_OPENMP)
@@ -75,27 +74,24 @@ void print_version(const char* argv0) {
 // collective and never arrive: after `grace` seconds the rank that met it prints the error with
 // its rank and aborts the whole job, so that nothing hangs. The agreement runs on a duplicate of
 // MPI_COMM_WORLD made at start-up, apart from every collective the body uses.
-int leave_after_error(MPI_Comm agree, int rank, const char* what) {
+int leave_after_error(const Communicator& agree, int rank, const char* what) {
   double grace = 5.0;
   if (const char* g = std::getenv("TRIDENT_ERROR_GRACE_S")) grace = std::atof(g);
-  MPI_Request req;
-  MPI_Ibarrier(agree, &req);
-  const double start = MPI_Wtime();
-  int done = 0;
-  while (true) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done || MPI_Wtime() - start > grace) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (done) {
+  if (agree.barrier_within(grace)) {
     if (rank == 0) std::fprintf(stderr, "error: %s\n", what);
     return kExitFailure;
   }
   std::fprintf(stderr, "error (rank %d): %s\n(not every rank met this error within %.0f s: aborting the job)\n", rank,
                what, grace);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, kExitFailure);
-  return kExitFailure;
+  mpi_job::abort_job(kExitFailure);
+}
+
+// Any other error: printed with the rank, and the whole job ends.
+[[noreturn]] void abort_after_error(int rank, const char* what) {
+  std::fprintf(stderr, "error (rank %d): %s\n", rank, what);
+  std::fflush(stderr);
+  mpi_job::abort_job(kExitFailure);
 }
 
 }  // namespace
@@ -108,14 +104,13 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   // SIGUSR1 / SIGTERM go to one watcher thread (train/stop_signal.hpp): masked before MPI starts
   // its threads, so that they inherit the mask
   install_stop_signal_watcher();
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  mpi_job::init(&argc, &argv);
+  const int rank = mpi_job::world_rank();
   set_stop_signal_rank(rank);
   if (asks_version(argc, argv)) {
     if (rank == 0) print_version(argv[0]);
     std::fflush(stdout);
-    MPI_Finalize();
+    mpi_job::finalize();
     return 0;
   }
 #if defined(TRIDENT_HAVE_OPENMP)
@@ -123,11 +118,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   // evenly by the ranks on the node (several ranks each spawning one thread per core would
   // oversubscribe the node many times over).
   if (!std::getenv("OMP_NUM_THREADS")) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
+    const int local = mpi_job::node_place().size;
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     omp_set_num_threads(cores / local > 1 ? cores / local : 1);
   }
@@ -141,11 +132,7 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     for (const auto& a : args) given = given || a.rfind("--kokkos-device-id", 0) == 0;
     int devices = 0;
     if (!given && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
-      MPI_Comm node;
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-      int local = 0;
-      MPI_Comm_rank(node, &local);
-      MPI_Comm_free(&node);
+      const int local = mpi_job::node_place().rank;
       args.push_back("--kokkos-device-id=" + std::to_string(local % devices));
     }
   }
@@ -155,30 +142,23 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
   int kargc = static_cast<int>(kargv.size());
   kargv.push_back(nullptr);
   int rc = 0;
-  MPI_Comm agree = MPI_COMM_NULL;
-  MPI_Comm_dup(MPI_COMM_WORLD, &agree);
   {
+    const Communicator agree = Communicator::duplicate(MPI_COMM_WORLD);
     Kokkos::ScopeGuard kokkos(kargc, kargv.data());
     try {
       rc = body(argc, argv);
     } catch (const Error& e) {
-      if (e.scope() == Error::Scope::all_ranks) {
+      if (e.scope() == Error::Scope::all_ranks)
         rc = leave_after_error(agree, rank, e.what());
-      } else {
-        std::fprintf(stderr, "error (rank %d): %s\n", rank, e.what());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, kExitFailure);
-      }
+      else
+        abort_after_error(rank, e.what());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "error (rank %d): %s\n", rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, kExitFailure);
+      abort_after_error(rank, e.what());
     }
   }
-  MPI_Comm_free(&agree);
   std::fflush(stdout);
   std::fflush(stderr);
-  MPI_Finalize();
+  mpi_job::finalize();
   return rc;
 }
 
@@ -187,9 +167,7 @@ int run_deck_app(int argc, char** argv, int (*train)(const Deck&)) {
     Deck deck;
     std::string help;
     if (!parse_deck(ac, av, deck, &help)) {
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      if (rank == 0) std::cout << help;
+      if (mpi_job::world_rank() == 0) std::cout << help;
       return 0;
     }
     return train(deck);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "comm/agreement.hpp"
 #include "common/error.hpp"
 #include "data/token_shard.hpp"
 #include "checkpoint/checkpoint.hpp"

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/agreement.hpp"
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "io/deck.hpp"

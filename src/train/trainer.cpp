@@ -22,6 +22,7 @@
 #include <memory>
 #include <sstream>
 
+#include "comm/agreement.hpp"
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 #include "common/progress.hpp"

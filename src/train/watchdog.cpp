@@ -7,14 +7,13 @@
 // (docs/DESIGN.md "Exit codes").
 #include "train/watchdog.hpp"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "comm/mpi_job.hpp"
 #include "common/progress.hpp"
 
 namespace trident {
@@ -132,8 +131,7 @@ void Watchdog::watch() {
       std::this_thread::sleep_for(std::chrono::seconds(20));
       std::_Exit(kExitWatchdog);
     }).detach();
-    MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
-    std::_Exit(kExitWatchdog);
+    mpi_job::abort_job(kExitWatchdog);
   }
 }
 

@@ -3,7 +3,9 @@
 # docs/DESIGN.md "Dependency direction"). This check proves the views keep the direction: for
 # every folder A, its view holds exactly A and the folders the build declares it may use; and
 # for every folder F it may not use, an include of one of F's headers, preprocessed with A's view
-# as the include path, fails with "No such file".
+# as the include path, fails with "No such file". And MPI is called only in src/comm (every
+# other folder and apps/ go through comm/: checked return codes, watchdog marks); handles such as
+# MPI_Comm and MPI_COMM_WORLD may appear anywhere.
 #   check_layering.sh CXX VIEWS_DIR SRC_DIR AREA=USED,USED ...   (the declaration of src/CMakeLists.txt)
 set -euo pipefail
 cxx=$1 views=$2 src=$3
@@ -39,6 +41,15 @@ for a in $areas; do
     fi
   done
 done
+# MPI calls outside src/comm: an identifier MPI_Xxx followed by "(" (comments excluded)
+apps=$(cd "$src/.." && pwd)/apps
+mpi_calls=$(grep -rnE '\bMPI_[A-Z][a-z_]+ *\(' "$src" "$apps" --include='*.cpp' --include='*.hpp' |
+  grep -v "^$src/comm/" | grep -vE '^[^:]+:[0-9]+: *//' || true)
+if [ -n "$mpi_calls" ]; then
+  echo "FAIL: MPI called outside src/comm (use comm/communicator.hpp, comm/mpi_job.hpp, comm/agreement.hpp):"
+  echo "$mpi_calls"
+  failed=$((failed + 1))
+fi
 [ "$checked" -gt 0 ] || { echo "FAIL: no forbidden include was checked (views in $views?)"; exit 1; }
 echo "layering: $checked forbidden folder includes fail as they should; $failed problems"
 [ "$failed" -eq 0 ]

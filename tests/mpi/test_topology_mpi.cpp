@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "comm/agreement.hpp"
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 
@@ -45,7 +46,8 @@ TEST(Topology, GroupsMatchTheFormula) {
       EXPECT_EQ(sum, want);
       sum = t.dp_group().allreduce_sum(static_cast<double>(rank));
       want = 0;
-      for (int r = 0; r < t.dp_size(); ++r) want += Topology::global_of({t.coords().tp, r, t.coords().pp}, tp, t.dp_size(), pp);
+      for (int r = 0; r < t.dp_size(); ++r)
+        want += Topology::global_of({t.coords().tp, r, t.coords().pp}, tp, t.dp_size(), pp);
       EXPECT_EQ(sum, want);
       const bool in_emb = t.is_first_stage() || t.is_last_stage();
       EXPECT_EQ(t.embedding_group().get() != MPI_COMM_NULL, in_emb);
