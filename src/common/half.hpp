@@ -44,13 +44,13 @@ KOKKOS_INLINE_FUNCTION std::uint16_t float_to_fp16(float f) {
   const std::uint32_t u = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
-  const int e = static_cast<int>(a >> 23) - 127;                           // unbiased exponent
-  if (e >= -14) {                                                          // normal half
+  const int e = static_cast<int>(a >> 23) - 127;                            // unbiased exponent
+  if (e >= -14) {                                                           // normal half
     const std::uint32_t m = a & 0x7fffffu;
     std::uint32_t h = (static_cast<std::uint32_t>(e + 15) << 10) | (m >> 13);
-    const std::uint32_t rest = m & 0x1fffu;  // 13 dropped bits
+    const std::uint32_t rest = m & 0x1fffu;                    // 13 dropped bits
     if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent
     return static_cast<std::uint16_t>(sign | h);
   }
@@ -99,14 +99,22 @@ KOKKOS_INLINE_FUNCTION float round_to(DType d, float f) {
 
 // 16-bit words in device memory.
 using HalfView = View1<std::uint16_t>;
-inline HalfView make_half(const char* label, std::int64_t n) { return HalfView(std::string(label), static_cast<size_t>(n)); }
+inline HalfView make_half(const char* label, std::int64_t n) {
+  return HalfView(std::string(label), static_cast<size_t>(n));
+}
 
 // A tensor whose storage type is chosen at run time: fp32 in `f`, or bf16 / fp16 words in `h`
-// (exactly one of them is allocated, as `dt` says).
+// (exactly one of them is allocated, as `dt` says). The ops that accept either take an Act and
+// choose their kernel once inside; an fp32 View converts to one implicitly.
 struct Act {
   DType dt = DType::F32;
   FloatView f;  // (size()) fp32 values when dt == F32, else empty
   HalfView h;   // (size()) bf16 / fp16 words when dt != F32, else empty
+  Act() = default;
+  Act(const FloatView& values) : f(values) {}  // NOLINT: implicit, fp32
+  Act(DType type, const HalfView& words) : dt(type), h(words) {}
+  // the element address (fp32 or 16-bit), for GEMM operands
+  const void* data() const { return is_half() ? static_cast<const void*>(h.data()) : f.data(); }
   bool is_half() const { return dt != DType::F32; }
   std::int64_t size() const { return static_cast<std::int64_t>(is_half() ? h.extent(0) : f.extent(0)); }
   std::int64_t bytes() const { return size() * dtype_bytes(dt); }
@@ -114,13 +122,12 @@ struct Act {
 inline Act make_act(DType dt, const char* label, std::int64_t n) {
   Act a;
   a.dt = dt;
-  if (dt == DType::F32) a.f = make_float(label, n); else a.h = make_half(label, n);
+  if (dt == DType::F32)
+    a.f = make_float(label, n);
+  else
+    a.h = make_half(label, n);
   return a;
 }
-inline Act act(const FloatView& f) {
-  Act a;
-  a.f = f;
-  return a;
-}
+inline Act act(const FloatView& f) { return Act(f); }
 
 }  // namespace trident

@@ -1,6 +1,6 @@
 // LayerNorm (layer_norm.hpp): declares <name>/weight (init 1) and <name>/bias (init 0) of C
-// values without weight decay, and sends forward / backward to ops/layernorm's fp32 kernels or
-// to their 16-bit twins by the store's dtype. Statistics, the input gradient (added to dx) and
+// values without weight decay; forward / backward run ops/layernorm on the parameters in the
+// store's dtype. Statistics, the input gradient (added to dx) and
 // the parameter gradients stay fp32 (docs/DESIGN.md "Mixed precision").
 #include "layers/layer_norm.hpp"
 
@@ -17,20 +17,12 @@ LayerNorm::LayerNorm(ParamStore& store, const std::string& name, std::int64_t C,
 
 void LayerNorm::forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
                         std::int64_t N) const {
-  if (store_->dtype() == DType::F32)
-    layernorm_forward(out.f, mean, rstd, x, store_->value(w_), store_->value(b_), N, C_, eps_);
-  else
-    layernorm_forward_half(store_->dtype(), out.h, mean, rstd, x, store_->value16(w_), store_->value16(b_), N, C_,
-                           eps_);
+  layernorm_forward(out, mean, rstd, x, store_->param(w_), store_->param(b_), N, C_, eps_);
 }
 
 void LayerNorm::backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
                          const FloatView& rstd, std::int64_t N) const {
-  if (store_->dtype() == DType::F32)
-    layernorm_backward(dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value(w_), mean, rstd, N, C_);
-  else
-    layernorm_backward_half(store_->dtype(), dx, store_->grad(w_), store_->grad(b_), dout, x, store_->value16(w_), mean,
-                            rstd, N, C_);
+  layernorm_backward(dx, store_->grad(w_), store_->grad(b_), dout, x, store_->param(w_), mean, rstd, N, C_);
 }
 
 }  // namespace trident

@@ -20,11 +20,7 @@ Linear::Linear(ParamStore& store, const std::string& name, std::int64_t in, std:
 void Linear::forward(const FloatView& y, const Act& x, std::int64_t N) const {
   const Act w = store_->param(w_);  // (out, in)
   gemm_mixed(Trans::N, Trans::T, N, out_, in_, 1.f, operand(x), in_, operand(w), in_, 0.f, y.data(), out_);
-  if (b_ < 0) return;
-  if (w.is_half())
-    add_bias_half(w.dt, y, store_->value16(b_), N, out_);
-  else
-    add_bias(y, store_->value(b_), N, out_);
+  if (b_ >= 0) add_bias(y, store_->param(b_), N, out_);
 }
 
 void Linear::backward(const FloatView& dx, const FloatView& dy, const Act& x, std::int64_t N,

@@ -143,11 +143,7 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, y, rows_ * out_);
   }
-  if (!add_bias_here) return;
-  if (w.is_half())
-    add_bias_half(w.dt, y, store_->value16(b_), out_rows, out_);
-  else
-    add_bias(y, store_->value(b_), out_rows, out_);
+  if (add_bias_here) add_bias(y, store_->param(b_), out_rows, out_);
 }
 
 void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16) {

@@ -86,6 +86,8 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
       fc1_(store, p + "/mlp/fc1", s.C, s.F, s.init_std, s.tp, s.rows()),
       proj_(store, p + "/self_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows()),
       fc2_(store, p + "/mlp/fc2", s.F, s.C, s.out_init_std, s.tp, s.rows()) {
+  attend_ = s.flash ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
+  attend_backward_ = s.flash ? &TransformerLayer::fused_attend_backward : &TransformerLayer::gemm_attend_backward;
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
     normx_ = LayerNorm(store, p + "/cross_attention_layernorm", s.C, s.ln_eps);
@@ -162,6 +164,29 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
   return d;
 }
 
+void TransformerLayer::fused_attend(LayerActivations& a, TransformerScratch&, const AttentionShape& as,
+                                    const DropoutSpec& drop) const {
+  flash_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask);
+}
+
+void TransformerLayer::fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                             const DropoutSpec& drop) const {
+  flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask);
+}
+
+void TransformerLayer::gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                   const DropoutSpec& drop) const {
+  attention_probs(a.att, a.att_drop, a.qkv, as, drop, a.mask, s.attention());
+  attention_context(a.atty, drop.active() ? a.att_drop : a.att, a.qkv, as, s.attention());  // (BT, C/tp)
+}
+
+// selective recomputation: the probabilities (and their dropout) again from the kept qkv
+void TransformerLayer::gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                            const DropoutSpec& drop) const {
+  if (!a.attention_kept) attention_probs(a.att, a.att_drop, a.qkv, as, drop, a.mask, s.attention());
+  attention_backward(s.dqkv, s.datty, a.qkv, a.att, a.att_drop, s.datt, as, drop, a.mask, s.attention());
+}
+
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
                                TransformerScratch& s, const IntView& key_valid, const Act& enc,
                                const IntView& enc_valid) {
@@ -176,15 +201,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
-  if (s_.flash) {
-    flash_attention_forward(a.atty, a.lse, a.qkv, as, att_spec, a.mask);
-  } else if (half) {
-    attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec, a.mask);
-    attention_context_half(s_.dt, a.atty.h, s.datty, att_spec.active() ? a.att_drop.h : a.att.h, a.qkv.h, as);
-  } else {
-    attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec, a.mask);
-    attention_context(a.atty.f, att_spec.active() ? a.att_drop.f : a.att.f, a.qkv.f, as);  // (BT, C/tp)
-  }
+  (this->*attend_)(a, s, as, att_spec);
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
   const DropoutSpec proj_spec = spec(rng, s_.hidden_dropout, kAfterProj, sp);
@@ -215,7 +232,7 @@ AttentionShape TransformerLayer::cross_shape() const {
 // encoder's valid positions.
 void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid) {
   const std::int64_t R = s_.local_rows(), C = s_.C;
-  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = cross_shape();
   const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
   record_dropout("cross_probs", index_, att_spec, {as.B, as.nh, as.T, as.Tk});
@@ -226,13 +243,8 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   cq_.forward(a.cq, a.lnx, s.gathered, s.dcq);         // (BT, C/tp)
   ckv_.forward(a.ckv, a.enc, s.gathered_enc, s.dckv);  // (E, 2C/tp)
   Kokkos::fence();
-  if (half) {
-    cross_attention_probs_half(s_.dt, a.catt.h, a.catt_drop.h, a.cq.h, a.ckv.h, s.datt, as, att_spec, mask);
-    cross_attention_context_half(s_.dt, a.catty.h, s.datty, att_spec.active() ? a.catt_drop.h : a.catt.h, a.ckv.h, as);
-  } else {
-    cross_attention_probs(a.catt.f, a.catt_drop.f, a.cq.f, a.ckv.f, as, att_spec, mask);
-    cross_attention_context(a.catty.f, att_spec.active() ? a.catt_drop.f : a.catt.f, a.ckv.f, as);
-  }
+  cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
+  cross_attention_context(a.catty, att_spec.active() ? a.catt_drop : a.catt, a.ckv, as, s.attention());
   Kokkos::fence();
   cproj_.forward(s.branch, a.catty, false);
   const DropoutSpec cproj_spec = spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp);
@@ -244,23 +256,16 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
 void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s,
                                       const FloatView& denc) {
   const std::int64_t R = s_.local_rows(), C = s_.C;
-  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = cross_shape();
   const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
   const AttentionMask mask{false, a.enc_valid};
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp));
   Kokkos::fence();
   cproj_.backward(s.datty, s.dbranch, a.catty, s.dy16);
-  if (half) {
-    if (!a.attention_kept)
-      cross_attention_probs_half(s_.dt, a.catt.h, a.catt_drop.h, a.cq.h, a.ckv.h, s.datt, as, att_spec, mask);
-    cross_attention_backward_half(s_.dt, s.dcq, s.dckv, s.datty, a.cq.h, a.ckv.h, a.catt.h, a.catt_drop.h, s.datt,
-                                  s.att32, s.dy16, s.ds16, as, att_spec, mask);
-  } else {
-    if (!a.attention_kept) cross_attention_probs(a.catt.f, a.catt_drop.f, a.cq.f, a.ckv.f, as, att_spec, mask);
-    cross_attention_backward(s.dcq, s.dckv, s.datty, a.cq.f, a.ckv.f, a.catt.f, s.datt, as, att_spec, a.catt_drop.f,
-                             mask);
-  }
+  if (!a.attention_kept) cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
+  cross_attention_backward(s.dcq, s.dckv, s.datty, a.cq, a.ckv, a.catt, a.catt_drop, s.datt, as, att_spec, mask,
+                           s.attention());
   Kokkos::fence();
   ckv_.backward(s.denc, s.dckv, a.enc, s.gathered_enc, s.dy16);  // d enc (R_e, C), summed over TP
   Kokkos::fence();
@@ -274,17 +279,14 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
 void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
                                 const FloatView& denc) {
   const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size(), nF = s_.rows() * (s_.F / p);
-  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
   const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(gelu(fc1(ln2))))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterFc2, sp));
   Kokkos::fence();
   fc2_.backward(s.dfc_gelu, s.dbranch, a.fc_gelu, s.dy16);  // d gelu-out (BT, F/tp)
-  if (half)
-    gelu_backward_half(s_.dt, s.dfc, s.dfc_gelu, a.fc.h, nF);
-  else
-    gelu_backward(s.dfc, s.dfc_gelu, a.fc.f, nF);
+  gelu_backward(s.dfc, s.dfc_gelu, a.fc, nF);
   Kokkos::fence();
   fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered, s.dy16);  // d ln2 (R, C)
   Kokkos::fence();
@@ -294,17 +296,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterProj, sp));
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
-  // selective recomputation: the probabilities (and their dropout) again from the kept qkv
-  if (s_.flash) {
-    flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, att_spec, a.mask);
-  } else if (half) {
-    if (!a.attention_kept) attention_probs_half(s_.dt, a.att.h, a.att_drop.h, a.qkv.h, s.datt, as, att_spec, a.mask);
-    attention_backward_half(s_.dt, s.dqkv, s.datty, a.qkv.h, a.att.h, a.att_drop.h, s.datt, s.att32, s.dy16, s.ds16, as,
-                            att_spec, a.mask);
-  } else {
-    if (!a.attention_kept) attention_probs(a.att.f, a.att_drop.f, a.qkv.f, as, att_spec, a.mask);
-    attention_backward(s.dqkv, s.datty, a.qkv.f, a.att.f, s.datt, as, att_spec, a.att_drop.f, a.mask);
-  }
+  (this->*attend_backward_)(a, s, as, att_spec);
   Kokkos::fence();
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
   Kokkos::fence();

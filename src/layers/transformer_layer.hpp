@@ -17,7 +17,7 @@
 namespace trident {
 
 struct TransformerShape {
-  std::int64_t B, T, C, nh, F;  // micro-batch, sequence, hidden, heads, ffn hidden (global sizes)
+  std::int64_t B, T, C, nh, F;           // micro-batch, sequence, hidden, heads, ffn hidden (global sizes)
   float ln_eps, init_std, out_init_std;  // out_init_std: std of the output projections
   TensorParallel tp;
   float hidden_dropout = 0.f, attention_dropout = 0.f;
@@ -57,28 +57,28 @@ struct DropoutStreams {
 // regenerated from the keys in `rng`.
 struct LayerActivations {
   DropoutStreams rng;
-  AttentionMask mask;                 // the forward pass's (causal flag, key padding of the micro-batch)
-  Act ln1;                            // (R, C) LayerNorm output, input of qkv
-  FloatView ln1_mean, ln1_rstd;       // (R), (R)
-  Act qkv;                            // (BT, 3 C_l)
-  Act att, att_drop;                  // (A): softmax output, after dropout (with attention dropout)
-  FloatView lse;                      // (B, nh/tp, T): per-row log-sum-exp (fused attention)
-  Act atty;                           // (BT, C_l): input of proj
-  FloatView res2;                     // (R, C): residual after attention, input of LN2 (fp32)
+  AttentionMask mask;            // the forward pass's (causal flag, key padding of the micro-batch)
+  Act ln1;                       // (R, C) LayerNorm output, input of qkv
+  FloatView ln1_mean, ln1_rstd;  // (R), (R)
+  Act qkv;                       // (BT, 3 C_l)
+  Act att, att_drop;             // (A): softmax output, after dropout (with attention dropout)
+  FloatView lse;                 // (B, nh/tp, T): per-row log-sum-exp (fused attention)
+  Act atty;                      // (BT, C_l): input of proj
+  FloatView res2;                // (R, C): residual after attention, input of LN2 (fp32)
   // cross-attention (decoder layers; E = B * Tk encoder rows, R_e = E or E/tp with SP,
   // A_x = B x nh/tp x T x Tk)
-  Act enc;                            // (R_e, C) the encoder output (a handle: the model keeps it)
-  IntView enc_valid;                  // (B * Tk) its padding mask (a handle)
-  Act lnx;                            // (R, C) LayerNorm output, input of the query projection
-  FloatView lnx_mean, lnx_rstd;       // (R), (R)
-  Act cq, ckv;                        // (BT, C_l) queries, (E, 2 C_l) keys | values
-  Act catt, catt_drop;                // (A_x) probabilities, after dropout
-  Act catty;                          // (BT, C_l): input of the cross-attention projection
-  FloatView res3;                     // (R, C): residual after cross-attention, input of LN2
-  Act ln2;                            // (R, C)
-  FloatView ln2_mean, ln2_rstd;       // (R), (R)
-  Act fc, fc_gelu;                    // (BT, F_l), (BT, F_l)
-  FloatView out;                      // (R, C): layer output (fp32 residual stream)
+  Act enc;                       // (R_e, C) the encoder output (a handle: the model keeps it)
+  IntView enc_valid;             // (B * Tk) its padding mask (a handle)
+  Act lnx;                       // (R, C) LayerNorm output, input of the query projection
+  FloatView lnx_mean, lnx_rstd;  // (R), (R)
+  Act cq, ckv;                   // (BT, C_l) queries, (E, 2 C_l) keys | values
+  Act catt, catt_drop;           // (A_x) probabilities, after dropout
+  Act catty;                     // (BT, C_l): input of the cross-attention projection
+  FloatView res3;                // (R, C): residual after cross-attention, input of LN2
+  Act ln2;                       // (R, C)
+  FloatView ln2_mean, ln2_rstd;  // (R), (R)
+  Act fc, fc_gelu;               // (BT, F_l), (BT, F_l)
+  FloatView out;                 // (R, C): layer output (fp32 residual stream)
   // false under selective recomputation: att / att_drop are the shared workspace, recomputed
   // in the backward pass from qkv (Megatron's core-attention recomputation).
   bool attention_kept = true;
@@ -98,17 +98,19 @@ struct TransformerScratch {
   // output (E, C) under SP and, under selective recomputation, the probabilities (A_x)
   FloatView dcq, dckv, denc;
   Act gathered_enc, catt, catt_drop;
-  FloatView datt;                                      // attention scratch (B, nh/tp, T, max(T, Tk))
-  FloatView branch;                                    // (R, C): proj / fc2 output before dropout
-  Act gathered;                                        // (BT, C) all-gathered LayerNorm output (SP)
-  Act att, att_drop;                                   // (B, nh/tp, T, T) under selective recomputation
+  FloatView datt;     // attention scratch (B, nh/tp, T, max(T, Tk))
+  FloatView branch;   // (R, C): proj / fc2 output before dropout
+  Act gathered;       // (BT, C) all-gathered LayerNorm output (SP)
+  Act att, att_drop;  // (B, nh/tp, T, T) under selective recomputation
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
-  FloatView att32;                                     // (B, nh/tp, T, max(T, Tk))
-  FloatView delta;                                     // (B, nh/tp, T): fused attention backward
-  HalfView dy16;                                       // (max(BT, E), max(3C/tp, F/tp, C))
-  HalfView ds16;                                       // (B, nh/tp, T, max(T, Tk))
+  FloatView att32;  // (B, nh/tp, T, max(T, Tk))
+  FloatView delta;  // (B, nh/tp, T): fused attention backward
+  HalfView dy16;    // (max(BT, E), max(3C/tp, F/tp, C))
+  HalfView ds16;    // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
+  // The core attention's view of the above (fp32 scores in datt, the fp32 output in datty).
+  AttentionScratch attention() const { return {datt, att32, datty, dy16, ds16}; }
 };
 
 class TransformerLayer {
@@ -134,12 +136,27 @@ class TransformerLayer {
 
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
+  // The core self-attention (qkv -> atty and back), one of two algorithms fixed when the layer is
+  // built (TransformerShape::flash): the fused kernel, or probabilities and context by GEMMs.
+  using AttendForward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
+                                                   const DropoutSpec&) const;
+  using AttendBackward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
+                                                    const DropoutSpec&) const;
+  void fused_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                    const DropoutSpec& drop) const;
+  void fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                             const DropoutSpec& drop) const;
+  void gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
+  void gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                            const DropoutSpec& drop) const;
   AttentionShape cross_shape() const;
   void cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid);
   void cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s, const FloatView& denc);
 
   TransformerShape s_;
   std::int64_t index_;
+  AttendForward attend_ = nullptr;
+  AttendBackward attend_backward_ = nullptr;
   LayerNorm norm1_, norm2_, normx_;
   ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
   RowParallelLinear proj_, fc2_, cproj_;

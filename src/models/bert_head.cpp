@@ -86,10 +86,7 @@ LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, 
   Kokkos::fence();
   // logits (BT, Vl) = t3 wte_local^T + bias_local
   gemm_mixed(Trans::N, Trans::T, BT, Vl_, C, 1.f, operand(t3_), C, operand(wte), C, 0.f, logits_.data(), Vl_);
-  if (half)
-    add_bias_half(dt_, logits_, store_->value16(bias_), BT, Vl_);
-  else
-    add_bias(logits_, store_->value(bias_), BT, Vl_);
+  add_bias(logits_, store_->param(bias_), BT, Vl_);
   Kokkos::fence();
   const float dmlm = static_cast<float>(dscale / n_targets);
   token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl_, start_, dmlm, training, tp_.comm, ce_scratch_);

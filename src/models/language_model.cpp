@@ -319,10 +319,7 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
   const std::int64_t C = cfg_.hidden, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   const FloatView word = slice(word_, 0, BT * C);
-  if (cfg_.dt == DType::F32)
-    embedding_lookup(word, tokens, store_->value(wte_), vocab_start_, vocab_local_, BT, C);
-  else
-    embedding_lookup_half(cfg_.dt, word, tokens, store_->value16(wte_), vocab_start_, vocab_local_, BT, C);
+  embedding_lookup(word, tokens, store_->param(wte_), vocab_start_, vocab_local_, BT, C);
   Kokkos::fence();
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::forward(tp_, out, word, BT, C);
@@ -330,17 +327,10 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
     ReduceFromTensorParallelRegion::forward(tp_, word, BT * C);
     Kokkos::deep_copy(out, word);
   }
-  if (cfg_.dt == DType::F32)
-    add_positions(out, store_->value(wpe_), row0, R, T, C);
-  else
-    add_positions_half(cfg_.dt, out, store_->value16(wpe_), row0, R, T, C);
+  add_positions(out, store_->param(wpe_), row0, R, T, C);
   if (tte_ >= 0) {  // token types of this rank's rows; word_ is free again
     Kokkos::fence();
-    if (cfg_.dt == DType::F32)
-      embedding_lookup(word_, slice(types, row0, R), store_->value(tte_), 0, cfg_.num_token_types, R, C);
-    else
-      embedding_lookup_half(cfg_.dt, word_, slice(types, row0, R), store_->value16(tte_), 0, cfg_.num_token_types, R,
-                            C);
+    embedding_lookup(word_, slice(types, row0, R), store_->param(tte_), 0, cfg_.num_token_types, R, C);
     Kokkos::fence();
     accumulate(out, word_, R * C);
   }

@@ -53,11 +53,7 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(x), C, operand(wte), C, 0.f, logits_.data(), Vl);
   if (bias_ >= 0) {  // this rank's vocabulary columns of the bias
     Kokkos::fence();
-    const Act bias = store_->param(bias_);
-    if (bias.is_half())
-      add_bias_half(bias.dt, logits_, bias.h, BT, Vl);
-    else
-      add_bias(logits_, bias.f, BT, Vl);
+    add_bias(logits_, store_->param(bias_), BT, Vl);
     Kokkos::fence();
   }
   const double per_target = per_target_mean_ ? 1.0 / static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1))

@@ -4,48 +4,54 @@
 #include "ops/attention.hpp"
 
 #include "common/device_math.hpp"
+#include "common/error.hpp"
 #include "ops/gemm.hpp"
 #include "ops/mixed_precision.hpp"
 
+#include <initializer_list>
+#include <string>
+
 namespace trident {
 
-void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
-                            std::int64_t nh, float scale, const AttentionMask& mask) {
+void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh,
+                            float scale, const AttentionMask& mask) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0;
   const IntView valid = mask.key_valid;
-  Kokkos::parallel_for("ops::masked_softmax_forward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;  // first key of the sample
-    const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-    auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
-    float mx = -3.0e38f;
-    bool any = false;
-    for (std::int64_t j = 0; j < jend; ++j)
-      if (on(j)) {
-        mx = dmax(mx, att(base + j) * scale);
-        any = true;
-      }
-    float sum = 0.f;
-    for (std::int64_t j = 0; j < jend; ++j) {
-      const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
-      att(base + j) = e;
-      sum += e;
-    }
-    const float inv = any ? 1.f / sum : 0.f;
-    for (std::int64_t j = 0; j < jend; ++j) att(base + j) *= inv;
-    for (std::int64_t j = jend; j < Tk; ++j) att(base + j) = 0.f;
-  });
+  Kokkos::parallel_for(
+      "ops::masked_softmax_forward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;  // first key of the sample
+        const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+        auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
+        float mx = -3.0e38f;
+        bool any = false;
+        for (std::int64_t j = 0; j < jend; ++j)
+          if (on(j)) {
+            mx = dmax(mx, att(base + j) * scale);
+            any = true;
+          }
+        float sum = 0.f;
+        for (std::int64_t j = 0; j < jend; ++j) {
+          const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
+          att(base + j) = e;
+          sum += e;
+        }
+        const float inv = any ? 1.f / sum : 0.f;
+        for (std::int64_t j = 0; j < jend; ++j) att(base + j) *= inv;
+        for (std::int64_t j = jend; j < Tk; ++j) att(base + j) = 0.f;
+      });
 }
 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal) {
-  Kokkos::parallel_for("ops::masked_softmax_backward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-    float dot = 0.f;
-    for (std::int64_t j = 0; j < jend; ++j) dot += datt(base + j) * att(base + j);
-    // masked keys have att = 0, hence a zero gradient
-    for (std::int64_t j = 0; j < jend; ++j) datt(base + j) = att(base + j) * (datt(base + j) - dot) * scale;
-    for (std::int64_t j = jend; j < Tk; ++j) datt(base + j) = 0.f;
-  });
+  Kokkos::parallel_for(
+      "ops::masked_softmax_backward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+        float dot = 0.f;
+        for (std::int64_t j = 0; j < jend; ++j) dot += datt(base + j) * att(base + j);
+        // masked keys have att = 0, hence a zero gradient
+        for (std::int64_t j = 0; j < jend; ++j) datt(base + j) = att(base + j) * (datt(base + j) - dot) * scale;
+        for (std::int64_t j = jend; j < Tk; ++j) datt(base + j) = 0.f;
+      });
 }
 
 namespace {
@@ -82,7 +88,8 @@ void scores_gemm(float* scores, const Operands& o, const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs();
   for (std::int64_t b = 0; b < s.B; ++b)
     gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q.at(b * Tq * o.ldq), o.ldq, hs,
-                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, scores + b * nh * Tq * Tk, Tk, Tq * Tk, nh);
+                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, scores + b * nh * Tq * Tk, Tk, Tq * Tk,
+                               nh);
 }
 
 // y_h (Tq, hs) = probs_h (Tq, Tk) v_h (Tk, hs), written in place into y (row stride C)
@@ -98,8 +105,9 @@ void value_grad_gemms(float* datt, const GradOperands& g, GemmOperand dy, GemmOp
                       const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C;
   for (std::int64_t b = 0; b < s.B; ++b) {
-    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C), C, hs, o.v.at(b * s.kv_rows() * o.ldv),
-                               o.ldv, hs, 0.f, datt + b * nh * Tq * Tk, Tk, Tq * Tk, nh);
+    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C), C, hs,
+                               o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, datt + b * nh * Tq * Tk, Tk, Tq * Tk,
+                               nh);
     gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(b * nh * Tq * Tk), Tk, Tq * Tk,
                                dy.at(b * Tq * C), C, hs, 0.f, g.dv + b * s.kv_rows() * g.ldv, g.ldv, hs, nh);
   }
@@ -135,9 +143,8 @@ void backward_f32(const GradOperands& g, const FloatView& dy, const Operands& o,
   query_key_grad_gemms(g, operand(datt.data()), o, s);
 }
 
-void probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const Operands& o,
-                const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop,
-                const AttentionMask& mask) {
+void probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const Operands& o, const FloatView& scores,
+                const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t A = probs_size(s);
   scores_gemm(scores.data(), o, s);
   masked_softmax_forward(scores, s.B * s.nh, s.T, s.keys(), s.nh, softmax_scale(s), mask);
@@ -159,8 +166,7 @@ void context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfV
 
 void backward_half(DType dt, const GradOperands& g, const FloatView& dy, const Operands& o, const HalfView& att,
                    const HalfView& att_drop, const FloatView& datt, const FloatView& att32, const HalfView& dy16,
-                   const HalfView& ds16, const AttentionShape& s, const DropoutSpec& drop,
-                   const AttentionMask& mask) {
+                   const HalfView& ds16, const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t A = probs_size(s);
   pack_half(dt, dy16, dy, s.B * s.T * s.C);
   Kokkos::fence();
@@ -177,15 +183,70 @@ void backward_half(DType dt, const GradOperands& g, const FloatView& dy, const O
 
 }  // namespace
 
-// ---- self-attention, q|k|v packed per token
+namespace {
 
-void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
-                     const DropoutSpec& drop, const AttentionMask& mask) {
-  probs_f32(att, att_drop, packed(DType::F32, qkv.data(), s.C), s, drop, mask);
+// The API boundary: every activation of one call in one storage type, and the 16-bit path's
+// scratch large enough.
+DType common_dtype(const char* op, std::initializer_list<const Act*> acts) {
+  DType dt = DType::F32;
+  bool first = true;
+  for (const Act* a : acts) {
+    if (a->size() == 0) continue;  // an absent tensor (att_drop without dropout)
+    if (!first && a->dt != dt)
+      throw Error::one(std::string("internal: ") + op + " called with activations of different types (" +
+                       dtype_name(dt) + ", " + dtype_name(a->dt) + ")");
+    dt = a->dt;
+    first = false;
+  }
+  return dt;
+}
+void require_scratch(const char* op, const char* name, std::int64_t have, std::int64_t need) {
+  if (have < need)
+    throw Error::one(std::string("internal: ") + op + ": 16-bit scratch " + name + " holds " + std::to_string(have) +
+                     " values, " + std::to_string(need) + " needed");
+}
+std::int64_t extent(const FloatView& v) { return static_cast<std::int64_t>(v.extent(0)); }
+std::int64_t extent(const HalfView& v) { return static_cast<std::int64_t>(v.extent(0)); }
+
+void probs_any(const char* op, const Act& att, const Act& att_drop, const Operands& o, DType dt,
+               const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask,
+               const AttentionScratch& scratch) {
+  if (dt == DType::F32) return probs_f32(att.f, att_drop.f, o, s, drop, mask);
+  require_scratch(op, "scores", extent(scratch.scores), probs_size(s));
+  probs_half(dt, att.h, att_drop.h, o, scratch.scores, s, drop, mask);
 }
 
-void attention_context(const FloatView& y, const FloatView& probs, const FloatView& qkv, const AttentionShape& s) {
-  context_gemm(y.data(), operand(probs.data()), packed(DType::F32, qkv.data(), s.C), s);
+void context_any(const char* op, const Act& y, const Act& probs, const Operands& o, DType dt, const AttentionShape& s,
+                 const AttentionScratch& scratch) {
+  if (dt == DType::F32) return context_gemm(y.f.data(), operand(probs.f.data()), o, s);
+  require_scratch(op, "y32", extent(scratch.y32), s.B * s.T * s.C);
+  context_half(dt, y.h, scratch.y32, probs.h, o, s);
+}
+
+void backward_any(const char* op, const GradOperands& g, const FloatView& dy, const Operands& o, DType dt,
+                  const Act& att, const Act& att_drop, const FloatView& datt, const AttentionShape& s,
+                  const DropoutSpec& drop, const AttentionMask& mask, const AttentionScratch& scratch) {
+  if (dt == DType::F32) return backward_f32(g, dy, o, att.f, datt, s, drop, att_drop.f, mask);
+  require_scratch(op, "att32", extent(scratch.att32), probs_size(s));
+  require_scratch(op, "ds16", extent(scratch.ds16), probs_size(s));
+  require_scratch(op, "dy16", extent(scratch.dy16), s.B * s.T * s.C);
+  backward_half(dt, g, dy, o, att.h, att_drop.h, datt, scratch.att32, scratch.dy16, scratch.ds16, s, drop, mask);
+}
+
+}  // namespace
+
+// ---- self-attention, q|k|v packed per token
+
+void attention_probs(const Act& att, const Act& att_drop, const Act& qkv, const AttentionShape& s,
+                     const DropoutSpec& drop, const AttentionMask& mask, const AttentionScratch& scratch) {
+  const DType dt = common_dtype("attention_probs", {&att, &att_drop, &qkv});
+  probs_any("attention_probs", att, att_drop, packed(dt, qkv.data(), s.C), dt, s, drop, mask, scratch);
+}
+
+void attention_context(const Act& y, const Act& probs, const Act& qkv, const AttentionShape& s,
+                       const AttentionScratch& scratch) {
+  const DType dt = common_dtype("attention_context", {&y, &probs, &qkv});
+  context_any("attention_context", y, probs, packed(dt, qkv.data(), s.C), dt, s, scratch);
 }
 
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
@@ -194,70 +255,35 @@ void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView
   attention_context(y, drop.active() ? att_drop : att, qkv, s);
 }
 
-void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
+void attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& qkv, const Act& att, const Act& att_drop,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop,
-                        const FloatView& att_drop, const AttentionMask& mask) {
-  backward_f32(packed_grad(dqkv.data(), s.C), dy, packed(DType::F32, qkv.data(), s.C), att, datt, s, drop, att_drop,
-               mask);
-}
-
-void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
-                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop,
-                          const AttentionMask& mask) {
-  probs_half(dt, att, att_drop, packed(dt, qkv.data(), s.C), scores, s, drop, mask);
-}
-
-void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
-                            const HalfView& qkv, const AttentionShape& s) {
-  context_half(dt, y, y32, probs, packed(dt, qkv.data(), s.C), s);
-}
-
-void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
-                             const HalfView& att, const HalfView& att_drop, const FloatView& datt,
-                             const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
-                             const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
-  backward_half(dt, packed_grad(dqkv.data(), s.C), dy, packed(dt, qkv.data(), s.C), att, att_drop, datt, att32, dy16,
-                ds16, s, drop, mask);
+                        const AttentionMask& mask, const AttentionScratch& scratch) {
+  const DType dt = common_dtype("attention_backward", {&qkv, &att, &att_drop});
+  backward_any("attention_backward", packed_grad(dqkv.data(), s.C), dy, packed(dt, qkv.data(), s.C), dt, att, att_drop,
+               datt, s, drop, mask, scratch);
 }
 
 // ---- cross-attention: q (B, T, C), k|v (B, Tk, 2C)
 
-void cross_attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& q, const FloatView& kv,
-                           const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
-  probs_f32(att, att_drop, crossed(DType::F32, q.data(), kv.data(), s.C), s, drop, mask);
+void cross_attention_probs(const Act& att, const Act& att_drop, const Act& q, const Act& kv, const AttentionShape& s,
+                           const DropoutSpec& drop, const AttentionMask& mask, const AttentionScratch& scratch) {
+  const DType dt = common_dtype("cross_attention_probs", {&att, &att_drop, &q, &kv});
+  probs_any("cross_attention_probs", att, att_drop, crossed(dt, q.data(), kv.data(), s.C), dt, s, drop, mask, scratch);
 }
 
-void cross_attention_context(const FloatView& y, const FloatView& probs, const FloatView& kv,
-                             const AttentionShape& s) {
-  context_gemm(y.data(), operand(probs.data()), crossed(DType::F32, nullptr, kv.data(), s.C), s);
+void cross_attention_context(const Act& y, const Act& probs, const Act& kv, const AttentionShape& s,
+                             const AttentionScratch& scratch) {
+  const DType dt = common_dtype("cross_attention_context", {&y, &probs, &kv});
+  context_any("cross_attention_context", y, probs, crossed(dt, nullptr, kv.data(), s.C), dt, s, scratch);
 }
 
-void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const FloatView& q,
-                              const FloatView& kv, const FloatView& att, const FloatView& datt,
-                              const AttentionShape& s, const DropoutSpec& drop, const FloatView& att_drop,
-                              const AttentionMask& mask) {
-  backward_f32(crossed_grad(dq.data(), dkv.data(), s.C), dy, crossed(DType::F32, q.data(), kv.data(), s.C), att, datt,
-               s, drop, att_drop, mask);
-}
-
-void cross_attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& q,
-                                const HalfView& kv, const FloatView& scores, const AttentionShape& s,
-                                const DropoutSpec& drop, const AttentionMask& mask) {
-  probs_half(dt, att, att_drop, crossed(dt, q.data(), kv.data(), s.C), scores, s, drop, mask);
-}
-
-void cross_attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
-                                  const HalfView& kv, const AttentionShape& s) {
-  context_half(dt, y, y32, probs, crossed(dt, nullptr, kv.data(), s.C), s);
-}
-
-void cross_attention_backward_half(DType dt, const FloatView& dq, const FloatView& dkv, const FloatView& dy,
-                                   const HalfView& q, const HalfView& kv, const HalfView& att,
-                                   const HalfView& att_drop, const FloatView& datt, const FloatView& att32,
-                                   const HalfView& dy16, const HalfView& ds16, const AttentionShape& s,
-                                   const DropoutSpec& drop, const AttentionMask& mask) {
-  backward_half(dt, crossed_grad(dq.data(), dkv.data(), s.C), dy, crossed(dt, q.data(), kv.data(), s.C), att,
-                att_drop, datt, att32, dy16, ds16, s, drop, mask);
+void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const Act& q,
+                              const Act& kv, const Act& att, const Act& att_drop, const FloatView& datt,
+                              const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask,
+                              const AttentionScratch& scratch) {
+  const DType dt = common_dtype("cross_attention_backward", {&q, &kv, &att, &att_drop});
+  backward_any("cross_attention_backward", crossed_grad(dq.data(), dkv.data(), s.C), dy,
+               crossed(dt, q.data(), kv.data(), s.C), dt, att, att_drop, datt, s, drop, mask, scratch);
 }
 
 }  // namespace trident

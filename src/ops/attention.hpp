@@ -32,65 +32,56 @@ struct AttentionMask {
   IntView key_valid;
 };
 
+// Storage: the activations (qkv, q, kv, the probabilities att and att_drop, the output y) are
+// Acts, fp32 or bf16 / fp16 words alike (each call checks they share one type and dispatches
+// once). In 16 bits the GEMMs take 16-bit inputs with fp32 accumulation, and scores, softmax,
+// dropout and every gradient stay fp32 in the scratch below (docs/DESIGN.md "Mixed precision").
+struct AttentionScratch {
+  FloatView scores;  // (B, nh, T, Tk) fp32 scores, then probabilities (probs)
+  FloatView att32;   // (B, nh, T, Tk) the stored probabilities widened (backward)
+  FloatView y32;     // (B, T, C) the fp32 GEMM output (context)
+  HalfView dy16;     // (B, T, C) dy in 16 bits (backward)
+  HalfView ds16;     // (B, nh, T, Tk) the score gradient in 16 bits (backward)
+};
+
 // qkv (B, T, 3C) -> y (B, T, C), the attention output before the projection; att (B, nh, T, T)
 // keeps the probabilities. With dropout, att_drop (B, nh, T, T) receives the dropped-out
-// probabilities (unused otherwise). Heads are addressed in place (strided GEMMs).
+// probabilities (unused otherwise). Heads are addressed in place (strided GEMMs). fp32 only.
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
                        const DropoutSpec& drop = {}, const FloatView& att_drop = {}, const AttentionMask& mask = {});
 
-// The two halves of attention_forward. attention_probs: att (B, nh, T, T) = masked
+// The two halves of the forward pass. attention_probs: att (B, nh, T, T) = masked
 // softmax(q k^T / sqrt(hs)) and, with dropout, att_drop = dropout(att). Selective activation
 // recomputation re-runs it in the backward pass instead of keeping att and att_drop.
-void attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& qkv, const AttentionShape& s,
-                     const DropoutSpec& drop = {}, const AttentionMask& mask = {});
+void attention_probs(const Act& att, const Act& att_drop, const Act& qkv, const AttentionShape& s,
+                     const DropoutSpec& drop = {}, const AttentionMask& mask = {},
+                     const AttentionScratch& scratch = {});
 // y (B, T, C) = probs v, per head (probs: att, or att_drop with dropout).
-void attention_context(const FloatView& y, const FloatView& probs, const FloatView& qkv, const AttentionShape& s);
+void attention_context(const Act& y, const Act& probs, const Act& qkv, const AttentionShape& s,
+                       const AttentionScratch& scratch = {});
 
-// dy (B, T, C) -> dqkv (B, T, 3C) (overwritten). Scratch: datt (B, nh, T, T).
-void attention_backward(const FloatView& dqkv, const FloatView& dy, const FloatView& qkv, const FloatView& att,
+// dy (B, T, C) -> dqkv (B, T, 3C) (fp32, overwritten). Scratch: datt (B, nh, T, T) fp32.
+void attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& qkv, const Act& att, const Act& att_drop,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop = {},
-                        const FloatView& att_drop = {}, const AttentionMask& mask = {});
-
-// ---- 16-bit twins (mixed precision): qkv, the probabilities (att, att_drop) and the output y
-// are 16-bit words; the GEMMs take 16-bit inputs with fp32 accumulation; scores, softmax,
-// dropout and every gradient are fp32. Workspaces: scores and att32 (B, nh, T, T) fp32, y32
-// (B, T, C) fp32, dy16 (B, T, C) and ds16 (B, nh, T, T) 16-bit.
-void attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& qkv,
-                          const FloatView& scores, const AttentionShape& s, const DropoutSpec& drop = {},
-                          const AttentionMask& mask = {});
-void attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
-                            const HalfView& qkv, const AttentionShape& s);
-void attention_backward_half(DType dt, const FloatView& dqkv, const FloatView& dy, const HalfView& qkv,
-                             const HalfView& att, const HalfView& att_drop, const FloatView& datt,
-                             const FloatView& att32, const HalfView& dy16, const HalfView& ds16,
-                             const AttentionShape& s, const DropoutSpec& drop = {},
-                             const AttentionMask& mask = {});
+                        const AttentionMask& mask = {}, const AttentionScratch& scratch = {});
 
 // ---- cross-attention (s.Tk keys per sample; probabilities (B, nh, T, Tk)); the same
 // contracts as the self-attention functions, with the query and key/value gradients in dq
-// (B, T, C) and dkv (B, Tk, 2C) (both overwritten).
-void cross_attention_probs(const FloatView& att, const FloatView& att_drop, const FloatView& q, const FloatView& kv,
-                           const AttentionShape& s, const DropoutSpec& drop = {}, const AttentionMask& mask = {});
-void cross_attention_context(const FloatView& y, const FloatView& probs, const FloatView& kv, const AttentionShape& s);
-void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const FloatView& q,
-                              const FloatView& kv, const FloatView& att, const FloatView& datt,
-                              const AttentionShape& s, const DropoutSpec& drop = {}, const FloatView& att_drop = {},
-                              const AttentionMask& mask = {});
-void cross_attention_probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const HalfView& q,
-                                const HalfView& kv, const FloatView& scores, const AttentionShape& s,
-                                const DropoutSpec& drop = {}, const AttentionMask& mask = {});
-void cross_attention_context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs,
-                                  const HalfView& kv, const AttentionShape& s);
-void cross_attention_backward_half(DType dt, const FloatView& dq, const FloatView& dkv, const FloatView& dy,
-                                   const HalfView& q, const HalfView& kv, const HalfView& att,
-                                   const HalfView& att_drop, const FloatView& datt, const FloatView& att32,
-                                   const HalfView& dy16, const HalfView& ds16, const AttentionShape& s,
-                                   const DropoutSpec& drop = {}, const AttentionMask& mask = {});
+// (B, T, C) and dkv (B, Tk, 2C) (both fp32, overwritten).
+void cross_attention_probs(const Act& att, const Act& att_drop, const Act& q, const Act& kv, const AttentionShape& s,
+                           const DropoutSpec& drop = {}, const AttentionMask& mask = {},
+                           const AttentionScratch& scratch = {});
+void cross_attention_context(const Act& y, const Act& probs, const Act& kv, const AttentionShape& s,
+                             const AttentionScratch& scratch = {});
+void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const Act& q,
+                              const Act& kv, const Act& att, const Act& att_drop, const FloatView& datt,
+                              const AttentionShape& s, const DropoutSpec& drop = {}, const AttentionMask& mask = {},
+                              const AttentionScratch& scratch = {});
 
 // Row-wise masked softmax in place over BH * Tq rows of length Tk (row r: sample r / (nh Tq),
 // query i = r % Tq): the causal mask drops keys j > i, the padding mask keys with key_valid 0.
-void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
-                            std::int64_t nh, float scale, const AttentionMask& mask);
+void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh,
+                            float scale, const AttentionMask& mask);
 // datt <- att * (datt - sum_j datt*att) * scale  (in place in datt; masked keys get 0)
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal);

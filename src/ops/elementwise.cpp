@@ -21,9 +21,21 @@ void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n) {
       "ops::accumulate", range(n), KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
 }
 
-void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols) {
+namespace {
+template <class F, class V>
+void add_bias_impl(const char* label, const FloatView& y, const V& bias, std::int64_t rows, std::int64_t cols) {
   Kokkos::parallel_for(
-      "ops::add_bias", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += bias(i % cols); });
+      label, range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
+}
+}  // namespace
+
+void add_bias(const FloatView& y, const Act& bias, std::int64_t rows, std::int64_t cols) {
+  if (bias.dt == DType::F32)
+    add_bias_impl<F32Fmt>("ops::add_bias", y, bias.f, rows, cols);
+  else if (bias.dt == DType::BF16)
+    add_bias_impl<Bf16Fmt>("ops::add_bias_half", y, bias.h, rows, cols);
+  else
+    add_bias_impl<Fp16Fmt>("ops::add_bias_half", y, bias.h, rows, cols);
 }
 
 void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n) {

@@ -12,8 +12,9 @@ namespace trident {
 void add(const FloatView& out, const FloatView& a, const FloatView& b, std::int64_t n);
 // acc += x  (n elements)
 void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n);
-// y (rows, cols) += bias (cols) broadcast over rows
-void add_bias(const FloatView& y, const FloatView& bias, std::int64_t rows, std::int64_t cols);
+// y (rows, cols) += bias (cols) broadcast over rows; the bias fp32 or bf16 / fp16 words (widened
+// exactly, added in fp32)
+void add_bias(const FloatView& y, const Act& bias, std::int64_t rows, std::int64_t cols);
 // dbias (cols) += column sums of dy (rows, cols)
 void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols);
 // out = tanh(x); dx = dout * (1 - out^2)  (BERT's pooler)

@@ -9,62 +9,61 @@ namespace detail {
 template <class F, class V>
 void embedding_lookup(const FloatView& out, const IntView& tokens, const V& wte, std::int64_t start,
                       std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  Kokkos::parallel_for("ops::embedding_lookup", range(N * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t n = i / C, c = i % C;
-    const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
-    out(i) = (row >= 0 && row < rows_local) ? F::load(wte(row * C + c)) : 0.f;
-  });
+  Kokkos::parallel_for(
+      "ops::embedding_lookup", range(N * C), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t n = i / C, c = i % C;
+        const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
+        out(i) = (row >= 0 && row < rows_local) ? F::load(wte(row * C + c)) : 0.f;
+      });
 }
 template <class F, class V>
-void add_positions(const FloatView& x, const V& wpe, std::int64_t row0, std::int64_t R, std::int64_t T, std::int64_t C) {
-  Kokkos::parallel_for("ops::add_positions", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
-    const std::int64_t t = (row0 + i / C) % T;
-    x(i) += F::load(wpe(t * C + i % C));
-  });
+void add_positions(const FloatView& x, const V& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
+                   std::int64_t C) {
+  Kokkos::parallel_for(
+      "ops::add_positions", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t t = (row0 + i / C) % T;
+        x(i) += F::load(wpe(t * C + i % C));
+      });
 }
 }  // namespace detail
 
-void embedding_lookup(const FloatView& out, const IntView& tokens, const FloatView& wte, std::int64_t start,
+void embedding_lookup(const FloatView& out, const IntView& tokens, const Act& wte, std::int64_t start,
                       std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  detail::embedding_lookup<F32Fmt>(out, tokens, wte, start, rows_local, N, C);
-}
-
-void embedding_lookup_half(DType dt, const FloatView& out, const IntView& tokens, const HalfView& wte,
-                           std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  if (dt == DType::BF16)
-    detail::embedding_lookup<Bf16Fmt>(out, tokens, wte, start, rows_local, N, C);
+  if (wte.dt == DType::F32)
+    detail::embedding_lookup<F32Fmt>(out, tokens, wte.f, start, rows_local, N, C);
+  else if (wte.dt == DType::BF16)
+    detail::embedding_lookup<Bf16Fmt>(out, tokens, wte.h, start, rows_local, N, C);
   else
-    detail::embedding_lookup<Fp16Fmt>(out, tokens, wte, start, rows_local, N, C);
+    detail::embedding_lookup<Fp16Fmt>(out, tokens, wte.h, start, rows_local, N, C);
 }
 
-void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens,
-                               std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  Kokkos::parallel_for("ops::embedding_lookup_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
-    for (std::int64_t n = 0; n < N; ++n) {
-      const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
-      if (row >= 0 && row < rows_local) dwte(row * C + c) += dout(n * C + c);
-    }
-  });
+void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens, std::int64_t start,
+                               std::int64_t rows_local, std::int64_t N, std::int64_t C) {
+  Kokkos::parallel_for(
+      "ops::embedding_lookup_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+        for (std::int64_t n = 0; n < N; ++n) {
+          const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
+          if (row >= 0 && row < rows_local) dwte(row * C + c) += dout(n * C + c);
+        }
+      });
 }
 
-void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
+void add_positions(const FloatView& x, const Act& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
                    std::int64_t C) {
-  detail::add_positions<F32Fmt>(x, wpe, row0, R, T, C);
-}
-
-void add_positions_half(DType dt, const FloatView& x, const HalfView& wpe, std::int64_t row0, std::int64_t R,
-                        std::int64_t T, std::int64_t C) {
-  if (dt == DType::BF16)
-    detail::add_positions<Bf16Fmt>(x, wpe, row0, R, T, C);
+  if (wpe.dt == DType::F32)
+    detail::add_positions<F32Fmt>(x, wpe.f, row0, R, T, C);
+  else if (wpe.dt == DType::BF16)
+    detail::add_positions<Bf16Fmt>(x, wpe.h, row0, R, T, C);
   else
-    detail::add_positions<Fp16Fmt>(x, wpe, row0, R, T, C);
+    detail::add_positions<Fp16Fmt>(x, wpe.h, row0, R, T, C);
 }
 
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
                             std::int64_t T, std::int64_t C) {
-  Kokkos::parallel_for("ops::add_positions_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
-    for (std::int64_t i = 0; i < R; ++i) dwpe(((row0 + i) % T) * C + c) += dx(i * C + c);
-  });
+  Kokkos::parallel_for(
+      "ops::add_positions_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+        for (std::int64_t i = 0; i < R; ++i) dwpe(((row0 + i) % T) * C + c) += dx(i * C + c);
+      });
 }
 
 void embedding_forward(const FloatView& out, const IntView& tokens, const FloatView& wte, const FloatView& wpe,

@@ -1,8 +1,8 @@
 // Embedding kernels (docs/DESIGN.md "Tensor and sequence parallelism"): the vocabulary-parallel
 // word-embedding lookup (a rank reads only its rows [start, start + rows_local) of the padded
 // table and writes 0 for other tokens; the partial rows are then summed over TP), learned
-// absolute positions added to the rows held here, their backward passes into fp32 gradients, and
-// 16-bit twins that read bf16 / fp16 tables.
+// absolute positions added to the rows held here, and their backward passes into fp32 gradients.
+// The tables are Acts: fp32, or bf16 / fp16 words (one kernel template, chosen once per call).
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
@@ -11,20 +11,15 @@ namespace trident {
 
 // out (N, C) = wte[tok - start] for tokens in [start, start + rows_local), else 0
 // (vocabulary-parallel lookup; the partial results are summed over TP afterwards).
-void embedding_lookup(const FloatView& out, const IntView& tokens, const FloatView& wte, std::int64_t start,
+void embedding_lookup(const FloatView& out, const IntView& tokens, const Act& wte, std::int64_t start,
                       std::int64_t rows_local, std::int64_t N, std::int64_t C);
 // dwte[tok - start] += dout[n] for tokens of this rank's range (deterministic order).
 void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens, std::int64_t start,
                                std::int64_t rows_local, std::int64_t N, std::int64_t C);
 // x (R, C) += wpe[(row0 + i) % T] for local rows i (row0: first global row held here).
-void add_positions(const FloatView& x, const FloatView& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
+void add_positions(const FloatView& x, const Act& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
                    std::int64_t C);
 // dwpe[(row0 + i) % T] += dx[i]
-// 16-bit twins (the same kernels): tables as bf16 / fp16 words, outputs fp32.
-void embedding_lookup_half(DType dt, const FloatView& out, const IntView& tokens, const HalfView& wte,
-                           std::int64_t start, std::int64_t rows_local, std::int64_t N, std::int64_t C);
-void add_positions_half(DType dt, const FloatView& x, const HalfView& wpe, std::int64_t row0, std::int64_t R,
-                        std::int64_t T, std::int64_t C);
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
                             std::int64_t T, std::int64_t C);
 

@@ -4,6 +4,7 @@
 #include "ops/gelu.hpp"
 
 #include "common/device_math.hpp"
+#include "common/error.hpp"
 
 namespace trident {
 
@@ -21,24 +22,23 @@ void gelu_backward(const FloatView& dx, const FloatView& dout, const V& x, std::
 }
 }  // namespace detail
 
-void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n) { detail::gelu_forward<F32Fmt>(out, x, n); }
-
-void gelu_backward(const FloatView& dx, const FloatView& dout, const FloatView& x, std::int64_t n) {
-  detail::gelu_backward<F32Fmt>(dx, dout, x, n);
+void gelu_forward(const Act& out, const Act& x, std::int64_t n) {
+  if (out.dt != x.dt) throw Error::one("internal: gelu_forward with mixed storage types");
+  if (x.dt == DType::F32)
+    detail::gelu_forward<F32Fmt>(out.f, x.f, n);
+  else if (x.dt == DType::BF16)
+    detail::gelu_forward<Bf16Fmt>(out.h, x.h, n);
+  else
+    detail::gelu_forward<Fp16Fmt>(out.h, x.h, n);
 }
 
-void gelu_forward_half(DType dt, const HalfView& out, const HalfView& x, std::int64_t n) {
-  if (dt == DType::BF16)
-    detail::gelu_forward<Bf16Fmt>(out, x, n);
+void gelu_backward(const FloatView& dx, const FloatView& dout, const Act& x, std::int64_t n) {
+  if (x.dt == DType::F32)
+    detail::gelu_backward<F32Fmt>(dx, dout, x.f, n);
+  else if (x.dt == DType::BF16)
+    detail::gelu_backward<Bf16Fmt>(dx, dout, x.h, n);
   else
-    detail::gelu_forward<Fp16Fmt>(out, x, n);
-}
-
-void gelu_backward_half(DType dt, const FloatView& dx, const FloatView& dout, const HalfView& x, std::int64_t n) {
-  if (dt == DType::BF16)
-    detail::gelu_backward<Bf16Fmt>(dx, dout, x, n);
-  else
-    detail::gelu_backward<Fp16Fmt>(dx, dout, x, n);
+    detail::gelu_backward<Fp16Fmt>(dx, dout, x.h, n);
 }
 
 }  // namespace trident

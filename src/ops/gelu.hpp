@@ -21,10 +21,8 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float v) {
   const float du = 0.7978845608028654f * (1.f + 3.f * 0.044715f * v * v);
   return 0.5f * (1.f + th) + 0.5f * v * (1.f - th * th) * du;
 }
-void gelu_forward(const FloatView& out, const FloatView& x, std::int64_t n);
-// dx = dout * gelu'(x)   (overwrites dx)
-void gelu_backward(const FloatView& dx, const FloatView& dout, const FloatView& x, std::int64_t n);
-// 16-bit twins (the same kernels): x and out as bf16 / fp16 words, gradients fp32.
-void gelu_forward_half(DType dt, const HalfView& out, const HalfView& x, std::int64_t n);
-void gelu_backward_half(DType dt, const FloatView& dx, const FloatView& dout, const HalfView& x, std::int64_t n);
+// out = gelu(x), n values; out and x share one storage type (fp32 or bf16 / fp16 words).
+void gelu_forward(const Act& out, const Act& x, std::int64_t n);
+// dx = dout * gelu'(x)   (overwrites dx; gradients fp32, x fp32 or 16-bit)
+void gelu_backward(const FloatView& dx, const FloatView& dout, const Act& x, std::int64_t n);
 }  // namespace trident

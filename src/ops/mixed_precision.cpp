@@ -28,11 +28,6 @@ void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias
       "ops::add_bias_pack_half", range(rows * cols),
       KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(y(i) + F::load(bias(i % cols))); });
 }
-template <class F>
-void add_bias(const FloatView& y, const HalfView& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for(
-      "ops::add_bias_half", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
-}
 
 }  // namespace detail
 
@@ -56,9 +51,6 @@ void unpack_half(DType dt, const FloatView& out, const HalfView& in, std::int64_
 void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                         std::int64_t cols) {
   TRIDENT_HALF_CALL(dt, add_bias_pack, out, y, bias, rows, cols);
-}
-void add_bias_half(DType dt, const FloatView& y, const HalfView& bias, std::int64_t rows, std::int64_t cols) {
-  TRIDENT_HALF_CALL(dt, add_bias, y, bias, rows, cols);
 }
 
 }  // namespace trident

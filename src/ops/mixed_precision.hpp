@@ -2,9 +2,8 @@
 // the backward pass and the model's parameters are stored as 16-bit words (HalfView, type given
 // by a DType); arithmetic is fp32 inside every kernel, and results are rounded to nearest even
 // when stored (as a GPU's conversion instructions do). LayerNorm statistics, softmax, the
-// residual stream and all gradients stay fp32. Here: the conversions and the bias kernels (16-bit
-// twins of ops/elementwise's add_bias); the twins of LayerNorm, GELU and the embedding lookups are
-// beside their fp32 ops, from the same kernel templates.
+// residual stream and all gradients stay fp32. Here: the conversions, and the GEMM output plus
+// 16-bit bias stored in 16 bits.
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
@@ -18,10 +17,8 @@ void unpack_half(DType dt, const FloatView& out, const HalfView& in, std::int64_
 // out (rows, cols) = round(y + bias): a GEMM's fp32 output with its 16-bit bias, stored in 16 bits
 void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                         std::int64_t cols);
-// y (rows, cols) += bias (16-bit), fp32 result
-void add_bias_half(DType dt, const FloatView& y, const HalfView& bias, std::int64_t rows, std::int64_t cols);
 
-// The 16-bit twins of LayerNorm, GELU and the embedding lookups live beside their fp32 ops
-// (ops/layernorm.hpp, ops/gelu.hpp, ops/embedding.hpp): one kernel template for every format.
+// The other ops take Acts (fp32 or 16-bit) and choose their kernel inside (ops/layernorm.hpp,
+// ops/gelu.hpp, ops/embedding.hpp, ops/attention.hpp, add_bias of ops/elementwise.hpp).
 
 }  // namespace trident

@@ -45,7 +45,7 @@ void compare_with_unfused(const Case& k) {
   FloatView y_ref = make_float("y_ref", BT * s.C), att = make_float("att", A), att_drop = make_float("att_drop", A);
   FloatView datt = make_float("datt", A), dqkv_ref = make_float("dqkv_ref", BT * 3 * s.C);
   attention_forward(y_ref, qkv, att, s, d, att_drop, mask);
-  attention_backward(dqkv_ref, dy, qkv, att, datt, s, d, att_drop, mask);
+  attention_backward(dqkv_ref, dy, qkv, att, att_drop, datt, s, d, mask);
   // fused
   Act y = make_act(DType::F32, "y", BT * s.C), q = act(qkv);
   FloatView lse = make_float("lse", s.B * s.nh * s.T), delta = make_float("delta", s.B * s.nh * s.T);
@@ -102,7 +102,8 @@ TEST(FlashAttention, PaddingMaskForwardAndFiniteDifferences) {
           if (!valid_h[b * s.T + j]) continue;
           double d = 0;
           for (int e = 0; e < hs; ++e)
-            d += static_cast<double>(qkv_h[(b * s.T + i) * 3 * s.C + h * hs + e]) * qkv_h[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
+            d += static_cast<double>(qkv_h[(b * s.T + i) * 3 * s.C + h * hs + e]) *
+                 qkv_h[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
           w[j] = d / std::sqrt(static_cast<double>(hs));
           mx = std::max(mx, w[j]);
         }
@@ -153,5 +154,6 @@ TEST(FlashAttention, Bf16StorageMatchesFp32OnRoundedInputs) {
   flash_attention_forward(y32, lse, act(to_device(qkv_h)), s);
   auto a = Kokkos::create_mirror_view_and_copy(HostSpace(), y16.h);
   const auto b = to_host(y32.f);
-  for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(a(i), float_to_bf16(b[i])) << i;  // same fp32 arithmetic, rounded once
+  for (size_t i = 0; i < b.size(); ++i)
+    ASSERT_EQ(a(i), float_to_bf16(b[i])) << i;  // same fp32 arithmetic, rounded once
 }

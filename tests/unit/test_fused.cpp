@@ -66,7 +66,7 @@ TEST(Fused, BiasGeluEqualsBiasThenGeluBf16) {
   const Act bias = half_of(b);
   HalfView ref_pre = make_half("ref_pre", kN), ref_out = make_half("ref_out", kN);
   add_bias_pack_half(DType::BF16, ref_pre, to_device(y), bias.h, kRows, kCols);
-  gelu_forward_half(DType::BF16, ref_out, ref_pre, kN);
+  gelu_forward(Act(DType::BF16, ref_out), Act(DType::BF16, ref_pre), kN);
   Act pre = make_act(DType::BF16, "pre", kN), out = make_act(DType::BF16, "out", kN);
   bias_gelu_forward(pre, out, to_device(y), bias, kRows, kCols);
   EXPECT_EQ(bits(pre.h), bits(ref_pre));
@@ -94,7 +94,7 @@ TEST(Fused, BiasDropoutAddEqualsTheUnfusedSequence) {
     // bf16 bias
     const Act bias = half_of(b);
     FloatView br16 = to_device(branch), ref16 = make_float("ref16", kN);
-    add_bias_half(DType::BF16, br16, bias.h, kRows, kCols);
+    add_bias(br16, bias, kRows, kCols);
     dropout_forward(br16, br16, kN, d);
     add(ref16, to_device(res), br16, kN);
     bias_dropout_add(out, to_device(res), to_device(branch), bias, kRows, kCols, d);

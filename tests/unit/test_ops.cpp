@@ -78,14 +78,16 @@ TEST(Gemm, Bf16InputsWithFp32AccumulationMatchNaive) {
           for (std::int64_t j = 0; j < N; ++j) {
             double s = 0, m = 0;
             for (std::int64_t k = 0; k < K; ++k) {
-              const double p = static_cast<double>(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+              const double p = static_cast<double>(ta ? A[k * lda + i] : A[i * lda + k]) *
+                               (tb ? B[j * ldb + k] : B[k * ldb + j]);
               s += p;
               m += std::fabs(p);
             }
             want[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
             mag[i * ldc + j] = std::fabs(alpha) * m + std::fabs(beta * C[i * ldc + j]);
           }
-        Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, MemSpace> dA(std::string("A"), hA.size()), dB(std::string("B"), hB.size());
+        Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, MemSpace> dA(std::string("A"), hA.size()),
+            dB(std::string("B"), hB.size());
         auto mA = Kokkos::create_mirror_view(dA), mB = Kokkos::create_mirror_view(dB);
         for (size_t i = 0; i < hA.size(); ++i) mA(i) = hA[i];
         for (size_t i = 0; i < hB.size(); ++i) mB(i) = hB[i];
@@ -125,7 +127,8 @@ TEST(Gemm, StridedBatchedMatchesLoop) {
 TEST(LayerNorm, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   const std::int64_t N = 3, C = 8;
   const float eps = 1e-5f;
-  auto x = random_vector(N * C, 10, 2.f), w = random_vector(C, 11), b = random_vector(C, 12), R = random_vector(N * C, 13);
+  auto x = random_vector(N * C, 10, 2.f), w = random_vector(C, 11), b = random_vector(C, 12),
+       R = random_vector(N * C, 13);
   auto run = [&](std::vector<float>* dx, std::vector<float>* dw, std::vector<float>* db) {
     auto dxv = to_device(x), dwv = to_device(w), dbv = to_device(b);
     FloatView out = make_float("o", N * C), mean = make_float("m", N), rstd = make_float("r", N);
@@ -181,8 +184,10 @@ TEST(Gelu, ForwardMatchesFormulaAndBackwardMatchesFiniteDifferences) {
   gelu_backward(gx, to_device(R), to_device(x), n);
   std::vector<size_t> idx(n);
   for (int i = 0; i < n; ++i) idx[i] = i;
-  expect_close(as_double(to_host(gx)), numeric_gradient(x, [&] { return dot(fwd(), R); }, idx), kGradRtol, kGradAtol,
-               "gelu dx");
+  expect_close(as_double(to_host(gx)),
+               numeric_gradient(
+                   x, [&] { return dot(fwd(), R); }, idx),
+               kGradRtol, kGradAtol, "gelu dx");
 }
 
 TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
@@ -206,7 +211,8 @@ TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
         for (int j = 0; j <= i; ++j) {
           double d = 0;
           for (int e = 0; e < hs; ++e)
-            d += static_cast<double>(qkv[(b * s.T + i) * 3 * s.C + h * hs + e]) * qkv[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
+            d += static_cast<double>(qkv[(b * s.T + i) * 3 * s.C + h * hs + e]) *
+                 qkv[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
           sc[j] = d / std::sqrt(static_cast<double>(hs));
           mx = std::max(mx, sc[j]);
         }
@@ -222,11 +228,13 @@ TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   // backward
   fwd();
   FloatView dqkv = make_float("dqkv", BT * 3 * s.C), datt = make_float("datt", s.B * s.nh * s.T * s.T);
-  attention_backward(dqkv, to_device(R), dqkv_in, att, datt, s);
+  attention_backward(dqkv, to_device(R), dqkv_in, att, Act(), datt, s);
   auto g = to_host(dqkv);
   auto idx = sample_indices(qkv.size(), 60, 7);
-  expect_close(pick(g, idx), numeric_gradient(qkv, [&] { return dot(fwd(), R); }, idx), kGradRtol, kGradAtol,
-               "attention dqkv");
+  expect_close(pick(g, idx),
+               numeric_gradient(
+                   qkv, [&] { return dot(fwd(), R); }, idx),
+               kGradRtol, kGradAtol, "attention dqkv");
 }
 
 // T5's cross-attention: queries of one sequence (T) over keys and values of another (Tk), with
@@ -274,13 +282,17 @@ TEST(Attention, CrossAttentionWithKeyPaddingMatchesNaiveAndFiniteDifferences) {
   expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "cross-attention forward");
   fwd();
   FloatView dq = make_float("dq", B * T * C), dkv = make_float("dkv", B * Tk * 2 * C), datt = make_float("datt", A);
-  cross_attention_backward(dq, dkv, to_device(R), dq_in, dkv_in, att, datt, s, {}, FloatView(), mask);
+  cross_attention_backward(dq, dkv, to_device(R), dq_in, dkv_in, att, Act(), datt, s, {}, mask);
   auto gq = to_host(dq), gkv = to_host(dkv);
   auto iq = sample_indices(q.size(), 40, 8), ikv = sample_indices(kv.size(), 60, 9);
-  expect_close(pick(gq, iq), numeric_gradient(q, [&] { return dot(fwd(), R); }, iq), kGradRtol, kGradAtol,
-               "cross-attention dq");
-  expect_close(pick(gkv, ikv), numeric_gradient(kv, [&] { return dot(fwd(), R); }, ikv), kGradRtol, kGradAtol,
-               "cross-attention dkv");
+  expect_close(pick(gq, iq),
+               numeric_gradient(
+                   q, [&] { return dot(fwd(), R); }, iq),
+               kGradRtol, kGradAtol, "cross-attention dq");
+  expect_close(pick(gkv, ikv),
+               numeric_gradient(
+                   kv, [&] { return dot(fwd(), R); }, ikv),
+               kGradRtol, kGradAtol, "cross-attention dkv");
   for (int b = 0; b < B; ++b)  // padded keys get no gradient
     for (int j = 0; j < Tk; ++j)
       if (!valid[b * Tk + j])
@@ -294,8 +306,12 @@ TEST(Attention, CrossAttentionWithKeyPaddingMatchesNaiveAndFiniteDifferences) {
   pack_half(DType::BF16, q16, to_device(q), B * T * C);
   pack_half(DType::BF16, kv16, to_device(kv), B * Tk * 2 * C);
   FloatView scores = make_float("scores", A), y32 = make_float("y32", B * T * C);
-  cross_attention_probs_half(DType::BF16, att16, HalfView(), q16, kv16, scores, s, {}, mask);
-  cross_attention_context_half(DType::BF16, y16, y32, att16, kv16, s);
+  AttentionScratch scratch;
+  scratch.scores = scores;
+  scratch.y32 = y32;
+  const Act att_b(DType::BF16, att16), q_b(DType::BF16, q16), kv_b(DType::BF16, kv16), y_b(DType::BF16, y16);
+  cross_attention_probs(att_b, Act(), q_b, kv_b, s, {}, mask, scratch);
+  cross_attention_context(y_b, att_b, kv_b, s, scratch);
   FloatView yw = make_float("yw", B * T * C);
   unpack_half(DType::BF16, yw, y16, B * T * C);
   expect_close(as_double(to_host(yw)), as_double(ref), 8e-3, 4e-3, "cross-attention bf16 forward");  // ~2 bf16 ulps
@@ -329,7 +345,8 @@ TEST(CrossEntropy, PaddedColumnsNeverMatterAndGradientMatchesFiniteDifferences) 
   std::vector<size_t> idx;
   for (int n = 0; n < N; ++n)
     for (int j = 0; j < V; ++j) idx.push_back(n * Vp + j);
-  auto num = numeric_gradient(logits, [&] { return dscale * fwd(); }, idx);
+  auto num = numeric_gradient(
+      logits, [&] { return dscale * fwd(); }, idx);
   expect_close(pick(g, idx), num, kGradRtol, kGradAtol, "cross-entropy dlogits");
   for (int n = 0; n < N; ++n)
     for (int j = V; j < Vp; ++j) EXPECT_EQ(g[n * Vp + j], 0.f);
