@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
   TensorParallel tp;
   tp.comm = &topo.tp_group();
   ParamStore store;  // fp32 whatever the training precision: the checkpoint holds fp32 tensors
-  GptModel declare(cfg, store, 1, tp);
+  GptModel model(cfg, store, 1, tp);
   store.allocate();
   const CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
 
@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
                                             << " tokens, not less than the context of " << L << " positions");
   }
   const std::int64_t slots = std::min<std::int64_t>(o.batch, static_cast<std::int64_t>(ids.size()));
-  GptGenerator gen(cfg, store, tp, slots, L);
+  GptGenerator gen(model, slots, L);
   const std::int32_t eod = tok->eod_id();
   const std::int64_t V = cfg.vocab_size;
   std::vector<std::vector<std::int32_t>> out(ids.size());

@@ -163,4 +163,22 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
 }
 
+void ColumnParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64_t rows) const {
+  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32,
+                  "internal: inference runs fp32 parameters without sequence parallelism");
+  gemm(Trans::N, Trans::T, rows, out_local_, in_, 1.f, x.data(), in_, store_->value(w_).data(), in_, 0.f, y.data(),
+       out_local_);
+  add_bias(y, store_->param(b_), rows, out_local_);
+}
+
+void RowParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64_t rows) const {
+  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32,
+                  "internal: inference runs fp32 parameters without sequence parallelism");
+  gemm(Trans::N, Trans::T, rows, out_, in_local_, 1.f, x.data(), in_local_, store_->value(w_).data(), in_local_, 0.f,
+       y.data(), out_);
+  Kokkos::fence();
+  ReduceFromTensorParallelRegion::forward(tp_, y, rows * out_);
+  add_bias(y, store_->param(b_), rows, out_);
+}
+
 }  // namespace trident

@@ -21,8 +21,8 @@ namespace trident {
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
-  ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
-                       float init_std, const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
+  ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
+                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
   // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
@@ -38,6 +38,9 @@ class ColumnParallelLinear {
   void backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered, const HalfView& dy16 = {});
   std::int64_t gathered_size() const { return tp_.sequence_parallel ? rows_ * in_ : 0; }
   std::int64_t local_out() const { return out_local_; }
+  // Inference (generation): y (rows, out/tp) = x (rows, in) W^T + b for any row count, fp32
+  // parameters, no sequence parallelism.
+  void infer(const FloatView& y, const FloatView& x, std::int64_t rows) const;
 
  private:
   ParamStore* store_ = nullptr;
@@ -61,6 +64,9 @@ class RowParallelLinear {
   // workspace (rows, out) with 16-bit parameters.
   void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {});
   std::int64_t local_in() const { return in_local_; }
+  // Inference (generation): y (rows, out) = x (rows, in/tp) W_local^T summed over TP, + b, for
+  // any row count, fp32 parameters, no sequence parallelism.
+  void infer(const FloatView& y, const FloatView& x, std::int64_t rows) const;
 
  private:
   ParamStore* store_ = nullptr;

@@ -303,4 +303,30 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
 }
 
+void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const IntView& positions, std::int64_t R,
+                             std::int64_t n, std::int64_t L, const AttentionShape& as, const AttentionMask& mask,
+                             const InferenceScratch& w) const {
+  TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
+  const std::int64_t C = s_.C, p = s_.tp.size(), Cl = C / p, Fl = s_.F / p;
+  norm1_.forward(w.h, w.mean, w.rstd, x, R);
+  Kokkos::fence();
+  qkv_.infer(w.qkv, w.h, R);  // (R, 3C/tp)
+  Kokkos::fence();
+  kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, Cl);
+  Kokkos::fence();
+  cross_attention_probs(w.att, Act(), w.q, cache, as, {}, mask);
+  cross_attention_context(w.y, w.att, cache, as);
+  Kokkos::fence();
+  proj_.infer(w.out, w.y, R);
+  accumulate(x, w.out, R * C);
+  norm2_.forward(w.h, w.mean, w.rstd, x, R);
+  Kokkos::fence();
+  fc1_.infer(w.fc, w.h, R);
+  gelu_forward(w.act, w.fc, R * Fl);
+  Kokkos::fence();
+  fc2_.infer(w.out, w.act, R);
+  accumulate(x, w.out, R * C);
+  Kokkos::fence();
+}
+
 }  // namespace trident

@@ -134,6 +134,18 @@ class TransformerLayer {
                 const FloatView& denc = {});
   bool cross() const { return s_.Tk > 0; }
 
+  // Inference with a key-value cache (generation; a causal self-attention layer, fp32, no
+  // dropout, no sequence parallelism): x (R, C) -> x (R, C) in place for R = B n rows, B samples
+  // of n new tokens each at `positions` (R). Their keys and values go into `cache` (B, L, 2 C/tp;
+  // kv_cache_store), and the queries attend over the cache as `as` and `mask` say (as.Tk keys,
+  // as.kv_stride = L). w: workspaces for R rows.
+  struct InferenceScratch {
+    FloatView h, mean, rstd, qkv, q, att, y, out, fc,
+        act;  // (R,C) (R) (R) (R,3C/tp) (R,C/tp) probs (R,C/tp) (R,C) (R,F/tp) x2
+  };
+  void infer(const FloatView& x, const FloatView& cache, const IntView& positions, std::int64_t R, std::int64_t n,
+             std::int64_t L, const AttentionShape& as, const AttentionMask& mask, const InferenceScratch& w) const;
+
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
   // The core self-attention (qkv -> atty and back), one of two algorithms fixed when the layer is

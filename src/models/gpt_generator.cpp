@@ -1,9 +1,9 @@
-// GptGenerator (gpt_generator.hpp): views of this rank's fp32 parameter slices by checkpoint
-// name, workspaces and a key-value cache per layer; forward() runs R = B * n rows with plain fp32
-// ops (no dropout, no backward): the vocabulary-parallel embedding all-reduced over TP plus the
-// positions, per layer LayerNorm, the qkv GEMM with the new keys and values stored in the cache,
-// attention of the queries over the cache, proj and the MLP all-reduced over TP; then the final
-// LayerNorm of each sample's last row and the logits, gathered over TP to (B, vocab_size).
+// GptGenerator (gpt_generator.hpp): a key-value cache per layer and workspaces; forward() runs
+// R = B * n rows through the model's own pieces in fp32 (no dropout, no backward): the
+// vocabulary-parallel embedding all-reduced over TP plus the positions, every layer's
+// TransformerLayer::infer (the new keys and values stored in the cache, the queries attending
+// over it), then the final LayerNorm of each sample's last row and the logits against the tied
+// word embeddings, gathered over TP to (B, vocab_size).
 #include "models/gpt_generator.hpp"
 
 #include <algorithm>
@@ -13,66 +13,38 @@
 #include "ops/attention.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/embedding.hpp"
-#include "ops/gelu.hpp"
 #include "ops/gemm.hpp"
-#include "ops/layernorm.hpp"
 
 namespace trident {
 
-FloatView GptGenerator::param(const ParamStore& store, const std::string& name) const {
-  const ParamId id = store.find(name);
-  TRIDENT_REQUIRE(id >= 0, "generation: the model has no parameter '" << name << "'");
-  return store.value(id);
-}
-
-GptGenerator::GptGenerator(const TransformerConfig& cfg, const ParamStore& store, const TensorParallel& tp,
-                           std::int64_t slots, std::int64_t max_len)
-    : cfg_(cfg), tp_(tp), slots_(slots), max_len_(max_len) {
+GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len)
+    : model_(&model), cfg_(model.config()), slots_(slots), max_len_(max_len) {
+  const TransformerConfig& cfg = cfg_;
   TRIDENT_REQUIRE(cfg.layer.mask == MaskKind::Causal && cfg.num_token_types == 0 && !cfg.encoder_decoder(),
                   "generation runs GPT models (a causal stack without token types or decoder)");
-  TRIDENT_REQUIRE(store.dtype() == DType::F32, "generation: the parameters must be fp32");
+  TRIDENT_REQUIRE(model.params().dtype() == DType::F32, "generation: the parameters must be fp32");
+  TRIDENT_REQUIRE(model.stage().pre && model.stage().post && model.num_layers() == cfg.num_layers,
+                  "generation: the model must hold every layer (pipeline size 1)");
   TRIDENT_REQUIRE(max_len >= 1 && max_len <= cfg.max_positions,
                   "generation: " << max_len << " positions exceed the model's " << cfg.max_positions);
-  const std::int64_t p = tp.size(), C = cfg.hidden;
+  const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden, Fl = cfg.ffn / p;
   Cl_ = C / p;
-  Fl_ = cfg.ffn / p;
   nhl_ = cfg.heads / p;
-  Vl_ = cfg.padded_vocab / p;
-  vstart_ = tp.rank() * Vl_;
-  wte_ = param(store, "model/embedding/word_embeddings");
-  wpe_ = param(store, "model/embedding/position_embeddings");
-  lnf_w_ = param(store, "model/final_layernorm/weight");
-  lnf_b_ = param(store, "model/final_layernorm/bias");
-  for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
-    const std::string pre = layer_param_prefix(cfg, l) + "/";
-    Layer L;
-    L.ln1_w = param(store, pre + "input_layernorm/weight");
-    L.ln1_b = param(store, pre + "input_layernorm/bias");
-    L.qkv_w = param(store, pre + "self_attention/qkv/weight");  // (3 C_l, C): q | k | v blocks of my heads
-    L.qkv_b = param(store, pre + "self_attention/qkv/bias");
-    L.proj_w = param(store, pre + "self_attention/proj/weight");  // (C, C_l)
-    L.proj_b = param(store, pre + "self_attention/proj/bias");
-    L.ln2_w = param(store, pre + "post_attention_layernorm/weight");
-    L.ln2_b = param(store, pre + "post_attention_layernorm/bias");
-    L.fc1_w = param(store, pre + "mlp/fc1/weight");  // (F_l, C)
-    L.fc1_b = param(store, pre + "mlp/fc1/bias");
-    L.fc2_w = param(store, pre + "mlp/fc2/weight");  // (C, F_l)
-    L.fc2_b = param(store, pre + "mlp/fc2/bias");
-    L.cache = make_float("generate::kv_cache", slots * max_len * 2 * Cl_);
-    layers_.push_back(L);
-  }
+  Vl_ = model.vocab_local();
+  for (std::int64_t l = 0; l < cfg.num_layers; ++l)
+    caches_.push_back(make_float("generate::kv_cache", slots * max_len * 2 * Cl_));
   const std::int64_t R = std::max(max_len, slots);  // rows of one call: a prompt or one token per slot
   x_ = make_float("generate::x", R * C);
-  h_ = make_float("generate::h", R * C);
-  mean_ = make_float("generate::mean", R);
-  rstd_ = make_float("generate::rstd", R);
-  qkv_ = make_float("generate::qkv", R * 3 * Cl_);
-  q_ = make_float("generate::q", R * Cl_);
-  att_ = make_float("generate::att", std::max(max_len * max_len, slots * max_len) * nhl_);
-  y_ = make_float("generate::y", R * Cl_);
-  out_ = make_float("generate::out", R * C);
-  fc_ = make_float("generate::fc", R * Fl_);
-  act_ = make_float("generate::act", R * Fl_);
+  w_.h = make_float("generate::h", R * C);
+  w_.mean = make_float("generate::mean", R);
+  w_.rstd = make_float("generate::rstd", R);
+  w_.qkv = make_float("generate::qkv", R * 3 * Cl_);
+  w_.q = make_float("generate::q", R * Cl_);
+  w_.att = make_float("generate::att", std::max(max_len * max_len, slots * max_len) * nhl_);
+  w_.y = make_float("generate::y", R * Cl_);
+  w_.out = make_float("generate::out", R * C);
+  w_.fc = make_float("generate::fc", R * Fl);
+  w_.act = make_float("generate::act", R * Fl);
   logits_ = make_float("generate::logits", slots * Vl_);
   gathered_ = make_float("generate::gathered", slots * Vl_ * p);
   tokens_ = make_int("generate::tokens", R);
@@ -108,9 +80,8 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
                                          const std::vector<std::int32_t>& tok,
                                          const std::vector<std::int32_t>& positions,
                                          const std::vector<std::int64_t>& lengths) {
-  const std::int64_t C = cfg_.hidden, R = B * n, Cl = Cl_, Fl = Fl_, L = max_len_;
+  const std::int64_t C = cfg_.hidden, R = B * n, L = max_len_;
   const std::int64_t Tk = *std::max_element(lengths.begin(), lengths.end());
-  const float eps = cfg_.ln_eps;
   for (std::int32_t t : tok)
     TRIDENT_REQUIRE(t >= 0 && t < cfg_.vocab_size, "generation: token id " << t << " is outside the vocabulary");
   {
@@ -128,55 +99,23 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
     Kokkos::deep_copy(valid_, hv);
   }
   // embeddings: vocabulary-parallel word rows summed over TP, plus the positions' rows
-  embedding_lookup(x_, tokens_, wte_, vstart_, Vl_, R, C);
+  const ParamStore& store = model_->params();
+  const TensorParallel& tp = model_->tensor_parallel();
+  const FloatView x = x_, h = w_.h, out = w_.out;  // (R, C)
+  embedding_lookup(x, tokens_, store.value(model_->word_embeddings()), model_->vocab_start(), Vl_, R, C);
   Kokkos::fence();
-  tp_allreduce(tp_, x_, R * C);
-  embedding_lookup(out_, positions_, wpe_, 0, cfg_.max_positions, R, C);
+  tp_allreduce(tp, x, R * C);
+  embedding_lookup(out, positions_, store.value(model_->position_embeddings()), 0, cfg_.max_positions, R, C);
   Kokkos::fence();
-  accumulate(x_, out_, R * C);
-  AttentionShape as{B, n, Cl, nhl_};
+  accumulate(x, out, R * C);
+  AttentionShape as{B, n, Cl_, nhl_};
   as.Tk = n > 1 ? n : Tk;
   as.kv_stride = L;
   const AttentionMask mask{n > 1, n > 1 ? IntView() : slice(valid_, 0, B * Tk)};
-  // (R, C) x, h, out; (R, 3 C_l) qkv; (R, C_l) q, y; (R, F_l) fc, act
-  const FloatView x = x_, h = h_, qkv = qkv_, q = q_, y = y_, out = out_, fc = fc_, act = act_;
-  for (Layer& ly : layers_) {
-    layernorm_forward(h, mean_, rstd_, x, ly.ln1_w, ly.ln1_b, R, C, eps);
-    Kokkos::fence();
-    gemm(Trans::N, Trans::T, R, 3 * Cl, C, 1.f, h.data(), C, ly.qkv_w.data(), C, 0.f, qkv.data(), 3 * Cl);
-    add_bias(qkv, ly.qkv_b, R, 3 * Cl);
-    Kokkos::fence();
-    // the new rows' keys and values into the cache (row r: sample r / n at its position), the queries apart
-    const FloatView cache = slice(ly.cache, slot0 * L * 2 * Cl, (slots_ - slot0) * L * 2 * Cl);  // from slot0 on
-    const IntView pos = positions_;                                                              // (R)
-    Kokkos::parallel_for(
-        "generate::cache_store", range(R * Cl), KOKKOS_LAMBDA(std::int64_t i) {
-          const std::int64_t r = i / Cl, c = i % Cl, b = r / n, at = (b * L + pos(r)) * 2 * Cl;
-          q(r * Cl + c) = qkv(r * 3 * Cl + c);
-          cache(at + c) = qkv(r * 3 * Cl + Cl + c);
-          cache(at + Cl + c) = qkv(r * 3 * Cl + 2 * Cl + c);
-        });
-    Kokkos::fence();
-    cross_attention_probs(att_, FloatView(), q, cache, as, {}, mask);
-    cross_attention_context(y, att_, cache, as);
-    Kokkos::fence();
-    gemm(Trans::N, Trans::T, R, C, Cl, 1.f, y.data(), Cl, ly.proj_w.data(), Cl, 0.f, out.data(), C);
-    Kokkos::fence();
-    tp_allreduce(tp_, out, R * C);
-    add_bias(out, ly.proj_b, R, C);
-    accumulate(x, out, R * C);
-    layernorm_forward(h, mean_, rstd_, x, ly.ln2_w, ly.ln2_b, R, C, eps);
-    Kokkos::fence();
-    gemm(Trans::N, Trans::T, R, Fl, C, 1.f, h.data(), C, ly.fc1_w.data(), C, 0.f, fc.data(), Fl);
-    add_bias(fc, ly.fc1_b, R, Fl);
-    gelu_forward(act, fc, R * Fl);
-    Kokkos::fence();
-    gemm(Trans::N, Trans::T, R, C, Fl, 1.f, act.data(), Fl, ly.fc2_w.data(), Fl, 0.f, out.data(), C);
-    Kokkos::fence();
-    tp_allreduce(tp_, out, R * C);
-    add_bias(out, ly.fc2_b, R, C);
-    accumulate(x, out, R * C);
-    Kokkos::fence();
+  for (std::int64_t l = 0; l < model_->num_layers(); ++l) {
+    const FloatView cache = slice(caches_[static_cast<size_t>(l)], slot0 * L * 2 * Cl_,
+                                  (slots_ - slot0) * L * 2 * Cl_);  // from slot0 on
+    model_->layer(l).infer(x, cache, positions_, R, n, L, as, mask, w_);
   }
   // the last row of each sample: final LayerNorm, then this rank's vocabulary columns
   Kokkos::parallel_for(
@@ -185,14 +124,15 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
         out(i) = x((b * n + n - 1) * C + c);
       });
   Kokkos::fence();
-  layernorm_forward(h, mean_, rstd_, out, lnf_w_, lnf_b_, B, C, eps);
+  model_->final_norm().forward(h, w_.mean, w_.rstd, out, B);
   Kokkos::fence();
-  gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, wte_.data(), C, 0.f, logits_.data(), Vl_);
+  gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, store.value(model_->word_embeddings()).data(), C, 0.f,
+       logits_.data(), Vl_);
   Kokkos::fence();
-  const std::int64_t p = tp_.size(), V = cfg_.vocab_size;
+  const std::int64_t p = tp.size(), V = cfg_.vocab_size;
   FloatView all = logits_;  // (B, V_l), or (p, B, V_l) once gathered
   if (p > 1) {
-    tp_.comm->allgather(logits_.data(), gathered_.data(), B * Vl_);  // (p, B, V_l)
+    tp.comm->allgather(logits_.data(), gathered_.data(), B * Vl_);  // (p, B, V_l)
     all = gathered_;
   }
   auto host = Kokkos::create_mirror_view(all);

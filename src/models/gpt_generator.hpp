@@ -1,29 +1,30 @@
-// Autoregressive GPT inference (apps/generate_gpt): the trained parameters of a GptModel's
-// ParamStore (fp32, any tensor-parallel size, pp = 1), run forward one chunk of tokens at a time
-// with a key-value cache, as Megatron's inference path does:
+// Autoregressive GPT inference (apps/generate_gpt): a GptModel's own layers (fp32 parameters, any
+// tensor-parallel size, pp = 1) run forward one chunk of tokens at a time with a key-value cache,
+// as Megatron's inference path does:
 //   prefill(slot, tokens)   the prompt of one sample from position 0: every layer's keys and values
 //                           go into the slot's cache; returns the last position's logits
 //   decode(tokens, pos)     one new token for each slot in use at its own position (batched), the
 //                           attention reading the cached keys and values of the earlier positions
 // Recomputing the prefix instead (prefill of the whole sequence at every step) is the uncached path.
-// Tensor parallel like training: heads and MLP columns split over TP, the row-parallel outputs
-// all-reduced, the vocabulary-parallel logits all-gathered so every rank samples the same token.
+// The generator owns only the caches and workspaces: embeddings, layers (TransformerLayer::infer),
+// final LayerNorm and the tied output embedding are the model's. Tensor parallel like training:
+// heads and MLP columns split over TP, the row-parallel outputs all-reduced, the
+// vocabulary-parallel logits all-gathered so every rank samples the same token.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "layers/param_store.hpp"
-#include "layers/tensor_parallel.hpp"
+#include "layers/transformer_layer.hpp"
 #include "models/gpt_model.hpp"
 
 namespace trident {
 
 class GptGenerator {
  public:
-  // cfg and store: a GPT (causal stack, no token types, no decoder) with fp32 parameters declared by GptModel
-  // and loaded; slots: samples decoded together; max_len: positions per sample (<= max_positions).
-  GptGenerator(const TransformerConfig& cfg, const ParamStore& store, const TensorParallel& tp, std::int64_t slots,
-               std::int64_t max_len);
+  // model: a GPT (causal stack, no token types, no decoder, one pipeline stage) with fp32
+  // parameters, loaded; it must outlive the generator. slots: samples decoded together; max_len:
+  // positions per sample (<= max_positions).
+  GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len);
   // Logits (vocab_size) of the last of `tokens`, run from position 0 into slot `slot`'s cache.
   std::vector<float> prefill(std::int64_t slot, const std::vector<std::int32_t>& tokens);
   // tokens[b], at position pos[b] of slot b (b < tokens.size()), with slot b's cache holding its
@@ -38,20 +39,13 @@ class GptGenerator {
                              const std::vector<std::int32_t>& positions, const std::vector<std::int64_t>& lengths);
 
  private:
-  struct Layer {
-    FloatView ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-    FloatView cache;  // (slots, max_len, 2 C_l): the k half then the v half of each position
-  };
-  FloatView param(const ParamStore& store, const std::string& name) const;
-
+  const GptModel* model_;
   TransformerConfig cfg_;
-  TensorParallel tp_;
-  std::int64_t slots_, max_len_, Cl_, Fl_, nhl_, Vl_, vstart_;
-  std::vector<Layer> layers_;
-  FloatView wte_, wpe_, lnf_w_, lnf_b_;
-  // workspaces for up to max_len rows
-  FloatView x_, h_, mean_, rstd_, qkv_, q_, att_, y_, out_, fc_, act_, logits_, gathered_;
-  IntView tokens_, positions_, valid_;
+  std::int64_t slots_, max_len_, Cl_, nhl_, Vl_;
+  std::vector<FloatView> caches_;  // per layer (slots, max_len, 2 C_l): the k half then the v half of each position
+  TransformerLayer::InferenceScratch w_;  // workspaces for up to max(max_len, slots) rows
+  FloatView x_, logits_, gathered_;       // (R, C) residual stream, (slots, V_l), (tp, slots, V_l)
+  IntView tokens_, positions_, valid_;    // (R), (R), (slots, max_len)
 };
 
 }  // namespace trident

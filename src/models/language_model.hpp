@@ -90,6 +90,15 @@ class LanguageModel {
   bool starts_decoder() const { return dec_start_ >= 0; }
 
   const TransformerConfig& config() const { return cfg_; }
+  // The pieces inference runs itself (models/gpt_generator): this chunk's layers (local index),
+  // the final LayerNorm (post stages) and the parameters.
+  const TransformerLayer& layer(std::int64_t l) const { return *layers_.at(static_cast<size_t>(l)); }
+  const LayerNorm& final_norm() const { return lnf_; }
+  const ParamStore& params() const { return *store_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // This rank's rows [vocab_start, vocab_start + vocab_local) of the padded vocabulary.
+  std::int64_t vocab_local() const { return vocab_local_; }
+  std::int64_t vocab_start() const { return vocab_start_; }
   // Bytes of activations this chunk keeps for one micro-batch in flight (measured from the
   // allocated sets), and of the workspaces shared by all micro-batches.
   std::int64_t activation_bytes_per_slot() const;
@@ -116,10 +125,6 @@ class LanguageModel {
   // The micro-batch fields the family's head reads beyond the targets (BERT: sentence order).
   virtual void allocate_head_inputs(MicroBatch& mb) const {}
   ParamStore& store() { return *store_; }
-  const TensorParallel& tensor_parallel() const { return tp_; }
-  // This rank's rows [vocab_start, vocab_start + vocab_local) of the padded vocabulary.
-  std::int64_t vocab_local() const { return vocab_local_; }
-  std::int64_t vocab_start() const { return vocab_start_; }
   // Rows of the head's input (BT): the decoder's for an encoder-decoder.
   std::int64_t head_rows() const { return cfg_.encoder_decoder() ? dec_rows_ : rows_; }
 

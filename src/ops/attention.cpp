@@ -286,4 +286,15 @@ void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const F
                crossed(dt, q.data(), kv.data(), s.C), dt, att, att_drop, datt, s, drop, mask, scratch);
 }
 
+void kv_cache_store(const FloatView& q, const FloatView& cache, const FloatView& qkv, const IntView& positions,
+                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C) {
+  Kokkos::parallel_for(
+      "ops::kv_cache_store", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t r = i / C, c = i % C, b = r / n, at = (b * L + positions(r)) * 2 * C;
+        q(r * C + c) = qkv(r * 3 * C + c);
+        cache(at + c) = qkv(r * 3 * C + C + c);
+        cache(at + C + c) = qkv(r * 3 * C + 2 * C + c);
+      });
+}
+
 }  // namespace trident

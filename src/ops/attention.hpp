@@ -78,6 +78,13 @@ void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const F
                               const AttentionShape& s, const DropoutSpec& drop = {}, const AttentionMask& mask = {},
                               const AttentionScratch& scratch = {});
 
+// ---- key-value cache (generation): the attention of new queries over every cached position is
+// the cross-attention above with kv = the cache (AttentionShape::kv_stride = L positions per
+// sample). kv_cache_store splits R = B n rows of qkv (R, 3C) -- sample r / n at position
+// positions(r) -- into the queries q (R, C) and the sample's cache rows (B, L, 2C) (k | v).
+void kv_cache_store(const FloatView& q, const FloatView& cache, const FloatView& qkv, const IntView& positions,
+                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C);
+
 // Row-wise masked softmax in place over BH * Tq rows of length Tk (row r: sample r / (nh Tq),
 // query i = r % Tq): the causal mask drops keys j > i, the padding mask keys with key_valid 0.
 void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh,
