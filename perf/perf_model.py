@@ -67,7 +67,6 @@ import inspect
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 
@@ -783,18 +782,20 @@ def local(build, out_md=None, iters=8):
             os.remove(mcsv)  # its own scratch file: a run from scratch would refuse to replace it
         cmd = ["mpiexec", "-n", str(n), os.path.join(build, "apps", "pretrain_gpt"), "--deck", deck,
                "--data.train_shards", shards, "--train.iters", str(iters), "--eval.interval", "0",
-               "--checkpoint.save=", "--log.metrics_file", mcsv, "--train.global_batch_size", "8"]
+               "--checkpoint.save=", "--log.metrics_file", mcsv, "--train.global_batch_size", "8",
+               "--log.memory_file", mcsv[:-4] + "_memory.json"]
         tp, pp, dp = kw.get("tp", 1), kw.get("pp", 1), kw.get("dp", 1)
         threads = max(1, cores // n)  # what the app gives each rank (app_driver: the node's cores / ranks)
         if threads not in devices:
             devices[threads] = host_device(build, threads)
         dev = devices[threads]
         cmd += ["--parallel.tp", str(tp), "--parallel.pp", str(pp), "--precision.recompute", kw.get("recompute", "none")]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows = list(csv.DictReader(open(mcsv)))[2:]
         ms = sorted(float(r["ms_per_iter"]) for r in rows)[len(rows) // 2]
-        figs = [float(x) for x in re.search(r"memory figures: (.*)", out).group(1).split()]
-        measured_mem = (figs[0] + figs[1] + figs[2] + figs[5]) / 2**20  # rank 0: params, grads, optimizer, activations
+        with open(mcsv[:-4] + "_memory.json") as f:
+            r0 = json.load(f)["ranks"][0]  # rank 0: params, grads, optimizer, activations
+        measured_mem = (r0["params_bytes"] + r0["grads_bytes"] + r0["optimizer_bytes"] + r0["activation_bytes"]) / 2**20
         L = Layout(tp, pp, 1, dp, 4, 8, kw.get("recompute", "none"), "fp32", sp=False, distributed=False,
                    dp_overlap=False, scatter_gather=False)
         r = predict(M, L, dev)

@@ -24,7 +24,7 @@ namespace trident {
 
 namespace {
 
-constexpr hsize_t kTokenChunk = hsize_t(1) << 17;          // elements per chunk of /tokens
+constexpr hsize_t kTokenChunk = hsize_t(1) << 17;           // elements per chunk of /tokens
 constexpr std::size_t kFlushTokens = std::size_t(1) << 20;  // buffered tokens before a write
 
 std::string where_of(const std::string& path) { return "token shard '" + path + "'"; }
@@ -49,14 +49,14 @@ void write_int64_dataset(hid_t file, const char* name, const std::vector<std::in
 
 namespace {
 constexpr int kNumSpecial = 8;
-const char* const kSpecialAttrs[kNumSpecial] = {"cls_id", "sep_id", "mask_id", "pad_id",
+const char* const kSpecialAttrs[kNumSpecial] = {"cls_id", "sep_id", "mask_id",     "pad_id",
                                                 "bos_id", "eos_id", "sentinel_id", "num_sentinels"};
 // the fields of SpecialTokens stored under those names
 std::int32_t* special_fields(SpecialTokens& s, int i) {
   std::int32_t* f[kNumSpecial] = {&s.cls, &s.sep, &s.mask, &s.pad, &s.bos, &s.eos, &s.sentinel, &s.num_sentinels};
   return f[i];
 }
-}
+}  // namespace
 
 struct TokenShardWriter::Impl {
   std::string path, tmp_path;
@@ -69,7 +69,7 @@ struct TokenShardWriter::Impl {
   bool wide = false;  // int32 tokens (else uint16)
   H5Handle file, tokens;
   std::vector<std::int32_t> buffer;  // (< kFlushTokens) tokens not yet written to the file
-  std::int64_t written = 0;  // tokens already in the file
+  std::int64_t written = 0;          // tokens already in the file
   std::int64_t max_token_id = -1;
   std::vector<std::int64_t> doc_offsets{0};   // (documents + 1) so far
   std::vector<std::int64_t> sent_offsets{0};  // (sentences + 1) so far (with_sentences only)
@@ -101,8 +101,8 @@ TokenShardWriter::TokenShardWriter(const std::string& path, const std::string& t
   Impl& m = *impl_;
   TRIDENT_REQUIRE(vocab_size > 0 && vocab_size <= std::int64_t(std::numeric_limits<std::int32_t>::max()) + 1,
                   where_of(path) << ": vocab_size " << vocab_size << " out of range");
-  TRIDENT_REQUIRE(eod_id >= -1 && eod_id < vocab_size,
-                  where_of(path) << ": eod_id " << eod_id << " outside [-1, vocab_size)");
+  TRIDENT_REQUIRE(eod_id >= -1 && eod_id < vocab_size, where_of(path)
+                                                           << ": eod_id " << eod_id << " outside [-1, vocab_size)");
   m.path = path;
   m.tmp_path = path + ".tmp";
   m.tokenizer = tokenizer;
@@ -122,8 +122,8 @@ TokenShardWriter::TokenShardWriter(const std::string& path, const std::string& t
   H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_chunk(dcpl, 1, chunk);
   H5Pset_fletcher32(dcpl);  // a checksum per chunk, verified by HDF5 on every read
-  m.tokens = h5_dataset(H5Dcreate2(m.file, "tokens", m.wide ? H5T_STD_I32LE : H5T_STD_U16LE, space, H5P_DEFAULT,
-                                   dcpl, H5P_DEFAULT));
+  m.tokens = h5_dataset(
+      H5Dcreate2(m.file, "tokens", m.wide ? H5T_STD_I32LE : H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
   if (!m.tokens.valid()) {
     m.file.reset();
     std::error_code ec;
@@ -158,13 +158,12 @@ void TokenShardWriter::add_document(const std::vector<std::int32_t>& tokens,
     for (std::size_t k = 0; k < sentence_ends.size(); ++k) {
       const std::int64_t e = sentence_ends[k];
       TRIDENT_REQUIRE(e > prev && e <= n, where_of(m.path) << ": sentence end " << e << " of a document of " << n
-                                                           << " tokens must increase strictly within (0, " << n
-                                                           << "]");
+                                                           << " tokens must increase strictly within (0, " << n << "]");
       prev = e;
     }
-    TRIDENT_REQUIRE(sentence_ends.empty() || prev == n,
-                    where_of(m.path) << ": the last sentence end (" << prev << ") must equal the document length ("
-                                     << n << ")");
+    TRIDENT_REQUIRE(sentence_ends.empty() || prev == n, where_of(m.path)
+                                                            << ": the last sentence end (" << prev
+                                                            << ") must equal the document length (" << n << ")");
     if (sentence_ends.empty()) {
       if (n > 0) m.sent_offsets.push_back(base + n);
     } else {
@@ -222,7 +221,8 @@ void TokenShardWriter::close() {
       if (v > 0 || (v == 0 && i != kNumSpecial - 1)) h5_write_attr(m.file, kSpecialAttrs[i], v);
     }
     m.tokens.reset();
-    TRIDENT_REQUIRE(H5Fflush(m.file, H5F_SCOPE_GLOBAL) >= 0, where_of(m.path) << ": cannot flush '" << m.tmp_path << "'");
+    TRIDENT_REQUIRE(H5Fflush(m.file, H5F_SCOPE_GLOBAL) >= 0, where_of(m.path)
+                                                                 << ": cannot flush '" << m.tmp_path << "'");
     m.file.reset();
   }
   std::error_code ec;
@@ -239,9 +239,9 @@ struct TokenShardReader::Impl {
   TokenShardMeta meta;
   H5Handle file, tokens;
   std::vector<std::int64_t> doc_offsets, sent_offsets;  // (num_documents + 1), (sentences + 1) or empty
-  struct stat opened {};                 // the file as opened
-  mutable std::atomic<bool> touched{false};  // read since the last check_touched_shards()
-  std::string changes() const;  // TokenShardReader::changed_on_disk
+  struct stat opened {};                                // the file as opened
+  mutable std::atomic<bool> touched{false};             // read since the last check_touched_shards()
+  std::string changes() const;                          // TokenShardReader::changed_on_disk
   Impl();
   ~Impl();
 };
@@ -271,8 +271,8 @@ H5Handle open_1d_integer(hid_t file, const char* name, const std::string& where,
   H5Handle type = h5_type(H5Dget_type(ds));
   TRIDENT_REQUIRE(H5Tget_class(type) == H5T_INTEGER, where << ": dataset /" << name << " is not of an integer type");
   const std::vector<hsize_t> dims = h5_dims(ds);
-  TRIDENT_REQUIRE(dims.size() == 1, where << ": dataset /" << name << " must be 1-D, has " << dims.size()
-                                          << " dimensions");
+  TRIDENT_REQUIRE(dims.size() == 1,
+                  where << ": dataset /" << name << " must be 1-D, has " << dims.size() << " dimensions");
   length = dims[0];
   return ds;
 }
@@ -289,16 +289,20 @@ std::vector<std::int64_t> read_offsets(hid_t file, const char* name, const std::
 }
 
 // Offsets must start at 0, never decrease and end at the number of tokens.
+// strict: every entry above the one before (sentences are never empty); otherwise
+// non-decreasing (an empty document is allowed).
 void check_offsets(const std::vector<std::int64_t>& v, const char* name, std::int64_t num_tokens,
-                   const std::string& where) {
+                   const std::string& where, bool strict) {
   TRIDENT_REQUIRE(!v.empty(), where << ": /" << name << " is empty (needs at least the leading 0)");
   TRIDENT_REQUIRE(v.front() == 0, where << ": /" << name << " must start at 0, starts at " << v.front());
   for (std::size_t k = 1; k < v.size(); ++k) {
-    TRIDENT_REQUIRE(v[k] >= v[k - 1], where << ": /" << name << " decreases at entry " << k << " (" << v[k - 1]
-                                            << " -> " << v[k] << ")");
+    TRIDENT_REQUIRE(v[k] >= v[k - 1],
+                    where << ": /" << name << " decreases at entry " << k << " (" << v[k - 1] << " -> " << v[k] << ")");
+    TRIDENT_REQUIRE(!strict || v[k] > v[k - 1], where << ": /" << name << " repeats offset " << v[k] << " at entry "
+                                                      << k << " (an empty sentence; the offsets must increase)");
   }
-  TRIDENT_REQUIRE(v.back() == num_tokens, where << ": /" << name << " ends at " << v.back()
-                                                << " but /tokens holds " << num_tokens << " tokens");
+  TRIDENT_REQUIRE(v.back() == num_tokens, where << ": /" << name << " ends at " << v.back() << " but /tokens holds "
+                                                << num_tokens << " tokens");
 }
 
 }  // namespace
@@ -317,16 +321,16 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
 
   TRIDENT_REQUIRE(h5_has_attr(m.file, "format"), where << ": missing attribute 'format' (not a Trident token shard)");
   const std::string format = h5_read_attr_string(m.file, "format", where);
-  TRIDENT_REQUIRE(format == kTokenShardFormat, where << ": attribute 'format' is '" << format << "', expected '"
-                                                     << kTokenShardFormat << "'");
+  TRIDENT_REQUIRE(format == kTokenShardFormat,
+                  where << ": attribute 'format' is '" << format << "', expected '" << kTokenShardFormat << "'");
   m.meta.format_version = h5_read_attr_int(m.file, "format_version", where);
   TRIDENT_REQUIRE(m.meta.format_version >= 1 && m.meta.format_version <= kTokenShardVersion,
                   where << ": format_version " << m.meta.format_version << " is not supported (this build reads "
                         << "1.." << kTokenShardVersion << ")");
   m.meta.tokenizer = h5_read_attr_string(m.file, "tokenizer", where);
   m.meta.vocab_size = h5_read_attr_int(m.file, "vocab_size", where);
-  TRIDENT_REQUIRE(m.meta.vocab_size > 0, where << ": attribute 'vocab_size' must be positive, is "
-                                               << m.meta.vocab_size);
+  TRIDENT_REQUIRE(m.meta.vocab_size > 0,
+                  where << ": attribute 'vocab_size' must be positive, is " << m.meta.vocab_size);
   m.meta.eod_id = h5_read_attr_int(m.file, "eod_id", where);
   TRIDENT_REQUIRE(m.meta.eod_id >= -1 && m.meta.eod_id < m.meta.vocab_size,
                   where << ": attribute 'eod_id' " << m.meta.eod_id << " outside [-1, vocab_size)");
@@ -348,9 +352,9 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
     H5Handle type = h5_type(H5Dget_type(m.tokens));
     const std::size_t size = H5Tget_size(type);
     const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
-    TRIDENT_REQUIRE(size < 4 || (size == 4 && is_signed),
-                    where << ": /tokens has an integer type of " << size << " bytes"
-                          << (is_signed ? "" : " (unsigned)") << "; expected uint16 or int32");
+    TRIDENT_REQUIRE(size < 4 || (size == 4 && is_signed), where << ": /tokens has an integer type of " << size
+                                                                << " bytes" << (is_signed ? "" : " (unsigned)")
+                                                                << "; expected uint16 or int32");
   }
   m.meta.num_tokens = static_cast<std::int64_t>(n_tokens);
   if (m.meta.format_version >= 2) {
@@ -374,17 +378,17 @@ TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_un
       }
     }
   }
-  TRIDENT_REQUIRE(m.meta.max_token_id < m.meta.vocab_size,
-                  where << ": holds token id " << m.meta.max_token_id << ", outside its vocabulary (vocab_size "
-                        << m.meta.vocab_size << ")");
+  TRIDENT_REQUIRE(m.meta.max_token_id < m.meta.vocab_size, where << ": holds token id " << m.meta.max_token_id
+                                                                 << ", outside its vocabulary (vocab_size "
+                                                                 << m.meta.vocab_size << ")");
 
   m.doc_offsets = read_offsets(m.file, "document_offsets", where);
-  check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where);
+  check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where, false);
   m.meta.num_documents = static_cast<std::int64_t>(m.doc_offsets.size()) - 1;
 
   if (H5Lexists(m.file, "sentence_offsets", H5P_DEFAULT) > 0) {
     m.sent_offsets = read_offsets(m.file, "sentence_offsets", where);
-    check_offsets(m.sent_offsets, "sentence_offsets", m.meta.num_tokens, where);
+    check_offsets(m.sent_offsets, "sentence_offsets", m.meta.num_tokens, where, true);
     // Every document boundary is a sentence boundary.
     std::size_t s = 0;
     for (std::size_t d = 0; d < m.doc_offsets.size(); ++d) {
@@ -408,8 +412,8 @@ const std::vector<std::int64_t>& TokenShardReader::sentence_offsets() const { re
 void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t* out) const {
   const Impl& m = *impl_;
   TRIDENT_REQUIRE(begin >= 0 && count >= 0 && begin <= m.meta.num_tokens && count <= m.meta.num_tokens - begin,
-                  where_of(m.meta.path) << ": token range [" << begin << ", " << begin + count
-                                        << ") outside [0, " << m.meta.num_tokens << ")");
+                  where_of(m.meta.path) << ": token range [" << begin << ", " << begin + count << ") outside [0, "
+                                        << m.meta.num_tokens << ")");
   if (count == 0) return;
   H5QuietErrors quiet;
   H5Handle fspace = h5_space(H5Dget_space(m.tokens));

@@ -152,6 +152,7 @@ class Registry {
     add("log.interval", &d.log.interval, "iterations between log lines");
     add("log.metrics_file", &d.log.metrics_file, "metrics file (.csv or .jsonl)");
     add("log.timeline_file", &d.log.timeline_file, "Chrome-trace JSON of the pipeline schedule (one row per rank)");
+    add("log.memory_file", &d.log.memory_file, "JSON of every rank's memory figures at the end of the run");
     add("perf.peak_tflops", &d.perf.peak_tflops, "peak TFLOP/s per rank for MFU (0: no MFU)");
     add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
     add("watchdog.enable", &d.watchdog.enable,
@@ -219,6 +220,10 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.model.vocab_size >= 0, "deck: model.vocab_size must be >= 0");
   nonneg("model.decoder_seq_length", d.model.decoder_seq_length);
   nonneg("model.decoder_num_layers", d.model.decoder_num_layers);
+  TRIDENT_REQUIRE(d.bert.mask_prob > 0 && d.bert.mask_prob < 1, "deck: bert.mask_prob must be in (0, 1)");
+  TRIDENT_REQUIRE(d.bert.short_seq_prob >= 0 && d.bert.short_seq_prob <= 1,
+                  "deck: bert.short_seq_prob must be in [0, 1]");
+  positive("bert.max_ngrams", d.bert.max_ngrams);
   TRIDENT_REQUIRE(d.t5.mask_prob > 0 && d.t5.mask_prob < 1, "deck: t5.mask_prob must be in (0, 1)");
   TRIDENT_REQUIRE(d.t5.short_seq_prob >= 0 && d.t5.short_seq_prob <= 1, "deck: t5.short_seq_prob must be in [0, 1]");
   TRIDENT_REQUIRE(d.t5.geometric_p > 0 && d.t5.geometric_p <= 1, "deck: t5.geometric_p must be in (0, 1]");

@@ -16,7 +16,7 @@ struct Deck {
     std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
     double layernorm_epsilon = 1e-5, init_method_std = 0.02;
     double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults
-    bool flash_attention = false;  // fused attention kernel (Megatron's --use-flash-attn)
+    bool flash_attention = false;                          // fused attention kernel (Megatron's --use-flash-attn)
     // T5 only (Megatron's --decoder-seq-length, --decoder-num-layers): seq_length and
     // num_layers are the encoder's; decoder_num_layers 0 means num_layers.
     std::int64_t decoder_seq_length = 0, decoder_num_layers = 0;
@@ -80,7 +80,7 @@ struct Deck {
   } eval;
   struct Log {
     std::int64_t interval = 1;
-    std::string metrics_file, timeline_file;
+    std::string metrics_file, timeline_file, memory_file;
   } log;
   struct Perf {
     double peak_tflops = 0.0;
@@ -97,11 +97,11 @@ struct Deck {
   } watchdog;
   struct Debug {
     std::string dump_batches, dump_grads;
-    std::string dump_params;             // directory receiving the parameters after dump_params_iters
+    std::string dump_params;              // directory receiving the parameters after dump_params_iters
     std::string dump_params_iters = "1";  // comma-separated iterations
-    std::string dump_dropout;            // HDF5 file receiving every forward dropout mask (one rank)
-    std::string force_overflow;  // iterations whose gradients get an inf (tests of loss scaling)
-    bool grouped_p2p = false;    // pipeline messages in send+receive groups, as the NCCL path runs them
+    std::string dump_dropout;             // HDF5 file receiving every forward dropout mask (one rank)
+    std::string force_overflow;           // iterations whose gradients get an inf (tests of loss scaling)
+    bool grouped_p2p = false;             // pipeline messages in send+receive groups, as the NCCL path runs them
   } debug;
 
   std::string deck_path;

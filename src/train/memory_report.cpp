@@ -2,15 +2,19 @@
 // mode, Korthikanti et al.'s activation bytes per layer and micro-batch (with or without sequence
 // parallelism, selective or fused attention, full recomputation by uniform groups or block), and
 // print_memory_report, which gathers every rank's measured figures to world rank 0 and prints a
-// row per rank (with its pp, tp, dp coordinates) and the raw "memory figures:" line.
+// row per rank (with its pp, tp, dp coordinates), and writes the same figures to log.memory_file.
 #include "train/memory_report.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <vector>
+
+#include "common/error.hpp"
 
 namespace trident {
 
@@ -40,13 +44,55 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
   return std::ceil(m.layers / m.group) * input / m.layers;  // uniform: one input per group
 }
 
+namespace {
+
+// The figures of print_memory_report, per rank, under their JSON names (bytes unless named).
+const char* const kFigureNames[] = {"params_bytes",
+                                    "grads_bytes",
+                                    "optimizer_bytes",
+                                    "bytes_per_param",
+                                    "megatron_bytes_per_param",
+                                    "activation_bytes",
+                                    "micro_batches_in_flight",
+                                    "workspace_bytes",
+                                    "layer_activation_bytes",
+                                    "korthikanti_layer_bytes"};
+
+void write_memory_json(const std::string& path, const std::vector<double>& all, int K, const std::string& dtype,
+                       bool distributed, const Topology& topo) {
+  std::ostringstream os;
+  os << std::setprecision(17) << "{\"dtype\": \"" << dtype
+     << "\", \"distributed_optimizer\": " << (distributed ? "true" : "false") << ", \"ranks\": [";
+  for (int r = 0; r < topo.world_size(); ++r) {
+    const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+    os << (r ? ",\n  " : "\n  ") << "{\"rank\": " << r << ", \"pp\": " << c.pp << ", \"tp\": " << c.tp
+       << ", \"dp\": " << c.dp;
+    for (int k = 0; k < K; ++k) os << ", \"" << kFigureNames[k] << "\": " << all[static_cast<size_t>(r) * K + k];
+    os << "}";
+  }
+  os << "\n]}\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << os.str();
+    out.close();
+    if (!out) throw Error::one("log.memory_file: cannot write '" + tmp + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error::one("log.memory_file: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+}  // namespace
+
 void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
-                         bool distributed, const Topology& topo) {
+                         bool distributed, const Topology& topo, const std::string& json_path) {
   const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
   const double mega = megatron_bytes_per_param(dtype, distributed, topo.dp_size());
   std::vector<double> mine_mem = {mf.params, mf.grads,     mf.optimizer,         bpp,    mega, mf.activations,
                                   mf.slots,  mf.workspace, mf.layer_activations, formula};
-  const int K = static_cast<int>(mine_mem.size());                             // figures per rank
+  const int K = static_cast<int>(mine_mem.size());  // figures per rank (kFigureNames)
+  static_assert(sizeof(kFigureNames) / sizeof(kFigureNames[0]) == 10, "one name per figure");
   const std::vector<double> all_mem = topo.world().gatherv_to_root(mine_mem);  // (world size, K) on rank 0
   if (topo.world().rank() == 0) {
     std::ostringstream os;
@@ -66,9 +112,8 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
          << std::setprecision(2) << std::setw(9) << v[7] / MiB << " | " << std::setprecision(1) << v[8] / 1024.0
          << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0) << ")\n";
     }
-    os << "memory figures:";
-    for (int k = 0; k < K; ++k) os << " " << std::setprecision(6) << std::defaultfloat << all_mem[k];
-    std::cout << os.str() << std::endl;
+    std::cout << os.str() << std::flush;
+    if (!json_path.empty()) write_memory_json(json_path, all_mem, K, dtype, distributed, topo);
   }
 }
 

@@ -47,9 +47,10 @@ struct MemoryFigures {
 
 // Rank 0 prints every rank's figures (MiB, bytes per parameter beside Megatron's figure for
 // dtype and the optimizer, activations per layer beside `formula`, Korthikanti et al.'s bytes
-// for am: 0 when it does not apply) and a raw "memory figures:" line of rank 0's values, which
-// tests/mpi/precision_checks.py and perf/perf_model.py read. Collective over topo's world.
+// for am: 0 when it does not apply) and, when json_path is not empty, writes them in bytes to
+// that JSON file (log.memory_file; docs/DESIGN.md "Memory report": written to a temporary name
+// and renamed, so a reader never sees half a file). Collective over topo's world.
 void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
-                         bool distributed, const Topology& topo);
+                         bool distributed, const Topology& topo, const std::string& json_path = "");
 
 }  // namespace trident

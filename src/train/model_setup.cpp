@@ -27,6 +27,12 @@ HeadOptions head_options(const Deck& d) {
 }
 
 TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp, ModelFamily family) {
+  // the decoder keys belong to T5 alone (the deck's default position table covers the decoder
+  // length, so a stray value would silently enlarge a GPT or BERT model)
+  TRIDENT_REQUIRE(family == ModelFamily::T5 || (d.model.decoder_seq_length == 0 && d.model.decoder_num_layers == 0),
+                  "deck: model.decoder_seq_length (" << d.model.decoder_seq_length << ") and model.decoder_num_layers ("
+                                                     << d.model.decoder_num_layers << ") are T5 keys; a "
+                                                     << family_name(family) << " model has no decoder: leave them 0");
   TransformerConfig c;
   set_family_spec(family, c, d.model.decoder_num_layers > 0 ? d.model.decoder_num_layers : d.model.num_layers,
                   d.model.decoder_seq_length);

@@ -135,6 +135,7 @@ void check_outputs(const Deck& deck, const OutputPlan& plan, const Communicator&
       err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "eval"), fresh,
                               overwrite);
     if (err.empty()) err = check_output_file("log.timeline_file", deck.log.timeline_file, false, true);
+    if (err.empty()) err = check_output_file("log.memory_file", deck.log.memory_file, false, true);
     if (err.empty()) err = check_output_file("debug.dump_dropout", deck.debug.dump_dropout, false, true);
     if (err.empty() && !deck.debug.dump_params.empty()) err = ensure_dir("debug.dump_params", deck.debug.dump_params);
     if (err.empty() && !save.empty()) err = ensure_dir("checkpoint.save", save);

@@ -592,7 +592,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
     am.layers = static_cast<double>(model.num_layers());
     // (T5: encoder and decoder layers differ in shape; the formula is for one kind of layer)
     const double formula = !cfg.encoder_decoder() && model.num_layers() > 0 ? korthikanti_layer_bytes(am) : 0.0;
-    print_memory_report(mf, am, formula, deck.precision.dtype, zero, topo);
+    print_memory_report(mf, am, formula, deck.precision.dtype, zero, topo, deck.log.memory_file);
   }
   if (!deck.log.timeline_file.empty()) write_timeline(deck.log.timeline_file, runner.events(), topo, t_start);
   if (root && topo.pp_size() > 1) {

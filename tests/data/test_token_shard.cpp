@@ -192,8 +192,8 @@ TEST_F(TokenShardTest, SentenceOffsetsAreAbsoluteAndIncludeDocumentBoundaries) {
   {
     TokenShardWriter w(p, "GPT2BPETokenizer", 50257, 50256, true);
     w.add_document({1, 2, 3, 4, 5}, {2, 5});
-    w.add_document({6, 7, 8});      // no ends given: one sentence
-    w.add_document({}, {});         // empty document: adds no sentence
+    w.add_document({6, 7, 8});  // no ends given: one sentence
+    w.add_document({}, {});     // empty document: adds no sentence
     w.add_document({9, 10}, {1, 2});
     w.close();
   }
@@ -205,9 +205,9 @@ TEST_F(TokenShardTest, SentenceOffsetsAreAbsoluteAndIncludeDocumentBoundaries) {
 
 TEST_F(TokenShardTest, WriterRejectsBadInput) {
   TokenShardWriter w(path("bad.h5"), "T", 10, 9, true);
-  EXPECT_THROW(w.add_document({1, 10}), Error);          // id >= vocab_size
-  EXPECT_THROW(w.add_document({-1}), Error);             // negative id
-  EXPECT_THROW(w.add_document({1, 2, 3}, {2}), Error);   // last end != length
+  EXPECT_THROW(w.add_document({1, 10}), Error);               // id >= vocab_size
+  EXPECT_THROW(w.add_document({-1}), Error);                  // negative id
+  EXPECT_THROW(w.add_document({1, 2, 3}, {2}), Error);        // last end != length
   EXPECT_THROW(w.add_document({1, 2, 3}, {2, 2, 3}), Error);  // not increasing
   EXPECT_THROW(w.add_document({1, 2, 3}, {0, 3}), Error);     // empty sentence
   TokenShardWriter plain(path("plain.h5"), "T", 10, 9, false);
@@ -290,16 +290,36 @@ TEST_F(TokenShardTest, MalformedFilesNameTheProblem) {
       {"vocab0.h5", [](hid_t f) { trident::h5_write_attr(f, "vocab_size", std::int64_t(0)); },
        "'vocab_size' must be positive"},
       {"eod.h5", [](hid_t f) { trident::h5_write_attr(f, "eod_id", std::int64_t(100)); }, "'eod_id' 100 outside"},
-      {"start.h5", [](hid_t f) { replace_int64(f, "document_offsets", {1, 3, 5}); },
+      {"start.h5",
+       [](hid_t f) {
+         replace_int64(f, "document_offsets", {1, 3, 5});
+       },
        "/document_offsets must start at 0"},
-      {"decrease.h5", [](hid_t f) { replace_int64(f, "document_offsets", {0, 4, 3, 5}); },
+      {"decrease.h5",
+       [](hid_t f) {
+         replace_int64(f, "document_offsets", {0, 4, 3, 5});
+       },
        "/document_offsets decreases at entry 2"},
-      {"end.h5", [](hid_t f) { replace_int64(f, "document_offsets", {0, 3, 6}); },
+      {"end.h5",
+       [](hid_t f) {
+         replace_int64(f, "document_offsets", {0, 3, 6});
+       },
        "/document_offsets ends at 6 but /tokens holds 5 tokens"},
       {"empty_offsets.h5", [](hid_t f) { replace_int64(f, "document_offsets", {}); }, "/document_offsets is empty"},
-      {"sent_end.h5", [](hid_t f) { replace_int64(f, "sentence_offsets", {0, 2, 3, 4}); },
+      {"sent_end.h5",
+       [](hid_t f) {
+         replace_int64(f, "sentence_offsets", {0, 2, 3, 4});
+       },
        "/sentence_offsets ends at 4"},
-      {"sent_doc.h5", [](hid_t f) { replace_int64(f, "sentence_offsets", {0, 2, 5}); },
+      {"sent_repeat.h5",
+       [](hid_t f) {
+         replace_int64(f, "sentence_offsets", {0, 2, 3, 3, 5});
+       },
+       "/sentence_offsets repeats offset 3 at entry 3 (an empty sentence"},
+      {"sent_doc.h5",
+       [](hid_t f) {
+         replace_int64(f, "sentence_offsets", {0, 2, 5});
+       },
        "document boundary 3 (document 1) is missing from /sentence_offsets"},
       {"float_tokens.h5",
        [](hid_t f) {

@@ -353,6 +353,8 @@ def group_outputs(s):
          "cannot create the directory"),
         ("timeline file cannot be made", 2, ["--log.timeline_file", os.path.join(blocker, "t.json")],
          "log.timeline_file"),
+        ("memory file cannot be made", 2, ["--log.memory_file", os.path.join(blocker, "m.json")],
+         "log.memory_file"),
         ("metrics file is a directory", 2, ["--log.metrics_file", ck], "is a directory"),
     ]
     for name, np_, extra, needle in cases:

@@ -153,22 +153,29 @@ def check_zero1(c):
     compare_losses("plain dp=1 -> ZeRO-1 dp=2", plain[4:], tail)
 
 
-FIELDS = ["params", "grads", "optimizer", "bytes_per_param", "megatron_bytes_per_param", "activations", "slots",
-          "workspace", "layer_activations", "korthikanti"]
+# short names used below -> the names log.memory_file writes (docs/DESIGN.md "Memory report")
+FIELDS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
+          "bytes_per_param": "bytes_per_param", "megatron_bytes_per_param": "megatron_bytes_per_param",
+          "activations": "activation_bytes", "slots": "micro_batches_in_flight", "workspace": "workspace_bytes",
+          "layer_activations": "layer_activation_bytes", "korthikanti": "korthikanti_layer_bytes"}
 
 
 def memory(c, name, np_, tp=1, sp=False, extra=()):
-    """Rank 0's memory figures of a 2-step run."""
+    """Rank 0's memory figures of a 2-step run (its log.memory_file)."""
+    import json
     from testlib import run
+    path = c.path("memory_" + "".join(ch if ch.isalnum() else "_" for ch in name) + ".json")
     cmd = [c.a.mpiexec, "-n", str(np_), c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards,
            "--parallel.tp", str(tp), "--parallel.sequence_parallel", "true" if sp else "false",
            "--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1", "--model.num_layers", "4",
-           "--train.iters", "2", "--eval.interval", "0"] + list(extra)
+           "--train.iters", "2", "--eval.interval", "0", "--log.memory_file", path] + list(extra)
     _, out, _ = run(cmd)
-    line = [l for l in out.splitlines() if l.startswith("memory figures:")]
-    assert line, out[-2000:]
-    vals = [float(x) for x in line[0].split(":", 1)[1].split()]
-    m = dict(zip(FIELDS, vals))
+    with open(path) as f:
+        report = json.load(f)
+    assert len(report["ranks"]) == np_, report
+    rank0 = report["ranks"][0]
+    assert rank0["rank"] == 0, rank0
+    m = {short: float(rank0[long]) for short, long in FIELDS.items()}
     print(f"{name:28s} bytes/param {m['bytes_per_param']:.2f} (Megatron {m['megatron_bytes_per_param']:.2f}), "
           f"optimizer {m['optimizer'] / 2**20:.2f} MiB, per layer {m['layer_activations'] / 1024:.1f} KiB "
           f"(Korthikanti {m['korthikanti'] / 1024:.1f} KiB)")

@@ -59,8 +59,9 @@ TEST(Deck, MissingRequiredKeysAreNamed) {
   std::string no_iters = kDeck;
   no_iters.erase(no_iters.find("iters = 10"), 10);
   EXPECT_NE(error_of(no_iters).find("train.iters is required"), std::string::npos) << error_of(no_iters);
-  const std::string two = error_of("[model]\nnum_layers = 2\nhidden_size = 64\nnum_heads = 4\n[train]\nglobal_batch_size = 8\n"
-                                   "iters = 1\n[data]\ntrain_shards = x.h5\n");
+  const std::string two = error_of(
+      "[model]\nnum_layers = 2\nhidden_size = 64\nnum_heads = 4\n[train]\nglobal_batch_size = 8\n"
+      "iters = 1\n[data]\ntrain_shards = x.h5\n");
   EXPECT_NE(two.find("model.seq_length is required"), std::string::npos) << two;
   // given on the command line instead of the deck: fine
   EXPECT_EQ(error_of(no_iters, {"--train.iters", "3"}), "");
@@ -85,8 +86,16 @@ TEST(Deck, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
+  // the [bert] and [t5] keys are checked with the deck, before any data is read
+  for (const char* key : {"--bert.mask_prob", "--t5.mask_prob"})
+    for (const char* bad : {"0", "1", "-0.1"})
+      EXPECT_NE(error_of(kDeck, {key, bad}).find(key + 2), std::string::npos) << key << " " << bad;
+  EXPECT_NE(error_of(kDeck, {"--bert.short_seq_prob", "1.5"}).find("bert.short_seq_prob"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--bert.max_ngrams", "0"}).find("bert.max_ngrams"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--t5.geometric_p", "0"}).find("t5.geometric_p"), std::string::npos);
   // the longer of the two sequence lengths is the one named (T5's decoder may be the longer)
-  const std::string dec = error_of(kDeck, {"--model.max_position_embeddings", "40", "--model.decoder_seq_length", "48"});
+  const std::string dec = error_of(kDeck,
+                                   {"--model.max_position_embeddings", "40", "--model.decoder_seq_length", "48"});
   EXPECT_NE(dec.find("model.decoder_seq_length (48)"), std::string::npos) << dec;
 }
 
@@ -94,8 +103,9 @@ TEST(Deck, ErrorsNameTheKey) {
 // placeholders (%canonical_option%, %value%): found by tests/fuzz/fuzz_deck. Such decks now fail
 // (or parse) at once, and '%' in a string value is kept.
 TEST(Deck, PercentSignsNeverHangTheParser) {
-  const std::string base = "[model]\nnum_layers=1\nhidden_size=8\nnum_heads=1\nseq_length=4\n[train]\n"
-                           "global_batch_size=1\niters=1\n[data]\ntrain_shards=x.h5\n";
+  const std::string base =
+      "[model]\nnum_layers=1\nhidden_size=8\nnum_heads=1\nseq_length=4\n[train]\n"
+      "global_batch_size=1\niters=1\n[data]\ntrain_shards=x.h5\n";
   EXPECT_THROW(parse_deck_text(base + "[bert]\nbi%canonical_option%nary_head = true\n"), Error);
   EXPECT_THROW(parse_deck_text(base + "[optim]\nlr = %value%\n"), Error);
   EXPECT_THROW(parse_deck_text(base, {"--train.iters", "%canonical_option%"}), Error);
