@@ -1,10 +1,13 @@
 // Helpers for op tests: host<->device copies of flat views, random normal fills, central finite
 // differences of a scalar function at sampled indices (numeric_gradient, step 1e-2), and
-// expect_close, an element-wise |a - b| <= atol + rtol |b| check that reports the first failures.
+// expect_close, an element-wise |a - b| <= atol + rtol |b| check that reports the first failures,
+// and reference_attention, self-attention by its definition in double.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -77,6 +80,42 @@ inline void expect_close(const std::vector<double>& a, const std::vector<double>
       ++failures;
     }
   }
+}
+
+// Self-attention by its definition, in double: per sample b, head h and query i,
+// y = softmax_j(q_i . k_j / sqrt(hs)) v_j over the keys j that query i sees (j <= i when causal;
+// key_valid(b T + j) != 0 when key_valid is given). qkv (B, T, 3C) packs q | k | v per token,
+// head h at columns h hs .. (h + 1) hs - 1 of each third; returns y (B, T, C).
+inline std::vector<double> reference_attention(const std::vector<float>& qkv, std::int64_t B, std::int64_t T,
+                                               std::int64_t C, std::int64_t nh, bool causal,
+                                               const std::vector<std::int32_t>& key_valid = {}) {
+  const std::int64_t hs = C / nh;
+  std::vector<double> y(static_cast<std::size_t>(B * T * C), 0.0);
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h, std::int64_t e) {
+    return static_cast<double>(qkv[static_cast<std::size_t>((b * T + t) * 3 * C + part * C + h * hs + e)]);
+  };
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h)
+      for (std::int64_t i = 0; i < T; ++i) {
+        std::vector<double> w(static_cast<std::size_t>(T), 0.0);  // scores, then weights (T)
+        std::vector<bool> seen(static_cast<std::size_t>(T), false);
+        double mx = -1e300, z = 0;
+        for (std::int64_t j = 0; j < T; ++j) {
+          seen[j] = (!causal || j <= i) && (key_valid.empty() || key_valid[static_cast<std::size_t>(b * T + j)]);
+          if (!seen[j]) continue;
+          for (std::int64_t e = 0; e < hs; ++e) w[j] += at(b, i, 0, h, e) * at(b, j, 1, h, e);
+          w[j] /= std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, w[j]);
+        }
+        for (std::int64_t j = 0; j < T; ++j) z += seen[j] ? (w[j] = std::exp(w[j] - mx)) : 0.0;
+        for (std::int64_t e = 0; e < hs; ++e) {
+          double acc = 0;
+          for (std::int64_t j = 0; j < T; ++j)
+            if (seen[j]) acc += w[j] / z * at(b, j, 2, h, e);
+          y[static_cast<std::size_t>((b * T + i) * C + h * hs + e)] = acc;
+        }
+      }
+  return y;
 }
 
 }  // namespace trident::test

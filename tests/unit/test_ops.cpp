@@ -192,7 +192,7 @@ TEST(Gelu, ForwardMatchesFormulaAndBackwardMatchesFiniteDifferences) {
 
 TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   const AttentionShape s{2, 5, 8, 2};  // B, T, C, nh
-  const std::int64_t BT = s.B * s.T, hs = s.hs();
+  const std::int64_t BT = s.B * s.T;
   auto qkv = random_vector(BT * 3 * s.C, 30), R = random_vector(BT * s.C, 31);
   FloatView att = make_float("att", s.B * s.nh * s.T * s.T), y = make_float("y", BT * s.C);
   FloatView dqkv_in;  // the qkv the last forward saw (backward reads it)
@@ -202,28 +202,7 @@ TEST(Attention, CausalForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
     return to_host(y);
   };
   auto out = fwd();
-  std::vector<double> want(BT * s.C, 0.0);
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.nh; ++h)
-      for (int i = 0; i < s.T; ++i) {
-        std::vector<double> sc(i + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= i; ++j) {
-          double d = 0;
-          for (int e = 0; e < hs; ++e)
-            d += static_cast<double>(qkv[(b * s.T + i) * 3 * s.C + h * hs + e]) *
-                 qkv[(b * s.T + j) * 3 * s.C + s.C + h * hs + e];
-          sc[j] = d / std::sqrt(static_cast<double>(hs));
-          mx = std::max(mx, sc[j]);
-        }
-        double z = 0;
-        for (auto& e : sc) z += (e = std::exp(e - mx));
-        for (int e = 0; e < hs; ++e) {
-          double acc = 0;
-          for (int j = 0; j <= i; ++j) acc += sc[j] / z * qkv[(b * s.T + j) * 3 * s.C + 2 * s.C + h * hs + e];
-          want[(b * s.T + i) * s.C + h * hs + e] = acc;
-        }
-      }
+  const std::vector<double> want = reference_attention(qkv, s.B, s.T, s.C, s.nh, true);
   expect_close(as_double(out), want, kFwdRtol, kFwdAtol, "attention forward");
   // backward
   fwd();
