@@ -140,10 +140,12 @@ gpu_configure() {
 }
 
 # The short training runs repeated on the GPU and, for the reference, on the host (fp32): the tiny
-# CI decks, 50 iterations, dropout off, no evaluation.
+# CI decks, GPU_BAND_ITERS iterations (50; the host rehearsal of the script's logic,
+# tests/gpu_kit/gpu_check_logic.sh, runs fewer), dropout off, no evaluation.
 GPU_TRAIN_APPS=(gpt bert t5)
 gpu_band_args() {
-  echo "--train.iters 50 --model.hidden_dropout 0 --model.attention_dropout 0 --eval.interval 0 --log.interval 10"
+  echo "--train.iters ${GPU_BAND_ITERS:-50} --model.hidden_dropout 0 --model.attention_dropout 0 --eval.interval 0" \
+    "--log.interval 10"
 }
 # The host's fp32 losses of those runs: ROOT HOST_BUILD OUTDIR -> OUTDIR/<app>_fp32_host.csv
 gpu_host_reference() {

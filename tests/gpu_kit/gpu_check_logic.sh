@@ -23,6 +23,8 @@ esac
 SMI
 chmod +x "$work/bin/nvidia-smi"
 export TRIDENT_GPU_PREFIX=$work/prefix   # nothing of a real kit is touched
+# 20 iterations instead of 50 per band run: the logic is the same, the numbers are not the point here
+export GPU_BAND_ITERS=20
 # shellcheck source=scripts/gpu_common.sh
 source "$root/scripts/gpu_common.sh"
 gpu_host_reference "$root" "$build" "$work/reference"
@@ -52,7 +54,7 @@ rows = list(csv.DictReader(open(f"{out}/train.csv")))
 fp32 = [r for r in rows if r["comparison"] == "fp32 GPU vs fp32 host"]
 assert sorted(r["app"] for r in fp32) == ["bert", "gpt", "t5"], fp32
 for r in fp32:  # the same executable on the same inputs: the same losses, digit for digit
-    assert float(r["worst relative loss difference"]) == 0.0 and r["steps"] == "50", r
+    assert float(r["worst relative loss difference"]) == 0.0 and r["steps"] == "20", r
 band = [r for r in rows if r["comparison"].startswith("bf16")]
 assert len(band) == 4 and all(r["pass"] == "True" for r in band), band
 for r in band:  # bf16 really ran: not equal to fp32
