@@ -306,12 +306,12 @@ def check_overlap(c):
 
 def check_grouped_p2p(c):
     big = ["--model.hidden_size", "768", "--model.num_heads", "12", "--model.num_layers", "4",
-           "--train.global_batch_size", "8", "--eval.interval", "3", "--eval.iters", "2"]
+           "--train.global_batch_size", "8", "--eval.interval", "2", "--eval.iters", "2"]
     for name, np_, extra in [("pp2", 2, ["--parallel.pp", "2"]),
                              ("pp2_vp2", 2, ["--parallel.pp", "2", "--parallel.vp", "2"]),
                              ("pp4", 4, ["--parallel.pp", "4", "--train.global_batch_size", "16"])]:
-        a = c.train(name, np_, 1, iters=3, extra=big + extra)
-        b = c.train(name + "_grouped", np_, 1, iters=3, extra=big + extra + ["--debug.grouped_p2p", "true"])
+        a = c.train(name, np_, 1, iters=2, extra=big + extra)
+        b = c.train(name + "_grouped", np_, 1, iters=2, extra=big + extra + ["--debug.grouped_p2p", "true"])
         same_losses("grouped point-to-point " + name, a, b)
         ev = lambda n: open(c.path(n + ".eval.csv")).read()  # noqa: E731
         assert ev(name) == ev(name + "_grouped"), f"{name}: evaluations differ"
