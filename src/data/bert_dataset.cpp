@@ -20,12 +20,14 @@ BertDataset::BertDataset(const Corpus& corpus, std::int64_t doc_begin, std::int6
   TRIDENT_REQUIRE(corpus.has_sentences(), name << " dataset: the shards hold no /sentence_offsets (run preprocess_data "
                                                   "with --split-sentences)");
   TRIDENT_REQUIRE(sp_.cls >= 0 && sp_.sep >= 0 && sp_.mask >= 0 && sp_.pad >= 0,
-                  name << " dataset: the shards record no [CLS]/[SEP]/[MASK]/[PAD] ids (tokenizer '" << corpus.tokenizer()
+                  name << " dataset: the shards record no [CLS]/[SEP]/[MASK]/[PAD] ids (tokenizer '"
+                       << corpus.tokenizer()
                        << "'; use BertWordPieceLowerCase, BertWordPieceCase or GPT2BPEWithBertSpecials)");
   TRIDENT_REQUIRE(static_cast<std::int64_t>(continues_.size()) == corpus.vocab_size(),
                   name << " dataset: the vocabulary has " << continues_.size() << " tokens, the shards "
                        << corpus.vocab_size());
-  TRIDENT_REQUIRE(m_.masked_lm_prob > 0 && m_.masked_lm_prob < 1, "deck: bert.mask_prob = " << m_.masked_lm_prob << " must lie in (0, 1)");
+  TRIDENT_REQUIRE(m_.masked_lm_prob > 0 && m_.masked_lm_prob < 1,
+                  "deck: bert.mask_prob = " << m_.masked_lm_prob << " must lie in (0, 1)");
   TRIDENT_REQUIRE(m_.short_seq_prob >= 0 && m_.short_seq_prob <= 1, "bert.short_seq_prob must be in [0, 1]");
   TRIDENT_REQUIRE(m_.max_ngrams >= 1, "bert.max_ngrams must be >= 1");
   const std::int64_t max_tokens = seq_length - (m_.binary_head ? 3 : 2);
@@ -92,7 +94,8 @@ void BertDataset::get(std::int64_t i, BertSample& out) const {
       if (draw.uniform() < 0.8)
         tok[static_cast<size_t>(p)] = sp_.mask;
       else if (draw.uniform() >= 0.5)
-        tok[static_cast<size_t>(p)] = static_cast<std::int32_t>(draw.below(static_cast<std::int64_t>(continues_.size())));
+        tok[static_cast<size_t>(p)] = static_cast<std::int32_t>(
+            draw.below(static_cast<std::int64_t>(continues_.size())));
     }
   out.tokens.assign(static_cast<size_t>(seq_length_), sp_.pad);
   out.types.assign(static_cast<size_t>(seq_length_), 0);
@@ -104,21 +107,21 @@ void BertDataset::get(std::int64_t i, BertSample& out) const {
 
 BertData::BertData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length,
                    std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed,
-                   const std::string& vocab_file, const std::string& merges_file, const BertMasking& masking) {
-  MaskingCorpus mc = open_masking_corpus(shard_spec, vocab_file, merges_file, "BERT");
+                   const std::string& vocab_file, const std::string& merges_file, const BertMasking& masking,
+                   const TokenShardMeta* indexed) {
+  MaskingCorpus mc = open_masking_corpus(shard_spec, vocab_file, merges_file, "BERT", indexed);
   corpus_ = std::move(mc.corpus);
   specials_ = mc.specials;
   const std::vector<std::uint8_t>& cont = mc.continues;
   const auto b = split_documents(split, corpus_->num_documents());
-  train_ = std::make_unique<BertDataset>(*corpus_, b[0], b[1], seq_length, train_samples, seed, specials_, cont, masking,
-                                         "train");
+  train_ = std::make_unique<BertDataset>(*corpus_, b[0], b[1], seq_length, train_samples, seed, specials_, cont,
+                                         masking, "train");
   if (valid_samples > 0 && b[2] > b[1])
     valid_ = std::make_unique<BertDataset>(*corpus_, b[1], b[2], seq_length, valid_samples, seed, specials_, cont,
                                            masking, "valid");
   std::ostringstream os;
   os << corpus_->num_documents() << " documents (" << b[1] - b[0] << " train, " << b[2] - b[1] << " valid), "
-     << train_->size() << " train samples over " << train_->epochs() << " epoch(s), tokenizer "
-     << corpus_->tokenizer();
+     << train_->size() << " train samples over " << train_->epochs() << " epoch(s), tokenizer " << corpus_->tokenizer();
   description_ = os.str();
 }
 

@@ -69,9 +69,9 @@ class BertDataset {
 // the word boundaries for whole-word masking.
 class BertData {
  public:
-  BertData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length,
-           std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed, const std::string& vocab_file,
-           const std::string& merges_file, const BertMasking& masking);
+  BertData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length, std::int64_t train_samples,
+           std::int64_t valid_samples, std::uint64_t seed, const std::string& vocab_file,
+           const std::string& merges_file, const BertMasking& masking, const TokenShardMeta* indexed = nullptr);
   const BertDataset& train() const { return *train_; }
   const BertDataset* valid() const { return valid_.get(); }
   std::int64_t vocab_size() const { return corpus_->vocab_size(); }

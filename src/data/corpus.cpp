@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "data/indexed_dataset.hpp"
+#include "data/tokenizer.hpp"
 
 namespace trident {
 
@@ -29,8 +31,15 @@ std::vector<std::string> expand(const std::string& pattern) {
   if (rc == 0)
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   globfree(&g);
+  // a Megatron prefix names no file itself
+  if (out.empty() && !indexed_dataset_prefix(pattern).empty()) out.push_back(pattern);
   TRIDENT_REQUIRE(!out.empty(), "data.train_shards: '" << pattern << "' matches no file");
+  // P.bin and P.idx are one corpus file, P (a .bin without its .idx stays as it is: an error
+  // when opened)
+  for (auto& p : out)
+    if (const std::string prefix = indexed_dataset_prefix(p); !prefix.empty()) p = prefix;
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 }  // namespace
@@ -68,9 +77,24 @@ std::vector<WeightedPaths> parse_shard_spec(const std::string& spec) {
   return out;
 }
 
-Corpus::Corpus(const std::vector<std::string>& paths) {
+std::optional<TokenShardMeta> indexed_dataset_description(const std::string& type, const std::string& vocab_file,
+                                                          const std::string& merges_file, int extra_ids) {
+  if (type.empty()) return std::nullopt;
+  const auto tok = make_tokenizer(type, vocab_file, merges_file, extra_ids);
+  TokenShardMeta d;
+  d.format = kIndexedFormat;
+  d.tokenizer = type;
+  d.vocab_size = tok->vocab_size();
+  d.specials = tok->specials();
+  d.eod_id = d.specials.eod;
+  d.specials.eod = -1;  // as a shard records it: eod in eod_id; unk not recorded
+  d.specials.unk = -1;
+  return d;
+}
+
+Corpus::Corpus(const std::vector<std::string>& paths, const TokenShardMeta* indexed) {
   TRIDENT_REQUIRE(!paths.empty(), "corpus: no shard files");
-  for (auto& p : paths) shards_.emplace_back(p);
+  for (auto& p : paths) shards_.emplace_back(p, indexed);
   for (size_t s = 0; s < shards_.size(); ++s) {
     const auto& m = shards_[s].meta();
     if (s == 0) {

@@ -5,6 +5,7 @@
 // (weight, glob) pair is a corpus and the corpora are blended.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,12 +18,22 @@ struct WeightedPaths {
   std::vector<std::string> paths;  // sorted glob expansion
 };
 
-// Parses "a.h5 b_*.h5" or "0.3 a_*.h5 0.7 b.h5". Globs that match nothing are errors.
+// Parses "a.h5 b_*.h5" or "0.3 a_*.h5 0.7 b.h5". Globs that match nothing are errors. A Megatron
+// indexed dataset is named by its prefix (P for P.bin + P.idx) or by either file; a glob's
+// matches of P.bin and P.idx count once, as P.
 std::vector<WeightedPaths> parse_shard_spec(const std::string& spec);
+
+// What the deck says about the tokenizer of Megatron indexed datasets (data.tokenizer_type,
+// data.vocab_file, data.merges_file, data.vocab_extra_ids): the tokenizer's name, vocabulary
+// size, end-of-document and special-token ids, as a TokenShardMeta. Empty type: none (nullopt).
+std::optional<TokenShardMeta> indexed_dataset_description(const std::string& type, const std::string& vocab_file,
+                                                          const std::string& merges_file, int extra_ids);
 
 class Corpus {
  public:
-  explicit Corpus(const std::vector<std::string>& paths);
+  // paths: HDF5 shards and Megatron pairs (prefixes), in order; `indexed` describes the pairs'
+  // tokenizer (TokenShardReader).
+  explicit Corpus(const std::vector<std::string>& paths, const TokenShardMeta* indexed = nullptr);
 
   std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_shard_.size()); }
   std::int64_t document_length(std::int64_t d) const { return doc_end_[d] - doc_begin_[d]; }

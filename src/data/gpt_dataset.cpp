@@ -19,7 +19,8 @@ namespace {
 void shuffle_in_place(std::vector<std::int64_t>& v, std::uint64_t key) {
   CounterRng rng(key);
   for (std::int64_t i = static_cast<std::int64_t>(v.size()) - 1; i > 0; --i) {
-    const auto j = static_cast<std::int64_t>(rng.below_at(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i + 1)));
+    const auto j = static_cast<std::int64_t>(
+        rng.below_at(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i + 1)));
     std::swap(v[i], v[j]);
   }
 }
@@ -99,7 +100,8 @@ void BlendedDataset::get(std::int64_t i, std::int32_t* out) const {
 }
 
 GptData::GptData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length,
-                 std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed) {
+                 std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed,
+                 const TokenShardMeta* indexed) {
   auto groups = parse_shard_spec(shard_spec);
   std::vector<std::unique_ptr<GptDataset>> train_sets, valid_sets;
   std::vector<double> weights;
@@ -108,19 +110,22 @@ GptData::GptData(const std::string& shard_spec, const std::string& split, std::i
   for (auto& g : groups) wsum += g.weight;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     auto& g = groups[gi];
-    corpora_.push_back(std::make_unique<Corpus>(g.paths));
+    corpora_.push_back(std::make_unique<Corpus>(g.paths, indexed));
     const Corpus& c = *corpora_.back();
     if (gi == 0) vocab_size_ = c.vocab_size();
     TRIDENT_REQUIRE(c.vocab_size() == vocab_size_, "data.train_shards: '" << g.paths[0] << "' has vocab_size "
-                                                                          << c.vocab_size() << ", others " << vocab_size_);
+                                                                          << c.vocab_size() << ", others "
+                                                                          << vocab_size_);
     const auto b = split_documents(split, c.num_documents());
     const double share = g.weight / wsum;
     // a little slack as Megatron does, so blending never runs a dataset dry
     const auto want = [&](std::int64_t n) { return static_cast<std::int64_t>(std::ceil(n * share * 1.005)) + 1; };
     const std::string tag = "corpus" + std::to_string(gi);
-    train_sets.push_back(std::make_unique<GptDataset>(c, b[0], b[1], seq_length, want(train_samples), seed, tag + "/train"));
+    train_sets.push_back(
+        std::make_unique<GptDataset>(c, b[0], b[1], seq_length, want(train_samples), seed, tag + "/train"));
     if (valid_samples > 0 && b[2] > b[1])
-      valid_sets.push_back(std::make_unique<GptDataset>(c, b[1], b[2], seq_length, want(valid_samples), seed, tag + "/valid"));
+      valid_sets.push_back(
+          std::make_unique<GptDataset>(c, b[1], b[2], seq_length, want(valid_samples), seed, tag + "/valid"));
     weights.push_back(g.weight);
     desc << "  corpus " << gi << ": weight " << share << ", " << g.paths.size() << " shard(s), " << c.num_documents()
          << " documents, " << c.num_tokens() << " tokens, tokenizer " << c.tokenizer() << ", vocab " << c.vocab_size()

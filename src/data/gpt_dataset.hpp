@@ -28,9 +28,9 @@ class GptDataset {
  private:
   const Corpus* corpus_;
   std::int64_t seq_length_, num_samples_ = 0, epochs_ = 0;
-  std::vector<std::int64_t> doc_idx_;     // document of each stream position (epochs x docs)
-  std::vector<std::int64_t> doc_start_;   // stream token offset where doc_idx_[k] starts (+ end)
-  std::vector<std::int64_t> shuffle_;     // (num_samples) sample order
+  std::vector<std::int64_t> doc_idx_;    // document of each stream position (epochs x docs)
+  std::vector<std::int64_t> doc_start_;  // stream token offset where doc_idx_[k] starts (+ end)
+  std::vector<std::int64_t> shuffle_;    // (num_samples) sample order
 };
 
 // Megatron's blending: sample i goes to the dataset whose realised share lags its weight most.
@@ -50,8 +50,9 @@ class BlendedDataset {
 // Builds the train and valid datasets of data.train_shards for a run. Owns the corpora.
 class GptData {
  public:
-  GptData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length,
-          std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed);
+  GptData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length, std::int64_t train_samples,
+          std::int64_t valid_samples, std::uint64_t seed,
+          const TokenShardMeta* indexed = nullptr);  // Megatron pairs' tokenizer (Corpus)
   const BlendedDataset& train() const { return *train_; }
   const BlendedDataset* valid() const { return valid_.get(); }
   std::int64_t vocab_size() const { return vocab_size_; }

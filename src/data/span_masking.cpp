@@ -68,26 +68,26 @@ std::vector<SentenceRun> sentence_runs(const Corpus& corpus, std::int64_t doc_be
 }
 
 MaskingCorpus open_masking_corpus(const std::string& shard_spec, const std::string& vocab_file,
-                                  const std::string& merges_file, const char* model) {
+                                  const std::string& merges_file, const char* model, const TokenShardMeta* indexed) {
   const auto spec = parse_shard_spec(shard_spec);
-  TRIDENT_REQUIRE(spec.size() == 1, "data.train_shards: weighted blending is not supported for " << model
-                                                                                                << " yet; list the shards without weights");
+  TRIDENT_REQUIRE(spec.size() == 1, "data.train_shards: weighted blending is not supported for "
+                                        << model << " yet; list the shards without weights");
   MaskingCorpus out;
-  out.corpus = std::make_unique<Corpus>(spec[0].paths);
+  out.corpus = std::make_unique<Corpus>(spec[0].paths, indexed);
   const Corpus& c = *out.corpus;
   out.specials = c.meta().specials;
   out.specials.eod = static_cast<std::int32_t>(c.meta().eod_id);
-  TRIDENT_REQUIRE(c.has_sentences(), "data.train_shards: the shards hold no /sentence_offsets (run preprocess_data "
-                                     "with --split-sentences for "
-                                         << model << ")");
+  TRIDENT_REQUIRE(c.has_sentences(),
+                  "data.train_shards: the shards hold no /sentence_offsets (run preprocess_data "
+                  "with --split-sentences for "
+                      << model << ")");
   TRIDENT_REQUIRE(!vocab_file.empty(), "data.vocab_file is required for " << model << " (the " << c.tokenizer()
                                                                           << " vocabulary of the shards: "
                                                                              "whole-word masking needs it)");
   const auto tok = make_tokenizer(c.tokenizer(), vocab_file, merges_file, out.specials.num_sentinels);
-  TRIDENT_REQUIRE(tok->vocab_size() == c.vocab_size(), "data.vocab_file '" << vocab_file << "' has "
-                                                                           << tok->vocab_size() << " tokens, the shards' "
-                                                                           << c.tokenizer() << " vocabulary "
-                                                                           << c.vocab_size());
+  TRIDENT_REQUIRE(tok->vocab_size() == c.vocab_size(),
+                  "data.vocab_file '" << vocab_file << "' has " << tok->vocab_size() << " tokens, the shards' "
+                                      << c.tokenizer() << " vocabulary " << c.vocab_size());
   out.continues.resize(static_cast<size_t>(tok->vocab_size()));
   for (std::int32_t id = 0; id < static_cast<std::int32_t>(out.continues.size()); ++id)
     out.continues[static_cast<size_t>(id)] = tok->continues_word(id);
@@ -96,9 +96,8 @@ MaskingCorpus open_masking_corpus(const std::string& shard_spec, const std::stri
 
 std::vector<std::vector<std::int32_t>> pick_masked_spans(const std::int32_t* tokens, std::int64_t n,
                                                          const std::vector<std::uint8_t>& continues,
-                                                         std::int32_t skip_a, std::int32_t skip_b,
-                                                         const SpanMasking& m, Draws& draw,
-                                                         std::vector<std::int32_t>* drawn) {
+                                                         std::int32_t skip_a, std::int32_t skip_b, const SpanMasking& m,
+                                                         Draws& draw, std::vector<std::int32_t>* drawn) {
   // whole words: a token plus the continuation pieces right after it
   std::vector<std::vector<std::int32_t>> words;
   for (std::int32_t p = 0; p < static_cast<std::int32_t>(n); ++p) {

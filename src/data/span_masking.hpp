@@ -28,7 +28,9 @@ struct Draws {
   CounterRng rng;
   std::uint64_t k = 0;
   double uniform() { return rng.uniform_at(k++); }
-  std::int64_t below(std::int64_t n) { return static_cast<std::int64_t>(rng.below_at(k++, static_cast<std::uint64_t>(n))); }
+  std::int64_t below(std::int64_t n) {
+    return static_cast<std::int64_t>(rng.below_at(k++, static_cast<std::uint64_t>(n)));
+  }
 };
 
 struct SentenceRun {
@@ -68,7 +70,8 @@ struct MaskingCorpus {
   std::vector<std::uint8_t> continues;  // (vocab_size) 1 when the id continues the word before it
 };
 MaskingCorpus open_masking_corpus(const std::string& shard_spec, const std::string& vocab_file,
-                                  const std::string& merges_file, const char* model);
+                                  const std::string& merges_file, const char* model,
+                                  const TokenShardMeta* indexed = nullptr);
 
 // The masked spans of tokens[0, n): lists of positions, sorted by their first position.
 // Tokens equal to skip_a or skip_b (BERT's [CLS] and [SEP]) are never masked; continues[id]
@@ -76,8 +79,7 @@ MaskingCorpus open_masking_corpus(const std::string& shard_spec, const std::stri
 // length drawn (in words, before the budget shortens it; for statistics).
 std::vector<std::vector<std::int32_t>> pick_masked_spans(const std::int32_t* tokens, std::int64_t n,
                                                          const std::vector<std::uint8_t>& continues,
-                                                         std::int32_t skip_a, std::int32_t skip_b,
-                                                         const SpanMasking& m, Draws& draw,
-                                                         std::vector<std::int32_t>* drawn = nullptr);
+                                                         std::int32_t skip_a, std::int32_t skip_b, const SpanMasking& m,
+                                                         Draws& draw, std::vector<std::int32_t>* drawn = nullptr);
 
 }  // namespace trident

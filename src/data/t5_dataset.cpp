@@ -39,7 +39,8 @@ T5Dataset::T5Dataset(const Corpus& corpus, std::int64_t doc_begin, std::int64_t 
   TRIDENT_REQUIRE(decoder_length >= 3, "the decoder sequence length " << decoder_length
                                                                       << " is too short: it must hold [BOS] or [EOS], "
                                                                          "a sentinel and a token (at least 3)");
-  index_ = sentence_runs(corpus, doc_begin, doc_end, max_tokens, m_.short_seq_prob, 1, num_samples, seed, name, epochs_);
+  index_ = sentence_runs(corpus, doc_begin, doc_end, max_tokens, m_.short_seq_prob, 1, num_samples, seed, name,
+                         epochs_);
 }
 
 void T5Dataset::get(std::int64_t i, T5Sample& out, std::vector<std::int32_t>* source,
@@ -90,8 +91,9 @@ void T5Dataset::get(std::int64_t i, T5Sample& out, std::vector<std::int32_t>* so
 
 T5Data::T5Data(const std::string& shard_spec, const std::string& split, std::int64_t encoder_length,
                std::int64_t decoder_length, std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed,
-               const std::string& vocab_file, const std::string& merges_file, const T5Masking& masking) {
-  MaskingCorpus mc = open_masking_corpus(shard_spec, vocab_file, merges_file, "T5");
+               const std::string& vocab_file, const std::string& merges_file, const T5Masking& masking,
+               const TokenShardMeta* indexed) {
+  MaskingCorpus mc = open_masking_corpus(shard_spec, vocab_file, merges_file, "T5", indexed);
   corpus_ = std::move(mc.corpus);
   specials_ = mc.specials;
   const auto b = split_documents(split, corpus_->num_documents());
@@ -102,8 +104,8 @@ T5Data::T5Data(const std::string& shard_spec, const std::string& split, std::int
                                          specials_, mc.continues, masking, "valid");
   std::ostringstream os;
   os << corpus_->num_documents() << " documents (" << b[1] - b[0] << " train, " << b[2] - b[1] << " valid), "
-     << train_->size() << " train samples over " << train_->epochs() << " epoch(s), tokenizer "
-     << corpus_->tokenizer() << ", " << specials_.num_sentinels << " sentinels";
+     << train_->size() << " train samples over " << train_->epochs() << " epoch(s), tokenizer " << corpus_->tokenizer()
+     << ", " << specials_.num_sentinels << " sentinels";
   description_ = os.str();
 }
 

@@ -30,8 +30,8 @@ struct T5Masking {
 };
 
 struct T5Sample {
-  std::vector<std::int32_t> enc, enc_padding;                         // encoder_length each
-  std::vector<std::int32_t> dec_in, dec_target, dec_padding;          // decoder_length each
+  std::vector<std::int32_t> enc, enc_padding;                 // encoder_length each
+  std::vector<std::int32_t> dec_in, dec_target, dec_padding;  // decoder_length each
   std::int32_t num_spans = 0;
 };
 
@@ -66,7 +66,8 @@ class T5Data {
  public:
   T5Data(const std::string& shard_spec, const std::string& split, std::int64_t encoder_length,
          std::int64_t decoder_length, std::int64_t train_samples, std::int64_t valid_samples, std::uint64_t seed,
-         const std::string& vocab_file, const std::string& merges_file, const T5Masking& masking);
+         const std::string& vocab_file, const std::string& merges_file, const T5Masking& masking,
+         const TokenShardMeta* indexed = nullptr);
   const T5Dataset& train() const { return *train_; }
   const T5Dataset* valid() const { return valid_.get(); }
   std::int64_t vocab_size() const { return corpus_->vocab_size(); }

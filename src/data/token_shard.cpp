@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "data/indexed_dataset.hpp"
 
 namespace trident {
 
@@ -238,6 +239,8 @@ void TokenShardWriter::close() {
 struct TokenShardReader::Impl {
   TokenShardMeta meta;
   H5Handle file, tokens;
+  std::unique_ptr<IndexedDatasetReader> indexed;        // a Megatron pair (then file/tokens unused)
+  std::string stat_path;                                // the file whose changes are watched (.bin of a pair)
   std::vector<std::int64_t> doc_offsets, sent_offsets;  // (num_documents + 1), (sentences + 1) or empty
   struct stat opened {};                                // the file as opened
   mutable std::atomic<bool> touched{false};             // read since the last check_touched_shards()
@@ -307,10 +310,58 @@ void check_offsets(const std::vector<std::int64_t>& v, const char* name, std::in
 
 }  // namespace
 
-TokenShardReader::TokenShardReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+namespace {
+
+// The Megatron pair `prefix` described by `d` (the deck's tokenizer).
+void open_indexed(TokenShardReader::Impl& m, const std::string& prefix, const TokenShardMeta* d) {
+  const std::string where = "Megatron indexed dataset '" + prefix + "'";
+  TRIDENT_REQUIRE(d, where << ": a Megatron index records no tokenizer; set data.tokenizer_type (with "
+                           << "data.vocab_file, data.merges_file and data.vocab_extra_ids as for preprocess_data)");
+  m.indexed = std::make_unique<IndexedDatasetReader>(prefix);
+  const IndexedDatasetReader& r = *m.indexed;
+  m.meta.path = prefix;
+  m.meta.format = kIndexedFormat;
+  m.meta.format_version = 1;
+  m.meta.tokenizer = d->tokenizer;
+  m.meta.vocab_size = d->vocab_size;
+  m.meta.eod_id = d->eod_id;
+  m.meta.specials = d->specials;
+  m.meta.num_tokens = r.num_tokens();
+  m.meta.num_documents = r.num_documents();
+  m.stat_path = r.bin_path();
+  TRIDENT_REQUIRE(::stat(m.stat_path.c_str(), &m.opened) == 0, where << ": cannot stat: " << std::strerror(errno));
+  m.doc_offsets.resize(static_cast<std::size_t>(r.num_documents() + 1));
+  bool multi = false;
+  for (std::int64_t d = 0; d <= r.num_documents(); ++d) {
+    m.doc_offsets[static_cast<std::size_t>(d)] = r.sequence_start(r.document_index(d));
+    if (d > 0 && r.document_index(d) - r.document_index(d - 1) > 1) multi = true;
+  }
+  const std::string tail = "_sentence";
+  const bool named = prefix.size() >= tail.size() &&
+                     prefix.compare(prefix.size() - tail.size(), tail.size(), tail) == 0;
+  if (multi || named) {
+    m.sent_offsets.reserve(static_cast<std::size_t>(r.num_sequences() + 1));
+    m.sent_offsets.push_back(0);
+    for (std::int64_t s = 1; s <= r.num_sequences(); ++s) {
+      const std::int64_t at = r.sequence_start(s);
+      if (at > m.sent_offsets.back()) m.sent_offsets.push_back(at);  // empty sequences dropped
+    }
+    m.meta.has_sentences = true;
+  }
+}
+
+}  // namespace
+
+TokenShardReader::TokenShardReader(const std::string& path, const TokenShardMeta* indexed)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  if (const std::string prefix = indexed_dataset_prefix(path); !prefix.empty()) {
+    open_indexed(m, prefix, indexed);
+    return;
+  }
   const std::string where = where_of(path);
   m.meta.path = path;
+  m.stat_path = path;
   std::error_code ec;
   TRIDENT_REQUIRE(std::filesystem::exists(path, ec), where << ": file does not exist");
   TRIDENT_REQUIRE(std::filesystem::is_regular_file(path, ec), where << ": not a regular file");
@@ -415,17 +466,22 @@ void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t
                   where_of(m.meta.path) << ": token range [" << begin << ", " << begin + count << ") outside [0, "
                                         << m.meta.num_tokens << ")");
   if (count == 0) return;
-  H5QuietErrors quiet;
-  H5Handle fspace = h5_space(H5Dget_space(m.tokens));
-  const hsize_t start[1] = {static_cast<hsize_t>(begin)};
-  const hsize_t cnt[1] = {static_cast<hsize_t>(count)};
-  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
-  H5Handle mspace = h5_space(H5Screate_simple(1, cnt, nullptr));
-  m.touched = true;
-  TRIDENT_REQUIRE(H5Dread(m.tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, out) >= 0,
-                  where_of(m.meta.path) << ": cannot read tokens [" << begin << ", " << begin + count
-                                        << ") (a chunk fails its checksum, or the file changed: " << changed_on_disk()
-                                        << ")");
+  if (m.indexed) {
+    m.touched = true;
+    m.indexed->read(begin, count, out);
+  } else {
+    H5QuietErrors quiet;
+    H5Handle fspace = h5_space(H5Dget_space(m.tokens));
+    const hsize_t start[1] = {static_cast<hsize_t>(begin)};
+    const hsize_t cnt[1] = {static_cast<hsize_t>(count)};
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+    H5Handle mspace = h5_space(H5Screate_simple(1, cnt, nullptr));
+    m.touched = true;
+    TRIDENT_REQUIRE(H5Dread(m.tokens, H5T_NATIVE_INT32, mspace, fspace, H5P_DEFAULT, out) >= 0,
+                    where_of(m.meta.path)
+                        << ": cannot read tokens [" << begin << ", " << begin + count
+                        << ") (a chunk fails its checksum, or the file changed: " << changed_on_disk() << ")");
+  }
   const std::uint32_t vocab = static_cast<std::uint32_t>(m.meta.vocab_size);
   for (std::int64_t i = 0; i < count; ++i)
     if (static_cast<std::uint32_t>(out[i]) >= vocab)
@@ -437,7 +493,7 @@ void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t
 std::string TokenShardReader::Impl::changes() const {
   const Impl& m = *this;
   struct stat now {};
-  if (::stat(m.meta.path.c_str(), &now) != 0) return std::string("it is gone (") + std::strerror(errno) + ")";
+  if (::stat(m.stat_path.c_str(), &now) != 0) return std::string("it is gone (") + std::strerror(errno) + ")";
   std::ostringstream os;
   if (now.st_ino != m.opened.st_ino || now.st_dev != m.opened.st_dev)
     os << "it was replaced by another file";

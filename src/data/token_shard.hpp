@@ -24,13 +24,17 @@ inline constexpr std::int64_t kTokenShardVersion = 2;
 
 struct TokenShardMeta {
   std::string path;
+  // "trident.tokens" (an HDF5 shard) or "megatron.indexed" (a .bin/.idx pair named by its
+  // prefix, data/indexed_dataset.hpp: tokenizer, vocab_size, eod_id and the special tokens come
+  // from the deck's data.tokenizer_type, as Megatron's index records none of them).
+  std::string format = kTokenShardFormat;
   std::string tokenizer;
   std::int64_t format_version = 0;
   std::int64_t vocab_size = 0;
   std::int64_t eod_id = -1;
   std::int64_t num_tokens = 0;
   std::int64_t num_documents = 0;
-  std::int64_t max_token_id = -1;  // -1: no tokens
+  std::int64_t max_token_id = -1;  // -1: no tokens, or a Megatron pair (not recorded; ids checked when read)
   bool has_sentences = false;
   // Optional root attributes cls_id, sep_id, mask_id, pad_id, bos_id, eos_id, sentinel_id,
   // num_sentinels (written by tokenizers that have those tokens; -1 / 0 when absent): the
@@ -43,8 +47,8 @@ struct TokenShardMeta {
 // preprocess_data writes its own shards).
 class TokenShardWriter {
  public:
-  TokenShardWriter(const std::string& path, const std::string& tokenizer, std::int64_t vocab_size,
-                   std::int64_t eod_id, bool with_sentences);
+  TokenShardWriter(const std::string& path, const std::string& tokenizer, std::int64_t vocab_size, std::int64_t eod_id,
+                   bool with_sentences);
   ~TokenShardWriter();  // abandons (removes the .tmp) if close() was not called
   TokenShardWriter(const TokenShardWriter&) = delete;
   TokenShardWriter& operator=(const TokenShardWriter&) = delete;
@@ -52,8 +56,7 @@ class TokenShardWriter {
   // Appends one document (its EOD token already appended by the caller when wanted).
   // sentence_ends: token counts, relative to the document start, at which sentences end
   // (only with with_sentences; the last must equal tokens.size()).
-  void add_document(const std::vector<std::int32_t>& tokens,
-                    const std::vector<std::int64_t>& sentence_ends = {});
+  void add_document(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& sentence_ends = {});
   std::int64_t num_tokens() const;
   std::int64_t num_documents() const;
   // Records the special-token attributes close() writes (ids of -1 and a sentinel count of 0
@@ -66,12 +69,20 @@ class TokenShardWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Reads one shard. Metadata and offsets are loaded on open (and validated: a malformed file
-// throws Error::all naming the file and what is wrong); token ranges are streamed from disk by
-// hyperslab reads.
+inline constexpr const char* kIndexedFormat = "megatron.indexed";
+
+// Reads one shard: an HDF5 token shard, or a Megatron indexed dataset when `path` is a prefix
+// P, P.bin or P.idx with P.idx present. Metadata and offsets are loaded on open (and validated:
+// a malformed file throws Error::all naming the file and what is wrong); token ranges are
+// streamed from disk (HDF5 hyperslab reads, or pread from the .bin).
+// `indexed`: what a Megatron pair does not record (tokenizer, vocab_size, eod_id, specials),
+// from the deck; opening a pair without it is an error naming data.tokenizer_type. A Megatron
+// pair has sentences when its prefix ends in "_sentence" (Megatron's --split-sentences naming)
+// or a document holds more than one sequence; empty sequences are dropped from the sentence
+// offsets.
 class TokenShardReader {
  public:
-  explicit TokenShardReader(const std::string& path);
+  explicit TokenShardReader(const std::string& path, const TokenShardMeta* indexed = nullptr);
   ~TokenShardReader();
   TokenShardReader(TokenShardReader&&) noexcept;
   TokenShardReader& operator=(TokenShardReader&&) noexcept;

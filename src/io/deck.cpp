@@ -127,6 +127,9 @@ class Registry {
         "read the next micro-batch on a helper thread while the current one computes");
     add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (BERT's whole-word masking; text output)");
     add("data.merges_file", &d.data.merges_file, "BPE merges (GPT-2 BPE vocabularies)");
+    add("data.tokenizer_type", &d.data.tokenizer_type,
+        "tokenizer of Megatron .bin/.idx corpora (GPT2BPETokenizer, BertWordPieceLowerCase, ...)");
+    add("data.vocab_extra_ids", &d.data.vocab_extra_ids, "T5 sentinels of Megatron corpora (--vocab-extra-ids)");
     add("bert.mask_prob", &d.bert.mask_prob, "BERT: fraction of the tokens of a sample that are predicted");
     add("bert.short_seq_prob", &d.bert.short_seq_prob, "BERT: probability of a shorter target length");
     add("bert.max_ngrams", &d.bert.max_ngrams, "BERT: longest masked n-gram of whole words");
@@ -228,6 +231,9 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.t5.short_seq_prob >= 0 && d.t5.short_seq_prob <= 1, "deck: t5.short_seq_prob must be in [0, 1]");
   TRIDENT_REQUIRE(d.t5.geometric_p > 0 && d.t5.geometric_p <= 1, "deck: t5.geometric_p must be in (0, 1]");
   positive("t5.max_ngrams", d.t5.max_ngrams);
+  nonneg("data.vocab_extra_ids", d.data.vocab_extra_ids);
+  TRIDENT_REQUIRE(d.data.vocab_extra_ids == 0 || !d.data.tokenizer_type.empty(),
+                  "deck: data.vocab_extra_ids is set but data.tokenizer_type is not (both describe Megatron corpora)");
   TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 ||
                       d.model.max_position_embeddings >= std::max(d.model.seq_length, d.model.decoder_seq_length),
                   "deck: model.max_position_embeddings ("

@@ -50,6 +50,10 @@ struct Deck {
   } precision;
   struct Data {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;
+    // the tokenizer of Megatron indexed datasets (.bin/.idx), which record none: preprocess_data's
+    // --tokenizer-type names and --vocab-extra-ids
+    std::string tokenizer_type;
+    std::int64_t vocab_extra_ids = 0;
     bool prefetch = true;  // read the next micro-batch on a helper thread while one computes
   } data;
   struct Bert {  // pretrain_bert only (Megatron's --mask-prob, --short-seq-prob, --bert-no-binary-head)

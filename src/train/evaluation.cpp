@@ -111,7 +111,10 @@ int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily fam
 int run_eval_only(const Deck& deck, const Topology& topo) {
   const Communicator& world = topo.world();
   std::unique_ptr<TokenShardReader> shard;
-  collectively(world.get(), [&] { shard = std::make_unique<TokenShardReader>(deck.eval.shard); });
+  collectively(world.get(), [&] {
+    const auto indexed = indexed_description(deck);
+    shard = std::make_unique<TokenShardReader>(deck.eval.shard, indexed ? &*indexed : nullptr);
+  });
   const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
   const std::int64_t vocab = deck.model.vocab_size > 0 ? deck.model.vocab_size : shard->meta().vocab_size;
   TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,

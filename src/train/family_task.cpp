@@ -83,8 +83,10 @@ namespace {
 
 SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                          std::shared_ptr<void>& keep) {
+  const auto indexed = indexed_description(deck);
   auto data = std::make_shared<GptData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
-                                        valid_samples, static_cast<std::uint64_t>(deck.train.seed));
+                                        valid_samples, static_cast<std::uint64_t>(deck.train.seed),
+                                        indexed ? &*indexed : nullptr);
   keep = data;
   SampleSource src;
   src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
@@ -120,9 +122,10 @@ SampleSource bert_samples(const Deck& deck, std::int64_t train_samples, std::int
   m.short_seq_prob = deck.bert.short_seq_prob;
   m.max_ngrams = static_cast<int>(deck.bert.max_ngrams);
   m.binary_head = deck.bert.binary_head;
+  const auto indexed = indexed_description(deck);
   auto data = std::make_shared<BertData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
                                          valid_samples, static_cast<std::uint64_t>(deck.train.seed),
-                                         deck.data.vocab_file, deck.data.merges_file, m);
+                                         deck.data.vocab_file, deck.data.merges_file, m, indexed ? &*indexed : nullptr);
   keep = data;
   const std::int64_t S = deck.model.seq_length;
   auto encode = [S](const BertDataset& ds, std::int64_t i, std::int32_t* out) {
@@ -142,10 +145,11 @@ SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64
   m.short_seq_prob = deck.t5.short_seq_prob;
   m.max_ngrams = static_cast<int>(deck.t5.max_ngrams);
   m.geometric_p = deck.t5.geometric_p;
+  const auto indexed = indexed_description(deck);
   auto data = std::make_shared<T5Data>(deck.data.train_shards, deck.data.split, deck.model.seq_length,
                                        deck.model.decoder_seq_length, train_samples, valid_samples,
                                        static_cast<std::uint64_t>(deck.train.seed), deck.data.vocab_file,
-                                       deck.data.merges_file, m);
+                                       deck.data.merges_file, m, indexed ? &*indexed : nullptr);
   keep = data;
   const std::int64_t S = deck.model.seq_length, Sd = deck.model.decoder_seq_length;
   auto encode = [S, Sd](const T5Dataset& ds, std::int64_t i, std::int32_t* out) {
@@ -157,6 +161,11 @@ SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64
 }
 
 }  // namespace
+
+std::optional<TokenShardMeta> indexed_description(const Deck& deck) {
+  return indexed_dataset_description(deck.data.tokenizer_type, deck.data.vocab_file, deck.data.merges_file,
+                                     static_cast<int>(deck.data.vocab_extra_ids));
+}
 
 SampleSource samples_of(ModelFamily f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                         std::shared_ptr<void>& keep) {

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "data/token_shard.hpp"
 #include "io/deck.hpp"
 #include "models/micro_batch.hpp"
 #include "models/model_factory.hpp"
@@ -51,6 +53,10 @@ struct SampleSource {
   std::int64_t vocab = 0;
   std::string description;
 };
+
+// The tokenizer of Megatron indexed datasets named in the deck (data.tokenizer_type, vocab_file,
+// merges_file, vocab_extra_ids); nullopt when data.tokenizer_type is empty.
+std::optional<TokenShardMeta> indexed_description(const Deck& deck);
 
 // The samples of a family's dataset over deck.data.train_shards (train_samples for training,
 // valid_samples from the validation split); keep owns the dataset the functions read.
