@@ -5,8 +5,10 @@
 //       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2/encoder.json --merge-file gpt2/vocab.bpe \
 //       --append-eod --shard-tokens 100000000
 //
-// Inputs: .json / .jsonl files are JSON lines (one object per line, the text under --json-keys);
-// any other file is plain text, one document per file. The inputs, concatenated in the given
+// Inputs: .json / .jsonl files are JSON lines (one object per line, the text under --json-keys;
+// several keys give one shard set per key); any other file is plain text, one document per
+// file. A further .zst, .gz or .xz is decoded as a stream (data/compressed_input.hpp); byte
+// offsets below are decoded offsets, the decoded sizes measured once at the start. The inputs, concatenated in the given
 // order (globs sorted), are cut into one contiguous byte range per rank; a line belongs to the
 // rank holding its first byte and a plain-text file to the rank holding its first byte, so each
 // rank tokenizes a contiguous run of documents. Each rank writes its shards under temporary
@@ -40,6 +42,7 @@
 #include "common/error.hpp"
 #include "data/jsonl.hpp"
 #include "runtime/app_driver.hpp"
+#include "data/compressed_input.hpp"
 #include "data/tokenizer.hpp"
 #include "data/sentence_splitter.hpp"
 #include "data/token_shard.hpp"
@@ -55,7 +58,14 @@ struct Options {
   std::string output_prefix;
   std::string tokenizer_type;
   std::string vocab_file, merge_file;
-  std::string json_key = "text";
+  std::vector<std::string> json_keys{"text"};
+  // the output prefix of each key: --output-prefix for one key, <prefix>_<key> for several
+  std::vector<std::string> prefixes() const {
+    if (json_keys.size() == 1) return {output_prefix};
+    std::vector<std::string> out;
+    for (const auto& k : json_keys) out.push_back(output_prefix + "_" + k);
+    return out;
+  }
   bool append_eod = false;
   bool split_sentences = false;
   int vocab_extra_ids = 0;
@@ -66,8 +76,10 @@ struct Options {
 
 struct InputFile {
   std::string path;
-  std::int64_t size = 0;
+  std::int64_t size = 0;  // decoded bytes (a compressed file's are measured by decoding it once)
   bool jsonl = false;
+  std::int64_t stored = 0;  // bytes on disk
+  bool compressed() const { return trident::compression_of(path) != trident::Compression::none; }
 };
 
 using Clock = std::chrono::steady_clock;
@@ -96,7 +108,8 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
     ("vocab-file", po::value<std::string>(&o.vocab_file), "GPT-2 encoder.json / vocab.json, or BERT's vocab.txt")
     ("merge-file", po::value<std::string>(&o.merge_file), "GPT-2 vocab.bpe / merges.txt (BPE only)")
     ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
-     "key of the text in each JSON line (default: text); one key")
+     "keys of the texts in each JSON line (default: text); several keys give one set of shards each, "
+     "<prefix>_<key>_NNNNN.h5 (Megatron's behaviour)")
     ("append-eod", po::bool_switch(&o.append_eod), "append the end-of-document token to every document")
     ("overwrite", po::bool_switch(&o.overwrite),
      "replace the shards an earlier run wrote with this prefix (without it, existing shards are an error)")
@@ -139,9 +152,14 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
   TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: " << o.tokenizer_type << " needs --vocab-file");
   TRIDENT_REQUIRE(!bpe || !o.merge_file.empty(), "preprocess_data: " << t << " needs --merge-file");
   if (!json_keys.empty()) {
-    TRIDENT_REQUIRE(json_keys.size() == 1, "preprocess_data: --json-keys takes one key here (got "
-                                               << json_keys.size() << "); run once per key");
-    o.json_key = json_keys[0];
+    for (std::size_t k = 0; k < json_keys.size(); ++k) {
+      TRIDENT_REQUIRE(!json_keys[k].empty() && json_keys[k].find('/') == std::string::npos,
+                      "preprocess_data: --json-keys '" << json_keys[k] << "' cannot name output files");
+      for (std::size_t j = 0; j < k; ++j)
+        TRIDENT_REQUIRE(json_keys[j] != json_keys[k],
+                        "preprocess_data: --json-keys lists '" << json_keys[k] << "' twice");
+    }
+    o.json_keys = json_keys;
   }
   TRIDENT_REQUIRE(o.shard_tokens >= 0, "preprocess_data: --shard-tokens must be >= 0");
   TRIDENT_REQUIRE(o.vocab_extra_ids >= 0, "preprocess_data: --vocab-extra-ids must be >= 0");
@@ -154,7 +172,7 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
 bool is_jsonl(const std::string& path) {
-  const std::string ext = fs::path(path).extension().string();
+  const std::string ext = fs::path(trident::without_compression_extension(path)).extension().string();
   return ext == ".json" || ext == ".jsonl";
 }
 
@@ -182,7 +200,8 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& patterns) {
       TRIDENT_REQUIRE(probe.good(), "preprocess_data: cannot open input file '" << p << "'");
       InputFile f;
       f.path = p;
-      f.size = static_cast<std::int64_t>(fs::file_size(p, ec));
+      f.stored = static_cast<std::int64_t>(fs::file_size(p, ec));
+      f.size = f.compressed() ? -1 : f.stored;  // measured by the ranks (measure_compressed)
       f.jsonl = is_jsonl(p);
       files.push_back(f);
     }
@@ -194,7 +213,8 @@ void broadcast_inputs(std::vector<InputFile>& files, const trident::Communicator
   std::string blob;
   if (world.rank() == 0) {
     for (const InputFile& f : files)
-      blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0';
+      blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0' + std::to_string(f.stored) +
+              '\0';
   }
   blob = world.broadcast_text(blob);
   if (world.rank() == 0) return;
@@ -206,19 +226,43 @@ void broadcast_inputs(std::vector<InputFile>& files, const trident::Communicator
     fields.push_back(blob.substr(pos, end - pos));
     pos = end + 1;
   }
-  for (std::size_t k = 0; k + 2 < fields.size(); k += 3) {
-    files.push_back(InputFile{fields[k], std::stoll(fields[k + 1]), fields[k + 2] == "1"});
+  for (std::size_t k = 0; k + 3 < fields.size(); k += 4) {
+    files.push_back(InputFile{fields[k], std::stoll(fields[k + 1]), fields[k + 2] == "1", std::stoll(fields[k + 3])});
   }
+}
+
+// The decoded sizes of the compressed inputs: rank r decodes compressed files r, r + n, ... once
+// (the byte ranges of the ranks are cut over decoded bytes, so that compressed and uncompressed
+// inputs give the same shards). Returns the seconds it took.
+double measure_compressed(std::vector<InputFile>& files, const trident::Communicator& world) {
+  const auto t0 = Clock::now();
+  std::vector<std::int64_t> sizes(files.size(), 0);
+  std::size_t k = 0;
+  std::string err;  // a corrupt file is met by the one rank that decodes it: agreed before the sum
+  try {
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      if (!files[i].compressed()) continue;
+      if (static_cast<int>(k++ % static_cast<std::size_t>(world.size())) == world.rank())
+        sizes[i] = trident::decoded_size(files[i].path);
+    }
+  } catch (const std::exception& e) {
+    err = std::string("preprocess_data: ") + e.what();
+  }
+  trident::agree_or_throw(world.get(), err);
+  world.allreduce_sum(sizes.data(), static_cast<std::int64_t>(sizes.size()));
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (files[i].compressed()) files[i].size = sizes[i];
+  return seconds_since(t0);
 }
 
 // 1-based line number of byte `offset` in a file (error messages only).
 std::int64_t line_number_at(const std::string& path, std::int64_t offset) {
-  std::ifstream in(path, std::ios::binary);
+  trident::DecodedReader in(path);  // decoded offsets for compressed files
   std::vector<char> buf(1 << 20);
   std::int64_t line = 1, pos = 0;
-  while (pos < offset && in) {
-    in.read(buf.data(), static_cast<std::streamsize>(std::min<std::int64_t>(buf.size(), offset - pos)));
-    const std::streamsize got = in.gcount();
+  while (pos < offset) {
+    const auto got = static_cast<std::int64_t>(
+        in.read(buf.data(), static_cast<std::size_t>(std::min<std::int64_t>(buf.size(), offset - pos))));
     if (got <= 0) break;
     line += std::count(buf.data(), buf.data() + got, '\n');
     pos += got;
@@ -234,12 +278,13 @@ struct Stats {
 
 class ShardSink {
  public:
-  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank) : o_(o), tok_(tok), rank_(rank) {}
+  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank, std::string prefix)
+      : o_(o), tok_(tok), rank_(rank), prefix_(std::move(prefix)) {}
   ~ShardSink() = default;
 
   void add(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& sentence_ends) {
     if (!writer_) {
-      parts_.push_back(part_name(o_.output_prefix, rank_, static_cast<int>(parts_.size())));
+      parts_.push_back(part_name(prefix_, rank_, static_cast<int>(parts_.size())));
       writer_ = std::make_unique<trident::TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(),
                                                             tok_.eod_id(), o_.split_sentences);
       writer_->set_special_tokens(tok_.specials());
@@ -262,6 +307,7 @@ class ShardSink {
     parts_.clear();
   }
   const std::vector<std::string>& parts() const { return parts_; }
+  const std::string& prefix() const { return prefix_; }
 
   static std::string part_name(const std::string& prefix, int rank, int k) {
     char buf[64];
@@ -273,6 +319,7 @@ class ShardSink {
   const Options& o_;
   const trident::Tokenizer& tok_;
   int rank_;
+  std::string prefix_;
   std::unique_ptr<trident::TokenShardWriter> writer_;
   std::vector<std::string> parts_;
 };
@@ -280,12 +327,13 @@ class ShardSink {
 class Worker {
  public:
   Worker(const Options& o, const trident::Tokenizer& tok, int rank, int nranks, std::int64_t my_bytes)
-      : o_(o), tok_(tok), rank_(rank), nranks_(nranks), my_bytes_(my_bytes), sink_(o, tok, rank) {
+      : o_(o), tok_(tok), rank_(rank), nranks_(nranks), my_bytes_(my_bytes) {
+    for (const std::string& p : o.prefixes()) sinks_.push_back(std::make_unique<ShardSink>(o, tok, rank, p));
     t0_ = Clock::now();
   }
 
-  // One document's text.
-  void document(std::string_view text) {
+  // One document's text, for the shards of key k.
+  void document(std::string_view text, std::size_t k = 0) {
     tokens_.clear();
     ends_.clear();
     if (o_.split_sentences) {
@@ -306,7 +354,7 @@ class Worker {
       tokens_.push_back(tok_.eod_id());
       if (!ends_.empty()) ends_.back() = static_cast<std::int64_t>(tokens_.size());
     }
-    sink_.add(tokens_, ends_);
+    sinks_[k]->add(tokens_, ends_);
     ++stats_.documents;
     stats_.tokens += static_cast<std::int64_t>(tokens_.size());
     stats_.sentences += static_cast<std::int64_t>(ends_.size());
@@ -325,33 +373,38 @@ class Worker {
 
   // The JSON-lines records whose first byte lies in [begin, end) of the file.
   void jsonl_range(const InputFile& f, std::int64_t begin, std::int64_t end) {
-    std::string text;
     trident::for_each_line_in_range(f.path, begin, end,
                                     [&](std::string_view line, std::int64_t start, std::int64_t bytes) {
                                       add_bytes(bytes);
                                       bool has_text = false;
                                       try {
-                                        has_text = trident::jsonl_text(line, o_.json_key, text);
+                                        has_text = trident::jsonl_texts(line, o_.json_keys, texts_);
                                       } catch (const Error& e) {
                                         throw Error::one("preprocess_data: " + f.path + ":" +
                                                          std::to_string(line_number_at(f.path, start)) + ": " +
                                                          e.what());
                                       }
-                                      if (has_text) document(text);
+                                      if (has_text)
+                                        for (std::size_t k = 0; k < texts_.size(); ++k) document(texts_[k], k);
                                     });
   }
 
   void plain_file(const InputFile& f) {
-    std::ifstream in(f.path, std::ios::binary);
-    TRIDENT_REQUIRE(in.good(), "preprocess_data: cannot open input file '" << f.path << "'");
+    trident::DecodedReader in(f.path);
     std::string text(static_cast<std::size_t>(f.size), '\0');
-    in.read(text.data(), f.size);
-    TRIDENT_REQUIRE(in.gcount() == f.size, "preprocess_data: cannot read input file '" << f.path << "'");
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const std::size_t n = in.read(text.data() + got, text.size() - got);
+      if (n == 0) break;
+      got += n;
+    }
+    TRIDENT_REQUIRE(got == text.size(), "preprocess_data: cannot read input file '"
+                                            << f.path << "' (" << got << " of " << f.size << " bytes; it changed?)");
     add_bytes(f.size);
     document(text);
   }
 
-  ShardSink& sink() { return sink_; }
+  std::vector<std::unique_ptr<ShardSink>>& sinks() { return sinks_; }
   const Stats& stats() const { return stats_; }
   Stats& stats() { return stats_; }
 
@@ -360,7 +413,8 @@ class Worker {
   const trident::Tokenizer& tok_;
   int rank_, nranks_;
   std::int64_t my_bytes_;
-  ShardSink sink_;
+  std::vector<std::unique_ptr<ShardSink>> sinks_;  // one per --json-keys key
+  std::vector<std::string> texts_;                 // a JSON line's text of each key
   Stats stats_;
   Clock::time_point t0_;
   std::vector<std::int32_t> tokens_;
@@ -415,6 +469,10 @@ int run(int argc, char** argv) {
     trident::agree_or_throw(comm, err);
     broadcast_inputs(files, world);
   }
+  double measure_s = 0;
+  std::size_t n_compressed = 0;
+  for (const InputFile& f : files) n_compressed += f.compressed() ? 1 : 0;
+  if (n_compressed > 0) measure_s = measure_compressed(files, world);
 
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
   std::unique_ptr<trident::Tokenizer> tok;
@@ -436,23 +494,35 @@ int run(int argc, char** argv) {
       TRIDENT_REQUIRE(!ec, "preprocess_data: cannot create the output directory '" << p.parent_path().string()
                                                                                    << "': " << ec.message());
     }
-    const auto existing = existing_shards(o.output_prefix);
-    TRIDENT_REQUIRE(
-        existing.empty() || o.overwrite,
-        "preprocess_data: " << existing.size() << " shard(s) with prefix '" << o.output_prefix << "' exist already ("
-                            << existing.front().second
-                            << ", ...): pass --overwrite to replace them, or choose another --output-prefix");
+    if (o.json_keys.size() > 1)
+      for (const InputFile& f : files)
+        TRIDENT_REQUIRE(f.jsonl, "preprocess_data: --json-keys names " << o.json_keys.size() << " keys, but '" << f.path
+                                                                       << "' is plain text (no keys)");
+    for (const std::string& prefix : o.prefixes()) {
+      const auto existing = existing_shards(prefix);
+      TRIDENT_REQUIRE(existing.empty() || o.overwrite,
+                      "preprocess_data: "
+                          << existing.size() << " shard(s) with prefix '" << prefix << "' exist already ("
+                          << existing.front().second
+                          << ", ...): pass --overwrite to replace them, or choose another --output-prefix");
+    }
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-    const std::string part_stem = p.filename().string() + ".part-r";
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().filename().string().rfind(part_stem, 0) == 0) fs::remove(e.path(), ec);
+    for (const std::string& prefix : o.prefixes()) {
+      const std::string part_stem = fs::path(prefix).filename().string() + ".part-r";
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.path().filename().string().rfind(part_stem, 0) == 0) fs::remove(e.path(), ec);
+      }
     }
   });
   world.barrier();
 
   // This rank's byte range of the concatenated inputs.
   std::int64_t total_bytes = 0;
-  for (const InputFile& f : files) total_bytes += f.size;
+  std::int64_t stored_bytes = 0;
+  for (const InputFile& f : files) {
+    total_bytes += f.size;
+    stored_bytes += f.stored;
+  }
   const auto cut = [&](int r) { return static_cast<std::int64_t>((static_cast<__int128>(total_bytes) * r) / nranks); };
   const std::int64_t lo = cut(rank), hi = cut(rank + 1);
   if (rank == 0) {
@@ -460,6 +530,11 @@ int run(int argc, char** argv) {
                 files.size(), total_bytes / 1e6, nranks, o.tokenizer_type.c_str(),
                 static_cast<long long>(tok->vocab_size()), tok->eod_id(), o.append_eod ? ", append EOD" : "",
                 o.split_sentences ? ", split sentences" : "");
+    if (n_compressed > 0)
+      std::printf(
+          "preprocess_data: %zu compressed input(s): %.1f MB on disk, %.1f MB decoded; sizes measured by "
+          "decoding once in %.2f s\n",
+          n_compressed, stored_bytes / 1e6, total_bytes / 1e6, measure_s);
     std::fflush(stdout);
   }
 
@@ -480,28 +555,32 @@ int run(int argc, char** argv) {
           if (mine) worker.plain_file(f);
         }
       }
-      worker.sink().finish_shard();
+      for (auto& sink : worker.sinks()) sink->finish_shard();
     });
   } catch (...) {
     // Some rank failed: every rank drops what it wrote, so no partial output looks complete.
-    worker.sink().discard();
+    for (auto& sink : worker.sinks()) sink->discard();
     throw;
   }
 
-  // Global shard numbering: exclusive prefix sum of the shard counts in rank order.
-  const std::int64_t my_shards = static_cast<std::int64_t>(worker.sink().parts().size());
-  const long long first = world.exscan_sum(my_shards), total_shards = world.allreduce_sum(my_shards);
-  std::vector<std::string> finals;
-  trident::collectively(comm, [&] {
-    for (std::size_t k = 0; k < worker.sink().parts().size(); ++k) {
-      const std::string dst = final_name(o.output_prefix, first + static_cast<long long>(k));
-      std::error_code ec;
-      fs::rename(worker.sink().parts()[k], dst, ec);
-      TRIDENT_REQUIRE(!ec, "preprocess_data: cannot rename '" << worker.sink().parts()[k] << "' to '" << dst
-                                                              << "': " << ec.message());
-      finals.push_back(dst);
-    }
-  });
+  // Global shard numbering, per key: exclusive prefix sum of the shard counts in rank order.
+  std::vector<long long> total_shards;
+  std::int64_t my_shards = 0;
+  for (auto& sink : worker.sinks()) {
+    const auto mine = static_cast<std::int64_t>(sink->parts().size());
+    my_shards += mine;
+    const long long first = world.exscan_sum(mine);
+    total_shards.push_back(world.allreduce_sum(mine));
+    trident::collectively(comm, [&] {
+      for (std::size_t k = 0; k < sink->parts().size(); ++k) {
+        const std::string dst = final_name(sink->prefix(), first + static_cast<long long>(k));
+        std::error_code ec;
+        fs::rename(sink->parts()[k], dst, ec);
+        TRIDENT_REQUIRE(!ec, "preprocess_data: cannot rename '" << sink->parts()[k] << "' to '" << dst
+                                                                << "': " << ec.message());
+      }
+    });
+  }
   world.barrier();
 
   // Totals and the summary.
@@ -515,23 +594,29 @@ int run(int argc, char** argv) {
     // (--overwrite; without it there were none). When this run wrote nothing, the earlier
     // shards stay: they are deleted only when new output replaces them.
     int stale = 0;
-    for (const auto& [index, path] : existing_shards(o.output_prefix)) {
-      if (total_shards > 0 && index >= total_shards) {
-        std::error_code ec;
-        if (fs::remove(path, ec)) ++stale;
+    const auto prefixes = o.prefixes();
+    for (std::size_t k = 0; k < prefixes.size(); ++k)
+      for (const auto& [index, path] : existing_shards(prefixes[k])) {
+        if (total_shards[k] > 0 && index >= total_shards[k]) {
+          std::error_code ec;
+          if (fs::remove(path, ec)) ++stale;
+        }
       }
-    }
     const double dt = std::max(seconds_since(t0), 1e-9);
     std::printf("preprocess_data: done in %.2f s: %lld documents (%lld empty skipped), %lld tokens", dt, sum[0], sum[1],
                 sum[2]);
     if (o.split_sentences) std::printf(", %lld sentences", sum[3]);
     std::printf(", %.1f MB; %.0f tokens/s, %.2f MB/s over %d rank(s)\n", sum[4] / 1e6, sum[2] / dt, sum[4] / dt / 1e6,
                 nranks);
-    if (total_shards > 0) {
-      std::printf("preprocess_data: %lld shard(s): %s ... %s\n", total_shards, final_name(o.output_prefix, 0).c_str(),
-                  final_name(o.output_prefix, total_shards - 1).c_str());
-    } else {
-      std::printf("preprocess_data: warning: the input holds no document with text; no shard written\n");
+    for (std::size_t k = 0; k < prefixes.size(); ++k) {
+      const std::string what = o.json_keys.size() > 1 ? " (key '" + o.json_keys[k] + "')" : std::string();
+      if (total_shards[k] > 0) {
+        std::printf("preprocess_data: %lld shard(s)%s: %s ... %s\n", total_shards[k], what.c_str(),
+                    final_name(prefixes[k], 0).c_str(), final_name(prefixes[k], total_shards[k] - 1).c_str());
+      } else {
+        std::printf("preprocess_data: warning: the input holds no document with text%s; no shard written\n",
+                    what.c_str());
+      }
     }
     if (stale > 0)
       std::printf("preprocess_data: removed %d stale shard(s) of an earlier run with this prefix\n", stale);

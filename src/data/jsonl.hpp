@@ -6,13 +6,16 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace trident {
 
 // Calls f(line, offset of its first byte, its bytes in the file) for every line of `path` whose
 // first byte lies in [begin, end); `line` is without its line ending ("\n", "\r\n"; the last
 // line may lack one), the byte count with it. Throws Error::all when the file cannot be opened or
-// read.
+// read. A compressed file (compressed_input.hpp) is decoded from its start and the offsets are
+// those of the decoded bytes, so that a split of the decoded size gives the lines of the same
+// split of the uncompressed file.
 void for_each_line_in_range(const std::string& path, std::int64_t begin, std::int64_t end,
                             const std::function<void(std::string_view, std::int64_t, std::int64_t)>& f);
 
@@ -21,5 +24,7 @@ void for_each_line_in_range(const std::string& path, std::int64_t begin, std::in
 // JSON (...)", "the JSON line has no key 'text'", ...), which the caller prefixes with the file and
 // line number.
 bool jsonl_text(std::string_view line, const std::string& key, std::string& text);
+// The same for several keys, the line parsed once: texts[k] is the text under keys[k].
+bool jsonl_texts(std::string_view line, const std::vector<std::string>& keys, std::vector<std::string>& texts);
 
 }  // namespace trident

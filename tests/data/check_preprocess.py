@@ -10,11 +10,17 @@ invariance: on the sample corpus (DIR/kjv.jsonl), 1 and 2 ranks give the same co
   is the tokenizer's ids of its text plus EOD (checked with encode_file); the shards of
   prepare_sample.sh hold the same tokens. Mixed plain-text / JSON-lines inputs with a glob: 1,
   2 and 3 ranks agree and keep the input order.
+compressed: kjv.jsonl compressed with zstd, gzip and xz (one file; and cut into 3 files, one of
+  each) gives, at 1, 2 and 3 ranks, shards identical (datasets and attributes) to the same run on
+  the uncompressed files; several --json-keys give one shard set per key, each identical to a
+  run with that key alone.
 errors: bad inputs give one clear message, exit status 1, no hang and no files left behind.
 """
 import argparse
 import glob
+import gzip
 import hashlib
+import lzma
 import json
 import os
 import shutil
@@ -213,6 +219,84 @@ def invariance(a):
     check("stale" in r.stdout, "rerun did not report the removed stale shards:\n" + r.stdout)
 
 
+def shard_sets_equal(p, q):
+    """The shards <p>_NNNNN.h5 and <q>_NNNNN.h5: as many, each pair with equal datasets and
+    attributes."""
+    fp = sorted(glob.glob(p + "_[0-9][0-9][0-9][0-9][0-9].h5"))
+    fq = sorted(glob.glob(q + "_[0-9][0-9][0-9][0-9][0-9].h5"))
+    if not check(len(fp) == len(fq) and fp, "%s: %d shards, %s: %d" % (p, len(fp), q, len(fq))):
+        return False
+    for x, y in zip(fp, fq):
+        with h5py.File(x, "r") as hx, h5py.File(y, "r") as hy:
+            same = sorted(hx) == sorted(hy) and all(np.array_equal(hx[k][...], hy[k][...]) for k in hx)
+            same = same and sorted(hx.attrs) == sorted(hy.attrs) and all(
+                np.array_equal(hx.attrs[k], hy.attrs[k]) for k in hx.attrs)
+            if not check(same, "%s differs from %s" % (y, x)):
+                return False
+    return True
+
+
+def compress(path, kind):
+    """path.zst / .gz / .xz next to path (zstd with the zstd tool, the others with Python)."""
+    out = path + {"zstd": ".zst", "gzip": ".gz", "xz": ".xz"}[kind]
+    data = open(path, "rb").read()
+    if kind == "gzip":
+        open(out, "wb").write(gzip.compress(data))
+    elif kind == "xz":
+        open(out, "wb").write(lzma.compress(data))
+    else:
+        subprocess.run(["zstd", "-q", "-f", path, "-o", out], check=True)
+    return out
+
+
+def compressed(a):
+    if shutil.which("zstd") is None:
+        print("SKIP: the zstd tool is missing (scripts/bootstrap.sh test installs it)")
+        sys.exit(77)
+    work = fresh(a.work)
+    lines = open(os.path.join(a.sample, "kjv.jsonl"), "rb").read().splitlines(keepends=True)
+    whole = os.path.join(work, "kjv.jsonl")
+    open(whole, "wb").write(b"".join(lines))
+    parts = []
+    for k, (lo, hi) in enumerate(((0, 400), (400, 800), (800, len(lines)))):
+        parts.append(os.path.join(work, "part%d.jsonl" % k))
+        open(parts[-1], "wb").write(b"".join(lines[lo:hi]))
+    sets = {
+        "one zstd file": ([whole], [compress(whole, "zstd")]),
+        "gzip + zstd + xz files": (parts, [compress(parts[0], "gzip"), compress(parts[1], "zstd"),
+                                            compress(parts[2], "xz")]),
+        "one gzip file": ([whole], [compress(whole, "gzip")]),
+        "one xz file": ([whole], [compress(whole, "xz")]),
+    }
+    for name, (plain, packed) in sets.items():
+        for n in ((1, 2, 3) if name in ("one zstd file", "gzip + zstd + xz files") else (2,)):
+            prefixes = []
+            for kind, inputs in (("plain", plain), ("packed", packed)):
+                prefix = os.path.join(work, "%s_np%d_%s" % (name.replace(" ", "_").replace("+", ""), n, kind))
+                r = run_pp(a, n, ["--input"] + inputs + ["--output-prefix", prefix, "--append-eod", "--shard-tokens",
+                                                         "150000", "--log-interval", "0"] + gpt2_args(a))
+                if not check(r.returncode == 0, "%s np=%d %s failed:\n%s%s" % (name, n, kind, r.stdout, r.stderr)):
+                    return
+                if kind == "packed":
+                    print(r.stdout.strip().splitlines()[1])
+                prefixes.append(prefix)
+            if shard_sets_equal(*prefixes):
+                print("ok   %-24s np=%d: shards identical to the uncompressed run's" % (name, n))
+    # several keys: one set each, equal to the single-key runs
+    both = os.path.join(work, "keys")
+    r = run_pp(a, 2, ["--input", sets["one zstd file"][1][0], "--output-prefix", both, "--json-keys", "text", "title",
+                      "--append-eod", "--log-interval", "0"] + gpt2_args(a))
+    if not check(r.returncode == 0, "--json-keys text title failed:\n%s%s" % (r.stdout, r.stderr)):
+        return
+    for key in ("text", "title"):
+        single = os.path.join(work, "key_" + key)
+        r = run_pp(a, 2, ["--input", whole, "--output-prefix", single, "--json-keys", key, "--append-eod",
+                          "--log-interval", "0"] + gpt2_args(a))
+        check(r.returncode == 0, "--json-keys %s failed:\n%s" % (key, r.stderr))
+        if shard_sets_equal(single, both + "_" + key):
+            print("ok   --json-keys text title: the '%s' shards equal a run with that key alone" % key)
+
+
 def errors(a):
     work = fresh(a.work)
     good = [json.dumps({"text": "line %d" % k}) for k in range(300)]
@@ -225,6 +309,23 @@ def errors(a):
     no_key = write("no_key.jsonl", good[:1] + [json.dumps({"body": "x"})] + good[2:])
     not_str = write("not_str.jsonl", good[:4] + [json.dumps({"text": 5})] + good[5:])
     ok = write("ok.jsonl", good)
+    plain = write("plain.txt", ["some text"])
+    big = "\n".join(json.dumps({"text": "line %d " % k + "x" * (k % 97)}) for k in range(20000)).encode() + b"\n"
+    packed_gz = gzip.compress(big)
+    big_path = os.path.join(work, "big.jsonl")
+    open(big_path, "wb").write(big)
+    trunc_zst = os.path.join(work, "trunc.jsonl.zst")
+    if shutil.which("zstd"):
+        subprocess.run(["zstd", "-q", "-f", big_path, "-o", trunc_zst + ".full"], check=True)
+        open(trunc_zst, "wb").write(open(trunc_zst + ".full", "rb").read()[:-40])
+        os.remove(trunc_zst + ".full")
+    os.remove(big_path)
+    fake_zst = os.path.join(work, "fake.jsonl.zst")
+    open(fake_zst, "wb").write(packed_gz)
+    bad_gz = os.path.join(work, "bad.jsonl.gz")
+    open(bad_gz, "wb").write(packed_gz[:2000] + bytes(64) + packed_gz[2064:])
+    trunc_xz = os.path.join(work, "trunc.jsonl.xz")
+    open(trunc_xz, "wb").write(lzma.compress(big)[:-100])
     out = os.path.join(work, "out", "x")
     cases = [
         ("invalid JSON", [bad_json], [], "bad.jsonl:3: invalid JSON"),
@@ -239,9 +340,17 @@ def errors(a):
          "WordPiece vocabulary"),
         ("unknown tokenizer", [ok], {"tokenizer": "Foo"}, "unknown --tokenizer-type 'Foo'"),
         ("unknown flag", [ok], ["--frobnicate"], "frobnicate"),
-        ("two keys", [ok], ["--json-keys", "text", "title"], "--json-keys takes one key"),
+        ("repeated key", [ok], ["--json-keys", "text", "text"], "--json-keys lists 'text' twice"),
+        ("plain text with two keys", [ok, plain], ["--json-keys", "text", "title"], "plain.txt' is plain text"),
+        ("truncated zstd", [trunc_zst], [], "truncated zstd data"),
+        ("gzip named .zst", [fake_zst], [], "not zstd data"),
+        ("corrupt gzip", [bad_gz], [], "corrupt gzip data"),
+        ("truncated xz", [trunc_xz], [], "truncated xz data"),
     ]
     for name, inputs, extra, expect in cases:
+        if not all(os.path.exists(i) for i in inputs) and name == "truncated zstd":
+            print("skip %-24s (no zstd tool)" % name)
+            continue
         overrides = extra if isinstance(extra, dict) else {}
         extra = extra if isinstance(extra, list) else []
         args = ["--input"] + inputs + ["--output-prefix", out, "--append-eod"] + gpt2_args(a, **overrides) + extra
@@ -266,7 +375,7 @@ def errors(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["invariance", "errors"])
+    ap.add_argument("mode", choices=["invariance", "compressed", "errors"])
     ap.add_argument("--preprocess", required=True)
     ap.add_argument("--encode-file", required=True)
     ap.add_argument("--mpiexec", required=True)
@@ -274,7 +383,7 @@ def main():
     ap.add_argument("--sample", required=True)
     ap.add_argument("--work", required=True)
     a = ap.parse_args()
-    invariance(a) if a.mode == "invariance" else errors(a)
+    {"invariance": invariance, "compressed": compressed, "errors": errors}[a.mode](a)
     if FAILURES:
         print("check_preprocess.py %s: %d failure(s)" % (a.mode, len(FAILURES)))
         return 1
