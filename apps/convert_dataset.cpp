@@ -96,6 +96,23 @@ std::vector<std::string> outputs_of(const Options& o, bool to_megatron, std::siz
   return {p + ".h5", p + ".h5"};
 }
 
+// Document d of `in`: its tokens, and its sentence ends (relative to its start; none without
+// sentences). s: the position in the sentence offsets, carried from document to document.
+void read_document(const trident::TokenShardReader& in, std::int64_t d, std::int64_t& s,
+                   std::vector<std::int32_t>& tokens, std::vector<std::int64_t>& ends) {
+  const auto& doc = in.document_offsets();
+  const auto& sent = in.sentence_offsets();
+  const std::int64_t begin = doc[d], end = doc[d + 1];
+  tokens.resize(static_cast<std::size_t>(end - begin));
+  in.read(begin, end - begin, tokens.data());
+  ends.clear();
+  if (sent.empty()) return;
+  while (s < sent.size() && sent[s] <= begin) ++s;
+  for (; s < sent.size() && sent[s] <= end; ++s)
+    if (ends.empty() || sent[s] - begin > ends.back()) ends.push_back(sent[s] - begin);  // repeats: empty sequences
+  --s;  // the document's end starts the next one
+}
+
 void to_megatron(const trident::TokenShardReader& in, const std::string& prefix, const Options& o) {
   const auto& m = in.meta();
   trident::IndexedDtype dt = trident::megatron_optimal_dtype(m.vocab_size);
@@ -106,19 +123,10 @@ void to_megatron(const trident::TokenShardReader& in, const std::string& prefix,
                                                                                    << "'");
   trident::IndexedDatasetWriter w(prefix, dt);
   const auto& doc = in.document_offsets();
-  const auto& sent = in.sentence_offsets();
   std::vector<std::int32_t> tokens;
   std::vector<std::int64_t> ends;
-  std::size_t s = 0;
-  for (std::size_t d = 0; d + 1 < doc.size(); ++d) {
-    tokens.resize(static_cast<std::size_t>(doc[d + 1] - doc[d]));
-    in.read(doc[d], doc[d + 1] - doc[d], tokens.data());
-    ends.clear();
-    if (!sent.empty()) {
-      while (s < sent.size() && sent[s] <= doc[d]) ++s;
-      for (; s < sent.size() && sent[s] <= doc[d + 1]; ++s) ends.push_back(sent[s] - doc[d]);
-      --s;  // the document's end starts the next one
-    }
+  for (std::int64_t d = 0, s = 0; d + 1 < doc.size(); ++d) {
+    read_document(in, d, s, tokens, ends);
     w.add_document(tokens, ends);
   }
   w.close();
@@ -127,21 +135,12 @@ void to_megatron(const trident::TokenShardReader& in, const std::string& prefix,
 void to_hdf5(const trident::TokenShardReader& in, const std::string& path) {
   const auto& m = in.meta();
   const auto& doc = in.document_offsets();
-  const auto& sent = in.sentence_offsets();
   trident::TokenShardWriter w(path, m.tokenizer, m.vocab_size, m.eod_id, m.has_sentences);
   w.set_special_tokens(m.specials);
   std::vector<std::int32_t> tokens;
   std::vector<std::int64_t> ends;
-  std::size_t s = 0;
-  for (std::size_t d = 0; d + 1 < doc.size(); ++d) {
-    tokens.resize(static_cast<std::size_t>(doc[d + 1] - doc[d]));
-    in.read(doc[d], doc[d + 1] - doc[d], tokens.data());
-    ends.clear();
-    if (m.has_sentences) {
-      while (s < sent.size() && sent[s] <= doc[d]) ++s;
-      for (; s < sent.size() && sent[s] <= doc[d + 1]; ++s) ends.push_back(sent[s] - doc[d]);
-      --s;
-    }
+  for (std::int64_t d = 0, s = 0; d + 1 < doc.size(); ++d) {
+    read_document(in, d, s, tokens, ends);
     w.add_document(tokens, ends);
   }
   w.close();

@@ -8,13 +8,12 @@
 // Inputs: .json / .jsonl files are JSON lines (one object per line, the text under --json-keys;
 // several keys give one shard set per key); any other file is plain text, one document per
 // file. A further .zst, .gz or .xz is decoded as a stream (data/compressed_input.hpp); byte
-// offsets below are decoded offsets, the decoded sizes measured once at the start. The inputs, concatenated in the given
-// order (globs sorted), are cut into one contiguous byte range per rank; a line belongs to the
-// rank holding its first byte and a plain-text file to the rank holding its first byte, so each
-// rank tokenizes a contiguous run of documents. Each rank writes its shards under temporary
-// names; at the end the shard counts are prefix-summed and the files renamed
-// <output-prefix>_NNNNN.h5, so that sorting the names gives the input order of the documents.
-// Documents with no text (no tokens before the EOD) are skipped and counted.
+// offsets below are decoded offsets, the decoded sizes measured once at the start. The inputs, concatenated in the
+// given order (globs sorted), are cut into one contiguous byte range per rank; a line belongs to the rank holding its
+// first byte and a plain-text file to the rank holding its first byte, so each rank tokenizes a contiguous run of
+// documents. Each rank writes its shards under temporary names; at the end the shard counts are prefix-summed and the
+// files renamed <output-prefix>_NNNNN.h5, so that sorting the names gives the input order of the documents. Documents
+// with no text (no tokens before the EOD) are skipped and counted.
 //
 // Errors every rank can see (bad flags, missing inputs, unreadable vocabulary) and errors of
 // one rank (a bad JSON line) are agreed collectively: one message, exit code 1, no hang.

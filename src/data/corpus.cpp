@@ -5,6 +5,7 @@
 #include "data/corpus.hpp"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -113,30 +114,105 @@ Corpus::Corpus(const std::vector<std::string>& paths, const TokenShardMeta* inde
                                 << ", vocab_size " << vocab_size_ << ")");
     }
     has_sentences_ = has_sentences_ && m.has_sentences;
-    const auto& off = shards_[s].document_offsets();
-    for (size_t d = 0; d + 1 < off.size(); ++d) {
-      if (off[d + 1] == off[d]) continue;  // empty documents carry no tokens
-      doc_shard_.push_back(static_cast<std::int32_t>(s));
-      doc_begin_.push_back(off[d]);
-      doc_end_.push_back(off[d + 1]);
-    }
     num_tokens_ += m.num_tokens;
   }
-  TRIDENT_REQUIRE(!doc_shard_.empty(), "corpus: the shards hold no documents");
+  where_ = "corpus of '" + shards_.front().meta().path + "'";
+  // raw document numbering over the shards; the empty documents (no tokens) are skipped
+  shard_first_.push_back(0);
+  for (const auto& sh : shards_) shard_first_.push_back(shard_first_.back() + sh.meta().num_documents);
+  const std::int64_t raw = shard_first_.back();
+  std::int64_t empty = 0;
+  guarded([&] {
+    for (const auto& sh : shards_) {
+      const OffsetList& off = sh.document_offsets();
+      for (std::int64_t d = 0; d + 1 < off.size(); ++d) empty += off[d + 1] == off[d] ? 1 : 0;
+    }
+  });
+  if (empty > 0) {
+    nonempty_.reserve(static_cast<std::size_t>(raw - empty));
+    guarded([&] {
+      for (std::size_t s = 0; s < shards_.size(); ++s) {
+        const OffsetList& off = shards_[s].document_offsets();
+        for (std::int64_t d = 0; d + 1 < off.size(); ++d)
+          if (off[d + 1] > off[d]) nonempty_.push_back(shard_first_[s] + d);
+      }
+    });
+  }
+  num_docs_ = raw - empty;
+  TRIDENT_REQUIRE(num_docs_ > 0, "corpus: the shards hold no documents");
+}
+
+std::pair<std::size_t, std::int64_t> Corpus::locate(std::int64_t d) const {
+  const std::int64_t r = nonempty_.empty() ? d : nonempty_[static_cast<std::size_t>(d)];
+  const auto it = std::upper_bound(shard_first_.begin(), shard_first_.end(), r);
+  const auto s = static_cast<std::size_t>(it - shard_first_.begin()) - 1;
+  return {s, r - shard_first_[s]};
+}
+
+std::int64_t Corpus::document_length(std::int64_t d) const {
+  const auto [s, k] = locate(d);
+  const OffsetList& off = shards_[s].document_offsets();
+  return guarded([&] { return off[k + 1] - off[k]; });
 }
 
 void Corpus::read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const {
-  shards_[doc_shard_[d]].read(doc_begin_[d] + offset, count, out);
+  const auto [s, k] = locate(d);
+  const OffsetList& off = shards_[s].document_offsets();
+  const std::int64_t begin = guarded([&] { return off[k]; });
+  shards_[s].read(begin + offset, count, out);
 }
 
 std::vector<std::int64_t> Corpus::sentence_bounds(std::int64_t d) const {
   std::vector<std::int64_t> out;
   if (!has_sentences_) return out;
-  const auto& so = shards_[doc_shard_[d]].sentence_offsets();
-  // every document boundary is a sentence boundary (validated by the reader)
-  auto it = std::lower_bound(so.begin(), so.end(), doc_begin_[d]);
-  for (; it != so.end() && *it <= doc_end_[d]; ++it) out.push_back(*it - doc_begin_[d]);
+  const auto [s, k] = locate(d);
+  const OffsetList& doc = shards_[s].document_offsets();
+  const OffsetList& so = shards_[s].sentence_offsets();
+  std::int64_t begin = 0, end = 0, lo = 0;
+  guarded([&] {
+    begin = doc[k];
+    end = doc[k + 1];
+    // first sentence offset >= begin (every document boundary is one)
+    std::int64_t hi = so.size();
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (so[mid] < begin)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+  });
+  std::int64_t prev = -1;
+  for (std::int64_t i = lo; i < so.size(); ++i) {
+    const std::int64_t x = guarded([&] { return so[i]; });
+    if (x > end) break;
+    if (x != prev) out.push_back(x - begin);  // a Megatron pair's empty sequences repeat an offset
+    prev = x;
+  }
   return out;
+}
+
+std::string Corpus::identity() const {
+  std::ostringstream os;
+  for (const auto& sh : shards_) {
+    struct stat st {};
+    const std::string p = sh.meta().format == kIndexedFormat ? sh.meta().path + ".bin" : sh.meta().path;
+    ::stat(p.c_str(), &st);
+    os << p << ":" << st.st_size << ":" << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec << ":"
+       << sh.meta().num_documents << ";";
+  }
+  return os.str();
+}
+
+std::string Corpus::changed_message() const {
+  std::string out;
+  for (const auto& sh : shards_) {
+    const std::string c = sh.changed_on_disk();
+    if (!c.empty())
+      out += (out.empty() ? "" : "; ") + std::string("token shard '") + sh.meta().path +
+             "' changed while the job reads it: " + c;
+  }
+  return out.empty() ? where_ + " changed while the job reads it: a memory-mapped file shrank (SIGBUS)" : out;
 }
 
 std::vector<std::int64_t> split_documents(const std::string& ratios, std::int64_t n) {

@@ -6,10 +6,13 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "data/token_shard.hpp"
+#include "io/mapped_file.hpp"
 
 namespace trident {
 
@@ -35,8 +38,8 @@ class Corpus {
   // tokenizer (TokenShardReader).
   explicit Corpus(const std::vector<std::string>& paths, const TokenShardMeta* indexed = nullptr);
 
-  std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_shard_.size()); }
-  std::int64_t document_length(std::int64_t d) const { return doc_end_[d] - doc_begin_[d]; }
+  std::int64_t num_documents() const { return num_docs_; }
+  std::int64_t document_length(std::int64_t d) const;
   // Reads tokens [offset, offset + count) of document d into out (count).
   void read(std::int64_t d, std::int64_t offset, std::int64_t count, std::int32_t* out) const;
   std::int64_t vocab_size() const { return vocab_size_; }
@@ -50,13 +53,32 @@ class Corpus {
   const TokenShardMeta& meta() const { return shards_.front().meta(); }
   std::int64_t num_tokens() const { return num_tokens_; }
   const std::vector<TokenShardReader>& shards() const { return shards_; }
+  // "path:size:mtime" of every shard (for keys of derived caches).
+  std::string identity() const;
+
+  // f() over the mapped offsets; a mapped file that shrank becomes an error naming the shard.
+  template <class F>
+  decltype(auto) guarded(F&& f) const {
+    try {
+      return guarded_map_read(where_, std::forward<F>(f));
+    } catch (const Error&) {
+      throw Error::all(changed_message());
+    }
+  }
 
  private:
+  // shard and index within it of document d
+  std::pair<std::size_t, std::int64_t> locate(std::int64_t d) const;
+  std::string changed_message() const;
+
+  // The documents are the shards' non-empty documents in order. Offsets stay in the shards'
+  // mappings: per document only an entry of nonempty_ when some document is empty.
   std::vector<TokenShardReader> shards_;
-  std::vector<std::int32_t> doc_shard_;            // (num_documents) shard of each document
-  std::vector<std::int64_t> doc_begin_, doc_end_;  // (num_documents) each: its token range in that shard
+  std::vector<std::int64_t> shard_first_;  // (shards + 1) first raw document of each shard
+  std::vector<std::int64_t> nonempty_;     // raw index of each document; empty: all non-empty
+  std::int64_t num_docs_ = 0;
   std::int64_t vocab_size_ = 0, eod_id_ = -1, num_tokens_ = 0;
-  std::string tokenizer_;
+  std::string tokenizer_, where_;
   bool has_sentences_ = true;
 };
 

@@ -239,12 +239,14 @@ void TokenShardWriter::close() {
 struct TokenShardReader::Impl {
   TokenShardMeta meta;
   H5Handle file, tokens;
-  std::unique_ptr<IndexedDatasetReader> indexed;        // a Megatron pair (then file/tokens unused)
-  std::string stat_path;                                // the file whose changes are watched (.bin of a pair)
-  std::vector<std::int64_t> doc_offsets, sent_offsets;  // (num_documents + 1), (sentences + 1) or empty
-  struct stat opened {};                                // the file as opened
-  mutable std::atomic<bool> touched{false};             // read since the last check_touched_shards()
-  std::string changes() const;                          // TokenShardReader::changed_on_disk
+  std::unique_ptr<IndexedDatasetReader> indexed;  // a Megatron pair (then file/tokens unused)
+  std::string stat_path;                          // the file whose changes are watched (.bin of a pair)
+  MappedFile map;                                 // the shard file, for its offset datasets
+  std::vector<std::int64_t> doc_heap, sent_heap;  // offsets that could not be mapped
+  OffsetList doc_offsets, sent_offsets;           // (num_documents + 1), (sentences + 1) or empty
+  struct stat opened {};                          // the file as opened
+  mutable std::atomic<bool> touched{false};       // read since the last check_touched_shards()
+  std::string changes() const;                    // TokenShardReader::changed_on_disk
   Impl();
   ~Impl();
 };
@@ -280,29 +282,41 @@ H5Handle open_1d_integer(hid_t file, const char* name, const std::string& where,
   return ds;
 }
 
-std::vector<std::int64_t> read_offsets(hid_t file, const char* name, const std::string& where) {
+// An int64 offsets dataset: mapped from the file when it is stored contiguous as little-endian
+// int64 (as TokenShardWriter writes it), else read into `heap`.
+OffsetList read_offsets(TokenShardReader::Impl& m, const char* name, const std::string& where,
+                        std::vector<std::int64_t>& heap) {
   hsize_t n = 0;
-  H5Handle ds = open_1d_integer(file, name, where, n);
-  std::vector<std::int64_t> v(n);
-  if (n > 0) {
-    TRIDENT_REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0,
-                    where << ": cannot read dataset /" << name);
+  H5Handle ds = open_1d_integer(m.file, name, where, n);
+  if (n == 0) return OffsetList();
+  H5Handle type = h5_type(H5Dget_type(ds));
+  H5Handle dcpl = h5_plist(H5Dget_create_plist(ds));
+  const haddr_t at = H5Dget_offset(ds);
+  if (H5Tequal(type, H5T_STD_I64LE) > 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && at != HADDR_UNDEF) {
+    if (!m.map.data()) m.map = MappedFile(m.meta.path);
+    if (at + 8 * n <= m.map.size()) return OffsetList::array(m.map.data() + at, static_cast<std::int64_t>(n));
   }
-  return v;
+  heap.resize(n);
+  TRIDENT_REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, heap.data()) >= 0,
+                  where << ": cannot read dataset /" << name);
+  return OffsetList::array(reinterpret_cast<const unsigned char*>(heap.data()), static_cast<std::int64_t>(n));
 }
 
 // Offsets must start at 0, never decrease and end at the number of tokens.
 // strict: every entry above the one before (sentences are never empty); otherwise
 // non-decreasing (an empty document is allowed).
-void check_offsets(const std::vector<std::int64_t>& v, const char* name, std::int64_t num_tokens,
-                   const std::string& where, bool strict) {
+void check_offsets(const OffsetList& v, const char* name, std::int64_t num_tokens, const std::string& where,
+                   bool strict) {
   TRIDENT_REQUIRE(!v.empty(), where << ": /" << name << " is empty (needs at least the leading 0)");
-  TRIDENT_REQUIRE(v.front() == 0, where << ": /" << name << " must start at 0, starts at " << v.front());
-  for (std::size_t k = 1; k < v.size(); ++k) {
-    TRIDENT_REQUIRE(v[k] >= v[k - 1],
-                    where << ": /" << name << " decreases at entry " << k << " (" << v[k - 1] << " -> " << v[k] << ")");
-    TRIDENT_REQUIRE(!strict || v[k] > v[k - 1], where << ": /" << name << " repeats offset " << v[k] << " at entry "
-                                                      << k << " (an empty sentence; the offsets must increase)");
+  TRIDENT_REQUIRE(v[0] == 0, where << ": /" << name << " must start at 0, starts at " << v[0]);
+  std::int64_t prev = 0;
+  for (std::int64_t k = 1; k < v.size(); ++k) {
+    const std::int64_t x = v[k];
+    TRIDENT_REQUIRE(x >= prev,
+                    where << ": /" << name << " decreases at entry " << k << " (" << prev << " -> " << x << ")");
+    TRIDENT_REQUIRE(!strict || x > prev, where << ": /" << name << " repeats offset " << x << " at entry " << k
+                                               << " (an empty sentence; the offsets must increase)");
+    prev = x;
   }
   TRIDENT_REQUIRE(v.back() == num_tokens, where << ": /" << name << " ends at " << v.back() << " but /tokens holds "
                                                 << num_tokens << " tokens");
@@ -330,22 +344,15 @@ void open_indexed(TokenShardReader::Impl& m, const std::string& prefix, const To
   m.meta.num_documents = r.num_documents();
   m.stat_path = r.bin_path();
   TRIDENT_REQUIRE(::stat(m.stat_path.c_str(), &m.opened) == 0, where << ": cannot stat: " << std::strerror(errno));
-  m.doc_offsets.resize(static_cast<std::size_t>(r.num_documents() + 1));
+  m.doc_offsets = OffsetList::megatron_documents(&r);
   bool multi = false;
-  for (std::int64_t d = 0; d <= r.num_documents(); ++d) {
-    m.doc_offsets[static_cast<std::size_t>(d)] = r.sequence_start(r.document_index(d));
-    if (d > 0 && r.document_index(d) - r.document_index(d - 1) > 1) multi = true;
-  }
+  for (std::int64_t d = 1; d <= r.num_documents() && !multi; ++d)
+    multi = r.document_index(d) - r.document_index(d - 1) > 1;
   const std::string tail = "_sentence";
   const bool named = prefix.size() >= tail.size() &&
                      prefix.compare(prefix.size() - tail.size(), tail.size(), tail) == 0;
   if (multi || named) {
-    m.sent_offsets.reserve(static_cast<std::size_t>(r.num_sequences() + 1));
-    m.sent_offsets.push_back(0);
-    for (std::int64_t s = 1; s <= r.num_sequences(); ++s) {
-      const std::int64_t at = r.sequence_start(s);
-      if (at > m.sent_offsets.back()) m.sent_offsets.push_back(at);  // empty sequences dropped
-    }
+    m.sent_offsets = OffsetList::megatron_sequences(&r);
     m.meta.has_sentences = true;
   }
 }
@@ -433,21 +440,24 @@ TokenShardReader::TokenShardReader(const std::string& path, const TokenShardMeta
                                                                  << ", outside its vocabulary (vocab_size "
                                                                  << m.meta.vocab_size << ")");
 
-  m.doc_offsets = read_offsets(m.file, "document_offsets", where);
-  check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where, false);
-  m.meta.num_documents = static_cast<std::int64_t>(m.doc_offsets.size()) - 1;
+  m.doc_offsets = read_offsets(m, "document_offsets", where, m.doc_heap);
+  guarded_map_read(where, [&] { check_offsets(m.doc_offsets, "document_offsets", m.meta.num_tokens, where, false); });
+  m.meta.num_documents = m.doc_offsets.size() - 1;
 
   if (H5Lexists(m.file, "sentence_offsets", H5P_DEFAULT) > 0) {
-    m.sent_offsets = read_offsets(m.file, "sentence_offsets", where);
-    check_offsets(m.sent_offsets, "sentence_offsets", m.meta.num_tokens, where, true);
-    // Every document boundary is a sentence boundary.
-    std::size_t s = 0;
-    for (std::size_t d = 0; d < m.doc_offsets.size(); ++d) {
-      while (s < m.sent_offsets.size() && m.sent_offsets[s] < m.doc_offsets[d]) ++s;
-      TRIDENT_REQUIRE(s < m.sent_offsets.size() && m.sent_offsets[s] == m.doc_offsets[d],
-                      where << ": document boundary " << m.doc_offsets[d] << " (document " << d
-                            << ") is missing from /sentence_offsets");
-    }
+    m.sent_offsets = read_offsets(m, "sentence_offsets", where, m.sent_heap);
+    guarded_map_read(where, [&] {
+      check_offsets(m.sent_offsets, "sentence_offsets", m.meta.num_tokens, where, true);
+      // Every document boundary is a sentence boundary.
+      std::int64_t s = 0;
+      for (std::int64_t d = 0; d < m.doc_offsets.size(); ++d) {
+        const std::int64_t b = m.doc_offsets[d];
+        while (s < m.sent_offsets.size() && m.sent_offsets[s] < b) ++s;
+        TRIDENT_REQUIRE(s < m.sent_offsets.size() && m.sent_offsets[s] == b,
+                        where << ": document boundary " << b << " (document " << d
+                              << ") is missing from /sentence_offsets");
+      }
+    });
     m.meta.has_sentences = true;
   }
 }
@@ -457,8 +467,45 @@ TokenShardReader::TokenShardReader(TokenShardReader&&) noexcept = default;
 TokenShardReader& TokenShardReader::operator=(TokenShardReader&&) noexcept = default;
 
 const TokenShardMeta& TokenShardReader::meta() const { return impl_->meta; }
-const std::vector<std::int64_t>& TokenShardReader::document_offsets() const { return impl_->doc_offsets; }
-const std::vector<std::int64_t>& TokenShardReader::sentence_offsets() const { return impl_->sent_offsets; }
+const OffsetList& TokenShardReader::document_offsets() const { return impl_->doc_offsets; }
+const OffsetList& TokenShardReader::sentence_offsets() const { return impl_->sent_offsets; }
+
+OffsetList OffsetList::array(const unsigned char* bytes, std::int64_t n) {
+  OffsetList l;
+  l.bytes_ = bytes;
+  l.n_ = n;
+  return l;
+}
+OffsetList OffsetList::megatron_documents(const IndexedDatasetReader* r) {
+  OffsetList l;
+  l.kind_ = Kind::documents;
+  l.megatron_ = r;
+  l.n_ = r->num_documents() + 1;
+  return l;
+}
+OffsetList OffsetList::megatron_sequences(const IndexedDatasetReader* r) {
+  OffsetList l;
+  l.kind_ = Kind::sequences;
+  l.megatron_ = r;
+  l.n_ = r->num_sequences() + 1;
+  return l;
+}
+std::int64_t OffsetList::operator[](std::int64_t i) const {
+  switch (kind_) {
+    case Kind::documents: return megatron_->sequence_start(megatron_->document_index(i));
+    case Kind::sequences: return megatron_->sequence_start(i);
+    default: {
+      std::int64_t v;
+      std::memcpy(&v, bytes_ + 8 * i, 8);
+      return v;
+    }
+  }
+}
+std::vector<std::int64_t> OffsetList::to_vector() const {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n_));
+  for (std::int64_t i = 0; i < n_; ++i) v[static_cast<std::size_t>(i)] = (*this)[i];
+  return v;
+}
 
 void TokenShardReader::read(std::int64_t begin, std::int64_t count, std::int32_t* out) const {
   const Impl& m = *impl_;

@@ -71,6 +71,32 @@ class TokenShardWriter {
 
 inline constexpr const char* kIndexedFormat = "megatron.indexed";
 
+class IndexedDatasetReader;
+
+// A read-only list of int64 token offsets owned by a reader: a little-endian array in a mapped
+// file (an HDF5 shard's contiguous /document_offsets or /sentence_offsets), an array in the
+// heap (when the dataset is chunked or filtered), or computed from a Megatron index (the start
+// of the sequence at a document index, or of every sequence).
+class OffsetList {
+ public:
+  OffsetList() = default;
+  static OffsetList array(const unsigned char* bytes, std::int64_t n);
+  static OffsetList megatron_documents(const IndexedDatasetReader* r);
+  static OffsetList megatron_sequences(const IndexedDatasetReader* r);
+  std::int64_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  std::int64_t operator[](std::int64_t i) const;
+  std::int64_t front() const { return (*this)[0]; }
+  std::int64_t back() const { return (*this)[n_ - 1]; }
+  std::vector<std::int64_t> to_vector() const;
+
+ private:
+  enum class Kind { array, documents, sequences } kind_ = Kind::array;
+  const unsigned char* bytes_ = nullptr;
+  const IndexedDatasetReader* megatron_ = nullptr;
+  std::int64_t n_ = 0;
+};
+
 // Reads one shard: an HDF5 token shard, or a Megatron indexed dataset when `path` is a prefix
 // P, P.bin or P.idx with P.idx present. Metadata and offsets are loaded on open (and validated:
 // a malformed file throws Error::all naming the file and what is wrong); token ranges are
@@ -88,9 +114,12 @@ class TokenShardReader {
   TokenShardReader& operator=(TokenShardReader&&) noexcept;
 
   const TokenShardMeta& meta() const;
-  // (num_documents + 1) and (sentences + 1) token offsets, each from 0 to num_tokens
-  const std::vector<std::int64_t>& document_offsets() const;
-  const std::vector<std::int64_t>& sentence_offsets() const;  // empty when absent
+  // (num_documents + 1) and (sentences + 1) token offsets, each from 0 to num_tokens, memory-
+  // mapped where the file allows (contiguous little-endian int64 datasets; Megatron's .idx).
+  // Sentence offsets of a Megatron pair are its sequence starts: non-decreasing (a zero-length
+  // sequence repeats an offset); an HDF5 shard's increase strictly.
+  const OffsetList& document_offsets() const;
+  const OffsetList& sentence_offsets() const;  // empty when absent
   // tokens[begin, begin + count) into out (count int32 values). Throws Error::all on a bad range,
   // a failed read (a chunk whose checksum does not match) or a token id outside the vocabulary.
   void read(std::int64_t begin, std::int64_t count, std::int32_t* out) const;

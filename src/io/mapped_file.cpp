@@ -7,14 +7,43 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cerrno>
+#include <mutex>
 #include <utility>
 
 #include "common/error.hpp"
 
 namespace trident {
 
+namespace detail {
+thread_local BusGuard* t_bus_guard = nullptr;
+
+namespace {
+void on_sigbus(int, siginfo_t*, void*) {
+  if (BusGuard* g = t_bus_guard) siglongjmp(g->env, 1);
+  static const char msg[] =
+      "error: SIGBUS: a memory-mapped file (token shard, Megatron index or dataset index cache) shrank while the "
+      "job reads it\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof msg - 1);
+  ::_exit(1);
+}
+}  // namespace
+
+void install_bus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // the jump leaves the handler: SIGBUS must stay unblocked
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, nullptr);
+  });
+}
+}  // namespace detail
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
+  detail::install_bus_handler();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TRIDENT_REQUIRE(fd >= 0, "'" << path << "': cannot open: " << std::strerror(errno));
   struct stat st {};

@@ -111,9 +111,9 @@ TEST_F(IndexedDatasetTest, TokenShardReaderOverAPairWithSentences) {
   EXPECT_EQ(r.meta().format, std::string(trident::kIndexedFormat));
   EXPECT_EQ(r.meta().vocab_size, 100);
   EXPECT_EQ(r.meta().eod_id, 8);
-  EXPECT_EQ(r.document_offsets(), (std::vector<std::int64_t>{0, 5, 5, 8}));
+  EXPECT_EQ(r.document_offsets().to_vector(), (std::vector<std::int64_t>{0, 5, 5, 8}));
   EXPECT_TRUE(r.meta().has_sentences);
-  EXPECT_EQ(r.sentence_offsets(), (std::vector<std::int64_t>{0, 2, 5, 8}));
+  EXPECT_EQ(r.sentence_offsets().to_vector(), (std::vector<std::int64_t>{0, 2, 5, 8}));
   std::vector<std::int32_t> t(3);
   r.read(5, 3, t.data());
   EXPECT_EQ(t, (std::vector<std::int32_t>{6, 7, 8}));

@@ -122,7 +122,7 @@ TEST_F(TokenShardTest, RoundTripUint16) {
   EXPECT_EQ(r.meta().num_documents, 50);
   EXPECT_FALSE(r.meta().has_sentences);
   EXPECT_TRUE(r.sentence_offsets().empty());
-  EXPECT_EQ(r.document_offsets(), offsets);
+  EXPECT_EQ(r.document_offsets().to_vector(), offsets);
   std::vector<std::int32_t> got(all.size());
   r.read(0, static_cast<std::int64_t>(all.size()), got.data());
   EXPECT_EQ(got, all);
@@ -181,7 +181,7 @@ TEST_F(TokenShardTest, LargeDocumentAcrossBufferFlushes) {
   }
   TokenShardReader r(p);
   EXPECT_EQ(r.meta().num_tokens, 1300004);
-  EXPECT_EQ(r.document_offsets(), (std::vector<std::int64_t>{0, 3, 1300003, 1300004}));
+  EXPECT_EQ(r.document_offsets().to_vector(), (std::vector<std::int64_t>{0, 3, 1300003, 1300004}));
   std::vector<std::int32_t> got(doc.size());
   r.read(3, static_cast<std::int64_t>(doc.size()), got.data());
   EXPECT_EQ(got, doc);
@@ -199,8 +199,8 @@ TEST_F(TokenShardTest, SentenceOffsetsAreAbsoluteAndIncludeDocumentBoundaries) {
   }
   TokenShardReader r(p);
   EXPECT_TRUE(r.meta().has_sentences);
-  EXPECT_EQ(r.document_offsets(), (std::vector<std::int64_t>{0, 5, 8, 8, 10}));
-  EXPECT_EQ(r.sentence_offsets(), (std::vector<std::int64_t>{0, 2, 5, 8, 9, 10}));
+  EXPECT_EQ(r.document_offsets().to_vector(), (std::vector<std::int64_t>{0, 5, 8, 8, 10}));
+  EXPECT_EQ(r.sentence_offsets().to_vector(), (std::vector<std::int64_t>{0, 2, 5, 8, 9, 10}));
 }
 
 TEST_F(TokenShardTest, WriterRejectsBadInput) {
@@ -244,8 +244,8 @@ TEST_F(TokenShardTest, EmptyShardIsValid) {
   TokenShardReader r(p);
   EXPECT_EQ(r.meta().num_tokens, 0);
   EXPECT_EQ(r.meta().num_documents, 0);
-  EXPECT_EQ(r.document_offsets(), std::vector<std::int64_t>{0});
-  EXPECT_EQ(r.sentence_offsets(), std::vector<std::int64_t>{0});
+  EXPECT_EQ(r.document_offsets().to_vector(), std::vector<std::int64_t>{0});
+  EXPECT_EQ(r.sentence_offsets().to_vector(), std::vector<std::int64_t>{0});
 }
 
 TEST_F(TokenShardTest, MissingOrNonHdf5File) {

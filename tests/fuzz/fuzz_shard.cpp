@@ -48,14 +48,16 @@ bool write_shard(FuzzedDataProvider& in) {
   H5Handle f = trident::h5_file(H5Fcreate(file_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!f.valid()) return false;
   const char* formats[] = {"trident.tokens", "trident.checkpoint", ""};
-  if (in.ConsumeIntegralInRange(0, 9) > 0) trident::h5_write_attr(f, "format", std::string(formats[in.ConsumeIntegralInRange(0, 2)]));
+  if (in.ConsumeIntegralInRange(0, 9) > 0)
+    trident::h5_write_attr(f, "format", std::string(formats[in.ConsumeIntegralInRange(0, 2)]));
   if (in.ConsumeBool()) int_attr(f, "format_version", in.ConsumeIntegralInRange<std::int64_t>(-1, 3));
   if (in.ConsumeIntegralInRange(0, 9) > 0) trident::h5_write_attr(f, "tokenizer", std::string("GPT2BPETokenizer"));
   const std::int64_t vocab = in.ConsumeIntegralInRange<std::int64_t>(-2, 70000);
   if (in.ConsumeIntegralInRange(0, 9) > 0) int_attr(f, "vocab_size", vocab);
   if (in.ConsumeIntegralInRange(0, 9) > 0) int_attr(f, "eod_id", in.ConsumeIntegralInRange<std::int64_t>(-2, 70000));
   if (in.ConsumeBool()) int_attr(f, "max_token_id", in.ConsumeIntegralInRange<std::int64_t>(-2, 70000));
-  const char* specials[] = {"cls_id", "sep_id", "mask_id", "pad_id", "bos_id", "eos_id", "sentinel_id", "num_sentinels"};
+  const char* specials[] = {"cls_id", "sep_id", "mask_id",     "pad_id",
+                            "bos_id", "eos_id", "sentinel_id", "num_sentinels"};
   for (const char* s : specials)
     if (in.ConsumeIntegralInRange(0, 7) == 0) int_attr(f, s, in.ConsumeIntegralInRange<std::int64_t>(-2, 70000));
   // tokens
@@ -101,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto& m = r.meta();
     const auto& off = r.document_offsets();
     if (off.empty() || off.front() != 0 || off.back() != m.num_tokens) std::abort();
-    for (std::size_t i = 1; i < off.size(); ++i)
+    for (std::int64_t i = 1; i < off.size(); ++i)
       if (off[i] < off[i - 1]) std::abort();
     if (m.max_token_id >= m.vocab_size) std::abort();
     std::vector<std::int32_t> out(static_cast<std::size_t>(m.num_tokens));
