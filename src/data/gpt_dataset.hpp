@@ -11,40 +11,50 @@
 #include <vector>
 
 #include "data/corpus.hpp"
+#include "data/index_cache.hpp"
 
 namespace trident {
 
 class GptDataset {
  public:
   // Documents [doc_begin, doc_end) of corpus; at least num_samples samples (more epochs as needed).
+  // cache_dir: where the index (document order, document starts, sample order) is cached and
+  // mapped from (data/index_cache.hpp); "" keeps it in memory.
   GptDataset(const Corpus& corpus, std::int64_t doc_begin, std::int64_t doc_end, std::int64_t seq_length,
-             std::int64_t num_samples, std::uint64_t seed, const std::string& name, bool shuffle = true);
+             std::int64_t num_samples, std::uint64_t seed, const std::string& name, bool shuffle = true,
+             const std::string& cache_dir = "");
 
   std::int64_t size() const { return num_samples_; }
   std::int64_t epochs() const { return epochs_; }
   // Writes seq_length + 1 tokens of sample i (i taken modulo size()).
   void get(std::int64_t i, std::int32_t* out) const;
+  // Every input the index depends on (the cache key).
+  const std::string& key() const { return key_; }
+  const std::string& index_origin() const { return index_.origin(); }
 
  private:
   const Corpus* corpus_;
-  std::int64_t seq_length_, num_samples_ = 0, epochs_ = 0;
-  std::vector<std::int64_t> doc_idx_;    // document of each stream position (epochs x docs)
-  std::vector<std::int64_t> doc_start_;  // stream token offset where doc_idx_[k] starts (+ end)
-  std::vector<std::int64_t> shuffle_;    // (num_samples) sample order
+  std::int64_t seq_length_, num_samples_ = 0, epochs_ = 0, doc_begin_ = 0, doc_end_ = 0;
+  std::string key_, where_;
+  // 0: document of each stream position (epochs x docs); 1: stream token offset where each
+  // starts (+ the end); 2: (num_samples) sample order
+  CachedIndex index_;
 };
 
 // Megatron's blending: sample i goes to the dataset whose realised share lags its weight most.
+// The assignment (2 x 8 bytes per sample) is cached like the datasets' indices.
 class BlendedDataset {
  public:
   BlendedDataset(std::vector<std::unique_ptr<GptDataset>> datasets, const std::vector<double>& weights,
-                 std::int64_t num_samples);
-  std::int64_t size() const { return static_cast<std::int64_t>(which_.size()); }
+                 std::int64_t num_samples, const std::string& cache_dir = "");
+  std::int64_t size() const { return index_.size(0); }
   void get(std::int64_t i, std::int32_t* out) const;
+  const std::string& index_origin() const { return index_.origin(); }
 
  private:
   std::vector<std::unique_ptr<GptDataset>> datasets_;
-  std::vector<std::int32_t> which_;  // (num_samples) dataset of each blended sample
-  std::vector<std::int64_t> index_;  // (num_samples) its sample index in that dataset
+  std::string where_;
+  CachedIndex index_;  // 0: dataset of each blended sample; 1: its sample index in that dataset
 };
 
 // Builds the train and valid datasets of data.train_shards for a run. Owns the corpora.
@@ -52,7 +62,8 @@ class GptData {
  public:
   GptData(const std::string& shard_spec, const std::string& split, std::int64_t seq_length, std::int64_t train_samples,
           std::int64_t valid_samples, std::uint64_t seed,
-          const TokenShardMeta* indexed = nullptr);  // Megatron pairs' tokenizer (Corpus)
+          const TokenShardMeta* indexed = nullptr,   // Megatron pairs' tokenizer (Corpus)
+          const std::string& index_cache = "none");  // data.index_cache (index_cache_dir)
   const BlendedDataset& train() const { return *train_; }
   const BlendedDataset* valid() const { return valid_.get(); }
   std::int64_t vocab_size() const { return vocab_size_; }

@@ -130,6 +130,8 @@ class Registry {
     add("data.tokenizer_type", &d.data.tokenizer_type,
         "tokenizer of Megatron .bin/.idx corpora (GPT2BPETokenizer, BertWordPieceLowerCase, ...)");
     add("data.vocab_extra_ids", &d.data.vocab_extra_ids, "T5 sentinels of Megatron corpora (--vocab-extra-ids)");
+    add("data.index_cache", &d.data.index_cache,
+        "GPT dataset index cache: auto (trident_index_cache/ next to the corpus), none (in memory), or a directory");
     add("bert.mask_prob", &d.bert.mask_prob, "BERT: fraction of the tokens of a sample that are predicted");
     add("bert.short_seq_prob", &d.bert.short_seq_prob, "BERT: probability of a shorter target length");
     add("bert.max_ngrams", &d.bert.max_ngrams, "BERT: longest masked n-gram of whole words");
@@ -232,6 +234,7 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.t5.geometric_p > 0 && d.t5.geometric_p <= 1, "deck: t5.geometric_p must be in (0, 1]");
   positive("t5.max_ngrams", d.t5.max_ngrams);
   nonneg("data.vocab_extra_ids", d.data.vocab_extra_ids);
+  TRIDENT_REQUIRE(!d.data.index_cache.empty(), "deck: data.index_cache is empty (auto, none or a directory)");
   TRIDENT_REQUIRE(d.data.vocab_extra_ids == 0 || !d.data.tokenizer_type.empty(),
                   "deck: data.vocab_extra_ids is set but data.tokenizer_type is not (both describe Megatron corpora)");
   TRIDENT_REQUIRE(d.model.max_position_embeddings == 0 ||

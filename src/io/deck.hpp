@@ -54,6 +54,9 @@ struct Deck {
     // --tokenizer-type names and --vocab-extra-ids
     std::string tokenizer_type;
     std::int64_t vocab_extra_ids = 0;
+    // where the GPT dataset indices are cached: auto (next to each corpus's first shard, in
+    // trident_index_cache/), none (in memory), or a directory
+    std::string index_cache = "auto";
     bool prefetch = true;  // read the next micro-batch on a helper thread while one computes
   } data;
   struct Bert {  // pretrain_bert only (Megatron's --mask-prob, --short-seq-prob, --bert-no-binary-head)

@@ -86,7 +86,7 @@ SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int6
   const auto indexed = indexed_description(deck);
   auto data = std::make_shared<GptData>(deck.data.train_shards, deck.data.split, deck.model.seq_length, train_samples,
                                         valid_samples, static_cast<std::uint64_t>(deck.train.seed),
-                                        indexed ? &*indexed : nullptr);
+                                        indexed ? &*indexed : nullptr, deck.data.index_cache);
   keep = data;
   SampleSource src;
   src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
