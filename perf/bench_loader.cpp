@@ -35,7 +35,7 @@ double status_mb(const char* field) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shards, split = "969,30,1", cache = "auto";
+  std::string shards, split = "969,30,1", cache = "auto", tok_type, vocab, merges;
   std::int64_t seq = 1024, train_samples = 1000, read = 1000;
   std::uint64_t seed = 1234;
   po::options_description desc("bench_loader: the GPT data path alone");
@@ -48,7 +48,10 @@ int main(int argc, char** argv) {
     ("train-samples", po::value<std::int64_t>(&train_samples), "samples the training run would consume")
     ("read", po::value<std::int64_t>(&read), "samples to read")
     ("seed", po::value<std::uint64_t>(&seed), "train.seed")
-    ("index-cache", po::value<std::string>(&cache), "data.index_cache");
+    ("index-cache", po::value<std::string>(&cache), "data.index_cache")
+    ("tokenizer-type", po::value<std::string>(&tok_type), "data.tokenizer_type (Megatron pairs)")
+    ("vocab-file", po::value<std::string>(&vocab), "data.vocab_file")
+    ("merge-file", po::value<std::string>(&merges), "data.merges_file");
   // clang-format on
   try {
     po::variables_map vm;
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
     po::notify(vm);
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
-    trident::GptData data(shards, split, seq, train_samples, 0, seed, nullptr, cache);
+    const auto indexed = trident::indexed_dataset_description(tok_type, vocab, merges, 0);
+    trident::GptData data(shards, split, seq, train_samples, 0, seed, indexed ? &*indexed : nullptr, cache);
     const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::vector<std::int32_t> sample(static_cast<std::size_t>(seq + 1));
     std::uint64_t sum = 0;

@@ -25,7 +25,7 @@ namespace trident {
 
 namespace {
 
-constexpr hsize_t kTokenChunk = hsize_t(1) << 17;           // elements per chunk of /tokens
+constexpr hsize_t kTokenChunk = kTokenShardChunk;           // elements per chunk of /tokens
 constexpr std::size_t kFlushTokens = std::size_t(1) << 20;  // buffered tokens before a write
 
 std::string where_of(const std::string& path) { return "token shard '" + path + "'"; }

@@ -21,6 +21,11 @@ namespace trident {
 
 inline constexpr const char* kTokenShardFormat = "trident.tokens";
 inline constexpr std::int64_t kTokenShardVersion = 2;
+// Tokens per chunk of /tokens written: 32 KiB of uint16. A read touches (and checksums) whole
+// chunks, so smaller chunks serve the scattered per-document reads of a shuffled dataset faster
+// (perf/results/data_scale_*.md: 16384 reads short documents 3x faster than 131072, the size
+// used before 2026-12; both are read).
+inline constexpr std::int64_t kTokenShardChunk = 16384;
 
 struct TokenShardMeta {
   std::string path;

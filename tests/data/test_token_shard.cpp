@@ -379,7 +379,7 @@ TEST_F(TokenShardTest, CorruptOrChangedFilesAreDetected) {
   }
   // three chunks of tokens; bytes in the middle one overwritten by zeros
   const std::string p = path("rot.h5");
-  std::vector<std::int32_t> doc(3 * 131072);
+  std::vector<std::int32_t> doc(3 * trident::kTokenShardChunk);
   for (std::size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<std::int32_t>(1 + i % 50000);
   {
     TokenShardWriter w(p, "GPT2BPETokenizer", 50257, 50256, false);
@@ -395,7 +395,7 @@ TEST_F(TokenShardTest, CorruptOrChangedFilesAreDetected) {
     hsize_t size = 0;
     H5Handle space = trident::h5_space(H5Dget_space(d));
     ASSERT_GE(H5Dget_chunk_info(d, space, 1, offset, &mask, &chunk_addr, &size), 0);
-    ASSERT_EQ(offset[0], 131072u);
+    ASSERT_EQ(offset[0], static_cast<hsize_t>(trident::kTokenShardChunk));
   }
   {
     std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
@@ -408,7 +408,7 @@ TEST_F(TokenShardTest, CorruptOrChangedFilesAreDetected) {
   r.read(10, 100, out.data());  // the first chunk is intact
   EXPECT_TRUE(std::equal(out.begin(), out.end(), doc.begin() + 10));
   try {
-    r.read(131072 + 5000, 100, out.data());
+    r.read(trident::kTokenShardChunk + 5000, 100, out.data());
     ADD_FAILURE() << "a chunk with overwritten bytes was read without an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fails its checksum"), std::string::npos) << e.what();
