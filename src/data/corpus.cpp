@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -196,7 +197,10 @@ std::string Corpus::identity() const {
   std::ostringstream os;
   for (const auto& sh : shards_) {
     struct stat st {};
-    const std::string p = sh.meta().format == kIndexedFormat ? sh.meta().path + ".bin" : sh.meta().path;
+    const std::string given = sh.meta().format == kIndexedFormat ? sh.meta().path + ".bin" : sh.meta().path;
+    std::error_code ec;
+    const std::string canonical = std::filesystem::weakly_canonical(given, ec).string();
+    const std::string& p = ec ? given : canonical;  // one key for every spelling of the path
     ::stat(p.c_str(), &st);
     os << p << ":" << st.st_size << ":" << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec << ":"
        << sh.meta().num_documents << ";";

@@ -271,7 +271,11 @@ namespace {
 // Opens a 1-D integer dataset, or throws naming the problem.
 H5Handle open_1d_integer(hid_t file, const char* name, const std::string& where, hsize_t& length) {
   TRIDENT_REQUIRE(H5Lexists(file, name, H5P_DEFAULT) > 0, where << ": missing dataset /" << name);
-  H5Handle ds = h5_dataset(H5Dopen2(file, name, H5P_DEFAULT));
+  // a small chunk cache (the default is 1 MB per dataset): reads of a shuffled dataset rarely
+  // return to a chunk, and a job holds many shards open
+  H5Handle dapl = h5_plist(H5Pcreate(H5P_DATASET_ACCESS));
+  H5Pset_chunk_cache(dapl, 101, 256 << 10, 0.75);
+  H5Handle ds = h5_dataset(H5Dopen2(file, name, dapl));
   TRIDENT_REQUIRE(ds.valid(), where << ": cannot open dataset /" << name);
   H5Handle type = h5_type(H5Dget_type(ds));
   TRIDENT_REQUIRE(H5Tget_class(type) == H5T_INTEGER, where << ": dataset /" << name << " is not of an integer type");
@@ -374,7 +378,21 @@ TokenShardReader::TokenShardReader(const std::string& path, const TokenShardMeta
   TRIDENT_REQUIRE(std::filesystem::is_regular_file(path, ec), where << ": not a regular file");
   TRIDENT_REQUIRE(::stat(path.c_str(), &m.opened) == 0, where << ": cannot stat: " << std::strerror(errno));
   H5QuietErrors quiet;
-  m.file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  // A small metadata cache: a job opens many shards, and the default (up to 32 MB per file)
+  // grows with the /tokens chunks a shuffled dataset touches (perf/results/data_scale_*.md).
+  H5Handle fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
+  {
+    H5AC_cache_config_t mdc{};
+    mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+    if (H5Pget_mdc_config(fapl, &mdc) >= 0) {
+      mdc.set_initial_size = true;
+      mdc.initial_size = 1 << 20;
+      mdc.min_size = 1 << 20;
+      mdc.max_size = 2 << 20;
+      H5Pset_mdc_config(fapl, &mdc);
+    }
+  }
+  m.file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl));
   TRIDENT_REQUIRE(m.file.valid(), where << ": cannot be opened as an HDF5 file");
 
   TRIDENT_REQUIRE(h5_has_attr(m.file, "format"), where << ": missing attribute 'format' (not a Trident token shard)");
