@@ -40,9 +40,19 @@ RECORD_DIR = os.path.join(HERE, "identity")
 METRIC_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped"]
 
 
+# the GPT runs that are also validation tests' jobs (validation/CMakeLists.txt)
+VALIDATION_JOBS = {"gpt_tiny_np1", "gpt_tiny_np2", "gpt_tiny_tp2", "gpt_tiny_tp2_sp", "gpt_tiny_pp2", "gpt_tiny_pp2_vp2",
+                   "gpt_tiny_tp2pp2dp2_sp", "gpt_tiny_zero1_tp2dp2", "gpt_tiny_zero1_pp2dp2",
+                   "gpt_tiny_recompute_full_dp2", "gpt_tiny_recompute_selective_tp2", "gpt_tiny_resume10_dp2",
+                   "gpt_tiny_resume10_tp2_to_pp2", "gpt_linear_np1", "gpt_constant_np1", "gpt_dropout_np1",
+                   "gpt_bf16_np1", "gpt_fp16_np1"}
+
+
 def case(name, family, deck, np_=1, set_=(), resume_at=0, resume_set=(), generate=False):
+    # validation: the job of a validation_<name> test (validation/CMakeLists.txt), which also
+    # runs it (against the reference, to a tolerance)
     return dict(name=name, family=family, deck=deck, np=np_, set=list(set_), resume_at=resume_at,
-                resume_set=list(resume_set), generate=generate)
+                resume_set=list(resume_set), generate=generate, validation=name in VALIDATION_JOBS)
 
 
 def cases():
@@ -276,6 +286,9 @@ def main():
     p.add_argument("--family", choices=["gpt", "bert", "t5"], action="append",
                    help="only this model family's runs (repeatable; default all)")
     p.add_argument("--only", action="append", default=[], metavar="RUN", help="only this run (repeatable)")
+    p.add_argument("--skip-validation-jobs", action="store_true",
+                   help="leave out the runs that repeat a validation test's job (CTest's identity_gpt, for the suite's "
+                        "time), except those that also check generation")
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--record-dir", default=RECORD_DIR)
     p.add_argument("--work", default="", help="keep the runs' files here (default: a temporary directory)")
@@ -283,6 +296,8 @@ def main():
     a.build_dir = os.path.abspath(a.build_dir)
     a.sample = os.path.abspath(a.sample)
     todo = [c for c in cases() if (not a.family or c["family"] in a.family) and (not a.only or c["name"] in a.only)]
+    if getattr(a, "skip_validation_jobs", False):
+        todo = [c for c in todo if not c["validation"] or c["generate"]]
     unknown = set(a.only) - {c["name"] for c in cases()}
     if unknown:
         sys.exit(f"--only {sorted(unknown)[0]}: no such run (identity.py list)")
