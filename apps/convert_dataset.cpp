@@ -113,6 +113,18 @@ void read_document(const trident::TokenShardReader& in, std::int64_t d, std::int
   --s;  // the document's end starts the next one
 }
 
+// Every document of `in`, with its sentence ends, into writer w (either format); then close().
+template <class Writer>
+void copy_documents(const trident::TokenShardReader& in, Writer& w) {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int64_t> ends;
+  for (std::int64_t d = 0, s = 0; d + 1 < in.document_offsets().size(); ++d) {
+    read_document(in, d, s, tokens, ends);
+    w.add_document(tokens, ends);
+  }
+  w.close();
+}
+
 void to_megatron(const trident::TokenShardReader& in, const std::string& prefix, const Options& o) {
   const auto& m = in.meta();
   trident::IndexedDtype dt = trident::megatron_optimal_dtype(m.vocab_size);
@@ -122,28 +134,14 @@ void to_megatron(const trident::TokenShardReader& in, const std::string& prefix,
                   "convert_dataset: --dtype uint16 cannot hold the vocabulary of " << m.vocab_size << " of '" << m.path
                                                                                    << "'");
   trident::IndexedDatasetWriter w(prefix, dt);
-  const auto& doc = in.document_offsets();
-  std::vector<std::int32_t> tokens;
-  std::vector<std::int64_t> ends;
-  for (std::int64_t d = 0, s = 0; d + 1 < doc.size(); ++d) {
-    read_document(in, d, s, tokens, ends);
-    w.add_document(tokens, ends);
-  }
-  w.close();
+  copy_documents(in, w);
 }
 
 void to_hdf5(const trident::TokenShardReader& in, const std::string& path) {
   const auto& m = in.meta();
-  const auto& doc = in.document_offsets();
   trident::TokenShardWriter w(path, m.tokenizer, m.vocab_size, m.eod_id, m.has_sentences);
   w.set_special_tokens(m.specials);
-  std::vector<std::int32_t> tokens;
-  std::vector<std::int64_t> ends;
-  for (std::int64_t d = 0, s = 0; d + 1 < doc.size(); ++d) {
-    read_document(in, d, s, tokens, ends);
-    w.add_document(tokens, ends);
-  }
-  w.close();
+  copy_documents(in, w);
 }
 
 int run(int argc, char** argv) {
