@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <numeric>
@@ -66,14 +67,49 @@ std::int64_t checkpoint_vocab(const std::string& file, MPI_Comm world) {
   return v;
 }
 
+// The vocabulary in decreasing logit order, ties by increasing id (std::stable_sort's order for the
+// comparison logits[a] > logits[b]), by two stable 16-bit radix passes over an order-preserving
+// integer key: O(V) where an indirect comparison sort of 50257 floats took about 5 ms per token.
+// -0.0 sorts as +0.0, as the comparison does.
+void order_by_logit(const float* logits, std::int64_t V, std::vector<std::int32_t>& ids) {
+  thread_local std::vector<std::uint32_t> key, key2;
+  thread_local std::vector<std::int32_t> tmp;
+  thread_local std::vector<std::uint32_t> count;
+  const auto n = static_cast<size_t>(V);
+  key.resize(n);
+  key2.resize(n);
+  ids.resize(n);
+  tmp.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::uint32_t b = 0;
+    const float x = logits[i] == 0.0f ? 0.0f : logits[i];
+    std::memcpy(&b, &x, sizeof b);
+    const std::uint32_t ascending = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    key[i] = ~ascending;  // the largest logit gets the smallest key
+    ids[i] = static_cast<std::int32_t>(i);
+  }
+  for (int shift : {0, 16}) {
+    count.assign(65537, 0);
+    for (size_t i = 0; i < n; ++i) ++count[((key[i] >> shift) & 0xFFFFu) + 1];
+    for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
+    for (size_t i = 0; i < n; ++i) {
+      const std::uint32_t slot = count[(key[i] >> shift) & 0xFFFFu]++;
+      key2[slot] = key[i];
+      tmp[slot] = ids[i];
+    }
+    key.swap(key2);
+    ids.swap(tmp);
+  }
+}
+
 // The next token from one row of logits (see the file header).
 std::int32_t pick(const float* logits, std::int64_t V, const Options& o, std::uint64_t key) {
   if (o.greedy) return static_cast<std::int32_t>(std::max_element(logits, logits + V) - logits);
-  std::vector<std::int32_t> ids(static_cast<size_t>(V));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; });
+  thread_local std::vector<std::int32_t> ids;
+  order_by_logit(logits, V, ids);
   std::int64_t keep = o.top_k > 0 ? std::min(o.top_k, V) : V;
-  std::vector<double> p(static_cast<size_t>(keep));
+  thread_local std::vector<double> p;
+  p.resize(static_cast<size_t>(keep));
   const double mx = logits[ids[0]];
   double z = 0;
   for (std::int64_t i = 0; i < keep; ++i) z += (p[i] = std::exp((logits[ids[i]] - mx) / o.temperature));

@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpt as bg  # noqa: E402
 import perf_model as pm  # noqa: E402
 
-SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "1.3b": (24, 2048, 16)}
+# "smoke" (2 x 128) is not a benchmark: tests/gpu_kit/gpu_check_logic.sh rehearses the script with it
+SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "1.3b": (24, 2048, 16), "smoke": (2, 128, 4)}
 VOCAB = 50304
 
 

@@ -317,7 +317,7 @@ phase_bench() {
   md=$(ls -t "$work"/bench/gpu_*.md 2>/dev/null | head -n1)
   [ -n "$md" ] && cp "$md" "$out/bench.md" && cp "${md%.md}.json" "$out/bench.json" 2>/dev/null
   [ -n "$md" ] && [ -n "$results" ] && cp "$md" "$results/" 2>/dev/null
-  note="$(grep -c '^| 1.3b\|^| 124m\|^| 350m' "$out/bench.md" 2>/dev/null) rows"
+  note="$(grep -c '^| [^ ]* | \(flash\|unfused\) |' "$out/bench.md" 2>/dev/null) rows"
   return $rc
 }
 

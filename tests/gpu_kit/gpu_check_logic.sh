@@ -32,7 +32,7 @@ set +e
 PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
   GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
   GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_BENCH_LIMIT=600 \
-  GPU_CHECK_BENCH_ARGS="--shapes 124m --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
+  GPU_CHECK_BENCH_ARGS="--shapes smoke --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
   bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
 rc=$?
 set -e
@@ -45,6 +45,7 @@ done
 grep -q "Stopped" "$report" && fail "the run stopped early"
 grep -q "^| train | ok | [0-9]* | 7 of 7 comparisons pass |" "$report" || fail "the train phase's note does not say 7 of 7"
 grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
+grep -q "^| bench | ok | [0-9]* | 2 rows |" "$report" || fail "the bench phase's note does not say 2 rows"
 n=$(ls "$work/out" | wc -l)
 [ "$n" -le 8 ] || fail "$n files in the output folder (at most 8 come back from the GPU machine)"
 "${PYTHON:-/usr/bin/python3}" - "$work/out" <<'PY' || fail "results"

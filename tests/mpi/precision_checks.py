@@ -47,10 +47,10 @@ Checks (the tiny CI deck, dropout 0.1 where stated so that regenerated masks are
                 to the owners of their shards) and at pp=2 x dp=2 with 2 micro-batches (np=4);
                 data prefetch on and off give equal losses
   grouped_p2p   pipeline messages as send + receive groups (the order the NCCL path runs them in,
-                here over MPI with 192 KB messages, beyond MPICH's 128 KB eager limit, so that a send
-                completes only once received): the same losses and evaluations as the default
-                MPI path for 1F1B at pp=2 (4 micro-batches) and pp=4, and for the interleaved
-                schedule at pp=2, vp=2, with no hang
+                here over MPI with 192 KB messages (64 x 4 x 192 fp32), beyond MPICH's 128 KB
+                eager limit, so that a send completes only once received): the same losses and
+                evaluations as the default MPI path for 1F1B at pp=2 (4 micro-batches) and pp=4,
+                and for the interleaved schedule at pp=2, vp=2, with no hang
   overflow      fp16 with injected gradient overflows (debug.force_overflow) at iterations 3, 4
                 and 9, initial scale 1024, hysteresis 2, window 5: the overflowing steps are
                 skipped (counted in the metrics, no update), the scale halves only after the
@@ -305,11 +305,15 @@ def check_overlap(c):
 
 
 def check_grouped_p2p(c):
-    big = ["--model.hidden_size", "768", "--model.num_heads", "12", "--model.num_layers", "4",
-           "--train.global_batch_size", "8", "--eval.interval", "2", "--eval.iters", "2"]
+    # 64 tokens x 4 sequences x hidden 192 x 4 bytes = 192 KB per message, beyond the eager limit;
+    # hidden 192 rather than 768 with shorter micro-batches: the same messages at a quarter of the
+    # parameters (the suite's time)
+    big = ["--model.hidden_size", "192", "--model.num_heads", "4", "--model.num_layers", "4",
+           "--model.seq_length", "64", "--train.micro_batch_size", "4",
+           "--train.global_batch_size", "16", "--eval.interval", "2", "--eval.iters", "2"]
     for name, np_, extra in [("pp2", 2, ["--parallel.pp", "2"]),
                              ("pp2_vp2", 2, ["--parallel.pp", "2", "--parallel.vp", "2"]),
-                             ("pp4", 4, ["--parallel.pp", "4", "--train.global_batch_size", "16"])]:
+                             ("pp4", 4, ["--parallel.pp", "4", "--train.global_batch_size", "32"])]:
         a = c.train(name, np_, 1, iters=2, extra=big + extra)
         b = c.train(name + "_grouped", np_, 1, iters=2, extra=big + extra + ["--debug.grouped_p2p", "true"])
         same_losses("grouped point-to-point " + name, a, b)
