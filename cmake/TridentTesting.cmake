@@ -19,6 +19,31 @@ set(TRIDENT_THREADS_ENV "OMP_NUM_THREADS=${TRIDENT_TEST_THREADS};OMP_WAIT_POLICY
 if(TRIDENT_KOKKOS_THREADS)
   message(STATUS "Kokkos runs host threads (OpenMP): tests labelled `threads` run at ${TRIDENT_TEST_THREADS} threads per rank")
 endif()
+# One thread per declared slot. CTest runs tests side by side (ctest -j N), each on the PROCESSORS it
+# declares (default 1). A one-slot test's processes would otherwise each start a thread per core
+# (Trident's GEMMs when OMP_NUM_THREADS is unset, PyTorch, OpenBLAS), so two such tests on 2 cores
+# ran 4+ spinning threads: measured here, validation_t5_tiny_np1 beside validation_bert_tiny_np1
+# took 61 s, 35 s at one thread each. trident_test_directory() at the top of a CMakeLists.txt gives
+# every one-slot test of that directory (except the `threads` ones) OMP_NUM_THREADS,
+# OPENBLAS_NUM_THREADS and MKL_NUM_THREADS of 1 once the directory is read. Multi-slot tests keep
+# the defaults (the apps share the node's cores among their ranks).
+set(TRIDENT_ONE_THREAD_ENV "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;MKL_NUM_THREADS=1")
+function(trident_one_thread_per_slot)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${tests})
+    get_test_property(${t} PROCESSORS procs)
+    get_test_property(${t} LABELS labels)
+    if((NOT procs OR procs EQUAL 1) AND NOT "threads" IN_LIST labels)
+      set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TRIDENT_ONE_THREAD_ENV}")
+    endif()
+  endforeach()
+endfunction()
+macro(trident_test_directory)
+  cmake_language(DEFER CALL trident_one_thread_per_slot)
+endmacro()
+# the top-level directory holds perf/'s tests (declared at its end, perf/CMakeLists.txt)
+cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR} CALL trident_one_thread_per_slot)
+
 # trident_threads_test(name...): in a threaded Kokkos build, these tests run at
 # TRIDENT_TEST_THREADS threads per rank and carry the label `threads`
 function(trident_threads_test)
@@ -43,8 +68,9 @@ function(trident_add_unit_test name)
   if(TRIDENT_ENABLE_CUDA)
     set(mode PRE_TEST)
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77 DISCOVERY_TIMEOUT 60
-                       DISCOVERY_MODE ${mode})
+  # one value per property (above): OMP_NUM_THREADS=1 alone, the threads of the GEMMs and kernels
+  gtest_discover_tests(${name} PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT OMP_NUM_THREADS=1
+                       DISCOVERY_TIMEOUT 60 DISCOVERY_MODE ${mode})
   if(TRIDENT_KOKKOS_THREADS)
     add_test(NAME threads_${name} COMMAND ${name})
     set_tests_properties(threads_${name} PROPERTIES LABELS threads TIMEOUT 900 SKIP_RETURN_CODE 77
