@@ -24,7 +24,7 @@ endif()
 # (Trident's GEMMs when OMP_NUM_THREADS is unset, PyTorch, OpenBLAS), so two such tests on 2 cores
 # ran 4+ spinning threads: measured here, validation_t5_tiny_np1 beside validation_bert_tiny_np1
 # took 61 s, 35 s at one thread each. trident_test_directory() at the top of a CMakeLists.txt gives
-# every one-slot test of that directory (except the `threads` ones) OMP_NUM_THREADS,
+# every one-slot test of that directory (except RUN_SERIAL and `threads` ones) OMP_NUM_THREADS,
 # OPENBLAS_NUM_THREADS and MKL_NUM_THREADS of 1 once the directory is read. Multi-slot tests keep
 # the defaults (the apps share the node's cores among their ranks).
 set(TRIDENT_ONE_THREAD_ENV "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;MKL_NUM_THREADS=1")
@@ -33,7 +33,8 @@ function(trident_one_thread_per_slot)
   foreach(t ${tests})
     get_test_property(${t} PROCESSORS procs)
     get_test_property(${t} LABELS labels)
-    if((NOT procs OR procs EQUAL 1) AND NOT "threads" IN_LIST labels)
+    get_test_property(${t} RUN_SERIAL serial)  # the whole machine (the Slurm cluster)
+    if((NOT procs OR procs EQUAL 1) AND NOT serial AND NOT "threads" IN_LIST labels)
       set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TRIDENT_ONE_THREAD_ENV}")
     endif()
   endforeach()

@@ -26,7 +26,7 @@ done
 stop
 mkdir -p "$dir/ctld" "$dir/d" "$dir/log"
 host=$(hostname -s)
-cpus=$(nproc)
+cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it follows OMP_NUM_THREADS
 mem=$(awk '/MemTotal/{print int($2 / 1024 * 0.8)}' /proc/meminfo)
 # our own munged and socket: works whether or not the system's munge runs
 munged --force --socket="$dir/munge.sock" --key-file=/etc/munge/munge.key --pid-file="$dir/munged.pid" \
