@@ -180,7 +180,7 @@ int run(int argc, char** argv) {
 
   Topology topo(MPI_COMM_WORLD, world_size, 1);
   const std::string file = resolve_checkpoint(o.checkpoint);
-  const Deck deck = parse_deck_text(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
+  const Deck deck = parse_stored_deck(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
   TransformerConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
   cfg.dt = DType::F32;  // inference in fp32 whatever the training precision (checkpoints hold fp32)
   cfg.recompute = TransformerConfig::Recompute::None;

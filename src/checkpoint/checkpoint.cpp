@@ -423,6 +423,31 @@ H5Handle open_checkpoint(const std::string& path, const std::string& expected_mo
 }
 }  // namespace
 
+std::string checkpoint_model_kind(const std::string& path, MPI_Comm world) {
+  std::string model;
+  collectively(world, [&] {
+    H5QuietErrors quiet;
+    TRIDENT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, "checkpoint '" << path << "' is not an HDF5 file");
+    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+    const std::string fmt = h5_has_attr(file, "format") ? h5_read_attr_string(file, "format", path) : "";
+    TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << path << "' is not a Trident checkpoint (format '" << fmt << "')");
+    model = h5_read_attr_string(file, "model", path);
+  });
+  return model;
+}
+
+std::vector<std::int64_t> checkpoint_tensor_shape(const std::string& path, const std::string& name) {
+  H5QuietErrors quiet;
+  H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+  H5Handle d = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+  TRIDENT_REQUIRE(d.valid(), "checkpoint '" << path << "' has no " << name);
+  std::vector<std::int64_t> shape;
+  for (auto x : h5_dims(d)) shape.push_back(static_cast<std::int64_t>(x));
+  return shape;
+}
+
 std::string read_checkpoint_deck(const std::string& path, const std::string& expected_model, MPI_Comm world) {
   std::string deck;
   collectively(world, [&] {

@@ -40,6 +40,13 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
 // Throws Error::all naming the problem when nothing usable is there.
 std::string resolve_checkpoint(const std::string& load);
 
+// Collective over `world`: the model kind ("gpt", "bert", "t5") of checkpoint `file`, after
+// checking that it is a Trident checkpoint.
+std::string checkpoint_model_kind(const std::string& file, MPI_Comm world);
+
+// The global shape of dataset `name` of checkpoint `file` (local: call inside `collectively`).
+std::vector<std::int64_t> checkpoint_tensor_shape(const std::string& file, const std::string& name);
+
 // Collective over `world`: the resolved deck stored in checkpoint `file` (its root attribute
 // `deck`), after checking that it is a Trident checkpoint of model kind `expected_model`; the
 // model's shapes come from it before any parameter is declared (generation, conversion).

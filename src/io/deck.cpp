@@ -206,7 +206,9 @@ void check_choice(const std::string& key, const std::string& v, const std::set<s
   throw Error::all(os.str());
 }
 
-void validate(const Deck& d) {
+// stored: the deck of a checkpoint, whose training keys may be unset (an imported model was
+// never trained here); only the model's keys are then required and checked.
+void validate(const Deck& d, bool stored) {
   auto positive = [](const char* key, std::int64_t v) {
     TRIDENT_REQUIRE(v > 0, "deck: " << key << " must be > 0 (got " << v << ")");
   };
@@ -267,7 +269,7 @@ void validate(const Deck& d) {
   TRIDENT_REQUIRE(d.model.attention_dropout >= 0 && d.model.attention_dropout < 1,
                   "deck: model.attention_dropout must be in [0, 1)");
   positive("train.micro_batch_size", d.train.micro_batch_size);
-  if (!d.eval.only) {
+  if (!d.eval.only && !stored) {
     positive("train.global_batch_size", d.train.global_batch_size);
     TRIDENT_REQUIRE(d.train.iters >= 0, "deck: train.iters must be >= 0");
     TRIDENT_REQUIRE(d.train.global_batch_size % d.train.micro_batch_size == 0,
@@ -317,7 +319,7 @@ void validate(const Deck& d) {
                     "deck: eval.only needs checkpoint.load (a directory or file, not auto)");
     TRIDENT_REQUIRE(!d.eval.shard.empty(), "deck: eval.only needs eval.shard");
     TRIDENT_REQUIRE(d.eval.windows > 0, "deck: eval.only needs eval.windows > 0");
-  } else {
+  } else if (!stored) {
     TRIDENT_REQUIRE(!d.data.train_shards.empty(), "deck: data.train_shards is empty");
   }
 }
@@ -357,7 +359,7 @@ std::vector<std::string> last_value_wins(const std::vector<std::string>& args) {
 }
 
 void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args, std::istream* ini,
-                const std::string& where) {
+                const std::string& where, bool stored = false) {
   std::vector<std::string> cmdline_args = last_value_wins(raw_args);
   for (auto& a : cmdline_args) a = replace_all(a, "%", kPercent);
   std::istringstream ini_escaped;
@@ -382,7 +384,8 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     // keys whose default (0 or empty) only means "not set": they must be given
     std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads",
                                          "model.seq_length"};
-    if (!d.eval.only) required.insert(required.end(), {"train.global_batch_size", "train.iters", "data.train_shards"});
+    if (!d.eval.only && !stored)
+      required.insert(required.end(), {"train.global_batch_size", "train.iters", "data.train_shards"});
     std::string missing;
     int n_missing = 0;
     for (const auto& k : required)
@@ -397,7 +400,7 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     throw Error::all("deck " + where + ": " + replace_all(e.what(), kPercent, "%"));
   }
   finish(d);
-  validate(d);
+  validate(d, stored);
 }
 
 }  // namespace
@@ -463,6 +466,14 @@ Deck parse_deck_text(const std::string& ini, const std::vector<std::string>& ove
   Registry reg(d);
   std::istringstream in(ini);
   parse_into(d, reg, overrides, &in, "(text)");
+  return d;
+}
+
+Deck parse_stored_deck(const std::string& ini) {
+  Deck d;
+  Registry reg(d);
+  std::istringstream in(ini);
+  parse_into(d, reg, {}, &in, "(stored in a checkpoint)", /*stored=*/true);
   return d;
 }
 

@@ -124,4 +124,9 @@ bool parse_deck(int argc, const char* const* argv, Deck& deck, std::string* help
 // Parses a deck from INI text (tests).
 Deck parse_deck_text(const std::string& ini, const std::vector<std::string>& overrides = {});
 
+// The deck stored in a checkpoint (its attribute `deck`): the model's keys are required and
+// checked as usual; the training keys (train.iters, train.global_batch_size, data.train_shards)
+// may be unset, as in a checkpoint imported from another format (convert_checkpoint).
+Deck parse_stored_deck(const std::string& ini);
+
 }  // namespace trident

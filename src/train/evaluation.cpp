@@ -13,6 +13,7 @@
 #include "data/token_shard.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "io/hdf5_handle.hpp"
+#include "train/debug_dumps.hpp"
 #include "train/family_task.hpp"
 #include "train/model_setup.hpp"
 #include "train/pipeline.hpp"
@@ -76,6 +77,18 @@ int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily fam
   const bool t5 = family == ModelFamily::T5;
   const std::int64_t Sd = deck.model.decoder_seq_length;
   Batch batch(B, S, family, Sd);
+  if (!deck.debug.dump_batches.empty()) {
+    // the N scored samples, as training dumps its batches (/iter_0000000, one row per sample),
+    // for references that score the same samples (validation/hf_models.py)
+    std::vector<std::int32_t> rows;
+    if (world.rank() == 0) {
+      rows.resize(static_cast<size_t>(N * batch.width));
+      for (std::int64_t k = 0; k < N; ++k) data.train(k, rows.data() + k * batch.width);
+    }
+    collectively(world.get(), [&] {
+      if (world.rank() == 0) BatchDumper(deck.debug.dump_batches, false).write(0, rows, N, batch.width);
+    });
+  }
   const Communicator& dpg = topo.dp_group();
   m.runner->evaluate(
       m.blocks(N),

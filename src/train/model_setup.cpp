@@ -66,7 +66,7 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
 std::string model_differences(const std::string& file, const char* family, ModelFamily fam,
                               const TransformerConfig& want, const HeadOptions& want_head, std::int64_t vocab,
                               const Topology& topo) {
-  const Deck saved_deck = parse_deck_text(read_checkpoint_deck(file, family, topo.world().get()));
+  const Deck saved_deck = parse_stored_deck(read_checkpoint_deck(file, family, topo.world().get()));
   const TransformerConfig got = make_config(saved_deck, vocab, topo.tp_size(), fam);
   const HeadOptions got_head = head_options(saved_deck);
   struct Row {

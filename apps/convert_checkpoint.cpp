@@ -1,0 +1,457 @@
+// convert_checkpoint: Trident checkpoints <-> Hugging Face model directories (docs/DESIGN.md
+// "Hugging Face format"), GPT as GPT2LMHeadModel and BERT as MegatronBertForPreTraining.
+//
+//   convert_checkpoint --to hf --input runs/gpt_small/checkpoints --output hf/gpt_small \
+//       --vocab-file data/sample/gpt2/encoder.json --merge-file data/sample/gpt2/vocab.bpe
+//   convert_checkpoint --to trident --input hf/gpt2 --output runs/gpt2_imported
+//
+// Export (--to hf): the input is a save directory (its `latest`), an iter_* directory or a
+// checkpoint.h5 of any layout and precision; the output directory receives config.json,
+// model.safetensors (the model's values: in a 16-bit run the 16-bit values, widened; --dtype
+// stores them as fp32, bf16 or fp16), and the tokenizer (GPT: vocab.json and merges.txt, BERT:
+// vocab.txt) from --vocab-file / --merge-file or the checkpoint deck's data keys.
+// Import (--to trident): the input is a Hugging Face directory (config.json and
+// model.safetensors, or model.safetensors.index.json and its shards); the output is a save
+// directory holding iter_0000000/checkpoint.h5 (fp32, no optimizer state) and `latest`, which
+// loads under any tp/pp/dp (checkpoint.finetune, eval.only, generate_gpt), plus the tokenizer
+// files found in the input.
+// Runs on one process. Outputs are refused when they exist (--overwrite replaces them), before
+// anything is read or written; every file is written under a temporary name and renamed.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/hf_format.hpp"
+#include "comm/agreement.hpp"
+#include "comm/communicator.hpp"
+#include "comm/topology.hpp"
+#include "common/error.hpp"
+#include "io/deck.hpp"
+#include "io/safetensors.hpp"
+#include "runtime/app_driver.hpp"
+#include "train/model_setup.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using namespace trident;
+
+namespace {
+
+struct Options {
+  std::string to, input, output, dtype = "fp32", vocab_file, merge_file;
+  std::int64_t seq_length = 0;
+  bool overwrite = false;
+};
+
+std::optional<Options> parse_options(int argc, char** argv, int rank) {
+  Options o;
+  po::options_description desc(
+      "convert_checkpoint: Trident checkpoints <-> Hugging Face directories (GPT: GPT2LMHeadModel, BERT: "
+      "MegatronBertForPreTraining)");
+  desc.add_options()("help,h", "print this help")("to", po::value(&o.to)->required(),
+                                                  "hf (export a Trident checkpoint) or trident (import)")(
+      "input", po::value(&o.input)->required(),
+      "--to hf: a save directory, iter_* directory or checkpoint.h5; --to trident: a Hugging Face directory")(
+      "output", po::value(&o.output)->required(), "the directory to write (created; must not hold output files)")(
+      "dtype", po::value(&o.dtype)->default_value("fp32"), "--to hf: the stored weights' type: fp32, bf16 or fp16")(
+      "vocab-file", po::value(&o.vocab_file),
+      "--to hf: the tokenizer vocabulary (GPT: encoder.json / vocab.json, BERT: vocab.txt); default: the deck's "
+      "data.vocab_file")("merge-file", po::value(&o.merge_file),
+                         "--to hf, GPT: the BPE merges (vocab.bpe / merges.txt); default: the deck's data.merges_file")(
+      "seq-length", po::value(&o.seq_length)->default_value(0),
+      "--to trident: model.seq_length of the stored deck (0: the position table's length)")(
+      "overwrite", po::bool_switch(&o.overwrite), "replace output files that exist");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("help")) {
+      if (rank == 0) std::cout << desc;
+      return std::nullopt;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error::all(std::string("convert_checkpoint: ") + e.what() + " (see --help)");
+  }
+  TRIDENT_REQUIRE(o.to == "hf" || o.to == "trident",
+                  "convert_checkpoint: --to must be hf or trident, not '" << o.to << "'");
+  TRIDENT_REQUIRE(o.seq_length >= 0, "convert_checkpoint: --seq-length must be >= 0");
+  o.dtype = safetensors_dtype(o.dtype);
+  return o;
+}
+
+// Refuses an output file that exists (unless --overwrite) and an output that is the input.
+void check_output_file(const Options& o, const fs::path& f) {
+  std::error_code ec;
+  TRIDENT_REQUIRE(o.overwrite || !fs::exists(f, ec),
+                  "convert_checkpoint: '" << f.string() << "' exists (pass --overwrite to replace it)");
+}
+
+void copy_file_atomically(const std::string& from, const fs::path& to) {
+  std::error_code ec;
+  const fs::path tmp = to.string() + ".tmp";
+  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
+  TRIDENT_REQUIRE(!ec,
+                  "convert_checkpoint: cannot copy '" << from << "' to '" << tmp.string() << "': " << ec.message());
+  fs::rename(tmp, to, ec);
+  TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot rename '" << tmp.string() << "': " << ec.message());
+}
+
+void write_text_atomically(const fs::path& to, const std::string& text) {
+  const fs::path tmp = to.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    TRIDENT_REQUIRE(out, "convert_checkpoint: cannot write '" << tmp.string() << "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, to, ec);
+  TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot rename '" << tmp.string() << "': " << ec.message());
+}
+
+ModelFamily family_of(const std::string& model) {
+  if (model == "gpt") return ModelFamily::Gpt;
+  if (model == "bert") return ModelFamily::Bert;
+  throw Error::all("convert_checkpoint: a " + model +
+                   " checkpoint has no Hugging Face counterpart here (GPT and BERT are converted)");
+}
+
+// A one-rank model of `deck` (any stored layout, built at tp = pp = dp = 1, fp32) over `store`.
+struct OneRankModel {
+  Topology topo;
+  ParamStore store;
+  std::vector<std::unique_ptr<LanguageModel>> chunks;
+  TransformerConfig cfg;
+  OneRankModel(Deck deck, const std::string& model, std::int64_t vocab) : topo(MPI_COMM_WORLD, 1, 1) {
+    deck.parallel = Deck::Parallel{};
+    deck.precision.dtype = "fp32";
+    deck.precision.recompute = "none";
+    const ModelFamily fam = family_of(model);
+    cfg = make_config(deck, vocab, 1, fam);
+    cfg.hidden_dropout = cfg.attention_dropout = 0.f;
+    chunks = build_chunks(fam, cfg, head_options(deck), store, 1, tensor_parallel(deck, topo),
+                          chunks_of(deck, topo, cfg));
+    store.allocate();
+  }
+};
+
+// The global tensor of parameter `p` (at tp = 1 the local tensor, less the vocabulary padding).
+std::vector<float> global_of(const ParamInfo& p, const HostFloatView& host) {
+  const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
+  const std::int64_t grows = p.global_shape[0], gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+  TRIDENT_REQUIRE(cols == gcols && rows >= grows && p.row_blocks * (rows / p.row_blocks) == rows,
+                  "convert_checkpoint: unexpected one-rank layout of " << p.name);
+  std::vector<float> v(static_cast<size_t>(grows * gcols));
+  const std::int64_t lb = rows / p.row_blocks, gb = grows / p.row_blocks;
+  for (std::int64_t b = 0; b < p.row_blocks; ++b)
+    for (std::int64_t r = 0; r < gb; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) v[(b * gb + r) * gcols + c] = host(p.offset + (b * lb + r) * cols + c);
+  return v;
+}
+
+void set_global(const ParamInfo& p, HostFloatView& host, const std::vector<float>& v) {
+  const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
+  const std::int64_t grows = p.global_shape[0], gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+  const std::int64_t lb = rows / p.row_blocks, gb = grows / p.row_blocks;
+  for (std::int64_t b = 0; b < p.row_blocks; ++b)
+    for (std::int64_t r = 0; r < gb; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) host(p.offset + (b * lb + r) * cols + c) = v[(b * gb + r) * gcols + c];
+}
+
+std::int64_t word_embedding_rows(const std::string& file) {
+  // the unpadded vocabulary: the rows of the stored word embeddings
+  std::int64_t v = 0;
+  collectively(MPI_COMM_WORLD, [&] {
+    const auto dims = checkpoint_tensor_shape(file, "model/embedding/word_embeddings");
+    TRIDENT_REQUIRE(dims.size() == 2, "checkpoint '" << file << "': model/embedding/word_embeddings is not 2-D");
+    v = dims[0];
+  });
+  return v;
+}
+
+int export_hf(const Options& o) {
+  const std::string file = resolve_checkpoint(o.input);
+  const std::string model = checkpoint_model_kind(file, MPI_COMM_WORLD);
+  family_of(model);
+  const Deck deck = parse_stored_deck(read_checkpoint_deck(file, model, MPI_COMM_WORLD));
+  const std::string vocab_file = o.vocab_file.empty() ? deck.data.vocab_file : o.vocab_file;
+  const std::string merge_file = o.merge_file.empty() ? deck.data.merges_file : o.merge_file;
+  const fs::path out(o.output);
+  std::vector<std::pair<std::string, std::string>> tokenizer;  // (source, name in the output)
+  collectively(MPI_COMM_WORLD, [&] {
+    std::error_code ec;
+    TRIDENT_REQUIRE(!vocab_file.empty(),
+                    "convert_checkpoint: the checkpoint's deck names no vocabulary: give --vocab-file"
+                        << (model == "gpt" ? " and --merge-file (the GPT-2 BPE files)" : ""));
+    TRIDENT_REQUIRE(fs::is_regular_file(vocab_file, ec),
+                    "convert_checkpoint: vocabulary '" << vocab_file << "' is not a file");
+    if (model == "gpt") {
+      TRIDENT_REQUIRE(!merge_file.empty(), "convert_checkpoint: a GPT export needs --merge-file (the BPE merges)");
+      TRIDENT_REQUIRE(fs::is_regular_file(merge_file, ec),
+                      "convert_checkpoint: merges '" << merge_file << "' is not a file");
+      tokenizer = {{vocab_file, "vocab.json"}, {merge_file, "merges.txt"}};
+    } else {
+      tokenizer = {{vocab_file, "vocab.txt"}};
+    }
+    TRIDENT_REQUIRE(!fs::exists(out, ec) || fs::is_directory(out, ec),
+                    "convert_checkpoint: --output '" << o.output << "' exists and is not a directory");
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer_config.json"}) check_output_file(o, out / f);
+    for (const auto& t : tokenizer) check_output_file(o, out / t.second);
+  });
+  const std::int64_t vocab = word_embedding_rows(file);
+  OneRankModel m(deck, model, vocab);
+  const CheckpointState st = load_checkpoint(file, model, m.store, nullptr, m.topo);
+  const HostFloatView host = m.store.model_to_host();
+  std::vector<SafeTensorOut> tensors;
+  std::set<std::string> mapped;
+  const bool binary_head = head_options(deck).binary_head;
+  for (const auto& t : hf_tensor_map(model, deck.model.num_layers, model == "bert" && binary_head)) {
+    const ParamId id = m.store.find(t.trident);
+    TRIDENT_REQUIRE(id >= 0, "convert_checkpoint: the model has no " << t.trident);
+    const ParamInfo& p = m.store.info(id);
+    const std::vector<float> v = global_of(p, host);
+    if (o.dtype == "F16")
+      for (float x : v)
+        TRIDENT_REQUIRE(std::fabs(x) <= 65504.f,
+                        "convert_checkpoint: " << t.trident << " holds " << x
+                                               << ", beyond fp16's range: export as fp32 or bf16");
+    for (auto& h : to_hf(t, p.global_shape, v)) tensors.push_back(std::move(h));
+    mapped.insert(t.trident);
+  }
+  for (const auto& p : m.store.params())
+    TRIDENT_REQUIRE(p.tied_copy || mapped.count(p.name),
+                    "convert_checkpoint: " << p.name << " has no Hugging Face name");
+  std::int64_t eod = -1;
+  if (model == "gpt") {
+    // GPT-2's end-of-text token: the vocabulary's <|endoftext|>
+    std::ifstream in(vocab_file);
+    nlohmann::json v;
+    try {
+      in >> v;
+    } catch (const nlohmann::json::exception& e) {
+      throw Error::all("convert_checkpoint: vocabulary '" + vocab_file + "' is not JSON (" + e.what() + ")");
+    }
+    TRIDENT_REQUIRE(v.is_object() && static_cast<std::int64_t>(v.size()) == vocab,
+                    "convert_checkpoint: vocabulary '" << vocab_file << "' holds " << v.size()
+                                                       << " tokens but the model " << vocab);
+    if (v.contains("<|endoftext|>")) eod = v["<|endoftext|>"].get<std::int64_t>();
+  }
+  const std::string torch_dtype = o.dtype == "F32" ? "float32" : o.dtype == "BF16" ? "bfloat16" : "float16";
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot create '" << o.output << "': " << ec.message());
+  write_safetensors((out / "model.safetensors").string(), tensors, o.dtype,
+                    {{"format", "pt"},
+                     {"trident_checkpoint", file},
+                     {"trident_iteration", std::to_string(st.iteration)},
+                     {"trident_dtype", st.dtype}});
+  for (const auto& t : tokenizer) copy_file_atomically(t.first, out / t.second);
+  nlohmann::ordered_json tc;
+  if (model == "gpt") {
+    tc = {{"tokenizer_class", "GPT2Tokenizer"},
+          {"model_max_length", deck.model.max_position_embeddings},
+          {"bos_token", "<|endoftext|>"},
+          {"eos_token", "<|endoftext|>"},
+          {"unk_token", "<|endoftext|>"}};
+  } else {
+    tc = {{"tokenizer_class", "BertTokenizer"}, {"model_max_length", deck.model.max_position_embeddings}};
+  }
+  write_text_atomically(out / "tokenizer_config.json", tc.dump(2) + "\n");
+  // config.json last: a directory with a config is a complete export
+  write_text_atomically(out / "config.json", hf_config_json(model, deck, vocab, eod, torch_dtype));
+  std::printf("convert_checkpoint: %s (iteration %lld, %s %s) -> %s: %zu tensors as %s, config.json, %s\n",
+              file.c_str(), static_cast<long long>(st.iteration), st.dtype.c_str(), model.c_str(), o.output.c_str(),
+              tensors.size(), o.dtype.c_str(), model == "gpt" ? "vocab.json, merges.txt" : "vocab.txt");
+  return 0;
+}
+
+// The tensors of a Hugging Face directory: model.safetensors, or the shards that
+// model.safetensors.index.json's weight_map names.
+struct HfWeights {
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  std::map<std::string, std::pair<const SafetensorsReader*, const SafeTensorEntry*>> by_name;
+  explicit HfWeights(const fs::path& dir) {
+    std::error_code ec;
+    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    std::vector<std::string> names;
+    if (fs::exists(single, ec)) {
+      names.push_back(single.string());
+    } else if (fs::exists(index, ec)) {
+      std::ifstream in(index);
+      nlohmann::json j;
+      try {
+        in >> j;
+      } catch (const nlohmann::json::exception& e) {
+        throw Error::all("convert_checkpoint: '" + index.string() + "' is not JSON (" + e.what() + ")");
+      }
+      TRIDENT_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                      "convert_checkpoint: '" << index.string() << "' has no weight_map");
+      std::set<std::string> shards;
+      for (const auto& f : j["weight_map"]) {
+        TRIDENT_REQUIRE(f.is_string(),
+                        "convert_checkpoint: '" << index.string() << "': weight_map values are file names");
+        const std::string s = f.get<std::string>();
+        TRIDENT_REQUIRE(s.find('/') == std::string::npos, "convert_checkpoint: '" << index.string()
+                                                                                  << "' names a shard outside "
+                                                                                     "the directory: "
+                                                                                  << s);
+        shards.insert(s);
+      }
+      for (const auto& s : shards) names.push_back((dir / s).string());
+    } else {
+      const bool bin = fs::exists(dir / "pytorch_model.bin", ec);
+      throw Error::all("convert_checkpoint: '" + dir.string() + "' holds neither model.safetensors nor " +
+                       "model.safetensors.index.json" +
+                       (bin ? " (only pytorch_model.bin, a Python pickle: save the model with "
+                              "save_pretrained(..., safe_serialization=True) first)"
+                            : ""));
+    }
+    for (const auto& n : names) {
+      files.push_back(std::make_unique<SafetensorsReader>(n));
+      for (const auto& t : files.back()->tensors()) {
+        TRIDENT_REQUIRE(!by_name.count(t.name),
+                        "convert_checkpoint: tensor '" << t.name << "' appears twice (" << n << ")");
+        by_name[t.name] = {files.back().get(), &t};
+      }
+    }
+  }
+  // The entry of `name`, also without GPT2LMHeadModel's "transformer." prefix (the published
+  // gpt2 weights have none).
+  std::optional<std::pair<std::string, std::pair<const SafetensorsReader*, const SafeTensorEntry*>>> find(
+      const std::string& name) const {
+    auto it = by_name.find(name);
+    if (it == by_name.end() && name.rfind("transformer.", 0) == 0) it = by_name.find(name.substr(12));
+    if (it == by_name.end()) return std::nullopt;
+    return *it;
+  }
+  std::vector<float> read(const std::string& name) const {
+    auto e = find(name);
+    return e->second.first->read_f32(*e->second.second);
+  }
+};
+
+int import_hf(const Options& o) {
+  const fs::path in(o.input), out(o.output);
+  std::string ini;
+  HfModelFacts facts;
+  std::unique_ptr<HfWeights> w;
+  std::vector<std::string> tokenizer;  // files copied beside the checkpoint
+  collectively(MPI_COMM_WORLD, [&] {
+    std::error_code ec;
+    TRIDENT_REQUIRE(fs::is_directory(in, ec), "convert_checkpoint: --input '" << o.input << "' is not a directory");
+    TRIDENT_REQUIRE(!fs::exists(out, ec) || fs::is_directory(out, ec),
+                    "convert_checkpoint: --output '" << o.output << "' exists and is not a directory");
+    check_output_file(o, out / "latest");
+    check_output_file(o, out / "iter_0000000");
+    for (const char* f : {"vocab.json", "merges.txt", "vocab.txt"})
+      if (fs::is_regular_file(in / f, ec)) {
+        check_output_file(o, out / f);
+        tokenizer.push_back(f);
+      }
+    const fs::path cfg = in / "config.json";
+    std::ifstream cf(cfg);
+    TRIDENT_REQUIRE(cf, "convert_checkpoint: cannot read '" << cfg.string() << "'");
+    std::stringstream text;
+    text << cf.rdbuf();
+    w = std::make_unique<HfWeights>(in);
+    facts.binary_head = w->find("cls.seq_relationship.weight").has_value();
+    ini = deck_from_hf_config(text.str(), cfg.string(), o.seq_length, facts);
+  });
+  const Deck deck = parse_stored_deck(ini);
+  OneRankModel m(deck, facts.model, facts.vocab_size);
+  HostFloatView host(std::string("convert::host"), static_cast<size_t>(m.store.padded_size()));
+  std::set<std::string> used;
+  auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
+    const auto e = w->find(name);
+    TRIDENT_REQUIRE(e, "convert_checkpoint: '" << o.input << "' has no tensor " << name);
+    const auto& t = *e->second.second;
+    TRIDENT_REQUIRE(t.shape == shape, "convert_checkpoint: " << e->second.first->path() << ", tensor " << t.name
+                                                             << ": shape " << nlohmann::json(t.shape).dump()
+                                                             << ", the model needs " << nlohmann::json(shape).dump());
+    used.insert(t.name);
+    return e->second.first->read_f32(t);
+  };
+  std::set<std::string> mapped;
+  for (const auto& t : hf_tensor_map(facts.model, deck.model.num_layers, facts.binary_head)) {
+    const ParamId id = m.store.find(t.trident);
+    TRIDENT_REQUIRE(id >= 0, "convert_checkpoint: the model has no " << t.trident);
+    const ParamInfo& p = m.store.info(id);
+    const std::vector<float> v = from_hf(t, p.global_shape, get);
+    for (float x : v) TRIDENT_REQUIRE(std::isfinite(x), "convert_checkpoint: " << t.hf[0] << " holds " << x);
+    set_global(p, host, v);
+    mapped.insert(t.trident);
+  }
+  for (const auto& p : m.store.params())
+    TRIDENT_REQUIRE(p.tied_copy || mapped.count(p.name),
+                    "convert_checkpoint: nothing in '" << o.input << "' gives " << p.name);
+  // Tensors left over: the tied output weights (must equal the word embeddings), buffers, or
+  // something Trident's model has no place for (refused).
+  const std::string wte = facts.model == "gpt" ? "transformer.wte.weight" : "bert.embeddings.word_embeddings.weight";
+  for (const auto& [name, e] : w->by_name) {
+    if (used.count(name)) continue;
+    const std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    const bool buffer = (bare.size() > 9 && bare.compare(bare.size() - 9, 9, ".attn.bias") == 0) ||
+                        (bare.size() > 16 && bare.compare(bare.size() - 16, 16, ".attn.masked_bias") == 0) ||
+                        bare == "bert.embeddings.position_ids";
+    if (buffer) continue;
+    if (name == "lm_head.weight" || name == "cls.predictions.decoder.weight") {
+      TRIDENT_REQUIRE(e.first->read_f32(*e.second) == w->read(wte),
+                      "convert_checkpoint: " << name
+                                             << " differs from the word embeddings: untied output weights, "
+                                                "which Trident's models do not have");
+      continue;
+    }
+    if (name == "cls.predictions.decoder.bias") {
+      TRIDENT_REQUIRE(e.first->read_f32(*e.second) == w->read("cls.predictions.bias"),
+                      "convert_checkpoint: cls.predictions.decoder.bias differs from cls.predictions.bias");
+      continue;
+    }
+    throw Error::all("convert_checkpoint: " + e.first->path() + " holds " + name +
+                     ", which has no place in Trident's " + facts.model + " model");
+  }
+  m.store.model_from_host(host);
+  CheckpointState st;
+  st.model = facts.model;
+  st.dtype = "fp32";
+  st.seed = deck.train.seed;
+  st.deck = deck.to_ini();
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot create '" << o.output << "': " << ec.message());
+  const std::string written = save_checkpoint(o.output, st, m.store, nullptr, m.topo);
+  std::string extra;
+  for (const auto& f : tokenizer) {
+    copy_file_atomically((in / f).string(), out / f);
+    extra += ", " + f;
+  }
+  std::printf("convert_checkpoint: %s (%s, %lld layers, hidden %lld, vocabulary %lld) -> %s%s\n", o.input.c_str(),
+              facts.model.c_str(), static_cast<long long>(deck.model.num_layers),
+              static_cast<long long>(deck.model.hidden_size), static_cast<long long>(facts.vocab_size), written.c_str(),
+              extra.c_str());
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  const Communicator world(MPI_COMM_WORLD);
+  std::optional<Options> o = parse_options(argc, argv, world.rank());
+  if (!o) return 0;
+  TRIDENT_REQUIRE(world.size() == 1,
+                  "convert_checkpoint runs on one process (got " << world.size() << "): run it without mpiexec -n");
+  return o->to == "hf" ? export_hf(*o) : import_hf(*o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_app(argc, argv, run); }

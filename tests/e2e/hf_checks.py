@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Hugging Face format checks of convert_checkpoint (docs/DESIGN.md "Hugging Face format").
+
+usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
+  gpt     a GPT trained here (fp32) exports to config.json, model.safetensors, vocab.json and
+          merges.txt; the import of that export holds bitwise the same model tensors (and
+          checksums); --eval.only scores the original at one rank and the import at tp=2 and
+          at pp=2 alike (8 digits); validation/hf_models.py, an independent float64 GPT-2 keyed
+          by Hugging Face's names reading the safetensors itself, gives that loss within 1e-6
+          relative; a bf16 run exports as bf16 and imports back to its own model values,
+          bitwise; with transformers installed, GPT2LMHeadModel.from_pretrained gives the loss
+          too (skipped here when it is not)
+  bert    the same for BERT as MegatronBertForPreTraining, scored on the samples that
+          pretrain_bert's evaluation mode dumps (masked-LM and sentence-order losses)
+  errors  one clear error each, nothing written: an output that exists (without --overwrite,
+          the files unchanged), another activation, untied output weights, a sequence longer
+          than the position table, a truncated safetensors file, an extra tensor, a shape that
+          differs from the config, a pickle-only directory, a T5 checkpoint, two processes
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from testlib import run, single_error_failures  # noqa: E402
+
+EVAL_REL = 1e-6  # independent float64 reference against Trident's fp32 evaluation
+# another layout sums in another order: the 8 printed digits may differ in the last (measured:
+# BERT 10.838454 at one rank, 10.838453 at tp=2)
+LAYOUT_REL = 2e-7
+
+
+class Ctx:
+    def __init__(self, a):
+        self.a = a
+        self.apps = os.path.join(a.build, "apps")
+        self.sample = a.sample
+        self.conv = os.path.join(self.apps, "convert_checkpoint")
+        self.gpt_vocab = [os.path.join(a.sample, "gpt2", "encoder.json"), os.path.join(a.sample, "gpt2", "vocab.bpe")]
+
+    def path(self, *p):
+        return os.path.join(self.a.work, *p)
+
+    def app(self, name, np_=1):
+        exe = os.path.join(self.apps, name)
+        return ([self.a.mpiexec, "-n", str(np_), exe] if np_ > 1 else [exe])
+
+    def train_gpt(self, name, iters, extra=()):
+        ck = self.path(name)
+        run(self.app("pretrain_gpt") + ["--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--data.train_shards",
+                                        os.path.join(self.sample, "kjv_gpt2_*.h5"), "--train.iters", str(iters),
+                                        "--eval.interval", "0", "--checkpoint.save", ck] + list(extra))
+        return ck
+
+    def train_masked(self, app, deck, name, iters, extra=()):
+        ck = self.path(name)
+        shards = "kjv_t5_*.h5" if app == "pretrain_t5" else "kjv_bert_*.h5"
+        run(self.app(app) + ["--deck", os.path.join(ROOT, "inputs", deck), "--data.train_shards",
+                             os.path.join(self.sample, shards), "--data.vocab_file",
+                             os.path.join(self.sample, "bert", "vocab.txt"), "--train.iters", str(iters),
+                             "--eval.interval", "0", "--checkpoint.save", ck] + list(extra))
+        return ck
+
+    def export(self, ck, out, extra=()):
+        run([self.conv, "--to", "hf", "--input", ck, "--output", out] + list(extra))
+        return out
+
+    def import_(self, hf, out, extra=()):
+        run([self.conv, "--to", "trident", "--input", hf, "--output", out] + list(extra))
+        return out
+
+
+def latest_file(ck):
+    it = int(open(os.path.join(ck, "latest")).read())
+    return os.path.join(ck, "iter_%07d" % it, "checkpoint.h5")
+
+
+def model_tensors(ck):
+    """{name: (sha256 of the bytes, checksum attribute)} of a checkpoint's model/ datasets."""
+    import h5py
+    out = {}
+    with h5py.File(latest_file(ck), "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (hashlib.sha256(obj[()].tobytes()).hexdigest(), obj.attrs["checksum"])
+        f["model"].visititems(visit)
+    return out
+
+
+def same_model(what, a, b):
+    ta, tb = model_tensors(a), model_tensors(b)
+    assert sorted(ta) == sorted(tb), f"{what}: tensors {sorted(set(ta) ^ set(tb))} differ in presence"
+    bad = [n for n in ta if ta[n] != tb[n]]
+    assert not bad, f"{what}: tensors differ: {bad[:5]}"
+    print(f"{what}: {len(ta)} model tensors bitwise identical (bytes and checksums)")
+
+
+def eval_loss(out):
+    lines = [l for l in out.splitlines() if l.startswith("eval loss:")]
+    assert lines, out[-2000:]
+    return lines[0].split(":", 1)[1].strip()
+
+
+def reference(args, expect_rc=0):
+    rc, out, _ = run([sys.executable, os.path.join(ROOT, "validation", "hf_models.py")] + args, expect_ok=False)
+    if rc not in (expect_rc, 77):
+        print(out)
+        raise SystemExit(f"hf_models.py exited {rc}")
+    return rc, out
+
+
+def within(what, ours, ref, tol):
+    rel = abs(float(ours) - ref) / abs(ref)
+    print(f"{what}: Trident {ours}, reference {ref:.10g}, relative difference {rel:.2e} (tolerance {tol:g})")
+    assert rel <= tol, f"{what}: {rel:.2e} > {tol:g}"
+
+
+def check_gpt(c):
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    ck = c.train_gpt("ck", 10, ["--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1"])
+    hf = c.export(ck, c.path("hf"), ["--vocab-file", c.gpt_vocab[0], "--merge-file", c.gpt_vocab[1]])
+    files = sorted(os.listdir(hf))
+    assert files == ["config.json", "merges.txt", "model.safetensors", "tokenizer_config.json", "vocab.json"], files
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    assert (cfg["model_type"], cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["vocab_size"], cfg["n_positions"]) == \
+        ("gpt2", 2, 64, 4, 50257, 64), cfg
+    assert open(os.path.join(hf, "vocab.json"), "rb").read() == open(c.gpt_vocab[0], "rb").read()
+    with open(os.path.join(hf, "model.safetensors"), "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    assert n % 8 == 0 and header["transformer.h.0.attn.c_attn.weight"]["shape"] == [64, 192], header
+    assert "lm_head.weight" not in header and header["transformer.wte.weight"]["shape"] == [50257, 64]
+    print(f"export: {files}; {len(header) - 1} tensors, c_attn [64, 192] (Conv1D [in, out]), vocabulary 50257")
+    imp = c.import_(hf, c.path("imported"))
+    same_model("export -> import", ck, imp)
+
+    shard = os.path.join(c.sample, "kjv_gpt2_00001.h5")
+    windows, seq = 16, 32
+
+    def evaluate(load, np_, extra=()):
+        _, out, _ = run(c.app("pretrain_gpt", np_) + [
+            "--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--checkpoint.load", load, "--eval.only",
+            "true", "--eval.shard", shard, "--eval.windows", str(windows), "--train.micro_batch_size", "4"]
+            + list(extra))
+        return eval_loss(out)
+
+    original = evaluate(ck, 1)
+    tp2 = evaluate(imp, 2, ["--parallel.tp", "2"])
+    pp2 = evaluate(imp, 2, ["--parallel.pp", "2"])
+    print(f"--eval.only: original at 1 rank {original}, import at tp=2 {tp2}, at pp=2 {pp2}")
+    within("  the import at tp=2", tp2, float(original), LAYOUT_REL)
+    within("  the import at pp=2", pp2, float(original), LAYOUT_REL)
+    _, out = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", str(windows), "--seq", str(seq)])
+    within("independent GPT-2 (Hugging Face names, float64) vs --eval.only", original, float(eval_loss(out)), EVAL_REL)
+    rc, out = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
+                         "--transformers"])
+    if rc == 77:
+        print("transformers' GPT2LMHeadModel: not installed here (the GPU check runs it)")
+    else:
+        within("transformers' GPT2LMHeadModel (float32) vs --eval.only", original, float(eval_loss(out)), 1e-5)
+
+    bf = c.train_gpt("ck_bf16", 3, ["--precision.dtype", "bf16"])
+    hf16 = c.export(bf, c.path("hf_bf16"), ["--dtype", "bf16", "--vocab-file", c.gpt_vocab[0], "--merge-file",
+                                             c.gpt_vocab[1]])
+    assert json.load(open(os.path.join(hf16, "config.json")))["torch_dtype"] == "bfloat16"
+    same_model("bf16 run -> bf16 export -> import", bf, c.import_(hf16, c.path("imported_bf16")))
+
+
+def check_bert(c):
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    vocab = os.path.join(c.sample, "bert", "vocab.txt")
+    ck = c.train_masked("pretrain_bert", "bert_tiny_ci.ini", "ck", 5)
+    hf = c.export(ck, c.path("hf"))  # the vocabulary: the deck's data.vocab_file
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    assert cfg["model_type"] == "megatron-bert" and cfg["architectures"] == ["MegatronBertForPreTraining"], cfg
+    assert open(os.path.join(hf, "vocab.txt"), "rb").read() == open(vocab, "rb").read()
+    imp = c.import_(hf, c.path("imported"))
+    same_model("export -> import", ck, imp)
+    shard = os.path.join(c.sample, "kjv_bert_00001.h5")
+    dump = c.path("eval_samples.h5")
+
+    def evaluate(load, np_, extra=()):
+        _, out, _ = run(c.app("pretrain_bert", np_) + [
+            "--deck", os.path.join(ROOT, "inputs", "bert_tiny_ci.ini"), "--data.vocab_file", vocab,
+            "--checkpoint.load", load, "--eval.only", "true", "--eval.shard", shard, "--eval.windows", "24"]
+            + list(extra))
+        return out
+
+    out = evaluate(ck, 1, ["--debug.dump_batches", dump])
+    original, lm = eval_loss(out), [l for l in out.splitlines() if l.startswith("eval lm loss:")][0].split(":")[1]
+    other = eval_loss(evaluate(imp, 2, ["--parallel.tp", "2"]))
+    print(f"--eval.only: original at 1 rank {original}, import at tp=2 {other}")
+    within("  the import at tp=2", other, float(original), LAYOUT_REL)
+    _, ref = reference(["bert-eval", "--model", hf, "--samples", dump])
+    within("independent Megatron-BERT (Hugging Face names, float64) vs --eval.only", original,
+           float(eval_loss(ref)), EVAL_REL)
+    within("  its masked-LM part", lm.strip(),
+           float([l for l in ref.splitlines() if l.startswith("eval lm loss:")][0].split(":")[1]), EVAL_REL)
+    rc, ref = reference(["bert-eval", "--model", hf, "--samples", dump, "--transformers"])
+    if rc == 77:
+        print("transformers' MegatronBertForPreTraining: not installed here (the GPU check runs it)")
+    else:
+        within("transformers' MegatronBertForPreTraining (float32) vs --eval.only", original,
+               float(eval_loss(ref)), 1e-5)
+
+
+def write_safetensors(path, tensors, pad=True):
+    """tensors: {name: float32 numpy array}; the published layout, written independently."""
+    header, blobs, at = {}, [], 0
+    for name in sorted(tensors):
+        b = tensors[name].astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    if pad:
+        h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def check_errors(c):
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "validation"))
+    import hf_models
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    ck = c.train_gpt("ck", 1)
+    tok = ["--vocab-file", c.gpt_vocab[0], "--merge-file", c.gpt_vocab[1]]
+    hf = c.export(ck, c.path("hf"), tok)
+    before = {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest() for f in os.listdir(hf)}
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    weights = {k: v.astype(np.float32) for k, v in hf_models.read_safetensors(os.path.join(hf, "model.safetensors")).items()}
+
+    def variant(name, config=None, tensors=None, files=None):
+        d = c.path(name)
+        os.makedirs(d)
+        json.dump(config if config is not None else cfg, open(os.path.join(d, "config.json"), "w"))
+        if tensors is not None:
+            write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+        for f, data in (files or {}).items():
+            open(os.path.join(d, f), "wb").write(data)
+        return d
+
+    gelu = variant("gelu", dict(cfg, activation_function="gelu"), weights)
+    untied = variant("untied", cfg, dict(weights, **{"lm_head.weight": weights["transformer.wte.weight"] * 2}))
+    extra = variant("extra", cfg, dict(weights, **{"transformer.h.0.attn.rotary": np.zeros(4, np.float32)}))
+    shape = variant("shape", dict(cfg, n_inner=128), weights)
+    pickle = variant("pickle", cfg, None, {"pytorch_model.bin": b"\x80\x02"})
+    cut = variant("truncated", cfg, None,
+                  {"model.safetensors": open(os.path.join(hf, "model.safetensors"), "rb").read()[:100000]})
+    t5 = c.train_masked("pretrain_t5", "t5_tiny_ci.ini", "t5_ck", 1)
+    conv = [c.conv]
+    imp = conv + ["--to", "trident", "--output", c.path("out")]
+    bad = single_error_failures([
+        ("export over an existing export", conv + ["--to", "hf", "--input", ck, "--output", hf] + tok, "exists"),
+        ("import into an existing checkpoint", conv + ["--to", "trident", "--input", hf, "--output", ck], "exists"),
+        ("another activation (gelu)", imp + ["--input", gelu], "activation_function"),
+        ("untied output weights", imp + ["--input", untied], "untied"),
+        ("sequence longer than the positions", imp + ["--input", hf, "--seq-length", "65"], "position table"),
+        ("truncated safetensors", imp + ["--input", cut], "truncated/model.safetensors"),
+        ("a tensor with no place", imp + ["--input", extra], "transformer.h.0.attn.rotary"),
+        ("shape differs from the config", imp + ["--input", shape], "shape"),
+        ("a pickle only", imp + ["--input", pickle], "pytorch_model.bin"),
+        ("a T5 checkpoint", conv + ["--to", "hf", "--input", t5, "--output", c.path("t5_hf")], "t5"),
+        ("an unknown --dtype", conv + ["--to", "hf", "--input", ck, "--output", c.path("x"),
+                                                        "--dtype", "int8"] + tok, "dtype"),
+        ("two processes", [c.a.mpiexec, "-n", "2"] + conv + ["--to", "hf", "--input", ck, "--output",
+                                                            c.path("np2")] + tok, "one process"),
+    ])
+    after = {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest() for f in os.listdir(hf)}
+    assert before == after, "a refused export changed the existing one"
+    for d in ("out", "t5_hf", "x", "np2"):
+        assert not os.path.exists(c.path(d, "latest")) and not os.path.exists(c.path(d, "model.safetensors")), d
+    assert not bad, bad
+    print("errors: each refused with one error line; nothing written, the existing export unchanged")
+
+
+CHECKS = {"gpt": check_gpt, "bert": check_bert, "errors": check_errors}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("check", choices=sorted(CHECKS))
+    p.add_argument("--build", required=True)
+    p.add_argument("--sample", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--mpiexec", default="mpiexec")
+    a = p.parse_args()
+    CHECKS[a.check](Ctx(a))
+    print(f"{a.check}: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

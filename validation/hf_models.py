@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Scores a Hugging Face model directory written by convert_checkpoint, independently of Trident.
+
+A GPT-2 (GPT2LMHeadModel) and a Megatron-BERT (MegatronBertForPreTraining) written here in
+PyTorch from the published architectures, keyed by Hugging Face's tensor names and layouts
+(GPT-2's Conv1D weights [in, out], BERT's query/key/value), in float64. The weights are read from
+model.safetensors by this file's own parser of the published format (8-byte little-endian
+header length, JSON header, raw little-endian tensors); config.json gives the shapes.
+
+usage:
+  hf_models.py gpt-eval  --model DIR --shard FILE --windows N --seq S [--transformers] [--device D]
+      the mean next-token cross-entropy over the windows tokens[k*S : k*S + S + 1], k < N, of a
+      token shard, as `pretrain_gpt --eval.only` scores them; prints `eval loss: <v>`
+  hf_models.py bert-eval --model DIR --samples DUMP.h5 [--transformers] [--device D]
+      the masked-LM cross-entropy over every labelled position plus the sentence-order (NSP)
+      cross-entropy over the samples that `pretrain_bert --eval.only --debug.dump_batches DUMP.h5`
+      scored; prints `eval loss:`, `eval lm loss:`, `eval sop loss:`
+  --transformers  load the directory with transformers' from_pretrained instead of this file's
+                  models (exit 77 when transformers is not installed), in float32; --device cuda
+                  runs it on a GPU (TF32 off)
+Exit: 0, 2 on bad input, 77 when --transformers is asked for and missing.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+class InputError(Exception):
+    pass
+
+
+def read_safetensors(path):
+    """{name: float64 numpy array} of a safetensors file (F32, BF16, F16)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise InputError(f"{path}: too short")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n > len(raw) - 8:
+        raise InputError(f"{path}: header length {n} beyond the file")
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = memoryview(raw)[8 + n:]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        buf = data[b:end]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(buf, dtype="<f4").astype(np.float64)
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(buf, dtype="<f2").astype(np.float64)
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        else:
+            raise InputError(f"{path}: {name}: dtype {e['dtype']} not read here")
+        out[name] = a.reshape(e["shape"])
+    return out
+
+
+def load_dir(model_dir):
+    cfg_path = os.path.join(model_dir, "config.json")
+    st = os.path.join(model_dir, "model.safetensors")
+    if not os.path.exists(cfg_path) or not os.path.exists(st):
+        raise InputError(f"{model_dir}: needs config.json and model.safetensors")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    return cfg, read_safetensors(st)
+
+
+def gelu_tanh(x):
+    import torch
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def layer_norm(x, w, b, eps):
+    import torch
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def attention(q, k, v, heads, key_mask=None, causal=False):
+    """Scaled dot-product attention over heads; q, k, v [B, T, C]."""
+    import torch
+    B, T, C = q.shape
+    D = C // heads
+    q, k, v = (t.reshape(B, T, heads, D).transpose(1, 2) for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    if key_mask is not None:
+        s = s.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
+
+
+def gpt2_logits(cfg, w, ids):
+    """GPT2LMHeadModel's logits: h = wte[x] + wpe; per block h += attn(ln_1 h), h += mlp(ln_2 h);
+    ln_f; logits = h wte^T. Conv1D: y = x W + b with W [in, out]."""
+    import torch
+
+    def p(name):
+        for k in ("transformer." + name, name):
+            if k in w:
+                return w[k]
+        raise InputError(f"no tensor {name}")
+
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    H, L = cfg["n_head"], cfg["n_layer"]
+    C = cfg["n_embd"]
+    T = ids.shape[1]
+    h = p("wte.weight")[ids] + p("wpe.weight")[:T][None]
+    for i in range(L):
+        b = f"h.{i}."
+        a = layer_norm(h, p(b + "ln_1.weight"), p(b + "ln_1.bias"), eps)
+        qkv = a @ p(b + "attn.c_attn.weight") + p(b + "attn.c_attn.bias")
+        q, k, v = qkv.split(C, -1)
+        y = attention(q, k, v, H, causal=True)
+        h = h + y @ p(b + "attn.c_proj.weight") + p(b + "attn.c_proj.bias")
+        a = layer_norm(h, p(b + "ln_2.weight"), p(b + "ln_2.bias"), eps)
+        m = gelu_tanh(a @ p(b + "mlp.c_fc.weight") + p(b + "mlp.c_fc.bias"))
+        h = h + m @ p(b + "mlp.c_proj.weight") + p(b + "mlp.c_proj.bias")
+    h = layer_norm(h, p("ln_f.weight"), p("ln_f.bias"), eps)
+    return h @ p("wte.weight").T
+
+
+def megatron_bert_outputs(cfg, w, tok, typ, pad):
+    """MegatronBertForPreTraining's (prediction logits, seq_relationship logits or None): no
+    embedding LayerNorm; per layer x += attn(attention.ln x), x += mlp(ln x); encoder.ln; the
+    LM transform (dense, GELU, LayerNorm), tied decoder plus cls.predictions.bias; pooler (tanh of
+    a dense layer on position 0) and the 2-way head. nn.Linear: y = x W^T + b."""
+    eps = cfg.get("layer_norm_eps", 1e-12)
+    H, L = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    T = tok.shape[1]
+
+    def lin(x, name):
+        return x @ w[name + ".weight"].T + w[name + ".bias"]
+
+    def ln(x, name):
+        return layer_norm(x, w[name + ".weight"], w[name + ".bias"], eps)
+
+    wte = w["bert.embeddings.word_embeddings.weight"]
+    x = wte[tok] + w["bert.embeddings.position_embeddings.weight"][:T][None] + \
+        w["bert.embeddings.token_type_embeddings.weight"][typ]
+    valid = pad.bool()
+    for i in range(L):
+        b = f"bert.encoder.layer.{i}."
+        a = ln(x, b + "attention.ln")
+        y = attention(lin(a, b + "attention.self.query"), lin(a, b + "attention.self.key"),
+                      lin(a, b + "attention.self.value"), H, key_mask=valid)
+        x = x + lin(y, b + "attention.output.dense")
+        a = ln(x, b + "ln")
+        x = x + lin(gelu_tanh(lin(a, b + "intermediate.dense")), b + "output.dense")
+    x = ln(x, "bert.encoder.ln")
+    h = ln(gelu_tanh(lin(x, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
+    logits = h @ wte.T + w["cls.predictions.bias"]
+    sop = None
+    if "cls.seq_relationship.weight" in w:
+        import torch
+        pooled = torch.tanh(lin(x[:, 0], "bert.pooler.dense"))
+        sop = lin(pooled, "cls.seq_relationship")
+    return logits, sop
+
+
+def transformers_model(kind, model_dir, device):
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("hf_models.py: transformers is not installed here: skipped")
+        sys.exit(77)
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if kind == "gpt":
+        from transformers import GPT2LMHeadModel as M
+    else:
+        from transformers import MegatronBertForPreTraining as M
+    m = M.from_pretrained(model_dir, torch_dtype=torch.float32).to(device)
+    m.eval()
+    return m
+
+
+def gpt_eval(a):
+    import h5py
+    import torch
+    with h5py.File(a.shard, "r") as f:
+        need = a.windows * a.seq + 1
+        if f["tokens"].shape[0] < need:
+            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {need}")
+        t = f["tokens"][:need].astype(np.int64)
+    x = np.stack([t[k * a.seq:k * a.seq + a.seq] for k in range(a.windows)])
+    y = np.stack([t[k * a.seq + 1:k * a.seq + a.seq + 1] for k in range(a.windows)])
+    total, count = 0.0, 0
+    if a.transformers:
+        m = transformers_model("gpt", a.model, a.device)
+        with torch.no_grad():
+            for k in range(0, a.windows, a.batch):
+                xb = torch.tensor(x[k:k + a.batch], device=a.device)
+                logits = m(input_ids=xb).logits.double()
+                yb = torch.tensor(y[k:k + a.batch], device=a.device)
+                total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
+                                                           reduction="sum").item()
+                count += yb.numel()
+    else:
+        cfg, raw = load_dir(a.model)
+        w = {k: torch.tensor(v) for k, v in raw.items()}
+        with torch.no_grad():
+            for k in range(0, a.windows, a.batch):
+                logits = gpt2_logits(cfg, w, torch.tensor(x[k:k + a.batch]))
+                yb = torch.tensor(y[k:k + a.batch])
+                total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
+                                                           reduction="sum").item()
+                count += yb.numel()
+    loss = total / count
+    print(f"scored {a.windows} windows of {a.seq} tokens ({count} predictions) of {a.shard}")
+    print("eval loss: %.12g" % loss)
+    return 0
+
+
+def bert_eval(a):
+    import h5py
+    import torch
+    with h5py.File(a.samples, "r") as f:
+        rows = f["iter_0000000"][()].astype(np.int64)
+    S = (rows.shape[1] - 1) // 4
+    tok, typ, lab, pad, order = (torch.tensor(rows[:, :S]), torch.tensor(rows[:, S:2 * S]),
+                                 torch.tensor(rows[:, 2 * S:3 * S]), torch.tensor(rows[:, 3 * S:4 * S]),
+                                 torch.tensor(rows[:, 4 * S]))
+    lm_sum, lm_n, sop_sum, has_sop = 0.0, 0, 0.0, False
+    if a.transformers:
+        m = transformers_model("bert", a.model, a.device)
+    else:
+        cfg, raw = load_dir(a.model)
+        w = {k: torch.tensor(v) for k, v in raw.items()}
+    with torch.no_grad():
+        for k in range(0, rows.shape[0], a.batch):
+            sl = slice(k, k + a.batch)
+            if a.transformers:
+                d = a.device
+                o = m(input_ids=tok[sl].to(d), token_type_ids=typ[sl].to(d), attention_mask=pad[sl].to(d))
+                logits, sop = o.prediction_logits.double().cpu(), o.seq_relationship_logits.double().cpu()
+            else:
+                logits, sop = megatron_bert_outputs(cfg, w, tok[sl], typ[sl], pad[sl])
+            lb = lab[sl].reshape(-1)
+            lm_sum += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), lb, ignore_index=-1,
+                                                        reduction="sum").item()
+            lm_n += int((lb != -1).sum())
+            if sop is not None:
+                has_sop = True
+                sop_sum += torch.nn.functional.cross_entropy(sop, order[sl], reduction="sum").item()
+    lm = lm_sum / max(lm_n, 1)
+    sop = sop_sum / rows.shape[0] if has_sop else 0.0
+    print(f"scored {rows.shape[0]} samples of {S} tokens ({lm_n} labelled positions) of {a.samples}")
+    print("eval loss: %.12g" % (lm + sop))
+    print("eval lm loss: %.12g" % lm)
+    if has_sop:
+        print("eval sop loss: %.12g" % sop)
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gpt-eval")
+    g.add_argument("--shard", required=True)
+    g.add_argument("--windows", type=int, required=True)
+    g.add_argument("--seq", type=int, required=True)
+    b = sub.add_parser("bert-eval")
+    b.add_argument("--samples", required=True)
+    for s in (g, b):
+        s.add_argument("--model", required=True)
+        s.add_argument("--transformers", action="store_true")
+        s.add_argument("--device", default="cpu")
+        s.add_argument("--batch", type=int, default=8)
+    a = p.parse_args(argv)
+    import torch
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    try:
+        return gpt_eval(a) if a.cmd == "gpt-eval" else bert_eval(a)
+    except (InputError, OSError, KeyError) as e:
+        print("bad input:", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
