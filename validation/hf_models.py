@@ -8,9 +8,11 @@ model.safetensors by this file's own parser of the published format (8-byte litt
 header length, JSON header, raw little-endian tensors); config.json gives the shapes.
 
 usage:
-  hf_models.py gpt-eval  --model DIR --shard FILE --windows N --seq S [--transformers] [--device D]
-      the mean next-token cross-entropy over the windows tokens[k*S : k*S + S + 1], k < N, of a
-      token shard, as `pretrain_gpt --eval.only` scores them; prints `eval loss: <v>`
+  hf_models.py gpt-eval  --model DIR --shard FILE --windows N --seq S [--stride s] [--transformers] [--device D]
+      the mean next-token cross-entropy over the windows tokens[k*s : k*s + S + 1], k < N, of a
+      token shard (s = S: disjoint; s < S: each later window scores only its last s targets), as
+      `pretrain_gpt --eval.only` scores them; prints `eval tokens:`, `eval loss: <v>`,
+      `eval perplexity:` and, with the directory's vocab.json, `eval bits per byte:`
   hf_models.py bert-eval --model DIR --samples DUMP.h5 [--transformers] [--device D]
       the masked-LM cross-entropy over every labelled position plus the sentence-order (NSP)
       cross-entropy over the samples that `pretrain_bert --eval.only --debug.dump_batches DUMP.h5`
@@ -185,40 +187,76 @@ def transformers_model(kind, model_dir, device):
     return m
 
 
+def token_byte_lengths(vocab_json):
+    """Bytes of each GPT-2 token: vocab.json spells a token's bytes through GPT-2's published
+    byte-to-printable-character table (printable Latin-1 bytes stand for themselves, the other
+    bytes for the code points 256, 257, ... in byte order)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    char_of, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            char_of[b] = chr(b)
+        else:
+            char_of[b] = chr(256 + extra)
+            extra += 1
+    byte_of = {c: b for b, c in char_of.items()}
+    with open(vocab_json, encoding="utf-8") as f:
+        vocab = json.load(f)
+    lengths = np.zeros(len(vocab), dtype=np.int64)
+    for token, i in vocab.items():
+        lengths[i] = len(bytes(byte_of[c] for c in token)) if all(c in byte_of for c in token) else 0
+    return lengths, vocab.get("<|endoftext|>", -1)
+
+
 def gpt_eval(a):
+    """Windows of S + 1 tokens every `stride` tokens; the first window scores its S targets, each
+    later one its last `stride` (the rest were scored with a shorter context before), so every
+    target 1 .. (N - 1) * stride + S is scored once, with the longest context the window allows."""
     import h5py
     import torch
+    stride = a.stride or a.seq
+    last = (a.windows - 1) * stride + a.seq
     with h5py.File(a.shard, "r") as f:
-        need = a.windows * a.seq + 1
-        if f["tokens"].shape[0] < need:
-            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {need}")
-        t = f["tokens"][:need].astype(np.int64)
-    x = np.stack([t[k * a.seq:k * a.seq + a.seq] for k in range(a.windows)])
-    y = np.stack([t[k * a.seq + 1:k * a.seq + a.seq + 1] for k in range(a.windows)])
+        if f["tokens"].shape[0] < last + 1:
+            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {last + 1}")
+        t = f["tokens"][:last + 1].astype(np.int64)
+    starts = [k * stride for k in range(a.windows)]
+    x = np.stack([t[s:s + a.seq] for s in starts])
+    y = np.stack([t[s + 1:s + a.seq + 1] for s in starts])
+    for k in range(1, a.windows):
+        y[k, :a.seq - stride] = -100  # scored by an earlier window
     total, count = 0.0, 0
     if a.transformers:
         m = transformers_model("gpt", a.model, a.device)
-        with torch.no_grad():
-            for k in range(0, a.windows, a.batch):
-                xb = torch.tensor(x[k:k + a.batch], device=a.device)
-                logits = m(input_ids=xb).logits.double()
-                yb = torch.tensor(y[k:k + a.batch], device=a.device)
-                total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
-                                                           reduction="sum").item()
-                count += yb.numel()
+
+        def logits_of(xb):
+            return m(input_ids=xb.to(a.device)).logits.double().cpu()
     else:
         cfg, raw = load_dir(a.model)
         w = {k: torch.tensor(v) for k, v in raw.items()}
-        with torch.no_grad():
-            for k in range(0, a.windows, a.batch):
-                logits = gpt2_logits(cfg, w, torch.tensor(x[k:k + a.batch]))
-                yb = torch.tensor(y[k:k + a.batch])
-                total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
-                                                           reduction="sum").item()
-                count += yb.numel()
+
+        def logits_of(xb):
+            return gpt2_logits(cfg, w, xb)
+    with torch.no_grad():
+        for k in range(0, a.windows, a.batch):
+            logits = logits_of(torch.tensor(x[k:k + a.batch]))
+            yb = torch.tensor(y[k:k + a.batch])
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += int((yb != -100).sum())
+    assert count == last, (count, last)
     loss = total / count
-    print(f"scored {a.windows} windows of {a.seq} tokens ({count} predictions) of {a.shard}")
+    print(f"scored {a.windows} windows of {a.seq} tokens, stride {stride}, of {a.shard}")
+    print(f"eval tokens: {count}")
     print("eval loss: %.12g" % loss)
+    print("eval perplexity: %.12g" % math.exp(loss))
+    vocab_json = os.path.join(a.model, "vocab.json")
+    if os.path.exists(vocab_json):
+        lengths, eod = token_byte_lengths(vocab_json)
+        scored = t[1:last + 1]
+        nbytes = int(lengths[scored[scored != eod]].sum())
+        print("eval bits per byte: %.12g (%d bytes)" % (total / math.log(2) / nbytes, nbytes))
     return 0
 
 
@@ -270,6 +308,7 @@ def main(argv=None):
     g.add_argument("--shard", required=True)
     g.add_argument("--windows", type=int, required=True)
     g.add_argument("--seq", type=int, required=True)
+    g.add_argument("--stride", type=int, default=0, help="tokens between window starts (0: --seq, disjoint)")
     b = sub.add_parser("bert-eval")
     b.add_argument("--samples", required=True)
     for s in (g, b):

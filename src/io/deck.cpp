@@ -152,8 +152,13 @@ class Registry {
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
     add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
     add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
-    add("eval.shard", &d.eval.shard, "shard for eval.only");
+    add("eval.shard", &d.eval.shard,
+        "what eval.only scores: a token shard, a Megatron pair, or (GPT) a JSON-lines or plain-text file");
     add("eval.windows", &d.eval.windows, "windows scored by eval.only");
+    add("eval.stride", &d.eval.stride,
+        "GPT eval.only: tokens between window starts; each window scores the targets the previous one did not "
+        "(0: seq_length, disjoint windows)");
+    add("eval.json_key", &d.eval.json_key, "the text key of a JSON-lines eval.shard");
     add("log.interval", &d.log.interval, "iterations between log lines");
     add("log.metrics_file", &d.log.metrics_file, "metrics file (.csv or .jsonl)");
     add("log.timeline_file", &d.log.timeline_file, "Chrome-trace JSON of the pipeline schedule (one row per rank)");
@@ -319,6 +324,10 @@ void validate(const Deck& d, bool stored) {
                     "deck: eval.only needs checkpoint.load (a directory or file, not auto)");
     TRIDENT_REQUIRE(!d.eval.shard.empty(), "deck: eval.only needs eval.shard");
     TRIDENT_REQUIRE(d.eval.windows > 0, "deck: eval.only needs eval.windows > 0");
+    TRIDENT_REQUIRE(d.eval.stride >= 0 && d.eval.stride <= d.model.seq_length,
+                    "deck: eval.stride (" << d.eval.stride
+                                          << ") must be in [0, model.seq_length = " << d.model.seq_length << "]");
+    TRIDENT_REQUIRE(!d.eval.json_key.empty(), "deck: eval.json_key is empty");
   } else if (!stored) {
     TRIDENT_REQUIRE(!d.data.train_shards.empty(), "deck: data.train_shards is empty");
   }

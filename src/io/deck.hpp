@@ -82,8 +82,10 @@ struct Deck {
   } checkpoint;
   struct Eval {
     std::int64_t interval = 0, iters = 10, windows = 0;
+    std::int64_t stride = 0;  // GPT evaluation mode: tokens between window starts (0: seq_length, disjoint)
     bool only = false;
     std::string shard;
+    std::string json_key = "text";  // the text of a JSON-lines eval.shard
   } eval;
   struct Log {
     std::int64_t interval = 1;

@@ -10,7 +10,10 @@
 
 #include "comm/agreement.hpp"
 #include "common/error.hpp"
+#include "data/eval_text.hpp"
+#include "data/gpt2_tokenizer.hpp"
 #include "data/token_shard.hpp"
+#include "data/tokenizer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "io/hdf5_handle.hpp"
 #include "train/debug_dumps.hpp"
@@ -65,6 +68,7 @@ int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily fam
   const Communicator& world = topo.world();
   const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
   TRIDENT_REQUIRE(N > 0, "eval.windows must be > 0 in evaluation mode (samples to score)");
+  TRIDENT_REQUIRE(deck.eval.stride == 0, "eval.stride applies to GPT's evaluation (BERT and T5 score samples)");
   SampleSource data;
   std::shared_ptr<void> owner;
   collectively(world.get(), [&] {
@@ -123,18 +127,48 @@ int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily fam
 
 int run_eval_only(const Deck& deck, const Topology& topo) {
   const Communicator& world = topo.world();
-  std::unique_ptr<TokenShardReader> shard;
-  collectively(world.get(), [&] {
-    const auto indexed = indexed_description(deck);
-    shard = std::make_unique<TokenShardReader>(deck.eval.shard, indexed ? &*indexed : nullptr);
-  });
   const std::int64_t S = deck.model.seq_length, N = deck.eval.windows, B = deck.train.micro_batch_size;
-  const std::int64_t vocab = deck.model.vocab_size > 0 ? deck.model.vocab_size : shard->meta().vocab_size;
-  TRIDENT_REQUIRE(N * S + 1 <= shard->meta().num_tokens,
-                  "eval.windows = " << N << " windows of " << S + 1 << " tokens need " << N * S + 1 << " tokens, but '"
-                                    << deck.eval.shard << "' has " << shard->meta().num_tokens);
+  const std::int64_t stride = deck.eval.stride > 0 ? deck.eval.stride : S;
+  // what is scored: a token corpus, or text tokenized here; the GPT-2 tokenizer (when the deck
+  // names its files) also gives the bytes behind the tokens, for bits per byte
+  std::unique_ptr<TokenShardReader> shard;
+  std::unique_ptr<Tokenizer> tok;
+  TokenizedText text;
+  bool from_text = false;
+  collectively(world.get(), [&] {
+    from_text = is_text_file(deck.eval.shard);
+    const std::string type = deck.data.tokenizer_type.empty() ? "GPT2BPETokenizer" : deck.data.tokenizer_type;
+    if (!deck.data.vocab_file.empty() && (type != "GPT2BPETokenizer" || !deck.data.merges_file.empty()))
+      tok = make_tokenizer(type, deck.data.vocab_file, deck.data.merges_file,
+                           static_cast<int>(deck.data.vocab_extra_ids));
+    if (from_text) {
+      TRIDENT_REQUIRE(tok, "eval.shard '" << deck.eval.shard
+                                          << "' is text: tokenizing it needs data.vocab_file and data.merges_file "
+                                             "(GPT-2 BPE; or data.tokenizer_type and its files)");
+      text = tokenize_text_file(deck.eval.shard, *tok, deck.eval.json_key);
+    } else {
+      const auto indexed = indexed_description(deck);
+      shard = std::make_unique<TokenShardReader>(deck.eval.shard, indexed ? &*indexed : nullptr);
+    }
+  });
+  const std::int64_t num_tokens = from_text ? static_cast<std::int64_t>(text.tokens.size()) : shard->meta().num_tokens;
+  const std::int64_t vocab = deck.model.vocab_size > 0 ? deck.model.vocab_size
+                             : from_text               ? tok->vocab_size()
+                                                       : shard->meta().vocab_size;
+  const std::int64_t last = (N - 1) * stride + S;  // the last target; targets 1..last are scored once each
+  TRIDENT_REQUIRE(last + 1 <= num_tokens,
+                  "eval.windows = " << N << " windows of " << S + 1 << " tokens" << (stride < S ? " every " : "")
+                                    << (stride < S ? std::to_string(stride) + " tokens" : std::string()) << " need "
+                                    << last + 1 << " tokens, but '" << deck.eval.shard << "' has " << num_tokens);
+  auto read = [&](std::int64_t offset, std::int64_t n, std::int32_t* out) {
+    if (from_text)
+      std::copy(text.tokens.begin() + offset, text.tokens.begin() + offset + n, out);
+    else
+      shard->read(offset, n, out);
+  };
   EvalModel m(deck, topo, vocab, ModelFamily::Gpt);
   Batch batch(B, S, ModelFamily::Gpt);
+  batch.unscored.assign(static_cast<size_t>(B), 0);
   double loss_sum = 0;
   const Communicator& dpg = topo.dp_group();
   auto block_count = [&](std::int64_t i) {
@@ -147,18 +181,45 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
         const std::int64_t first = (dpg.rank() + i * dpg.size()) * B, count = block_count(i);
         for (std::int64_t j = 0; j < B; ++j) {
           const std::int64_t k = first + std::min(j, count - 1);  // pad a short last block with its last window
-          shard->read(k * S, S + 1, batch.window.data() + j * (S + 1));
+          read(k * stride, S + 1, batch.window.data() + j * (S + 1));
+          batch.unscored[static_cast<size_t>(j)] = k == 0 ? 0 : S - stride;
         }
         batch.finish(vocab, mb);
       },
       block_count);
   loss_sum = dpg.allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
-  const double loss = loss_sum / static_cast<double>(N * S);
+  const double loss = loss_sum / static_cast<double>(last);
+  // bits per byte: the loss in bits over the UTF-8 bytes of the scored tokens (GPT-2 BPE: each
+  // token's bytes; the end-of-document token has none)
+  std::int64_t bytes = -1;
+  const auto* bpe = dynamic_cast<const Gpt2Tokenizer*>(tok.get());
+  if (world.rank() == 0 && bpe && bpe->vocab_size() == vocab) {
+    bytes = 0;
+    std::vector<std::int32_t> ids(static_cast<size_t>(std::min<std::int64_t>(last, 1 << 20)));
+    for (std::int64_t at = 1; at <= last; at += static_cast<std::int64_t>(ids.size())) {
+      const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), last + 1 - at);
+      read(at, n, ids.data());
+      for (std::int64_t i = 0; i < n; ++i)
+        if (ids[static_cast<size_t>(i)] != bpe->eod_id())
+          bytes += static_cast<std::int64_t>(bpe->token_bytes(ids[static_cast<size_t>(i)]).size());
+    }
+  }
   if (world.rank() == 0) {
-    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard
-              << ": " << N << " windows of " << S << " tokens\n";
+    std::cout << "evaluated checkpoint " << m.file << " (iteration " << m.state.iteration << ") on " << deck.eval.shard;
+    if (from_text) std::cout << " (" << text.documents << " documents tokenized, " << num_tokens << " tokens)";
+    std::cout << ": " << N << " windows of " << S << " tokens";
+    if (stride < S) std::cout << ", stride " << stride << " (each window scores its last " << stride << " targets)";
+    std::cout << "\n";
+    std::cout << "eval tokens: " << last << "\n";
     std::cout << std::setprecision(8) << "eval loss: " << loss << "\n";
-    std::cout << "eval perplexity: " << std::exp(loss) << std::endl;
+    std::cout << "eval perplexity: " << std::exp(loss) << "\n";
+    if (bytes > 0)
+      std::cout << "eval bits per byte: " << loss_sum / std::log(2.0) / static_cast<double>(bytes) << " (" << bytes
+                << " bytes)\n";
+    else
+      std::cout
+          << "eval bits per byte: - (data.vocab_file and data.merges_file, the GPT-2 BPE files, give the bytes)\n";
+    std::cout << std::flush;
   }
   return 0;
 }

@@ -51,7 +51,7 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
         check(w[t]);
         check(w[t + 1]);
         h_tokens(j * S + t) = w[t];
-        h_targets(j * S + t) = w[t + 1];
+        h_targets(j * S + t) = unscored.empty() || t >= unscored[static_cast<size_t>(j)] ? w[t + 1] : -1;
         continue;
       }
       check(w[t]);

@@ -44,6 +44,9 @@ struct Batch {
   bool bert, t5;
   std::int64_t width;
   std::vector<std::int32_t> window;
+  // GPT: the leading targets of sample j that carry no loss (target -1; strided evaluation scores
+  // only what the previous window did not); empty: every target counts
+  std::vector<std::int64_t> unscored;
   IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec;
 };
 

@@ -7,7 +7,10 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           checksums); --eval.only scores the original at one rank and the import at tp=2 and
           at pp=2 alike (8 digits); validation/hf_models.py, an independent float64 GPT-2 keyed
           by Hugging Face's names reading the safetensors itself, gives that loss within 1e-6
-          relative; a bf16 run exports as bf16 and imports back to its own model values,
+          relative; strided evaluation (eval.stride) at 1 and 2 ranks gives the reference's tokens
+          scored, loss, perplexity and bits per byte (bytes exact); scoring a JSON-lines file
+          directly equals scoring the shard preprocess_data makes of it; a bf16 run exports as bf16
+          and imports back to its own model values,
           bitwise; with transformers installed, GPT2LMHeadModel.from_pretrained gives the loss
           too (skipped here when it is not)
   bert    the same for BERT as MegatronBertForPreTraining, scored on the samples that
@@ -124,7 +127,7 @@ def within(what, ours, ref, tol):
 def check_gpt(c):
     shutil.rmtree(c.a.work, ignore_errors=True)
     os.makedirs(c.a.work)
-    ck = c.train_gpt("ck", 10, ["--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1"])
+    ck = c.train_gpt("ck", 40, ["--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1"])
     hf = c.export(ck, c.path("hf"), ["--vocab-file", c.gpt_vocab[0], "--merge-file", c.gpt_vocab[1]])
     files = sorted(os.listdir(hf))
     assert files == ["config.json", "merges.txt", "model.safetensors", "tokenizer_config.json", "vocab.json"], files
@@ -165,6 +168,44 @@ def check_gpt(c):
         print("transformers' GPT2LMHeadModel: not installed here (the GPU check runs it)")
     else:
         within("transformers' GPT2LMHeadModel (float32) vs --eval.only", original, float(eval_loss(out)), 1e-5)
+
+    # strided evaluation, tokens, perplexity and bits per byte against the independent reference;
+    # at dp=2 with a short last block (15 windows, micro-batch 4)
+    tokenizer = ["--data.vocab_file", c.gpt_vocab[0], "--data.merges_file", c.gpt_vocab[1]]
+    strided = {}
+    for np_, name in ((1, "1 rank"), (2, "dp=2")):
+        _, out, _ = run(c.app("pretrain_gpt", np_) + [
+            "--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--checkpoint.load", ck, "--eval.only", "true",
+            "--eval.shard", shard, "--eval.windows", "15", "--eval.stride", "8", "--train.micro_batch_size", "4"]
+            + tokenizer)
+        strided[name] = {k: v for k, v in (l.split(":", 1) for l in out.splitlines() if l.startswith("eval "))}
+    _, out = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", "15", "--seq", str(seq),
+                        "--stride", "8"])
+    ref = {k: v for k, v in (l.split(":", 1) for l in out.splitlines() if l.startswith("eval "))}
+    print("strided evaluation (15 windows of 32, stride 8):", {k: v.strip() for k, v in strided["1 rank"].items()})
+    for name, got in strided.items():
+        assert got["eval tokens"].strip() == ref["eval tokens"].strip() == str(32 + 14 * 8), (got, ref)
+        within(f"  {name}: strided loss vs the reference", got["eval loss"], float(ref["eval loss"]), EVAL_REL)
+        within(f"  {name}: perplexity", got["eval perplexity"], float(ref["eval perplexity"]), 10 * EVAL_REL)
+        bpb, nbytes = got["eval bits per byte"].split()[0], got["eval bits per byte"].split("(")[1]
+        assert nbytes == ref["eval bits per byte"].split("(")[1], (got, ref)
+        within(f"  {name}: bits per byte ({nbytes.split()[0]} bytes)", bpb, float(ref["eval bits per byte"].split()[0]),
+               EVAL_REL)
+    # evaluation straight from JSON lines equals that of the shard preprocess_data makes of them
+    jsonl = c.path("three_books.jsonl")
+    with open(os.path.join(c.sample, "kjv.jsonl")) as f, open(jsonl, "w") as g:
+        g.writelines(f.readlines()[:3])
+    run(c.app("preprocess_data") + ["--input", jsonl, "--output-prefix", c.path("three_books"), "--tokenizer-type",
+                                    "GPT2BPETokenizer", "--vocab-file", c.gpt_vocab[0], "--merge-file", c.gpt_vocab[1],
+                                    "--append-eod"])
+    outs = []
+    for src in (jsonl, c.path("three_books_00000.h5")):
+        _, out, _ = run(c.app("pretrain_gpt") + [
+            "--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--checkpoint.load", ck, "--eval.only", "true",
+            "--eval.shard", src, "--eval.windows", "40", "--eval.stride", "16"] + tokenizer)
+        outs.append([l for l in out.splitlines() if l.startswith("eval ")])
+    print("JSON lines evaluated directly:", outs[0])
+    assert outs[0] == outs[1], outs
 
     bf = c.train_gpt("ck_bf16", 3, ["--precision.dtype", "bf16"])
     hf16 = c.export(bf, c.path("hf_bf16"), ["--dtype", "bf16", "--vocab-file", c.gpt_vocab[0], "--merge-file",
