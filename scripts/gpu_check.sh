@@ -19,6 +19,10 @@
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
+#   hf         optional (skipped when $PYTHON has no transformers): a tiny GPT trained here for 40
+#              iterations, exported by convert_checkpoint; transformers' GPT2LMHeadModel
+#              (from_pretrained, float32, TF32 off, on the GPU) scores the evaluation mode's windows
+#              within 1e-5 of `pretrain_gpt --eval.only` on the GPU (validation/hf_models.py)
 #   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16, both attention paths, micro-
 #              batches from the memory model, PyTorch on the same GPU as the peer; stops starting
 #              runs when the budget runs out
@@ -32,7 +36,7 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,BENCH}_LIMIT change those phases' limits (120, 120, 400 s: a GPU's).
+# GPU_CHECK_{UNIT,TRAIN,HF,BENCH}_LIMIT change those phases' limits (120, 120, 90, 400 s: a GPU's).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -307,6 +311,31 @@ PY
   return $rc
 }
 
+# ---- Hugging Face export loaded by transformers -----------------------------------------------------------
+phase_hf() {
+  if ! "$PYTHON" -c "import transformers" >/dev/null 2>&1; then
+    note="skipped: $PYTHON has no transformers"
+    return 0
+  fi
+  local ck=$work/hf_ck hf=$work/hf_export shard=data/sample/kjv_gpt2_00001.h5 ours theirs
+  rm -rf "$ck" "$hf"
+  (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck inputs/gpt_tiny_ci.ini --train.iters 40 \
+    --eval.interval 0 --model.hidden_dropout 0 --model.attention_dropout 0 --checkpoint.save "$ck") \
+    >"$work/hf.log" 2>&1 || { note="training failed"; tail -n 15 "$work/hf.log"; return 1; }
+  timeout "$(left)" "$GPU_BUILD/apps/convert_checkpoint" --to hf --input "$ck" --output "$hf" \
+    --vocab-file "$root/data/sample/gpt2/encoder.json" --merge-file "$root/data/sample/gpt2/vocab.bpe" \
+    >>"$work/hf.log" 2>&1 || { note="export failed"; tail -n 5 "$work/hf.log"; return 1; }
+  ours=$(cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck inputs/gpt_tiny_ci.ini \
+    --checkpoint.load "$ck" --eval.only true --eval.shard "$shard" --eval.windows 64 2>>"$work/hf.log" |
+    sed -n 's/^eval loss: //p')
+  theirs=$(cd "$root" && timeout "$(left)" "$PYTHON" validation/hf_models.py gpt-eval --model "$hf" --shard "$shard" \
+    --windows 64 --seq 32 --transformers --device cuda 2>>"$work/hf.log" | sed -n 's/^eval loss: //p')
+  [ -n "$ours" ] && [ -n "$theirs" ] || { note="no loss (Trident '$ours', transformers '$theirs')"; tail -n 15 "$work/hf.log"; return 1; }
+  note=$("$PYTHON" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(b)
+print(f'GPT2LMHeadModel.from_pretrained on the GPU: {b:.9g}, --eval.only {a:.9g}, relative {r:.1e} (tolerance 1e-5)')
+sys.exit(0 if r <= 1e-5 else 1)" "$ours" "$theirs")
+}
+
 # ---- benchmark ---------------------------------------------------------------------------------------------
 phase_bench() {
   mkdir -p "$work/bench"
@@ -337,5 +366,6 @@ run_phase gpu 20 phase_gpu || exit 1
 [ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
 run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
+run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
 run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench
 exit $failed

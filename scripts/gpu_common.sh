@@ -16,7 +16,7 @@ GPU_ARCH=${CUDA_ARCH:-90}
 # The parts of the kit, each a tar.xz in the kit folder (.gpu_kit/ in the repository root).
 GPU_KIT_PARTS=(deps kokkos build data)
 # The apps and tests the GPU run uses; the fallback build builds just these.
-GPU_APPS=(pretrain_gpt pretrain_bert pretrain_t5 generate_gpt)
+GPU_APPS=(pretrain_gpt pretrain_bert pretrain_t5 generate_gpt convert_checkpoint)
 
 gpu_log() { printf '%s %s\n' "[$(date +%H:%M:%S)]" "$*"; }
 

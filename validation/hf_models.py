@@ -182,7 +182,8 @@ def transformers_model(kind, model_dir, device):
         from transformers import GPT2LMHeadModel as M
     else:
         from transformers import MegatronBertForPreTraining as M
-    m = M.from_pretrained(model_dir, torch_dtype=torch.float32).to(device)
+    # float32 whatever the stored dtype (transformers 5 loads the stored dtype by default)
+    m = M.from_pretrained(model_dir).float().to(device)
     m.eval()
     return m
 
