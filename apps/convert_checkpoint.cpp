@@ -402,8 +402,10 @@ int import_hf(const Options& o) {
   for (const auto& [name, e] : w->by_name) {
     if (used.count(name)) continue;
     const std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
-    const bool buffer = (bare.size() > 9 && bare.compare(bare.size() - 9, 9, ".attn.bias") == 0) ||
-                        (bare.size() > 16 && bare.compare(bare.size() - 16, 16, ".attn.masked_bias") == 0) ||
+    auto ends_with = [&](const std::string& tail) {
+      return bare.size() > tail.size() && bare.compare(bare.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool buffer = ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
                         bare == "bert.embeddings.position_ids";
     if (buffer) continue;
     if (name == "lm_head.weight" || name == "cls.predictions.decoder.weight") {

@@ -9,7 +9,9 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           by Hugging Face's names reading the safetensors itself, gives that loss within 1e-6
           relative; strided evaluation (eval.stride) at 1 and 2 ranks gives the reference's tokens
           scored, loss, perplexity and bits per byte (bytes exact); scoring a JSON-lines file
-          directly equals scoring the shard preprocess_data makes of it; a bf16 run exports as bf16
+          directly equals scoring the shard preprocess_data makes of it; a directory laid out as
+          the Hub publishes GPT-2 (two shards and an index, bare names, buffers, the tied
+          lm_head.weight stored) imports to the same checkpoint; a bf16 run at tp=2 exports as bf16
           and imports back to its own model values,
           bitwise; with transformers installed, GPT2LMHeadModel.from_pretrained gives the loss
           too (skipped here when it is not)
@@ -54,9 +56,9 @@ class Ctx:
         exe = os.path.join(self.apps, name)
         return ([self.a.mpiexec, "-n", str(np_), exe] if np_ > 1 else [exe])
 
-    def train_gpt(self, name, iters, extra=()):
+    def train_gpt(self, name, iters, extra=(), np_=1):
         ck = self.path(name)
-        run(self.app("pretrain_gpt") + ["--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--data.train_shards",
+        run(self.app("pretrain_gpt", np_) + ["--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--data.train_shards",
                                         os.path.join(self.sample, "kjv_gpt2_*.h5"), "--train.iters", str(iters),
                                         "--eval.interval", "0", "--checkpoint.save", ck] + list(extra))
         return ck
@@ -207,7 +209,31 @@ def check_gpt(c):
     print("JSON lines evaluated directly:", outs[0])
     assert outs[0] == outs[1], outs
 
-    bf = c.train_gpt("ck_bf16", 3, ["--precision.dtype", "bf16"])
+    # a directory as the Hub publishes them: two shards and an index, names without
+    # "transformer.", the attention-mask buffers, the tied lm_head.weight stored
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "validation"))
+    import hf_models
+    w = {k: v.astype(np.float32) for k, v in hf_models.read_safetensors(os.path.join(hf, "model.safetensors")).items()}
+    bare = {k[len("transformer."):]: v for k, v in w.items()}
+    bare["lm_head.weight"] = bare["wte.weight"]
+    for i in range(2):
+        bare[f"h.{i}.attn.bias"] = np.tril(np.ones((64, 64), np.float32))[None, None]
+    names = sorted(bare)
+    hub = c.path("hub")
+    os.makedirs(hub)
+    shutil.copy(os.path.join(hf, "config.json"), hub)
+    index = {}
+    for part, chosen in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+        f = f"model-0000{part + 1}-of-00002.safetensors"
+        write_safetensors(os.path.join(hub, f), {k: bare[k] for k in chosen})
+        index.update({k: f for k in chosen})
+    json.dump({"metadata": {}, "weight_map": index}, open(os.path.join(hub, "model.safetensors.index.json"), "w"))
+    same_model("Hub-style directory (2 shards, bare names, buffers, stored lm_head) -> import", ck,
+               c.import_(hub, c.path("imported_hub")))
+
+    # a bf16 run at tp=2 (any layout exports: the checkpoint is global)
+    bf = c.train_gpt("ck_bf16", 3, ["--precision.dtype", "bf16", "--parallel.tp", "2"], np_=2)
     hf16 = c.export(bf, c.path("hf_bf16"), ["--dtype", "bf16", "--vocab-file", c.gpt_vocab[0], "--merge-file",
                                              c.gpt_vocab[1]])
     assert json.load(open(os.path.join(hf16, "config.json")))["torch_dtype"] == "bfloat16"
