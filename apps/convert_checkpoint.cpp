@@ -13,8 +13,8 @@
 // Import (--to trident): the input is a Hugging Face directory (config.json and
 // model.safetensors, or model.safetensors.index.json and its shards); the output is a save
 // directory holding iter_0000000/checkpoint.h5 (fp32, no optimizer state) and `latest`, which
-// loads under any tp/pp/dp (checkpoint.finetune, eval.only, generate_gpt), plus the tokenizer
-// files found in the input.
+// loads under any tp/pp/dp (checkpoint.finetune, eval.only, generate_gpt), model.ini (the
+// model's deck keys) and the tokenizer files found in the input.
 // Runs on one process. Outputs are refused when they exist (--overwrite replaces them), before
 // anything is read or written; every file is written under a temporary name and renamed.
 #include <boost/program_options.hpp>
@@ -355,6 +355,7 @@ int import_hf(const Options& o) {
                     "convert_checkpoint: --output '" << o.output << "' exists and is not a directory");
     check_output_file(o, out / "latest");
     check_output_file(o, out / "iter_0000000");
+    check_output_file(o, out / "model.ini");
     for (const char* f : {"vocab.json", "merges.txt", "vocab.txt"})
       if (fs::is_regular_file(in / f, ec)) {
         check_output_file(o, out / f);
@@ -433,7 +434,9 @@ int import_hf(const Options& o) {
   fs::create_directories(out, ec);
   TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot create '" << o.output << "': " << ec.message());
   const std::string written = save_checkpoint(o.output, st, m.store, nullptr, m.topo);
-  std::string extra;
+  // the model's deck keys, to start a deck for this checkpoint (eval.only, fine-tuning)
+  write_text_atomically(out / "model.ini", "# " + o.input + " (convert_checkpoint)\n" + ini);
+  std::string extra = ", model.ini";
   for (const auto& f : tokenizer) {
     copy_file_atomically((in / f).string(), out / f);
     extra += ", " + f;

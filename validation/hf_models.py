@@ -181,7 +181,9 @@ def transformers_model(kind, model_dir, device):
     if kind == "gpt":
         from transformers import GPT2LMHeadModel as M
     else:
-        from transformers import MegatronBertForPreTraining as M
+        import transformers
+        with open(os.path.join(model_dir, "config.json")) as f:
+            M = getattr(transformers, json.load(f)["architectures"][0])
     # float32 whatever the stored dtype (transformers 5 loads the stored dtype by default)
     m = M.from_pretrained(model_dir).float().to(device)
     m.eval()
@@ -282,7 +284,10 @@ def bert_eval(a):
             if a.transformers:
                 d = a.device
                 o = m(input_ids=tok[sl].to(d), token_type_ids=typ[sl].to(d), attention_mask=pad[sl].to(d))
-                logits, sop = o.prediction_logits.double().cpu(), o.seq_relationship_logits.double().cpu()
+                if hasattr(o, "prediction_logits"):  # MegatronBertForPreTraining
+                    logits, sop = o.prediction_logits.double().cpu(), o.seq_relationship_logits.double().cpu()
+                else:  # MegatronBertForMaskedLM (no sentence-order head)
+                    logits, sop = o.logits.double().cpu(), None
             else:
                 logits, sop = megatron_bert_outputs(cfg, w, tok[sl], typ[sl], pad[sl])
             lb = lab[sl].reshape(-1)

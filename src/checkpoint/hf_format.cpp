@@ -147,7 +147,8 @@ std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t
     c["tie_word_embeddings"] = true;
     c["use_cache"] = true;
   } else if (model == "bert") {
-    c["architectures"] = {"MegatronBertForPreTraining"};
+    // without the sentence-order head there is no NSP head to fill: the masked-LM class
+    c["architectures"] = {d.bert.binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM"};
     c["model_type"] = "megatron-bert";
     c["vocab_size"] = vocab;
     c["hidden_size"] = md.hidden_size;

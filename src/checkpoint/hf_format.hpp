@@ -2,7 +2,8 @@
 // apps/convert_checkpoint.cpp:
 //   GPT  -> GPT2LMHeadModel ("gpt2"): Conv1D weights stored [in, out], so every linear weight is
 //           transposed; q|k|v rows become c_attn's q|k|v columns; the LM head is tied to wte.
-//   BERT -> MegatronBertForPreTraining ("megatron-bert"): Trident's BERT is Megatron's, with a
+//   BERT -> MegatronBertForPreTraining ("megatron-bert"; MegatronBertForMaskedLM without
+//           bert.binary_head): Trident's BERT is Megatron's, with a
 //           LayerNorm before attention and before the MLP and one after the last layer, and no
 //           LayerNorm on the embeddings; BertForPreTraining (LayerNorm after each residual add
 //           and on the embeddings) is another network. Linear weights are [out, in] as in

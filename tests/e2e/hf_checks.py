@@ -158,7 +158,9 @@ def check_gpt(c):
 
     original = evaluate(ck, 1)
     tp2 = evaluate(imp, 2, ["--parallel.tp", "2"])
-    pp2 = evaluate(imp, 2, ["--parallel.pp", "2"])
+    # with the deck the import wrote (seq_length: its position table, so set to the windows' 32)
+    pp2 = evaluate(imp, 2, ["--parallel.pp", "2", "--deck", os.path.join(imp, "model.ini"),
+                            "--model.seq_length", str(seq)])
     print(f"--eval.only: original at 1 rank {original}, import at tp=2 {tp2}, at pp=2 {pp2}")
     within("  the import at tp=2", tp2, float(original), LAYOUT_REL)
     within("  the import at pp=2", pp2, float(original), LAYOUT_REL)
@@ -271,6 +273,16 @@ def check_bert(c):
            float(eval_loss(ref)), EVAL_REL)
     within("  its masked-LM part", lm.strip(),
            float([l for l in ref.splitlines() if l.startswith("eval lm loss:")][0].split(":")[1]), EVAL_REL)
+    # without the sentence-order head: MegatronBertForMaskedLM, the masked-LM loss alone
+    ck1 = c.train_masked("pretrain_bert", "bert_tiny_ci.ini", "ck_no_head", 3, ["--bert.binary_head", "false"])
+    hf1 = c.export(ck1, c.path("hf_no_head"))
+    assert json.load(open(os.path.join(hf1, "config.json")))["architectures"] == ["MegatronBertForMaskedLM"]
+    same_model("no binary head: export -> import", ck1, c.import_(hf1, c.path("imported_no_head")))
+    dump1 = c.path("eval_samples_no_head.h5")
+    out1 = evaluate(ck1, 1, ["--debug.dump_batches", dump1, "--bert.binary_head", "false"])
+    _, ref1 = reference(["bert-eval", "--model", hf1, "--samples", dump1])
+    assert "eval sop loss" not in ref1, ref1
+    within("no binary head: reference vs --eval.only", eval_loss(out1), float(eval_loss(ref1)), EVAL_REL)
     rc, ref = reference(["bert-eval", "--model", hf, "--samples", dump, "--transformers"])
     if rc == 77:
         print("transformers' MegatronBertForPreTraining: not installed here (the GPU check runs it)")

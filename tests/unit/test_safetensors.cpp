@@ -187,6 +187,10 @@ TEST(HfFormat, ConfigsRoundTripAndForeignOptionsAreRefused) {
   fb.binary_head = false;
   const Deck bert = parse_stored_deck(deck_from_hf_config(hf_config_json("bert", d, 300, -1, "float32"), "c", 16, fb));
   EXPECT_EQ(fb.model, "bert");
+  EXPECT_NE(hf_config_json("bert", d, 300, -1, "float32").find("MegatronBertForPreTraining"), std::string::npos);
+  Deck no_head = d;
+  no_head.bert.binary_head = false;
+  EXPECT_NE(hf_config_json("bert", no_head, 300, -1, "float32").find("MegatronBertForMaskedLM"), std::string::npos);
   EXPECT_EQ(bert.model.seq_length, 16);
   EXPECT_FALSE(bert.bert.binary_head);
 
