@@ -147,27 +147,31 @@ struct OneRankModel {
   }
 };
 
-// The global tensor of parameter `p` (at tp = 1 the local tensor, less the vocabulary padding).
-std::vector<float> global_of(const ParamInfo& p, const HostFloatView& host) {
+// Host index of each element of parameter `p`'s global tensor, in row-major order (at tp = 1 the
+// local tensor less the vocabulary padding; fused row blocks such as q|k|v kept in place).
+std::vector<std::int64_t> global_to_host(const ParamInfo& p) {
   const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
   const std::int64_t grows = p.global_shape[0], gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
   TRIDENT_REQUIRE(cols == gcols && rows >= grows && p.row_blocks * (rows / p.row_blocks) == rows,
                   "convert_checkpoint: unexpected one-rank layout of " << p.name);
-  std::vector<float> v(static_cast<size_t>(grows * gcols));
+  std::vector<std::int64_t> at;
+  at.reserve(static_cast<size_t>(grows * gcols));
   const std::int64_t lb = rows / p.row_blocks, gb = grows / p.row_blocks;
   for (std::int64_t b = 0; b < p.row_blocks; ++b)
     for (std::int64_t r = 0; r < gb; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) v[(b * gb + r) * gcols + c] = host(p.offset + (b * lb + r) * cols + c);
-  return v;
+      for (std::int64_t c = 0; c < cols; ++c) at.push_back(p.offset + (b * lb + r) * cols + c);
+  return at;
 }
 
-void set_global(const ParamInfo& p, HostFloatView& host, const std::vector<float>& v) {
-  const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
-  const std::int64_t grows = p.global_shape[0], gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-  const std::int64_t lb = rows / p.row_blocks, gb = grows / p.row_blocks;
-  for (std::int64_t b = 0; b < p.row_blocks; ++b)
-    for (std::int64_t r = 0; r < gb; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) host(p.offset + (b * lb + r) * cols + c) = v[(b * gb + r) * gcols + c];
+// A JSON file, or one error naming it.
+nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  TRIDENT_REQUIRE(in, "convert_checkpoint: cannot read " << what << " '" << path << "'");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error::all("convert_checkpoint: " + std::string(what) + " '" + path + "' is not JSON (" + e.what() + ")");
+  }
 }
 
 std::int64_t word_embedding_rows(const std::string& file) {
@@ -221,7 +225,8 @@ int export_hf(const Options& o) {
     const ParamId id = m.store.find(t.trident);
     TRIDENT_REQUIRE(id >= 0, "convert_checkpoint: the model has no " << t.trident);
     const ParamInfo& p = m.store.info(id);
-    const std::vector<float> v = global_of(p, host);
+    std::vector<float> v;
+    for (std::int64_t i : global_to_host(p)) v.push_back(host(i));
     if (o.dtype == "F16")
       for (float x : v)
         TRIDENT_REQUIRE(std::fabs(x) <= 65504.f,
@@ -236,13 +241,7 @@ int export_hf(const Options& o) {
   std::int64_t eod = -1;
   if (model == "gpt") {
     // GPT-2's end-of-text token: the vocabulary's <|endoftext|>
-    std::ifstream in(vocab_file);
-    nlohmann::json v;
-    try {
-      in >> v;
-    } catch (const nlohmann::json::exception& e) {
-      throw Error::all("convert_checkpoint: vocabulary '" + vocab_file + "' is not JSON (" + e.what() + ")");
-    }
+    const nlohmann::json v = read_json_file(vocab_file, "vocabulary");
     TRIDENT_REQUIRE(v.is_object() && static_cast<std::int64_t>(v.size()) == vocab,
                     "convert_checkpoint: vocabulary '" << vocab_file << "' holds " << v.size()
                                                        << " tokens but the model " << vocab);
@@ -289,13 +288,7 @@ struct HfWeights {
     if (fs::exists(single, ec)) {
       names.push_back(single.string());
     } else if (fs::exists(index, ec)) {
-      std::ifstream in(index);
-      nlohmann::json j;
-      try {
-        in >> j;
-      } catch (const nlohmann::json::exception& e) {
-        throw Error::all("convert_checkpoint: '" + index.string() + "' is not JSON (" + e.what() + ")");
-      }
+      const nlohmann::json j = read_json_file(index.string(), "index");
       TRIDENT_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                       "convert_checkpoint: '" << index.string() << "' has no weight_map");
       std::set<std::string> shards;
@@ -391,7 +384,8 @@ int import_hf(const Options& o) {
     const ParamInfo& p = m.store.info(id);
     const std::vector<float> v = from_hf(t, p.global_shape, get);
     for (float x : v) TRIDENT_REQUIRE(std::isfinite(x), "convert_checkpoint: " << t.hf[0] << " holds " << x);
-    set_global(p, host, v);
+    const auto at = global_to_host(p);
+    for (size_t i = 0; i < at.size(); ++i) host(at[i]) = v[i];
     mapped.insert(t.trident);
   }
   for (const auto& p : m.store.params())
