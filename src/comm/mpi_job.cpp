@@ -3,7 +3,10 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "common/error.hpp"
 
@@ -44,6 +47,13 @@ NodePlace node_place() {
 double wall_time() { return MPI_Wtime(); }
 
 void abort_job(int exit_code) {
+  // The launcher forwards a rank's output through pipes of its own, and an abort can reach it
+  // before the last lines it was sent (the error that explains the abort): seen as an aborted job
+  // with no message under MPICH's Hydra. The streams are flushed and the launcher is given a
+  // moment to forward them before the job is torn down.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; should it, this rank still ends
 }

@@ -20,7 +20,9 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <sstream>
+#include <utility>
 
 #include "comm/agreement.hpp"
 #include "comm/topology.hpp"
@@ -64,6 +66,32 @@ std::vector<std::string> split_list(const std::string& text) {
   }
   return out;
 }
+
+// The first data read error of this rank since the last take_or (reads run on the prefetch thread
+// or the main thread, never both at once; the mutex makes the hand-over explicit).
+class DeferredReadError {
+ public:
+  template <class F>
+  void run(std::vector<std::int32_t>& window, F&& read) {
+    try {
+      read();
+    } catch (const Error& e) {
+      std::fill(window.begin(), window.end(), 0);  // a valid token, label and mask everywhere
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (message_.empty()) message_ = e.what();
+    }
+  }
+  // The kept error (cleared), or `otherwise` when there is none.
+  std::string take_or(std::string otherwise) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (message_.empty()) return otherwise;
+    return std::exchange(message_, std::string());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string message_;
+};
 
 std::string hms(double s) {
   if (!(s >= 0) || s > 1e8) return "--:--:--";
@@ -310,22 +338,33 @@ int run_training(const Deck& deck, ModelFamily fam) {
   GradReducer reducer(store, topo.dp_group(), zero ? shard : 0);
   if (overlap)
     for (auto& chunk : chunks) chunk->on_layer_grads_ready = [&](std::int64_t l) { reducer.layer_ready(l); };
+  // A read of this rank's samples can fail on this rank alone (a shard truncated under the job:
+  // its mapping's SIGBUS becomes an Error naming the shard) while the other ranks are already in
+  // the iteration's collectives. Such an error is kept, the window is filled with token 0, the
+  // iteration runs to its end, and every rank leaves together at the collective data check below,
+  // before the step uses the data.
+  DeferredReadError read_error;
   // micro-batch k of the current iteration, read on a helper thread while k - 1 computes
   Prefetcher prefetch(
       [&](std::int64_t k, std::vector<std::int32_t>& w) {
         const std::int64_t first = consumed + (k * dp + dp_rank) * mbs;
-        for (std::int64_t j = 0; j < mbs; ++j) data.train(first + j, w.data() + j * batch.width);
+        read_error.run(w, [&] {
+          for (std::int64_t j = 0; j < mbs; ++j) data.train(first + j, w.data() + j * batch.width);
+        });
       },
       static_cast<std::size_t>(mbs * batch.width), deck.data.prefetch);
   auto evaluate = [&](std::int64_t it) {
     double sum = runner.evaluate(
         deck.eval.iters,
         [&](std::int64_t k, MicroBatch& mb) {
-          for (std::int64_t j = 0; j < mbs; ++j)
-            data.valid((k * dp + dp_rank) * mbs + j, batch.window.data() + j * batch.width);
+          read_error.run(batch.window, [&] {
+            for (std::int64_t j = 0; j < mbs; ++j)
+              data.valid((k * dp + dp_rank) * mbs + j, batch.window.data() + j * batch.width);
+          });
           batch.finish(vocab, mb);
         },
         [&](std::int64_t) { return mbs; });
+    agree_or_throw(world.get(), read_error.take_or(TokenShardReader::check_touched_shards()));
     sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(sum));
     const double n = task.loss_per_micro_batch ? static_cast<double>(deck.eval.iters * dp)
                                                : static_cast<double>(deck.eval.iters * mbs * dp * S);
@@ -386,7 +425,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
     // the shards this iteration read must still be the files opened (a shard truncated or replaced
     // under the job reads as zeros or as another corpus): checked before the step uses the data
     progress::set_phase("shard check");
-    agree_or_throw(world.get(), TokenShardReader::check_touched_shards());
+    agree_or_throw(world.get(), read_error.take_or(TokenShardReader::check_touched_shards()));
     // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
     const double span = wall_seconds() - pipe_t0;
     const double busy = runner.forward_seconds() + runner.backward_seconds() - busy0;
