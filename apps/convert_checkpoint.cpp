@@ -4,6 +4,7 @@
 //   convert_checkpoint --to hf --input runs/gpt_small/checkpoints --output hf/gpt_small \
 //       --vocab-file data/sample/gpt2/encoder.json --merge-file data/sample/gpt2/vocab.bpe
 //   convert_checkpoint --to trident --input hf/gpt2 --output runs/gpt2_imported
+//   convert_checkpoint --to merged --input runs/gpt_lora/checkpoints --output runs/gpt_lora_merged
 //
 // Export (--to hf): the input is a save directory (its `latest`), an iter_* directory or a
 // checkpoint.h5 of any layout and precision; the output directory receives config.json,
@@ -15,6 +16,11 @@
 // directory holding iter_0000000/checkpoint.h5 (fp32, no optimizer state) and `latest`, which
 // loads under any tp/pp/dp (checkpoint.finetune, eval.only, generate_gpt), model.ini (the
 // model's deck keys) and the tokenizer files found in the input.
+// A checkpoint of LoRA adapters (lora.rank > 0) is merged first: each adapted projection's weight
+// becomes W + (alpha / rank) B A, computed in double and rounded once, over the base model the
+// adapters were trained on. Merge (--to merged): such a checkpoint to a save directory of plain
+// weights (GPT, BERT or T5; fp32, no optimizer state; the deck without lora keys), which loads
+// anywhere a pretrained checkpoint does.
 // Runs on one process. Outputs are refused when they exist (--overwrite replaces them), before
 // anything is read or written; every file is written under a temporary name and renamed.
 #include <boost/program_options.hpp>
@@ -60,11 +66,13 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
   po::options_description desc(
       "convert_checkpoint: Trident checkpoints <-> Hugging Face directories (GPT: GPT2LMHeadModel, BERT: "
       "MegatronBertForPreTraining)");
-  desc.add_options()("help,h", "print this help")("to", po::value(&o.to)->required(),
-                                                  "hf (export a Trident checkpoint) or trident (import)")(
+  desc.add_options()("help,h", "print this help")(
+      "to", po::value(&o.to)->required(),
+      "hf (export a Trident checkpoint), trident (import) or merged (LoRA adapters merged into plain weights)")(
       "input", po::value(&o.input)->required(),
-      "--to hf: a save directory, iter_* directory or checkpoint.h5; --to trident: a Hugging Face directory")(
-      "output", po::value(&o.output)->required(), "the directory to write (created; must not hold output files)")(
+      "--to hf, merged: a save directory, iter_* directory or checkpoint.h5; --to trident: a Hugging Face "
+      "directory")("output", po::value(&o.output)->required(),
+                   "the directory to write (created; must not hold output files)")(
       "dtype", po::value(&o.dtype)->default_value("fp32"), "--to hf: the stored weights' type: fp32, bf16 or fp16")(
       "vocab-file", po::value(&o.vocab_file),
       "--to hf: the tokenizer vocabulary (GPT: encoder.json / vocab.json, BERT: vocab.txt); default: the deck's "
@@ -84,8 +92,8 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
   } catch (const po::error& e) {
     throw Error::all(std::string("convert_checkpoint: ") + e.what() + " (see --help)");
   }
-  TRIDENT_REQUIRE(o.to == "hf" || o.to == "trident",
-                  "convert_checkpoint: --to must be hf or trident, not '" << o.to << "'");
+  TRIDENT_REQUIRE(o.to == "hf" || o.to == "trident" || o.to == "merged",
+                  "convert_checkpoint: --to must be hf, trident or merged, not '" << o.to << "'");
   TRIDENT_REQUIRE(o.seq_length >= 0, "convert_checkpoint: --seq-length must be >= 0");
   o.dtype = safetensors_dtype(o.dtype);
   return o;
@@ -121,9 +129,17 @@ void write_text_atomically(const fs::path& to, const std::string& text) {
   TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot rename '" << tmp.string() << "': " << ec.message());
 }
 
-ModelFamily family_of(const std::string& model) {
+// "iter_0001234": the directory a save of iteration `it` writes.
+std::string iter_dir_of(std::int64_t it) {
+  char b[32];
+  std::snprintf(b, sizeof b, "iter_%07lld", static_cast<long long>(it));
+  return b;
+}
+
+ModelFamily family_of(const std::string& model, bool any = false) {
   if (model == "gpt") return ModelFamily::Gpt;
   if (model == "bert") return ModelFamily::Bert;
+  if (any && model == "t5") return ModelFamily::T5;
   throw Error::all("convert_checkpoint: a " + model +
                    " checkpoint has no Hugging Face counterpart here (GPT and BERT are converted)");
 }
@@ -134,11 +150,12 @@ struct OneRankModel {
   ParamStore store;
   std::vector<std::unique_ptr<LanguageModel>> chunks;
   TransformerConfig cfg;
+  ModelFamily fam;
   OneRankModel(Deck deck, const std::string& model, std::int64_t vocab) : topo(MPI_COMM_WORLD, 1, 1) {
     deck.parallel = Deck::Parallel{};
     deck.precision.dtype = "fp32";
     deck.precision.recompute = "none";
-    const ModelFamily fam = family_of(model);
+    fam = family_of(model, true);
     cfg = make_config(deck, vocab, 1, fam);
     cfg.hidden_dropout = cfg.attention_dropout = 0.f;
     chunks = build_chunks(fam, cfg, head_options(deck), store, 1, tensor_parallel(deck, topo),
@@ -174,8 +191,10 @@ nlohmann::json read_json_file(const std::string& path, const char* what) {
   }
 }
 
-std::int64_t word_embedding_rows(const std::string& file) {
-  // the unpadded vocabulary: the rows of the stored word embeddings
+std::int64_t word_embedding_rows(std::string file) {
+  // the unpadded vocabulary: the rows of the stored word embeddings (of the base model under
+  // LoRA adapters)
+  if (const std::string base = checkpoint_lora_base(file, MPI_COMM_WORLD); !base.empty()) file = base;
   std::int64_t v = 0;
   collectively(MPI_COMM_WORLD, [&] {
     const auto dims = checkpoint_tensor_shape(file, "model/embedding/word_embeddings");
@@ -183,6 +202,47 @@ std::int64_t word_embedding_rows(const std::string& file) {
     v = dims[0];
   });
   return v;
+}
+
+// The model weights of checkpoint `file` in m.store: a plain checkpoint's, or LoRA adapters over
+// their base model, merged: W += scale B A for every adapted projection (one-rank layout: local =
+// global, fused q|k|v row blocks in place in both W and B), in double, rounded once.
+CheckpointState load_merged(const std::string& file, const std::string& model, const Deck& deck, std::int64_t vocab,
+                            OneRankModel& m) {
+  const CheckpointState st = load_model_weights(file, model.c_str(), m.fam, m.cfg, head_options(deck), vocab, m.store,
+                                                m.topo);
+  if (!m.store.has_adapters()) return st;
+  HostFloatView host = m.store.model_to_host();
+  const std::string tail = "/lora_a";
+  int merged = 0;
+  for (const ParamInfo& pa : m.store.params()) {
+    if (!pa.adapter || pa.name.size() <= tail.size() ||
+        pa.name.compare(pa.name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string proj = pa.name.substr(0, pa.name.size() - tail.size());
+    const ParamId ib = m.store.find(proj + "/lora_b"), iw = m.store.find(proj + "/weight");
+    TRIDENT_REQUIRE(ib >= 0 && iw >= 0, "convert_checkpoint: " << pa.name << " has no lora_b or weight beside it");
+    const ParamInfo &pb = m.store.info(ib), &pw = m.store.info(iw);
+    const std::int64_t r = pa.shape[0], in = pa.shape[1], out = pb.shape[0];
+    TRIDENT_REQUIRE(pb.shape[1] == r && pw.shape[0] == out && pw.shape[1] == in,
+                    "convert_checkpoint: the adapters of " << proj << " do not match its weight");
+    const float* a = host.data() + pa.offset;
+    const float* b = host.data() + pb.offset;
+    float* w = host.data() + pw.offset;
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t i = 0; i < in; ++i) {
+        double acc = 0;
+        for (std::int64_t k = 0; k < r; ++k) acc += static_cast<double>(b[o * r + k]) * a[k * in + i];
+        w[o * in + i] = static_cast<float>(static_cast<double>(w[o * in + i]) + m.cfg.lora_scale * acc);
+      }
+    ++merged;
+  }
+  m.store.model_from_host(host);
+  std::printf(
+      "convert_checkpoint: merged the LoRA adapters (rank %lld, scale %g) of %d projections into the base "
+      "model %s\n",
+      static_cast<long long>(m.cfg.lora_rank), static_cast<double>(m.cfg.lora_scale), merged, st.lora_base.c_str());
+  return st;
 }
 
 int export_hf(const Options& o) {
@@ -216,7 +276,7 @@ int export_hf(const Options& o) {
   });
   const std::int64_t vocab = word_embedding_rows(file);
   OneRankModel m(deck, model, vocab);
-  const CheckpointState st = load_checkpoint(file, model, m.store, nullptr, m.topo);
+  const CheckpointState st = load_merged(file, model, deck, vocab, m);
   const HostFloatView host = m.store.model_to_host();
   std::vector<SafeTensorOut> tensors;
   std::set<std::string> mapped;
@@ -236,7 +296,7 @@ int export_hf(const Options& o) {
     mapped.insert(t.trident);
   }
   for (const auto& p : m.store.params())
-    TRIDENT_REQUIRE(p.tied_copy || mapped.count(p.name),
+    TRIDENT_REQUIRE(p.tied_copy || p.adapter || mapped.count(p.name),
                     "convert_checkpoint: " << p.name << " has no Hugging Face name");
   std::int64_t eod = -1;
   if (model == "gpt") {
@@ -442,13 +502,65 @@ int import_hf(const Options& o) {
   return 0;
 }
 
+// --to merged: LoRA adapters merged into their base model, saved as plain weights.
+int merge_lora(const Options& o) {
+  const std::string file = resolve_checkpoint(o.input);
+  const std::string model = checkpoint_model_kind(file, MPI_COMM_WORLD);
+  const Deck deck = parse_stored_deck(read_checkpoint_deck(file, model, MPI_COMM_WORLD));
+  const fs::path out(o.output);
+  collectively(MPI_COMM_WORLD, [&] {
+    TRIDENT_REQUIRE(deck.lora.rank > 0,
+                    "convert_checkpoint: " << file << " holds plain weights, no LoRA adapters to merge");
+    std::error_code ec;
+    TRIDENT_REQUIRE(!fs::exists(out, ec) || fs::is_directory(out, ec),
+                    "convert_checkpoint: --output '" << o.output << "' exists and is not a directory");
+    check_output_file(o, out / "latest");
+  });
+  const std::int64_t vocab = word_embedding_rows(file);
+  OneRankModel m(deck, model, vocab);
+  const CheckpointState st = load_merged(file, model, deck, vocab, m);
+  // the plain model: the base model's parameters, by name, from the merged store
+  Deck plain_deck = deck;
+  plain_deck.lora = Deck::Lora{};
+  plain_deck.checkpoint.finetune = false;
+  OneRankModel plain(plain_deck, model, vocab);
+  const HostFloatView from = m.store.model_to_host();
+  HostFloatView to = plain.store.model_to_host();
+  for (const ParamInfo& p : plain.store.params()) {
+    const ParamId id = m.store.find(p.name);
+    TRIDENT_REQUIRE(id >= 0 && m.store.info(id).numel() == p.numel(),
+                    "convert_checkpoint: internal: " << p.name << " differs between the adapted and the plain model");
+    for (std::int64_t i = 0; i < p.numel(); ++i) to(p.offset + i) = from(m.store.info(id).offset + i);
+  }
+  plain.store.model_from_host(to);
+  CheckpointState ps;
+  ps.model = model;
+  ps.iteration = st.iteration;
+  ps.consumed_samples = st.consumed_samples;
+  ps.seed = deck.train.seed;
+  ps.dtype = "fp32";
+  ps.deck = plain_deck.to_ini();
+  collectively(MPI_COMM_WORLD, [&] {
+    std::error_code ec;
+    TRIDENT_REQUIRE(o.overwrite || !fs::exists(out / iter_dir_of(st.iteration), ec),
+                    "convert_checkpoint: '" << (out / iter_dir_of(st.iteration)).string()
+                                            << "' exists (pass --overwrite to replace it)");
+    fs::create_directories(out, ec);
+    TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot create '" << o.output << "': " << ec.message());
+  });
+  const std::string written = save_checkpoint(o.output, ps, plain.store, nullptr, plain.topo);
+  std::printf("convert_checkpoint: %s (LoRA adapters, iteration %lld) over %s -> %s (plain %s weights, fp32)\n",
+              file.c_str(), static_cast<long long>(st.iteration), st.lora_base.c_str(), written.c_str(), model.c_str());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Communicator world(MPI_COMM_WORLD);
   std::optional<Options> o = parse_options(argc, argv, world.rank());
   if (!o) return 0;
   TRIDENT_REQUIRE(world.size() == 1,
                   "convert_checkpoint runs on one process (got " << world.size() << "): run it without mpiexec -n");
-  return o->to == "hf" ? export_hf(*o) : import_hf(*o);
+  return o->to == "hf" ? export_hf(*o) : o->to == "merged" ? merge_lora(*o) : import_hf(*o);
 }
 
 }  // namespace

@@ -180,11 +180,17 @@ int run(int argc, char** argv) {
 
   Topology topo(MPI_COMM_WORLD, world_size, 1);
   const std::string file = resolve_checkpoint(o.checkpoint);
+  const std::string lora_base = checkpoint_lora_base(file, MPI_COMM_WORLD);
+  TRIDENT_REQUIRE(lora_base.empty(), "generate_gpt: checkpoint " << file << " holds LoRA adapters only (trained on "
+                                                                 << lora_base
+                                                                 << "): merge them into plain weights first "
+                                                                    "(convert_checkpoint --to merged)");
   const Deck deck = parse_stored_deck(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
   TransformerConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
   cfg.dt = DType::F32;  // inference in fp32 whatever the training precision (checkpoints hold fp32)
   cfg.recompute = TransformerConfig::Recompute::None;
   cfg.hidden_dropout = cfg.attention_dropout = 0.f;
+  cfg.lora_rank = 0;  // plain weights (checked above)
   TensorParallel tp;
   tp.comm = &topo.tp_group();
   ParamStore store;  // fp32 whatever the training precision: the checkpoint holds fp32 tensors

@@ -172,10 +172,15 @@ std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host,
 // The union over all ranks of (name, global shape) of the tensors they hold: with pipeline
 // parallelism ranks hold different tensors, but parallel HDF5 creates datasets collectively,
 // so every rank creates every dataset, in the same (sorted) order.
-std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store, MPI_Comm comm) {
+bool in_set(const ParamInfo& p, TensorSet set) {
+  return set == TensorSet::all || (set == TensorSet::adapters) == p.adapter;
+}
+
+std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store, MPI_Comm comm,
+                                                        TensorSet set = TensorSet::all) {
   std::string mine;
   for (const auto& p : store.params()) {
-    if (p.tied_copy) continue;
+    if (p.tied_copy || !in_set(p, set)) continue;
     mine += p.name;
     for (auto d : p.global_shape) mine += " " + std::to_string(d);
     mine += "\n";
@@ -226,9 +231,10 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
   }
 }
 
-void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store, float* host,
-                  const std::string& where) {
+void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store, float* host, const std::string& where,
+                  TensorSet set) {
   for (const auto& p : store.params()) {
+    if (!in_set(p, set)) continue;
     const std::string name = prefix + p.name;
     TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
                         H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
@@ -343,7 +349,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     agree_or_throw(world.get(), err);
     const bool w = writes_slice(topo);
     const int tp = topo.coords().tp;
-    const auto tensors = all_tensors(store, world.get());
+    const auto tensors = all_tensors(store, world.get(), store.has_adapters() ? TensorSet::adapters : TensorSet::all);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
       write_tensors(file, prefix, store, buf.data(), w, tp, tensors,
                     checksums(store, buf.data(), w, tp, tensors, world.get()));
@@ -370,6 +376,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     h5_write_attr(file, "dtype", st.dtype);
     h5_write_attr(file, "deck", st.deck);
     h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(opt ? 1 : 0));
+    if (store.has_adapters()) {
+      h5_write_attr(file, "lora_base", st.lora_base);
+      h5_write_attr(file, "lora_base_digest", st.lora_base_digest);
+    }
     h5_write_attr(file, "parallel_layout",
                   "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
                       " dp=" + std::to_string(topo.dp_size()));
@@ -459,10 +469,13 @@ std::string read_checkpoint_deck(const std::string& path, const std::string& exp
 }
 
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
-                                AdamW* opt, const Topology& topo) {
+                                AdamW* opt, const Topology& topo, TensorSet set) {
   CheckpointState st;
-  // (padded_size): the model, laid out like the store
-  HostFloatView values(std::string("checkpoint::values"), static_cast<size_t>(store.padded_size()));
+  // (padded_size): the model, laid out like the store (reading a part of it: the other tensors
+  // keep their values)
+  HostFloatView values = set == TensorSet::all ? HostFloatView(std::string("checkpoint::values"),
+                                                               static_cast<size_t>(store.padded_size()))
+                                               : store.model_to_host();
   HostFloatView m, v, master;  // (padded_size) each, when allocated
   bool has_master = false;
   if (opt) {
@@ -470,7 +483,7 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
   }
   const MPI_Comm world = topo.world().get();
-  const auto tensors = all_tensors(store, world);
+  const auto tensors = all_tensors(store, world, set);
   std::int64_t version = 0;
   // the stored checksums of every dataset read, by prefix, in the order of `tensors`
   std::map<std::string, std::vector<std::string>> stored;
@@ -487,8 +500,20 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     st.deck = h5_read_attr_string(file, "deck", path);
     // the run's precision: a resumed fp16 run restores its loss scaler only from an fp16 checkpoint
     if (h5_has_attr(file, "dtype")) st.dtype = h5_read_attr_string(file, "dtype", path);
+    if (h5_has_attr(file, "lora_base")) {
+      st.lora_base = h5_read_attr_string(file, "lora_base", path);
+      st.lora_base_digest = h5_read_attr_string(file, "lora_base_digest", path);
+    }
+    // a LoRA checkpoint holds adapters only: never a base model, nor the model of a plain run
+    TRIDENT_REQUIRE(st.lora_base.empty() || set == TensorSet::adapters,
+                    "checkpoint " << path << " holds LoRA adapters only (trained on " << st.lora_base
+                                  << "): load it with the same lora.* keys, or merge it into plain weights first "
+                                     "(convert_checkpoint --to merged)");
+    TRIDENT_REQUIRE(set != TensorSet::adapters || !st.lora_base.empty(),
+                    "checkpoint " << path
+                                  << " holds no LoRA adapters (it is not a checkpoint of a run with lora.rank > 0)");
     auto get = [&](const std::string& prefix, float* host) {
-      read_tensors(file, prefix, store, host, path);
+      read_tensors(file, prefix, store, host, path, set);
       if (version < 2) return;
       auto& sums = stored[prefix];
       for (const auto& entry : tensors) {
@@ -567,6 +592,54 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     opt->set_steps(st.optimizer_steps);
   }
   return st;
+}
+
+std::string checkpoint_lora_base(const std::string& path, MPI_Comm world) {
+  std::string base;
+  collectively(world, [&] {
+    H5QuietErrors quiet;
+    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+    if (h5_has_attr(file, "lora_base")) base = h5_read_attr_string(file, "lora_base", path);
+  });
+  return base;
+}
+
+std::string checkpoint_digest(const std::string& path, MPI_Comm world) {
+  std::string digest;
+  collectively(world, [&] {
+    H5QuietErrors quiet;
+    H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    TRIDENT_REQUIRE(file.valid(), "cannot open checkpoint '" << path << "'");
+    TRIDENT_REQUIRE(H5Lexists(file, "model", H5P_DEFAULT) > 0, "checkpoint '" << path << "' has no model/ group");
+    struct Visit {
+      std::map<std::string, std::string> sums;  // dataset name -> stored checksum (sorted)
+      std::string where;
+    } visit;
+    visit.where = path;
+    // (an HDF5 callback: no exception may leave it)
+    auto cb = [](hid_t group, const char* name, const H5L_info_t*, void* data) noexcept -> herr_t {
+      auto* v = static_cast<Visit*>(data);
+      try {
+        H5Handle o(H5Oopen(group, name, H5P_DEFAULT), H5Oclose);
+        if (!o.valid()) return -1;
+        if (H5Iget_type(o) != H5I_DATASET) return 0;
+        H5Handle d = h5_dataset(H5Dopen2(group, name, H5P_DEFAULT));
+        v->sums[name] = d.valid() && h5_has_attr(d, "checksum") ? h5_read_attr_string(d, "checksum", v->where) : "-";
+        return 0;
+      } catch (...) {
+        return -1;
+      }
+    };
+    H5Handle model = h5_group(H5Gopen2(file, "model", H5P_DEFAULT));
+    TRIDENT_REQUIRE(model.valid() && H5Lvisit(model, H5_INDEX_NAME, H5_ITER_INC, cb, &visit) >= 0,
+                    "checkpoint '" << path << "': cannot list its model tensors");
+    std::uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (const auto& [name, sum] : visit.sums)
+      for (const char c : name + "=" + sum + ";") h = splitmix64(h ^ static_cast<unsigned char>(c));
+    digest = hex64(h) + "/" + std::to_string(visit.sums.size());
+  });
+  return digest;
 }
 
 std::vector<std::string> checkpoints_newest_first(const std::string& save) {

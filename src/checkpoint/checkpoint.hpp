@@ -30,9 +30,18 @@ struct CheckpointState {
   std::int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0, skipped_iterations = 0;
   std::string dtype = "fp32";  // the run's precision.dtype
   std::string deck;            // resolved INI text
+  // A LoRA run's checkpoint (adapters only): the base checkpoint file its adapters were trained
+  // on, and that file's digest (checkpoint_digest); empty otherwise.
+  std::string lora_base, lora_base_digest;
 };
 
-// Collective over topo.world(). Returns the path of the file written.
+// Which of a store's tensors a checkpoint holds or a load reads: every one; a LoRA run's
+// adapters alone (what its checkpoints hold); or all but the adapters (its frozen base model).
+enum class TensorSet { all, adapters, base };
+
+// Collective over topo.world(). Returns the path of the file written. A store with LoRA adapters
+// writes the adapters alone (and their optimizer state), with the attributes lora_base and
+// lora_base_digest of `state`.
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state, const ParamStore& store,
                             const AdamW* optimizer, const Topology& topo);
 
@@ -57,8 +66,18 @@ std::string read_checkpoint_deck(const std::string& file, const std::string& exp
 // tensor whose checksum does not match (a corrupt file) or that holds NaN or inf (a diverged
 // run). The store and optimizer are changed only once everything has been read and verified, so
 // a caller may try an older checkpoint after a failure.
+// `set` selects the tensors read (the others keep their values): a LoRA run reads its base
+// model's (TensorSet::base) and its own checkpoints' (TensorSet::adapters).
 CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,
-                                AdamW* optimizer, const Topology& topo);
+                                AdamW* optimizer, const Topology& topo, TensorSet set = TensorSet::all);
+
+// Collective over `world`: the base checkpoint that checkpoint `file`'s LoRA adapters were
+// trained on (its attribute lora_base), or "" for a checkpoint of plain weights.
+std::string checkpoint_lora_base(const std::string& file, MPI_Comm world);
+
+// Collective over `world`: a digest of checkpoint `file`'s model tensors (their names and stored
+// checksums), which pins the base model of LoRA adapters.
+std::string checkpoint_digest(const std::string& file, MPI_Comm world);
 
 // The checkpoint files under save directory `save`, newest first (iter_* directories holding a
 // checkpoint.h5), for checkpoint.load = auto's fall-back. Local (call on one rank).

@@ -149,6 +149,11 @@ class Registry {
         "fine-tune: checkpoint.load gives the weights only; iteration, optimizer and schedule start afresh");
     add("checkpoint.overwrite", &d.checkpoint.overwrite,
         "a run from scratch may replace the checkpoints in checkpoint.save and the metrics files (refused otherwise)");
+    add("lora.rank", &d.lora.rank,
+        "LoRA adapters' rank (0: none); needs checkpoint.finetune (the frozen base model in checkpoint.load)");
+    add("lora.alpha", &d.lora.alpha, "LoRA scale alpha / rank (0: alpha = rank)");
+    add("lora.targets", &d.lora.targets,
+        "projections that get adapters: qkv, proj, fc1, fc2 and, in T5's decoder, cross_q, cross_kv, cross_proj");
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
     add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
     add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
@@ -202,6 +207,26 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
     s.replace(pos, from.size(), to);
   return s;
 }
+
+}  // namespace
+
+std::set<std::string> lora_targets(const std::string& list) {
+  static const std::set<std::string> known = {"qkv", "proj", "fc1", "fc2", "cross_q", "cross_kv", "cross_proj"};
+  std::set<std::string> out;
+  std::stringstream ss(list);
+  for (std::string t; std::getline(ss, t, ',');) {
+    const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+    if (b == std::string::npos) continue;
+    t = t.substr(b, e - b + 1);
+    TRIDENT_REQUIRE(known.count(t) == 1, "deck: lora.targets: unknown projection '"
+                                             << t << "' (known: qkv, proj, fc1, fc2, cross_q, cross_kv, cross_proj)");
+    out.insert(t);
+  }
+  TRIDENT_REQUIRE(!out.empty(), "deck: lora.targets names no projection");
+  return out;
+}
+
+namespace {
 
 void check_choice(const std::string& key, const std::string& v, const std::set<std::string>& allowed) {
   if (allowed.count(v)) return;
@@ -311,6 +336,17 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
   TRIDENT_REQUIRE(!d.checkpoint.finetune || (!d.checkpoint.load.empty() && d.checkpoint.load != "auto"),
                   "deck: checkpoint.finetune needs checkpoint.load (the pretrained checkpoint to start from)");
+  TRIDENT_REQUIRE(d.lora.rank >= 0, "deck: lora.rank must be >= 0");
+  TRIDENT_REQUIRE(d.lora.alpha >= 0, "deck: lora.alpha must be >= 0");
+  lora_targets(d.lora.targets);  // names checked
+  if (d.lora.rank > 0 && !stored && !d.eval.only) {
+    TRIDENT_REQUIRE(d.checkpoint.finetune,
+                    "deck: lora.rank > 0 trains adapters on a frozen base model: set checkpoint.finetune = true and "
+                    "checkpoint.load to the base checkpoint");
+    TRIDENT_REQUIRE(!d.parallel.overlap_grad_reduce,
+                    "deck: parallel.overlap_grad_reduce does not apply with lora.rank > 0 (the adapters' gradients "
+                    "are reduced in one call after the backward pass)");
+  }
   TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");
   TRIDENT_REQUIRE(d.eval.iters >= 0, "deck: eval.iters must be >= 0");
   TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");

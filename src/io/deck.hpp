@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,14 @@ struct Deck {
     // in the metrics files (refused otherwise: train/output_checks.hpp).
     bool overwrite = false;
   } checkpoint;
+  // Low-rank adaptation (LoRA, Hu et al. 2021, as PEFT and Megatron apply it): each targeted
+  // projection W gains W + (alpha / rank) B A with A (rank, in) and B (out, rank); only the
+  // adapters train, the base model (checkpoint.load with checkpoint.finetune) stays frozen.
+  struct Lora {
+    std::int64_t rank = 0;  // 0: no adapters
+    double alpha = 0.0;     // scale alpha / rank; 0: alpha = rank (scale 1)
+    std::string targets = "qkv,proj,fc1,fc2";
+  } lora;
   struct Eval {
     std::int64_t interval = 0, iters = 10, windows = 0;
     std::int64_t stride = 0;  // GPT evaluation mode: tokens between window starts (0: seq_length, disjoint)
@@ -117,6 +126,10 @@ struct Deck {
   // The resolved configuration as INI text.
   std::string to_ini() const;
 };
+
+// The projections named by lora.targets (comma-separated), checked: Error::all naming an
+// unknown one.
+std::set<std::string> lora_targets(const std::string& list);
 
 // Parses `--deck FILE` plus `--section.key value` overrides (command line wins). Throws
 // Error::all with a message naming the offending key. `help_out` receives the option list and

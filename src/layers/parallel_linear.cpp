@@ -6,6 +6,8 @@
 // accumulation) between the region operations of layers/tensor_parallel.
 #include "layers/parallel_linear.hpp"
 
+#include <cmath>
+
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
@@ -32,11 +34,112 @@ void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_
   gemm_mixed(Trans::T, Trans::N, n_out, n_in, rows, 1.f, g, n_out, operand(x), n_in, 1.f, dw.data(), n_in);
 }
 
+// dx (rows, n_in) = dy W only (a frozen W: no weight gradient). 16-bit weights: dy is rounded
+// into dy16 first, as linear_backward_gemms does.
+void frozen_backward_gemm(std::int64_t rows, std::int64_t n_in, std::int64_t n_out, const FloatView& dy, const Act& w,
+                          const FloatView& dx, const HalfView& dy16) {
+  if (!w.is_half()) {
+    gemm(Trans::N, Trans::N, rows, n_in, n_out, 1.f, dy.data(), n_out, w.f.data(), n_in, 0.f, dx.data(), n_in);
+    return;
+  }
+  pack_half(w.dt, dy16, dy, rows * n_out);
+  Kokkos::fence();
+  gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, operand(w.dt, dy16.data()), n_out, operand(w), n_in, 0.f,
+             dx.data(), n_in);
+}
+
+// The adapters of projection `name` whose weight is w (LoraAdapters in parallel_linear.hpp):
+// `column` true: B (out, rank) split by rows like W, A (rank, in) replicated; false: A split by
+// columns like W, B replicated.
+LoraAdapters declare_lora(ParamStore& store, const std::string& name, const ParamInfo& w, bool column, LoraSpec spec,
+                          std::int64_t rows) {
+  LoraAdapters l;
+  if (spec.rank <= 0) return l;
+  const std::int64_t r = spec.rank;
+  l.rank = r;
+  l.scale = spec.scale;
+  ParamInfo a;
+  a.name = name + "/lora_a";
+  a.shape = {r, w.shape[1]};
+  a.global_shape = {r, w.global_shape[1]};
+  a.global_offset = {0, column ? 0 : w.global_offset[1]};
+  a.valid = {r, w.valid[1]};
+  a.tp_replicated = column;
+  a.weight_decay = true;
+  a.adapter = true;
+  a.init_std = 1.f / std::sqrt(3.f * static_cast<float>(w.global_shape[1]));
+  ParamInfo b;
+  b.name = name + "/lora_b";
+  b.shape = {w.shape[0], r};
+  b.global_shape = {w.global_shape[0], r};
+  b.global_offset = {column ? w.global_offset[0] : 0, 0};
+  b.valid = {w.valid[0], r};
+  b.row_blocks = column ? w.row_blocks : 1;
+  b.tp_replicated = !column;
+  b.weight_decay = true;
+  b.adapter = true;
+  b.init_std = 0.f;
+  b.init_value = 0.f;
+  l.a = store.declare(a);
+  l.b = store.declare(b);
+  l.u32 = make_float("lora::u32", rows * r);
+  l.du32 = make_float("lora::du32", rows * r);
+  if (store.dtype() != DType::F32) {
+    l.u16 = make_half("lora::u16", rows * r);
+    l.du16 = make_half("lora::du16", rows * r);
+  }
+  return l;
+}
+
+// u (rows, rank) = x A^T, as a GEMM operand (rounded to 16 bits with 16-bit parameters).
+GemmOperand lora_down(const ParamStore& store, const LoraAdapters& l, std::int64_t rows, std::int64_t n_in,
+                      GemmOperand x) {
+  const Act a = store.param(l.a);  // (rank, n_in)
+  gemm_mixed(Trans::N, Trans::T, rows, l.rank, n_in, 1.f, x, n_in, operand(a), n_in, 0.f, l.u32.data(), l.rank);
+  if (!a.is_half()) return operand(l.u32.data());
+  pack_half(a.dt, l.u16, l.u32, rows * l.rank);
+  Kokkos::fence();
+  return operand(a.dt, l.u16.data());
+}
+
+// y (rows, n_out) += scale (x A^T) B^T
+void lora_forward(const ParamStore& store, const LoraAdapters& l, std::int64_t rows, std::int64_t n_in,
+                  std::int64_t n_out, GemmOperand x, float* y) {
+  const GemmOperand u = lora_down(store, l, rows, n_in, x);
+  gemm_mixed(Trans::N, Trans::T, rows, n_out, l.rank, l.scale, u, l.rank, operand(store.param(l.b)), l.rank, 1.f, y,
+             n_out);
+}
+
+// From dy (rows, n_out) and the forward input x (rows, n_in): dB += scale dy^T u, du = scale dy B,
+// dA += du^T x, dx += du A (u = x A^T recomputed).
+void lora_backward(const ParamStore& store, const LoraAdapters& l, std::int64_t rows, std::int64_t n_in,
+                   std::int64_t n_out, GemmOperand dy, GemmOperand x, float* dx) {
+  const Act a = store.param(l.a), b = store.param(l.b);
+  const GemmOperand u = lora_down(store, l, rows, n_in, x);
+  gemm_mixed(Trans::T, Trans::N, n_out, l.rank, rows, l.scale, dy, n_out, u, l.rank, 1.f, store.grad(l.b).data(),
+             l.rank);
+  gemm_mixed(Trans::N, Trans::N, rows, l.rank, n_out, l.scale, dy, n_out, operand(b), l.rank, 0.f, l.du32.data(),
+             l.rank);
+  GemmOperand du = operand(l.du32.data());
+  if (a.is_half()) {
+    pack_half(a.dt, l.du16, l.du32, rows * l.rank);
+    Kokkos::fence();
+    du = operand(a.dt, l.du16.data());
+  }
+  gemm_mixed(Trans::T, Trans::N, l.rank, n_in, rows, 1.f, du, l.rank, x, n_in, 1.f, store.grad(l.a).data(), n_in);
+  gemm_mixed(Trans::N, Trans::N, rows, n_in, l.rank, 1.f, du, l.rank, operand(a), n_in, 1.f, dx, n_in);
+}
+
+// The output gradient as a GEMM operand: dy, or its 16-bit copy dy16 (rounded by the base GEMMs).
+GemmOperand dy_operand(const Act& w, const FloatView& dy, const HalfView& dy16) {
+  return w.is_half() ? operand(w.dt, dy16.data()) : operand(dy.data());
+}
+
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in,
                                            std::int64_t out, float init_std, const TensorParallel& tp,
-                                           std::int64_t rows, std::int64_t row_blocks)
+                                           std::int64_t rows, std::int64_t row_blocks, LoraSpec lora)
     : store_(&store), tp_(tp), in_(in), rows_(rows) {
   const std::int64_t p = tp.size(), r = tp.rank();
   TRIDENT_REQUIRE(out % (p * row_blocks) == 0, name << ": output size " << out << " is not divisible by tp = " << p);
@@ -63,6 +166,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   b.init_std = 0.f;
   b.init_value = 0.f;
   b_ = store.declare(b);
+  lora_ = declare_lora(store, name, w, true, lora, rows);
   if (tp.sequence_parallel) {
     dgathered_ = make_float("column_linear::dgathered", rows * in);
   }
@@ -80,11 +184,13 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
   if (!w.is_half()) {
     gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(),
          out_local_);
+    if (lora_.on()) lora_forward(*store_, lora_, rows_, in_, out_local_, operand(input), y.f.data());
     if (add_bias_here) add_bias(y.f, store_->value(b_), rows_, out_local_);
     return;
   }
   gemm_mixed(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, operand(input), in_, operand(w), in_, 0.f, y32.data(),
              out_local_);
+  if (lora_.on()) lora_forward(*store_, lora_, rows_, in_, out_local_, operand(input), y32.data());
   if (add_bias_here) add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
 }
 
@@ -99,8 +205,14 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   Kokkos::fence();
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
-  linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
-  bias_backward(store_->grad(b_), dy, rows_, out_local_);
+  if (store_->trains(w_)) {
+    linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
+    bias_backward(store_->grad(b_), dy, rows_, out_local_);
+  } else {
+    frozen_backward_gemm(rows_, in_, out_local_, dy, w, dinput, dy16);
+  }
+  if (lora_.on())
+    lora_backward(*store_, lora_, rows_, in_, out_local_, dy_operand(w, dy, dy16), operand(input), dinput.data());
   Kokkos::fence();
   if (tp_.sequence_parallel)
     GatherFromSequenceParallelRegion::backward(tp_, dx, dgathered_, rows_, in_);  // -> (rows/tp, in)
@@ -109,7 +221,7 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
 }
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
-                                     float init_std, const TensorParallel& tp, std::int64_t rows)
+                                     float init_std, const TensorParallel& tp, std::int64_t rows, LoraSpec lora)
     : store_(&store), tp_(tp), out_(out), rows_(rows) {
   const std::int64_t p = tp.size(), r = tp.rank();
   TRIDENT_REQUIRE(in % p == 0, name << ": input size " << in << " is not divisible by tp = " << p);
@@ -125,6 +237,7 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
   w.init_std = init_std;
   w_ = store.declare(w);
   b_ = store.declare(name + "/bias", {out}, false, 0.f, 0.f);  // replicated over TP
+  lora_ = declare_lora(store, name, w, false, lora, rows);
   if (tp.sequence_parallel) partial_ = make_float("row_linear::partial", rows * out);
   if (tp.sequence_parallel) dy_full_ = make_float("row_linear::dy_full", rows * out);
 }
@@ -136,6 +249,7 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
   Kokkos::fence();
   gemm_mixed(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, operand(x), in_local_, operand(w), in_local_, 0.f,
              out.data(), out_);
+  if (lora_.on()) lora_forward(*store_, lora_, rows_, in_local_, out_, operand(x), out.data());
   std::int64_t out_rows = rows_;
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::forward(tp_, y, partial_, rows_, out_);  // -> (rows/tp, out)
@@ -152,7 +266,7 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
-  bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
+  if (store_->trains(b_)) bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
   FloatView dfull = dy;  // (rows, out) once gathered
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
@@ -160,20 +274,25 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   }
   Kokkos::fence();
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
-  linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
+  if (store_->trains(w_))
+    linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
+  else
+    frozen_backward_gemm(rows_, in_local_, out_, dfull, w, dx, dy16);
+  if (lora_.on())
+    lora_backward(*store_, lora_, rows_, in_local_, out_, dy_operand(w, dfull, dy16), operand(x), dx.data());
 }
 
 void ColumnParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64_t rows) const {
-  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32,
-                  "internal: inference runs fp32 parameters without sequence parallelism");
+  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32 && !lora_.on(),
+                  "internal: inference runs fp32 parameters without sequence parallelism or adapters");
   gemm(Trans::N, Trans::T, rows, out_local_, in_, 1.f, x.data(), in_, store_->value(w_).data(), in_, 0.f, y.data(),
        out_local_);
   add_bias(y, store_->param(b_), rows, out_local_);
 }
 
 void RowParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64_t rows) const {
-  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32,
-                  "internal: inference runs fp32 parameters without sequence parallelism");
+  TRIDENT_REQUIRE(!tp_.sequence_parallel && store_->dtype() == DType::F32 && !lora_.on(),
+                  "internal: inference runs fp32 parameters without sequence parallelism or adapters");
   gemm(Trans::N, Trans::T, rows, out_, in_local_, 1.f, x.data(), in_local_, store_->value(w_).data(), in_local_, 0.f,
        y.data(), out_);
   Kokkos::fence();

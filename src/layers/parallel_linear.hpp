@@ -10,6 +10,14 @@
 //   or, with sequence parallelism, reduce_scatter_rows; the bias (replicated) is added after.
 // `rows` is the full token count B*T; with sequence parallelism a rank holds rows/tp of them
 // outside the tensor-parallel region.
+//
+// LoRA (LoraSpec rank > 0): y gains scale * (x A^T) B^T, with A (rank, in) and B (out, rank),
+// and W and the bias are frozen (no weight gradient is computed). The adapters are split like
+// the layer: column-parallel B by rows like W (A replicated), row-parallel A by columns like W
+// (B replicated), so that the low-rank term joins the partial output before the reduction. The
+// replicated half's gradient is then a partial sum on each TP rank (all-reduced over TP by the
+// trainer). A ~ normal(0, 1/sqrt(3 in)) (the variance of PEFT's default uniform), B = 0: at
+// initialisation the model is exactly the base model.
 #pragma once
 #include <string>
 
@@ -18,11 +26,26 @@
 
 namespace trident {
 
+struct LoraSpec {
+  std::int64_t rank = 0;  // 0: no adapters
+  float scale = 1.f;      // alpha / rank
+};
+
+// The adapters of one projection and their workspaces (parallel_linear.cpp).
+struct LoraAdapters {
+  ParamId a = -1, b = -1;
+  std::int64_t rank = 0;
+  float scale = 1.f;
+  FloatView u32, du32;  // (rows, rank): x A^T and its gradient
+  HalfView u16, du16;   // 16-bit copies for the GEMMs with 16-bit parameters
+  bool on() const { return rank > 0; }
+};
+
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
   ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1);
+                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1, LoraSpec lora = {});
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
   // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
@@ -48,13 +71,14 @@ class ColumnParallelLinear {
   ParamId w_ = -1, b_ = -1;
   std::int64_t in_ = 0, out_local_ = 0, rows_ = 0;
   FloatView dgathered_;  // (rows, in) under sequence parallelism
+  LoraAdapters lora_;
 };
 
 class RowParallelLinear {
  public:
   RowParallelLinear() = default;
   RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-                    const TensorParallel& tp, std::int64_t rows);
+                    const TensorParallel& tp, std::int64_t rows, LoraSpec lora = {});
   // y (rows, out) or, with sequence parallelism, (rows/tp, out), from x (rows, in/tp).
   // x is fp32 or (16-bit parameters) 16-bit words; y is fp32 (the residual branch).
   // add_bias false: the bias is left to a fused consumer (bias + dropout + residual add).
@@ -74,6 +98,7 @@ class RowParallelLinear {
   ParamId w_ = -1, b_ = -1;
   std::int64_t in_local_ = 0, out_ = 0, rows_ = 0;
   FloatView partial_, dy_full_;  // (rows, out) under sequence parallelism
+  LoraAdapters lora_;
 };
 
 }  // namespace trident

@@ -49,13 +49,26 @@ ParamId ParamStore::declare(ParamInfo info) {
 }
 
 void ParamStore::allocate(std::int64_t multiple) {
+  auto pad = [&](std::int64_t n) { return multiple > 1 ? (n + multiple - 1) / multiple * multiple : n; };
   std::int64_t off = 0;
+  // LoRA adapters first (TP-sharded, then TP-replicated), their range padded like the buffer
+  for (const bool replicated : {false, true}) {
+    if (replicated) adapter_replicated_begin_ = off;
+    for (auto& p : params_) {
+      if (!p.adapter || p.tp_replicated != replicated) continue;
+      p.offset = off;
+      off += p.numel();
+    }
+  }
+  adapter_total_ = off;
+  adapter_padded_ = off > 0 ? pad(off) : 0;
+  off = adapter_padded_;
   // (decay, replicated) of the four groups, in buffer order
   const bool groups[4][2] = {{true, false}, {true, true}, {false, true}, {false, false}};
   for (int g = 0; g < 4; ++g) {
     if (g == 1) replicated_begin_ = off;
     for (auto& p : params_) {
-      if (p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
+      if (p.adapter || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
       p.offset = off;
       off += p.numel();
     }
@@ -63,7 +76,7 @@ void ParamStore::allocate(std::int64_t multiple) {
     if (g == 2) replicated_end_ = off;
   }
   total_ = off;
-  const std::int64_t padded = multiple > 1 ? (total_ + multiple - 1) / multiple * multiple : total_;
+  const std::int64_t padded = pad(total_);
   if (dtype_ == DType::F32)
     values_ = make_float("params::values", padded);
   else
@@ -118,6 +131,17 @@ FloatView ParamStore::grad(ParamId id) const { return slice(grads_, params_.at(i
 std::int64_t ParamStore::global_count() const {
   std::int64_t n = 0;
   for (auto& p : params_) {
+    std::int64_t g = 1;
+    for (auto d : p.global_shape) g *= d;
+    n += g;
+  }
+  return n;
+}
+
+std::int64_t ParamStore::global_adapter_count() const {
+  std::int64_t n = 0;
+  for (auto& p : params_) {
+    if (!p.adapter) continue;
     std::int64_t g = 1;
     for (auto d : p.global_shape) g *= d;
     n += g;

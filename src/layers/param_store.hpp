@@ -7,6 +7,9 @@
 // padding), so checkpoints are written global and load under any layout.
 // Layout of the flat buffer, four groups in this order:
 //   [decay, TP-sharded][decay, TP-replicated][no decay, TP-replicated][no decay, TP-sharded]
+// preceded, in a model with LoRA adapters, by the adapters ([TP-sharded][TP-replicated], padded
+// like the whole buffer): then only that range [0, trainable_size()) trains, and the optimizer,
+// the gradient reductions and the distributed optimizer's shards cover it alone.
 // so that weight decay applies to the prefix [0, decay_size()) and the parameters replicated
 // over the tensor-parallel group (LayerNorm, row-parallel biases, position embeddings) form one
 // contiguous range (their gradients are all-reduced over TP under sequence parallelism, and
@@ -34,6 +37,8 @@ struct ParamInfo {
   // embeddings): loaded from checkpoints, never written, left out of the gradient norm.
   bool tied_copy = false;
   bool weight_decay = false;
+  // A LoRA adapter (A or B of a projection): trained while the rest of the model is frozen.
+  bool adapter = false;
   float init_std = 0.f;  // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;
   std::int64_t offset = -1;  // into the flat buffers, set by allocate()
@@ -92,8 +97,20 @@ class ParamStore {
   // [begin, end) of the TP-replicated parameters in the flat buffers.
   std::int64_t replicated_begin() const { return replicated_begin_; }
   std::int64_t replicated_end() const { return replicated_end_; }
-  // Number of parameters counted globally (sum of global shapes, no padding).
+  // LoRA: whether adapters were declared (the base model is then frozen), and the trainable
+  // range [0, trainable_size()) of the flat buffers (the whole padded buffer without adapters).
+  // The adapters replicated over TP (column-parallel A, row-parallel B) lie in
+  // [adapter_replicated_begin(), adapter_replicated_end()); every TP rank's gradient of them is a
+  // partial sum, all-reduced over TP.
+  bool has_adapters() const { return adapter_total_ > 0; }
+  std::int64_t trainable_size() const { return has_adapters() ? adapter_padded_ : padded_size(); }
+  std::int64_t adapter_replicated_begin() const { return adapter_replicated_begin_; }
+  std::int64_t adapter_replicated_end() const { return adapter_total_; }
+  // Whether parameter id is trained (everything without adapters; only the adapters with them).
+  bool trains(ParamId id) const { return !has_adapters() || params_.at(id).adapter; }
+  // Number of parameters counted globally (sum of global shapes, no padding); of the adapters only.
   std::int64_t global_count() const;
+  std::int64_t global_adapter_count() const;
   ParamId find(const std::string& name) const;  // -1 when absent
 
   void zero_grads();
@@ -107,6 +124,7 @@ class ParamStore {
   FloatView values_, grads_;
   HalfView values16_;
   std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0;
+  std::int64_t adapter_total_ = 0, adapter_padded_ = 0, adapter_replicated_begin_ = 0;
   std::int64_t layer_ = -1;  // the open LayerScope's layer
 };
 

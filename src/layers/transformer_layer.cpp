@@ -82,18 +82,21 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                                    const TransformerShape& s)
     : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.C, s.ln_eps),
       norm2_(store, p + "/post_attention_layernorm", s.C, s.ln_eps),
-      qkv_(store, p + "/self_attention/qkv", s.C, 3 * s.C, s.init_std, s.tp, s.rows(), 3),
-      fc1_(store, p + "/mlp/fc1", s.C, s.F, s.init_std, s.tp, s.rows()),
-      proj_(store, p + "/self_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows()),
-      fc2_(store, p + "/mlp/fc2", s.F, s.C, s.out_init_std, s.tp, s.rows()) {
+      qkv_(store, p + "/self_attention/qkv", s.C, 3 * s.C, s.init_std, s.tp, s.rows(), 3, s.lora_for("qkv")),
+      fc1_(store, p + "/mlp/fc1", s.C, s.F, s.init_std, s.tp, s.rows(), 1, s.lora_for("fc1")),
+      proj_(store, p + "/self_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows(), s.lora_for("proj")),
+      fc2_(store, p + "/mlp/fc2", s.F, s.C, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2")) {
   attend_ = s.flash ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
   attend_backward_ = s.flash ? &TransformerLayer::fused_attend_backward : &TransformerLayer::gemm_attend_backward;
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
     normx_ = LayerNorm(store, p + "/cross_attention_layernorm", s.C, s.ln_eps);
-    cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.C, s.C, s.init_std, s.tp, s.rows());
-    ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.C, 2 * s.C, s.init_std, s.tp, s.enc_rows(), 2);
-    cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows());
+    cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.C, s.C, s.init_std, s.tp, s.rows(), 1,
+                               s.lora_for("cross_q"));
+    ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.C, 2 * s.C, s.init_std, s.tp, s.enc_rows(), 2,
+                                s.lora_for("cross_kv"));
+    cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows(),
+                               s.lora_for("cross_proj"));
     TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.enc_rows() % tp == 0,
                     "sequence parallelism splits micro_batch_size x encoder_seq_length = "
                         << s.enc_rows() << " tokens over tp = " << tp << ": not divisible");

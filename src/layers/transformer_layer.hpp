@@ -8,6 +8,8 @@
 // rank holds all B*T rows, or rows/tp of them with sequence parallelism.
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
+#include <set>
+#include <string>
 #include <string>
 
 #include "layers/layer_norm.hpp"
@@ -34,6 +36,11 @@ struct TransformerShape {
   // Cross-attention over an encoder output of Tk positions per sample (T5's decoder); 0: none.
   // The fused attention kernel serves self-attention only; cross-attention takes the GEMM path.
   std::int64_t Tk = 0;
+  // LoRA adapters (rank 0: none) on the projections named in lora_targets (qkv, proj, fc1, fc2,
+  // cross_q, cross_kv, cross_proj).
+  LoraSpec lora;
+  std::set<std::string> lora_targets;
+  LoraSpec lora_for(const char* projection) const { return lora_targets.count(projection) ? lora : LoraSpec{}; }
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
   std::int64_t enc_rows() const { return B * Tk; }

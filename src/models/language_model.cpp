@@ -100,6 +100,8 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
                       cfg.dt,
                       cfg.flash_attention};
   ts.causal = cfg.layer.mask == MaskKind::Causal;
+  ts.lora = LoraSpec{cfg.lora_rank, cfg.lora_scale};
+  ts.lora_targets = cfg.lora_targets;
   TransformerShape ds = ts;  // an encoder-decoder's decoder layers
   ds.T = cfg.decoder_seq_length;
   ds.causal = cfg.decoder_layer.mask == MaskKind::Causal;

@@ -6,6 +6,7 @@
 // t5_model), whose set_spec fills these fields; the trainer reads the rest from the deck.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "common/half.hpp"
@@ -41,6 +42,10 @@ struct TransformerConfig {
   // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
   DType dt = DType::F32;
   bool flash_attention = false;  // fused attention kernel (no (T, T) probabilities stored)
+  // LoRA adapters (deck lora.*): rank 0 none; scale alpha / rank; the projections they adapt.
+  std::int64_t lora_rank = 0;
+  float lora_scale = 1.f;
+  std::set<std::string> lora_targets;
 
   // The first stack's layers (GPT: causal; BERT and T5's encoder: padding-masked).
   LayerSpec layer;

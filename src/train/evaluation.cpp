@@ -30,17 +30,21 @@ namespace {
 // (the ranks of a tensor-parallel group score the same block together): block i of this rank
 // starts at sample (dp_rank + i * dp) * B.
 struct EvalModel {
-  EvalModel(const Deck& deck, const Topology& topo, std::int64_t vocab, ModelFamily family)
-      : cfg(make_config(deck, vocab, topo.tp_size(), family)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
+  EvalModel(const Deck& run_deck, const Topology& topo, std::int64_t vocab, ModelFamily family)
+      : file(resolve_checkpoint(run_deck.checkpoint.load)),
+        // a checkpoint of LoRA adapters brings its lora.* keys (its base model loads beneath them)
+        deck(with_checkpoint_lora(run_deck, file, family_name(family), topo)),
+        cfg(make_config(deck, vocab, topo.tp_size(), family)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
     store.set_dtype(cfg.dt);
     chunks = build_chunks(family, cfg, head_options(deck), store, B, tensor_parallel(deck, topo),
                           chunks_of(deck, topo, cfg));
     store.allocate();
-    file = resolve_checkpoint(deck.checkpoint.load);
     // the same model as the deck describes (head counts and layers with the same tensor shapes
     // would otherwise load silently), as training and fine-tuning require
-    check_same_model(file, family_name(family), family, cfg, head_options(deck), vocab, topo);
-    state = load_checkpoint(file, family_name(family), store, nullptr, topo);
+    state = load_model_weights(file, family_name(family), family, cfg, head_options(deck), vocab, store, topo);
+    if (store.has_adapters() && topo.world().rank() == 0)
+      std::cout << "LoRA adapters (rank " << deck.lora.rank << ", " << deck.lora.targets << ") of " << file
+                << " over the base model " << state.lora_base << std::endl;
     runner = std::make_unique<PipelineRunner>(raw(chunks), topo);
     runner->grouped_p2p = deck.debug.grouped_p2p;
   }
@@ -49,12 +53,13 @@ struct EvalModel {
     const std::int64_t nblocks = (n + B - 1) / B;
     return nblocks > dp->rank() ? (nblocks - 1 - dp->rank()) / dp->size() + 1 : 0;
   }
+  std::string file;
+  Deck deck;
   TransformerConfig cfg;
   std::int64_t B;
   const Communicator* dp;
   ParamStore store;
   std::vector<std::unique_ptr<LanguageModel>> chunks;
-  std::string file;
   CheckpointState state;
   std::unique_ptr<PipelineRunner> runner;
 };

@@ -55,6 +55,16 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   c.recompute_num_layers = d.precision.recompute_num_layers;
   c.flash_attention = d.model.flash_attention;
   c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
+  if (d.lora.rank > 0) {
+    c.lora_rank = d.lora.rank;
+    c.lora_scale = static_cast<float>((d.lora.alpha > 0 ? d.lora.alpha : static_cast<double>(d.lora.rank)) /
+                                      static_cast<double>(d.lora.rank));
+    c.lora_targets = lora_targets(d.lora.targets);
+    for (const char* t : {"cross_q", "cross_kv", "cross_proj"})
+      TRIDENT_REQUIRE(family == ModelFamily::T5 || c.lora_targets.count(t) == 0,
+                      "deck: lora.targets: " << t << " is a projection of T5's decoder; a " << family_name(family)
+                                             << " model has no cross-attention");
+  }
   return c;
 }
 
@@ -100,6 +110,26 @@ void check_same_model(const std::string& file, const char* family, ModelFamily f
                       const HeadOptions& want_head, std::int64_t vocab, const Topology& topo) {
   const std::string diff = model_differences(file, family, fam, want, want_head, vocab, topo);
   TRIDENT_REQUIRE(diff.empty(), diff);
+}
+
+Deck with_checkpoint_lora(Deck deck, const std::string& file, const char* family, const Topology& topo) {
+  deck.lora = parse_stored_deck(read_checkpoint_deck(file, family, topo.world().get())).lora;
+  return deck;
+}
+
+CheckpointState load_model_weights(const std::string& file, const char* family, ModelFamily fam,
+                                   const TransformerConfig& cfg, const HeadOptions& head, std::int64_t vocab,
+                                   ParamStore& store, const Topology& topo) {
+  check_same_model(file, family, fam, cfg, head, vocab, topo);
+  if (!store.has_adapters()) return load_checkpoint(file, family, store, nullptr, topo);
+  const CheckpointState st = load_checkpoint(file, family, store, nullptr, topo, TensorSet::adapters);
+  check_same_model(st.lora_base, family, fam, cfg, head, vocab, topo);
+  const std::string digest = checkpoint_digest(st.lora_base, topo.world().get());
+  TRIDENT_REQUIRE(digest == st.lora_base_digest,
+                  "checkpoint " << file << " holds LoRA adapters trained on " << st.lora_base << " (digest "
+                                << st.lora_base_digest << "), which has changed since (digest " << digest << ")");
+  load_checkpoint(st.lora_base, family, store, nullptr, topo, TensorSet::base);
+  return st;
 }
 
 TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
 #include "comm/topology.hpp"
 #include "io/deck.hpp"
 #include "layers/param_store.hpp"
@@ -31,6 +32,17 @@ std::string model_differences(const std::string& file, const char* family, Model
                               const Topology& topo);
 void check_same_model(const std::string& file, const char* family, ModelFamily fam, const TransformerConfig& want,
                       const HeadOptions& want_head, std::int64_t vocab, const Topology& topo);
+
+// LoRA checkpoints: `deck` with the lora.* keys of checkpoint `file`'s stored deck (collective),
+// so that a model built from it has the adapters the checkpoint holds (none for a plain one).
+Deck with_checkpoint_lora(Deck deck, const std::string& file, const char* family, const Topology& topo);
+// Loads the model weights of checkpoint `file` into store (no optimizer state), after checking
+// that it holds this model: a plain checkpoint's tensors, or, for a store with adapters (built
+// from with_checkpoint_lora), the checkpoint's adapters over the base model it was trained on
+// (lora_base, whose digest must still match). Collective.
+CheckpointState load_model_weights(const std::string& file, const char* family, ModelFamily fam,
+                                   const TransformerConfig& cfg, const HeadOptions& head, std::int64_t vocab,
+                                   ParamStore& store, const Topology& topo);
 
 TensorParallel tensor_parallel(const Deck& deck, const Topology& topo);
 // This rank's model chunks: one ModelStage, or parallel.vp of them (interleaved schedule).

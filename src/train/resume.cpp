@@ -26,6 +26,29 @@ std::vector<std::string> broadcast_list(const std::vector<std::string>& list, co
   return out;
 }
 
+// LoRA: the adapters of checkpoint `file` must have been trained with this run's lora keys (read
+// before the tensors: another rank has other shapes)...
+std::string lora_key_differences(const std::string& file, const char* family, const Deck& deck, const Topology& topo) {
+  const Deck saved = parse_stored_deck(read_checkpoint_deck(file, family, topo.world().get()));
+  if (saved.lora.rank == deck.lora.rank && saved.lora.alpha == deck.lora.alpha &&
+      lora_targets(saved.lora.targets) == lora_targets(deck.lora.targets))
+    return "";
+  std::ostringstream os;
+  os << "checkpoint " << file << " holds adapters of lora.rank " << saved.lora.rank << ", lora.alpha "
+     << saved.lora.alpha << ", lora.targets " << saved.lora.targets << "; this run has " << deck.lora.rank << ", "
+     << deck.lora.alpha << ", " << deck.lora.targets;
+  return os.str();
+}
+
+// ... on this run's base model (its digest `digest`).
+std::string lora_base_difference(const std::string& file, const std::string& base, const std::string& digest,
+                                 const CheckpointState& st) {
+  if (st.lora_base_digest == digest) return "";
+  return "checkpoint " + file + " holds adapters trained on base model " + st.lora_base + " (digest " +
+         st.lora_base_digest + "), but checkpoint.load is " + base + " (digest " + digest +
+         "): another base model, or one that changed since";
+}
+
 }  // namespace
 
 StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfig& cfg, const HeadOptions& head,
@@ -41,9 +64,24 @@ StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfi
   std::string load = auto_checkpoint(deck.checkpoint.load, deck.checkpoint.save, world);
   if (root && deck.checkpoint.load == "auto" && load.empty() && !deck.checkpoint.save.empty())
     std::cout << "checkpoint.load auto: no checkpoint in '" << deck.checkpoint.save << "' yet, starting from scratch\n";
+  const bool lora = store.has_adapters();
+  if (lora) {  // the frozen base model (checkpoint.load), whether this run starts or resumes
+    start.lora_base = resolve_checkpoint(deck.checkpoint.load);
+    check_same_model(start.lora_base, family, fam, cfg, head, vocab, topo);
+    const CheckpointState st = load_checkpoint(start.lora_base, family, store, nullptr, topo, TensorSet::base);
+    start.lora_base_digest = checkpoint_digest(start.lora_base, world.get());
+    if (root)
+      std::cout << "LoRA: base model " << start.lora_base << " (" << st.model << ", iteration " << st.iteration
+                << ", digest " << start.lora_base_digest << "), frozen\n";
+  }
   if (deck.checkpoint.finetune) {  // weights only, unless this fine-tuning run saved checkpoints already
     const std::string own = auto_checkpoint("auto", deck.checkpoint.save, world);
-    if (own.empty()) {
+    if (own.empty() && lora) {
+      if (root)
+        std::cout << "LoRA: adapters start afresh (B = 0: the model starts as the base model); iteration, "
+                     "optimizer state and learning-rate schedule start afresh\n";
+      load.clear();
+    } else if (own.empty()) {
       const std::string file = resolve_checkpoint(deck.checkpoint.load);
       check_same_model(file, family, fam, cfg, head, vocab, topo);
       const CheckpointState st = load_checkpoint(file, family, store, nullptr, topo);
@@ -87,7 +125,14 @@ StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfi
       std::string diff;
       try {
         diff = model_differences(file, family, fam, cfg, head, vocab, topo);
-        if (diff.empty()) {
+        if (diff.empty() && lora) {
+          diff = lora_key_differences(file, family, deck, topo);
+          if (diff.empty()) {
+            st = load_checkpoint(file, family, store, &adamw, topo, TensorSet::adapters);
+            diff = lora_base_difference(file, start.lora_base, start.lora_base_digest, st);
+          }
+          if (diff.empty()) break;
+        } else if (diff.empty()) {
           st = load_checkpoint(file, family, store, &adamw, topo);
           break;
         }

@@ -22,6 +22,8 @@ struct StartPoint {
   std::int64_t iteration = 0, consumed = 0;  // iterations done and samples consumed
   bool resuming = false;                     // continues a checkpoint (optimizer state, schedule)
   bool finished = false;                     // the checkpoint is at train.iters: nothing to train
+  // LoRA: the frozen base model's checkpoint file and digest (recorded in the run's checkpoints)
+  std::string lora_base, lora_base_digest;
 };
 
 // Loads what the deck asks for into store, adamw (moments, and the fp32 masters of a 16-bit

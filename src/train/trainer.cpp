@@ -159,14 +159,18 @@ int run_training(const Deck& deck, ModelFamily fam) {
   store.allocate(static_cast<std::int64_t>(dp) * 4096);
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
   const bool zero = deck.optim.distributed;
-  const std::int64_t shard = store.padded_size() / dp, shard_begin = shard * dp_rank;
+  // LoRA: only the adapters train (store.trainable_size(): the front of the buffers); the
+  // optimizer, the gradient reductions and ZeRO-1's shards cover that range alone
+  const bool lora = store.has_adapters();
+  const std::int64_t trainable = store.trainable_size();
+  const std::int64_t shard = trainable / dp, shard_begin = shard * dp_rank;
   AdamWConfig ac;
   ac.beta1 = deck.optim.beta1;
   ac.beta2 = deck.optim.beta2;
   ac.eps = deck.optim.eps;
   ac.weight_decay = deck.optim.weight_decay;
   // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only.
-  AdamW adamw(ac, zero ? shard : store.padded_size(), store.decay_size(), zero ? shard_begin : 0);
+  AdamW adamw(ac, zero ? shard : trainable, store.decay_size(), zero ? shard_begin : 0);
   // Mixed precision: fp32 master weights of the optimizer's range, from the 16-bit model
   // (Megatron's Float16Optimizer); replaced by the checkpoint's masters on resume.
   const bool half = cfg.dt != DType::F32, fp16 = cfg.dt == DType::F16;
@@ -207,9 +211,9 @@ int run_training(const Deck& deck, ModelFamily fam) {
   if (start.finished) return 0;
   std::int64_t iteration = start.iteration, consumed = start.consumed;
   const bool resuming = start.resuming;
-  // weights, both moments and (16-bit runs) the fp32 masters, as fp32 tensors
-  const std::int64_t checkpoint_bytes = store.global_count() * static_cast<std::int64_t>(sizeof(float)) *
-                                        (adamw.has_master() ? 4 : 3);
+  // weights, both moments and (16-bit runs) the fp32 masters, as fp32 tensors (LoRA: of the adapters)
+  const std::int64_t checkpoint_bytes = (lora ? store.global_adapter_count() : store.global_count()) *
+                                        static_cast<std::int64_t>(sizeof(float)) * (adamw.has_master() ? 4 : 3);
   {
     // everything this run will write, checked before its first iteration (collective)
     OutputPlan plan;
@@ -235,6 +239,8 @@ int run_training(const Deck& deck, ModelFamily fam) {
     st.skipped_iterations = scaler.skipped();
     st.dtype = deck.precision.dtype;
     st.deck = deck_text;
+    st.lora_base = start.lora_base;
+    st.lora_base_digest = start.lora_base_digest;
     check_room_for_checkpoint(deck.checkpoint.save, checkpoint_bytes, world);
     const std::string f = save_checkpoint(deck.checkpoint.save, st, store, &adamw, topo);
     if (root) std::cout << "saved checkpoint " << f << std::endl;
@@ -271,7 +277,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
         << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
         << "optimizer: AdamW"
         << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
-                       std::to_string(shard) + " of " + std::to_string(store.padded_size()) + " elements' state"
+                       std::to_string(shard) + " of " + std::to_string(trainable) + " elements' state"
                  : std::string())
         << "; precision: " << deck.precision.dtype
         << (half ? " (16-bit parameters and GEMM inputs, fp32 master weights, gradients, residual stream, "
@@ -281,6 +287,12 @@ int run_training(const Deck& deck, ModelFamily fam) {
                        std::to_string(lsc.initial)
                  : std::string())
         << "; recomputation: " << deck.precision.recompute
+        << (lora ? "\nLoRA: rank " + std::to_string(cfg.lora_rank) + ", scale " + std::to_string(cfg.lora_scale) +
+                       " (alpha / rank) on " + deck.lora.targets + ": " + std::to_string(store.global_adapter_count()) +
+                       " adapter parameters train, the " +
+                       std::to_string(store.global_count() - store.global_adapter_count()) +
+                       " of the base model are frozen"
+                 : std::string())
         << (deck.precision.recompute == "full" ? " (" + deck.precision.recompute_method + ", " +
                                                      std::to_string(deck.precision.recompute_num_layers) + " layers)"
                                                : std::string())
@@ -434,11 +446,16 @@ int run_training(const Deck& deck, ModelFamily fam) {
     timers.stop("forward-backward");
     timers.start("grad-allreduce");
     progress::set_phase("grad-allreduce");
-    if (overlap) reducer.wait();  // the layers' buckets, started during the backward pass
-    if (tp.sequence_parallel)     // replicated parameters saw only this rank's rows
+    if (overlap) reducer.wait();        // the layers' buckets, started during the backward pass
+    if (tp.sequence_parallel && !lora)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
+    if (lora && topo.tp_size() > 1) {  // the replicated adapters' gradients are partial sums over TP
+      const std::int64_t b = store.adapter_replicated_begin(), n = store.adapter_replicated_end() - b;
+      tp_allreduce(tp, slice(grads, b, n), n);
+    }
     for (auto& chunk : chunks) {  // tied embeddings: the stages that hold them sum their gradients
+      if (lora) break;            // (frozen with LoRA)
       if (topo.pp_size() > 1 && chunk->word_embeddings() >= 0) {
         const FloatView g = store.grad(chunk->word_embeddings());
         topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
@@ -454,7 +471,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
     else if (zero)            // each DP rank receives the sum of its shard only
       topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
     else
-      topo.dp_group().allreduce_sum(grads.data(), store.padded_size());
+      topo.dp_group().allreduce_sum(grads.data(), trainable);
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
     const LossParts parts = task.loss_per_micro_batch ? reduce_loss_parts(chunks, topo)
                                                       : LossParts{};  // (T5: resets the model's sums)

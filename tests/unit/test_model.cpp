@@ -47,7 +47,8 @@ TEST(GptModel, GradientsMatchFiniteDifferencesOfTheMeanLoss) {
   auto grads = to_host(store.grads());
   auto values = to_host(store.values());
   auto loss = [&] {
-    Kokkos::deep_copy(store.values(), Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
+    Kokkos::deep_copy(store.values(),
+                      Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
     return model.forward(tok, tgt) / BT;
   };
   // Check a sample of entries of every parameter (all of them for the small ones).
@@ -162,4 +163,90 @@ TEST(LrSchedule, WarmupThenCosineOrLinearToMin) {
   EXPECT_NEAR(s.at(35), 0.1 + 0.75 * 0.9, 1e-12);
   s.style = "constant";
   EXPECT_DOUBLE_EQ(s.at(80), 1.0);
+}
+
+// LoRA (docs/DESIGN.md "LoRA"): with adapters on every projection the adapters' gradients match
+// finite differences of the loss (B made non-zero first, so that A carries gradient too), and the
+// frozen projections get no weight gradient.
+TEST(GptModel, LoraAdapterGradientsMatchFiniteDifferencesAndTheBaseIsFrozen) {
+  const std::int64_t B = 2, BT = B * 6;
+  TransformerConfig cfg = tiny(64);
+  cfg.lora_rank = 2;
+  cfg.lora_scale = 1.5f;
+  cfg.lora_targets = {"qkv", "proj", "fc1", "fc2"};
+  ParamStore store;
+  GptModel model(cfg, store, B);
+  store.allocate();
+  store.initialize(7);
+  auto values = to_host(store.values());
+  {  // B = 0 at initialisation: give it values so that every path carries gradient
+    CounterRng r(5);
+    std::uint64_t k = 0;
+    for (const auto& p : store.params())
+      if (p.adapter && p.name.size() > 6 && p.name.compare(p.name.size() - 6, 6, "lora_b") == 0)
+        for (std::int64_t i = 0; i < p.numel(); ++i)
+          values[p.offset + i] = 0.6f * static_cast<float>(r.uniform_at(k++) - 0.5);
+  }
+  Kokkos::deep_copy(store.values(),
+                    Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
+  auto tok = to_device(tokens_of(BT, 37, 1)), tgt = to_device(tokens_of(BT, 37, 2));
+  store.zero_grads();
+  model.forward_backward(tok, tgt, 1.f / BT);
+  auto grads = to_host(store.grads());
+  auto loss = [&] {
+    Kokkos::deep_copy(store.values(),
+                      Kokkos::View<const float*, HostSpace, Kokkos::MemoryUnmanaged>(values.data(), values.size()));
+    return model.forward(tok, tgt) / BT;
+  };
+  int adapters = 0, frozen = 0;
+  for (const auto& p : store.params()) {
+    const bool projection_weight = p.name.find("/weight") != std::string::npos &&
+                                   (p.name.find("/qkv/") != std::string::npos ||
+                                    p.name.find("/proj/") != std::string::npos ||
+                                    p.name.find("/fc1/") != std::string::npos ||
+                                    p.name.find("/fc2/") != std::string::npos);
+    if (projection_weight) {  // frozen: the weight-gradient GEMM is skipped
+      for (std::int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(grads[p.offset + i], 0.f) << p.name;
+      ++frozen;
+    }
+    if (!p.adapter) continue;
+    ++adapters;
+    std::vector<size_t> idx;
+    for (auto i : sample_indices(static_cast<size_t>(p.numel()), 12, std::hash<std::string>()(p.name)))
+      idx.push_back(static_cast<size_t>(p.offset) + i);
+    auto num = numeric_gradient(values, loss, idx, 1e-2f);
+    std::vector<double> ana;
+    for (auto i : idx) ana.push_back(grads[i]);
+    expect_close(ana, num, 2e-2, 5e-4, p.name.c_str());
+  }
+  EXPECT_EQ(adapters, 2 * 4 * 2);  // layers x projections x (A, B)
+  EXPECT_EQ(frozen, 2 * 4);
+}
+
+// The store lays the adapters out first, padded, replicated ones last; only they train.
+TEST(ParamStore, AdaptersComeFirstAndAloneTrain) {
+  TransformerConfig cfg = tiny(64);
+  cfg.lora_rank = 3;
+  cfg.lora_targets = {"qkv", "fc2"};
+  ParamStore store;
+  GptModel model(cfg, store, 1);
+  store.allocate(4096);
+  ASSERT_TRUE(store.has_adapters());
+  // qkv: A (3, 16) replicated, B (48, 3); fc2: A (3, 32) sharded like W, B (16, 3) replicated
+  const std::int64_t per_layer = 3 * 16 + 48 * 3 + 3 * 32 + 16 * 3;
+  EXPECT_EQ(store.global_adapter_count(), 2 * per_layer);
+  EXPECT_EQ(store.trainable_size(), 4096);
+  EXPECT_EQ(store.adapter_replicated_end(), 2 * per_layer);
+  for (const auto& p : store.params()) {
+    const ParamId id = store.find(p.name);
+    if (p.adapter) {
+      EXPECT_LT(p.offset, store.adapter_replicated_end()) << p.name;
+      EXPECT_EQ(p.offset >= store.adapter_replicated_begin(), p.tp_replicated) << p.name;
+      EXPECT_TRUE(store.trains(id));
+    } else {
+      EXPECT_GE(p.offset, store.trainable_size()) << p.name;
+      EXPECT_FALSE(store.trains(id));
+    }
+  }
+  EXPECT_GE(store.replicated_begin(), store.trainable_size());
 }
