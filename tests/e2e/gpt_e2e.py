@@ -164,7 +164,8 @@ def run_until_signalled(cmd, metrics, sig, rank_marker, after_rows=5, timeout=30
 
 def check_preempt(c):
     import signal
-    iters = ["--train.iters", "300", "--optim.decay_iters", "300", "--eval.interval", "0", "--log.interval", "50"]
+    n = 120  # long enough that the signal (after 5 metric rows) arrives well before the end
+    iters = ["--train.iters", str(n), "--optim.decay_iters", str(n), "--eval.interval", "0", "--log.interval", "50"]
     ref = c.path("ref.csv")
     run(c.cmd(2, *iters, "--log.metrics_file", ref))
     want = [r["loss"] for r in read_metrics(ref)]
@@ -176,14 +177,14 @@ def check_preempt(c):
         assert rc == 3, f"{name}: exit code {rc}, expected 3\n{out}"
         assert f"received {name}: stopped after iteration" in out and "exit code 3" in out, out
         stopped = int(open(os.path.join(ck, "latest")).read())
-        assert 5 <= stopped < 300, stopped
+        assert 5 <= stopped < n, stopped
         _, out2, _ = run(cmd)
         assert f"resumed from" in out2 and f"at iteration {stopped}" in out2, out2
         got = read_metrics(m)
-        assert [r["iteration"] for r in got] == [str(i) for i in range(1, 301)], "metrics rows not continuous"
+        assert [r["iteration"] for r in got] == [str(i) for i in range(1, n + 1)], "metrics rows not continuous"
         assert [r["loss"] for r in got] == want, f"{name}: resumed losses differ from the uninterrupted run"
         print(f"{name}: stopped after iteration {stopped} with exit code 3, resumed with --checkpoint.load auto; "
-              f"all 300 losses equal the uninterrupted run bit for bit")
+              f"all {n} losses equal the uninterrupted run bit for bit")
     # auto with nothing saved yet starts from scratch; a signal without checkpoint.save exits 4
     _, out, _ = run(c.cmd(1, "--train.iters", "2", "--checkpoint.save", c.path("fresh"), "--checkpoint.load", "auto"))
     assert "starting from scratch" in out, out
