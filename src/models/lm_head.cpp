@@ -69,7 +69,8 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   }
   if (!training) return loss_sum;
   const FloatView dwte = store_->grad(wte_);
-  if (bias_ >= 0) bias_backward(store_->grad(bias_), logits_, BT, Vl);  // logits_ holds d logits
+  const bool trains = store_->trains(wte_);  // frozen under LoRA: no weight gradient
+  if (bias_ >= 0 && trains) bias_backward(store_->grad(bias_), logits_, BT, Vl);  // logits_ holds d logits
   GemmOperand dlogits = operand(logits_.data());
   if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
     pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
@@ -79,7 +80,7 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   // dx (BT, C) = dlogits (BT, Vl) wte_local (Vl, C): partial over TP
   gemm_mixed(Trans::N, Trans::N, BT, C, Vl, 1.f, dlogits, Vl, operand(wte), C, 0.f, dx.data(), C);
   // dwte_local += dlogits^T x
-  gemm_mixed(Trans::T, Trans::N, Vl, C, BT, 1.f, dlogits, Vl, operand(x), C, 1.f, dwte.data(), C);
+  if (trains) gemm_mixed(Trans::T, Trans::N, Vl, C, BT, 1.f, dlogits, Vl, operand(x), C, 1.f, dwte.data(), C);
   Kokkos::fence();
   // without sequence parallelism the input came in by copy_to: its gradient is summed over TP
   if (!tp_.sequence_parallel) CopyToTensorParallelRegion::backward(tp_, dx, BT * C);

@@ -18,7 +18,8 @@ usage: lora_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
   layouts  the same LoRA run (no dropout) at tp=2, tp=2 with sequence parallelism, pp=2 and dp=2
            with the distributed optimizer follows the one-rank losses within 1e-7 relative; a run
            resumed from its LoRA checkpoint continues bitwise; bf16 keeps the base bitwise frozen;
-           T5 with adapters on every projection (cross-attention too) at tp=2 follows one rank
+           T5 with adapters on every projection (cross-attention too) at tp=2 follows one rank;
+           BERT adapters trained at tp=2 score as their merge
   errors   one clear error each: lora.rank without checkpoint.finetune, an unknown target, a
            cross-attention target on GPT, overlap_grad_reduce, a LoRA checkpoint given as a base
            model or to generate_gpt, a resume with other lora keys, adapters whose base model
@@ -280,6 +281,27 @@ def check_layouts(c):
     worst = max(abs(x - y) / y for x, y in zip(b, a))
     print(f"T5 LoRA on 7 projections: one rank {a}, tp=2 {b}, worst relative {worst:.2e}")
     assert worst <= LAYOUT_REL
+    # BERT: adapters trained at tp=2 score over their base as their merge does (its heads stay frozen)
+    bert_base, bert_lora = c.path("bert_base"), c.path("bert_lora")
+    vocab = ["--data.vocab_file", os.path.join(c.sample, "bert", "vocab.txt")]
+    bert = ["--deck", os.path.join(ROOT, "inputs", "bert_tiny_ci.ini"), "--data.train_shards",
+            os.path.join(c.sample, "kjv_bert_*.h5"), "--eval.interval", "0"] + vocab
+    run(c.app("pretrain_bert") + bert + ["--train.iters", "4", "--checkpoint.save", bert_base])
+    run(c.app("pretrain_bert", 2) + bert + ["--parallel.tp", "2", "--checkpoint.load", bert_base,
+                                            "--checkpoint.finetune", "true", "--lora.rank", "4", "--train.iters", "4",
+                                            "--optim.lr", "1e-2", "--checkpoint.save", bert_lora])
+    merged = c.path("bert_merged")
+    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", bert_lora, "--output", merged])
+
+    def bert_eval(load):
+        _, out, _ = run(c.app("pretrain_bert") + [
+            "--deck", os.path.join(ROOT, "inputs", "bert_tiny_ci.ini"), "--checkpoint.load", load, "--eval.only",
+            "true", "--eval.shard", os.path.join(c.sample, "kjv_bert_00001.h5"), "--eval.windows", "16"] + vocab)
+        return float([l for l in out.splitlines() if l.startswith("eval loss:")][0].split(":")[1])
+    l_base, l_lora, l_merged = bert_eval(bert_base), bert_eval(bert_lora), bert_eval(merged)
+    print(f"BERT --eval.only: base {l_base}, LoRA trained at tp=2 {l_lora}, merged {l_merged}")
+    assert l_lora != l_base, "the BERT adapters changed nothing"
+    within("  BERT merged vs adapters", l_merged, l_lora, MERGE_REL)
 
 
 def check_errors(c):
