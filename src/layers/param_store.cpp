@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 #include "common/rng.hpp"
 
 namespace trident {
@@ -155,7 +156,18 @@ ParamId ParamStore::find(const std::string& name) const {
   return -1;
 }
 
-void ParamStore::zero_grads() { Kokkos::deep_copy(grads_, 0.f); }
+void ParamStore::zero_grads() {
+  // chunks of 64 Ki values over this rank's threads (common/host_parallel.hpp)
+  constexpr std::int64_t kChunk = 1 << 16;
+  float* g = grads_.data();
+  const std::int64_t n = padded_size();
+  for_each_chunk(
+      "params::zero_grads", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
+        const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
+        for (std::int64_t i = b; i < e; ++i) g[i] = 0.f;
+      });
+  Kokkos::fence();
+}
 
 void ParamStore::initialize(std::uint64_t seed) {
   HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));  // (padded_size)

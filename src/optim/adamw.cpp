@@ -1,4 +1,5 @@
-// AdamW kernel: one Kokkos thread per chunk of 4096 elements with a vectorisable inner loop
+// AdamW kernel: one thread per chunk of 4096 elements (common/host_parallel: Kokkos, or this
+// rank's OpenMP threads under a Serial host Kokkos) with a vectorisable inner loop
 // that scales the gradient, applies the decoupled decay (only below decay_size), updates both
 // moments and the parameter; in mixed precision the updated fp32 masters are also rounded into
 // the 16-bit model words. Also init_master and grad_norm_squared (ops/elementwise's sum_squares).
@@ -7,6 +8,7 @@
 #include <cmath>
 
 #include "common/device_math.hpp"
+#include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/mixed_precision.hpp"
@@ -14,7 +16,8 @@
 namespace trident {
 
 AdamW::AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size, std::int64_t begin)
-    : cfg_(cfg), n_(n), decay_size_(decay_size), begin_(begin), m_(make_float("adamw::exp_avg", n)), v_(make_float("adamw::exp_avg_sq", n)) {}
+    : cfg_(cfg), n_(n), decay_size_(decay_size), begin_(begin), m_(make_float("adamw::exp_avg", n)),
+      v_(make_float("adamw::exp_avg_sq", n)) {}
 
 namespace detail {
 // Where updated parameters go besides the fp32 buffer: nowhere (fp32 model), or rounded into
@@ -34,21 +37,22 @@ void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::in
   // One thread per chunk of kChunk elements; the inner loop is branch-free and marked for
   // vectorisation (the update is bound by memory traffic: 7 floats per parameter).
   constexpr std::int64_t kChunk = 4096;
-  Kokkos::parallel_for("optim::adamw_step", range((n + kChunk - 1) / kChunk), KOKKOS_LAMBDA(std::int64_t c) {
-    const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
-    TRIDENT_SIMD
-    for (std::int64_t i = b; i < e; ++i) {
-      const float gi = g[i] * grad_scale;
-      const float pi = p[i] * (i < nd ? decay : 1.f);
-      const float mi = b1 * m[i] + (1.f - b1) * gi;
-      const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float np = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
-      p[i] = np;
-      out(i, np);
-    }
-  });
+  for_each_chunk(
+      "optim::adamw_step", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
+        const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
+        TRIDENT_SIMD
+        for (std::int64_t i = b; i < e; ++i) {
+          const float gi = g[i] * grad_scale;
+          const float pi = p[i] * (i < nd ? decay : 1.f);
+          const float mi = b1 * m[i] + (1.f - b1) * gi;
+          const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+          m[i] = mi;
+          v[i] = vi;
+          const float np = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
+          p[i] = np;
+          out(i, np);
+        }
+      });
   Kokkos::fence();
 }
 }  // namespace detail
