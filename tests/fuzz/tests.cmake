@@ -10,7 +10,10 @@ foreach(lib ${TRIDENT_GEMM_LIBS})
     list(APPEND fuzz_links ${lib})
   endif()
 endforeach()
-if(OpenMP_CXX_FOUND)
+# trident_core's host kernels call the OpenMP runtime (common/host_parallel.hpp): link it too
+# (src/ found OpenMP in its own directory scope)
+find_package(OpenMP COMPONENTS CXX QUIET)
+if(OpenMP_CXX_FOUND AND NOT TRIDENT_ENABLE_CUDA)
   list(APPEND fuzz_links ${OpenMP_CXX_LIBRARIES})
 endif()
 add_test(NAME fuzz_build
