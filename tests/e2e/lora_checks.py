@@ -27,7 +27,6 @@ usage: lora_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
 """
 import argparse
 import csv
-import glob
 import json
 import os
 import re
@@ -39,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 from testlib import run, single_error_failures  # noqa: E402
+from hf_checks import latest_file  # noqa: E402 (tests/e2e: the checkpoint file a save directory's latest names)
 
 MERGE_REL = 1e-6   # merged plain weights against the adapters (fp32 rounding of W + s B A)
 LAYOUT_REL = 1e-7  # other layouts sum in other orders (measured: 7.9e-9 at tp=2, 2.7e-9 for T5)
@@ -96,11 +96,6 @@ def losses(csv_path):
         return [float(r["loss"]) for r in csv.DictReader(f)]
 
 
-def latest_file(ck):
-    it = int(open(os.path.join(ck, "latest")).read())
-    return os.path.join(ck, "iter_%07d" % it, "checkpoint.h5")
-
-
 def within(what, got, want, rel):
     d = abs(got - want) / max(abs(want), 1e-30)
     print(f"{what}: {got!r} vs {want!r}, relative difference {d:.2e} (tolerance {rel:g})")
@@ -151,7 +146,6 @@ def check_gpt(c):
     assert banner, out[-3000:]
     print(banner[0])
     # a plain fine-tuning run of the same model and data: the first iteration's loss
-    plain = c.path("plain")
     c.gpt(["--checkpoint.load", base, "--checkpoint.finetune", "true", "--train.iters", "1", "--eval.interval",
            "0", "--data.train_shards", shards, "--log.metrics_file", c.path("plain.csv"), "--log.memory_file",
            c.path("plain_memory.json")] + common)
