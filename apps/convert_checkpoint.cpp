@@ -129,13 +129,6 @@ void write_text_atomically(const fs::path& to, const std::string& text) {
   TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot rename '" << tmp.string() << "': " << ec.message());
 }
 
-// "iter_0001234": the directory a save of iteration `it` writes.
-std::string iter_dir_of(std::int64_t it) {
-  char b[32];
-  std::snprintf(b, sizeof b, "iter_%07lld", static_cast<long long>(it));
-  return b;
-}
-
 ModelFamily family_of(const std::string& model, bool any = false) {
   if (model == "gpt") return ModelFamily::Gpt;
   if (model == "bert") return ModelFamily::Bert;
@@ -542,8 +535,8 @@ int merge_lora(const Options& o) {
   ps.deck = plain_deck.to_ini();
   collectively(MPI_COMM_WORLD, [&] {
     std::error_code ec;
-    TRIDENT_REQUIRE(o.overwrite || !fs::exists(out / iter_dir_of(st.iteration), ec),
-                    "convert_checkpoint: '" << (out / iter_dir_of(st.iteration)).string()
+    TRIDENT_REQUIRE(o.overwrite || !fs::exists(out / iter_dir_name(st.iteration), ec),
+                    "convert_checkpoint: '" << (out / iter_dir_name(st.iteration)).string()
                                             << "' exists (pass --overwrite to replace it)");
     fs::create_directories(out, ec);
     TRIDENT_REQUIRE(!ec, "convert_checkpoint: cannot create '" << o.output << "': " << ec.message());

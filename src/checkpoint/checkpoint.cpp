@@ -29,13 +29,13 @@ namespace fs = std::filesystem;
 
 namespace trident {
 
-namespace {
-
 std::string iter_dir_name(std::int64_t it) {
   std::ostringstream os;
   os << "iter_" << std::setw(7) << std::setfill('0') << it;
   return os.str();
 }
+
+namespace {
 
 std::string shape_str(const std::vector<hsize_t>& d) {
   std::ostringstream os;

@@ -83,6 +83,9 @@ std::string checkpoint_digest(const std::string& file, MPI_Comm world);
 // checkpoint.h5), for checkpoint.load = auto's fall-back. Local (call on one rank).
 std::vector<std::string> checkpoints_newest_first(const std::string& save);
 
+// "iter_0001234": the directory under a save directory that holds iteration `it`'s checkpoint.
+std::string iter_dir_name(std::int64_t it);
+
 // The iteration of a checkpoint file .../iter_NNNNNNN/checkpoint.h5 (-1 when not named so).
 std::int64_t checkpoint_iteration_of(const std::string& file);
 
