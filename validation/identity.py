@@ -18,7 +18,9 @@ overlap, evaluation and generation runs the equivalence checks cover) and reduce
 
 Bits depend on the CPU (oneDNN picks kernels by instruction set), the GEMM backend and the
 compiler flags, so a record is keyed by them: <vendor>-f<family>-m<model>-<gemm>[-native].
-Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does.
+Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does; --threads N runs
+them with N threads per rank instead, against the same record (the host kernels' results do not
+depend on the thread count, docs/DESIGN.md "Host threads"; nor, measured, do oneDNN's GEMMs').
 """
 import argparse
 import csv
@@ -180,7 +182,7 @@ def run(cmd, env):
 def run_case(c, a, work):
     apps = {"gpt": "pretrain_gpt", "bert": "pretrain_bert", "t5": "pretrain_t5"}
     shards = {"gpt": "kjv_gpt2_*.h5", "bert": "kjv_bert_*.h5", "t5": "kjv_t5_*.h5"}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     app = os.path.join(a.build_dir, "apps", apps[c["family"]])
     w = lambda *x: os.path.join(work, *x)
 
@@ -290,6 +292,7 @@ def main():
                    help="leave out the runs that repeat a validation test's job (CTest's identity_gpt, for the suite's "
                         "time), except those that also check generation")
     p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every job (default 1, as recorded)")
     p.add_argument("--record-dir", default=RECORD_DIR)
     p.add_argument("--work", default="", help="keep the runs' files here (default: a temporary directory)")
     a = p.parse_args()

@@ -1,36 +1,108 @@
-// Chunked loops for memory-bound host kernels (issue 22, docs/DESIGN.md "Host threads").
-// for_each_chunk(name, chunks, f) runs f(c) once for every c in [0, chunks): through
-// Kokkos::parallel_for on the execution space, except under Kokkos' Serial host space (Debian's
-// Kokkos) in a folder built with OpenMP (TRIDENT_HOST_OPENMP), where this rank's OpenMP threads
-// share the chunks (OMP_NUM_THREADS, or the driver's share of the node's cores per rank, as the
-// GEMMs use). Each chunk runs whole on one thread, so elementwise kernels give bitwise the same
-// results whatever the thread count. TRIDENT_HOST_OPENMP=0 in the environment turns the sharing
-// off (one thread, as before; for A/B measurements).
+// Host threads for the memory-bound kernels (issue 22, docs/DESIGN.md "Host threads").
+//
+// Every host kernel of ops/, layers/ and optim/ is launched through one of these three, which run
+// through Kokkos on its execution space (CUDA, a site Kokkos' OpenMP or Threads), except under
+// Kokkos' Serial host space (Debian's Kokkos) in a folder built with OpenMP (TRIDENT_HOST_OPENMP),
+// where this rank's OpenMP threads share the work (OMP_NUM_THREADS, or the driver's share of the
+// node's cores per rank, as the GEMMs use):
+//   for_each_index(name, n, f)   f(i) for every i in [0, n), contiguous blocks per thread;
+//   for_each_chunk(name, c, f)   f(c) for every chunk c in [0, c); the kernel sizes its chunks;
+//   sum_chunks(name, c, f)       the sum of f(c) (a double) over the chunks, added in chunk order
+//                                on one thread, so the result is bitwise that of one thread.
+// Each index or chunk runs whole on one thread, so every kernel gives bitwise the same results
+// whatever the thread count. TRIDENT_HOST_OPENMP=0 in the environment turns the sharing off (one
+// thread, as before; for A/B measurements). Under the sharing, a kernel still reports itself to a
+// loaded Kokkos Tools library (perf's kernel timer) as a parallel_for / parallel_reduce.
 #pragma once
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/types.hpp"
 
 namespace trident {
 
-template <class F>
-void for_each_chunk(const char* name, std::int64_t chunks, const F& f) {
+namespace detail {
 #if defined(TRIDENT_HOST_OPENMP) && defined(KOKKOS_ENABLE_SERIAL)
-  if constexpr (std::is_same_v<ExecSpace, Kokkos::Serial>) {
-    static const bool shared = [] {
-      const char* v = std::getenv("TRIDENT_HOST_OPENMP");
-      return !(v && std::strcmp(v, "0") == 0);
-    }();
-    if (shared) {
+inline constexpr bool kHostSharing = std::is_same_v<ExecSpace, Kokkos::Serial>;
+#else
+inline constexpr bool kHostSharing = false;
+#endif
+
+// Whether this process shares host kernels over its threads (TRIDENT_HOST_OPENMP, default on).
+inline bool host_sharing_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("TRIDENT_HOST_OPENMP");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// A kernel run outside Kokkos, as Kokkos Tools see it (begin/end of a parallel_for or _reduce).
+class ToolsKernel {
+ public:
+  ToolsKernel(const char* name, bool reduce) : reduce_(reduce), on_(Kokkos::Profiling::profileLibraryLoaded()) {
+    if (!on_) return;
+    if (reduce_)
+      Kokkos::Profiling::beginParallelReduce(std::string(name), 0, &id_);
+    else
+      Kokkos::Profiling::beginParallelFor(std::string(name), 0, &id_);
+  }
+  ~ToolsKernel() {
+    if (!on_) return;
+    if (reduce_)
+      Kokkos::Profiling::endParallelReduce(id_);
+    else
+      Kokkos::Profiling::endParallelFor(id_);
+  }
+  ToolsKernel(const ToolsKernel&) = delete;
+  ToolsKernel& operator=(const ToolsKernel&) = delete;
+
+ private:
+  bool reduce_;
+  bool on_;
+  std::uint64_t id_ = 0;
+};
+}  // namespace detail
+
+template <class F>
+void for_each_index(const char* name, std::int64_t n, const F& f) {
+  if constexpr (detail::kHostSharing) {
+    if (detail::host_sharing_on()) {
+      detail::ToolsKernel k(name, false);
 #pragma omp parallel for schedule(static)
-      for (std::int64_t c = 0; c < chunks; ++c) f(c);
+      for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
     }
   }
-#endif
-  Kokkos::parallel_for(name, range(chunks), f);
+  Kokkos::parallel_for(name, range(n), f);
+}
+
+template <class F>
+void for_each_chunk(const char* name, std::int64_t chunks, const F& f) {
+  for_each_index(name, chunks, f);
+}
+
+template <class F>
+double sum_chunks(const char* name, std::int64_t chunks, const F& f) {
+  if constexpr (detail::kHostSharing) {
+    if (detail::host_sharing_on()) {
+      detail::ToolsKernel k(name, true);
+      std::vector<double> part(static_cast<size_t>(chunks));
+      double* out = part.data();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t c = 0; c < chunks; ++c) out[c] = f(c);
+      double total = 0;
+      for (std::int64_t c = 0; c < chunks; ++c) total += out[c];
+      return total;
+    }
+  }
+  double total = 0;
+  Kokkos::parallel_reduce(
+      name, range(chunks), KOKKOS_LAMBDA(std::int64_t c, double& acc) { acc += f(c); }, total);
+  return total;
 }
 
 }  // namespace trident

@@ -6,6 +6,7 @@
 #include "layers/tensor_parallel.hpp"
 
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 
 namespace trident {
 
@@ -58,8 +59,8 @@ void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const Flo
   }
   tp.comm->allgather(in.data(), scratch.data(), rows * cols);
   // scratch (p, rows, cols) -> out (rows, p * cols)
-  Kokkos::parallel_for(
-      "tp::gather_columns", range(p * rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "tp::gather_columns", p * rows * cols, KOKKOS_LAMBDA(std::int64_t i) {
         const std::int64_t c = i % cols, r = (i / cols) % rows, k = i / (rows * cols);
         out(r * p * cols + k * cols + c) = scratch(i);
       });
@@ -69,8 +70,8 @@ void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const Flo
 void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                         std::int64_t cols) {
   const std::int64_t p = tp.size(), local = cols / p, k = tp.rank();
-  Kokkos::parallel_for(
-      "tp::scatter_columns", range(rows * local), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "tp::scatter_columns", rows * local, KOKKOS_LAMBDA(std::int64_t i) {
         const std::int64_t r = i / local, c = i % local;
         out(i) = in(r * cols + k * local + c);
       });

@@ -5,6 +5,7 @@
 
 #include "common/device_math.hpp"
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 #include "ops/gemm.hpp"
 #include "ops/mixed_precision.hpp"
 
@@ -17,8 +18,8 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
                             float scale, const AttentionMask& mask) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0;
   const IntView valid = mask.key_valid;
-  Kokkos::parallel_for(
-      "ops::masked_softmax_forward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
+  for_each_index(
+      "ops::masked_softmax_forward", BH * Tq, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;  // first key of the sample
         const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
         auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
@@ -43,8 +44,8 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal) {
-  Kokkos::parallel_for(
-      "ops::masked_softmax_backward", range(BH * Tq), KOKKOS_LAMBDA(std::int64_t r) {
+  for_each_index(
+      "ops::masked_softmax_backward", BH * Tq, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
         float dot = 0.f;
         for (std::int64_t j = 0; j < jend; ++j) dot += datt(base + j) * att(base + j);
@@ -288,8 +289,8 @@ void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const F
 
 void kv_cache_store(const FloatView& q, const FloatView& cache, const FloatView& qkv, const IntView& positions,
                     std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::kv_cache_store", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "ops::kv_cache_store", R * C, KOKKOS_LAMBDA(std::int64_t i) {
         const std::int64_t r = i / C, c = i % C, b = r / n, at = (b * L + positions(r)) * 2 * C;
         q(r * C + c) = qkv(r * 3 * C + c);
         cache(at + c) = qkv(r * 3 * C + C + c);

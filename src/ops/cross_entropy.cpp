@@ -5,6 +5,7 @@
 
 #include "common/device_math.hpp"
 
+#include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
@@ -26,8 +27,8 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
 template <bool kBackward>
 void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                         std::int64_t V, std::int64_t Vp, float dscale) {
-  Kokkos::parallel_for(
-      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", range(N),
+  for_each_index(
+      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N,
       KOKKOS_LAMBDA(std::int64_t n) {
         float* row = logits.data() + n * Vp;
         if (ignore_position(targets(n), losses(n), row, Vp, kBackward)) return;
@@ -77,8 +78,8 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
   // columns of this rank that are real vocabulary entries: [0, nvalid)
   const std::int64_t nvalid = V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
   const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);  // sums: (sum exp, target logit)
-  Kokkos::parallel_for(
-      "ops::vocab_parallel_ce_max", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+  for_each_index(
+      "ops::vocab_parallel_ce_max", N, KOKKOS_LAMBDA(std::int64_t n) {
         const float* row = logits.data() + n * Vl;
         float mx = -3.0e38f;
         TRIDENT_SIMD_MAX(mx)
@@ -87,8 +88,8 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
       });
   Kokkos::fence();
   comm.allreduce_max(rowmax.data(), N);
-  Kokkos::parallel_for(
-      "ops::vocab_parallel_ce_sum", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+  for_each_index(
+      "ops::vocab_parallel_ce_sum", N, KOKKOS_LAMBDA(std::int64_t n) {
         const float* row = logits.data() + n * Vl;
         const float mx = rowmax(n);
         float s = 0.f;
@@ -100,8 +101,8 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
       });
   Kokkos::fence();
   comm.allreduce_sum(sums.data(), 2 * N);
-  Kokkos::parallel_for(
-      "ops::vocab_parallel_ce_loss", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+  for_each_index(
+      "ops::vocab_parallel_ce_loss", N, KOKKOS_LAMBDA(std::int64_t n) {
         float* row = logits.data() + n * Vl;
         if (ignore_position(targets(n), losses(n), row, Vl, backward)) return;
         losses(n) = rowmax(n) + dlog(sums(n)) - sums(N + n);

@@ -5,6 +5,7 @@
 // debug.dump_dropout, and dropout_key: splitmix64 mixing of stream, step and layer * 16 + site.
 #include "ops/dropout.hpp"
 
+#include "common/host_parallel.hpp"
 #include "common/rng.hpp"
 
 namespace trident {
@@ -17,8 +18,8 @@ void apply(const char* label, const FloatView& out, const FloatView& in, std::in
   }
   const float p = d.p, scale = 1.f / (1.f - d.p);
   const std::uint64_t key = d.key;
-  Kokkos::parallel_for(
-      label, range(n), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      label, n, KOKKOS_LAMBDA(std::int64_t i) {
         out(i) = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? in(i)*scale : 0.f;
       });
 }

@@ -1,4 +1,4 @@
-// The kernels of elementwise.hpp: one Kokkos thread per element, except bias_backward (a thread
+// The kernels of elementwise.hpp: one thread per element (common/host_parallel), except bias_backward (a thread
 // per block of 64 columns walking the rows in order: deterministic, no atomics) and sum_squares
 // (fixed chunks of 1024 values summed in fp32, the chunk sums in double), so neither result
 // depends on the backend's thread count.
@@ -7,25 +7,26 @@
 #include <math.h>
 
 #include "common/device_math.hpp"
+#include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
 
 void add(const FloatView& out, const FloatView& a, const FloatView& b, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::add", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
+  for_each_index(
+      "ops::add", n, KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
 }
 
 void accumulate(const FloatView& acc, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::accumulate", range(n), KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
+  for_each_index(
+      "ops::accumulate", n, KOKKOS_LAMBDA(std::int64_t i) { acc(i) += x(i); });
 }
 
 namespace {
 template <class F, class V>
 void add_bias_impl(const char* label, const FloatView& y, const V& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for(
-      label, range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
+  for_each_index(
+      label, rows * cols, KOKKOS_LAMBDA(std::int64_t i) { y(i) += F::load(bias(i % cols)); });
 }
 }  // namespace
 
@@ -39,20 +40,20 @@ void add_bias(const FloatView& y, const Act& bias, std::int64_t rows, std::int64
 }
 
 void tanh_forward(const FloatView& out, const FloatView& x, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::tanh_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = dtanh(x(i)); });
+  for_each_index(
+      "ops::tanh_forward", n, KOKKOS_LAMBDA(std::int64_t i) { out(i) = dtanh(x(i)); });
 }
 
 void tanh_backward(const FloatView& dx, const FloatView& dout, const FloatView& out, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::tanh_backward", range(n), KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
+  for_each_index(
+      "ops::tanh_backward", n, KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * (1.f - out(i) * out(i)); });
 }
 
 namespace {
 template <class V>
 void gather_rows_impl(const V& out, const V& x, std::int64_t n, std::int64_t stride, std::int64_t cols) {
-  Kokkos::parallel_for(
-      "ops::gather_strided_rows", range(n * cols),
+  for_each_index(
+      "ops::gather_strided_rows", n * cols,
       KOKKOS_LAMBDA(std::int64_t i) { out(i) = x((i / cols) * stride * cols + i % cols); });
 }
 }  // namespace
@@ -66,8 +67,8 @@ void gather_strided_rows(const Act& out, const Act& x, std::int64_t n, std::int6
 
 void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::int64_t n, std::int64_t stride,
                               std::int64_t cols) {
-  Kokkos::parallel_for(
-      "ops::scatter_add_strided_rows", range(n * cols),
+  for_each_index(
+      "ops::scatter_add_strided_rows", n * cols,
       KOKKOS_LAMBDA(std::int64_t i) { dx((i / cols) * stride * cols + i % cols) += dout(i); });
 }
 
@@ -77,8 +78,8 @@ void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t row
   constexpr std::int64_t kCols = 64;
   const float* d = dy.data();
   float* out = dbias.data();
-  Kokkos::parallel_for(
-      "ops::bias_backward", range((cols + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
+  for_each_index(
+      "ops::bias_backward", (cols + kCols - 1) / kCols, KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < cols ? c0 + kCols : cols;
         float acc[kCols] = {};  // (kCols): this block's column sums
         for (std::int64_t r = 0; r < rows; ++r) {
@@ -91,40 +92,38 @@ void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t row
 }
 
 void scale(const FloatView& x, float s, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::scale", range(n), KOKKOS_LAMBDA(std::int64_t i) { x(i) *= s; });
+  for_each_index(
+      "ops::scale", n, KOKKOS_LAMBDA(std::int64_t i) { x(i) *= s; });
 }
 
 double sum_squares(const FloatView& x, std::int64_t n) {
   // Chunks of kChunk values are summed in fp32 (vectorised; relative error ~kChunk * 6e-8 at
-  // worst, far below what clipping needs), chunk sums accumulated in double. The chunking is
-  // fixed, so the result does not depend on the backend's thread count.
+  // worst, far below what clipping needs), chunk sums accumulated in double in chunk order
+  // (common/host_parallel's sum_chunks). The chunking is fixed, so under a Serial host Kokkos the
+  // result does not depend on the thread count.
   constexpr std::int64_t kChunk = 1024;
-  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
   const float* data = x.data();
-  double total = 0;
-  Kokkos::parallel_reduce(
-      "ops::sum_squares", range(chunks),
-      KOKKOS_LAMBDA(std::int64_t c, double& acc) {
+  return sum_chunks(
+      "ops::sum_squares", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
         const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
         float s = 0.f;
         TRIDENT_SIMD_SUM(s)
         for (std::int64_t i = b; i < e; ++i) s += data[i] * data[i];
-        acc += static_cast<double>(s);
-      },
-      total);
-  return total;
+        return static_cast<double>(s);
+      });
 }
 
 bool has_nonfinite(const FloatView& x, std::int64_t n) {
-  int bad = 0;
-  Kokkos::parallel_reduce(
-      "ops::has_nonfinite", range(n),
-      KOKKOS_LAMBDA(std::int64_t i, int& acc) {
-        float v = x(i);
-        if (!(v - v == 0.f)) acc += 1;  // NaN or inf: v - v is NaN
-      },
-      bad);
+  // a count of NaN or inf values per chunk (v - v is NaN for both), exact in any order
+  constexpr std::int64_t kChunk = 4096;
+  const float* data = x.data();
+  const double bad = sum_chunks(
+      "ops::has_nonfinite", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
+        const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
+        int count = 0;
+        for (std::int64_t i = b; i < e; ++i) count += !(data[i] - data[i] == 0.f);
+        return static_cast<double>(count);
+      });
   return bad != 0;
 }
 

@@ -2,6 +2,7 @@
 // and walk the rows in order, so repeated tokens/positions are summed in a fixed order
 // (deterministic on every backend, no atomics).
 #include "ops/embedding.hpp"
+#include "common/host_parallel.hpp"
 
 namespace trident {
 
@@ -9,8 +10,8 @@ namespace detail {
 template <class F, class V>
 void embedding_lookup(const FloatView& out, const IntView& tokens, const V& wte, std::int64_t start,
                       std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::embedding_lookup", range(N * C), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "ops::embedding_lookup", N * C, KOKKOS_LAMBDA(std::int64_t i) {
         const std::int64_t n = i / C, c = i % C;
         const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
         out(i) = (row >= 0 && row < rows_local) ? F::load(wte(row * C + c)) : 0.f;
@@ -19,8 +20,8 @@ void embedding_lookup(const FloatView& out, const IntView& tokens, const V& wte,
 template <class F, class V>
 void add_positions(const FloatView& x, const V& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
                    std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::add_positions", range(R * C), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "ops::add_positions", R * C, KOKKOS_LAMBDA(std::int64_t i) {
         const std::int64_t t = (row0 + i / C) % T;
         x(i) += F::load(wpe(t * C + i % C));
       });
@@ -39,8 +40,8 @@ void embedding_lookup(const FloatView& out, const IntView& tokens, const Act& wt
 
 void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens, std::int64_t start,
                                std::int64_t rows_local, std::int64_t N, std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::embedding_lookup_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+  for_each_index(
+      "ops::embedding_lookup_backward", C, KOKKOS_LAMBDA(std::int64_t c) {
         for (std::int64_t n = 0; n < N; ++n) {
           const std::int64_t row = static_cast<std::int64_t>(tokens(n)) - start;
           if (row >= 0 && row < rows_local) dwte(row * C + c) += dout(n * C + c);
@@ -60,8 +61,8 @@ void add_positions(const FloatView& x, const Act& wpe, std::int64_t row0, std::i
 
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
                             std::int64_t T, std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::add_positions_backward", range(C), KOKKOS_LAMBDA(std::int64_t c) {
+  for_each_index(
+      "ops::add_positions_backward", C, KOKKOS_LAMBDA(std::int64_t c) {
         for (std::int64_t i = 0; i < R; ++i) dwpe(((row0 + i) % T) * C + c) += dx(i * C + c);
       });
 }

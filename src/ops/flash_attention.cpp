@@ -6,6 +6,7 @@
 
 #include "common/device_math.hpp"
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 
 namespace trident {
 namespace detail {
@@ -21,49 +22,50 @@ struct FlashParams {
   std::int64_t T, C, nh, hs;  // sequence, channels of this rank's heads, heads, head size
   float scale;                // 1 / sqrt(hs)
   bool causal, has_mask, dropping;
-  IntView valid;              // key padding mask (B * T), when has_mask
-  float pdrop, keep_scale;    // dropout probability, 1 / (1 - p)
-  std::uint64_t key;          // dropout stream
+  IntView valid;            // key padding mask (B * T), when has_mask
+  float pdrop, keep_scale;  // dropout probability, 1 / (1 - p)
+  std::uint64_t key;        // dropout stream
 };
 
 template <class F, class V>
 void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShape s, DropoutSpec drop,
                    AttentionMask mask) {
   const FlashParams P(s, drop, mask);
-  Kokkos::parallel_for("ops::flash_attention_forward", range(s.B * P.nh * P.T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
-    float q[kFlashMaxHeadDim], o[kFlashMaxHeadDim];
-    const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs;
-    for (std::int64_t c = 0; c < P.hs; ++c) {
-      q[c] = F::load(qkv(qo + c)) * P.scale;
-      o[c] = 0.f;
-    }
-    float m = kNoScore, l = 0.f;
-    const std::int64_t jend = P.causal ? i + 1 : P.T;
-    for (std::int64_t j = 0; j < jend; ++j) {
-      if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
-      const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
-      float sc = 0.f;
-      for (std::int64_t c = 0; c < P.hs; ++c) sc += q[c] * F::load(qkv(ko + c));
-      if (sc > m) {  // online softmax: rescale what was accumulated under the old maximum
-        const float corr = fast_exp(m - sc);
-        l *= corr;
-        for (std::int64_t c = 0; c < P.hs; ++c) o[c] *= corr;
-        m = sc;
-      }
-      const float p = fast_exp(sc - m);
-      l += p;
-      float pd = p;
-      if (P.dropping)
-        pd = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? p * P.keep_scale : 0.f;
-      if (pd != 0.f)
-        for (std::int64_t c = 0; c < P.hs; ++c) o[c] += pd * F::load(qkv(vo + c));
-    }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const std::int64_t yo = (b * P.T + i) * P.C + h * P.hs;
-    for (std::int64_t c = 0; c < P.hs; ++c) y(yo + c) = F::store(o[c] * inv);
-    lse(r) = l > 0.f ? m + dlog(l) : kNoScore;
-  });
+  for_each_index(
+      "ops::flash_attention_forward", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
+        float q[kFlashMaxHeadDim], o[kFlashMaxHeadDim];
+        const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs;
+        for (std::int64_t c = 0; c < P.hs; ++c) {
+          q[c] = F::load(qkv(qo + c)) * P.scale;
+          o[c] = 0.f;
+        }
+        float m = kNoScore, l = 0.f;
+        const std::int64_t jend = P.causal ? i + 1 : P.T;
+        for (std::int64_t j = 0; j < jend; ++j) {
+          if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
+          const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+          float sc = 0.f;
+          for (std::int64_t c = 0; c < P.hs; ++c) sc += q[c] * F::load(qkv(ko + c));
+          if (sc > m) {  // online softmax: rescale what was accumulated under the old maximum
+            const float corr = fast_exp(m - sc);
+            l *= corr;
+            for (std::int64_t c = 0; c < P.hs; ++c) o[c] *= corr;
+            m = sc;
+          }
+          const float p = fast_exp(sc - m);
+          l += p;
+          float pd = p;
+          if (P.dropping)
+            pd = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? p * P.keep_scale : 0.f;
+          if (pd != 0.f)
+            for (std::int64_t c = 0; c < P.hs; ++c) o[c] += pd * F::load(qkv(vo + c));
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const std::int64_t yo = (b * P.T + i) * P.C + h * P.hs;
+        for (std::int64_t c = 0; c < P.hs; ++c) y(yo + c) = F::store(o[c] * inv);
+        lse(r) = l > 0.f ? m + dlog(l) : kNoScore;
+      });
 }
 
 template <class F, class V>
@@ -71,77 +73,82 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
                     const FloatView& delta, AttentionShape s, DropoutSpec drop, AttentionMask mask) {
   const FlashParams P(s, drop, mask);
   // delta_i = dy_i . y_i  (= sum_j P_ij dP_ij, dropout included)
-  Kokkos::parallel_for("ops::flash_attention_delta", range(s.B * P.nh * P.T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
-    const std::int64_t yo = (b * P.T + i) * P.C + h * P.hs;
-    float d = 0.f;
-    for (std::int64_t c = 0; c < P.hs; ++c) d += dy(yo + c) * F::load(y(yo + c));
-    delta(r) = d;
-  });
+  for_each_index(
+      "ops::flash_attention_delta", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
+        const std::int64_t yo = (b * P.T + i) * P.C + h * P.hs;
+        float d = 0.f;
+        for (std::int64_t c = 0; c < P.hs; ++c) d += dy(yo + c) * F::load(y(yo + c));
+        delta(r) = d;
+      });
   // pass 1, one thread per query row: dq_i = P.scale sum_j dS_ij k_j
-  Kokkos::parallel_for("ops::flash_attention_backward_dq", range(s.B * P.nh * P.T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
-    const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
-    float q[kFlashMaxHeadDim], g[kFlashMaxHeadDim], dq[kFlashMaxHeadDim];
-    for (std::int64_t c = 0; c < P.hs; ++c) {
-      q[c] = F::load(qkv(qo + c)) * P.scale;
-      g[c] = dy(yo + c);
-      dq[c] = 0.f;
-    }
-    const float L = lse(r), D = delta(r);
-    const std::int64_t jend = L > kNoScore ? (P.causal ? i + 1 : P.T) : 0;
-    for (std::int64_t j = 0; j < jend; ++j) {
-      if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
-      const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
-      float sc = 0.f, dp = 0.f;
-      for (std::int64_t c = 0; c < P.hs; ++c) {
-        sc += q[c] * F::load(qkv(ko + c));
-        dp += g[c] * F::load(qkv(vo + c));
-      }
-      const float p = fast_exp(sc - L);
-      if (P.dropping) dp = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
-      const float ds = p * (dp - D) * P.scale;
-      for (std::int64_t c = 0; c < P.hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
-    }
-    for (std::int64_t c = 0; c < P.hs; ++c) dqkv(qo + c) = dq[c];
-  });
+  for_each_index(
+      "ops::flash_attention_backward_dq", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
+        const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
+        float q[kFlashMaxHeadDim], g[kFlashMaxHeadDim], dq[kFlashMaxHeadDim];
+        for (std::int64_t c = 0; c < P.hs; ++c) {
+          q[c] = F::load(qkv(qo + c)) * P.scale;
+          g[c] = dy(yo + c);
+          dq[c] = 0.f;
+        }
+        const float L = lse(r), D = delta(r);
+        const std::int64_t jend = L > kNoScore ? (P.causal ? i + 1 : P.T) : 0;
+        for (std::int64_t j = 0; j < jend; ++j) {
+          if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
+          const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+          float sc = 0.f, dp = 0.f;
+          for (std::int64_t c = 0; c < P.hs; ++c) {
+            sc += q[c] * F::load(qkv(ko + c));
+            dp += g[c] * F::load(qkv(vo + c));
+          }
+          const float p = fast_exp(sc - L);
+          if (P.dropping)
+            dp = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
+          const float ds = p * (dp - D) * P.scale;
+          for (std::int64_t c = 0; c < P.hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
+        }
+        for (std::int64_t c = 0; c < P.hs; ++c) dqkv(qo + c) = dq[c];
+      });
   // pass 2, one thread per P.key row: dv_j = sum_i Z_ij P_ij dy_i ; dk_j = P.scale sum_i dS_ij q_i
-  Kokkos::parallel_for("ops::flash_attention_backward_dkv", range(s.B * P.nh * P.T), KOKKOS_LAMBDA(std::int64_t r) {
-    const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, j = r % P.T;
-    const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
-    float k[kFlashMaxHeadDim], v[kFlashMaxHeadDim], dk[kFlashMaxHeadDim], dv[kFlashMaxHeadDim];
-    for (std::int64_t c = 0; c < P.hs; ++c) {
-      k[c] = F::load(qkv(ko + c));
-      v[c] = F::load(qkv(vo + c));
-      dk[c] = 0.f;
-      dv[c] = 0.f;
-    }
-    const bool attended = !P.has_mask || P.valid(b * P.T + j) != 0;
-    const std::int64_t ibeg = attended ? (P.causal ? j : 0) : P.T;
-    for (std::int64_t i = ibeg; i < P.T; ++i) {
-      const std::int64_t row = (b * P.nh + h) * P.T + i;
-      const float L = lse(row);
-      if (!(L > kNoScore)) continue;
-      const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
-      float sc = 0.f, dp = 0.f;
-      for (std::int64_t c = 0; c < P.hs; ++c) {
-        sc += F::load(qkv(qo + c)) * P.scale * k[c];
-        dp += dy(yo + c) * v[c];
-      }
-      const float p = fast_exp(sc - L);
-      float z = 1.f;
-      if (P.dropping) z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
-      const float ds = p * (z * dp - delta(row)) * P.scale;
-      for (std::int64_t c = 0; c < P.hs; ++c) {
-        dv[c] += z * p * dy(yo + c);
-        dk[c] += ds * F::load(qkv(qo + c));
-      }
-    }
-    for (std::int64_t c = 0; c < P.hs; ++c) {
-      dqkv(ko + c) = dk[c];
-      dqkv(vo + c) = dv[c];
-    }
-  });
+  for_each_index(
+      "ops::flash_attention_backward_dkv", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, j = r % P.T;
+        const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+        float k[kFlashMaxHeadDim], v[kFlashMaxHeadDim], dk[kFlashMaxHeadDim], dv[kFlashMaxHeadDim];
+        for (std::int64_t c = 0; c < P.hs; ++c) {
+          k[c] = F::load(qkv(ko + c));
+          v[c] = F::load(qkv(vo + c));
+          dk[c] = 0.f;
+          dv[c] = 0.f;
+        }
+        const bool attended = !P.has_mask || P.valid(b * P.T + j) != 0;
+        const std::int64_t ibeg = attended ? (P.causal ? j : 0) : P.T;
+        for (std::int64_t i = ibeg; i < P.T; ++i) {
+          const std::int64_t row = (b * P.nh + h) * P.T + i;
+          const float L = lse(row);
+          if (!(L > kNoScore)) continue;
+          const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
+          float sc = 0.f, dp = 0.f;
+          for (std::int64_t c = 0; c < P.hs; ++c) {
+            sc += F::load(qkv(qo + c)) * P.scale * k[c];
+            dp += dy(yo + c) * v[c];
+          }
+          const float p = fast_exp(sc - L);
+          float z = 1.f;
+          if (P.dropping)
+            z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
+          const float ds = p * (z * dp - delta(row)) * P.scale;
+          for (std::int64_t c = 0; c < P.hs; ++c) {
+            dv[c] += z * p * dy(yo + c);
+            dk[c] += ds * F::load(qkv(qo + c));
+          }
+        }
+        for (std::int64_t c = 0; c < P.hs; ++c) {
+          dqkv(ko + c) = dk[c];
+          dqkv(vo + c) = dv[c];
+        }
+      });
 }
 
 }  // namespace detail
@@ -150,8 +157,8 @@ namespace {
 void check_head_dim(const AttentionShape& s) {
   if (s.hs() > kFlashMaxHeadDim) {
     std::ostringstream os;
-    os << "flash attention supports head sizes up to " << kFlashMaxHeadDim << " (model.hidden_size / model.num_heads = "
-       << s.hs() << ")";
+    os << "flash attention supports head sizes up to " << kFlashMaxHeadDim
+       << " (model.hidden_size / model.num_heads = " << s.hs() << ")";
     throw Error::all(os.str());
   }
 }

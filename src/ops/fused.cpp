@@ -6,14 +6,15 @@
 #include "ops/fused.hpp"
 
 #include "ops/gelu.hpp"
+#include "common/host_parallel.hpp"
 
 namespace trident {
 namespace detail {
 
 template <class F, class V>
 void bias_gelu(const V& pre, const V& out, const FloatView& y, const V& bias, std::int64_t rows, std::int64_t cols) {
-  Kokkos::parallel_for(
-      "ops::bias_gelu_forward", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "ops::bias_gelu_forward", rows * cols, KOKKOS_LAMBDA(std::int64_t i) {
         const auto stored = F::store(y(i) + F::load(bias(i % cols)));
         pre(i) = stored;
         out(i) = F::store(gelu_tanh(F::load(stored)));
@@ -26,8 +27,8 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
   const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
   const bool dropping = d.active();
   const std::uint64_t key = d.key;
-  Kokkos::parallel_for(
-      "ops::bias_dropout_add", range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) {
+  for_each_index(
+      "ops::bias_dropout_add", rows * cols, KOKKOS_LAMBDA(std::int64_t i) {
         const float v = branch(i) + F::load(bias(i % cols));
         const float kept = dropping ? (dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? v * scale : 0.f) : v;
         out(i) = residual(i) + kept;

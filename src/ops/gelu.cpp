@@ -5,20 +5,20 @@
 
 #include "common/device_math.hpp"
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 
 namespace trident {
 
 namespace detail {
 template <class F, class V>
 void gelu_forward(const V& out, const V& x, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::gelu_forward", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(gelu_tanh(F::load(x(i)))); });
+  for_each_index(
+      "ops::gelu_forward", n, KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(gelu_tanh(F::load(x(i)))); });
 }
 template <class F, class V>
 void gelu_backward(const FloatView& dx, const FloatView& dout, const V& x, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::gelu_backward", range(n),
-      KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i))); });
+  for_each_index(
+      "ops::gelu_backward", n, KOKKOS_LAMBDA(std::int64_t i) { dx(i) = dout(i) * gelu_tanh_grad(F::load(x(i))); });
 }
 }  // namespace detail
 

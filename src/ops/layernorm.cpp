@@ -5,6 +5,7 @@
 #include "common/device_math.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
+#include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
@@ -16,8 +17,8 @@ namespace detail {
 template <class F, class VO, class VW>
 void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const VW& w,
                        const VW& b, std::int64_t N, std::int64_t C, float eps) {
-  Kokkos::parallel_for(
-      "ops::layernorm_forward", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+  for_each_index(
+      "ops::layernorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
         const std::int64_t base = n * C;
         float m = 0.f;
         for (std::int64_t c = 0; c < C; ++c) m += x(base + c);
@@ -40,8 +41,8 @@ template <class F, class VW>
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
                         const FloatView& x, const VW& w, const FloatView& mean, const FloatView& rstd, std::int64_t N,
                         std::int64_t C) {
-  Kokkos::parallel_for(
-      "ops::layernorm_backward_input", range(N), KOKKOS_LAMBDA(std::int64_t n) {
+  for_each_index(
+      "ops::layernorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
         const std::int64_t base = n * C;
         const float m = mean(n), r = rstd(n);
         // dnorm = dout * w;  dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
@@ -65,8 +66,8 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
   constexpr std::int64_t kCols = 64;
   const float *xd = x.data(), *dd = dout.data(), *md = mean.data(), *rd = rstd.data();
   float *dwd = dw.data(), *dbd = db.data();
-  Kokkos::parallel_for(
-      "ops::layernorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
+  for_each_index(
+      "ops::layernorm_backward_params", (C + kCols - 1) / kCols, KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;
         float sw[kCols] = {}, sb[kCols] = {};
         for (std::int64_t n = 0; n < N; ++n) {

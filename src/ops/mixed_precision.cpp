@@ -6,6 +6,7 @@
 
 #include "common/device_math.hpp"
 #include "common/error.hpp"
+#include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
 namespace trident {
@@ -13,19 +14,19 @@ namespace detail {
 
 template <class F>
 void pack(const HalfView& out, const FloatView& in, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::pack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(in(i)); });
+  for_each_index(
+      "ops::pack_half", n, KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(in(i)); });
 }
 template <class F>
 void unpack(const FloatView& out, const HalfView& in, std::int64_t n) {
-  Kokkos::parallel_for(
-      "ops::unpack_half", range(n), KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::load(in(i)); });
+  for_each_index(
+      "ops::unpack_half", n, KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::load(in(i)); });
 }
 template <class F>
 void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                    std::int64_t cols) {
-  Kokkos::parallel_for(
-      "ops::add_bias_pack_half", range(rows * cols),
+  for_each_index(
+      "ops::add_bias_pack_half", rows * cols,
       KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(y(i) + F::load(bias(i % cols))); });
 }
 
