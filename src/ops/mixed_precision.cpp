@@ -25,9 +25,9 @@ void unpack(const FloatView& out, const HalfView& in, std::int64_t n) {
 template <class F>
 void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                    std::int64_t cols) {
-  for_each_index(
-      "ops::add_bias_pack_half", rows * cols,
-      KOKKOS_LAMBDA(std::int64_t i) { out(i) = F::store(y(i) + F::load(bias(i % cols))); });
+  for_each_element(
+      "ops::add_bias_pack_half", rows, cols,
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i) = F::store(y(i) + F::load(bias(c))); });
 }
 
 }  // namespace detail
