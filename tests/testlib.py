@@ -99,7 +99,8 @@ def assert_layout(cmd, out):
     if flag("parallel.vp", None) is not None and pp > 1:
         want["vp"] = int(flag("parallel.vp", 1))
         got["vp"] = int(m.group(4) or 1)
-    if flag("optim.distributed", None) is not None:
-        want["zero1"] = flag("optim.distributed", "false") == "true"
+    if flag("optim.distributed", None) is not None:  # auto: on when dp > 1
+        setting = flag("optim.distributed", "auto")
+        want["zero1"] = want["dp"] > 1 if setting == "auto" else setting in ("true", "1", "yes", "on")
         got["zero1"] = "distributed (ZeRO-1)" in out
     assert got == want, f"the run reports the layout {got}, not the requested {want}"

@@ -103,7 +103,8 @@ class Registry {
     add("optim.beta2", &d.optim.beta2, "Adam beta2");
     add("optim.eps", &d.optim.eps, "Adam epsilon");
     add("optim.distributed", &d.optim.distributed,
-        "distributed optimizer (ZeRO-1): optimizer state sharded over data-parallel ranks");
+        "distributed optimizer (ZeRO-1), optimizer state sharded over data-parallel ranks: auto (on when "
+        "dp > 1) | true | false");
     add("precision.dtype", &d.precision.dtype,
         "fp32 | bf16 | fp16 (mixed precision: 16-bit parameters and activations, fp32 master weights)");
     add("precision.loss_scale", &d.precision.loss_scale, "fp16: fixed loss scale (0: dynamic loss scaling)");
@@ -227,6 +228,18 @@ std::set<std::string> lora_targets(const std::string& list) {
 }
 
 namespace {
+// optim.distributed: auto, or one of Boost's boolean spellings (true for the first group)
+const std::set<std::string> kTrue = {"true", "1", "yes", "on"}, kFalse = {"false", "0", "no", "off"};
+}  // namespace
+
+bool distributed_optimizer(const std::string& setting, int dp) {
+  if (setting == "auto") return dp > 1;
+  if (kTrue.count(setting)) return true;
+  if (kFalse.count(setting)) return false;
+  throw Error::all("deck: optim.distributed = '" + setting + "' is not one of auto true false");
+}
+
+namespace {
 
 void check_choice(const std::string& key, const std::string& v, const std::set<std::string>& allowed) {
   if (allowed.count(v)) return;
@@ -319,6 +332,7 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.optim.warmup_iters >= 0, "deck: optim.warmup_iters must be >= 0");
   TRIDENT_REQUIRE(d.optim.decay_iters >= 0, "deck: optim.decay_iters must be >= 0");
   check_choice("optim.decay_style", d.optim.decay_style, {"constant", "linear", "cosine"});
+  distributed_optimizer(d.optim.distributed, 1);  // the value checked
   check_choice("precision.dtype", d.precision.dtype, {"fp32", "bf16", "fp16"});
   TRIDENT_REQUIRE(d.precision.loss_scale == 0 || d.precision.dtype == "fp16",
                   "deck: precision.loss_scale applies to precision.dtype = fp16 only (bf16 and fp32 train unscaled)");

@@ -36,7 +36,9 @@ struct Deck {
     double lr = 1e-4, min_lr = 0.0, weight_decay = 0.01, clip_grad = 1.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
     std::int64_t warmup_iters = 0, decay_iters = 0;
     std::string decay_style = "cosine";
-    bool distributed = false;  // ZeRO-1: optimizer state sharded over the data-parallel group
+    // ZeRO-1, optimizer state sharded over the data-parallel group: auto (on when dp > 1), true,
+    // false (Boost's other boolean spellings are accepted too); distributed_optimizer() decides
+    std::string distributed = "auto";
   } optim;
   struct Precision {
     std::string dtype = "fp32", recompute = "none", recompute_method = "uniform";
@@ -130,6 +132,9 @@ struct Deck {
 // The projections named by lora.targets (comma-separated), checked: Error::all naming an
 // unknown one.
 std::set<std::string> lora_targets(const std::string& list);
+// Whether the run shards the optimizer over its dp data-parallel ranks (optim.distributed: auto
+// is on when dp > 1; results are bitwise those of the plain optimizer either way).
+bool distributed_optimizer(const std::string& setting, int dp);
 
 // Parses `--deck FILE` plus `--section.key value` overrides (command line wins). Throws
 // Error::all with a message naming the offending key. `help_out` receives the option list and

@@ -158,7 +158,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
   // optimizer kernel's chunk), in both optimizer modes so that they update alike.
   store.allocate(static_cast<std::int64_t>(dp) * 4096);
   store.initialize(static_cast<std::uint64_t>(deck.train.seed));
-  const bool zero = deck.optim.distributed;
+  const bool zero = distributed_optimizer(deck.optim.distributed, dp);
   // LoRA: only the adapters train (store.trainable_size(): the front of the buffers); the
   // optimizer, the gradient reductions and ZeRO-1's shards cover that range alone
   const bool lora = store.has_adapters();
@@ -470,8 +470,12 @@ int run_training(const Deck& deck, ModelFamily fam) {
       reducer.reduce_rest();  // what no layer bucket covered (to the shards' owners with ZeRO-1)
     else if (zero)            // each DP rank receives the sum of its shard only
       topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
-    else
-      topo.dp_group().allreduce_sum(grads.data(), trainable);
+    else {  // the same reduce-scatter, then every shard to every rank: the sums (and so the
+            // updates) are bitwise those of ZeRO-1 at any dp, which a library all-reduce, free
+            // to add in another order, is not beyond dp = 2
+      topo.dp_group().reduce_scatter_in_place(grads.data(), shard);
+      topo.dp_group().allgather_in_place(grads.data(), shard);
+    }
     loss_sum = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(loss_sum));
     const LossParts parts = task.loss_per_micro_batch ? reduce_loss_parts(chunks, topo)
                                                       : LossParts{};  // (T5: resets the model's sums)

@@ -137,12 +137,21 @@ def same_checkpoints(name, a, b):
 def check_zero1(c):
     from tp_checks import compare_losses
     fixed = ["--optim.decay_iters", "8"]
-    plain = c.train("plain", 2, 1, iters=8, dropout=0.1, extra=fixed + ["--checkpoint.save", c.path("ck_plain")])
+    plain = c.train("plain", 2, 1, iters=8, dropout=0.1,
+                    extra=fixed + ["--optim.distributed", "false", "--checkpoint.save", c.path("ck_plain")])
+    # optim.distributed = auto, the default: ZeRO-1 at dp = 2
     zero = c.train("zero", 2, 1, iters=8, dropout=0.1,
-                   extra=fixed + ["--optim.distributed", "true", "--checkpoint.save", c.path("ck_zero")])
+                   extra=fixed + ["--optim.distributed", "auto", "--checkpoint.save", c.path("ck_zero")])
     same_losses("ZeRO-1 dp=2", plain, zero)
     ck = "iter_0000008/checkpoint.h5"
     same_checkpoints("ZeRO-1 dp=2 after 8 steps", c.path("ck_plain", ck), c.path("ck_zero", ck))
+    # beyond dp = 2 too: the plain optimizer reduces by ZeRO-1's reduce-scatter (then an all-gather)
+    gb = ["--train.global_batch_size", "8"]
+    plain4 = c.train("plain4", 4, 1, iters=8, dropout=0.1,
+                     extra=fixed + gb + ["--optim.distributed", "false", "--checkpoint.save", c.path("ck_plain4")])
+    zero4 = c.train("zero4", 4, 1, iters=8, dropout=0.1, extra=fixed + gb + ["--checkpoint.save", c.path("ck_zero4")])
+    same_losses("ZeRO-1 dp=4", plain4, zero4)
+    same_checkpoints("ZeRO-1 dp=4 after 8 steps", c.path("ck_plain4", ck), c.path("ck_zero4", ck))
     # resume across data-parallel sizes and optimizer modes
     c.train("z1", 2, 1, iters=4, dropout=0.1, extra=fixed + ["--optim.distributed", "true", "--checkpoint.save", c.path("ck_z")])
     tail = c.train("z2", 1, 1, iters=8, dropout=0.1, extra=fixed + ["--checkpoint.load", c.path("ck_z")])
@@ -288,7 +297,7 @@ def check_flash(c):
 
 def check_overlap(c):
     fixed = ["--optim.decay_iters", "6"]
-    for name, np_, extra in [("dp2", 2, []), ("dp2_zero", 2, ["--optim.distributed", "true"]),
+    for name, np_, extra in [("dp2", 2, ["--optim.distributed", "false"]), ("dp2_zero", 2, ["--optim.distributed", "true"]),
                              ("pp2dp2", 4, ["--parallel.pp", "2", "--model.num_layers", "4",
                                             "--train.global_batch_size", "8"])]:
         base = c.train(name, np_, 1, iters=6, dropout=0.1, extra=fixed + extra + ["--checkpoint.save", c.path("ck_" + name)])
@@ -357,8 +366,8 @@ def check_memory(c):
     full = memory(c, "full uniform 1", 1, extra=["--precision.recompute", "full"])
     full2 = memory(c, "full uniform 2", 1, extra=["--precision.recompute", "full", "--precision.recompute_num_layers", "2"])
     tpsp = memory(c, "tp=2 + SP", 2, tp=2, sp=True)
-    plain = memory(c, "dp=2", 2)
-    zero = memory(c, "dp=2 distributed optimizer", 2, extra=["--optim.distributed", "true"])
+    plain = memory(c, "dp=2", 2, extra=["--optim.distributed", "false"])
+    zero = memory(c, "dp=2 distributed optimizer", 2)  # optim.distributed = auto, the default: on at dp > 1
     for name, m in [("no recomputation", base), ("selective", sel), ("full uniform 1", full),
                     ("full uniform 2", full2), ("tp=2 + SP", tpsp)]:
         within(name + ": activations per layer vs Korthikanti", m["layer_activations"], m["korthikanti"])
