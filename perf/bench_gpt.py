@@ -17,7 +17,7 @@ at micro batch = global batch = B (4), sequence T (64), with the same number of 
                      steps skipped, for the per-op time breakdown (GEMM region vs kernel families).
 
 Prints a table (shape | Trident tok/s | PyTorch tok/s | ratio | Trident TFLOP/s | roofline TFLOP/s |
-fraction of roofline) and the breakdown, and writes perf/results/gpt_cpu_<date>.{md,json}.
+fraction of roofline) and the breakdown, and writes perf/results/gpt_cpu_<date>_<cpu key>.{md,json}.
 Model FLOPs: Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = padded vocabulary (50304), on both sides.
 
 Run from anywhere (paths default to the repository this script is in and its build-perf/):
@@ -87,7 +87,7 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", default="",
                    help="raw outputs of the runs: logs, metrics CSVs, timer JSON (default: perf/work, git-ignored; "
                         "with --smoke: --out-dir)")
-    p.add_argument("--tag", default="", help="suffix of the result files: gpt_cpu_<date>[_<tag>]")
+    p.add_argument("--tag", default="", help="suffix of the result files: gpt_cpu_<date>_<cpu key>[_<tag>]")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     p.add_argument("--no-profile", action="store_true", help="skip the kernel-timer run")
     p.add_argument("--smoke", action="store_true",
@@ -161,6 +161,13 @@ class Runner:
         return proc.stdout
 
 
+def cpu_key(facts):
+    """<vendor>-f<family>-m<model> (e.g. amd-f26-m2): result files are kept per CPU under this key."""
+    vendor = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(facts.get("Vendor ID", ""),
+                                                                  re.sub(r"\W+", "", facts.get("Vendor ID", "cpu")).lower() or "cpu")
+    return f"{vendor}-f{facts.get('CPU family', 'x')}-m{facts.get('Model', 'x')}"
+
+
 def machine_facts():
     facts = {"hostname": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count()}
     try:
@@ -173,9 +180,12 @@ def machine_facts():
                 facts[k] = v
             if k == "Flags":
                 flags = v.split()
-                facts["simd"] = " ".join(f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx", "avx2")))
+                facts["simd"] = " ".join(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "sve",
+                                                                          "asimd", "vnni")))
+                facts["flags"] = v
     except OSError:
         pass
+    facts["cpu_key"] = cpu_key(facts)
     try:
         with open("/proc/meminfo") as f:
             facts["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -341,7 +351,7 @@ def breakdown_text(r):
                f"({r['roofline_tflops'] * 1e3:.0f} GFLOP/s) for the same GEMMs in gemm_roofline; "
                f"everything else: {b['non_gemm_ms_per_iter']:.1f} ms/step.")
     out.append("")
-    out.append("Top kernels (single-threaded Kokkos Serial kernels):")
+    out.append("Top kernels (host kernels: the rank's threads share them unless TRIDENT_HOST_OPENMP=0):")
     out.append("| kernel | type | ms/step | % of step | calls/step |")
     out.append("|---|---|---|---|---|")
     for k in b["top_kernels"]:
@@ -359,7 +369,7 @@ def limits_text(r):
     gemm = b["gemm_ms_per_iter"]
     lines = [f"- {r['title']}: GEMMs take {gemm:.0f} of {step:.0f} ms ({100 * gemm / step:.0f}%), running at "
              f"{fmt(b['gemm_gflops_in_training'], '.0f')} GFLOP/s in training vs {r['roofline_tflops'] * 1e3:.0f} "
-             f"alone; the rest, {b['non_gemm_ms_per_iter']:.0f} ms, is single-threaded Kokkos kernels and host code."]
+             f"alone; the rest, {b['non_gemm_ms_per_iter']:.0f} ms, is host kernels and host code."]
     others = [f for f in b["families"] if not f["family"].startswith("GEMM")][:4]
     if others:
         lines.append("  Largest non-GEMM parts: " + "; ".join(
@@ -374,7 +384,7 @@ def limits_text(r):
         if gn and gn["ms_per_iter"] > 0:
             parts.append(f"the grad norm reads {4 * n / 1e9:.2f} GB at {4 * n / (gn['ms_per_iter'] / 1e3) / 1e9:.1f} GB/s")
         if parts:
-            lines.append(f"  Over all {n / 1e6:.1f}M parameters, " + "; ".join(parts) + " (one thread each).")
+            lines.append(f"  Over all {n / 1e6:.1f}M parameters, " + "; ".join(parts) + ".")
     if gemm > 0:
         lines.append(f"  With every non-GEMM part free, this step would reach "
                      f"{100 * min(1.0, b['gemm_ms_isolated'] / gemm):.0f}% of the roofline "
@@ -481,7 +491,7 @@ def write_report(a, facts, roof, results, runner, started, path_md, path_json):
                       f"({p.get('openblas', {}).get('config', '')}); steps ms {p['step_ms']}")
     md.append("\n## Machine\n")
     for k, v in facts.items():
-        md.append(f"- {k}: {v}")
+        md.append(f"- {k}: {v}" if k != "flags" else f"- all CPU flags: `{v}`")
     md.append(f"- load average at start / end: {results[0].get('load_start', '?') if results else '?'} / {loadavg()}")
     md.append("\n## Commands (run from the repository root)\n")
     md.append("```\n" + "\n".join(runner.commands) + "\n```\n")
@@ -517,6 +527,7 @@ def main(argv=None):
         torch_env = {}
     else:
         torch_env = {"OPENBLAS_CORETYPE": a.openblas_coretype}
+    facts["TRIDENT_HOST_OPENMP"] = os.environ.get("TRIDENT_HOST_OPENMP", "unset (host threads on)")
     facts["OPENBLAS_* in the environment"] = " ".join(
         f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("OPENBLAS_")) or "none"
     facts["OpenBLAS kernel choice for PyTorch (--openblas-coretype)"] = a.openblas_coretype
@@ -585,7 +596,8 @@ def main(argv=None):
             print(t)
     for r in results:
         print("\n" + breakdown_text(r))
-    stem = f"gpt_cpu_{started:%Y-%m-%d}" + (f"_{a.tag}" if a.tag else "")
+    # one file per CPU seen (cpu_key) and day; earlier CPUs' results stay beside it
+    stem = f"gpt_cpu_{started:%Y-%m-%d}_{facts['cpu_key']}" + (f"_{a.tag}" if a.tag else "")
     md, js = os.path.join(a.out_dir, stem + ".md"), os.path.join(a.out_dir, stem + ".json")
     write_report(a, facts, roof, results, runner, started, md, js)
     print(f"\nwrote {md} and {js}")

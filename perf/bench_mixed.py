@@ -11,7 +11,7 @@ micro batch = global batch = B (4), sequence T (64), T threads (2):
   2. Trident: apps/pretrain_gpt with precision.dtype fp32 and bf16, median ms/iter after warm-up;
   3. PyTorch: perf/torch_gpt.py --dtype fp32 and --dtype bf16 (autocast), same model and optimizer.
 
-Prints and writes perf/results/mixed_cpu_<date>.{md,json}: tokens/s of the four, the ratio
+Prints and writes perf/results/mixed_cpu_<date>_<cpu key>.{md,json}: tokens/s of the four, the ratio
 Trident bf16 / PyTorch bf16 (the issue's target: at least 1.5), Trident's bf16 speed-up over its
 fp32, and Trident bf16's model TFLOP/s as a fraction of the bf16 roofline. Model FLOPs: Megatron's
 72 B s l h^2 (1 + s/6h + V/12hl), V = 50304, on every side.
@@ -79,6 +79,9 @@ def main(argv=None):
     if len({bg.SHAPES[s][1] // bg.SHAPES[s][2] for s in a.shape_list}) != 1:
         sys.exit("bench_mixed: the shapes must share one head size (64)")
     runner = bg.Runner()
+    facts = bg.machine_facts()
+    facts["OPENBLAS_* in the environment (PyTorch runs with it)"] = " ".join(
+        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("OPENBLAS_")) or "none"
     threads_env = {"OMP_NUM_THREADS": str(a.threads), "OPENBLAS_NUM_THREADS": str(a.threads)}
     roof = {d: roofline(a, runner, work, d) for d in ("bf16", "fp32")}
     results = []
@@ -116,7 +119,7 @@ def main(argv=None):
         results.append(r)
 
     lines = [f"# Mixed-precision GPT training on the CPU, {started.date()}", "",
-             f"Machine `{os.uname().nodename}`; {a.threads} threads for every run (OMP_NUM_THREADS; torch threads); "
+             f"Machine `{os.uname().nodename}` ({facts.get('Model name', '?')}, {facts['cpu_key']}); {a.threads} threads for every run (OMP_NUM_THREADS; torch threads); "
              f"micro batch = global batch = {a.batch}, sequence {a.seq}, dropout {a.dropout}; median ms/iter of steps "
              f"{a.warmup + 1}..{a.iters}. Trident: precision.dtype fp32 / bf16 (16-bit parameters and GEMM inputs, "
              "fp32 masters, gradients, residual stream). PyTorch "
@@ -134,7 +137,20 @@ def main(argv=None):
                      f"{r['roofline_bf16_tflops']:.3f} | {100 * r['fraction_of_bf16_roofline']:.1f}% |")
     lines += ["", "fp32 GEMM roofline for comparison: " + ", ".join(
         f"{r['title']} {r['roofline_fp32_tflops']:.3f} TFLOP/s" for r in results) + ".", "",
-        "Target (issue 5): Trident bf16 at least 1.5x PyTorch bf16.", "", "Commands:", ""]
+        "Target (issues 5 and 22): Trident bf16 at least 1.5x PyTorch bf16.", ""]
+    # where it ran (issue 22: every result file says so): the CPU, its flags, PyTorch's OpenBLAS
+    lines += ["## PyTorch", ""]
+    for r in results:
+        for d in ("fp32", "bf16"):
+            p = r.get(f"torch_{d}")
+            if p:
+                ob = p.get("openblas", {})
+                lines.append(f"- {r['title']} {d}: torch {p.get('torch_version', '?')}, {p.get('torch_num_threads', '?')} "
+                             f"threads, OpenBLAS core `{ob.get('core', '?')}` ({ob.get('config', '')})")
+    lines += ["", "## Machine", ""]
+    for k, v in facts.items():
+        lines.append(f"- {k}: {v}" if k != "flags" else f"- all CPU flags: `{v}`")
+    lines += ["", "Commands:", ""]
     lines += [f"    {c}" for c in runner.commands]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
@@ -145,7 +161,7 @@ def main(argv=None):
         print("bench_mixed smoke: every piece ran")
     else:
         os.makedirs(a.out_dir, exist_ok=True)
-        base = os.path.join(a.out_dir, f"mixed_cpu_{started.date()}")
+        base = os.path.join(a.out_dir, f"mixed_cpu_{started.date()}_{facts['cpu_key']}")  # one file per CPU seen
         with open(base + ".md", "w") as f:
             f.write(text)
         with open(base + ".json", "w") as f:
