@@ -72,22 +72,32 @@ void scatter_add_strided_rows(const FloatView& dx, const FloatView& dout, std::i
       KOKKOS_LAMBDA(std::int64_t i) { dx((i / cols) * stride * cols + i % cols) += dout(i); });
 }
 
+namespace {
+// one block of columns [c0, c1) of bias_backward: contiguous row segments summed in order
+TRIDENT_HOST_NOINLINE KOKKOS_FUNCTION void bias_backward_block(float* out, const float* d, std::int64_t rows,
+                                                               std::int64_t cols, std::int64_t c0, std::int64_t c1) {
+  constexpr std::int64_t kCols = 64;
+  float acc[kCols] = {};  // (kCols): this block's column sums
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = d + r * cols;
+    TRIDENT_SIMD
+    for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+  }
+  for (std::int64_t c = c0; c < c1; ++c) out[c] += acc[c - c0];
+}
+}  // namespace
+
 void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t rows, std::int64_t cols) {
   // One thread per block of kCols columns walks the rows, summing contiguous row segments
-  // (vectorised, cache-friendly); deterministic, no atomics.
+  // (vectorised, cache-friendly); deterministic, no atomics. The block is one compiled function
+  // (as chunk_sum_squares, below: a vectorised loop inlined into the host threads' loop is slower).
   constexpr std::int64_t kCols = 64;
   const float* d = dy.data();
   float* out = dbias.data();
-  for_each_index(
+  for_each_chunk(
       "ops::bias_backward", (cols + kCols - 1) / kCols, KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < cols ? c0 + kCols : cols;
-        float acc[kCols] = {};  // (kCols): this block's column sums
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const float* row = d + r * cols;
-          TRIDENT_SIMD
-          for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-        }
-        for (std::int64_t c = c0; c < c1; ++c) out[c] += acc[c - c0];
+        bias_backward_block(out, d, rows, cols, c0, c1);
       });
 }
 

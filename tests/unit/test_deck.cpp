@@ -73,6 +73,7 @@ TEST(Deck, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kDeck, {"--bogus.key", "1"}).find("bogus.key"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_heads", "5"}).find("model.num_heads"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--optim.decay_style", "exp"}).find("optim.decay_style"), std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--optim.distributed", "maybe"}).find("optim.distributed"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--train.global_batch_size", "7"}).find("train.global_batch_size"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.max_position_embeddings", "16"}).find("model.max_position_embeddings"),
             std::string::npos);
@@ -111,4 +112,15 @@ TEST(Deck, PercentSignsNeverHangTheParser) {
   EXPECT_THROW(parse_deck_text(base, {"--train.iters", "%canonical_option%"}), Error);
   const Deck d = parse_deck_text(base + "[perf]\npeak_name = 100% of %value% dense\n");
   EXPECT_EQ(d.perf.peak_name, "100% of %value% dense");
+}
+
+TEST(Deck, DistributedOptimizerIsOnByDefaultAtDpAboveOne) {
+  Deck d;
+  EXPECT_EQ(d.optim.distributed, "auto");
+  EXPECT_FALSE(distributed_optimizer("auto", 1));
+  EXPECT_TRUE(distributed_optimizer("auto", 2));
+  EXPECT_TRUE(distributed_optimizer("auto", 64));
+  for (const char* on : {"true", "1", "yes", "on"}) EXPECT_TRUE(distributed_optimizer(on, 1)) << on;
+  for (const char* off : {"false", "0", "no", "off"}) EXPECT_FALSE(distributed_optimizer(off, 8)) << off;
+  EXPECT_THROW(distributed_optimizer("sometimes", 2), Error);
 }

@@ -1,0 +1,123 @@
+// common/host_parallel.hpp (docs/DESIGN.md "Host threads"): every index, element and chunk runs
+// exactly once whatever the thread count, and the results (sums included) are bitwise those of
+// one thread. This file is compiled as the library's threaded folders are (TRIDENT_HOST_OPENMP
+// when OpenMP is on), so under Debian's Serial Kokkos the threaded path is the one tested.
+#if defined(_OPENMP) && !defined(TRIDENT_ENABLE_CUDA)
+#define TRIDENT_HOST_OPENMP 1
+#include <omp.h>
+#endif
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "common/host_parallel.hpp"
+#include "ops/elementwise.hpp"
+#include "test_helpers.hpp"
+
+using namespace trident;
+using namespace trident::test;
+
+namespace {
+const int kThreads[] = {1, 2, 3, 5};
+
+template <class F>
+void at_threads(int t, const F& f) {
+#if defined(_OPENMP)
+  const int old = omp_get_max_threads();
+  omp_set_num_threads(t);
+  f();
+  omp_set_num_threads(old);
+#else
+  (void)t;
+  f();
+#endif
+}
+
+std::vector<std::int32_t> counts(const IntView& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<std::int32_t>(h.data(), h.data() + h.extent(0));
+}
+
+std::uint64_t bits(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+}  // namespace
+
+TEST(HostParallel, EveryIndexRunsOnce) {
+  for (std::int64_t n : {0, 1, 7, 4097, 100003})
+    for (int t : kThreads) {
+      IntView seen = make_int("seen", n > 0 ? n : 1);
+      at_threads(t, [&] {
+        for_each_index(
+            "test::index", n, KOKKOS_LAMBDA(std::int64_t i) { seen(i) += 1; });
+      });
+      Kokkos::fence();
+      const auto c = counts(seen);
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(c[static_cast<size_t>(i)], 1) << "n " << n << " threads " << t;
+    }
+}
+
+TEST(HostParallel, EveryElementGetsItsColumn) {
+  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 5}, {257, 33}, {2, 3072}})
+    for (int t : kThreads) {
+      IntView col = make_int("col", rows * cols), hits = make_int("hits", rows * cols);
+      at_threads(t, [&] {
+        for_each_element(
+            "test::element", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+              col(i) = static_cast<std::int32_t>(c);
+              hits(i) += 1;
+            });
+      });
+      Kokkos::fence();
+      const auto cs = counts(col), hs = counts(hits);
+      for (std::int64_t i = 0; i < rows * cols; ++i) {
+        ASSERT_EQ(hs[static_cast<size_t>(i)], 1) << rows << "x" << cols << " threads " << t;
+        ASSERT_EQ(cs[static_cast<size_t>(i)], i % cols) << rows << "x" << cols << " threads " << t;
+      }
+    }
+}
+
+TEST(HostParallel, ChunkSumsAddInChunkOrderAtAnyThreadCount) {
+  if (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> || ExecSpace::concurrency() > 1)
+    GTEST_SKIP() << "a threaded or device Kokkos adds the chunk partials in its own order";
+  // 1e16 first, then ones: in order every one is lost to rounding (the spacing of doubles at 1e16
+  // is 2); a thread block summed apart would keep its ones and change the result
+  const std::int64_t chunks = 1001;
+  Kokkos::View<double*, Kokkos::LayoutRight, ExecSpace::memory_space> part("part", chunks);
+  auto h = Kokkos::create_mirror_view(part);
+  double ordered = 0;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    h(c) = c == 0 ? 1e16 : 1.0;
+    ordered += h(c);
+  }
+  Kokkos::deep_copy(part, h);
+  for (int t : kThreads) {
+    double got = 0;
+    at_threads(t, [&] {
+      got = sum_chunks(
+          "test::sum", chunks, KOKKOS_LAMBDA(std::int64_t c) { return part(c); });
+    });
+    EXPECT_EQ(bits(got), bits(ordered)) << "threads " << t << ": " << got << " vs " << ordered;
+    EXPECT_EQ(got, 1e16);
+  }
+}
+
+TEST(HostParallel, SumOfSquaresIsBitwiseTheSameAtAnyThreadCount) {
+  if (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> || ExecSpace::concurrency() > 1)
+    GTEST_SKIP() << "a threaded or device Kokkos adds the chunk partials in its own order";
+  // the gradient norm's kernel (ops/elementwise), as the library compiles it: 3 M values
+  const auto x = random_vector(3'000'017, 11, 3.f);
+  const FloatView d = to_device(x);
+  double one = 0;
+  at_threads(1, [&] { one = sum_squares(d, static_cast<std::int64_t>(x.size())); });
+  double ref = 0;  // fp32 chunks of 1024 in any lane order stay within 1e-5 of the double sum
+  for (float v : x) ref += static_cast<double>(v) * v;
+  EXPECT_NEAR(one, ref, 1e-5 * ref);
+  for (int t : kThreads) {
+    double got = 0;
+    at_threads(t, [&] { got = sum_squares(d, static_cast<std::int64_t>(x.size())); });
+    EXPECT_EQ(bits(got), bits(one)) << "threads " << t;
+  }
+}
