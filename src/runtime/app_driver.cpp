@@ -114,13 +114,21 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     return 0;
   }
 #if defined(TRIDENT_HAVE_OPENMP)
-  // Host GEMM threads: unless OMP_NUM_THREADS says otherwise, the node's cores are shared
+  // Host threads (GEMMs, host kernels): unless OMP_NUM_THREADS says otherwise, the node's cores are shared
   // evenly by the ranks on the node (several ranks each spawning one thread per core would
   // oversubscribe the node many times over).
-  if (!std::getenv("OMP_NUM_THREADS")) {
+  {
     const int local = mpi_job::node_place().size;
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    omp_set_num_threads(cores / local > 1 ? cores / local : 1);
+    if (!std::getenv("OMP_NUM_THREADS")) {
+      omp_set_num_threads(cores / local > 1 ? cores / local : 1);
+    } else if (omp_get_max_threads() > 1 && local * omp_get_max_threads() > cores && rank == 0) {
+      // threads that share cores spin against each other at every GEMM and host kernel
+      std::fprintf(stderr,
+                   "warning: %d ranks x OMP_NUM_THREADS=%d threads on a node of %d cores oversubscribe it: the "
+                   "GEMMs and host kernels slow down; set OMP_NUM_THREADS <= %d (or unset it)\n",
+                   local, omp_get_max_threads(), cores, cores / local > 1 ? cores / local : 1);
+    }
   }
 #endif
   // Each rank drives the GPU of its node-local rank (ranks per node beyond the GPU count share

@@ -105,7 +105,16 @@ def check_resume(c):
 def check_dp2(c):
     a, b = c.path("dp1.csv"), c.path("dp2.csv")
     run(c.cmd(1, "--train.iters", "10", "--log.metrics_file", a))
-    run(c.cmd(2, "--train.iters", "10", "--log.metrics_file", b))
+    _, out, _ = run(c.cmd(2, "--train.iters", "10", "--log.metrics_file", b))
+    # the distributed optimizer is the default at dp > 1 (docs/DESIGN.md, optim.distributed = auto)
+    assert "distributed (ZeRO-1)" in out, "dp=2 did not run the distributed optimizer by default"
+    assert "oversubscribe" not in out, out
+    # 2 ranks x as many threads as the node has cores: the run says that it oversubscribes the node
+    cores = os.sysconf("SC_NPROCESSORS_ONLN")
+    _, out, _ = run(c.cmd(2, "--train.iters", "1", "--log.metrics_file", c.path("dp2_threads.csv")),
+                    env=dict(os.environ, OMP_NUM_THREADS=str(max(2, cores))))
+    assert f"2 ranks x OMP_NUM_THREADS={max(2, cores)} threads on a node of" in out and "oversubscribe" in out, out
+    print("dp=2: the distributed optimizer by default; an oversubscribing thread count is warned about")
     worst = 0.0
     for x, y in zip(read_metrics(a), read_metrics(b)):
         la, lb = float(x["loss"]), float(y["loss"])
