@@ -16,6 +16,9 @@
 
 #if defined(TRIDENT_GEMM_DNNL)
 #include <oneapi/dnnl/dnnl.hpp>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #else
 #include <cblas.h>
 #endif
@@ -39,8 +42,8 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   // A profiling region, so that Kokkos Tools (perf/kernel_timer) see GEMMs next to kernels.
   Kokkos::Profiling::pushRegion("ops::gemm");
 #if defined(TRIDENT_GEMM_DNNL)
-  dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha, A, lda,
-                                B, ldb, beta, C, ldc);
+  dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                                beta, C, ldc);
   if (st != dnnl_success) {
     std::ostringstream os;
     os << "dnnl_sgemm failed (status " << static_cast<int>(st) << ") M=" << M << " N=" << N << " K=" << K;
@@ -56,9 +59,37 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
 }
 
 void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B,
-                          std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
-                          std::int64_t strideC, std::int64_t batch) {
+                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B, std::int64_t ldb,
+                          std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
+                          std::int64_t batch) {
+#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
+  // The batch (attention's per-head products, 64 x 64 x 64 at GPT-2's shapes) shared by this
+  // rank's threads, each product whole on one thread (oneDNN runs sequentially inside a parallel
+  // region), rather than every small product split over all threads in turn: the same kernels
+  // as one thread, so the same bits (validation/identity.py --threads). One profiling region.
+  check_dims(M, N, K);
+  if (batch > 1 && M > 0 && N > 0 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+    Kokkos::Profiling::pushRegion("ops::gemm");
+    dnnl_status_t first_error = dnnl_success;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha,
+                                          A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
+      if (st != dnnl_success) {
+#pragma omp critical(trident_gemm_error)
+        first_error = first_error == dnnl_success ? st : first_error;
+      }
+    }
+    Kokkos::Profiling::popRegion();
+    if (first_error != dnnl_success) {
+      std::ostringstream os;
+      os << "dnnl_sgemm failed (status " << static_cast<int>(first_error) << ") M=" << M << " N=" << N << " K=" << K
+         << " (batched)";
+      throw Error::one(os.str());
+    }
+    return;
+  }
+#endif
   for (std::int64_t b = 0; b < batch; ++b)
     gemm(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
 }
@@ -104,9 +135,8 @@ const Bf16Matmul& bf16_matmul(Trans ta, Trans tb, std::int64_t M, std::int64_t N
 }  // namespace
 #endif
 
-void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc) {
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
   Kokkos::Profiling::pushRegion("ops::gemm_bf16");
@@ -142,9 +172,8 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   Kokkos::Profiling::popRegion();
 }
 
-void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc) {
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
   // fp16 values widen exactly to fp32: sgemm on the widened operands computes the same

@@ -12,6 +12,7 @@
 
 #include "common/host_parallel.hpp"
 #include "ops/elementwise.hpp"
+#include "ops/gemm.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -119,5 +120,37 @@ TEST(HostParallel, SumOfSquaresIsBitwiseTheSameAtAnyThreadCount) {
     double got = 0;
     at_threads(t, [&] { got = sum_squares(d, static_cast<std::int64_t>(x.size())); });
     EXPECT_EQ(bits(got), bits(one)) << "threads " << t;
+  }
+}
+
+TEST(HostParallel, BatchedGemmIsBitwiseTheSameAtAnyThreadCount) {
+  // ops/gemm's strided batch (attention's per-head products): shared out whole over the threads
+  // on the host; each product as one thread computes it, and equal to the naive product
+  const std::int64_t M = 64, N = 64, K = 64, batch = 7;
+  const auto a = random_vector(static_cast<size_t>(M * K * batch), 21),
+             b = random_vector(static_cast<size_t>(K * N * batch), 22);
+  const FloatView dA = to_device(a), dB = to_device(b);
+  auto product = [&](int t) {
+    FloatView dC = make_float("C", M * N * batch);
+    at_threads(t, [&] {
+      gemm_strided_batched(Trans::N, Trans::T, M, N, K, 1.f, dA.data(), K, M * K, dB.data(), K, K * N, 0.f, dC.data(),
+                           N, M * N, batch);
+    });
+    Kokkos::fence();
+    return to_host(dC);
+  };
+  const auto one = product(1);
+  for (std::int64_t p = 0; p < batch; ++p)
+    for (std::int64_t i = 0; i < M; i += 9)
+      for (std::int64_t j = 0; j < N; j += 7) {
+        double ref = 0;
+        for (std::int64_t k = 0; k < K; ++k)
+          ref += static_cast<double>(a[static_cast<size_t>(p * M * K + i * K + k)]) *
+                 b[static_cast<size_t>(p * K * N + j * K + k)];
+        ASSERT_NEAR(one[static_cast<size_t>(p * M * N + i * N + j)], ref, 1e-4) << p << " " << i << " " << j;
+      }
+  for (int t : kThreads) {
+    const auto got = product(t);
+    ASSERT_EQ(std::memcmp(got.data(), one.data(), got.size() * sizeof(float)), 0) << "threads " << t;
   }
 }
