@@ -57,36 +57,17 @@ inline void thread_block(std::int64_t n, std::int64_t& b, std::int64_t& e) {
 }
 #endif
 
-// The loops a thread runs over its block, on the thread's own copy of the kernel: the copy's
+// One thread's block [b, e): loop(f, b, e) on the thread's own copy f of the kernel. The copy's
 // members (view pointers, sizes) then provably stay put while the loop stores through them, so
 // the compiler keeps them in registers and vectorises as Kokkos' own dispatch allows (through a
 // shared reference every store might change them: measured 2-5x slower). The copy is made with
 // Kokkos' view reference counting off on this thread, as Kokkos' dispatch does.
-template <class F>
-void run_indices(const F& shared, std::int64_t b, std::int64_t e) {
+template <class F, class Loop>
+void run_block(const F& shared, const Loop& loop, std::int64_t b, std::int64_t e) {
   Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_disable();
   {
     const F f(shared);
-    for (std::int64_t i = b; i < e; ++i) f(i);
-  }
-  Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_enable();
-}
-template <class F>
-void run_rows(const F& shared, std::int64_t cols, std::int64_t b, std::int64_t e) {
-  Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_disable();
-  {
-    const F f(shared);
-    for (std::int64_t r = b; r < e; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) f(r * cols + c, c);
-  }
-  Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_enable();
-}
-template <class F>
-void run_partials(const F& shared, double* out, std::int64_t b, std::int64_t e) {
-  Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_disable();
-  {
-    const F f(shared);
-    for (std::int64_t c = b; c < e; ++c) out[c] = f(c);
+    loop(f, b, e);
   }
   Kokkos::Impl::SharedAllocationRecord<void, void>::tracking_enable();
 }
@@ -116,38 +97,46 @@ class ToolsKernel {
   bool on_;
   std::uint64_t id_ = 0;
 };
+// Whether this process's host kernels are shared over its threads (see the top of this file).
+inline bool sharing() { return kHostSharing && host_sharing_on(); }
+
+// The work [0, n) cut into one contiguous block per thread of this rank, each thread running
+// run_block(shared, loop, ...) on its block; a kernel to Kokkos Tools. Only when sharing().
+template <class F, class Loop>
+void over_threads(const char* name, bool reduce, std::int64_t n, const F& shared, const Loop& loop) {
+#if defined(TRIDENT_HOST_OPENMP)
+  ToolsKernel k(name, reduce);
+#pragma omp parallel
+  {
+    std::int64_t b, e;
+    thread_block(n, b, e);
+    run_block(shared, loop, b, e);
+  }
+#else
+  (void)name, (void)reduce, (void)n, (void)shared, (void)loop;
+#endif
+}
 }  // namespace detail
 
 template <class F>
 void for_each_index(const char* name, std::int64_t n, const F& f) {
-  if constexpr (detail::kHostSharing) {
-    if (detail::host_sharing_on()) {
-      detail::ToolsKernel k(name, false);
-#pragma omp parallel
-      {
-        std::int64_t b, e;
-        detail::thread_block(n, b, e);
-        detail::run_indices(f, b, e);
-      }
-      return;
-    }
+  if (detail::sharing()) {
+    detail::over_threads(name, false, n, f, [](const F& g, std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) g(i);
+    });
+    return;
   }
   Kokkos::parallel_for(name, range(n), f);
 }
 
 template <class F>
 void for_each_element(const char* name, std::int64_t rows, std::int64_t cols, const F& f) {
-  if constexpr (detail::kHostSharing) {
-    if (detail::host_sharing_on()) {
-      detail::ToolsKernel k(name, false);
-#pragma omp parallel
-      {
-        std::int64_t b, e;
-        detail::thread_block(rows, b, e);
-        detail::run_rows(f, cols, b, e);
-      }
-      return;
-    }
+  if (detail::sharing()) {  // blocks of rows
+    detail::over_threads(name, false, rows, f, [cols](const F& g, std::int64_t b, std::int64_t e) {
+      for (std::int64_t r = b; r < e; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) g(r * cols + c, c);
+    });
+    return;
   }
   Kokkos::parallel_for(
       name, range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { f(i, i % cols); });
@@ -160,21 +149,15 @@ void for_each_chunk(const char* name, std::int64_t chunks, const F& f) {
 
 template <class F>
 double sum_chunks(const char* name, std::int64_t chunks, const F& f) {
-  if constexpr (detail::kHostSharing) {
-    if (detail::host_sharing_on()) {
-      detail::ToolsKernel k(name, true);
-      std::vector<double> part(static_cast<size_t>(chunks));
-      double* out = part.data();
-#pragma omp parallel
-      {
-        std::int64_t b, e;
-        detail::thread_block(chunks, b, e);
-        detail::run_partials(f, out, b, e);
-      }
-      double total = 0;
-      for (std::int64_t c = 0; c < chunks; ++c) total += out[c];
-      return total;
-    }
+  if (detail::sharing()) {  // the partials in place, then added in chunk order on this thread
+    std::vector<double> part(static_cast<size_t>(chunks));
+    double* out = part.data();
+    detail::over_threads(name, true, chunks, f, [out](const F& g, std::int64_t b, std::int64_t e) {
+      for (std::int64_t c = b; c < e; ++c) out[c] = g(c);
+    });
+    double total = 0;
+    for (std::int64_t c = 0; c < chunks; ++c) total += out[c];
+    return total;
   }
   double total = 0;
   Kokkos::parallel_reduce(
