@@ -5,9 +5,13 @@
 
 namespace trident {
 double host_parallel_without_openmp(const FloatView& x, std::int64_t rows, std::int64_t cols) {
-  for_each_index("check::index", rows * cols, KOKKOS_LAMBDA(std::int64_t i) { x(i) = 1.f; });
-  for_each_element("check::element", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { x(i) += c; });
-  for_each_chunk("check::chunk", rows, KOKKOS_LAMBDA(std::int64_t r) { x(r * cols) *= 2.f; });
-  return sum_chunks("check::sum", rows, KOKKOS_LAMBDA(std::int64_t r) { return static_cast<double>(x(r * cols)); });
+  for_each_index(
+      "check::index", rows * cols, KOKKOS_LAMBDA(std::int64_t i) { x(i) = 1.f; });
+  for_each_element(
+      "check::element", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { x(i) += c; });
+  for_each_chunk(
+      "check::chunk", rows, KOKKOS_LAMBDA(std::int64_t r) { x(r * cols) *= 2.f; });
+  return sum_chunks(
+      "check::sum", rows, KOKKOS_LAMBDA(std::int64_t r) { return static_cast<double>(x(r * cols)); });
 }
 }  // namespace trident
