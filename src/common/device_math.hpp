@@ -12,6 +12,17 @@ KOKKOS_INLINE_FUNCTION float dtanh(float x) { return tanhf(x); }
 KOKKOS_INLINE_FUNCTION float dsqrt(float x) { return sqrtf(x); }
 KOKKOS_INLINE_FUNCTION float dmax(float a, float b) { return a > b ? a : b; }
 KOKKOS_INLINE_FUNCTION double dsqrt(double x) { return sqrt(x); }
+// a * b + c rounded once where the target has a fused multiply-add (every CUDA device; a host
+// compiled with FMA, e.g. -march=native on x86-64), else rounded twice, as the compiler's own
+// contraction did before. Kernels that must give the same bits whether the compiler vectorises
+// them or not (AdamW, compiled with -ffp-contract=off) spell their fused operations with it.
+KOKKOS_INLINE_FUNCTION float dfma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 }  // namespace trident
 
 namespace trident {

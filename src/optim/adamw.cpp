@@ -34,8 +34,10 @@ struct HalfCopy {
 template <class Out>
 void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::int64_t n, std::int64_t nd, float b1,
                   float b2, float eps, float step_size, float sqrt_bc2, float decay, float grad_scale) {
-  // One thread per chunk of kChunk elements; the inner loop is branch-free and marked for
-  // vectorisation (the update is bound by memory traffic: 7 floats per parameter).
+  // One thread per chunk of kChunk elements; the inner loop is branch-free and vectorised (the
+  // square root needs -fno-math-errno), bound by memory traffic: 7 floats per parameter. The
+  // file is compiled with -ffp-contract=off, so the two fused multiply-adds are the dfma calls
+  // and nothing else: the scalar and the vector loop give the same bits (src/CMakeLists.txt).
   constexpr std::int64_t kChunk = 4096;
   for_each_chunk(
       "optim::adamw_step", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
@@ -44,8 +46,8 @@ void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::in
         for (std::int64_t i = b; i < e; ++i) {
           const float gi = g[i] * grad_scale;
           const float pi = p[i] * (i < nd ? decay : 1.f);
-          const float mi = b1 * m[i] + (1.f - b1) * gi;
-          const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+          const float mi = dfma(b1, m[i], (1.f - b1) * gi);
+          const float vi = dfma(b2, v[i], (1.f - b2) * gi * gi);
           m[i] = mi;
           v[i] = vi;
           const float np = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
@@ -88,6 +90,14 @@ void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double l
     update(master_.data(), grads.data() + begin_, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale);
   else
     update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale);
+}
+
+bool AdamW::fuses_multiply_add() {
+#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return true;
+#else
+  return false;
+#endif
 }
 
 double grad_norm_squared(const FloatView& grads, std::int64_t n) { return sum_squares(grads, n); }

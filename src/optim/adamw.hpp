@@ -31,12 +31,16 @@ class AdamW {
   bool has_master() const { return master_.extent(0) > 0; }
   const FloatView& master() const { return master_; }  // (n): element i is flat index begin + i
 
+  // Whether this build's update rounds b1 * m + (1 - b1) * g and b2 * v + (1 - b2) * g^2 once
+  // (fused multiply-add, common/device_math.hpp dfma) or twice; every other operation rounds once.
+  static bool fuses_multiply_add();
+
   std::int64_t steps() const { return step_; }
   void set_steps(std::int64_t s) { step_ = s; }
   std::int64_t begin() const { return begin_; }
   std::int64_t size() const { return n_; }
-  const FloatView& exp_avg() const { return m_; }       // (n): element i is flat index begin + i
-  const FloatView& exp_avg_sq() const { return v_; }    // (n): element i is flat index begin + i
+  const FloatView& exp_avg() const { return m_; }     // (n): element i is flat index begin + i
+  const FloatView& exp_avg_sq() const { return v_; }  // (n): element i is flat index begin + i
   std::int64_t state_bytes() const { return (has_master() ? 3 : 2) * n_ * static_cast<std::int64_t>(sizeof(float)); }
 
  private:

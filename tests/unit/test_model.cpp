@@ -1,6 +1,7 @@
 // Whole-model checks: GPT gradients against finite differences of the loss, padding
 // independence, layers, AdamW and the LR schedule against their defining formulas.
 #include <cmath>
+#include <cstring>
 
 #include "layers/linear.hpp"
 #include "models/gpt_model.hpp"
@@ -145,6 +146,61 @@ TEST(AdamW, MatchesTorchAdamWFormula) {
   auto got = to_host(dp);
   for (int i = 0; i < n; ++i) EXPECT_NEAR(got[i], p[i], 1e-6) << i;
   EXPECT_EQ(opt.steps(), 3);
+}
+
+// AdamW's bits are those of its written formula, at every position of a buffer that spans
+// vectorised chunk bodies and scalar remainders: m and v by one fused multiply-add each where the
+// library's build has FMA (AdamW::fuses_multiply_add), every other operation rounded on its own
+// (optim/adamw.cpp, compiled without contraction). Left to the compiler, GCC fused
+// p * decay - update once the loop vectorised, which changed every run's bits.
+TEST(AdamW, GivesTheBitsOfItsFormulaAtEveryPosition) {
+  const std::int64_t n = 2 * 4096 + 37, decay = 4096 + 21;  // the decay boundary inside a chunk
+  AdamWConfig cfg;
+  cfg.beta1 = 0.9;
+  cfg.beta2 = 0.95;
+  cfg.weight_decay = 0.1;
+  AdamW opt(cfg, n, decay);
+  CounterRng rng(7);  // inputs: uniform in [-1, 1)
+  auto u = [&](std::uint64_t i) { return static_cast<float>(2.0 * rng.uniform_at(i) - 1.0); };
+  std::vector<float> p(n), m(n, 0.f), v(n, 0.f), g(n);
+  for (std::int64_t i = 0; i < n; ++i) p[i] = 0.05f * u(i);
+  auto dp = to_device(p);
+  // one rounding per operation, whatever this file's compiler would contract
+  auto r = [](float x) {
+    volatile float t = x;
+    return static_cast<float>(t);
+  };
+  auto fma = [&](float a, float b, float c) {
+    return AdamW::fuses_multiply_add() ? std::fma(a, b, c) : r(r(a * b) + c);
+  };
+  for (int step = 1; step <= 4; ++step) {
+    for (std::int64_t i = 0; i < n; ++i) g[i] = 0.01f * u(step * n + i);
+    const double lr = 3e-3 * step;
+    const float scale = step == 3 ? 0.37f : 1.f;
+    opt.step(dp, to_device(g), lr, scale);
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    const float bc1 = static_cast<float>(1.0 - std::pow(0.9, step));
+    const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(0.95, step)));
+    const float step_size = r(static_cast<float>(lr) / bc1), dec = static_cast<float>(1.0 - lr * 0.1);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float gi = r(g[i] * scale);
+      const float pi = i < decay ? r(p[i] * dec) : p[i];
+      m[i] = fma(b1, m[i], r(r(1.f - b1) * gi));
+      v[i] = fma(b2, v[i], r(r(r(1.f - b2) * gi) * gi));
+      p[i] = r(pi - r(r(step_size * m[i]) / r(r(std::sqrt(v[i]) / sqrt_bc2) + eps)));
+    }
+  }
+  const auto gp = to_host(dp), gm = to_host(opt.exp_avg()), gv = to_host(opt.exp_avg_sq());
+  auto bits = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+  };
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bits(gm[i]), bits(m[i])) << "first moment " << i;
+    ASSERT_EQ(bits(gv[i]), bits(v[i])) << "second moment " << i;
+    ASSERT_EQ(bits(gp[i]), bits(p[i])) << "parameter " << i << ": " << gp[i] << " vs " << p[i];
+  }
 }
 
 TEST(LrSchedule, WarmupThenCosineOrLinearToMin) {
