@@ -11,7 +11,7 @@ micro batch = global batch = B (4), sequence T (64), T threads (2):
   2. Trident: apps/pretrain_gpt with precision.dtype fp32 and bf16, median ms/iter after warm-up;
   3. PyTorch: perf/torch_gpt.py --dtype fp32 and --dtype bf16 (autocast), same model and optimizer.
 
-Prints and writes perf/results/mixed_cpu_<date>_<cpu key>.{md,json}: tokens/s of the four, the ratio
+Prints and writes perf/results/mixed_cpu_<date>_<cpu key>[_<tag>].{md,json}: tokens/s of the four, the ratio
 Trident bf16 / PyTorch bf16 (the issue's target: at least 1.5), Trident's bf16 speed-up over its
 fp32, and Trident bf16's model TFLOP/s as a fraction of the bf16 roofline. Model FLOPs: Megatron's
 72 B s l h^2 (1 + s/6h + V/12hl), V = 50304, on every side.
@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--shards", default="")
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--out-dir", default=os.path.join(bg.REPO, "perf", "results"))
+    p.add_argument("--tag", default="", help="suffix of the result files: mixed_cpu_<date>_<cpu key>[_<tag>]")
     p.add_argument("--work-dir", default="")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny shape, 2 steps, results into --work-dir only")
@@ -161,7 +162,8 @@ def main(argv=None):
         print("bench_mixed smoke: every piece ran")
     else:
         os.makedirs(a.out_dir, exist_ok=True)
-        base = os.path.join(a.out_dir, f"mixed_cpu_{started.date()}_{facts['cpu_key']}")  # one file per CPU seen
+        base = os.path.join(a.out_dir, f"mixed_cpu_{started.date()}_{facts['cpu_key']}"  # one file per CPU seen
+                            + (f"_{a.tag}" if a.tag else ""))
         with open(base + ".md", "w") as f:
             f.write(text)
         with open(base + ".json", "w") as f:
