@@ -36,8 +36,9 @@ void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::in
                   float b2, float eps, float step_size, float sqrt_bc2, float decay, float grad_scale) {
   // One thread per chunk of kChunk elements; the inner loop is branch-free and vectorised (the
   // square root needs -fno-math-errno), bound by memory traffic: 7 floats per parameter. The
-  // file is compiled with -ffp-contract=off, so the two fused multiply-adds are the dfma calls
-  // and nothing else: the scalar and the vector loop give the same bits (src/CMakeLists.txt).
+  // file is compiled with -ffp-contract=off (nvcc: --fmad=false), so the fused multiply-adds
+  // are the dfma calls and nothing else: the scalar and the vector loop give the same bits
+  // (src/CMakeLists.txt).
   constexpr std::int64_t kChunk = 4096;
   for_each_chunk(
       "optim::adamw_step", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
@@ -93,7 +94,8 @@ void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double l
 }
 
 bool AdamW::fuses_multiply_add() {
-#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  // a CUDA build runs the update on the device (fmaf); a host build where dfma fuses
+#if defined(TRIDENT_ENABLE_CUDA) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
   return true;
 #else
   return false;
