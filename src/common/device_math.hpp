@@ -16,8 +16,11 @@ KOKKOS_INLINE_FUNCTION double dsqrt(double x) { return sqrt(x); }
 // compiled with FMA, e.g. -march=native on x86-64), else rounded twice, as the compiler's own
 // contraction did before. Kernels that must give the same bits whether the compiler vectorises
 // them or not (AdamW, compiled with -ffp-contract=off) spell their fused operations with it.
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define TRIDENT_HOST_FMA 1  // the host code is compiled for a CPU with fused multiply-add
+#endif
 KOKKOS_INLINE_FUNCTION float dfma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#if defined(__CUDA_ARCH__) || defined(TRIDENT_HOST_FMA)
   return fmaf(a, b, c);
 #else
   return a * b + c;

@@ -33,6 +33,14 @@ void check_dims(std::int64_t M, std::int64_t N, std::int64_t K) {
     throw Error::one(os.str());
   }
 }
+#if defined(TRIDENT_GEMM_DNNL)
+char dnnl_trans(Trans t) { return t == Trans::T ? 'T' : 'N'; }
+[[noreturn]] void dnnl_failed(dnnl_status_t st, std::int64_t M, std::int64_t N, std::int64_t K, const char* what) {
+  std::ostringstream os;
+  os << "dnnl_sgemm failed (status " << static_cast<int>(st) << ") M=" << M << " N=" << N << " K=" << K << what;
+  throw Error::one(os.str());
+}
+#endif
 }  // namespace
 
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
@@ -42,13 +50,8 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   // A profiling region, so that Kokkos Tools (perf/kernel_timer) see GEMMs next to kernels.
   Kokkos::Profiling::pushRegion("ops::gemm");
 #if defined(TRIDENT_GEMM_DNNL)
-  dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                beta, C, ldc);
-  if (st != dnnl_success) {
-    std::ostringstream os;
-    os << "dnnl_sgemm failed (status " << static_cast<int>(st) << ") M=" << M << " N=" << N << " K=" << K;
-    throw Error::one(os.str());
-  }
+  const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success) dnnl_failed(st, M, N, K, "");
   Kokkos::Profiling::popRegion();
 #else
   cblas_sgemm(CblasRowMajor, ta == Trans::T ? CblasTrans : CblasNoTrans, tb == Trans::T ? CblasTrans : CblasNoTrans,
@@ -73,20 +76,15 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
     dnnl_status_t first_error = dnnl_success;
 #pragma omp parallel for schedule(static)
     for (std::int64_t b = 0; b < batch; ++b) {
-      const dnnl_status_t st = dnnl_sgemm(ta == Trans::T ? 'T' : 'N', tb == Trans::T ? 'T' : 'N', M, N, K, alpha,
-                                          A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
+      const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A + b * strideA, lda,
+                                          B + b * strideB, ldb, beta, C + b * strideC, ldc);
       if (st != dnnl_success) {
 #pragma omp critical(trident_gemm_error)
         first_error = first_error == dnnl_success ? st : first_error;
       }
     }
     Kokkos::Profiling::popRegion();
-    if (first_error != dnnl_success) {
-      std::ostringstream os;
-      os << "dnnl_sgemm failed (status " << static_cast<int>(first_error) << ") M=" << M << " N=" << N << " K=" << K
-         << " (batched)";
-      throw Error::one(os.str());
-    }
+    if (first_error != dnnl_success) dnnl_failed(first_error, M, N, K, " (batched)");
     return;
   }
 #endif

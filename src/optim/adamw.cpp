@@ -94,8 +94,8 @@ void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double l
 }
 
 bool AdamW::fuses_multiply_add() {
-  // a CUDA build runs the update on the device (fmaf); a host build where dfma fuses
-#if defined(TRIDENT_ENABLE_CUDA) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  // as dfma where the update runs: on the device in a CUDA build, else on this host
+#if defined(TRIDENT_ENABLE_CUDA) || defined(TRIDENT_HOST_FMA)
   return true;
 #else
   return false;

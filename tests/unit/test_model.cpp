@@ -170,7 +170,7 @@ TEST(AdamW, GivesTheBitsOfItsFormulaAtEveryPosition) {
     volatile float t = x;
     return static_cast<float>(t);
   };
-  auto fma = [&](float a, float b, float c) {
+  auto fused = [&](float a, float b, float c) {
     return AdamW::fuses_multiply_add() ? std::fma(a, b, c) : r(r(a * b) + c);
   };
   for (int step = 1; step <= 4; ++step) {
@@ -178,15 +178,18 @@ TEST(AdamW, GivesTheBitsOfItsFormulaAtEveryPosition) {
     const double lr = 3e-3 * step;
     const float scale = step == 3 ? 0.37f : 1.f;
     opt.step(dp, to_device(g), lr, scale);
-    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
-    const float bc1 = static_cast<float>(1.0 - std::pow(0.9, step));
-    const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(0.95, step)));
-    const float step_size = r(static_cast<float>(lr) / bc1), dec = static_cast<float>(1.0 - lr * 0.1);
+    // the step's scalars as AdamW::update forms them
+    const float b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
+    const float eps = static_cast<float>(cfg.eps);
+    const float bc1 = static_cast<float>(1.0 - std::pow(cfg.beta1, step));
+    const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(cfg.beta2, step)));
+    const float step_size = r(static_cast<float>(lr) / bc1);
+    const float dec = static_cast<float>(1.0 - lr * cfg.weight_decay);
     for (std::int64_t i = 0; i < n; ++i) {
       const float gi = r(g[i] * scale);
       const float pi = i < decay ? r(p[i] * dec) : p[i];
-      m[i] = fma(b1, m[i], r(r(1.f - b1) * gi));
-      v[i] = fma(b2, v[i], r(r(r(1.f - b2) * gi) * gi));
+      m[i] = fused(b1, m[i], r(r(1.f - b1) * gi));
+      v[i] = fused(b2, v[i], r(r(r(1.f - b2) * gi) * gi));
       p[i] = r(pi - r(r(step_size * m[i]) / r(r(std::sqrt(v[i]) / sqrt_bc2) + eps)));
     }
   }
