@@ -5,8 +5,9 @@
 // backward matches it.
 #include "ops/fused.hpp"
 
-#include "ops/gelu.hpp"
+#include "common/device_math.hpp"
 #include "common/host_parallel.hpp"
+#include "ops/gelu.hpp"
 
 namespace trident {
 namespace detail {
@@ -25,16 +26,23 @@ template <class F, class V>
 void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const V& bias,
                       std::int64_t rows, std::int64_t cols, DropoutSpec d) {
   const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
-  const bool dropping = d.active();
   const std::uint64_t key = d.key;
-  // per element with i % cols, not for_each_element: in the latter's loop GCC compiles
-  // residual + kept into other instructions and the sums' last bits change (measured with
-  // validation/identity.py; presumably another fused multiply-add contraction); this form keeps them
-  for_each_index(
-      "ops::bias_dropout_add", rows * cols, KOKKOS_LAMBDA(std::int64_t i) {
-        const float v = branch(i) + F::load(bias(i % cols));
-        const float kept = dropping ? (dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? v * scale : 0.f) : v;
-        out(i) = residual(i) + kept;
+  // The rounding is written out, so that it does not depend on what the compiler contracts: a
+  // kept element is fma(v, scale, residual) (one rounding; the bits recorded by
+  // validation/identity.py, where GCC used to contract residual + v * scale), a dropped one
+  // residual + 0. Row by row with the column index, not i % cols, the loop vectorises (the
+  // mask's 64-bit hash included): about 10x faster on the host than per element.
+  if (!d.active()) {
+    for_each_element(
+        "ops::bias_dropout_add", rows, cols,
+        KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i) = residual(i) + (branch(i) + F::load(bias(c))); });
+    return;
+  }
+  for_each_element(
+      "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+        const float v = branch(i) + F::load(bias(c));
+        const bool keep = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p;
+        out(i) = keep ? dfma(v, scale, residual(i)) : residual(i) + 0.f;
       });
 }
 
