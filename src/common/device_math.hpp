@@ -26,6 +26,10 @@ KOKKOS_INLINE_FUNCTION float dfma(float a, float b, float c) {
   return a * b + c;
 #endif
 }
+// Whether dfma rounds once where this build's kernels run (on the device in a CUDA build, else on
+// this host): what tests of kernels spelled with dfma compute their expected bits with. Defined in
+// device_math.cpp, compiled with the library's flags (a test's own flags may lack FMA).
+bool dfma_fuses();
 }  // namespace trident
 
 namespace trident {

@@ -93,14 +93,7 @@ void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double l
     update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale);
 }
 
-bool AdamW::fuses_multiply_add() {
-  // as dfma where the update runs: on the device in a CUDA build, else on this host
-#if defined(TRIDENT_ENABLE_CUDA) || defined(TRIDENT_HOST_FMA)
-  return true;
-#else
-  return false;
-#endif
-}
+bool AdamW::fuses_multiply_add() { return dfma_fuses(); }
 
 double grad_norm_squared(const FloatView& grads, std::int64_t n) { return sum_squares(grads, n); }
 

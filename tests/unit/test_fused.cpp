@@ -1,9 +1,11 @@
 // Fused bias + GELU and bias + dropout + residual add against the unfused sequences they
 // replace, in fp32 and with bf16 storage: bias + GELU bitwise; bias + dropout + add within one
-// rounding of the result (the compiler may fuse the dropout scaling and the add into an FMA).
+// rounding of the result (it fuses the dropout scaling and the add into an FMA), and bitwise equal
+// to its formula as docs/DESIGN.md states it.
 #include <cmath>
 #include <cstring>
 
+#include "common/device_math.hpp"
 #include "common/half.hpp"
 #include "ops/dropout.hpp"
 #include "ops/elementwise.hpp"
@@ -99,5 +101,50 @@ TEST(Fused, BiasDropoutAddEqualsTheUnfusedSequence) {
     add(ref16, to_device(res), br16, kN);
     bias_dropout_add(out, to_device(res), to_device(branch), bias, kRows, kCols, d);
     expect_one_rounding(out, ref16);
+  }
+}
+
+// The documented rounding (docs/DESIGN.md "Dropout"): v = branch + bias rounded; a kept element is
+// residual + v / (1 - p) as one fused multiply-add where this build's kernels fuse (dfma_fuses),
+// a dropped one residual + 0; without dropout, residual + v. The expected values round once per
+// operation (volatile temporaries), over rows long enough for the host loop's vector bodies and
+// remainders, with fp32 and bf16 biases.
+TEST(Fused, BiasDropoutAddGivesTheBitsOfItsFormula) {
+  constexpr std::int64_t rows = 5, cols = 771, n = rows * cols;
+  const auto branch = random_vector(n, 11), res = random_vector(n, 12), b = random_vector(cols, 13);
+  for (bool bf16 : {false, true}) {
+    const Act bias = bf16 ? half_of(b) : act(to_device(b));
+    std::vector<float> bias_value(b);
+    if (bf16)
+      for (auto& x : bias_value) x = bf16_to_float(float_to_bf16(x));
+    for (float p : {0.f, 0.1f, 0.5f}) {
+      SCOPED_TRACE(testing::Message() << "p " << p << (bf16 ? " bf16 bias" : " fp32 bias"));
+      DropoutSpec d;
+      d.p = p;
+      d.key = 977;
+      FloatView out = make_float("out", n);
+      bias_dropout_add(out, to_device(res), to_device(branch), bias, rows, cols, d);
+      const auto got = to_host(out);
+      const float scale = 1.f / (1.f - p);
+      std::int64_t dropped = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        volatile float v = branch[i] + bias_value[i % cols];
+        float want;
+        if (!d.active()) {
+          volatile float sum = res[i] + v;
+          want = sum;
+        } else if (dropout_uniform(d.key, static_cast<std::uint64_t>(i)) >= p) {
+          volatile float scaled = v * scale;
+          volatile float sum = scaled + res[i];
+          want = dfma_fuses() ? std::fma(static_cast<float>(v), scale, res[i]) : static_cast<float>(sum);
+        } else {
+          volatile float sum = res[i] + 0.f;
+          want = sum;
+          ++dropped;
+        }
+        ASSERT_EQ(std::memcmp(&want, &got[i], sizeof(float)), 0) << "element " << i << ": " << got[i] << " vs " << want;
+      }
+      if (p > 0) EXPECT_GT(dropped, 0);
+    }
   }
 }
