@@ -26,6 +26,16 @@ KOKKOS_INLINE_FUNCTION float dfma(float a, float b, float c) {
   return a * b + c;
 #endif
 }
+// a * b rounded on its own even where the compiler contracts a following add into a fused
+// multiply-add: written as fma(a, b, -0) (exact product plus -0: the rounded product, zeros'
+// signs kept), whose result the compiler does not fuse again. Without FMA it cannot contract.
+KOKKOS_INLINE_FUNCTION float dmul(float a, float b) {
+#if defined(__CUDA_ARCH__) || defined(TRIDENT_HOST_FMA)
+  return fmaf(a, b, -0.f);
+#else
+  return a * b;
+#endif
+}
 // Whether dfma rounds once where this build's kernels run (on the device in a CUDA build, else on
 // this host): what tests of kernels spelled with dfma compute their expected bits with. Defined in
 // device_math.cpp, compiled with the library's flags (a test's own flags may lack FMA).

@@ -5,6 +5,8 @@
 // backward matches it.
 #include "ops/fused.hpp"
 
+#include <type_traits>
+
 #include "common/device_math.hpp"
 #include "common/host_parallel.hpp"
 #include "ops/gelu.hpp"
@@ -27,22 +29,25 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
                       std::int64_t rows, std::int64_t cols, DropoutSpec d) {
   const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
   const std::uint64_t key = d.key;
-  // The rounding is written out, so that it does not depend on what the compiler contracts: a
-  // kept element is fma(v, scale, residual) (one rounding; the bits recorded by
-  // validation/identity.py, where GCC used to contract residual + v * scale), a dropped one
-  // residual + 0. Row by row with the column index, not i % cols, the loop vectorises (the
-  // mask's 64-bit hash included): about 10x faster on the host than per element.
+  // Row by row with the column index, not i % cols, so that the loop vectorises (the mask's
+  // 64-bit hash included; about 6x faster on the host than per element), with the rounding
+  // written out: a kept element is fma(v, scale, residual) (dfma) with fp32 and bf16 biases and
+  // v * scale rounded, then added (dmul), with fp16 biases; a dropped one is residual + 0. These
+  // are the bits validation/identity.py recorded from the former per-element loop, where GCC
+  // contracted residual + v * scale for the first two formats and not for fp16.
   if (!d.active()) {
     for_each_element(
         "ops::bias_dropout_add", rows, cols,
         KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i) = residual(i) + (branch(i) + F::load(bias(c))); });
     return;
   }
+  constexpr bool fused = !std::is_same_v<F, Fp16Fmt>;
   for_each_element(
       "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
         const float v = branch(i) + F::load(bias(c));
         const bool keep = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p;
-        out(i) = keep ? dfma(v, scale, residual(i)) : residual(i) + 0.f;
+        const float r = residual(i);
+        out(i) = keep ? (fused ? dfma(v, scale, r) : dmul(v, scale) + r) : r + 0.f;
       });
 }
 
