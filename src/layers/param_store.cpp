@@ -156,15 +156,20 @@ ParamId ParamStore::find(const std::string& name) const {
   return -1;
 }
 
-void ParamStore::zero_grads() {
-  // chunks of 64 Ki values over this rank's threads (common/host_parallel.hpp)
+void ParamStore::zero_grads(std::int64_t keep_begin, std::int64_t keep_end) {
+  // chunks of 64 Ki values over this rank's threads (common/host_parallel.hpp), each zeroing
+  // its part outside [keep_begin, keep_end)
   constexpr std::int64_t kChunk = 1 << 16;
   float* g = grads_.data();
   const std::int64_t n = padded_size();
+  TRIDENT_REQUIRE(0 <= keep_begin && keep_begin <= keep_end && keep_end <= n,
+                  "zero_grads: range [" << keep_begin << ", " << keep_end << ") outside the " << n << " gradients");
+  if (keep_begin == 0 && keep_end == n) return;
   for_each_chunk(
       "params::zero_grads", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
         const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
-        for (std::int64_t i = b; i < e; ++i) g[i] = 0.f;
+        for (std::int64_t i = b; i < (e < keep_begin ? e : keep_begin); ++i) g[i] = 0.f;
+        for (std::int64_t i = (b > keep_end ? b : keep_end); i < e; ++i) g[i] = 0.f;
       });
   Kokkos::fence();
 }

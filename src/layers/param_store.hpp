@@ -113,7 +113,9 @@ class ParamStore {
   std::int64_t global_adapter_count() const;
   ParamId find(const std::string& name) const;  // -1 when absent
 
-  void zero_grads();
+  // Sets the gradients to zero, except [keep_begin, keep_end), a range the caller knows to be
+  // zero already (the optimizer's, which AdamW::GradsAfter::zero cleared in its update).
+  void zero_grads(std::int64_t keep_begin = 0, std::int64_t keep_end = 0);
   // Deterministic init, independent of the parallel layout: each parameter's GLOBAL tensor is
   // drawn from a stream seeded by (seed, name), and this rank keeps its slice.
   void initialize(std::uint64_t seed);

@@ -2,7 +2,8 @@
 // rank's OpenMP threads under a Serial host Kokkos) with a vectorisable inner loop
 // that scales the gradient, applies the decoupled decay (only below decay_size), updates both
 // moments and the parameter; in mixed precision the updated fp32 masters are also rounded into
-// the 16-bit model words. Also init_master and grad_norm_squared (ops/elementwise's sum_squares).
+// the 16-bit model words; on request it also zeroes the gradients it consumed. Also init_master
+// and grad_norm_squared (ops/elementwise's sum_squares).
 #include "optim/adamw.hpp"
 
 #include <cmath>
@@ -31,14 +32,15 @@ struct HalfCopy {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, float v) const { out[i] = F::store(v); }
 };
 
-template <class Out>
-void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::int64_t n, std::int64_t nd, float b1,
-                  float b2, float eps, float step_size, float sqrt_bc2, float decay, float grad_scale) {
+template <bool ZeroGrads, class Out>
+void adamw_kernel(float* p, float* g, float* m, float* v, Out out, std::int64_t n, std::int64_t nd, float b1, float b2,
+                  float eps, float step_size, float sqrt_bc2, float decay, float grad_scale) {
   // One thread per chunk of kChunk elements; the inner loop is branch-free and vectorised (the
-  // square root needs -fno-math-errno), bound by memory traffic: 7 floats per parameter. The
-  // file is compiled with -ffp-contract=off (nvcc: --fmad=false), so the fused multiply-adds
-  // are the dfma calls and nothing else: the scalar and the vector loop give the same bits
-  // (src/CMakeLists.txt).
+  // square root needs -fno-math-errno), bound by memory traffic: 7 floats per parameter (8 when
+  // it also zeroes the gradient it read: one store more, instead of a separate zeroing pass that
+  // reads and writes the buffer again). The file is compiled with -ffp-contract=off (nvcc:
+  // --fmad=false), so the fused multiply-adds are the dfma calls and nothing else: the scalar
+  // and the vector loop give the same bits (src/CMakeLists.txt).
   constexpr std::int64_t kChunk = 4096;
   for_each_chunk(
       "optim::adamw_step", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
@@ -54,6 +56,7 @@ void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::in
           const float np = pi - step_size * mi / (dsqrt(vi) / sqrt_bc2 + eps);
           p[i] = np;
           out(i, np);
+          if constexpr (ZeroGrads) g[i] = 0.f;
         }
       });
   Kokkos::fence();
@@ -61,7 +64,7 @@ void adamw_kernel(float* p, const float* g, float* m, float* v, Out out, std::in
 }  // namespace detail
 
 template <class Out>
-void AdamW::update(float* p, const float* g, Out out, double lr, float grad_scale) {
+void AdamW::update(float* p, float* g, Out out, double lr, float grad_scale, GradsAfter after) {
   ++step_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
@@ -70,12 +73,17 @@ void AdamW::update(float* p, const float* g, Out out, double lr, float grad_scal
   const float step_size = static_cast<float>(lr) / bc1;
   const float decay = static_cast<float>(1.0 - lr * cfg_.weight_decay);
   // weight decay on the flat prefix [0, decay_size): local indices below nd
-  detail::adamw_kernel(p, g, m_.data(), v_.data(), out, n_, decay_size_ - begin_, b1, b2, eps, step_size, sqrt_bc2,
-                       decay, grad_scale);
+  const std::int64_t nd = decay_size_ - begin_;
+  if (after == GradsAfter::zero)
+    detail::adamw_kernel<true>(p, g, m_.data(), v_.data(), out, n_, nd, b1, b2, eps, step_size, sqrt_bc2, decay,
+                               grad_scale);
+  else
+    detail::adamw_kernel<false>(p, g, m_.data(), v_.data(), out, n_, nd, b1, b2, eps, step_size, sqrt_bc2, decay,
+                                grad_scale);
 }
 
-void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale) {
-  update(params.data() + begin_, grads.data() + begin_, detail::NoCopy{}, lr, grad_scale);
+void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale, GradsAfter after) {
+  update(params.data() + begin_, grads.data() + begin_, detail::NoCopy{}, lr, grad_scale, after);
 }
 
 void AdamW::init_master(DType dt, const HalfView& model16) {
@@ -85,12 +93,12 @@ void AdamW::init_master(DType dt, const HalfView& model16) {
   Kokkos::fence();
 }
 
-void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale) {
+void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale, GradsAfter after) {
   std::uint16_t* out = model16.data() + begin_;
   if (dt_ == DType::BF16)
-    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale);
+    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale, after);
   else
-    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale);
+    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale, after);
 }
 
 bool AdamW::fuses_multiply_add() { return dfma_fuses(); }

@@ -19,15 +19,20 @@ class AdamW {
  public:
   AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size, std::int64_t begin = 0);
   // One step (step counter incremented inside) with learning rate lr over params[begin, begin+n)
-  // from grads[begin, begin+n) (full-size flat buffers).
-  void step(const FloatView& params, const FloatView& grads, double lr, float grad_scale);
+  // from grads[begin, begin+n) (full-size flat buffers). GradsAfter::zero also sets those
+  // gradients to zero in the same sweep over memory (the next iteration's zeroing of that range,
+  // at no extra pass: ParamStore::zero_grads then skips it).
+  enum class GradsAfter { keep, zero };
+  void step(const FloatView& params, const FloatView& grads, double lr, float grad_scale,
+            GradsAfter after = GradsAfter::keep);
 
   // Mixed precision (Megatron's Float16Optimizer): fp32 master weights for [begin, begin + n)
   // initialised from the 16-bit model (`model16`, full flat buffer); step_mixed updates the
   // masters from the fp32 main gradients and writes them, rounded to nearest even, into the
   // model's 16-bit words.
   void init_master(DType dt, const HalfView& model16);
-  void step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale);
+  void step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale,
+                  GradsAfter after = GradsAfter::keep);
   bool has_master() const { return master_.extent(0) > 0; }
   const FloatView& master() const { return master_; }  // (n): element i is flat index begin + i
 
@@ -49,7 +54,7 @@ class AdamW {
   FloatView m_, v_, master_;  // (n) each: exp_avg, exp_avg_sq, fp32 masters (empty without init_master)
   DType dt_ = DType::F32;
   template <class Out>
-  void update(float* p, const float* g, Out out, double lr, float grad_scale);
+  void update(float* p, float* g, Out out, double lr, float grad_scale, GradsAfter after);
 };
 
 // Global L2 norm of the gradient, squared: the sum of squares of grads[0, n) (this rank's

@@ -401,13 +401,17 @@ int run_training(const Deck& deck, ModelFamily fam) {
   const double t_start = wall_seconds();
   double t_last = t_start;
   std::int64_t iters_since_log = 0;
+  // [begin, end) of the gradients already zero: the optimizer's range after an update that
+  // zeroed it in the same sweep (AdamW::GradsAfter::zero), nothing before the first iteration
+  std::int64_t grads_zero_begin = 0, grads_zero_end = 0;
   stop.arm();  // from here a signal checkpoints at the next iteration boundary (before: exit 4 at once)
   while (iteration < iters) {
     const std::int64_t it = iteration + 1;
     tape_iteration = it;
     const double t0 = wall_seconds();
     watchdog.iteration(it);
-    store.zero_grads();
+    store.zero_grads(grads_zero_begin, grads_zero_end);  // all but what the last update zeroed
+    grads_zero_begin = grads_zero_end = 0;
     timers.start("forward-backward");
     progress::set_phase("forward-backward");
     const double pipe_t0 = wall_seconds(), busy0 = runner.forward_seconds() + runner.backward_seconds();
@@ -529,11 +533,15 @@ int run_training(const Deck& deck, ModelFamily fam) {
     if (skip) {
       // overflow: no update (Megatron's skipped iteration); the schedule still advances
     } else if (half) {
-      adamw.step_mixed(store.values16(), grads, lr, clip);
+      adamw.step_mixed(store.values16(), grads, lr, clip, AdamW::GradsAfter::zero);
       if (zero) topo.dp_group().allgather_in_place(store.values16().data(), shard);  // 16-bit shards to every rank
     } else {
-      adamw.step(store.values(), grads, lr, clip);
+      adamw.step(store.values(), grads, lr, clip, AdamW::GradsAfter::zero);
       if (zero) topo.dp_group().allgather_in_place(store.values().data(), shard);  // updated shards to every rank
+    }
+    if (!skip) {  // the update zeroed the gradients it read: the next iteration zeroes only the rest
+      grads_zero_begin = adamw.begin();
+      grads_zero_end = adamw.begin() + adamw.size();
     }
     timers.stop("optimizer");
     if (!deck.debug.dump_params.empty() &&

@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/error.hpp"
 #include "layers/linear.hpp"
 #include "models/gpt_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "ops/mixed_precision.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -204,6 +206,85 @@ TEST(AdamW, GivesTheBitsOfItsFormulaAtEveryPosition) {
     ASSERT_EQ(bits(gv[i]), bits(v[i])) << "second moment " << i;
     ASSERT_EQ(bits(gp[i]), bits(p[i])) << "parameter " << i << ": " << gp[i] << " vs " << p[i];
   }
+}
+
+// GradsAfter::zero (the trainer's fused gradient zeroing): the update's bits are those of
+// GradsAfter::keep, in fp32 and with bf16 masters, and exactly the optimizer's range of the
+// gradients becomes zero (a shard inside a larger buffer: nothing outside it is touched).
+TEST(AdamW, ZeroingTheGradientsInTheUpdateChangesNothingElse) {
+  const std::int64_t total = 3 * 4096 + 11, begin = 1000, n = 2 * 4096 + 5, decay = 5000;
+  CounterRng rng(11);
+  auto u = [&](std::uint64_t i) { return static_cast<float>(2.0 * rng.uniform_at(i) - 1.0); };
+  std::vector<float> p(total), g(total);
+  for (std::int64_t i = 0; i < total; ++i) {
+    p[i] = 0.05f * u(i);
+    g[i] = 0.01f * u(total + i);
+  }
+  auto bits = [](const std::vector<float>& x) {
+    std::vector<std::uint32_t> b(x.size());
+    std::memcpy(b.data(), x.data(), x.size() * sizeof(float));
+    return b;
+  };
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "bf16 masters" : "fp32");
+    AdamW keep(AdamWConfig{}, n, decay, begin), zero(AdamWConfig{}, n, decay, begin);
+    auto pk = to_device(p), pz = to_device(p);
+    HalfView hk = make_half("hk", total), hz = make_half("hz", total);
+    if (mixed) {
+      pack_half(DType::BF16, hk, pk, total);
+      pack_half(DType::BF16, hz, pz, total);
+      keep.init_master(DType::BF16, hk);
+      zero.init_master(DType::BF16, hz);
+    }
+    for (int step = 1; step <= 2; ++step) {
+      auto gk = to_device(g), gz = to_device(g);
+      if (mixed) {
+        keep.step_mixed(hk, gk, 1e-3, 0.5f, AdamW::GradsAfter::keep);
+        zero.step_mixed(hz, gz, 1e-3, 0.5f, AdamW::GradsAfter::zero);
+      } else {
+        keep.step(pk, gk, 1e-3, 0.5f, AdamW::GradsAfter::keep);
+        zero.step(pz, gz, 1e-3, 0.5f, AdamW::GradsAfter::zero);
+      }
+      EXPECT_EQ(bits(to_host(gk)), bits(g));
+      const auto after = to_host(gz);
+      for (std::int64_t i = 0; i < total; ++i) {
+        const bool in_range = i >= begin && i < begin + n;
+        ASSERT_EQ(after[i], in_range ? 0.f : g[i]) << "gradient " << i;
+        if (in_range) ASSERT_FALSE(std::signbit(after[i])) << "gradient " << i;
+      }
+    }
+    EXPECT_EQ(bits(to_host(keep.exp_avg())), bits(to_host(zero.exp_avg())));
+    EXPECT_EQ(bits(to_host(keep.exp_avg_sq())), bits(to_host(zero.exp_avg_sq())));
+    if (mixed) {
+      EXPECT_EQ(bits(to_host(keep.master())), bits(to_host(zero.master())));
+      auto hb = [](const HalfView& h) {
+        auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h);
+        return std::vector<std::uint16_t>(m.data(), m.data() + m.extent(0));
+      };
+      EXPECT_EQ(hb(hk), hb(hz));
+    } else {
+      EXPECT_EQ(bits(to_host(pk)), bits(to_host(pz)));
+    }
+  }
+}
+
+// ParamStore::zero_grads(keep_begin, keep_end) zeroes everything but that range (the trainer
+// passes the range the last update zeroed); an empty range zeroes all; a range outside the
+// buffer is an error.
+TEST(ParamStore, ZeroGradsLeavesOnlyTheGivenRange) {
+  ParamStore store;
+  GptModel model(tiny(64), store, 1);
+  store.allocate();
+  const std::int64_t n = store.padded_size(), kb = n / 3, ke = n / 3 + 70001 % (n / 2);
+  Kokkos::deep_copy(store.grads(), 2.5f);
+  store.zero_grads(kb, ke);
+  auto g = to_host(store.grads());
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g[i], i >= kb && i < ke ? 2.5f : 0.f) << i;
+  store.zero_grads();
+  g = to_host(store.grads());
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g[i], 0.f) << i;
+  EXPECT_THROW(store.zero_grads(0, n + 1), Error);
+  EXPECT_THROW(store.zero_grads(5, 4), Error);
 }
 
 TEST(LrSchedule, WarmupThenCosineOrLinearToMin) {
