@@ -193,11 +193,12 @@ void time_shape(Shape& s, double min_time, bool bf16) {
   }
   Kokkos::fence();
   auto call = [&] {
-    if (bf16) {
-      for (std::int64_t b = 0; b < s.batch; ++b)
-        trident::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data() + b * rowsA * colsA, colsA,
-                           hB.data() + b * rowsB * colsB, colsB, s.beta, C.data() + b * s.M * s.N, s.N);
-    } else if (s.batch == 1)
+    if (bf16 && s.batch == 1)
+      trident::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data(), colsA, hB.data(), colsB, s.beta, C.data(), s.N);
+    else if (bf16)
+      trident::gemm_bf16_strided_batched(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data(), colsA, rowsA * colsA, hB.data(),
+                                         colsB, rowsB * colsB, s.beta, C.data(), s.N, s.M * s.N, s.batch);
+    else if (s.batch == 1)
       trident::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), colsA, B.data(), colsB, s.beta, C.data(), s.N);
     else
       trident::gemm_strided_batched(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), colsA, rowsA * colsA, B.data(), colsB,

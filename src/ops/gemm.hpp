@@ -16,33 +16,38 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
 
 // `batch` independent GEMMs; matrix b of A starts at A + b * strideA (likewise B, C).
 void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B,
-                          std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
-                          std::int64_t strideC, std::int64_t batch);
+                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B, std::int64_t ldb,
+                          std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
+                          std::int64_t batch);
 
 // Mixed precision: A and B are bf16 words (common/half.hpp), the products are accumulated in
 // fp32 and C is fp32 (Megatron's bf16 GEMMs with fp32 accumulation; with beta = 1 they
 // accumulate straight into an fp32 main gradient). Host: oneDNN's matmul (AVX512-BF16 or AMX
 // kernels where the CPU has them); CBLAS builds widen the operands to fp32 and call sgemm (the
 // same products, exact in fp32). CUDA: cublasGemmEx with CUDA_R_16BF inputs, fp32 compute.
-void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc);
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+
+// `batch` bf16 GEMMs at strides, as gemm_strided_batched (attention's per-head products). Host
+// (oneDNN, OpenMP): the batch shared by the rank's threads, each product whole on one thread, so
+// it has the bits gemm_bf16 gives it on one thread, whatever the thread count (unit
+// Gemm.Bf16BatchedGivesTheBitsOfOneThreadProducts). Otherwise gemm_bf16 per product.
+void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                               const std::uint16_t* A, std::int64_t lda, std::int64_t strideA, const std::uint16_t* B,
+                               std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
+                               std::int64_t strideC, std::int64_t batch);
 
 // The same with fp16 words (IEEE binary16). Host: widened to fp32 (exact) and sgemm, since
 // oneDNN's fp16 matmul needs AVX512-FP16; CUDA: cublasGemmEx with CUDA_R_16F inputs.
-void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc);
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
 // A GEMM operand of a run-time type: fp32, bf16 or fp16 values in device memory.
 struct GemmOperand {
   DType dt = DType::F32;
   const void* p = nullptr;
   // the operand `elements` values further on
-  GemmOperand at(std::int64_t elements) const {
-    return {dt, static_cast<const char*>(p) + elements * dtype_bytes(dt)};
-  }
+  GemmOperand at(std::int64_t elements) const { return {dt, static_cast<const char*>(p) + elements * dtype_bytes(dt)}; }
 };
 inline GemmOperand operand(const float* p) { return {DType::F32, p}; }
 inline GemmOperand operand(DType dt, const std::uint16_t* p) { return {dt, p}; }

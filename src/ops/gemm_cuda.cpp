@@ -10,15 +10,15 @@
 #include "common/error.hpp"
 #include "ops/gemm.hpp"
 
-#define TRIDENT_CUBLAS(call)                                                                            \
-  do {                                                                                                  \
-    cublasStatus_t trident_st_ = (call);                                                                \
-    if (trident_st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::ostringstream trident_os_;                                                                   \
-      trident_os_ << "cuBLAS call " #call " failed with status " << static_cast<int>(trident_st_)     \
-                  << " at " << __FILE__ << ":" << __LINE__;                                             \
-      throw ::trident::Error::one(trident_os_.str());                                                   \
-    }                                                                                                   \
+#define TRIDENT_CUBLAS(call)                                                                                \
+  do {                                                                                                      \
+    cublasStatus_t trident_st_ = (call);                                                                    \
+    if (trident_st_ != CUBLAS_STATUS_SUCCESS) {                                                             \
+      std::ostringstream trident_os_;                                                                       \
+      trident_os_ << "cuBLAS call " #call " failed with status " << static_cast<int>(trident_st_) << " at " \
+                  << __FILE__ << ":" << __LINE__;                                                           \
+      throw ::trident::Error::one(trident_os_.str());                                                       \
+    }                                                                                                       \
   } while (0)
 
 namespace trident {
@@ -40,13 +40,14 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
   TRIDENT_CUBLAS(cublasSgemm(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                             &alpha, B, static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
+                             &alpha, B, static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
+                             static_cast<int>(ldc)));
 }
 
 void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B,
-                          std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
-                          std::int64_t strideC, std::int64_t batch) {
+                          const float* A, std::int64_t lda, std::int64_t strideA, const float* B, std::int64_t ldb,
+                          std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
+                          std::int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
   TRIDENT_CUBLAS(cublasSgemmStridedBatched(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
                                            static_cast<int>(K), &alpha, B, static_cast<int>(ldb), strideB, A,
@@ -66,15 +67,22 @@ void gemm_16bit(cudaDataType type, Trans ta, Trans tb, std::int64_t M, std::int6
 }
 }  // namespace
 
-void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc) {
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_16bit(CUDA_R_16BF, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-               const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C,
-               std::int64_t ldc) {
+void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                               const std::uint16_t* A, std::int64_t lda, std::int64_t strideA, const std::uint16_t* B,
+                               std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
+                               std::int64_t strideC, std::int64_t batch) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    gemm_16bit(CUDA_R_16BF, ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC,
+               ldc);
+}
+
+void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
+               std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_16bit(CUDA_R_16F, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

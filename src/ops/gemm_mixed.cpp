@@ -1,7 +1,7 @@
 // GEMMs over operands of a run-time type (GemmOperand, ops/gemm.hpp), built on every backend:
 // gemm_mixed sends two operands of one type to gemm (fp32), gemm_bf16 or gemm_fp16, always with
-// an fp32 C, and refuses mixed types; the strided-batched variant uses the batched fp32 GEMM for
-// fp32 and loops over the batch otherwise (docs/DESIGN.md "Mixed precision").
+// an fp32 C, and refuses mixed types; the strided-batched variant uses the batched GEMM of fp32
+// and bf16 and loops over the batch for fp16 (docs/DESIGN.md "Mixed precision").
 #include <sstream>
 
 #include "common/error.hpp"
@@ -40,6 +40,11 @@ void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t
   if (A.dt == DType::F32 && B.dt == DType::F32) {
     gemm_strided_batched(ta, tb, M, N, K, alpha, static_cast<const float*>(A.p), lda, strideA,
                          static_cast<const float*>(B.p), ldb, strideB, beta, C, ldc, strideC, batch);
+    return;
+  }
+  if (A.dt == DType::BF16 && B.dt == DType::BF16) {
+    gemm_bf16_strided_batched(ta, tb, M, N, K, alpha, static_cast<const std::uint16_t*>(A.p), lda, strideA,
+                              static_cast<const std::uint16_t*>(B.p), ldb, strideB, beta, C, ldc, strideC, batch);
     return;
   }
   for (std::int64_t b = 0; b < batch; ++b)
