@@ -42,6 +42,7 @@ if [ -z "$kokkos_root" ]; then
   if [ ! -f "$kcache/.done" ]; then
     echo "threads_check: building Kokkos $kv with OpenMP in $kcache (outside the repository)"
     rm -rf "$kcache"
+    mkdir -p "$kcache"
     cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$kokkos_root" \
       -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON \
       -DKokkos_ENABLE_TESTS=OFF $kopts >"$cache/kokkos-openmp-configure.log" 2>&1 || die "Kokkos configure failed"
