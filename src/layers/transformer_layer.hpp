@@ -38,8 +38,8 @@ struct TransformerShape {
   std::int64_t Tk = 0;
   // LoRA adapters (rank 0: none) on the projections named in lora_targets (qkv, proj, fc1, fc2,
   // cross_q, cross_kv, cross_proj).
-  LoraSpec lora;
-  std::set<std::string> lora_targets;
+  LoraSpec lora{};
+  std::set<std::string> lora_targets{};
   LoraSpec lora_for(const char* projection) const { return lora_targets.count(projection) ? lora : LoraSpec{}; }
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
