@@ -11,8 +11,8 @@
 #if !defined(TRIDENT_ENABLE_CUDA)
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
-#include <unordered_map>
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -44,6 +44,52 @@ char dnnl_trans(Trans t) { return t == Trans::T ? 'T' : 'N'; }
   throw Error::one(os.str());
 }
 #endif
+
+#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
+// The batched GEMMs share their batch (attention's per-head products, 64 x 64 x 64 at GPT-2's
+// shapes) out over this rank's threads, each product whole on one thread (oneDNN runs
+// sequentially inside a parallel region), rather than splitting every small product over all
+// threads in turn: the kernels of one thread, so the bits of one thread, whatever the thread
+// count (validation/identity.py --threads).
+bool share_batch(std::int64_t batch, std::int64_t M, std::int64_t N) {
+  return batch > 1 && M > 0 && N > 0 && omp_get_max_threads() > 1 && !omp_in_parallel();
+}
+
+// Runs product(b, state) for every b in [0, batch), statically scheduled over the threads, where
+// `state` is the thread's own make_state() result, inside one profiling region. An exception
+// does not leave the parallel region: the first one's message is returned, empty when none.
+template <class MakeState, class Product>
+std::string run_batch_on_threads(const char* region, std::int64_t batch, const MakeState& make_state,
+                                 const Product& product) {
+  std::string first_error;
+  const auto record = [&first_error](const char* what) {
+#pragma omp critical(trident_gemm_error)
+    if (first_error.empty()) first_error = what;
+  };
+  Kokkos::Profiling::pushRegion(region);
+#pragma omp parallel
+  {
+    // Every thread reaches the worksharing loop, even one whose state could not be made.
+    std::optional<decltype(make_state())> state;
+    try {
+      state.emplace(make_state());
+    } catch (const std::exception& e) {
+      record(e.what());
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t b = 0; b < batch; ++b) {
+      if (!state) continue;
+      try {
+        product(b, *state);
+      } catch (const std::exception& e) {
+        record(e.what());
+      }
+    }
+  }
+  Kokkos::Profiling::popRegion();
+  return first_error;
+}
+#endif
 }  // namespace
 
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
@@ -68,26 +114,18 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
                           const float* A, std::int64_t lda, std::int64_t strideA, const float* B, std::int64_t ldb,
                           std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
                           std::int64_t batch) {
-#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
-  // The batch (attention's per-head products, 64 x 64 x 64 at GPT-2's shapes) shared by this
-  // rank's threads, each product whole on one thread (oneDNN runs sequentially inside a parallel
-  // region), rather than every small product split over all threads in turn: the same kernels
-  // as one thread, so the same bits (validation/identity.py --threads). One profiling region.
   check_dims(M, N, K);
-  if (batch > 1 && M > 0 && N > 0 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
-    Kokkos::Profiling::pushRegion("ops::gemm");
-    dnnl_status_t first_error = dnnl_success;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t b = 0; b < batch; ++b) {
-      const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A + b * strideA, lda,
-                                          B + b * strideB, ldb, beta, C + b * strideC, ldc);
-      if (st != dnnl_success) {
-#pragma omp critical(trident_gemm_error)
-        first_error = first_error == dnnl_success ? st : first_error;
-      }
-    }
-    Kokkos::Profiling::popRegion();
-    if (first_error != dnnl_success) dnnl_failed(first_error, M, N, K, " (batched)");
+#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
+  if (share_batch(batch, M, N)) {
+    struct NoState {};
+    const std::string error = run_batch_on_threads(
+        "ops::gemm", batch, [] { return NoState{}; },
+        [&](std::int64_t b, NoState&) {
+          const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A + b * strideA, lda,
+                                              B + b * strideB, ldb, beta, C + b * strideC, ldc);
+          if (st != dnnl_success) dnnl_failed(st, M, N, K, " (batched)");
+        });
+    if (!error.empty()) throw Error::one(error);
     return;
   }
 #endif
@@ -153,23 +191,42 @@ const Bf16Matmul& bf16_matmul(const Bf16Gemm& g, bool concurrent) {
       .first->second;
 }
 
-// C = alpha op(A) op(B) + beta C through `mm`; with a concurrent primitive, `scratch` is this
-// thread's scratchpad buffer. dnnl::error is left to the caller.
-void execute_bf16(const Bf16Gemm& g, const Bf16Matmul& mm, const std::uint16_t* A, const std::uint16_t* B, float* C,
-                  std::vector<char>* scratch) {
-  dnnl::engine& eng = cpu_engine();
-  const dnnl::memory a(g.a(), eng, const_cast<std::uint16_t*>(A));
-  const dnnl::memory b(g.b(), eng, const_cast<std::uint16_t*>(B));
-  const dnnl::memory c(g.c(), eng, C);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
-  if (scratch) {
-    scratch->resize(std::max<size_t>(mm.scratchpad.get_size(), 1));
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(mm.scratchpad, eng, scratch->data()));
+// Executes a cached primitive on one product after another: its memory objects, stream and (for a
+// concurrent primitive) the scratchpad are made once, and each product only repoints the memory
+// objects at its operands. Not shared between threads. dnnl::error is left to the caller.
+class Bf16Executor {
+ public:
+  Bf16Executor(const Bf16Gemm& g, const Bf16Matmul& mm)
+      : mm_(&mm), stream_(cpu_engine()), a_(g.a(), cpu_engine(), DNNL_MEMORY_NONE),
+        b_(g.b(), cpu_engine(), DNNL_MEMORY_NONE), c_(g.c(), cpu_engine(), DNNL_MEMORY_NONE) {
+    if (!mm.scratchpad.is_zero()) {
+      buffer_.resize(std::max<size_t>(mm.scratchpad.get_size(), 1));
+      scratch_ = dnnl::memory(mm.scratchpad, cpu_engine(), buffer_.data());
+    }
   }
-  dnnl::stream st(eng);
-  mm.prim.execute(st, args);
-  st.wait();
-}
+
+  // C = alpha op(A) op(B) + beta C
+  void operator()(const std::uint16_t* A, const std::uint16_t* B, float* C) {
+    a_.set_data_handle(const_cast<std::uint16_t*>(A));
+    b_.set_data_handle(const_cast<std::uint16_t*>(B));
+    c_.set_data_handle(C);
+    // The C API takes the arguments as an array, where the C++ one wants an unordered_map.
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, a_.get()},
+                                    {DNNL_ARG_WEIGHTS, b_.get()},
+                                    {DNNL_ARG_DST, c_.get()},
+                                    {DNNL_ARG_SCRATCHPAD, scratch_.get(true)}};
+    const int nargs = scratch_ ? 4 : 3;
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(mm_->prim.get(), stream_.get(), nargs, args),
+                            "could not execute a primitive");
+    stream_.wait();
+  }
+
+ private:
+  const Bf16Matmul* mm_;
+  dnnl::stream stream_;
+  dnnl::memory a_, b_, c_, scratch_;
+  std::vector<char> buffer_;
+};
 
 [[noreturn]] void bf16_failed(const char* what, const Bf16Gemm& g, std::int64_t batch) {
   std::ostringstream os;
@@ -188,7 +245,7 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
 #if defined(TRIDENT_GEMM_DNNL)
   const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
   try {
-    execute_bf16(g, bf16_matmul(g, false), A, B, C, nullptr);
+    Bf16Executor(g, bf16_matmul(g, false))(A, B, C);
   } catch (const dnnl::error& e) {
     bf16_failed(e.what(), g, 1);
   }
@@ -211,33 +268,19 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
                                std::int64_t strideC, std::int64_t batch) {
   check_dims(M, N, K);
 #if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
-  // As gemm_strided_batched: the batch shared by the rank's threads, each product whole on one
-  // thread (oneDNN runs sequentially inside a parallel region), so each has the bits gemm_bf16
-  // gives it on one thread, whatever the thread count. One profiling region.
-  if (batch > 1 && M > 0 && N > 0 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
-    Kokkos::Profiling::pushRegion("ops::gemm_bf16");
+  if (share_batch(batch, M, N)) {
+    // One primitive executed by all the threads, each with its own scratchpad.
     const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
-    std::string first_error;
+    std::string error;
     try {
       const Bf16Matmul& mm = bf16_matmul(g, true);
-#pragma omp parallel
-      {
-        std::vector<char> scratch;
-#pragma omp for schedule(static)
-        for (std::int64_t b = 0; b < batch; ++b) {
-          try {
-            execute_bf16(g, mm, A + b * strideA, B + b * strideB, C + b * strideC, &scratch);
-          } catch (const std::exception& e) {
-#pragma omp critical(trident_gemm_error)
-            if (first_error.empty()) first_error = e.what();
-          }
-        }
-      }
+      error = run_batch_on_threads(
+          "ops::gemm_bf16", batch, [&] { return Bf16Executor(g, mm); },
+          [&](std::int64_t b, Bf16Executor& run) { run(A + b * strideA, B + b * strideB, C + b * strideC); });
     } catch (const dnnl::error& e) {
-      first_error = e.what();
+      error = e.what();
     }
-    Kokkos::Profiling::popRegion();
-    if (!first_error.empty()) bf16_failed(first_error.c_str(), g, batch);
+    if (!error.empty()) bf16_failed(error.c_str(), g, batch);
     return;
   }
 #endif
