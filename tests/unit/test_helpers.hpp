@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "common/rng.hpp"
@@ -26,6 +27,15 @@ inline FloatView to_device(const std::vector<float>& v) {
 
 inline IntView to_device(const std::vector<std::int32_t>& v) {
   IntView d = make_int("test", static_cast<std::int64_t>(v.size()));
+  auto h = Kokkos::create_mirror_view(d);
+  for (size_t i = 0; i < v.size(); ++i) h(i) = v[i];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+// 16-bit values (bf16 or fp16 bit patterns), as the mixed-precision GEMMs take them
+inline View1<std::uint16_t> to_device(const std::vector<std::uint16_t>& v) {
+  View1<std::uint16_t> d(std::string("test"), v.size());
   auto h = Kokkos::create_mirror_view(d);
   for (size_t i = 0; i < v.size(); ++i) h(i) = v[i];
   Kokkos::deep_copy(d, h);

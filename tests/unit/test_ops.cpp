@@ -89,13 +89,7 @@ TEST(Gemm, Bf16InputsWithFp32AccumulationMatchNaive) {
             want[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
             mag[i * ldc + j] = std::fabs(alpha) * m + std::fabs(beta * C[i * ldc + j]);
           }
-        Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, MemSpace> dA(std::string("A"), hA.size()),
-            dB(std::string("B"), hB.size());
-        auto mA = Kokkos::create_mirror_view(dA), mB = Kokkos::create_mirror_view(dB);
-        for (size_t i = 0; i < hA.size(); ++i) mA(i) = hA[i];
-        for (size_t i = 0; i < hB.size(); ++i) mB(i) = hB[i];
-        Kokkos::deep_copy(dA, mA);
-        Kokkos::deep_copy(dB, mB);
+        const auto dA = to_device(hA), dB = to_device(hB);
         auto dC = to_device(C);
         gemm_bf16(ta ? Trans::T : Trans::N, tb ? Trans::T : Trans::N, M, N, K, alpha, dA.data(), lda, dB.data(), ldb,
                   beta, dC.data(), ldc);
@@ -146,13 +140,6 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
     std::int64_t M, N, K, batch;
     bool interleaved;  // matrices side by side in the rows of one buffer (attention's heads)
   };
-  auto upload = [](const std::vector<std::uint16_t>& h) {
-    Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, MemSpace> d(std::string("bf16"), h.size());
-    auto m = Kokkos::create_mirror_view(d);
-    for (size_t i = 0; i < h.size(); ++i) m(i) = h[i];
-    Kokkos::deep_copy(d, m);
-    return d;
-  };
   int checked = 0;
   for (const Case& c : {Case{64, 64, 64, 12, true}, Case{37, 29, 53, 5, false}})
     for (int ta = 0; ta < 2; ++ta)
@@ -169,7 +156,7 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
           std::vector<std::uint16_t> hA(fa.size()), hB(fb.size());
           for (size_t i = 0; i < fa.size(); ++i) hA[i] = float_to_bf16(fa[i]);
           for (size_t i = 0; i < fb.size(); ++i) hB[i] = float_to_bf16(fb[i]);
-          const auto dA = upload(hA), dB = upload(hB);
+          const auto dA = to_device(hA), dB = to_device(hB);
           auto batched = to_device(fc), single = to_device(fc);
           const Trans TA = ta ? Trans::T : Trans::N, TB = tb ? Trans::T : Trans::N;
           set_threads(2);
