@@ -56,8 +56,9 @@ bool share_batch(std::int64_t batch, std::int64_t M, std::int64_t N) {
 }
 
 // Runs product(b, state) for every b in [0, batch), statically scheduled over the threads, where
-// `state` is the thread's own make_state() result, inside one profiling region. An exception
-// does not leave the parallel region: the first one's message is returned, empty when none.
+// `state` is the thread's own make_state() result, inside one profiling region (none if null).
+// An exception does not leave the parallel region: the first one's message is returned, empty
+// when none.
 template <class MakeState, class Product>
 std::string run_batch_on_threads(const char* region, std::int64_t batch, const MakeState& make_state,
                                  const Product& product) {
@@ -66,7 +67,7 @@ std::string run_batch_on_threads(const char* region, std::int64_t batch, const M
 #pragma omp critical(trident_gemm_error)
     if (first_error.empty()) first_error = what;
   };
-  Kokkos::Profiling::pushRegion(region);
+  if (region) Kokkos::Profiling::pushRegion(region);
 #pragma omp parallel
   {
     // Every thread reaches the worksharing loop, even one whose state could not be made.
@@ -86,8 +87,39 @@ std::string run_batch_on_threads(const char* region, std::int64_t batch, const M
       }
     }
   }
-  Kokkos::Profiling::popRegion();
+  if (region) Kokkos::Profiling::popRegion();
   return first_error;
+}
+
+// A large fp32 GEMM is cut into one slab of C per thread, each computed whole by oneDNN on its
+// thread: op(B) transposed (y = x W^T, the forward of every linear) by columns, otherwise by
+// rows. Measured on Zen 5 at 2 threads (perf/results/host_threads_2026-12-02.md, seventh step),
+// oneDNN's own split of these shapes is slower: fc2's forward (256 x 768 x 3072, NT) 4.6 ms
+// against 3.25, the LM head's forward 58.7 ms against 51, its weight gradient (TN) 49.2 against
+// 46.3; rows and columns otherwise within 2% of it. Every element of a slab is the element of
+// the whole product computed on one thread, so the bits are those of one thread at any thread
+// count, which oneDNN's own split does not promise (100 x 1000 x 1000, NT: its 2-thread result
+// differs from its 1-thread one). Slabs are at least kMinSlab wide and edges fall on multiples
+// of 16 (a cache line of floats); smaller products keep oneDNN's threading.
+struct Slabs {
+  bool by_columns = false;
+  std::int64_t count = 0;  // 0: no split
+  std::int64_t extent = 0;
+  std::int64_t edge(std::int64_t s) const { return s >= count ? extent : extent * s / count / 16 * 16; }
+};
+
+Slabs gemm_slabs(Trans tb, std::int64_t M, std::int64_t N, std::int64_t K) {
+  constexpr std::int64_t kMinSlab = 128;
+  constexpr double kMinFlopsPerThread = 2e7;
+  Slabs s;
+  if (omp_in_parallel()) return s;
+  const std::int64_t threads = omp_get_max_threads();
+  s.by_columns = tb == Trans::T;
+  s.extent = s.by_columns ? N : M;
+  if (threads > 1 && s.extent >= threads * kMinSlab &&
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= kMinFlopsPerThread * threads)
+    s.count = threads;
+  return s;
 }
 #endif
 }  // namespace
@@ -99,6 +131,27 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   // A profiling region, so that Kokkos Tools (perf/kernel_timer) see GEMMs next to kernels.
   Kokkos::Profiling::pushRegion("ops::gemm");
 #if defined(TRIDENT_GEMM_DNNL)
+#if defined(_OPENMP)
+  if (const Slabs slabs = gemm_slabs(tb, M, N, K); slabs.count > 1) {
+    struct NoState {};
+    const std::string error = run_batch_on_threads(
+        nullptr, slabs.count, [] { return NoState{}; },
+        [&](std::int64_t s, NoState&) {
+          const std::int64_t lo = slabs.edge(s), n = slabs.edge(s + 1) - lo;
+          // columns [lo, lo + n) of C come from those of op(B); rows from those of op(A)
+          const float* a = slabs.by_columns ? A : A + (ta == Trans::T ? lo : lo * lda);
+          const float* b = !slabs.by_columns ? B : B + (tb == Trans::T ? lo * ldb : lo);
+          float* c = slabs.by_columns ? C + lo : C + lo * ldc;
+          const std::int64_t m = slabs.by_columns ? M : n, nn = slabs.by_columns ? n : N;
+          const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), m, nn, K, alpha, a, lda, b, ldb, beta, c,
+                                              ldc);
+          if (st != dnnl_success) dnnl_failed(st, m, nn, K, " (one thread's slab)");
+        });
+    Kokkos::Profiling::popRegion();
+    if (!error.empty()) throw Error::one(error);
+    return;
+  }
+#endif
   const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success) dnnl_failed(st, M, N, K, "");
   Kokkos::Profiling::popRegion();

@@ -182,6 +182,57 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
   EXPECT_EQ(checked, 16);
 }
 
+// A large fp32 GEMM at 2 threads is cut into one slab of C per thread (ops/gemm.cpp: by columns
+// when op(B) is transposed, otherwise by rows), each slab computed by oneDNN on one thread: the
+// result is the one-thread product's, compared as bytes, for every transpose pair, beta 0 and 1,
+// and slab edges away from the middle (600 rows split at 288, 1030 at 512, 771 columns at 384). oneDNN's own
+// 2-thread split of 100 x 1000 x 1000 (NT) differs from its 1-thread result in some elements
+// (measured with oneDNN 2.6 on Zen 5), so that case fails without the slabs.
+TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
+#if defined(_OPENMP)
+  const int threads_before = omp_get_max_threads();
+#endif
+  auto set_threads = [](int n) {
+#if defined(_OPENMP)
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+  };
+  struct Case {
+    std::int64_t M, N, K;
+    Trans ta, tb;
+  };
+  const Case cases[] = {{100, 1000, 1000, Trans::N, Trans::T}, {100, 1000, 1000, Trans::T, Trans::T},
+                        {256, 771, 512, Trans::N, Trans::T},   {600, 300, 500, Trans::N, Trans::N},
+                        {600, 300, 500, Trans::T, Trans::N},   {1030, 260, 300, Trans::T, Trans::N}};
+  for (const Case& c : cases)
+    for (float beta : {0.f, 1.f}) {
+      const bool at = c.ta == Trans::T, bt = c.tb == Trans::T;
+      const std::int64_t lda = (at ? c.M : c.K) + 1, ldb = (bt ? c.K : c.N) + 3, ldc = c.N + 2;
+      const auto A = random_vector((at ? c.K : c.M) * lda, 31), B = random_vector((bt ? c.N : c.K) * ldb, 32),
+                 C = random_vector(c.M * ldc, 33);
+      const auto dA = to_device(A), dB = to_device(B);
+      auto two = to_device(C), one = to_device(C);
+      set_threads(2);
+      gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, two.data(), ldc);
+      set_threads(1);
+      gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, one.data(), ldc);
+      const auto got = to_host(two), want = to_host(one);
+      for (std::int64_t i = 0; i < c.M; ++i)
+        for (std::int64_t j = 0; j < c.N; ++j)
+          ASSERT_EQ(float_bits(got[i * ldc + j]), float_bits(want[i * ldc + j]))
+              << c.M << " x " << c.N << " x " << c.K << (at ? " T" : " N") << (bt ? "T" : "N") << " beta " << beta
+              << " element (" << i << ", " << j << "): " << got[i * ldc + j] << " against " << want[i * ldc + j];
+      // the padding between rows is left alone
+      for (std::int64_t i = 0; i < c.M; ++i)
+        for (std::int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(float_bits(got[i * ldc + j]), float_bits(C[i * ldc + j]));
+    }
+#if defined(_OPENMP)
+  omp_set_num_threads(threads_before);
+#endif
+}
+
 TEST(LayerNorm, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   const std::int64_t N = 3, C = 8;
   const float eps = 1e-5f;
