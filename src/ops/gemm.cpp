@@ -96,11 +96,13 @@ std::string run_batch_on_threads(const char* region, std::int64_t batch, const M
 // rows. Measured on Zen 5 at 2 threads (perf/results/host_threads_2026-12-02.md, seventh step),
 // oneDNN's own split of these shapes is slower: fc2's forward (256 x 768 x 3072, NT) 4.6 ms
 // against 3.25, the LM head's forward 58.7 ms against 51, its weight gradient (TN) 49.2 against
-// 46.3; rows and columns otherwise within 2% of it. Every element of a slab is the element of
-// the whole product computed on one thread, so the bits are those of one thread at any thread
-// count, which oneDNN's own split does not promise (100 x 1000 x 1000, NT: its 2-thread result
-// differs from its 1-thread one). Slabs are at least kMinSlab wide and edges fall on multiples
-// of 16 (a cache line of floats); smaller products keep oneDNN's threading.
+// 46.3; rows and columns otherwise within 2% of it. On every shape tried, each element of a slab
+// was the element of the whole product computed on one thread (oneDNN 2.6 blocks K the same way
+// for both), so the bits are those of one thread at any thread count; oneDNN's own split does
+// not give that (100 x 1000 x 1000, NT: its 2-thread result differs from its 1-thread one). Unit
+// Gemm.LargeProductsAtTwoThreadsGiveTheBitsOfOneThread and validation/identity.py --threads
+// check it. Slabs are at least kMinSlab wide and edges fall on multiples of 16 (a cache line of
+// floats); smaller products keep oneDNN's threading.
 struct Slabs {
   bool by_columns = false;
   std::int64_t count = 0;  // 0: no split
