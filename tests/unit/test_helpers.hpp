@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "common/rng.hpp"
 #include "common/types.hpp"
 
@@ -45,6 +49,20 @@ inline View1<std::uint16_t> to_device(const std::vector<std::uint16_t>& v) {
 inline std::vector<float> to_host(const FloatView& d) {
   auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), d);
   return std::vector<float>(h.data(), h.data() + h.extent(0));
+}
+
+// f() with OpenMP's thread count set to t, the previous count restored after; without OpenMP, f()
+template <class F>
+void at_threads(int t, const F& f) {
+#if defined(_OPENMP)
+  const int old = omp_get_max_threads();
+  omp_set_num_threads(t);
+  f();
+  omp_set_num_threads(old);
+#else
+  (void)t;
+  f();
+#endif
 }
 
 inline std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {

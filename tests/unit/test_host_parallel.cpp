@@ -21,19 +21,6 @@ using namespace trident::test;
 namespace {
 const int kThreads[] = {1, 2, 3, 5};
 
-template <class F>
-void at_threads(int t, const F& f) {
-#if defined(_OPENMP)
-  const int old = omp_get_max_threads();
-  omp_set_num_threads(t);
-  f();
-  omp_set_num_threads(old);
-#else
-  (void)t;
-  f();
-#endif
-}
-
 std::vector<std::int32_t> counts(const IntView& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   return std::vector<std::int32_t>(h.data(), h.data() + h.extent(0));

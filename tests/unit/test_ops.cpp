@@ -1,9 +1,6 @@
 // Every op: forward against a naive double-precision reference, backward against central
 // finite differences (see test_helpers.hpp for the step and the error it implies).
 #include <cmath>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
@@ -126,16 +123,6 @@ TEST(Gemm, StridedBatchedMatchesLoop) {
 // size) and a contiguous odd-sized batch, every transpose pair, beta 0 and 1. (oneDNN's own
 // batched matmul, one 3-D primitive, fails this: at 37 x 29 x 53 some elements differ by an ulp.)
 TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
-#if defined(_OPENMP)
-  const int threads_before = omp_get_max_threads();
-#endif
-  auto set_threads = [](int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-  };
   struct Case {
     std::int64_t M, N, K, batch;
     bool interleaved;  // matrices side by side in the rows of one buffer (attention's heads)
@@ -159,13 +146,15 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
           const auto dA = to_device(hA), dB = to_device(hB);
           auto batched = to_device(fc), single = to_device(fc);
           const Trans TA = ta ? Trans::T : Trans::N, TB = tb ? Trans::T : Trans::N;
-          set_threads(2);
-          gemm_bf16_strided_batched(TA, TB, c.M, c.N, c.K, alpha, dA.data(), lda, sA, dB.data(), ldb, sB, beta,
-                                    batched.data(), ldc, sC, c.batch);
-          set_threads(1);
-          for (std::int64_t b = 0; b < c.batch; ++b)
-            gemm_bf16(TA, TB, c.M, c.N, c.K, alpha, dA.data() + b * sA, lda, dB.data() + b * sB, ldb, beta,
-                      single.data() + b * sC, ldc);
+          at_threads(2, [&] {
+            gemm_bf16_strided_batched(TA, TB, c.M, c.N, c.K, alpha, dA.data(), lda, sA, dB.data(), ldb, sB, beta,
+                                      batched.data(), ldc, sC, c.batch);
+          });
+          at_threads(1, [&] {
+            for (std::int64_t b = 0; b < c.batch; ++b)
+              gemm_bf16(TA, TB, c.M, c.N, c.K, alpha, dA.data() + b * sA, lda, dB.data() + b * sB, ldb, beta,
+                        single.data() + b * sC, ldc);
+          });
           const auto got = to_host(batched), want = to_host(single);
           ASSERT_EQ(got.size(), want.size());
           for (size_t i = 0; i < got.size(); ++i)
@@ -176,29 +165,16 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
           ASSERT_NE(float_bits(got[(c.batch - 1) * sC]), float_bits(fc[(c.batch - 1) * sC]));
           ++checked;
         }
-#if defined(_OPENMP)
-  omp_set_num_threads(threads_before);
-#endif
   EXPECT_EQ(checked, 16);
 }
 
 // A large fp32 GEMM at 2 threads is cut into one slab of C per thread (ops/gemm.cpp: by columns
 // when op(B) is transposed, otherwise by rows), each slab computed by oneDNN on one thread: the
 // result is the one-thread product's, compared as bytes, for every transpose pair, beta 0 and 1,
-// and slab edges away from the middle (600 rows split at 288, 1030 at 512, 771 columns at 384). oneDNN's own
-// 2-thread split of 100 x 1000 x 1000 (NT) differs from its 1-thread result in some elements
-// (measured with oneDNN 2.6 on Zen 5), so that case fails without the slabs.
+// and slab edges away from the middle (600 rows split at 288, 1030 at 512, 771 columns at 384).
+// oneDNN's own 2-thread split of 100 x 1000 x 1000 (NT) differs from its 1-thread result in some
+// elements (measured with oneDNN 2.6 on Zen 5), so that case fails without the slabs.
 TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
-#if defined(_OPENMP)
-  const int threads_before = omp_get_max_threads();
-#endif
-  auto set_threads = [](int n) {
-#if defined(_OPENMP)
-    omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-  };
   struct Case {
     std::int64_t M, N, K;
     Trans ta, tb;
@@ -214,10 +190,10 @@ TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
                  C = random_vector(c.M * ldc, 33);
       const auto dA = to_device(A), dB = to_device(B);
       auto two = to_device(C), one = to_device(C);
-      set_threads(2);
-      gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, two.data(), ldc);
-      set_threads(1);
-      gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, one.data(), ldc);
+      at_threads(2,
+                 [&] { gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, two.data(), ldc); });
+      at_threads(1,
+                 [&] { gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, one.data(), ldc); });
       const auto got = to_host(two), want = to_host(one);
       for (std::int64_t i = 0; i < c.M; ++i)
         for (std::int64_t j = 0; j < c.N; ++j)
@@ -228,9 +204,6 @@ TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
       for (std::int64_t i = 0; i < c.M; ++i)
         for (std::int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(float_bits(got[i * ldc + j]), float_bits(C[i * ldc + j]));
     }
-#if defined(_OPENMP)
-  omp_set_num_threads(threads_before);
-#endif
 }
 
 TEST(LayerNorm, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
