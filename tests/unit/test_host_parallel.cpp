@@ -31,16 +31,35 @@ std::uint64_t bits(double x) {
   std::memcpy(&b, &x, sizeof b);
   return b;
 }
+
+// The kernels under test live in free functions, not in the TEST bodies: nvcc refuses an extended
+// __host__ __device__ lambda (KOKKOS_LAMBDA in a CUDA build) whose enclosing function is private
+// in its class, as GoogleTest's TestBody is.
+void count_each_index(const IntView& seen, std::int64_t n) {
+  for_each_index(
+      "test::index", n, KOKKOS_LAMBDA(std::int64_t i) { seen(i) += 1; });
+}
+
+void record_each_column(const IntView& col, const IntView& hits, std::int64_t rows, std::int64_t cols) {
+  for_each_element(
+      "test::element", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+        col(i) = static_cast<std::int32_t>(c);
+        hits(i) += 1;
+      });
+}
+
+double sum_of_parts(const Kokkos::View<double*, Kokkos::LayoutRight, ExecSpace::memory_space>& part,
+                    std::int64_t chunks) {
+  return sum_chunks(
+      "test::sum", chunks, KOKKOS_LAMBDA(std::int64_t c) { return part(c); });
+}
 }  // namespace
 
 TEST(HostParallel, EveryIndexRunsOnce) {
   for (std::int64_t n : {0, 1, 7, 4097, 100003})
     for (int t : kThreads) {
       IntView seen = make_int("seen", n > 0 ? n : 1);
-      at_threads(t, [&] {
-        for_each_index(
-            "test::index", n, KOKKOS_LAMBDA(std::int64_t i) { seen(i) += 1; });
-      });
+      at_threads(t, [&] { count_each_index(seen, n); });
       Kokkos::fence();
       const auto c = counts(seen);
       for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(c[static_cast<size_t>(i)], 1) << "n " << n << " threads " << t;
@@ -51,13 +70,7 @@ TEST(HostParallel, EveryElementGetsItsColumn) {
   for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 5}, {257, 33}, {2, 3072}})
     for (int t : kThreads) {
       IntView col = make_int("col", rows * cols), hits = make_int("hits", rows * cols);
-      at_threads(t, [&] {
-        for_each_element(
-            "test::element", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
-              col(i) = static_cast<std::int32_t>(c);
-              hits(i) += 1;
-            });
-      });
+      at_threads(t, [&] { record_each_column(col, hits, rows, cols); });
       Kokkos::fence();
       const auto cs = counts(col), hs = counts(hits);
       for (std::int64_t i = 0; i < rows * cols; ++i) {
@@ -83,10 +96,7 @@ TEST(HostParallel, ChunkSumsAddInChunkOrderAtAnyThreadCount) {
   Kokkos::deep_copy(part, h);
   for (int t : kThreads) {
     double got = 0;
-    at_threads(t, [&] {
-      got = sum_chunks(
-          "test::sum", chunks, KOKKOS_LAMBDA(std::int64_t c) { return part(c); });
-    });
+    at_threads(t, [&] { got = sum_of_parts(part, chunks); });
     EXPECT_EQ(bits(got), bits(ordered)) << "threads " << t << ": " << got << " vs " << ordered;
     EXPECT_EQ(got, 1e16);
   }
