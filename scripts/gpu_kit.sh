@@ -6,7 +6,16 @@
 #
 #   bash scripts/gpu_kit.sh --kokkos-src DIR   # a Kokkos source tree (4.x); built here for CUDA
 #   bash scripts/gpu_kit.sh --kokkos-root DIR  # or a CUDA-enabled Kokkos install to carry as it is
+#   bash scripts/gpu_kit.sh --kokkos-only --kokkos-src DIR
+#                                              # only the cached CUDA Kokkos (step 3 below), which
+#                                              # the CTest `cuda_build` builds Trident against;
+#                                              # needs nvcc, cmake and g++, not the host build
 #   options: --kit DIR (default .gpu_kit), --jobs N, --arch SM (default 90), --max-mib N (60)
+#
+# The cached CUDA Kokkos: $TRIDENT_GPU_CACHE (default ~/.cache/trident-gpu)/kokkos-<version>-
+# cuda<nvcc major>-sm<arch>/, built once per version, nvcc, compat header and options (a stamp), with
+# the link $TRIDENT_GPU_CACHE/cuda-kokkos-sm<arch> to its install (relocatable: it works from the
+# cache as from $GPU_PREFIX/kokkos).
 #
 # The kit (.gpu_kit/, git-ignored; at most --max-mib MiB) holds four xz tarballs and a manifest:
 #   deps.tar.xz    Debian packages fetched with `apt-get download` and unpacked with `dpkg -x`
@@ -31,7 +40,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
 source "$root/scripts/gpu_common.sh"
 
-kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60
+kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60 kokkos_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --kit) kit=$2; shift 2 ;;
@@ -40,7 +49,8 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift 2 ;;
     --arch) GPU_ARCH=$2; shift 2 ;;
     --max-mib) max_mib=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --kokkos-only) kokkos_only=1; shift ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "gpu_kit: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,13 +61,67 @@ t0=$(date +%s)
 phase_start=$t0
 phase() { local now; now=$(date +%s); gpu_log "gpu_kit: $1 ($((now - phase_start)) s)"; phase_start=$now; }
 
+# cached_cuda_kokkos: builds (once per stamp) the source tree's Kokkos for CUDA into the cache and
+# sets kstage (the install) and compat_flags (what every source compiled against that install at
+# $GPU_KOKKOS needs). The install is relocatable (CMake configs relative to themselves); it holds
+# include/trident_cuda13_compat.h exactly when sources compiled against it must force-include it.
+cached_cuda_kokkos() {
+  [ -f "$kokkos_src/CMakeLists.txt" ] || die "--kokkos-src $kokkos_src is not a Kokkos source tree"
+  local kv kopts kmaj kmin kcache stamp arch_opt build_flags=""
+  kv=$(gpu_kokkos_src_version "$kokkos_src")
+  [ -n "$kv" ] || die "--kokkos-src $kokkos_src: no Kokkos version in its CMakeLists.txt"
+  kopts=$(gpu_kokkos_options "$kokkos_src")
+  kmaj=${kv%%.*} kmin=$(echo "$kv" | cut -d. -f2)
+  kcache=$cache/kokkos-$kv-cuda$cuda_major-sm$GPU_ARCH
+  kstage=$kcache/stage$GPU_KOKKOS
+  compat_flags=""
+  if [ "${cuda_major:-0}" -ge 13 ] && { [ "$kmaj" -lt 4 ] || { [ "$kmaj" -eq 4 ] && [ "$kmin" -lt 7 ]; }; }; then
+    compat_flags="-include $GPU_KOKKOS/include/trident_cuda13_compat.h"
+    # Kokkos' own sources: the header from the cache (nothing is written to $GPU_PREFIX here)
+    build_flags="-include $kcache/compat/trident_cuda13_compat.h"
+  fi
+  stamp="$kv $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) ${compat_flags:+compat} $kopts"
+  if [ "$(cat "$kcache/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    gpu_log "gpu_kit: building Kokkos $kv for CUDA (sm_$GPU_ARCH) in $kcache (outside the repository)"
+    rm -rf "$kcache"
+    mkdir -p "$kcache/compat"
+    cp "$root/scripts/gpu/cuda13_compat.h" "$kcache/compat/trident_cuda13_compat.h"
+    arch_opt=$(case $GPU_ARCH in 90) echo HOPPER90 ;; 80) echo AMPERE80 ;; 89) echo ADA89 ;; 100) echo BLACKWELL100 ;;
+               *) die "no Kokkos architecture option known for sm_$GPU_ARCH" ;; esac)
+    cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$GPU_KOKKOS" \
+      -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"$arch_opt"=ON \
+      -DKokkos_ENABLE_COMPILE_AS_CMAKE_LANGUAGE=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CXX_STANDARD=17 \
+      -DBUILD_SHARED_LIBS=ON -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF $kopts \
+      ${build_flags:+"-DCMAKE_CUDA_FLAGS=$build_flags"} >"$kcache/configure.log" 2>&1 ||
+      { tail -n 30 "$kcache/configure.log"; die "Kokkos configure failed ($kcache/configure.log)"; }
+    cmake --build "$kcache/build" -j "$jobs" >"$kcache/build.log" 2>&1 ||
+      { grep -m 20 -E 'error' "$kcache/build.log"; die "Kokkos build failed ($kcache/build.log)"; }
+    DESTDIR=$kcache/stage cmake --install "$kcache/build" >/dev/null
+    [ -n "$compat_flags" ] && cp "$root/scripts/gpu/cuda13_compat.h" "$kstage/include/trident_cuda13_compat.h"
+    # the install must not name the place it was built or staged in (it is used from both)
+    if grep -rlI -e "$kcache" "$kstage" >/dev/null 2>&1; then
+      die "the staged Kokkos install names its build directory ($(grep -rlI -e "$kcache" "$kstage" | head -n 3 | paste -sd' ')): not relocatable"
+    fi
+    echo "$stamp" >"$kcache/.stamp"
+  fi
+  ln -sfn "$kstage" "$cache/cuda-kokkos-sm$GPU_ARCH"
+}
+
 # ---- 0. what this needs here --------------------------------------------------------------------
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$nvcc" ] || die "nvcc not found (the CUDA toolkit, /usr/local/cuda)"
+cuda_major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+if [ $kokkos_only -eq 1 ]; then
+  for c in cmake g++ sha256sum; do command -v "$c" >/dev/null || die "'$c' is needed"; done
+  [ -n "$kokkos_src" ] || die "--kokkos-only needs --kokkos-src DIR (a Kokkos 4.x source tree)"
+  mkdir -p "$cache"
+  cached_cuda_kokkos
+  gpu_log "gpu_kit: the cached CUDA Kokkos is $cache/cuda-kokkos-sm$GPU_ARCH -> $kstage ($(du -sm "$kstage" | cut -f1) MiB, $(( $(date +%s) - t0 )) s)"
+  exit 0
+fi
 for c in cmake apt-get dpkg dpkg-deb xz tar g++; do command -v "$c" >/dev/null || die "'$c' is needed"; done
 [ -x "$host_build/apps/pretrain_gpt" ] || die "no host build in $host_build (bash scripts/bootstrap.sh build)"
 [ -n "$kokkos_src$kokkos_root" ] || die "give --kokkos-src DIR (a Kokkos 4.x source tree) or --kokkos-root DIR (a CUDA Kokkos install)"
-cuda_major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
 mkdir -p "$cache" "$kit"
 kit=$(cd "$kit" && pwd)
 gpu_log "gpu_kit: kit $kit, prefix $GPU_PREFIX, sm_$GPU_ARCH, nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), cache $cache"
@@ -167,39 +231,10 @@ if [ -n "$kokkos_root" ]; then
   mkdir -p "$GPU_PREFIX"
   cp -a "$kokkos_root" "$GPU_KOKKOS"
 else
-  [ -f "$kokkos_src/CMakeLists.txt" ] || die "--kokkos-src $kokkos_src is not a Kokkos source tree"
-  kv=$(gpu_kokkos_src_version "$kokkos_src")
-  kopts=$(gpu_kokkos_options "$kokkos_src")
-  kmaj=${kv%%.*} kmin=$(echo "$kv" | cut -d. -f2)
-  if [ "${cuda_major:-0}" -ge 13 ] && { [ "$kmaj" -lt 4 ] || { [ "$kmaj" -eq 4 ] && [ "$kmin" -lt 7 ]; }; }; then
-    compat_flags="-include $GPU_KOKKOS/include/trident_cuda13_compat.h"
-  fi
-  kcache=$cache/kokkos-$kv-cuda$cuda_major-sm$GPU_ARCH
-  stamp="$kv $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) $compat_flags $kopts"
-  if [ "$(cat "$kcache/.stamp" 2>/dev/null)" != "$stamp" ]; then
-    gpu_log "gpu_kit: building Kokkos $kv for CUDA (sm_$GPU_ARCH) in $kcache (outside the repository)"
-    rm -rf "$kcache"
-    mkdir -p "$kcache/stage$GPU_KOKKOS/include"
-    # the compat header must exist at its install path while Kokkos compiles
-    rm -rf "$GPU_KOKKOS"; mkdir -p "$GPU_KOKKOS/include"
-    cp "$root/scripts/gpu/cuda13_compat.h" "$GPU_KOKKOS/include/trident_cuda13_compat.h"
-    arch_opt=$(case $GPU_ARCH in 90) echo HOPPER90 ;; 80) echo AMPERE80 ;; 89) echo ADA89 ;; 100) echo BLACKWELL100 ;;
-               *) die "no Kokkos architecture option known for sm_$GPU_ARCH" ;; esac)
-    cmake -S "$kokkos_src" -B "$kcache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$GPU_KOKKOS" \
-      -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"$arch_opt"=ON \
-      -DKokkos_ENABLE_COMPILE_AS_CMAKE_LANGUAGE=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CXX_STANDARD=17 \
-      -DBUILD_SHARED_LIBS=ON -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF $kopts \
-      ${compat_flags:+"-DCMAKE_CUDA_FLAGS=$compat_flags"} >"$kcache/configure.log" 2>&1 ||
-      { tail -n 30 "$kcache/configure.log"; die "Kokkos configure failed ($kcache/configure.log)"; }
-    cmake --build "$kcache/build" -j "$jobs" >"$kcache/build.log" 2>&1 ||
-      { grep -m 20 -E 'error' "$kcache/build.log"; die "Kokkos build failed ($kcache/build.log)"; }
-    DESTDIR=$kcache/stage cmake --install "$kcache/build" >/dev/null
-    cp "$root/scripts/gpu/cuda13_compat.h" "$kcache/stage$GPU_KOKKOS/include/trident_cuda13_compat.h"
-    echo "$stamp" >"$kcache/.stamp"
-  fi
+  cached_cuda_kokkos
   rm -rf "$GPU_KOKKOS"
   mkdir -p "$GPU_PREFIX"
-  cp -a "$kcache/stage$GPU_KOKKOS" "$GPU_KOKKOS"
+  cp -a "$kstage" "$GPU_KOKKOS"
 fi
 # the flags every source compiled against this Kokkos needs (read back by gpu_check.sh)
 echo "$compat_flags" >"$GPU_KOKKOS/trident_cuda_flags"
