@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The CUDA build check (CTest `cuda_build`, label `cuda`): configures and builds every target of
+# Trident (apps, libraries, unit and MPI tests, perf tools) with -DTRIDENT_ENABLE_CUDA=ON, against
+# this machine's CUDA toolkit and a CUDA-enabled Kokkos, so that a change that breaks the GPU path
+# fails on a machine without a GPU. Nothing runs on a GPU here; it is a compile and link check.
+#
+#   bash tests/cuda/cuda_build.sh [ROOT]        (ROOT: the source tree, default this script's)
+#
+# The Kokkos: $TRIDENT_CUDA_KOKKOS (a CUDA-enabled install), else the cached one that
+#   bash scripts/gpu_kit.sh --kokkos-only --kokkos-src <Kokkos 4.x source tree>
+# builds once per machine ($TRIDENT_GPU_CACHE, default ~/.cache/trident-gpu, link cuda-kokkos-sm90).
+# The toolkit: $CUDACXX, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; NCCL next to it.
+# Exit status: 0 when everything built, 1 when the configure or the build failed (its first errors
+# are printed), 77 (skipped, with the reason) without a toolkit or without a CUDA Kokkos.
+#
+# One build directory is reused between runs, so that only what changed is compiled again:
+# $TRIDENT_GPU_CACHE/cuda-build-sm<arch>/ holds a mirror of the tree (src/) and its build
+# (build/). Before each build the mirror is made equal to the tree as git lists it (tracked and
+# untracked-not-ignored files; removed files are removed); a file is rewritten only when its bytes
+# differ, so the build tool's own dependency tracking (compiler depfiles, headers included)
+# decides what is rebuilt. A change of Kokkos, nvcc, architecture or generator starts a clean
+# build. Runs on one machine are serialised by a lock.
+set -uo pipefail
+root=$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")/../..}" && pwd)
+arch=${CUDA_ARCH:-90}
+jobs=${JOBS:-$(nproc)}
+cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
+skip() { echo "cuda_build: skipped: $*"; exit 77; }
+fail() { echo "cuda_build: FAILED: $*" >&2; exit 1; }
+t0=$(date +%s)
+
+# ---- the toolkit and the Kokkos ------------------------------------------------------------------
+nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[ -x "$nvcc" ] || skip "no CUDA toolkit (nvcc not on PATH nor at /usr/local/cuda/bin/nvcc; set CUDACXX)"
+nvcc_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+if [ -n "${TRIDENT_CUDA_KOKKOS:-}" ]; then
+  kokkos=$TRIDENT_CUDA_KOKKOS
+  [ -d "$kokkos" ] || fail "TRIDENT_CUDA_KOKKOS=$kokkos does not exist"
+else
+  kokkos=$cache/cuda-kokkos-sm$arch
+  [ -d "$kokkos" ] || skip "no CUDA-enabled Kokkos: TRIDENT_CUDA_KOKKOS is unset and the cache has none ($kokkos);" \
+    "make it once with: bash scripts/gpu_kit.sh --kokkos-only --kokkos-src <Kokkos 4.x source tree>"
+fi
+kokkos=$(readlink -f "$kokkos")
+grep -qs "^#define KOKKOS_ENABLE_CUDA" "$kokkos/include/KokkosCore_config.h" ||
+  fail "$kokkos is not a CUDA-enabled Kokkos install (include/KokkosCore_config.h defines no KOKKOS_ENABLE_CUDA)"
+nccl_h=""
+for d in "$cuda_home/include" "$cuda_home/targets/x86_64-linux/include" /usr/include; do
+  [ -f "$d/nccl.h" ] && { nccl_h=$d; break; }
+done
+[ -n "$nccl_h" ] || skip "no NCCL next to the CUDA toolkit $cuda_home (nccl.h)"
+# a Kokkos before 4.7 built against CUDA 13 by the GPU kit: its sources and Trident's
+# force-include the compat header it carries (scripts/gpu/cuda13_compat.h)
+cuda_flags=""
+[ -f "$kokkos/include/trident_cuda13_compat.h" ] && cuda_flags="-include $kokkos/include/trident_cuda13_compat.h"
+gen=()
+command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+python=${PYTHON3:-$(command -v /usr/bin/python3 || command -v python3)}
+[ -n "$python" ] || skip "no python3 to mirror the tree with"
+
+work=$cache/cuda-build-sm$arch
+mkdir -p "$work" || fail "cannot create $work"
+exec 9>"$work/.lock"
+if command -v flock >/dev/null 2>&1; then
+  flock -w 1800 9 || fail "another cuda_build has held $work/.lock for half an hour"
+fi
+# what the objects depend on beyond the sources: the Kokkos install (path and configuration), the
+# toolkit, the architecture, the generator and the flags
+stamp="kokkos=$kokkos $(cat "$kokkos"/include/KokkosCore_config.h "$kokkos"/lib*/cmake/Kokkos/KokkosConfig*.cmake 2>/dev/null |
+  sha256sum | cut -c1-16) nvcc=$nvcc $nvcc_version arch=$arch gen=${gen[*]:-make} flags=$cuda_flags"
+if [ "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]; then
+  echo "cuda_build: a clean build ($([ -f "$work/stamp" ] && echo "the toolkit, Kokkos, architecture or generator changed" || echo "none yet") in $work)"
+  rm -rf "$work/build" "$work/src"
+  echo "$stamp" >"$work/stamp"
+fi
+echo "cuda_build: nvcc $nvcc_version ($nvcc), sm_$arch, Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' \
+  "$kokkos"/include/KokkosCore_config.h "$kokkos"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) ($kokkos)${cuda_flags:+, CUDA 13 compat header}, $jobs jobs"
+
+# ---- the mirror ----------------------------------------------------------------------------------
+"$python" - "$root" "$work/src" <<'PY' || fail "mirroring $root into $work/src failed"
+import os, shutil, subprocess, sys
+root, dst = sys.argv[1], sys.argv[2]
+skip_top = {".git", ".gpu_kit", "runs", "data/sample", "perf/work"}
+try:
+    out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
+                         check=True, capture_output=True).stdout.decode()
+    files = [f for f in out.split("\0") if f]
+except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file but builds and data
+    files = []
+    for d, subdirs, names in os.walk(root):
+        rel = os.path.relpath(d, root)
+        rel = "" if rel == "." else rel
+        subdirs[:] = [s for s in subdirs if os.path.join(rel, s) not in skip_top and not
+                      (rel == "" and s.startswith("build"))]
+        files += [os.path.join(rel, n) for n in names]
+want = set()
+changed = 0
+for f in files:
+    src = os.path.join(root, f)
+    if not os.path.isfile(src) or os.path.islink(src):  # deleted in the work tree, or a link
+        continue
+    want.add(f)
+    out_path = os.path.join(dst, f)
+    with open(src, "rb") as fh:
+        data = fh.read()
+    try:
+        with open(out_path, "rb") as fh:
+            same = fh.read() == data
+    except OSError:
+        same = False
+    if not same:
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        tmp = out_path + ".mirror-tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        shutil.copymode(src, tmp)
+        os.replace(tmp, out_path)
+        changed += 1
+removed = 0
+for d, _, names in os.walk(dst, topdown=False):
+    for n in names:
+        rel = os.path.relpath(os.path.join(d, n), dst)
+        if rel not in want:
+            os.remove(os.path.join(d, n))
+            removed += 1
+    if d != dst and not os.listdir(d):
+        os.rmdir(d)
+print(f"cuda_build: mirror {dst}: {len(want)} files, {changed} written, {removed} removed")
+PY
+
+# ---- configure and build -------------------------------------------------------------------------
+log=$work/build.log
+if ! cmake -S "$work/src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCUDAToolkit_ROOT="$cuda_home" -DBUILD_SHARED_LIBS=ON -UKokkos_DIR -DKokkos_ROOT="$kokkos" \
+    "-DCMAKE_CUDA_FLAGS=$cuda_flags" -DPython3_EXECUTABLE="$python" -DNCCL_ROOT="$cuda_home" \
+    >"$work/configure.log" 2>&1; then
+  tail -n 40 "$work/configure.log"
+  fail "configuring the CUDA build failed (log: $work/configure.log)"
+fi
+t1=$(date +%s)
+cmake --build "$work/build" -j "$jobs" >"$log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  # the first errors with their context, and the targets that failed
+  grep -n -E -B2 -A6 '(error|Error)[: ]' "$log" | head -n 80
+  grep -E '^(FAILED:|make.*Error)' "$log" | head -n 20
+  fail "the CUDA build failed (exit $rc; log: $log)"
+fi
+built=$(grep -c -E '^\[ *[0-9]+(/[0-9]+\]|%\]) (Building|Linking)' "$log")
+echo "cuda_build: passed: every target built with -DTRIDENT_ENABLE_CUDA=ON ($built files compiled or linked this run," \
+  "configure $((t1 - t0)) s, build $(( $(date +%s) - t1 )) s; log $log)"
