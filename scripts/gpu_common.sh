@@ -13,6 +13,9 @@ GPU_LIBDIR=$GPU_DEPS/usr/lib/x86_64-linux-gnu
 GPU_KOKKOS=$GPU_PREFIX/kokkos
 GPU_BUILD=$GPU_PREFIX/build
 GPU_ARCH=${CUDA_ARCH:-90}
+# Where the GPU scripts keep what they build outside the repository (Kokkos builds, the kit's Debian
+# packages and host reference, the rehearsal's chroot, cuda_build's build directory).
+GPU_CACHE=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
 # The parts of the kit, each a tar.xz in the kit folder (.gpu_kit/ in the repository root).
 GPU_KIT_PARTS=(deps kokkos build data)
 # The apps and tests the GPU run uses; the fallback build builds just these.
@@ -104,6 +107,15 @@ gpu_stub_driver_dir() {
   return 1
 }
 
+# nvcc's release: "13.0"
+gpu_nvcc_version() {  # NVCC
+  "$1" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'
+}
+# An installed Kokkos' version number: "40699"
+gpu_kokkos_install_version() {  # PREFIX
+  sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$1"/include/KokkosCore_config.h "$1"/include/Kokkos_Version_Info.hpp \
+    2>/dev/null | head -n1
+}
 # Kokkos' version from a source tree: "4.6.99"
 gpu_kokkos_src_version() {  # SRC
   sed -n 's/^set(Kokkos_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$1/CMakeLists.txt" | paste -sd. -

@@ -55,7 +55,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 die() { echo "gpu_kit: error: $*" >&2; exit 1; }
-cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
+cache=$GPU_CACHE
 host_build=${HOST_BUILD:-$root/build}
 t0=$(date +%s)
 phase_start=$t0
@@ -80,7 +80,7 @@ cached_cuda_kokkos() {
     # Kokkos' own sources: the header from the cache (nothing is written to $GPU_PREFIX here)
     build_flags="-include $kcache/compat/trident_cuda13_compat.h"
   fi
-  stamp="$kv $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) ${compat_flags:+compat} $kopts"
+  stamp="$kv $nvcc_version $(sha256sum "$root/scripts/gpu/cuda13_compat.h" | cut -c1-16) ${compat_flags:+compat} $kopts"
   if [ "$(cat "$kcache/.stamp" 2>/dev/null)" != "$stamp" ]; then
     gpu_log "gpu_kit: building Kokkos $kv for CUDA (sm_$GPU_ARCH) in $kcache (outside the repository)"
     rm -rf "$kcache"
@@ -110,7 +110,8 @@ cached_cuda_kokkos() {
 # ---- 0. what this needs here --------------------------------------------------------------------
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$nvcc" ] || die "nvcc not found (the CUDA toolkit, /usr/local/cuda)"
-cuda_major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+nvcc_version=$(gpu_nvcc_version "$nvcc")
+cuda_major=${nvcc_version%%.*}
 if [ $kokkos_only -eq 1 ]; then
   for c in cmake g++ sha256sum; do command -v "$c" >/dev/null || die "'$c' is needed"; done
   [ -n "$kokkos_src" ] || die "--kokkos-only needs --kokkos-src DIR (a Kokkos 4.x source tree)"
@@ -124,7 +125,7 @@ for c in cmake apt-get dpkg dpkg-deb xz tar g++; do command -v "$c" >/dev/null |
 [ -n "$kokkos_src$kokkos_root" ] || die "give --kokkos-src DIR (a Kokkos 4.x source tree) or --kokkos-root DIR (a CUDA Kokkos install)"
 mkdir -p "$cache" "$kit"
 kit=$(cd "$kit" && pwd)
-gpu_log "gpu_kit: kit $kit, prefix $GPU_PREFIX, sm_$GPU_ARCH, nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), cache $cache"
+gpu_log "gpu_kit: kit $kit, prefix $GPU_PREFIX, sm_$GPU_ARCH, nvcc $nvcc_version, cache $cache"
 
 # ---- 1. sample data and the host's reference losses --------------------------------------------
 bash "$root/data/prepare_sample.sh" --out "$root/data/sample" --bin "$host_build/apps" >/dev/null
@@ -279,8 +280,8 @@ rm -rf "$stage/data"
   echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(. /etc/os-release && echo "$PRETTY_NAME"))"
   echo "prefix=$GPU_PREFIX"
   echo "arch=$GPU_ARCH"
-  echo "nvcc=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-  echo "kokkos=$(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$GPU_KOKKOS"/include/Kokkos_Version_Info.hpp "$GPU_KOKKOS"/include/KokkosCore_config.h 2>/dev/null | head -n1)"
+  echo "nvcc=$nvcc_version"
+  echo "kokkos=$(gpu_kokkos_install_version "$GPU_KOKKOS")"
   echo "cuda_flags=$compat_flags"
   echo "sources=$digest"
   echo "git=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo none)$(git -C "$root" diff --quiet HEAD -- 2>/dev/null || echo +changes)"

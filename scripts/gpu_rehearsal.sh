@@ -35,7 +35,9 @@ cuda=$(readlink -f /usr/local/cuda 2>/dev/null || true)
 command -v unshare >/dev/null || skip "unshare (util-linux) is missing"
 case $rebuild in no|configure|full) ;; *) echo "gpu_rehearsal: --rebuild no|configure|full" >&2; exit 2 ;; esac
 
-cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}/rehearsal
+# shellcheck source=scripts/gpu_common.sh
+source "$root/scripts/gpu_common.sh"
+cache=$GPU_CACHE/rehearsal
 base=$cache/base.tar
 chroot_dir=$cache/root
 mkdir -p "$cache"
@@ -138,7 +140,7 @@ if [ $record -eq 1 ] && [ -f "$report" ]; then
     echo "## \`bash scripts/gpu_rehearsal.sh --rebuild $rebuild --record\`, $(date +%H:%M)"
     echo
     echo "On $(uname -n) ($(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')): a Debian 12 minbase chroot with only"
-    echo "$stand_ins installed, this machine's CUDA toolkit ($("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+    echo "$stand_ins installed, this machine's CUDA toolkit ($(gpu_nvcc_version "$cuda/bin/nvcc"))"
     echo "bind-mounted read-only, no network (unshare --net), and the working tree as the device tool sends it"
     echo "($tree_mib MiB with the kit). Kit: $(du -sh "$root/.gpu_kit" | cut -f1) ($(sed -n 's/^part=//p' "$root/.gpu_kit/MANIFEST" | awk '{printf "%s%s %.1f MiB", (NR > 1 ? ", " : ""), $1, $3 / 1048576}'))."
     echo "Result: $([ $ok -eq 1 ] && echo "reached the GPU boundary with every phase passed" || echo "FAILED"); $total s in all, the chroot's reset and the copy included."

@@ -29,12 +29,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 die() { echo "threads_check: error: $*" >&2; exit 1; }
-cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
+# shellcheck source=scripts/gpu_common.sh
+source "$root/scripts/gpu_common.sh"
+cache=$GPU_CACHE
 t0=$(date +%s)
 if [ -z "$kokkos_root" ]; then
   [ -f "$kokkos_src/CMakeLists.txt" ] || die "give --kokkos-src DIR (a Kokkos 4.x source tree) or --kokkos-root DIR"
-  # shellcheck source=scripts/gpu_common.sh
-  source "$root/scripts/gpu_common.sh"
   kv=$(gpu_kokkos_src_version "$kokkos_src")
   kopts=$(gpu_kokkos_options "$kokkos_src")
   kcache=$cache/kokkos-openmp-$kv${kopts:+-legacy-view}
@@ -72,7 +72,7 @@ if [ $record -eq 1 ]; then
     echo "## $threads threads per rank, $(date +%H:%M): $(grep -E 'tests passed' "$build/threads_ctest.log" | tail -n1)"
     echo
     echo "\`bash scripts/threads_check.sh --threads $threads --record\` on $(uname -n) ($(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')):"
-    echo "Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' "$kokkos_root"/include/KokkosCore_config.h "$kokkos_root"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) with OpenMP and Serial, built outside the repository${kopts:+ with $kopts};"
+    echo "Kokkos $(gpu_kokkos_install_version "$kokkos_root") with OpenMP and Serial, built outside the repository${kopts:+ with $kopts};"
     echo "build $((t1 - t0)) s, \`ctest -L threads\` $(( $(date +%s) - t1 )) s: each unit-test executable whole and every MPI test"
     echo "(tests/mpi's layout, precision and BERT/T5 checks) with OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive."
     echo

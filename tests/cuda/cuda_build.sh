@@ -11,7 +11,8 @@
 # builds once per machine ($TRIDENT_GPU_CACHE, default ~/.cache/trident-gpu, link cuda-kokkos-sm90).
 # The toolkit: $CUDACXX, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; NCCL next to it.
 # Exit status: 0 when everything built, 1 when the configure or the build failed (its first errors
-# are printed), 77 (skipped, with the reason) without a toolkit or without a CUDA Kokkos.
+# are printed), 77 (skipped, with the reason) without a toolkit, NCCL or a CUDA Kokkos, or outside
+# a git checkout.
 #
 # One build directory is reused between runs, so that only what changed is compiled again:
 # $TRIDENT_GPU_CACHE/cuda-build-sm<arch>/ holds a mirror of the tree (src/) and its build
@@ -22,9 +23,11 @@
 # build. Runs on one machine are serialised by a lock.
 set -uo pipefail
 root=$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")/../..}" && pwd)
-arch=${CUDA_ARCH:-90}
+# shellcheck source=scripts/gpu_common.sh
+source "$root/scripts/gpu_common.sh"
+arch=$GPU_ARCH
 jobs=${JOBS:-$(nproc)}
-cache=${TRIDENT_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-gpu}
+cache=$GPU_CACHE
 skip() { echo "cuda_build: skipped: $*"; exit 77; }
 fail() { echo "cuda_build: FAILED: $*" >&2; exit 1; }
 t0=$(date +%s)
@@ -32,8 +35,9 @@ t0=$(date +%s)
 # ---- the toolkit and the Kokkos ------------------------------------------------------------------
 nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$nvcc" ] || skip "no CUDA toolkit (nvcc not on PATH nor at /usr/local/cuda/bin/nvcc; set CUDACXX)"
-nvcc_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+nvcc_version=$(gpu_nvcc_version "$nvcc")
 cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+export CUDA_HOME=$cuda_home  # the toolkit's libraries first where NCCL is looked for
 if [ -n "${TRIDENT_CUDA_KOKKOS:-}" ]; then
   kokkos=$TRIDENT_CUDA_KOKKOS
   [ -d "$kokkos" ] || fail "TRIDENT_CUDA_KOKKOS=$kokkos does not exist"
@@ -45,11 +49,9 @@ fi
 kokkos=$(readlink -f "$kokkos")
 grep -qs "^#define KOKKOS_ENABLE_CUDA" "$kokkos/include/KokkosCore_config.h" ||
   fail "$kokkos is not a CUDA-enabled Kokkos install (include/KokkosCore_config.h defines no KOKKOS_ENABLE_CUDA)"
-nccl_h=""
-for d in "$cuda_home/include" "$cuda_home/targets/x86_64-linux/include" /usr/include; do
-  [ -f "$d/nccl.h" ] && { nccl_h=$d; break; }
-done
-[ -n "$nccl_h" ] || skip "no NCCL next to the CUDA toolkit $cuda_home (nccl.h)"
+# NCCL as the GPU kit finds it (the toolkit's, a PyTorch wheel's, ldconfig's)
+nccl_lib=$(gpu_find_cuda_lib libnccl.so libnccl.so.2) || skip "no NCCL (libnccl.so) next to the CUDA toolkit $cuda_home"
+nccl_inc=$(gpu_nccl_include "$nccl_lib") || skip "no nccl.h next to $nccl_lib"
 # a Kokkos before 4.7 built against CUDA 13 by the GPU kit: its sources and Trident's
 # force-include the compat header it carries (scripts/gpu/cuda13_compat.h)
 cuda_flags=""
@@ -58,6 +60,7 @@ gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 python=${PYTHON3:-$(command -v /usr/bin/python3 || command -v python3)}
 [ -n "$python" ] || skip "no python3 to mirror the tree with"
+git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1 || skip "$root is not a git checkout (the mirror copies the files git lists)"
 
 work=$cache/cuda-build-sm$arch
 mkdir -p "$work" || fail "cannot create $work"
@@ -74,26 +77,15 @@ if [ "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$work/build" "$work/src"
   echo "$stamp" >"$work/stamp"
 fi
-echo "cuda_build: nvcc $nvcc_version ($nvcc), sm_$arch, Kokkos $(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\).*/\1/p' \
-  "$kokkos"/include/KokkosCore_config.h "$kokkos"/include/Kokkos_Version_Info.hpp 2>/dev/null | head -n1) ($kokkos)${cuda_flags:+, CUDA 13 compat header}, $jobs jobs"
+echo "cuda_build: nvcc $nvcc_version ($nvcc), sm_$arch, Kokkos $(gpu_kokkos_install_version "$kokkos") ($kokkos)${cuda_flags:+, CUDA 13 compat header}, $jobs jobs"
 
 # ---- the mirror ----------------------------------------------------------------------------------
 "$python" - "$root" "$work/src" <<'PY' || fail "mirroring $root into $work/src failed"
 import os, shutil, subprocess, sys
 root, dst = sys.argv[1], sys.argv[2]
-skip_top = {".git", ".gpu_kit", "runs", "data/sample", "perf/work"}
-try:
-    out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
-                         check=True, capture_output=True).stdout.decode()
-    files = [f for f in out.split("\0") if f]
-except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file but builds and data
-    files = []
-    for d, subdirs, names in os.walk(root):
-        rel = os.path.relpath(d, root)
-        rel = "" if rel == "." else rel
-        subdirs[:] = [s for s in subdirs if os.path.join(rel, s) not in skip_top and not
-                      (rel == "" and s.startswith("build"))]
-        files += [os.path.join(rel, n) for n in names]
+out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
+                     check=True, capture_output=True).stdout.decode()
+files = [f for f in out.split("\0") if f]
 want = set()
 changed = 0
 for f in files:
@@ -134,7 +126,7 @@ log=$work/build.log
 if ! cmake -S "$work/src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc" \
     -DCUDAToolkit_ROOT="$cuda_home" -DBUILD_SHARED_LIBS=ON -UKokkos_DIR -DKokkos_ROOT="$kokkos" \
-    "-DCMAKE_CUDA_FLAGS=$cuda_flags" -DPython3_EXECUTABLE="$python" -DNCCL_ROOT="$cuda_home" \
+    "-DCMAKE_CUDA_FLAGS=$cuda_flags" -DPython3_EXECUTABLE="$python" -DNCCL_LIBRARY="$nccl_lib" -DNCCL_INCLUDE_DIR="$nccl_inc" \
     >"$work/configure.log" 2>&1; then
   tail -n 40 "$work/configure.log"
   fail "configuring the CUDA build failed (log: $work/configure.log)"
@@ -150,4 +142,4 @@ if [ $rc -ne 0 ]; then
 fi
 built=$(grep -c -E '^\[ *[0-9]+(/[0-9]+\]|%\]) (Building|Linking)' "$log")
 echo "cuda_build: passed: every target built with -DTRIDENT_ENABLE_CUDA=ON ($built files compiled or linked this run," \
-  "configure $((t1 - t0)) s, build $(( $(date +%s) - t1 )) s; log $log)"
+  "mirror and configure $((t1 - t0)) s, build $(( $(date +%s) - t1 )) s; log $log)"
