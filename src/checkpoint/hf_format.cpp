@@ -132,7 +132,7 @@ std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t
     c["n_head"] = md.num_heads;
     c["n_inner"] = md.ffn_hidden_size;
     c["activation_function"] = "gelu_new";  // the tanh approximation Trident computes
-    c["layer_norm_epsilon"] = md.layernorm_epsilon;
+    c["layer_norm_epsilon"] = md.norm_epsilon;
     c["initializer_range"] = md.init_method_std;
     c["resid_pdrop"] = md.hidden_dropout;
     c["embd_pdrop"] = md.hidden_dropout;
@@ -161,7 +161,7 @@ std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t
     c["max_position_embeddings"] = md.max_position_embeddings;
     c["type_vocab_size"] = 2;
     c["initializer_range"] = md.init_method_std;
-    c["layer_norm_eps"] = md.layernorm_epsilon;
+    c["layer_norm_eps"] = md.norm_epsilon;
     c["position_embedding_type"] = "absolute";
     c["tie_word_embeddings"] = true;
   } else {

@@ -70,7 +70,7 @@ class Registry {
     add("model.vocab_size", &d.model.vocab_size, "vocabulary size (0: from the shards)");
     add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by,
         "vocabulary padding multiple (x tp)");
-    add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "LayerNorm epsilon");
+    add("model.layernorm_epsilon", &d.model.norm_epsilon, "LayerNorm epsilon");
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
     add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
@@ -289,7 +289,7 @@ void validate(const Deck& d, bool stored) {
                       << (d.model.decoder_seq_length > d.model.seq_length
                               ? "model.decoder_seq_length (" + std::to_string(d.model.decoder_seq_length) + ")"
                               : "model.seq_length (" + std::to_string(d.model.seq_length) + ")"));
-  TRIDENT_REQUIRE(d.model.layernorm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
+  TRIDENT_REQUIRE(d.model.norm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
   TRIDENT_REQUIRE(d.model.init_method_std > 0, "deck: model.init_method_std must be > 0");
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);

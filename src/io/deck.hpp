@@ -9,15 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "common/model_arch.hpp"
+
 namespace trident {
 
 struct Deck {
-  struct Model {
-    std::int64_t num_layers = 0, hidden_size = 0, num_heads = 0, ffn_hidden_size = 0, seq_length = 0;
+  // the architecture keys (common/model_arch) and the run's shape
+  struct Model : ModelArch {
+    Model() { hidden_dropout = attention_dropout = 0.1; }  // Megatron's defaults
+    std::int64_t num_layers = 0, seq_length = 0;
     std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
-    double layernorm_epsilon = 1e-5, init_method_std = 0.02;
-    double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults
-    bool flash_attention = false;                          // fused attention kernel (Megatron's --use-flash-attn)
     // T5 only (Megatron's --decoder-seq-length, --decoder-num-layers): seq_length and
     // num_layers are the encoder's; decoder_num_layers 0 means num_layers.
     std::int64_t decoder_seq_length = 0, decoder_num_layers = 0;

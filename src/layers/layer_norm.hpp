@@ -5,24 +5,27 @@
 #pragma once
 #include <string>
 
+#include "layers/layer_modules.hpp"
 #include "layers/param_store.hpp"
 
 namespace trident {
 
-class LayerNorm {
+// The normalisation slot's "LayerNorm" module.
+class LayerNorm final : public NormModule {
  public:
   LayerNorm() = default;
   LayerNorm(ParamStore& store, const std::string& name, std::int64_t C, float eps);
   // x (N, C) fp32 -> out (N, C): fp32, or 16-bit words with 16-bit parameters (statistics and
   // arithmetic stay fp32).
-  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N) const;
+  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+               std::int64_t N) const override;
   void forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
                std::int64_t N) const {
     forward(act(out), mean, rstd, x, N);
   }
   // dx += d/dx ; parameter grads accumulated
   void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
-                const FloatView& rstd, std::int64_t N) const;
+                const FloatView& rstd, std::int64_t N) const override;
 
  private:
   ParamStore* store_ = nullptr;

@@ -27,43 +27,45 @@ std::int64_t LayerActivations::bytes() const {
   for (const FloatView* v :
        {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_gelu, &lnx, &cq, &ckv, &catty}) n += v->bytes();
+  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_act, &lnx, &cq, &ckv, &catty}) n += v->bytes();
   if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
   return n;
 }
 
 TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
-  const std::int64_t Cl = s.C / p, Fl = s.F / p, A = s.B * (s.nh / p) * s.T * std::max(s.T, s.Tk);
-  const std::int64_t Ax = s.B * (s.nh / p) * s.T * s.Tk;
-  dln = make_float("scratch::dln", R * s.C);
+  const std::int64_t Cl = s.hidden_size / p, Fl = s.ffn_hidden_size / p,
+                     A = s.B * (s.num_heads / p) * s.T * std::max(s.T, s.Tk);
+  const std::int64_t Ax = s.B * (s.num_heads / p) * s.T * s.Tk;
+  dln = make_float("scratch::dln", R * s.hidden_size);
   dqkv = make_float("scratch::dqkv", BT * 3 * Cl);
   datty = make_float("scratch::datty", BT * Cl);
-  dfc = make_float("scratch::dfc", BT * Fl);
-  dfc_gelu = make_float("scratch::dfc_gelu", BT * Fl);
-  dbranch = make_float("scratch::dbranch", R * s.C);
+  const std::int64_t Fb = Fl * make_mlp_activation(s)->blocks();  // fc1's columns on this rank
+  dfc = make_float("scratch::dfc", BT * Fb);
+  dfc_act = make_float("scratch::dfc_act", BT * Fl);
+  dbranch = make_float("scratch::dbranch", R * s.hidden_size);
   datt = make_float("scratch::datt", A);
-  branch = make_float("scratch::branch", R * s.C);
-  if (s.tp.sequence_parallel) gathered = make_act(s.dt, "scratch::gathered", BT * s.C);
+  branch = make_float("scratch::branch", R * s.hidden_size);
+  if (s.tp.sequence_parallel) gathered = make_act(s.dt, "scratch::gathered", BT * s.hidden_size);
   if (selective) {
-    const std::int64_t As = s.B * (s.nh / p) * s.T * s.T;
+    const std::int64_t As = s.B * (s.num_heads / p) * s.T * s.T;
     att = make_act(s.dt, "scratch::att", As);
     if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", As);
   }
   if (s.Tk > 0) {
     dcq = make_float("scratch::dcq", BT * Cl);
     dckv = make_float("scratch::dckv", E * 2 * Cl);
-    denc = make_float("scratch::denc", s.enc_local_rows() * s.C);
-    if (s.tp.sequence_parallel) gathered_enc = make_act(s.dt, "scratch::gathered_enc", E * s.C);
+    denc = make_float("scratch::denc", s.enc_local_rows() * s.hidden_size);
+    if (s.tp.sequence_parallel) gathered_enc = make_act(s.dt, "scratch::gathered_enc", E * s.hidden_size);
     if (selective) {
       catt = make_act(s.dt, "scratch::catt", Ax);
       if (s.attention_dropout > 0.f) catt_drop = make_act(s.dt, "scratch::catt_drop", Ax);
     }
   }
-  if (s.flash) delta = make_float("scratch::delta", s.B * (s.nh / p) * s.T);
+  if (s.flash_attention) delta = make_float("scratch::delta", s.B * (s.num_heads / p) * s.T);
   if (s.dt != DType::F32) {
     att32 = make_float("scratch::att32", A);
-    dy16 = make_half("scratch::dy16", std::max(BT, E) * std::max({3 * Cl, Fl, s.C}));
+    dy16 = make_half("scratch::dy16", std::max(BT, E) * std::max({3 * Cl, Fb, s.hidden_size}));
     ds16 = make_half("scratch::ds16", A);
   }
 }
@@ -71,7 +73,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
   for (const FloatView* v :
-       {&dln, &dqkv, &datty, &dfc, &dfc_gelu, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc})
+       {&dln, &dqkv, &datty, &dfc, &dfc_act, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
@@ -80,30 +82,35 @@ std::int64_t TransformerScratch::bytes() const {
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
                                    const TransformerShape& s)
-    : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.C, s.ln_eps),
-      norm2_(store, p + "/post_attention_layernorm", s.C, s.ln_eps),
-      qkv_(store, p + "/self_attention/qkv", s.C, 3 * s.C, s.init_std, s.tp, s.rows(), 3, s.lora_for("qkv")),
-      fc1_(store, p + "/mlp/fc1", s.C, s.F, s.init_std, s.tp, s.rows(), 1, s.lora_for("fc1")),
-      proj_(store, p + "/self_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows(), s.lora_for("proj")),
-      fc2_(store, p + "/mlp/fc2", s.F, s.C, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2")) {
-  attend_ = s.flash ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
-  attend_backward_ = s.flash ? &TransformerLayer::fused_attend_backward : &TransformerLayer::gemm_attend_backward;
+    : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.hidden_size, s),
+      norm2_(store, p + "/post_attention_layernorm", s.hidden_size, s), act_(make_mlp_activation(s)),
+      qkv_(store, p + "/self_attention/qkv", s.hidden_size, 3 * s.hidden_size, s.init_std(), s.tp, s.rows(), 3,
+           s.lora_for("qkv")),
+      fc1_(store, p + "/mlp/fc1", s.hidden_size, act_->blocks() * s.ffn_hidden_size, s.init_std(), s.tp, s.rows(),
+           act_->blocks(), s.lora_for("fc1")),
+      proj_(store, p + "/self_attention/proj", s.hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(),
+            s.lora_for("proj")),
+      fc2_(store, p + "/mlp/fc2", s.ffn_hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2")) {
+  attend_ = s.flash_attention ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
+  attend_backward_ = s.flash_attention ? &TransformerLayer::fused_attend_backward
+                                       : &TransformerLayer::gemm_attend_backward;
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
-    normx_ = LayerNorm(store, p + "/cross_attention_layernorm", s.C, s.ln_eps);
-    cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.C, s.C, s.init_std, s.tp, s.rows(), 1,
-                               s.lora_for("cross_q"));
-    ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.C, 2 * s.C, s.init_std, s.tp, s.enc_rows(), 2,
-                                s.lora_for("cross_kv"));
-    cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.C, s.C, s.out_init_std, s.tp, s.rows(),
-                               s.lora_for("cross_proj"));
+    normx_ = Norm(store, p + "/cross_attention_layernorm", s.hidden_size, s);
+    cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.hidden_size, s.hidden_size, s.init_std(), s.tp,
+                               s.rows(), 1, s.lora_for("cross_q"));
+    ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.hidden_size, 2 * s.hidden_size, s.init_std(), s.tp,
+                                s.enc_rows(), 2, s.lora_for("cross_kv"));
+    cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.hidden_size, s.hidden_size, s.out_init_std, s.tp,
+                               s.rows(), s.lora_for("cross_proj"));
     TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.enc_rows() % tp == 0,
                     "sequence parallelism splits micro_batch_size x encoder_seq_length = "
                         << s.enc_rows() << " tokens over tp = " << tp << ": not divisible");
   }
-  TRIDENT_REQUIRE(s.nh % tp == 0, "model.num_heads (" << s.nh << ") is not divisible by parallel.tp (" << tp << ")");
-  TRIDENT_REQUIRE(s.F % tp == 0,
-                  "model.ffn_hidden_size (" << s.F << ") is not divisible by parallel.tp (" << tp << ")");
+  TRIDENT_REQUIRE(s.num_heads % tp == 0,
+                  "model.num_heads (" << s.num_heads << ") is not divisible by parallel.tp (" << tp << ")");
+  TRIDENT_REQUIRE(s.ffn_hidden_size % tp == 0,
+                  "model.ffn_hidden_size (" << s.ffn_hidden_size << ") is not divisible by parallel.tp (" << tp << ")");
   TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.rows() % tp == 0,
                   "sequence parallelism splits micro_batch_size x seq_length = " << s.rows() << " tokens over tp = "
                                                                                  << tp << ": not divisible");
@@ -113,14 +120,15 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   const TransformerShape& s = s_;
   const DType dt = s.dt;
   const std::int64_t tp = s.tp.size();
-  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.C, Cl = C / tp, Fl = s.F / tp, nhl = s.nh / tp;
+  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.hidden_size, Cl = C / tp, Fl = s.ffn_hidden_size / tp,
+                     nhl = s.num_heads / tp;
   LayerActivations a;
   a.ln1 = make_act(dt, "layer::ln1", R * C);
   a.ln1_mean = make_float("layer::ln1_mean", R);
   a.ln1_rstd = make_float("layer::ln1_rstd", R);
   a.qkv = make_act(dt, "layer::qkv", BT * 3 * Cl);
   a.attention_kept = keep_attention;
-  if (s.flash) {  // the fused kernel keeps only the per-row log-sum-exp
+  if (s.flash_attention) {  // the fused kernel keeps only the per-row log-sum-exp
     a.attention_kept = true;
     a.lse = make_float("layer::lse", s.B * nhl * s.T);
   } else if (keep_attention) {
@@ -140,7 +148,7 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
     a.lnx_rstd = make_float("layer::lnx_rstd", R);
     a.cq = make_act(dt, "layer::cq", BT * Cl);
     a.ckv = make_act(dt, "layer::ckv", s.enc_rows() * 2 * Cl);
-    if (keep_attention || s.flash) {  // cross-attention always takes the GEMM path
+    if (keep_attention || s.flash_attention) {  // cross-attention always takes the GEMM path
       a.catt = make_act(dt, "layer::catt", Ax);
       if (s.attention_dropout > 0.f) a.catt_drop = make_act(dt, "layer::catt_drop", Ax);
     } else {
@@ -153,8 +161,8 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   a.ln2 = make_act(dt, "layer::ln2", R * C);
   a.ln2_mean = make_float("layer::ln2_mean", R);
   a.ln2_rstd = make_float("layer::ln2_rstd", R);
-  a.fc = make_act(dt, "layer::fc", BT * Fl);
-  a.fc_gelu = make_act(dt, "layer::fc_gelu", BT * Fl);
+  a.fc = make_act(dt, "layer::fc", BT * Fl * act_->blocks());
+  a.fc_act = make_act(dt, "layer::fc_act", BT * Fl);
   a.out = make_float("layer::out", R * C);
   return a;
 }
@@ -196,18 +204,18 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   a.rng = rng;
   a.enc = enc;
   a.mask = AttentionMask{s_.causal, key_valid};
-  const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size();
+  const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
-  const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
-  const DropoutSpec att_spec = spec(rng, s_.attention_dropout, kAttentionProbs, true);
-  record_dropout("attention_probs", index_, att_spec, {s_.B, s_.nh / p, s_.T, s_.T});
+  const AttentionShape as{s_.B, s_.T, C / p, s_.num_heads / p};
+  const DropoutSpec att_spec = spec(rng, s_.attention_p(), kAttentionProbs, true);
+  record_dropout("attention_probs", index_, att_spec, {s_.B, s_.num_heads / p, s_.T, s_.T});
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
   (this->*attend_)(a, s, as, att_spec);
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
-  const DropoutSpec proj_spec = spec(rng, s_.hidden_dropout, kAfterProj, sp);
+  const DropoutSpec proj_spec = spec(rng, s_.hidden_p(), kAfterProj, sp);
   record_dropout("after_proj", index_, proj_spec, {R, C});
   bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, proj_spec);
   if (cross()) cross_forward(a, s, enc_valid);
@@ -215,10 +223,10 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   Kokkos::fence();
   fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc, false);  // (BT, F/tp) before its bias
-  bias_gelu_forward(a.fc, a.fc_gelu, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.F / p);
+  act_->forward(a.fc, a.fc_act, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.ffn_hidden_size / p);
   Kokkos::fence();
-  fc2_.forward(s.branch, a.fc_gelu, false);  // (R, C)
-  const DropoutSpec fc2_spec = spec(rng, s_.hidden_dropout, kAfterFc2, sp);
+  fc2_.forward(s.branch, a.fc_act, false);  // (R, C)
+  const DropoutSpec fc2_spec = spec(rng, s_.hidden_p(), kAfterFc2, sp);
   record_dropout("after_fc2", index_, fc2_spec, {R, C});
   bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, fc2_spec);
   Kokkos::fence();
@@ -226,7 +234,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
 
 AttentionShape TransformerLayer::cross_shape() const {
   const std::int64_t p = s_.tp.size();
-  AttentionShape as{s_.B, s_.T, s_.C / p, s_.nh / p};
+  AttentionShape as{s_.B, s_.T, s_.hidden_size / p, s_.num_heads / p};
   as.Tk = s_.Tk;
   return as;
 }
@@ -234,10 +242,10 @@ AttentionShape TransformerLayer::cross_shape() const {
 // res3 = res2 + dropout(cproj(attention(q(LNx(res2)), kv(enc)))), bidirectional over the
 // encoder's valid positions.
 void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid) {
-  const std::int64_t R = s_.local_rows(), C = s_.C;
+  const std::int64_t R = s_.local_rows(), C = s_.hidden_size;
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = cross_shape();
-  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kCrossProbs, true);
   record_dropout("cross_probs", index_, att_spec, {as.B, as.nh, as.T, as.Tk});
   a.enc_valid = enc_valid;
   const AttentionMask mask{false, enc_valid};
@@ -250,7 +258,7 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   cross_attention_context(a.catty, att_spec.active() ? a.catt_drop : a.catt, a.ckv, as, s.attention());
   Kokkos::fence();
   cproj_.forward(s.branch, a.catty, false);
-  const DropoutSpec cproj_spec = spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp);
+  const DropoutSpec cproj_spec = spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp);
   record_dropout("after_cross_proj", index_, cproj_spec, {R, C});
   bias_dropout_add(a.res3, a.res2, s.branch, cproj_.bias(), R, C, cproj_spec);
 }
@@ -258,12 +266,12 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
 // dres: on entry d res3, on exit d res2; the encoder output's gradient is added to denc.
 void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s,
                                       const FloatView& denc) {
-  const std::int64_t R = s_.local_rows(), C = s_.C;
+  const std::int64_t R = s_.local_rows(), C = s_.hidden_size;
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = cross_shape();
-  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kCrossProbs, true);
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kCrossProbs, true);
   const AttentionMask mask{false, a.enc_valid};
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterCrossProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp));
   Kokkos::fence();
   cproj_.backward(s.datty, s.dbranch, a.catty, s.dy16);
   if (!a.attention_kept) cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
@@ -281,22 +289,22 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
 
 void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
                                 const FloatView& denc) {
-  const std::int64_t R = s_.local_rows(), C = s_.C, p = s_.tp.size(), nF = s_.rows() * (s_.F / p);
+  const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
-  const AttentionShape as{s_.B, s_.T, C / p, s_.nh / p};
-  const DropoutSpec att_spec = spec(a.rng, s_.attention_dropout, kAttentionProbs, true);
-  // MLP branch: out = res2 + dropout(fc2(gelu(fc1(ln2))))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterFc2, sp));
+  const AttentionShape as{s_.B, s_.T, C / p, s_.num_heads / p};
+  const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
+  // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp));
   Kokkos::fence();
-  fc2_.backward(s.dfc_gelu, s.dbranch, a.fc_gelu, s.dy16);  // d gelu-out (BT, F/tp)
-  gelu_backward(s.dfc, s.dfc_gelu, a.fc, nF);
+  fc2_.backward(s.dfc_act, s.dbranch, a.fc_act, s.dy16);  // d act-out (BT, F/tp)
+  act_->backward(s.dfc, s.dfc_act, a.fc, s_.rows(), s_.ffn_hidden_size / p);
   Kokkos::fence();
   fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered, s.dy16);  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_dropout, kAfterProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp));
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   (this->*attend_backward_)(a, s, as, att_spec);
@@ -310,7 +318,7 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
                              std::int64_t n, std::int64_t L, const AttentionShape& as, const AttentionMask& mask,
                              const InferenceScratch& w) const {
   TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
-  const std::int64_t C = s_.C, p = s_.tp.size(), Cl = C / p, Fl = s_.F / p;
+  const std::int64_t C = s_.hidden_size, p = s_.tp.size(), Cl = C / p, Fl = s_.ffn_hidden_size / p;
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
   qkv_.infer(w.qkv, w.h, R);  // (R, 3C/tp)
@@ -325,7 +333,7 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
   norm2_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
   fc1_.infer(w.fc, w.h, R);
-  gelu_forward(w.act, w.fc, R * Fl);
+  act_->infer(w.act, w.fc, R, Fl);
   Kokkos::fence();
   fc2_.infer(w.out, w.act, R);
   accumulate(x, w.out, R * C);

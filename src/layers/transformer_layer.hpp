@@ -8,28 +8,27 @@
 // rank holds all B*T rows, or rows/tp of them with sequence parallelism.
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
+#include <memory>
 #include <set>
 #include <string>
-#include <string>
 
-#include "layers/layer_norm.hpp"
+#include "layers/layer_modules.hpp"
 #include "layers/parallel_linear.hpp"
 #include "ops/attention.hpp"
 
 namespace trident {
 
-struct TransformerShape {
-  std::int64_t B, T, C, nh, F;           // micro-batch, sequence, hidden, heads, ffn hidden (global sizes)
-  float ln_eps, init_std, out_init_std;  // out_init_std: std of the output projections
+// One stack's layers: the architecture (ModelArch, as the model configuration holds it) and the
+// stack's shapes and run-time choices.
+struct TransformerShape : ModelArch {
+  std::int64_t B = 0, T = 0;  // micro-batch, sequence (global sizes)
+  float out_init_std = 0.f;   // std of the output projections
   TensorParallel tp;
-  float hidden_dropout = 0.f, attention_dropout = 0.f;
   // Storage of the parameters and of the activations that feed GEMMs (fp32, or bf16 / fp16
   // words for mixed precision); the residual stream, statistics and gradients stay fp32
-  // (Megatron's --fp32-residual-connection).
+  // (Megatron's --fp32-residual-connection). The core attention runs the fused kernel
+  // (ops/flash_attention: no (T, T) probabilities kept) under ModelArch::flash_attention.
   DType dt = DType::F32;
-  // Core attention by the fused kernel (ops/flash_attention: no (T, T) probabilities kept,
-  // Megatron's --use-flash-attn) instead of GEMMs + softmax.
-  bool flash = false;
   // Causal self-attention (GPT, the T5 decoder) or bidirectional with a key-padding mask given
   // per micro-batch (BERT, the T5 encoder).
   bool causal = true;
@@ -84,7 +83,7 @@ struct LayerActivations {
   FloatView res3;                // (R, C): residual after cross-attention, input of LN2
   Act ln2;                       // (R, C)
   FloatView ln2_mean, ln2_rstd;  // (R), (R)
-  Act fc, fc_gelu;               // (BT, F_l), (BT, F_l)
+  Act fc, fc_act;                // (BT, F_l), (BT, F_l)
   FloatView out;                 // (R, C): layer output (fp32 residual stream)
   // false under selective recomputation: att / att_drop are the shared workspace, recomputed
   // in the backward pass from qkv (Megatron's core-attention recomputation).
@@ -100,7 +99,7 @@ struct TransformerScratch {
   TransformerScratch(const TransformerShape& s, bool selective);
   // backward temporaries, fp32: (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C); in the 16-bit
   // forward pass dqkv, datty and dfc also receive the fp32 GEMM outputs before rounding
-  FloatView dln, dqkv, datty, dfc, dfc_gelu, dbranch;
+  FloatView dln, dqkv, datty, dfc, dfc_act, dbranch;
   // cross-attention (decoder layers): (BT, C/tp) (E, 2C/tp) (R_e, C), the gathered encoder
   // output (E, C) under SP and, under selective recomputation, the probabilities (A_x)
   FloatView dcq, dckv, denc;
@@ -156,7 +155,7 @@ class TransformerLayer {
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
   // The core self-attention (qkv -> atty and back), one of two algorithms fixed when the layer is
-  // built (TransformerShape::flash): the fused kernel, or probabilities and context by GEMMs.
+  // built (ModelArch::flash_attention): the fused kernel, or probabilities and context by GEMMs.
   using AttendForward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
                                                    const DropoutSpec&) const;
   using AttendBackward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
@@ -176,7 +175,8 @@ class TransformerLayer {
   std::int64_t index_;
   AttendForward attend_ = nullptr;
   AttendBackward attend_backward_ = nullptr;
-  LayerNorm norm1_, norm2_, normx_;
+  Norm norm1_, norm2_, normx_;                // the normalisation slot
+  std::shared_ptr<const MlpActivation> act_;  // the MLP activation slot
   ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
   RowParallelLinear proj_, fc2_, cproj_;
 };

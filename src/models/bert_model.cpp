@@ -18,8 +18,8 @@ BertModel::BertModel(const TransformerConfig& cfg, ParamStore& store, std::int64
   TRIDENT_REQUIRE(cfg.padding_mask() && cfg.num_token_types > 0 && !cfg.encoder_decoder(),
                   "internal: BertModel needs BERT's layer spec (padding mask, token types, no decoder)");
   if (stage.post)
-    attach_head(std::make_unique<BertHead>(store, word_embeddings(), micro_batch, cfg.seq_length, cfg.hidden,
-                                           cfg.vocab_size, vocab_local(), vocab_start(), cfg.init_std, cfg.ln_eps,
+    attach_head(std::make_unique<BertHead>(store, word_embeddings(), micro_batch, cfg.seq_length, cfg.hidden_size,
+                                           cfg.vocab_size, vocab_local(), vocab_start(), cfg.init_std(), cfg.eps(),
                                            binary_head, tp, cfg.dt));
 }
 

@@ -27,9 +27,9 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
                   "generation: the model must hold every layer (pipeline size 1)");
   TRIDENT_REQUIRE(max_len >= 1 && max_len <= cfg.max_positions,
                   "generation: " << max_len << " positions exceed the model's " << cfg.max_positions);
-  const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden, Fl = cfg.ffn / p;
+  const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden_size, Fl = cfg.ffn_hidden_size / p;
   Cl_ = C / p;
-  nhl_ = cfg.heads / p;
+  nhl_ = cfg.num_heads / p;
   Vl_ = model.vocab_local();
   for (std::int64_t l = 0; l < cfg.num_layers; ++l)
     caches_.push_back(make_float("generate::kv_cache", slots * max_len * 2 * Cl_));
@@ -43,7 +43,7 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
   w_.att = make_float("generate::att", std::max(max_len * max_len, slots * max_len) * nhl_);
   w_.y = make_float("generate::y", R * Cl_);
   w_.out = make_float("generate::out", R * C);
-  w_.fc = make_float("generate::fc", R * Fl);
+  w_.fc = make_float("generate::fc", R * Fl * make_mlp_activation(cfg)->blocks());
   w_.act = make_float("generate::act", R * Fl);
   logits_ = make_float("generate::logits", slots * Vl_);
   gathered_ = make_float("generate::gathered", slots * Vl_ * p);
@@ -80,7 +80,7 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
                                          const std::vector<std::int32_t>& tok,
                                          const std::vector<std::int32_t>& positions,
                                          const std::vector<std::int64_t>& lengths) {
-  const std::int64_t C = cfg_.hidden, R = B * n, L = max_len_;
+  const std::int64_t C = cfg_.hidden_size, R = B * n, L = max_len_;
   const std::int64_t Tk = *std::max_element(lengths.begin(), lengths.end());
   for (std::int32_t t : tok)
     TRIDENT_REQUIRE(t >= 0 && t < cfg_.vocab_size, "generation: token id " << t << " is outside the vocabulary");

@@ -23,13 +23,13 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
                              const TensorParallel& tp, const ModelStage& stage)
     : cfg_(cfg), store_(&store), tp_(tp), stage_(stage), B_(micro_batch) {
   if (stage_.num_layers < 0) stage_.num_layers = cfg.total_layers() - stage_.first_layer;
-  const std::int64_t C = cfg.hidden, T = cfg.seq_length, p = tp.size(), r = tp.rank();
+  const std::int64_t C = cfg.hidden_size, T = cfg.seq_length, p = tp.size(), r = tp.rank();
   rows_ = B_ * T;
   local_rows_ = tp.sequence_parallel ? rows_ / p : rows_;
-  TRIDENT_REQUIRE(cfg.heads > 0 && C % cfg.heads == 0,
-                  "model.hidden_size (" << C << ") must be divisible by model.num_heads (" << cfg.heads << ")");
-  TRIDENT_REQUIRE(cfg.heads % p == 0,
-                  "model.num_heads (" << cfg.heads << ") is not divisible by parallel.tp (" << p << ")");
+  TRIDENT_REQUIRE(cfg.num_heads > 0 && C % cfg.num_heads == 0,
+                  "model.hidden_size (" << C << ") must be divisible by model.num_heads (" << cfg.num_heads << ")");
+  TRIDENT_REQUIRE(cfg.num_heads % p == 0,
+                  "model.num_heads (" << cfg.num_heads << ") is not divisible by parallel.tp (" << p << ")");
   TRIDENT_REQUIRE(T <= cfg.max_positions,
                   "model.seq_length (" << T << ") exceeds model.max_position_embeddings (" << cfg.max_positions << ")");
   TRIDENT_REQUIRE(cfg.padded_vocab >= cfg.vocab_size && cfg.padded_vocab % p == 0,
@@ -70,7 +70,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   wte.valid = {std::max<std::int64_t>(0, std::min(vocab_local_, cfg.vocab_size - vocab_start_)), C};
   wte.tp_replicated = false;
   wte.weight_decay = true;
-  wte.init_std = cfg.init_std;
+  wte.init_std = cfg.init_std();
   const bool embeds = stage_.pre || dec_start_ >= 0;  // the first stack's or the decoder's embeddings
   if (embeds || stage_.post) wte_ = store.declare(wte);
   if (embeds) {
@@ -80,25 +80,19 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
     wpe.global_offset = {0, 0};
     wpe.tied_copy = !stage_.pre;
     wpe.weight_decay = true;
-    wpe.init_std = cfg.init_std;
+    wpe.init_std = cfg.init_std();
     wpe_ = store.declare(wpe);
   }
   if (stage_.pre && cfg.num_token_types > 0)
-    tte_ = store.declare("model/embedding/tokentype_embeddings", {cfg.num_token_types, C}, true, cfg.init_std);
+    tte_ = store.declare("model/embedding/tokentype_embeddings", {cfg.num_token_types, C}, true, cfg.init_std());
 
-  TransformerShape ts{B_,
-                      T,
-                      C,
-                      cfg.heads,
-                      cfg.ffn,
-                      cfg.ln_eps,
-                      cfg.init_std,
-                      cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.total_layers())),
-                      tp,
-                      cfg.hidden_dropout,
-                      cfg.attention_dropout,
-                      cfg.dt,
-                      cfg.flash_attention};
+  TransformerShape ts;
+  static_cast<ModelArch&>(ts) = cfg;  // the architecture, whole
+  ts.B = B_;
+  ts.T = T;
+  ts.out_init_std = cfg.init_std() / std::sqrt(2.0f * static_cast<float>(cfg.total_layers()));
+  ts.tp = tp;
+  ts.dt = cfg.dt;
   ts.causal = cfg.layer.mask == MaskKind::Causal;
   ts.lora = LoraSpec{cfg.lora_rank, cfg.lora_scale};
   ts.lora_targets = cfg.lora_targets;
@@ -111,10 +105,9 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
     const bool decoder = cfg.encoder_decoder() && l >= cfg.num_layers;
     layers_.push_back(std::make_unique<TransformerLayer>(store, layer_param_prefix(cfg, l), l, decoder ? ds : ts));
   }
-  if (dec_start_ >= 0) enc_lnf_ = LayerNorm(store, "model/encoder/final_layernorm", C, cfg.ln_eps);
+  if (dec_start_ >= 0) enc_lnf_ = Norm(store, "model/encoder/final_layernorm", C, cfg);
   if (stage_.post)
-    lnf_ = LayerNorm(store, cfg.encoder_decoder() ? "model/decoder/final_layernorm" : "model/final_layernorm", C,
-                     cfg.ln_eps);
+    lnf_ = Norm(store, cfg.encoder_decoder() ? "model/decoder/final_layernorm" : "model/final_layernorm", C, cfg);
   const bool selective = cfg.recompute == TransformerConfig::Recompute::Selective && !cfg.flash_attention;
   const std::int64_t n = static_cast<std::int64_t>(layers_.size());
   // first local decoder layer (n: none)
@@ -163,7 +156,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
 
 void LanguageModel::attach_head(std::unique_ptr<ModelHead> head) {
   TRIDENT_REQUIRE(stage_.post && !head_, "internal: a head belongs to the last stage, once");
-  const std::int64_t C = cfg_.hidden, R = local_rows_of(cfg_.encoder_decoder() ? 1 : 0), BT = head_rows();
+  const std::int64_t C = cfg_.hidden_size, R = local_rows_of(cfg_.encoder_decoder() ? 1 : 0), BT = head_rows();
   head_ = std::move(head);
   lnf_out_ = make_act(cfg_.dt, "model::lnf_out", R * C);
   lnf_mean_ = make_float("model::lnf_mean", R);
@@ -214,7 +207,7 @@ LanguageModel::Slot& LanguageModel::slot(int i) {
   while (static_cast<int>(slots_.size()) <= i) {
     Slot s;
     s.input = make_float("model::stage_input", message_size_);
-    const std::int64_t C = cfg_.hidden;
+    const std::int64_t C = cfg_.hidden_size;
     if (stage_.post) s.head_grad = make_float("model::head_grad", local_rows_of(cfg_.encoder_decoder() ? 1 : 0) * C);
     if (stage_.pre) s.tokens = make_int("model::tokens", rows_);
     if (stage_.pre && cfg_.num_token_types > 0) s.types = make_int("model::types", rows_);
@@ -318,7 +311,7 @@ DropoutSpec LanguageModel::embedding_dropout(const DropoutStreams& rng) const {
 // types), dropout. out: (R, C) of B * T tokens.
 void LanguageModel::embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
                           const DropoutStreams& rng, bool training, int which) {
-  const std::int64_t C = cfg_.hidden, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
+  const std::int64_t C = cfg_.hidden_size, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   const FloatView word = slice(word_, 0, BT * C);
   embedding_lookup(word, tokens, store_->param(wte_), vocab_start_, vocab_local_, BT, C);
@@ -346,7 +339,7 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
 // Backward of embed: dout (R, C) is consumed (dropout applied in place).
 void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
                                    const DropoutStreams& rng, int which) {
-  const std::int64_t C = cfg_.hidden, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
+  const std::int64_t C = cfg_.hidden_size, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   DropoutSpec d = embedding_dropout(rng);
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
@@ -372,7 +365,7 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
 double LanguageModel::run_head(int slot_index, const MicroBatch& mb, bool training, float dscale,
                                std::int64_t samples) {
   const bool ed = cfg_.encoder_decoder();
-  const std::int64_t C = cfg_.hidden, BT = ed ? dec_rows_ : rows_, R = ed ? dec_local_rows_ : local_rows_;
+  const std::int64_t C = cfg_.hidden_size, BT = ed ? dec_rows_ : rows_, R = ed ? dec_local_rows_ : local_rows_;
   const bool sp = tp_.sequence_parallel;
   Slot& s = slot(slot_index);
   const FloatView last = layers_.empty() ? chunk_input(s)
@@ -411,9 +404,9 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
   } else {
     Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
     if (in_dec_) {  // the encoder output travels behind the decoder's hidden states
-      const FloatView enc = slice(s.input, dec_local_rows_ * cfg_.hidden, local_rows_ * cfg_.hidden);
+      const FloatView enc = slice(s.input, dec_local_rows_ * cfg_.hidden_size, local_rows_ * cfg_.hidden_size);
       if (s.enc_out.is_half())
-        pack_half(cfg_.dt, s.enc_out.h, enc, local_rows_ * cfg_.hidden);
+        pack_half(cfg_.dt, s.enc_out.h, enc, local_rows_ * cfg_.hidden_size);
       else
         Kokkos::deep_copy(s.enc_out.f, enc);
     }
@@ -435,9 +428,9 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
     if (cfg_.encoder_decoder()) {  // message: the hidden states, then (decoder) the encoder output
       Kokkos::deep_copy(slice(s.send, 0, x.extent(0)), x);
       if (out_dec_) {
-        const FloatView enc = slice(s.send, dec_local_rows_ * cfg_.hidden, local_rows_ * cfg_.hidden);
+        const FloatView enc = slice(s.send, dec_local_rows_ * cfg_.hidden_size, local_rows_ * cfg_.hidden_size);
         if (s.enc_out.is_half())
-          unpack_half(cfg_.dt, enc, s.enc_out.h, local_rows_ * cfg_.hidden);
+          unpack_half(cfg_.dt, enc, s.enc_out.h, local_rows_ * cfg_.hidden_size);
         else
           Kokkos::deep_copy(enc, s.enc_out.f);
       }
@@ -449,7 +442,7 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
 }
 
 FloatView LanguageModel::chunk_input(const Slot& s) const {
-  return slice(s.input, 0, local_rows_of(layers_.empty() ? 0 : part(0)) * cfg_.hidden);
+  return slice(s.input, 0, local_rows_of(layers_.empty() ? 0 : part(0)) * cfg_.hidden_size);
 }
 
 const FloatView& LanguageModel::stage_output(int slot_index) const {
@@ -461,7 +454,7 @@ const FloatView& LanguageModel::stage_output(int slot_index) const {
 }
 
 void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output) {
-  const std::int64_t C = cfg_.hidden, R = local_rows_;
+  const std::int64_t C = cfg_.hidden_size, R = local_rows_;
   Slot& s = slot(slot_index);
   const int last_part = layers_.empty() ? 0 : part(static_cast<std::int64_t>(layers_.size()) - 1);
   FloatView dres = slice(dres_, 0, local_rows_of(last_part) * C);
@@ -509,7 +502,7 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
 }
 
 double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
-  const double s = static_cast<double>(cfg_.seq_length), h = static_cast<double>(cfg_.hidden),
+  const double s = static_cast<double>(cfg_.seq_length), h = static_cast<double>(cfg_.hidden_size),
                l = static_cast<double>(cfg_.num_layers), V = static_cast<double>(cfg_.padded_vocab);
   const double B = static_cast<double>(tokens_batch) / s;
   if (cfg_.encoder_decoder()) {  // forward GEMM FLOPs per sample, x3 for forward + backward

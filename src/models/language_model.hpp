@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-#include "layers/layer_norm.hpp"
+#include "layers/layer_modules.hpp"
 #include "layers/param_store.hpp"
 #include "layers/transformer_layer.hpp"
 #include "models/micro_batch.hpp"
@@ -93,7 +93,7 @@ class LanguageModel {
   // The pieces inference runs itself (models/gpt_generator): this chunk's layers (local index),
   // the final LayerNorm (post stages) and the parameters.
   const TransformerLayer& layer(std::int64_t l) const { return *layers_.at(static_cast<size_t>(l)); }
-  const LayerNorm& final_norm() const { return lnf_; }
+  const Norm& final_norm() const { return lnf_; }
   const ParamStore& params() const { return *store_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's rows [vocab_start, vocab_start + vocab_local) of the padded vocabulary.
@@ -184,14 +184,14 @@ class LanguageModel {
   std::int64_t dec_rows_ = 0, dec_local_rows_ = 0, dec_start_ = -1, message_size_ = 0;
   bool in_dec_ = false, out_dec_ = false;  // encoder-decoder: messages in / out carry the encoder output
   ParamId wte_ = -1, wpe_ = -1, tte_ = -1;
-  LayerNorm enc_lnf_;                // the encoder's final LayerNorm (on the chunk that starts the decoder)
+  Norm enc_lnf_;                     // the encoder's final LayerNorm (on the chunk that starts the decoder)
   std::unique_ptr<ModelHead> head_;  // post stages
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::vector<Segment> segments_;
   std::vector<std::int64_t> segment_of_;  // layer -> segment
   // shared by recomputed layers (one per position in a segment), per part
   std::vector<LayerActivations> workspace_[2];
-  LayerNorm lnf_;
+  Norm lnf_;
   std::unique_ptr<TransformerScratch> scratch_[2];  // per part (encoder, decoder shapes)
   FloatView word_;                 // (BT, C) word-embedding lookups (the largest of encoder and decoder)
   FloatView lnf_mean_, lnf_rstd_;  // (R) final LayerNorm statistics

@@ -20,7 +20,7 @@ T5Model::T5Model(const TransformerConfig& cfg, ParamStore& store, std::int64_t m
   TRIDENT_REQUIRE(cfg.padding_mask() && cfg.encoder_decoder() && cfg.num_token_types == 0,
                   "internal: T5Model needs T5's layer spec (padding-masked encoder, a decoder, no token types)");
   if (stage.post)
-    attach_head(std::make_unique<LmHead>(store, word_embeddings(), micro_batch, cfg.decoder_seq_length, cfg.hidden,
+    attach_head(std::make_unique<LmHead>(store, word_embeddings(), micro_batch, cfg.decoder_seq_length, cfg.hidden_size,
                                          cfg.vocab_size, vocab_local(), vocab_start(), tp, cfg.dt,
                                          /*with_bias=*/true, /*per_target_mean=*/true));
 }

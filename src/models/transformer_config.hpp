@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/half.hpp"
+#include "common/model_arch.hpp"
 
 namespace trident {
 
@@ -23,12 +24,11 @@ struct LayerSpec {
   bool cross_attention = false;  // attends to the encoder output too (T5's decoder)
 };
 
-struct TransformerConfig {
+// The architecture (ModelArch: the deck's model keys, taken whole) and the run's shapes.
+struct TransformerConfig : ModelArch {
   // num_layers: the first stack's (the encoder's for an encoder-decoder); seq_length its sequence
-  std::int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0, max_positions = 0;
+  std::int64_t num_layers = 0, seq_length = 0, max_positions = 0;
   std::int64_t vocab_size = 0, padded_vocab = 0;  // padded: a multiple of make_vocab_size_divisible_by x tp
-  float ln_eps = 1e-5f, init_std = 0.02f;
-  float hidden_dropout = 0.f, attention_dropout = 0.f;
   // Activation recomputation (Megatron's --recompute-granularity / -method / -num-layers):
   // selective keeps everything but the core-attention probabilities, recomputed in backward;
   // full keeps only the inputs of groups of layers and re-runs their forward pass before their
@@ -41,7 +41,6 @@ struct TransformerConfig {
   // Parameters and GEMM-feeding activations in fp32, bf16 or fp16 (mixed precision; the
   // residual stream, LayerNorm statistics, softmax, cross-entropy and gradients stay fp32).
   DType dt = DType::F32;
-  bool flash_attention = false;  // fused attention kernel (no (T, T) probabilities stored)
   // LoRA adapters (deck lora.*): rank 0 none; scale alpha / rank; the projections they adapt.
   std::int64_t lora_rank = 0;
   float lora_scale = 1.f;

@@ -9,6 +9,7 @@
 
 #include "common/error.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "layers/layer_modules.hpp"
 #include "ops/elementwise.hpp"
 #include "train/pipeline_schedule.hpp"
 
@@ -36,25 +37,19 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   TransformerConfig c;
   set_family_spec(family, c, d.model.decoder_num_layers > 0 ? d.model.decoder_num_layers : d.model.num_layers,
                   d.model.decoder_seq_length);
+  static_cast<ModelArch&>(c) = d.model;  // every architecture key, as the deck resolved it
   c.num_layers = d.model.num_layers;
-  c.hidden = d.model.hidden_size;
-  c.heads = d.model.num_heads;
-  c.ffn = d.model.ffn_hidden_size;
   c.seq_length = d.model.seq_length;
   c.max_positions = d.model.max_position_embeddings;
   c.vocab_size = vocab;
   c.padded_vocab = pad_vocab(vocab, d.model.make_vocab_size_divisible_by * tp);
-  c.ln_eps = static_cast<float>(d.model.layernorm_epsilon);
-  c.init_std = static_cast<float>(d.model.init_method_std);
-  c.hidden_dropout = static_cast<float>(d.model.hidden_dropout);
-  c.attention_dropout = static_cast<float>(d.model.attention_dropout);
   c.recompute = d.precision.recompute == "full"        ? TransformerConfig::Recompute::Full
                 : d.precision.recompute == "selective" ? TransformerConfig::Recompute::Selective
                                                        : TransformerConfig::Recompute::None;
   c.recompute_block = d.precision.recompute_method == "block";
   c.recompute_num_layers = d.precision.recompute_num_layers;
-  c.flash_attention = d.model.flash_attention;
   c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
+  check_layer_modules(c);  // every slot's module exists
   if (d.lora.rank > 0) {
     c.lora_rank = d.lora.rank;
     c.lora_scale = static_cast<float>((d.lora.alpha > 0 ? d.lora.alpha : static_cast<double>(d.lora.rank)) /
@@ -84,9 +79,9 @@ std::string model_differences(const std::string& file, const char* family, Model
     std::int64_t saved, run;
   };
   std::vector<Row> rows = {{"model.num_layers", got.num_layers, want.num_layers},
-                           {"model.hidden_size", got.hidden, want.hidden},
-                           {"model.num_heads", got.heads, want.heads},
-                           {"model.ffn_hidden_size", got.ffn, want.ffn},
+                           {"model.hidden_size", got.hidden_size, want.hidden_size},
+                           {"model.num_heads", got.num_heads, want.num_heads},
+                           {"model.ffn_hidden_size", got.ffn_hidden_size, want.ffn_hidden_size},
                            {"model.max_position_embeddings", got.max_positions, want.max_positions}};
   if (fam == ModelFamily::T5) rows.push_back({"model.decoder_num_layers", got.decoder_layers, want.decoder_layers});
   if (fam == ModelFamily::Bert)

@@ -253,7 +253,8 @@ int run_training(const Deck& deck, ModelFamily fam) {
     std::cout
         << task.banner << ": " << cfg.num_layers
         << (cfg.encoder_decoder() ? " encoder + " + std::to_string(cfg.decoder_layers) + " decoder" : std::string())
-        << " layers, hidden " << cfg.hidden << ", heads " << cfg.heads << ", ffn " << cfg.ffn << ", seq " << S
+        << " layers, hidden " << cfg.hidden_size << ", heads " << cfg.num_heads << ", ffn " << cfg.ffn_hidden_size
+        << ", seq " << S
         << (cfg.encoder_decoder() ? " (encoder), " + std::to_string(cfg.decoder_seq_length) + " (decoder)"
                                   : std::string())
         << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), " << store.global_count() << " parameters\n"
@@ -648,8 +649,8 @@ int run_training(const Deck& deck, ModelFamily fam) {
     ActivationModel am;
     am.s = static_cast<double>(S);
     am.b = static_cast<double>(mbs);
-    am.h = static_cast<double>(cfg.hidden);
-    am.a = static_cast<double>(cfg.heads);
+    am.h = static_cast<double>(cfg.hidden_size);
+    am.a = static_cast<double>(cfg.num_heads);
     am.t = static_cast<double>(topo.tp_size());
     am.sp = tp.sequence_parallel;
     am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value

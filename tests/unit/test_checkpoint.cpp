@@ -16,9 +16,9 @@ namespace {
 TransformerConfig cfg(std::int64_t layers) {
   TransformerConfig c;
   c.num_layers = layers;
-  c.hidden = 8;
-  c.heads = 2;
-  c.ffn = 16;
+  c.hidden_size = 8;
+  c.num_heads = 2;
+  c.ffn_hidden_size = 16;
   c.seq_length = 4;
   c.max_positions = 4;
   c.vocab_size = 10;
@@ -87,8 +87,8 @@ TEST(Checkpoint, OtherShapeOrKindIsAnErrorNamingTheTensor) {
   {
     ParamStore b;
     TransformerConfig c = cfg(1);
-    c.hidden = 12;
-    c.heads = 3;
+    c.hidden_size = 12;
+    c.num_heads = 3;
     GptModel mb(c, b, 1);
     b.allocate();
     try {

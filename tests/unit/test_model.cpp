@@ -18,14 +18,14 @@ namespace {
 TransformerConfig tiny(std::int64_t padded) {
   TransformerConfig c;
   c.num_layers = 2;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn = 32;
+  c.hidden_size = 16;
+  c.num_heads = 2;
+  c.ffn_hidden_size = 32;
   c.seq_length = 6;
   c.max_positions = 8;
   c.vocab_size = 37;
   c.padded_vocab = padded;
-  c.init_std = 0.3f;  // larger than GPT-2's 0.02 so that every path carries gradient signal
+  c.init_method_std = 0.3f;  // larger than GPT-2's 0.02 so that every path carries gradient signal
   return c;
 }
 std::vector<std::int32_t> tokens_of(std::int64_t n, std::int64_t V, std::uint64_t seed) {

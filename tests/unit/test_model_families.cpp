@@ -20,14 +20,14 @@ constexpr std::int64_t kB = 2, kS = 6, kSd = 5, kV = 37, kC = 16;
 TransformerConfig base(std::int64_t padded) {
   TransformerConfig c;
   c.num_layers = 2;
-  c.hidden = kC;
-  c.heads = 2;
-  c.ffn = 32;
+  c.hidden_size = kC;
+  c.num_heads = 2;
+  c.ffn_hidden_size = 32;
   c.seq_length = kS;
   c.max_positions = 8;
   c.vocab_size = kV;
   c.padded_vocab = padded;
-  c.init_std = 0.3f;  // larger than 0.02 so that every path carries gradient signal
+  c.init_method_std = 0.3f;  // larger than 0.02 so that every path carries gradient signal
   return c;
 }
 

@@ -181,7 +181,7 @@ TEST(HfFormat, ConfigsRoundTripAndForeignOptionsAreRefused) {
   EXPECT_EQ(back.model.ffn_hidden_size, 192);
   EXPECT_EQ(back.model.max_position_embeddings, 40);
   EXPECT_EQ(back.model.seq_length, 40);  // the position table's length unless given
-  EXPECT_EQ(back.model.layernorm_epsilon, 1e-6);
+  EXPECT_EQ(back.model.norm_epsilon, 1e-6);
   EXPECT_EQ(back.model.vocab_size, 500);
   HfModelFacts fb;
   fb.binary_head = false;

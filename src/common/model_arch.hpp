@@ -1,0 +1,35 @@
+// The architecture of a transformer stack as the deck's [model] section states it (docs/DESIGN.md
+// "Architecture", Megatron-core's TransformerConfig): the one struct that carries every
+// architecture key from the deck (io/deck's Deck::Model derives from it) through the model
+// configuration (models/transformer_config's TransformerConfig derives from it) to each module
+// of the layer (layers/transformer_layer's TransformerShape derives from it). A new key is one
+// field here, its line in the deck's registry, and the module that reads it; nothing copies
+// fields by hand.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace trident {
+
+struct ModelArch {
+  std::int64_t hidden_size = 0, num_heads = 0;
+  std::int64_t ffn_hidden_size = 0;  // deck 0: derived (4h)
+  // the normalisation's epsilon (deck model.norm_epsilon, alias model.layernorm_epsilon) and the
+  // std of the normal initialisation; doubles as the deck holds them, used in fp32 (eps(),
+  // init_std())
+  double norm_epsilon = 1e-5, init_method_std = 0.02;
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
+  bool flash_attention = false;  // fused attention kernel (Megatron's --use-flash-attn)
+  // The modules in the layer's slots (layers/layer_modules: each name one registry entry).
+  std::string normalization = "LayerNorm";  // every norm of the stack (Megatron's --normalization)
+  bool swiglu = false;                      // the MLP's activation: GELU, or SiLU-gated (Megatron's --swiglu)
+
+  const char* mlp_activation() const { return swiglu ? "swiglu" : "gelu"; }
+
+  float eps() const { return static_cast<float>(norm_epsilon); }
+  float init_std() const { return static_cast<float>(init_method_std); }
+  float hidden_p() const { return static_cast<float>(hidden_dropout); }
+  float attention_p() const { return static_cast<float>(attention_dropout); }
+};
+
+}  // namespace trident

@@ -1,0 +1,75 @@
+// The slots of the one transformer layer (docs/DESIGN.md "Layer spec") and the registries that
+// fill them by name from the architecture (common/model_arch's ModelArch):
+//   normalisation  ModelArch::normalization     LayerNorm (layers/layer_norm)
+//   MLP activation ModelArch::mlp_activation()  gelu (bias + GELU)
+// A module implements its slot's interface; a variant is one module plus one entry in its slot's
+// registry (layer_modules.cpp), and the layer, the model and the deck's check read it by name.
+// An unknown name is one error naming the deck key and the registry's names.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model_arch.hpp"
+#include "layers/param_store.hpp"
+
+namespace trident {
+
+// Normalisation over the last dimension of (N, C) fp32 rows with fp32 statistics; out is fp32 or
+// (16-bit parameters) 16-bit words. mean may be unused by a module (RMSNorm); backward ADDS the
+// input gradient to dx and accumulates the parameters' gradients.
+class NormModule {
+ public:
+  virtual ~NormModule() = default;
+  virtual void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+                       std::int64_t N) const = 0;
+  virtual void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
+                        const FloatView& rstd, std::int64_t N) const = 0;
+};
+
+// The normalisation slot: a handle to the module the architecture names (declares its
+// parameters under `name` when built).
+class Norm {
+ public:
+  Norm() = default;
+  Norm(ParamStore& store, const std::string& name, std::int64_t C, const ModelArch& arch);
+  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N) const {
+    m_->forward(out, mean, rstd, x, N);
+  }
+  void forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
+               std::int64_t N) const {
+    m_->forward(act(out), mean, rstd, x, N);
+  }
+  void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
+                const FloatView& rstd, std::int64_t N) const {
+    m_->backward(dx, dout, x, mean, rstd, N);
+  }
+
+ private:
+  std::shared_ptr<const NormModule> m_;
+};
+
+// The MLP's activation between fc1 and fc2, with fc1's bias fused in. fc1 has blocks() x F
+// output columns per F of the activation (1; a gated unit 2: gate then up), F = this rank's
+// ffn columns.
+class MlpActivation {
+ public:
+  virtual ~MlpActivation() = default;
+  virtual std::int64_t blocks() const = 0;
+  // pre (rows, blocks F) = y + bias, kept for the backward pass; out (rows, F) = act(pre). y is
+  // fc1's fp32 GEMM output (pre's own buffer in fp32); pre, out and bias share one storage type.
+  virtual void forward(const Act& pre, const Act& out, const FloatView& y, const Act& bias, std::int64_t rows,
+                       std::int64_t F) const = 0;
+  // dpre (rows, blocks F) = d act(pre) given dout (rows, F); overwrites dpre.
+  virtual void backward(const FloatView& dpre, const FloatView& dout, const Act& pre, std::int64_t rows,
+                        std::int64_t F) const = 0;
+  // Inference (fp32): out (rows, F) = act(pre), pre (rows, blocks F) with its bias added.
+  virtual void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const = 0;
+};
+std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch);
+
+// Fails with one error naming the deck key and the registered names when the architecture names
+// a module no slot has.
+void check_layer_modules(const ModelArch& arch);
+
+}  // namespace trident
