@@ -117,6 +117,15 @@ def _deck_get(cp, section, key, conv, default=None):
     return default
 
 
+def _to_bool(s):
+    v = s.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(s)
+
+
 def _to_int(s):
     f = float(s)
     if f != int(f):
@@ -135,7 +144,27 @@ class Config:
         self.ffn_hidden_size = g("model", "ffn_hidden_size", _to_int)
         self.seq_length = g("model", "seq_length", _to_int)
         self.max_position_embeddings = g("model", "max_position_embeddings", _to_int)
-        self.layernorm_epsilon = g("model", "layernorm_epsilon", float, 1e-5)
+        # model.norm_epsilon, or its older name model.layernorm_epsilon (0 there: not given)
+        alias = g("model", "layernorm_epsilon", float, 0.0)
+        self.layernorm_epsilon = alias if alias > 0 else g("model", "norm_epsilon", float, 1e-5)
+        # The Llama-family variants (Megatron's flags; docs/DESIGN.md "Layer spec"), defaults GPT-2's.
+        self.normalization = g("model", "normalization", str, "LayerNorm").strip()
+        self.position_embedding_type = g("model", "position_embedding_type", str, "learned_absolute").strip()
+        self.rotary_base = g("model", "rotary_base", float, 10000.0)
+        self.rotary_percent = g("model", "rotary_percent", float, 1.0)
+        self.use_rope_scaling = g("model", "use_rope_scaling", _to_bool, False)
+        self.rope_scaling_factor = g("model", "rope_scaling_factor", float, 8.0)
+        self.rope_low_freq_factor = g("model", "rope_low_freq_factor", float, 1.0)
+        self.rope_high_freq_factor = g("model", "rope_high_freq_factor", float, 4.0)
+        self.rope_original_max = g("model", "rope_original_max_position_embeddings", float, 8192.0)
+        self.swiglu = g("model", "swiglu", _to_bool, False)
+        self.add_bias_linear = g("model", "add_bias_linear", _to_bool, True)
+        self.add_qkv_bias = g("model", "add_qkv_bias", _to_bool, False)
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise InputError("deck key [model] normalization: unknown value %r" % self.normalization)
+        if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
+            raise InputError("deck key [model] position_embedding_type: unknown value %r"
+                             % self.position_embedding_type)
         self.hidden_dropout = g("model", "hidden_dropout", float, 0.0)
         self.attention_dropout = g("model", "attention_dropout", float, 0.0)
 
@@ -158,8 +187,8 @@ class Config:
             raise InputError("deck key [optim] decay_style: unknown value %r" % self.decay_style)
 
         # Trident's "0 = derived" conventions, in case a deck carries them unresolved.
-        if self.ffn_hidden_size == 0:
-            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.ffn_hidden_size == 0:  # Megatron: 4h, or int(8h / 3 / 64) * 64 per half of a SwiGLU
+            self.ffn_hidden_size = (8 * self.hidden_size // 3) // 64 * 64 if self.swiglu else 4 * self.hidden_size
         if self.max_position_embeddings == 0:
             self.max_position_embeddings = self.seq_length
 
@@ -170,12 +199,12 @@ class Config:
         if deck_vocab not in (0, V):
             print("note: deck model.vocab_size = %d but the checkpoint's word_embeddings has %d rows"
                   " (the checkpoint is used; it must hold the unpadded vocabulary)" % (deck_vocab, V))
-        P, C2 = shapes["model/embedding/position_embeddings"]
-        Fh = shapes["model/layers/0/mlp/fc1/weight"][0]
+        self.learned_positions = self.position_embedding_type == "learned_absolute"
+        P, C2 = shapes.get("model/embedding/position_embeddings", (self.max_position_embeddings, C))
+        Fh = shapes["model/layers/0/mlp/fc1/weight"][0] // (2 if self.swiglu else 1)  # SwiGLU: gate, up
         if C != self.hidden_size or C2 != C:
             raise InputError("hidden size: deck says %d, checkpoint embeddings are %s / %s"
-                             % (self.hidden_size, shapes["model/embedding/word_embeddings"],
-                                shapes["model/embedding/position_embeddings"]))
+                             % (self.hidden_size, shapes["model/embedding/word_embeddings"], (P, C2)))
         if P != self.max_position_embeddings:
             raise InputError("max_position_embeddings: deck says %d, checkpoint has %d rows"
                              % (self.max_position_embeddings, P))
@@ -190,37 +219,45 @@ class Config:
             raise InputError("global_batch_size %d is not a multiple of micro_batch_size %d"
                              % (self.global_batch_size, self.micro_batch_size))
         self.head_dim = C // self.num_heads
-
-
-def param_names(num_layers):
-    """Checkpoint dataset names of all GPT parameters, in a fixed order."""
-    names = ["model/embedding/word_embeddings", "model/embedding/position_embeddings"]
-    for i in range(num_layers):
-        p = "model/layers/%d/" % i
-        names += [p + "input_layernorm/weight", p + "input_layernorm/bias",
-                  p + "self_attention/qkv/weight", p + "self_attention/qkv/bias",
-                  p + "self_attention/proj/weight", p + "self_attention/proj/bias",
-                  p + "post_attention_layernorm/weight", p + "post_attention_layernorm/bias",
-                  p + "mlp/fc1/weight", p + "mlp/fc1/bias",
-                  p + "mlp/fc2/weight", p + "mlp/fc2/bias"]
-    names += ["model/final_layernorm/weight", "model/final_layernorm/bias"]
-    return names
+        self.rotary_dim = int(self.head_dim * self.rotary_percent)
 
 
 def expected_shapes(cfg):
+    """{checkpoint dataset name: shape} of every GPT parameter, in a fixed order. GPT-2: learned
+    positions, LayerNorm weight and bias, biases everywhere; the Llama variants drop the position
+    table (rope, none), the norms' biases (RMSNorm) and the linears' biases (add_bias_linear false;
+    add_qkv_bias keeps qkv's), and a SwiGLU fc1 holds gate then up (2F rows)."""
     V, P, C, Fh = cfg.vocab_size, cfg.max_position_embeddings, cfg.hidden_size, cfg.ffn_hidden_size
-    out = {"model/embedding/word_embeddings": (V, C),
-           "model/embedding/position_embeddings": (P, C),
-           "model/final_layernorm/weight": (C,), "model/final_layernorm/bias": (C,)}
+    F1 = 2 * Fh if cfg.swiglu else Fh
+    out = {"model/embedding/word_embeddings": (V, C)}
+    if cfg.learned_positions:
+        out["model/embedding/position_embeddings"] = (P, C)
+
+    def norm(name):
+        out[name + "/weight"] = (C,)
+        if cfg.normalization == "LayerNorm":
+            out[name + "/bias"] = (C,)
+
+    def linear(name, rows, cols, bias):
+        out[name + "/weight"] = (rows, cols)
+        if bias:
+            out[name + "/bias"] = (rows,)
+
     for i in range(cfg.num_layers):
         p = "model/layers/%d/" % i
-        out.update({p + "input_layernorm/weight": (C,), p + "input_layernorm/bias": (C,),
-                    p + "self_attention/qkv/weight": (3 * C, C), p + "self_attention/qkv/bias": (3 * C,),
-                    p + "self_attention/proj/weight": (C, C), p + "self_attention/proj/bias": (C,),
-                    p + "post_attention_layernorm/weight": (C,), p + "post_attention_layernorm/bias": (C,),
-                    p + "mlp/fc1/weight": (Fh, C), p + "mlp/fc1/bias": (Fh,),
-                    p + "mlp/fc2/weight": (C, Fh), p + "mlp/fc2/bias": (C,)})
+        norm(p + "input_layernorm")
+        linear(p + "self_attention/qkv", 3 * C, C, cfg.add_bias_linear or cfg.add_qkv_bias)
+        linear(p + "self_attention/proj", C, C, cfg.add_bias_linear)
+        norm(p + "post_attention_layernorm")
+        linear(p + "mlp/fc1", F1, C, cfg.add_bias_linear)
+        linear(p + "mlp/fc2", C, Fh, cfg.add_bias_linear)
+    norm("model/final_layernorm")
     return out
+
+
+def param_names(cfg):
+    """Checkpoint dataset names of all GPT parameters, in a fixed order."""
+    return list(expected_shapes(cfg))
 
 
 def _need_file(path, what):
@@ -269,20 +306,19 @@ class Checkpoint:
             cp = parse_deck(self.deck_text)
 
             # Shapes needed to size the model are read first.
-            for n in ("model/embedding/word_embeddings", "model/embedding/position_embeddings",
-                      "model/layers/0/mlp/fc1/weight"):
+            for n in ("model/embedding/word_embeddings", "model/layers/0/mlp/fc1/weight"):
                 if n not in f:
                     raise InputError("%s: dataset %r is missing" % (path, n))
             shapes = {n: tuple(f[n].shape) for n in
                       ("model/embedding/word_embeddings", "model/embedding/position_embeddings",
-                       "model/layers/0/mlp/fc1/weight")}
+                       "model/layers/0/mlp/fc1/weight") if n in f}
             self.config = Config(cp, shapes)
             L = self.config.num_layers
             if "model/layers/%d" % L in f:
                 raise InputError("%s: has more layers than the deck's num_layers = %d" % (path, L))
 
             exp = expected_shapes(self.config)
-            self.names = param_names(L)
+            self.names = param_names(self.config)
             self.params = {}
             for n in self.names:
                 arr = _read_dataset(f, n, path)
@@ -326,7 +362,7 @@ class GPTReference:
     def __init__(self, cfg, params_np, dtype=torch.float64):
         self.cfg = cfg
         self.dtype = dtype
-        self.names = param_names(cfg.num_layers)
+        self.names = param_names(cfg)
         self.params = {n: torch.tensor(params_np[n], dtype=dtype).requires_grad_(True)
                        for n in self.names}
         self.tape = None  # a DropoutTape: Trident's masks applied where Trident applies them
@@ -343,36 +379,79 @@ class GPTReference:
         keep = self.tape.next(site, layer, p, shape)
         return (x.reshape(shape) * torch.as_tensor(keep, dtype=x.dtype) * (1.0 / (1.0 - p))).reshape(x.shape)
 
+    def _norm(self, x, name):
+        """LayerNorm (weight and bias), or RMSNorm (Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps)
+        times the weight, no bias), over the last dimension."""
+        cfg, p = self.cfg, self.params
+        if cfg.normalization == "RMSNorm":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layernorm_epsilon) * p[name + "/weight"]
+        return F.layer_norm(x, (x.shape[-1],), p[name + "/weight"], p[name + "/bias"], cfg.layernorm_epsilon)
+
+    def _lin(self, a, name):
+        """A linear layer, with its bias when the checkpoint has one."""
+        return F.linear(a, self.params[name + "/weight"], self.params.get(name + "/bias"))
+
+    def _rotary(self, T, dtype):
+        """cos, sin (T, rot) of Hugging Face Llama's rotary embedding: inv_freq_j = base^(-2j/rot)
+        (Llama 3.1's "llama3" scaling when use_rope_scaling), freqs = outer(position, inv_freq),
+        emb = cat(freqs, freqs)."""
+        cfg = self.cfg
+        rot = cfg.rotary_dim
+        inv = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+        if cfg.use_rope_scaling:
+            old, lo, hi, fac = (cfg.rope_original_max, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                                cfg.rope_scaling_factor)
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > old / lo, inv / fac, inv)
+            smooth = (old / wavelen - lo) / (hi - lo)
+            blended = (1 - smooth) * scaled / fac + smooth * scaled
+            medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+            inv = torch.where(medium, blended, scaled)
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _rope(self, x, cos, sin):
+        """x (B, H, T, D): the first rot channels turned, x cos + rotate_half(x) sin, with
+        rotate_half(x) = cat(-x2, x1) of the halves; the rest passed through."""
+        rot = self.cfg.rotary_dim
+        xr, xp = x[..., :rot], x[..., rot:]
+        x1, x2 = xr[..., :rot // 2], xr[..., rot // 2:]
+        return torch.cat((xr * cos + torch.cat((-x2, x1), dim=-1) * sin, xp), dim=-1)
+
+    def _mlp_act(self, h):
+        """GELU (tanh form), or SwiGLU: silu(gate) * up of fc1's halves (gate first)."""
+        if self.cfg.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h, approximate="tanh")
+
     def _block(self, x, i):
         cfg, p = self.cfg, self.params
         pre = "model/layers/%d/" % i
         B, T, C = x.shape
         H, D = cfg.num_heads, cfg.head_dim
-        eps = cfg.layernorm_epsilon
 
-        a = F.layer_norm(x, (C,), p[pre + "input_layernorm/weight"],
-                         p[pre + "input_layernorm/bias"], eps)
-        qkv = F.linear(a, p[pre + "self_attention/qkv/weight"],
-                       p[pre + "self_attention/qkv/bias"])                     # (B, T, 3C)
+        a = self._norm(x, pre + "input_layernorm")
+        qkv = self._lin(a, pre + "self_attention/qkv")                         # (B, T, 3C)
         q, k, v = qkv.split(C, dim=-1)                                         # all q | all k | all v
         q = q.reshape(B, T, H, D).transpose(1, 2)                              # (B, H, T, D)
         k = k.reshape(B, T, H, D).transpose(1, 2)
         v = v.reshape(B, T, H, D).transpose(1, 2)
+        if cfg.position_embedding_type == "rope":
+            cos, sin = self._rotary(T, q.dtype)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))      # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool).triu(1)                   # j > t is masked
         s = s.masked_fill(causal, float("-inf"))
         att = torch.softmax(s, dim=-1)
         att = self._drop(att, "attention_probs", i, "attention_dropout", (B, H, T, T))
         y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)              # (B, T, C)
-        x = x + self._drop(F.linear(y, p[pre + "self_attention/proj/weight"], p[pre + "self_attention/proj/bias"]),
-                           "after_proj", i, "hidden_dropout", (B * T, C))
+        x = x + self._drop(self._lin(y, pre + "self_attention/proj"), "after_proj", i, "hidden_dropout", (B * T, C))
 
-        a = F.layer_norm(x, (C,), p[pre + "post_attention_layernorm/weight"],
-                         p[pre + "post_attention_layernorm/bias"], eps)
-        h = F.linear(a, p[pre + "mlp/fc1/weight"], p[pre + "mlp/fc1/bias"])    # (B, T, F)
-        h = F.gelu(h, approximate="tanh")
-        x = x + self._drop(F.linear(h, p[pre + "mlp/fc2/weight"], p[pre + "mlp/fc2/bias"]),
-                           "after_fc2", i, "hidden_dropout", (B * T, C))
+        a = self._norm(x, pre + "post_attention_layernorm")
+        h = self._mlp_act(self._lin(a, pre + "mlp/fc1"))                       # (B, T, F)
+        x = x + self._drop(self._lin(h, pre + "mlp/fc2"), "after_fc2", i, "hidden_dropout", (B * T, C))
         return x
 
     def loss_sum(self, windows):
@@ -381,12 +460,13 @@ class GPTReference:
         inp, tgt = windows[:, :-1], windows[:, 1:]
         B, T = inp.shape
         wte = p["model/embedding/word_embeddings"]
-        x = wte[inp] + p["model/embedding/position_embeddings"][:T].unsqueeze(0)   # (B, T, C)
+        x = wte[inp]                                                           # (B, T, C)
+        if cfg.learned_positions:
+            x = x + p["model/embedding/position_embeddings"][:T].unsqueeze(0)
         x = self._drop(x, "embedding", -1, "hidden_dropout", (B * T, cfg.hidden_size))
         for i in range(cfg.num_layers):
             x = self._block(x, i)
-        x = F.layer_norm(x, (cfg.hidden_size,), p["model/final_layernorm/weight"],
-                         p["model/final_layernorm/bias"], cfg.layernorm_epsilon)
+        x = self._norm(x, "model/final_layernorm")
         logits = F.linear(x.reshape(B * T, cfg.hidden_size), wte)             # (B*T, V), tied head
         return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
 
@@ -515,6 +595,10 @@ class GPTReference16(GPTReference):
     gradients; MasterAdamW keeps the fp32 masters and writes the rounded masters back."""
 
     def __init__(self, cfg, params_np, fmt, dtype=torch.float64):
+        if (cfg.normalization, cfg.position_embedding_type, cfg.swiglu, cfg.add_bias_linear) != \
+                ("LayerNorm", "learned_absolute", False, True):
+            raise InputError("the 16-bit emulation covers GPT-2's layer only (LayerNorm, learned positions, GELU, "
+                             "biases); compare this run with --emulate none")
         super().__init__(cfg, params_np, dtype)
         self.fmt = fmt
 
@@ -940,7 +1024,7 @@ def read_grads(path, cfg):
     out = {}
     with h5py.File(path, "r") as f:
         it = int(f.attrs.get("iteration", 1))
-        for n in param_names(cfg.num_layers):
+        for n in param_names(cfg):
             arr = _read_dataset(f, n, path)
             if tuple(arr.shape) != exp[n]:
                 raise InputError("%s: %s has shape %s, expected %s" % (path, n, tuple(arr.shape), exp[n]))
@@ -1014,7 +1098,7 @@ def _read_param_dump(path, cfg):
     exp = expected_shapes(cfg)
     out = {}
     with h5py.File(path, "r") as f:
-        for n in param_names(cfg.num_layers):
+        for n in param_names(cfg):
             arr = _read_dataset(f, n, path)
             if tuple(arr.shape) != exp[n]:
                 raise InputError("%s: %s has shape %s, expected %s" % (path, n, tuple(arr.shape), exp[n]))
@@ -1347,7 +1431,7 @@ def cmd_compare(args):
         print("%-52s %12s %12s %10s %10s  %s" % ("tensor", "||g_ref||", "||g_trid||", "rel_l2",
                                                    "max_abs", "status"))
         worst = 0.0
-        for n in param_names(cfg.num_layers):
+        for n in param_names(cfg):
             gr, gt = ref_grads[n], grads_t[n]
             nr = float(np.linalg.norm(gr))
             nt = float(np.linalg.norm(gt))

@@ -123,7 +123,7 @@ def init_params(a, rng):
             p[n] = out_std * rng.standard_normal(shp)
         else:
             p[n] = std * rng.standard_normal(shp)
-    assert set(p) == set(ref.param_names(L)) and p["model/embedding/word_embeddings"].shape == (V, C)
+    assert set(p) == set(ref.param_names(_FakeCfg(a))) and p["model/embedding/word_embeddings"].shape == (V, C)
     assert p["model/embedding/position_embeddings"].shape == (P, C) and Fh > 0
     return {n: v.astype(np.float32).astype(np.float64) for n, v in p.items()}
 
@@ -132,6 +132,9 @@ class _FakeCfg:
     def __init__(self, a):
         self.vocab_size, self.max_position_embeddings = a.vocab, a.max_pos
         self.hidden_size, self.ffn_hidden_size, self.num_layers = a.hidden, a.ffn, a.layers
+        # GPT-2's layer (the reference's defaults for the Llama-family variants)
+        self.learned_positions, self.normalization, self.swiglu = True, "LayerNorm", False
+        self.add_bias_linear, self.add_qkv_bias = True, False
 
 
 def write_checkpoint(path, deck, params, exp_avg, exp_avg_sq, iteration, consumed):

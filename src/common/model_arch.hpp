@@ -23,6 +23,21 @@ struct ModelArch {
   // The modules in the layer's slots (layers/layer_modules: each name one registry entry).
   std::string normalization = "LayerNorm";  // every norm of the stack (Megatron's --normalization)
   bool swiglu = false;                      // the MLP's activation: GELU, or SiLU-gated (Megatron's --swiglu)
+  // Positions (Megatron's --position-embedding-type): learned_absolute (a table added to the
+  // embeddings), rope (queries and keys turned in each layer) or none.
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_base = 10000.0, rotary_percent = 1.0;  // rope: base of the frequencies, share of each head turned
+  // Llama 3.1's frequency scaling (Megatron's --use-rope-scaling, --rope-scaling-factor; the other
+  // three are Hugging Face's rope_scaling fields, Megatron's fixed values by default)
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  std::int64_t rope_original_max_position_embeddings = 8192;
+  // Biases (Megatron's --disable-bias-linear, --add-qkv-bias): every linear of the layer has one
+  // when add_bias_linear; without it only the qkv projection may keep its own (Qwen 2).
+  bool add_bias_linear = true, add_qkv_bias = false;
+
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
 
   const char* mlp_activation() const { return swiglu ? "swiglu" : "gelu"; }
 

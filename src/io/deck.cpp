@@ -70,7 +70,21 @@ class Registry {
     add("model.vocab_size", &d.model.vocab_size, "vocabulary size (0: from the shards)");
     add("model.make_vocab_size_divisible_by", &d.model.make_vocab_size_divisible_by,
         "vocabulary padding multiple (x tp)");
-    add("model.layernorm_epsilon", &d.model.norm_epsilon, "LayerNorm epsilon");
+    add("model.norm_epsilon", &d.model.norm_epsilon, "epsilon of every normalisation (LayerNorm, RMSNorm)");
+    add("model.layernorm_epsilon", &d.model.layernorm_epsilon, "alias of model.norm_epsilon (0: not given)");
+    add("model.normalization", &d.model.normalization, "LayerNorm | RMSNorm");
+    add("model.swiglu", &d.model.swiglu, "SiLU-gated MLP (ffn_hidden_size: the width of each of gate and up)");
+    add("model.position_embedding_type", &d.model.position_embedding_type, "learned_absolute | rope | none");
+    add("model.rotary_base", &d.model.rotary_base, "rope: base of the rotary frequencies");
+    add("model.rotary_percent", &d.model.rotary_percent, "rope: fraction of each head's channels turned");
+    add("model.use_rope_scaling", &d.model.use_rope_scaling, "rope: Llama 3.1's frequency scaling");
+    add("model.rope_scaling_factor", &d.model.rope_scaling_factor, "rope scaling: factor");
+    add("model.rope_low_freq_factor", &d.model.rope_low_freq_factor, "rope scaling: low-frequency factor");
+    add("model.rope_high_freq_factor", &d.model.rope_high_freq_factor, "rope scaling: high-frequency factor");
+    add("model.rope_original_max_position_embeddings", &d.model.rope_original_max_position_embeddings,
+        "rope scaling: the context length the frequencies were trained for");
+    add("model.add_bias_linear", &d.model.add_bias_linear, "biases in every linear of the layers");
+    add("model.add_qkv_bias", &d.model.add_qkv_bias, "a qkv bias even without add_bias_linear (Qwen 2)");
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
     add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
@@ -289,7 +303,22 @@ void validate(const Deck& d, bool stored) {
                       << (d.model.decoder_seq_length > d.model.seq_length
                               ? "model.decoder_seq_length (" + std::to_string(d.model.decoder_seq_length) + ")"
                               : "model.seq_length (" + std::to_string(d.model.seq_length) + ")"));
-  TRIDENT_REQUIRE(d.model.norm_epsilon > 0, "deck: model.layernorm_epsilon must be > 0");
+  TRIDENT_REQUIRE(d.model.norm_epsilon > 0, "deck: model.norm_epsilon must be > 0");
+  TRIDENT_REQUIRE(d.model.rotary_base > 1, "deck: model.rotary_base must be > 1");
+  TRIDENT_REQUIRE(d.model.rotary_percent > 0 && d.model.rotary_percent <= 1,
+                  "deck: model.rotary_percent must be in (0, 1]");
+  TRIDENT_REQUIRE(d.model.rope_scaling_factor >= 1, "deck: model.rope_scaling_factor must be >= 1");
+  TRIDENT_REQUIRE(d.model.rope_low_freq_factor > 0 && d.model.rope_high_freq_factor > d.model.rope_low_freq_factor,
+                  "deck: model.rope_high_freq_factor must exceed model.rope_low_freq_factor > 0");
+  TRIDENT_REQUIRE(d.model.rope_original_max_position_embeddings > 0,
+                  "deck: model.rope_original_max_position_embeddings must be > 0");
+  if (d.model.position_embedding_type == "rope") {
+    const std::int64_t hs = d.model.hidden_size / d.model.num_heads;
+    const auto rot = static_cast<std::int64_t>(static_cast<double>(hs) * d.model.rotary_percent);
+    TRIDENT_REQUIRE(rot >= 2 && rot % 2 == 0, "deck: model.rotary_percent (" << d.model.rotary_percent << ") turns "
+                                                                             << rot << " of the head's " << hs
+                                                                             << " channels: must be even and >= 2");
+  }
   TRIDENT_REQUIRE(d.model.init_method_std > 0, "deck: model.init_method_std must be > 0");
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
@@ -384,7 +413,16 @@ void validate(const Deck& d, bool stored) {
 }
 
 void finish(Deck& d) {
-  if (d.model.ffn_hidden_size == 0) d.model.ffn_hidden_size = 4 * d.model.hidden_size;
+  // Megatron: 4h, or under swiglu int(8h / 3 / 64) * 64 (each of gate and up)
+  if (d.model.ffn_hidden_size == 0)
+    d.model.ffn_hidden_size = d.model.swiglu ? (8 * d.model.hidden_size / 3) / 64 * 64 : 4 * d.model.hidden_size;
+  if (d.model.layernorm_epsilon > 0) {  // the alias, when given
+    TRIDENT_REQUIRE(d.model.norm_epsilon == ModelArch{}.norm_epsilon ||
+                        d.model.norm_epsilon == d.model.layernorm_epsilon,
+                    "deck: model.norm_epsilon (" << d.model.norm_epsilon << ") and its alias model.layernorm_epsilon ("
+                                                 << d.model.layernorm_epsilon << ") differ");
+    d.model.norm_epsilon = d.model.layernorm_epsilon;
+  }
   if (d.model.max_position_embeddings == 0)
     d.model.max_position_embeddings = std::max(d.model.seq_length, d.model.decoder_seq_length);
   if (d.optim.decay_iters == 0) d.optim.decay_iters = d.train.iters;

@@ -18,6 +18,7 @@ struct Deck {
   struct Model : ModelArch {
     Model() { hidden_dropout = attention_dropout = 0.1; }  // Megatron's defaults
     std::int64_t num_layers = 0, seq_length = 0;
+    double layernorm_epsilon = 0.0;  // the alias of norm_epsilon (0: not given)
     std::int64_t max_position_embeddings = 0, vocab_size = 0, make_vocab_size_divisible_by = 128;
     // T5 only (Megatron's --decoder-seq-length, --decoder-num-layers): seq_length and
     // num_layers are the encoder's; decoder_num_layers 0 means num_layers.

@@ -3,12 +3,17 @@
 #include "layers/layer_modules.hpp"
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "layers/layer_norm.hpp"
+#include "layers/rms_norm.hpp"
 #include "ops/fused.hpp"
 #include "ops/gelu.hpp"
+#include "ops/swiglu.hpp"
 
 namespace trident {
 
@@ -31,6 +36,67 @@ class GeluActivation final : public MlpActivation {
   }
 };
 
+// bias + SwiGLU: fc1's [gate | up] (ops/swiglu), silu(gate) * up.
+class SwigluActivation final : public MlpActivation {
+ public:
+  std::int64_t blocks() const override { return 2; }
+  void forward(const Act& pre, const Act& out, const FloatView& y, const Act& bias, std::int64_t rows,
+               std::int64_t F) const override {
+    bias_swiglu_forward(pre, out, y, bias, rows, F);
+  }
+  void backward(const FloatView& dpre, const FloatView& dout, const Act& pre, std::int64_t rows,
+                std::int64_t F) const override {
+    swiglu_backward(dpre, dout, pre, rows, F);
+  }
+  void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const override {
+    swiglu_forward(out, pre, rows, F);
+  }
+};
+
+class LearnedPositions final : public PositionEncoding {
+ public:
+  bool learned_table() const override { return true; }
+};
+class NoPositions final : public PositionEncoding {};
+
+// Rotary positions: one cos / sin table per frequency set and length, shared by the layers that
+// use it (the cache holds weak references, so the table goes with its last layer, before Kokkos
+// is finalised).
+class RotaryPositions final : public PositionEncoding {
+ public:
+  RotaryPositions(const RopeFrequencies& f, std::int64_t positions) : table_(make_rope_table(f, positions)) {}
+  void apply(const Act& qkv, const RopeLayout& l, const IntView& positions) const override {
+    rope_forward(qkv, table_, l, positions);
+  }
+  void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const override {
+    rope_backward(dqkv, table_, l, positions);
+  }
+
+ private:
+  RopeTable table_;
+};
+
+std::shared_ptr<const PositionEncoding> rotary(const ModelArch& a, std::int64_t hs, std::int64_t positions) {
+  RopeFrequencies f;
+  f.rot = static_cast<std::int64_t>(static_cast<double>(hs) * a.rotary_percent);
+  f.base = a.rotary_base;
+  f.scaling = a.use_rope_scaling;
+  f.factor = a.rope_scaling_factor;
+  f.low_freq_factor = a.rope_low_freq_factor;
+  f.high_freq_factor = a.rope_high_freq_factor;
+  f.original_max_positions = static_cast<double>(a.rope_original_max_position_embeddings);
+  using Key = std::tuple<std::int64_t, double, bool, double, double, double, double, std::int64_t>;
+  static std::mutex m;
+  static std::map<Key, std::weak_ptr<const PositionEncoding>> cache;
+  const Key k{f.rot,    f.base, f.scaling, f.factor, f.low_freq_factor, f.high_freq_factor, f.original_max_positions,
+              positions};
+  const std::lock_guard<std::mutex> lock(m);
+  if (auto p = cache[k].lock()) return p;
+  std::shared_ptr<const PositionEncoding> p = std::make_shared<RotaryPositions>(f, positions);
+  cache[k] = p;
+  return p;
+}
+
 template <class Make>
 struct Entry {
   const char* name;
@@ -39,12 +105,16 @@ struct Entry {
 
 using MakeNorm = std::function<std::shared_ptr<const NormModule>(ParamStore&, const std::string&, std::int64_t, float)>;
 using MakeActivation = std::function<std::shared_ptr<const MlpActivation>()>;
+using MakePositions =
+    std::function<std::shared_ptr<const PositionEncoding>(const ModelArch&, std::int64_t, std::int64_t)>;
 
 // ---- the registries: one entry per variant ----
 const std::vector<Entry<MakeNorm>>& normalizations() {
   static const std::vector<Entry<MakeNorm>> r = {
       {"LayerNorm", [](ParamStore& s, const std::string& n, std::int64_t C,
                        float eps) { return std::make_shared<LayerNorm>(s, n, C, eps); }},
+      {"RMSNorm", [](ParamStore& s, const std::string& n, std::int64_t C,
+                     float eps) { return std::make_shared<RMSNorm>(s, n, C, eps); }},
   };
   return r;
 }
@@ -52,6 +122,17 @@ const std::vector<Entry<MakeNorm>>& normalizations() {
 const std::vector<Entry<MakeActivation>>& mlp_activations() {
   static const std::vector<Entry<MakeActivation>> r = {
       {"gelu", [] { return std::make_shared<GeluActivation>(); }},
+      {"swiglu", [] { return std::make_shared<SwigluActivation>(); }},
+  };
+  return r;
+}
+
+const std::vector<Entry<MakePositions>>& position_encodings() {
+  static const std::vector<Entry<MakePositions>> r = {
+      {"learned_absolute",
+       [](const ModelArch&, std::int64_t, std::int64_t) { return std::make_shared<LearnedPositions>(); }},
+      {"rope", rotary},
+      {"none", [](const ModelArch&, std::int64_t, std::int64_t) { return std::make_shared<NoPositions>(); }},
   };
   return r;
 }
@@ -76,9 +157,16 @@ std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch) 
   return lookup(mlp_activations(), arch.mlp_activation(), "model.swiglu").make();
 }
 
+std::shared_ptr<const PositionEncoding> make_position_encoding(const ModelArch& arch, std::int64_t hs,
+                                                               std::int64_t positions) {
+  return lookup(position_encodings(), arch.position_embedding_type, "model.position_embedding_type")
+      .make(arch, hs, positions);
+}
+
 void check_layer_modules(const ModelArch& arch) {
   lookup(normalizations(), arch.normalization, "model.normalization");
   lookup(mlp_activations(), arch.mlp_activation(), "model.swiglu");
+  lookup(position_encodings(), arch.position_embedding_type, "model.position_embedding_type");
 }
 
 }  // namespace trident

@@ -1,7 +1,10 @@
 // The slots of the one transformer layer (docs/DESIGN.md "Layer spec") and the registries that
 // fill them by name from the architecture (common/model_arch's ModelArch):
 //   normalisation  ModelArch::normalization     LayerNorm (layers/layer_norm)
-//   MLP activation ModelArch::mlp_activation()  gelu (bias + GELU)
+//   normalisation  (entries)                    RMSNorm (layers/rms_norm)
+//   MLP activation ModelArch::mlp_activation()  gelu (bias + GELU), swiglu (bias + SiLU-gated)
+//   positions      ModelArch::position_embedding_type  learned_absolute (the embedding's table),
+//                                               rope (ops/rope on the queries and keys), none
 // A module implements its slot's interface; a variant is one module plus one entry in its slot's
 // registry (layer_modules.cpp), and the layer, the model and the deck's check read it by name.
 // An unknown name is one error naming the deck key and the registry's names.
@@ -12,6 +15,7 @@
 
 #include "common/model_arch.hpp"
 #include "layers/param_store.hpp"
+#include "ops/rope.hpp"
 
 namespace trident {
 
@@ -67,6 +71,21 @@ class MlpActivation {
   virtual void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const = 0;
 };
 std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch);
+
+// The position encoding. A learned table lives in the model's embedding (learned_table()); a
+// rotary one turns the query and key heads of each layer's qkv after the projection and turns
+// their gradient back before it.
+class PositionEncoding {
+ public:
+  virtual ~PositionEncoding() = default;
+  virtual bool learned_table() const { return false; }
+  // qkv (l.rows, l.width) in place; positions (l.rows) or empty: row % l.T
+  virtual void apply(const Act& qkv, const RopeLayout& l, const IntView& positions) const {}
+  virtual void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const {}
+};
+// hs: the head dimension; positions: the longest sequence the model runs (model.max_position_embeddings).
+std::shared_ptr<const PositionEncoding> make_position_encoding(const ModelArch& arch, std::int64_t hs,
+                                                               std::int64_t positions);
 
 // Fails with one error naming the deck key and the registered names when the architecture names
 // a module no slot has.

@@ -139,7 +139,7 @@ GemmOperand dy_operand(const Act& w, const FloatView& dy, const HalfView& dy16) 
 
 ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in,
                                            std::int64_t out, float init_std, const TensorParallel& tp,
-                                           std::int64_t rows, std::int64_t row_blocks, LoraSpec lora)
+                                           std::int64_t rows, std::int64_t row_blocks, LoraSpec lora, bool bias)
     : store_(&store), tp_(tp), in_(in), rows_(rows) {
   const std::int64_t p = tp.size(), r = tp.rank();
   TRIDENT_REQUIRE(out % (p * row_blocks) == 0, name << ": output size " << out << " is not divisible by tp = " << p);
@@ -165,7 +165,10 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   b.weight_decay = false;
   b.init_std = 0.f;
   b.init_value = 0.f;
-  b_ = store.declare(b);
+  if (bias)
+    b_ = store.declare(b);
+  else
+    zeros_ = make_act(store.dtype(), "column_linear::no_bias", out_local_);
   lora_ = declare_lora(store, name, w, true, lora, rows);
   if (tp.sequence_parallel) {
     dgathered_ = make_float("column_linear::dgathered", rows * in);
@@ -185,13 +188,16 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
     gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(),
          out_local_);
     if (lora_.on()) lora_forward(*store_, lora_, rows_, in_, out_local_, operand(input), y.f.data());
-    if (add_bias_here) add_bias(y.f, store_->value(b_), rows_, out_local_);
+    if (add_bias_here && b_ >= 0) add_bias(y.f, store_->value(b_), rows_, out_local_);
     return;
   }
   gemm_mixed(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, operand(input), in_, operand(w), in_, 0.f, y32.data(),
              out_local_);
   if (lora_.on()) lora_forward(*store_, lora_, rows_, in_, out_local_, operand(input), y32.data());
-  if (add_bias_here) add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
+  if (add_bias_here && b_ >= 0)
+    add_bias_pack_half(w.dt, y.h, y32, store_->value16(b_), rows_, out_local_);
+  else if (add_bias_here)
+    pack_half(w.dt, y.h, y32, rows_ * out_local_);
 }
 
 void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered,
@@ -207,7 +213,7 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   // dW_local += dy^T input
   if (store_->trains(w_)) {
     linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
-    bias_backward(store_->grad(b_), dy, rows_, out_local_);
+    if (b_ >= 0) bias_backward(store_->grad(b_), dy, rows_, out_local_);
   } else {
     frozen_backward_gemm(rows_, in_, out_local_, dy, w, dinput, dy16);
   }
@@ -221,7 +227,8 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
 }
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out,
-                                     float init_std, const TensorParallel& tp, std::int64_t rows, LoraSpec lora)
+                                     float init_std, const TensorParallel& tp, std::int64_t rows, LoraSpec lora,
+                                     bool bias)
     : store_(&store), tp_(tp), out_(out), rows_(rows) {
   const std::int64_t p = tp.size(), r = tp.rank();
   TRIDENT_REQUIRE(in % p == 0, name << ": input size " << in << " is not divisible by tp = " << p);
@@ -236,7 +243,10 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
   w.weight_decay = true;
   w.init_std = init_std;
   w_ = store.declare(w);
-  b_ = store.declare(name + "/bias", {out}, false, 0.f, 0.f);  // replicated over TP
+  if (bias)
+    b_ = store.declare(name + "/bias", {out}, false, 0.f, 0.f);  // replicated over TP
+  else
+    zeros_ = make_act(store.dtype(), "row_linear::no_bias", out);
   lora_ = declare_lora(store, name, w, false, lora, rows);
   if (tp.sequence_parallel) partial_ = make_float("row_linear::partial", rows * out);
   if (tp.sequence_parallel) dy_full_ = make_float("row_linear::dy_full", rows * out);
@@ -257,7 +267,7 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, y, rows_ * out_);
   }
-  if (add_bias_here) add_bias(y, store_->param(b_), out_rows, out_);
+  if (add_bias_here && b_ >= 0) add_bias(y, store_->param(b_), out_rows, out_);
 }
 
 void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16) {
@@ -266,7 +276,8 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
-  if (store_->trains(b_)) bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
+  if (b_ >= 0 && store_->trains(b_))
+    bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
   FloatView dfull = dy;  // (rows, out) once gathered
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
@@ -287,7 +298,7 @@ void ColumnParallelLinear::infer(const FloatView& y, const FloatView& x, std::in
                   "internal: inference runs fp32 parameters without sequence parallelism or adapters");
   gemm(Trans::N, Trans::T, rows, out_local_, in_, 1.f, x.data(), in_, store_->value(w_).data(), in_, 0.f, y.data(),
        out_local_);
-  add_bias(y, store_->param(b_), rows, out_local_);
+  if (b_ >= 0) add_bias(y, store_->param(b_), rows, out_local_);
 }
 
 void RowParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64_t rows) const {
@@ -297,7 +308,7 @@ void RowParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64
        y.data(), out_);
   Kokkos::fence();
   ReduceFromTensorParallelRegion::forward(tp_, y, rows * out_);
-  add_bias(y, store_->param(b_), rows, out_);
+  if (b_ >= 0) add_bias(y, store_->param(b_), rows, out_);
 }
 
 }  // namespace trident

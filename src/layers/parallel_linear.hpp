@@ -45,7 +45,8 @@ class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
   ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1, LoraSpec lora = {});
+                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1, LoraSpec lora = {},
+                       bool bias = true);
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
   // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.
@@ -54,7 +55,8 @@ class ColumnParallelLinear {
   // add_bias false (Megatron's skip_bias_add): the bias is left to a fused consumer (bias +
   // GELU); y.f then holds the GEMM output (fp32), or y32 does (16-bit: y is not written).
   void forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32 = {}, bool add_bias = true);
-  Act bias() const { return store_->param(b_); }
+  // the bias; zeros for a layer without one (bias false: Megatron's --disable-bias-linear)
+  Act bias() const { return b_ >= 0 ? store_->param(b_) : zeros_; }
   // dx (like x, fp32) from the fp32 dy (rows, out/tp); x is the forward input, `gathered` a
   // workspace. With 16-bit parameters dy is rounded into the workspace dy16 for the GEMMs and the
   // weight gradient accumulates in fp32.
@@ -68,7 +70,8 @@ class ColumnParallelLinear {
  private:
   ParamStore* store_ = nullptr;
   TensorParallel tp_;
-  ParamId w_ = -1, b_ = -1;
+  ParamId w_ = -1, b_ = -1;  // b_ -1: no bias
+  Act zeros_;                // stands for the absent bias in fused consumers
   std::int64_t in_ = 0, out_local_ = 0, rows_ = 0;
   FloatView dgathered_;  // (rows, in) under sequence parallelism
   LoraAdapters lora_;
@@ -78,12 +81,13 @@ class RowParallelLinear {
  public:
   RowParallelLinear() = default;
   RowParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-                    const TensorParallel& tp, std::int64_t rows, LoraSpec lora = {});
+                    const TensorParallel& tp, std::int64_t rows, LoraSpec lora = {}, bool bias = true);
   // y (rows, out) or, with sequence parallelism, (rows/tp, out), from x (rows, in/tp).
   // x is fp32 or (16-bit parameters) 16-bit words; y is fp32 (the residual branch).
   // add_bias false: the bias is left to a fused consumer (bias + dropout + residual add).
   void forward(const FloatView& y, const Act& x, bool add_bias = true);
-  Act bias() const { return store_->param(b_); }
+  // the bias; zeros for a layer without one (bias false: Megatron's --disable-bias-linear)
+  Act bias() const { return b_ >= 0 ? store_->param(b_) : zeros_; }
   // dx (rows, in/tp) fp32 from the fp32 dy (like y); x is the forward input; dy16 a 16-bit
   // workspace (rows, out) with 16-bit parameters.
   void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {});
@@ -95,7 +99,8 @@ class RowParallelLinear {
  private:
   ParamStore* store_ = nullptr;
   TensorParallel tp_;
-  ParamId w_ = -1, b_ = -1;
+  ParamId w_ = -1, b_ = -1;  // b_ -1: no bias
+  Act zeros_;                // stands for the absent bias in fused consumers
   std::int64_t in_local_ = 0, out_ = 0, rows_ = 0;
   FloatView partial_, dy_full_;  // (rows, out) under sequence parallelism
   LoraAdapters lora_;

@@ -85,12 +85,14 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
     : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.hidden_size, s),
       norm2_(store, p + "/post_attention_layernorm", s.hidden_size, s), act_(make_mlp_activation(s)),
       qkv_(store, p + "/self_attention/qkv", s.hidden_size, 3 * s.hidden_size, s.init_std(), s.tp, s.rows(), 3,
-           s.lora_for("qkv")),
+           s.lora_for("qkv"), s.qkv_bias()),
       fc1_(store, p + "/mlp/fc1", s.hidden_size, act_->blocks() * s.ffn_hidden_size, s.init_std(), s.tp, s.rows(),
-           act_->blocks(), s.lora_for("fc1")),
+           act_->blocks(), s.lora_for("fc1"), s.add_bias_linear),
       proj_(store, p + "/self_attention/proj", s.hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(),
-            s.lora_for("proj")),
-      fc2_(store, p + "/mlp/fc2", s.ffn_hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2")) {
+            s.lora_for("proj"), s.add_bias_linear),
+      fc2_(store, p + "/mlp/fc2", s.ffn_hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2"),
+           s.add_bias_linear) {
+  pos_ = make_position_encoding(s, s.hidden_size / s.num_heads, std::max(s.max_positions, s.T));
   attend_ = s.flash_attention ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
   attend_backward_ = s.flash_attention ? &TransformerLayer::fused_attend_backward
                                        : &TransformerLayer::gemm_attend_backward;
@@ -98,11 +100,11 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
     normx_ = Norm(store, p + "/cross_attention_layernorm", s.hidden_size, s);
     cq_ = ColumnParallelLinear(store, p + "/cross_attention/q", s.hidden_size, s.hidden_size, s.init_std(), s.tp,
-                               s.rows(), 1, s.lora_for("cross_q"));
+                               s.rows(), 1, s.lora_for("cross_q"), s.add_bias_linear);
     ckv_ = ColumnParallelLinear(store, p + "/cross_attention/kv", s.hidden_size, 2 * s.hidden_size, s.init_std(), s.tp,
-                                s.enc_rows(), 2, s.lora_for("cross_kv"));
+                                s.enc_rows(), 2, s.lora_for("cross_kv"), s.add_bias_linear);
     cproj_ = RowParallelLinear(store, p + "/cross_attention/proj", s.hidden_size, s.hidden_size, s.out_init_std, s.tp,
-                               s.rows(), s.lora_for("cross_proj"));
+                               s.rows(), s.lora_for("cross_proj"), s.add_bias_linear);
     TRIDENT_REQUIRE(!s.tp.sequence_parallel || s.enc_rows() % tp == 0,
                     "sequence parallelism splits micro_batch_size x encoder_seq_length = "
                         << s.enc_rows() << " tokens over tp = " << tp << ": not divisible");
@@ -212,6 +214,8 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
+  Kokkos::fence();
+  pos_->apply(a.qkv, rope_layout(s_.rows()), {});
   (this->*attend_)(a, s, as, att_spec);
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
@@ -230,6 +234,21 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   record_dropout("after_fc2", index_, fc2_spec, {R, C});
   bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, fc2_spec);
   Kokkos::fence();
+}
+
+// The rotated heads of qkv rows: this rank's query heads, then its key heads, after them.
+RopeLayout TransformerLayer::rope_layout(std::int64_t rows) const {
+  const std::int64_t p = s_.tp.size(), Cl = s_.hidden_size / p, nhl = s_.num_heads / p;
+  RopeLayout l;
+  l.rows = rows;
+  l.T = s_.T;
+  l.width = 3 * Cl;
+  l.hs = s_.hidden_size / s_.num_heads;
+  l.q0 = 0;
+  l.nq = nhl;
+  l.k0 = Cl;
+  l.nk = nhl;
+  return l;
 }
 
 AttentionShape TransformerLayer::cross_shape() const {
@@ -309,6 +328,8 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   (this->*attend_backward_)(a, s, as, att_spec);
   Kokkos::fence();
+  pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), {});
+  Kokkos::fence();
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
   Kokkos::fence();
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
@@ -322,6 +343,8 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
   qkv_.infer(w.qkv, w.h, R);  // (R, 3C/tp)
+  Kokkos::fence();
+  pos_->apply(act(w.qkv), rope_layout(R), positions);
   Kokkos::fence();
   kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, Cl);
   Kokkos::fence();

@@ -21,8 +21,9 @@ namespace trident {
 // One stack's layers: the architecture (ModelArch, as the model configuration holds it) and the
 // stack's shapes and run-time choices.
 struct TransformerShape : ModelArch {
-  std::int64_t B = 0, T = 0;  // micro-batch, sequence (global sizes)
-  float out_init_std = 0.f;   // std of the output projections
+  std::int64_t B = 0, T = 0;       // micro-batch, sequence (global sizes)
+  std::int64_t max_positions = 0;  // the longest sequence of the model (rotary tables, generation)
+  float out_init_std = 0.f;        // std of the output projections
   TensorParallel tp;
   // Storage of the parameters and of the activations that feed GEMMs (fp32, or bf16 / fp16
   // words for mixed precision); the residual stream, statistics and gradients stay fp32
@@ -175,8 +176,10 @@ class TransformerLayer {
   std::int64_t index_;
   AttendForward attend_ = nullptr;
   AttendBackward attend_backward_ = nullptr;
-  Norm norm1_, norm2_, normx_;                // the normalisation slot
-  std::shared_ptr<const MlpActivation> act_;  // the MLP activation slot
+  Norm norm1_, norm2_, normx_;                   // the normalisation slot
+  std::shared_ptr<const MlpActivation> act_;     // the MLP activation slot
+  std::shared_ptr<const PositionEncoding> pos_;  // the position slot (rotary: in the self-attention)
+  RopeLayout rope_layout(std::int64_t rows) const;
   ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
   RowParallelLinear proj_, fc2_, cproj_;
 };

@@ -105,9 +105,11 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   embedding_lookup(x, tokens_, store.value(model_->word_embeddings()), model_->vocab_start(), Vl_, R, C);
   Kokkos::fence();
   tp_allreduce(tp, x, R * C);
-  embedding_lookup(out, positions_, store.value(model_->position_embeddings()), 0, cfg_.max_positions, R, C);
-  Kokkos::fence();
-  accumulate(x, out, R * C);
+  if (cfg_.learned_positions()) {  // rotary positions turn the queries and keys in each layer instead
+    embedding_lookup(out, positions_, store.value(model_->position_embeddings()), 0, cfg_.max_positions, R, C);
+    Kokkos::fence();
+    accumulate(x, out, R * C);
+  }
   AttentionShape as{B, n, Cl_, nhl_};
   as.Tk = n > 1 ? n : Tk;
   as.kv_stride = L;

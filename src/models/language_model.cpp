@@ -73,7 +73,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   wte.init_std = cfg.init_std();
   const bool embeds = stage_.pre || dec_start_ >= 0;  // the first stack's or the decoder's embeddings
   if (embeds || stage_.post) wte_ = store.declare(wte);
-  if (embeds) {
+  if (embeds && cfg.learned_positions()) {
     ParamInfo wpe;  // one table for the encoder and the decoder
     wpe.name = "model/embedding/position_embeddings";
     wpe.shape = wpe.global_shape = wpe.valid = {cfg.max_positions, C};
@@ -90,6 +90,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   static_cast<ModelArch&>(ts) = cfg;  // the architecture, whole
   ts.B = B_;
   ts.T = T;
+  ts.max_positions = cfg.max_positions;
   ts.out_init_std = cfg.init_std() / std::sqrt(2.0f * static_cast<float>(cfg.total_layers()));
   ts.tp = tp;
   ts.dt = cfg.dt;
@@ -322,7 +323,7 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
     ReduceFromTensorParallelRegion::forward(tp_, word, BT * C);
     Kokkos::deep_copy(out, word);
   }
-  add_positions(out, store_->param(wpe_), row0, R, T, C);
+  if (wpe_ >= 0) add_positions(out, store_->param(wpe_), row0, R, T, C);
   if (tte_ >= 0) {  // token types of this rank's rows; word_ is free again
     Kokkos::fence();
     embedding_lookup(word_, slice(types, row0, R), store_->param(tte_), 0, cfg_.num_token_types, R, C);
@@ -344,7 +345,7 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
   DropoutSpec d = embedding_dropout(rng);
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
   dropout_backward(dout, dout, R * C, d);
-  add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C);
+  if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C);
   Kokkos::fence();
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
   // backward); without sequence parallelism dout is already complete on every TP rank.
@@ -512,7 +513,13 @@ double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
                        (24.0 * sd * h * h + 4.0 * sd * sd * h + 4.0 * sd * h * h + 4.0 * s * h * h + 4.0 * sd * s * h);
     return 3.0 * B * (enc + dec + 2.0 * sd * h * V);
   }
-  return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l));
+  const double F = static_cast<double>(cfg_.ffn_hidden_size);
+  if (!cfg_.swiglu && F == 4.0 * h)  // GPT-2's MLP: the formula as it always printed
+    return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l));
+  // Megatron's num_floating_point_operations (megatron/training/training.py): 12 B s l h^2 x
+  // (attention 2 + s/h, MLP F/h, x 3/2 for a gated unit's third GEMM, logits V / (2 l h))
+  const double gated = cfg_.swiglu ? 1.5 : 1.0;
+  return 12.0 * B * s * l * h * h * (2.0 + s / h + F / h * gated + V / (2.0 * l * h));
 }
 
 }  // namespace trident

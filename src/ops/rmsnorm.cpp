@@ -1,0 +1,88 @@
+// RMSNorm forward/backward (rmsnorm.hpp), laid out as ops/layernorm: one thread per row for the
+// row-wise parts (the rank's host threads through common/host_parallel), blocks of channels for
+// the weight gradient (deterministic, no atomics).
+#include "ops/rmsnorm.hpp"
+
+#include "common/device_math.hpp"
+#include "common/error.hpp"
+#include "common/half.hpp"
+#include "common/host_parallel.hpp"
+#include "common/simd.hpp"
+
+namespace trident {
+
+namespace detail {
+
+template <class F, class VO, class VW>
+void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, const VW& w, std::int64_t N,
+                     std::int64_t C, float eps) {
+  for_each_index(
+      "ops::rmsnorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
+        const std::int64_t base = n * C;
+        float ms = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) ms += x(base + c) * x(base + c);
+        ms /= C;
+        const float r = 1.f / dsqrt(ms + eps);
+        for (std::int64_t c = 0; c < C; ++c) out(base + c) = F::store(x(base + c) * r * F::load(w(c)));
+        rstd(n) = r;
+      });
+}
+
+// y = x r w with r = (mean(x^2) + eps)^(-1/2): dx = r (dn - xhat mean(dn xhat)), dn = dout w,
+// xhat = x r; dw = sum_n dout xhat.
+template <class F, class VW>
+void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const VW& w,
+                      const FloatView& rstd, std::int64_t N, std::int64_t C) {
+  for_each_index(
+      "ops::rmsnorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
+        const std::int64_t base = n * C;
+        const float r = rstd(n);
+        float mean_dx = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) mean_dx += dout(base + c) * F::load(w(c)) * x(base + c) * r;
+        mean_dx /= C;
+        for (std::int64_t c = 0; c < C; ++c) {
+          const float xhat = x(base + c) * r;
+          dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
+        }
+      });
+  constexpr std::int64_t kCols = 64;
+  const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
+  float* dwd = dw.data();
+  Kokkos::parallel_for(
+      "ops::rmsnorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
+        const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;
+        float sw[kCols] = {};
+        for (std::int64_t n = 0; n < N; ++n) {
+          const float r = rd[n];
+          const float *xr = xd + n * C, *dr = dd + n * C;
+          TRIDENT_SIMD
+          for (std::int64_t c = c0; c < c1; ++c) sw[c - c0] += dr[c] * xr[c] * r;
+        }
+        for (std::int64_t c = c0; c < c1; ++c) dwd[c] += sw[c - c0];
+      });
+}
+
+}  // namespace detail
+
+void rmsnorm_forward(const Act& out, const FloatView& rstd, const FloatView& x, const Act& w, std::int64_t N,
+                     std::int64_t C, float eps) {
+  if (w.dt != out.dt) throw Error::one("internal: rmsnorm_forward with mixed storage types");
+  if (out.dt == DType::F32)
+    detail::rmsnorm_forward<F32Fmt>(out.f, rstd, x, w.f, N, C, eps);
+  else if (out.dt == DType::BF16)
+    detail::rmsnorm_forward<Bf16Fmt>(out.h, rstd, x, w.h, N, C, eps);
+  else
+    detail::rmsnorm_forward<Fp16Fmt>(out.h, rstd, x, w.h, N, C, eps);
+}
+
+void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const Act& w,
+                      const FloatView& rstd, std::int64_t N, std::int64_t C) {
+  if (w.dt == DType::F32)
+    detail::rmsnorm_backward<F32Fmt>(dx, dw, dout, x, w.f, rstd, N, C);
+  else if (w.dt == DType::BF16)
+    detail::rmsnorm_backward<Bf16Fmt>(dx, dw, dout, x, w.h, rstd, N, C);
+  else
+    detail::rmsnorm_backward<Fp16Fmt>(dx, dw, dout, x, w.h, rstd, N, C);
+}
+
+}  // namespace trident
