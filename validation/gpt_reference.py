@@ -160,6 +160,7 @@ class Config:
         self.swiglu = g("model", "swiglu", _to_bool, False)
         self.add_bias_linear = g("model", "add_bias_linear", _to_bool, True)
         self.add_qkv_bias = g("model", "add_qkv_bias", _to_bool, False)
+        self.untied = g("model", "untie_embeddings_and_output_weights", _to_bool, False)
         if self.normalization not in ("LayerNorm", "RMSNorm"):
             raise InputError("deck key [model] normalization: unknown value %r" % self.normalization)
         if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
@@ -252,6 +253,8 @@ def expected_shapes(cfg):
         linear(p + "mlp/fc1", F1, C, cfg.add_bias_linear)
         linear(p + "mlp/fc2", C, Fh, cfg.add_bias_linear)
     norm("model/final_layernorm")
+    if cfg.untied:  # an output layer of its own (Megatron's output_layer, Hugging Face's lm_head)
+        out["model/output_layer/weight"] = (V, C)
     return out
 
 
@@ -454,6 +457,21 @@ class GPTReference:
         x = x + self._drop(self._lin(h, pre + "mlp/fc2"), "after_fc2", i, "hidden_dropout", (B * T, C))
         return x
 
+    def logits(self, inp):
+        """Next-token logits (B, T, V) of a (B, T) int64 tensor of tokens (no dropout)."""
+        cfg, p = self.cfg, self.params
+        B, T = inp.shape
+        x = p["model/embedding/word_embeddings"][inp]
+        if cfg.learned_positions:
+            x = x + p["model/embedding/position_embeddings"][:T].unsqueeze(0)
+        for i in range(cfg.num_layers):
+            x = self._block(x, i)
+        return F.linear(self._norm(x, "model/final_layernorm"), self._output_weight())
+
+    def _output_weight(self):
+        p = self.params
+        return p["model/output_layer/weight"] if self.cfg.untied else p["model/embedding/word_embeddings"]
+
     def loss_sum(self, windows):
         """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows."""
         cfg, p = self.cfg, self.params
@@ -467,7 +485,7 @@ class GPTReference:
         for i in range(cfg.num_layers):
             x = self._block(x, i)
         x = self._norm(x, "model/final_layernorm")
-        logits = F.linear(x.reshape(B * T, cfg.hidden_size), wte)             # (B*T, V), tied head
+        logits = F.linear(x.reshape(B * T, cfg.hidden_size), self._output_weight())  # (B*T, V)
         return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
 
 
@@ -595,8 +613,8 @@ class GPTReference16(GPTReference):
     gradients; MasterAdamW keeps the fp32 masters and writes the rounded masters back."""
 
     def __init__(self, cfg, params_np, fmt, dtype=torch.float64):
-        if (cfg.normalization, cfg.position_embedding_type, cfg.swiglu, cfg.add_bias_linear) != \
-                ("LayerNorm", "learned_absolute", False, True):
+        if (cfg.normalization, cfg.position_embedding_type, cfg.swiglu, cfg.add_bias_linear, cfg.untied) != \
+                ("LayerNorm", "learned_absolute", False, True, False):
             raise InputError("the 16-bit emulation covers GPT-2's layer only (LayerNorm, learned positions, GELU, "
                              "biases); compare this run with --emulate none")
         super().__init__(cfg, params_np, dtype)

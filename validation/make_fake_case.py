@@ -134,7 +134,7 @@ class _FakeCfg:
         self.hidden_size, self.ffn_hidden_size, self.num_layers = a.hidden, a.ffn, a.layers
         # GPT-2's layer (the reference's defaults for the Llama-family variants)
         self.learned_positions, self.normalization, self.swiglu = True, "LayerNorm", False
-        self.add_bias_linear, self.add_qkv_bias = True, False
+        self.add_bias_linear, self.add_qkv_bias, self.untied = True, False, False
 
 
 def write_checkpoint(path, deck, params, exp_avg, exp_avg_sq, iteration, consumed):
@@ -422,8 +422,11 @@ def check_forward_numpy():
     rng = np.random.default_rng(7)
     params = init_params(A, rng)
     params = {n: v * (5.0 if v.ndim == 2 else 1.0) for n, v in params.items()}  # non-trivial attention
-    cfg = type("Cfg", (), dict(num_layers=2, hidden_size=12, num_heads=3, head_dim=4,
-                               ffn_hidden_size=20, vocab_size=37, layernorm_epsilon=1e-5))()
+    cfg = type("Cfg", (), dict(num_layers=2, hidden_size=12, num_heads=3, head_dim=4, ffn_hidden_size=20,
+                               vocab_size=37, max_position_embeddings=9, layernorm_epsilon=1e-5,
+                               learned_positions=True, normalization="LayerNorm", swiglu=False,
+                               position_embedding_type="learned_absolute", add_bias_linear=True,
+                               add_qkv_bias=False, untied=False))()
     windows = rng.integers(0, A.vocab, size=(3, 8))
     model = ref.GPTReference(cfg, params, torch.float64)
     mine = float(model.loss_sum(torch.from_numpy(windows))) / (3 * 7)

@@ -35,6 +35,9 @@ struct ModelArch {
   // Biases (Megatron's --disable-bias-linear, --add-qkv-bias): every linear of the layer has one
   // when add_bias_linear; without it only the qkv projection may keep its own (Qwen 2).
   bool add_bias_linear = true, add_qkv_bias = false;
+  // The output layer: the word embeddings (tied, GPT-2) or its own vocabulary-parallel weight
+  // model/output_layer/weight on the last stage (Megatron's --untie-embeddings-and-output-weights).
+  bool untie_embeddings_and_output_weights = false;
 
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }

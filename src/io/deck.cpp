@@ -36,6 +36,7 @@ std::string fmt(const std::string& v) { return v; }
 struct Entry {
   std::string key;  // section.key
   std::function<std::string()> show;
+  const void* field = nullptr;  // where the value lives
 };
 
 // Declares every deck key once: the option table for Boost and the printer for to_ini().
@@ -55,7 +56,7 @@ class Registry {
       strings_.push_back(field);
     }
     desc_.add_options()(key.c_str(), v, help);
-    entries_.push_back({key, [field] { return fmt(*field); }});
+    entries_.push_back({key, [field] { return fmt(*field); }, field});
   }
   void declare(Deck& d) {
     add("model.num_layers", &d.model.num_layers, "transformer layers");
@@ -85,6 +86,8 @@ class Registry {
         "rope scaling: the context length the frequencies were trained for");
     add("model.add_bias_linear", &d.model.add_bias_linear, "biases in every linear of the layers");
     add("model.add_qkv_bias", &d.model.add_qkv_bias, "a qkv bias even without add_bias_linear (Qwen 2)");
+    add("model.untie_embeddings_and_output_weights", &d.model.untie_embeddings_and_output_weights,
+        "GPT: an output layer of its own instead of the word embeddings");
     add("model.init_method_std", &d.model.init_method_std, "std of normal init");
     add("model.hidden_dropout", &d.model.hidden_dropout, "dropout on embeddings and before each residual add");
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
@@ -501,6 +504,20 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> model_arch_keys(const ModelArch& arch) {
+  Deck d;
+  static_cast<ModelArch&>(d.model) = arch;
+  Registry reg(d);
+  const char* begin = reinterpret_cast<const char*>(static_cast<const ModelArch*>(&d.model));
+  const char* end = begin + sizeof(ModelArch);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : reg.entries()) {
+    const char* f = static_cast<const char*>(e.field);
+    if (f >= begin && f < end) out.emplace_back(e.key, e.show());
+  }
+  return out;
+}
 
 std::string Deck::to_ini() const {
   Deck copy = *this;

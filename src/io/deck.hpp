@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/model_arch.hpp"
@@ -130,6 +131,11 @@ struct Deck {
   // The resolved configuration as INI text.
   std::string to_ini() const;
 };
+
+// Every deck key whose value lives in ModelArch (the architecture, common/model_arch) and the
+// value it prints for `arch`, in the deck's order: the keys found from where their fields lie, so
+// a key added to ModelArch is listed without further edits.
+std::vector<std::pair<std::string, std::string>> model_arch_keys(const ModelArch& arch);
 
 // The projections named by lora.targets (comma-separated), checked: Error::all naming an
 // unknown one.

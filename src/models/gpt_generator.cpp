@@ -128,7 +128,7 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   Kokkos::fence();
   model_->final_norm().forward(h, w_.mean, w_.rstd, out, B);
   Kokkos::fence();
-  gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, store.value(model_->word_embeddings()).data(), C, 0.f,
+  gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, store.value(model_->output_weights()).data(), C, 0.f,
        logits_.data(), Vl_);
   Kokkos::fence();
   const std::int64_t p = tp.size(), V = cfg_.vocab_size;

@@ -18,7 +18,7 @@ GptModel::GptModel(const TransformerConfig& cfg, ParamStore& store, std::int64_t
   TRIDENT_REQUIRE(cfg.layer.mask == MaskKind::Causal && cfg.num_token_types == 0 && !cfg.encoder_decoder(),
                   "internal: GptModel needs GPT's layer spec (causal, no token types, no decoder)");
   if (stage.post)
-    attach_head(std::make_unique<LmHead>(store, word_embeddings(), micro_batch, cfg.seq_length, cfg.hidden_size,
+    attach_head(std::make_unique<LmHead>(store, output_weights(), micro_batch, cfg.seq_length, cfg.hidden_size,
                                          cfg.vocab_size, vocab_local(), vocab_start(), tp, cfg.dt,
                                          /*with_bias=*/false, /*per_target_mean=*/false));
 }

@@ -72,7 +72,8 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   wte.weight_decay = true;
   wte.init_std = cfg.init_std();
   const bool embeds = stage_.pre || dec_start_ >= 0;  // the first stack's or the decoder's embeddings
-  if (embeds || stage_.post) wte_ = store.declare(wte);
+  const bool untied = cfg.untie_embeddings_and_output_weights;
+  if (embeds || (stage_.post && !untied)) wte_ = store.declare(wte);
   if (embeds && cfg.learned_positions()) {
     ParamInfo wpe;  // one table for the encoder and the decoder
     wpe.name = "model/embedding/position_embeddings";
@@ -109,6 +110,12 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   if (dec_start_ >= 0) enc_lnf_ = Norm(store, "model/encoder/final_layernorm", C, cfg);
   if (stage_.post)
     lnf_ = Norm(store, cfg.encoder_decoder() ? "model/decoder/final_layernorm" : "model/final_layernorm", C, cfg);
+  if (stage_.post && untied) {  // the output layer, laid out as the word embeddings (vocabulary-parallel)
+    ParamInfo out = wte;
+    out.name = "model/output_layer/weight";
+    out.tied_copy = false;
+    out_ = store.declare(out);
+  }
   const bool selective = cfg.recompute == TransformerConfig::Recompute::Selective && !cfg.flash_attention;
   const std::int64_t n = static_cast<std::int64_t>(layers_.size());
   // first local decoder layer (n: none)

@@ -85,6 +85,8 @@ class LanguageModel {
   std::int64_t activation_size() const { return message_size_; }
   const ModelStage& stage() const { return stage_; }
   ParamId word_embeddings() const { return wte_; }
+  // The head's weights (post stages): the tied word embeddings, or the untied output layer.
+  ParamId output_weights() const { return out_ >= 0 ? out_ : wte_; }
   ParamId position_embeddings() const { return wpe_; }
   // Encoder-decoder: whether this chunk computes the encoder output and the decoder's embeddings.
   bool starts_decoder() const { return dec_start_ >= 0; }
@@ -183,7 +185,7 @@ class LanguageModel {
   std::int64_t B_, rows_, local_rows_, vocab_local_, vocab_start_;
   std::int64_t dec_rows_ = 0, dec_local_rows_ = 0, dec_start_ = -1, message_size_ = 0;
   bool in_dec_ = false, out_dec_ = false;  // encoder-decoder: messages in / out carry the encoder output
-  ParamId wte_ = -1, wpe_ = -1, tte_ = -1;
+  ParamId wte_ = -1, wpe_ = -1, tte_ = -1, out_ = -1;
   Norm enc_lnf_;                     // the encoder's final LayerNorm (on the chunk that starts the decoder)
   std::unique_ptr<ModelHead> head_;  // post stages
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -50,6 +51,9 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   c.recompute_num_layers = d.precision.recompute_num_layers;
   c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
   check_layer_modules(c);  // every slot's module exists
+  TRIDENT_REQUIRE(family == ModelFamily::Gpt || !c.untie_embeddings_and_output_weights,
+                  "deck: model.untie_embeddings_and_output_weights is a GPT key; " << family_name(family)
+                                                                                   << "'s output layer is tied");
   if (d.lora.rank > 0) {
     c.lora_rank = d.lora.rank;
     c.lora_scale = static_cast<float>((d.lora.alpha > 0 ? d.lora.alpha : static_cast<double>(d.lora.rank)) /
@@ -64,8 +68,11 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
 }
 
 // A checkpoint continues (or seeds) this run only if it holds the same model: every dimension
-// that shapes the weights, compared from the deck stored in the checkpoint. Tensor shapes alone
-// would let fewer layers (the extra ones dropped) or other head counts (same shapes) through.
+// that shapes the weights and every architecture key (strings and floats too: a change of
+// normalisation, activation or position encoding with the same shapes would load silently),
+// compared from the deck stored in the checkpoint. Tensor shapes alone would let fewer layers
+// (the extra ones dropped) or other head counts (same shapes) through. Run-time choices that
+// ModelArch also holds (dropout, the fused attention kernel, the initialisation's std) may differ.
 // Returns the table of differences, or "" when the checkpoint holds this model (collective; a
 // checkpoint whose deck cannot be read throws).
 std::string model_differences(const std::string& file, const char* family, ModelFamily fam,
@@ -75,27 +82,31 @@ std::string model_differences(const std::string& file, const char* family, Model
   const TransformerConfig got = make_config(saved_deck, vocab, topo.tp_size(), fam);
   const HeadOptions got_head = head_options(saved_deck);
   struct Row {
-    const char* key;
-    std::int64_t saved, run;
+    std::string key, saved, run;
   };
-  std::vector<Row> rows = {{"model.num_layers", got.num_layers, want.num_layers},
-                           {"model.hidden_size", got.hidden_size, want.hidden_size},
-                           {"model.num_heads", got.num_heads, want.num_heads},
-                           {"model.ffn_hidden_size", got.ffn_hidden_size, want.ffn_hidden_size},
-                           {"model.max_position_embeddings", got.max_positions, want.max_positions}};
-  if (fam == ModelFamily::T5) rows.push_back({"model.decoder_num_layers", got.decoder_layers, want.decoder_layers});
+  const auto num = [](std::int64_t v) { return std::to_string(v); };
+  std::vector<Row> rows = {{"model.num_layers", num(got.num_layers), num(want.num_layers)},
+                           {"model.max_position_embeddings", num(got.max_positions), num(want.max_positions)}};
+  static const std::set<std::string> run_time = {"model.hidden_dropout", "model.attention_dropout",
+                                                 "model.flash_attention", "model.init_method_std"};
+  const auto saved_arch = model_arch_keys(got), run_arch = model_arch_keys(want);
+  for (size_t i = 0; i < saved_arch.size(); ++i)
+    if (!run_time.count(saved_arch[i].first))
+      rows.push_back({saved_arch[i].first, saved_arch[i].second, run_arch[i].second});
+  if (fam == ModelFamily::T5)
+    rows.push_back({"model.decoder_num_layers", num(got.decoder_layers), num(want.decoder_layers)});
   if (fam == ModelFamily::Bert)
-    rows.push_back({"bert.binary_head", got_head.binary_head ? 1 : 0, want_head.binary_head ? 1 : 0});
+    rows.push_back({"bert.binary_head", num(got_head.binary_head ? 1 : 0), num(want_head.binary_head ? 1 : 0)});
   if (saved_deck.model.vocab_size > 0)
-    rows.push_back({"model.vocab_size", saved_deck.model.vocab_size, want.vocab_size});
+    rows.push_back({"model.vocab_size", num(saved_deck.model.vocab_size), num(want.vocab_size)});
   std::ostringstream table;
   bool differ = false;
-  table << "checkpoint " << file << " holds another model than this run's:\n  " << std::left << std::setw(32) << "key"
-        << std::right << std::setw(12) << "checkpoint" << std::setw(12) << "this run";
+  table << "checkpoint " << file << " holds another model than this run's:\n  " << std::left << std::setw(40) << "key"
+        << std::right << std::setw(20) << "checkpoint" << std::setw(20) << "this run";
   for (const Row& r : rows) {
     if (r.saved == r.run) continue;
     differ = true;
-    table << "\n  " << std::left << std::setw(32) << r.key << std::right << std::setw(12) << r.saved << std::setw(12)
+    table << "\n  " << std::left << std::setw(40) << r.key << std::right << std::setw(20) << r.saved << std::setw(20)
           << r.run;
   }
   return differ ? table.str() : std::string();

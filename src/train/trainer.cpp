@@ -12,6 +12,8 @@
 // families' tasks, the debugging taps and the end-of-run reports live beside it in train/.
 #include "train/trainer.hpp"
 
+#include "layers/layer_modules.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -461,7 +463,7 @@ int run_training(const Deck& deck, ModelFamily fam) {
     }
     for (auto& chunk : chunks) {  // tied embeddings: the stages that hold them sum their gradients
       if (lora) break;            // (frozen with LoRA)
-      if (topo.pp_size() > 1 && chunk->word_embeddings() >= 0) {
+      if (topo.pp_size() > 1 && chunk->word_embeddings() >= 0 && !cfg.untie_embeddings_and_output_weights) {
         const FloatView g = store.grad(chunk->word_embeddings());
         topo.embedding_group().allreduce_sum(g.data(), static_cast<std::int64_t>(g.extent(0)));
       }
@@ -656,6 +658,8 @@ int run_training(const Deck& deck, ModelFamily fam) {
     am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value
     am.recompute = deck.precision.recompute;
     am.flash = deck.model.flash_attention;
+    am.mlp = static_cast<double>((make_mlp_activation(cfg)->blocks() + 1) * cfg.ffn_hidden_size) /
+             static_cast<double>(cfg.hidden_size);
     am.block = deck.precision.recompute_method == "block";
     am.group = static_cast<double>(deck.precision.recompute_num_layers);
     am.layers = static_cast<double>(model.num_layers());

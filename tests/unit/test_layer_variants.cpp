@@ -22,7 +22,7 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
   return s;
 }
 std::vector<double> as_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-std::vector<size_t> all(size_t n) {
+std::vector<size_t> every_index(size_t n) {
   std::vector<size_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = i;
   return v;
@@ -68,8 +68,8 @@ TEST(RMSNorm, ForwardMatchesDefinitionAndBackwardMatchesFiniteDifferences) {
   std::vector<float> gx, gw;
   run(&gx, &gw);
   auto loss = [&] { return dot(run(nullptr, nullptr), R); };
-  expect_close(as_double(gx), numeric_gradient(x, loss, all(N * C)), kGradRtol, kGradAtol, "rmsnorm dx");
-  expect_close(as_double(gw), numeric_gradient(w, loss, all(C)), kGradRtol, kGradAtol, "rmsnorm dw");
+  expect_close(as_double(gx), numeric_gradient(x, loss, every_index(N * C)), kGradRtol, kGradAtol, "rmsnorm dx");
+  expect_close(as_double(gw), numeric_gradient(w, loss, every_index(C)), kGradRtol, kGradAtol, "rmsnorm dw");
 }
 
 TEST(RMSNorm, SixteenBitStorageIsTheFp32ArithmeticOfTheRoundedWeight) {
@@ -124,7 +124,8 @@ TEST(SwiGLU, ForwardMatchesDefinitionAndBackwardMatchesFiniteDifferences) {
   std::vector<float> dy;
   run(&dy);
   auto loss = [&] { return dot(run(nullptr), R); };
-  expect_close(as_double(dy), numeric_gradient(y, loss, all(y.size())), kGradRtol, kGradAtol, "swiglu d[gate|up]");
+  expect_close(as_double(dy), numeric_gradient(y, loss, every_index(y.size())), kGradRtol, kGradAtol,
+               "swiglu d[gate|up]");
 }
 
 TEST(SwiGLU, SixteenBitStorageIsTheFp32ArithmeticOfTheRoundedPreActivation) {
