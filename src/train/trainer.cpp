@@ -252,59 +252,74 @@ int run_training(const Deck& deck, ModelFamily fam) {
   const double tokens_per_iter = static_cast<double>(GB * (S + (cfg.encoder_decoder() ? cfg.decoder_seq_length : 0)));
   const double flops_per_iter = model.flops_per_step(GB * S);
   if (root) {
-    std::cout
-        << task.banner << ": " << cfg.num_layers
-        << (cfg.encoder_decoder() ? " encoder + " + std::to_string(cfg.decoder_layers) + " decoder" : std::string())
-        << " layers, hidden " << cfg.hidden_size << ", heads " << cfg.num_heads << ", ffn " << cfg.ffn_hidden_size
-        << ", seq " << S
-        << (cfg.encoder_decoder() ? " (encoder), " + std::to_string(cfg.decoder_seq_length) + " (decoder)"
-                                  : std::string())
-        << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), " << store.global_count() << " parameters\n"
-        << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "") << ", pp "
-        << topo.pp_size()
-        << (topo.pp_size() == 1    ? ""
-            : deck.parallel.vp > 1 ? " (interleaved 1F1B, vp " + std::to_string(deck.parallel.vp) + ")"
-                                   : " (1F1B)")
-        << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
-        << (topo.pp_size() > 1 ? "stage 0 holds layers " +
-                                     [&] {
-                                       std::string r;
-                                       for (const auto& st : stages)
-                                         r += (r.empty() ? "" : ", ") + std::to_string(st.first_layer) + ".." +
-                                              std::to_string(st.first_layer + st.num_layers - 1);
-                                       return r;
-                                     }() +
-                                     "\n"
-                               : std::string())
-        << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
-        << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
-        << "optimizer: AdamW"
-        << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
-                       std::to_string(shard) + " of " + std::to_string(trainable) + " elements' state"
-                 : std::string())
-        << "; precision: " << deck.precision.dtype
-        << (half ? " (16-bit parameters and GEMM inputs, fp32 master weights, gradients, residual stream, "
-                   "softmax and cross-entropy)"
-                 : "")
-        << (fp16 ? (lsc.dynamic ? "; dynamic loss scaling from " : "; constant loss scale ") +
-                       std::to_string(lsc.initial)
-                 : std::string())
-        << "; recomputation: " << deck.precision.recompute
-        << (lora ? "\nLoRA: rank " + std::to_string(cfg.lora_rank) + ", scale " + std::to_string(cfg.lora_scale) +
-                       " (alpha / rank) on " + deck.lora.targets + ": " + std::to_string(store.global_adapter_count()) +
-                       " adapter parameters train, the " +
-                       std::to_string(store.global_count() - store.global_adapter_count()) +
-                       " of the base model are frozen"
-                 : std::string())
-        << (deck.precision.recompute == "full" ? " (" + deck.precision.recompute_method + ", " +
-                                                     std::to_string(deck.precision.recompute_num_layers) + " layers)"
-                                               : std::string())
-        << "\n"
-        << "data: " << deck.data.train_shards << "\n"
-        << data.description << "model FLOPs per iteration: " << flops_per_iter
-        << (cfg.encoder_decoder()
-                ? " (GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation)\n"
-                : " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n");
+    std::cout << task.banner << ": " << cfg.num_layers
+              << (cfg.encoder_decoder() ? " encoder + " + std::to_string(cfg.decoder_layers) + " decoder"
+                                        : std::string())
+              << " layers, hidden " << cfg.hidden_size << ", heads " << cfg.num_heads << ", ffn " << cfg.ffn_hidden_size
+              << ", seq " << S
+              << (cfg.encoder_decoder() ? " (encoder), " + std::to_string(cfg.decoder_seq_length) + " (decoder)"
+                                        : std::string())
+              << ", vocab " << vocab << " (padded " << cfg.padded_vocab << "), " << store.global_count()
+              << " parameters\n"
+              << "layer: " << cfg.normalization << " (eps " << cfg.norm_epsilon << "), " <<
+        [&] {
+          std::ostringstream os;
+          os << cfg.position_embedding_type;
+          if (cfg.position_embedding_type == "rope") os << " (base " << cfg.rotary_base << ")";
+          return os.str();
+        }() << " positions"
+              << ", " << cfg.mlp_activation() << " MLP, "
+              << (cfg.add_bias_linear ? "biases"
+                  : cfg.add_qkv_bias  ? "qkv bias only"
+                                      : "no linear biases")
+              << ", " << (cfg.untie_embeddings_and_output_weights ? "untied" : "tied") << " output layer\n"
+              << "parallel: tp " << topo.tp_size() << (tp.sequence_parallel ? " with sequence parallelism" : "")
+              << ", pp " << topo.pp_size()
+              << (topo.pp_size() == 1    ? ""
+                  : deck.parallel.vp > 1 ? " (interleaved 1F1B, vp " + std::to_string(deck.parallel.vp) + ")"
+                                         : " (1F1B)")
+              << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout
+              << "\n"
+              << (topo.pp_size() > 1 ? "stage 0 holds layers " +
+                                           [&] {
+                                             std::string r;
+                                             for (const auto& st : stages)
+                                               r += (r.empty() ? "" : ", ") + std::to_string(st.first_layer) + ".." +
+                                                    std::to_string(st.first_layer + st.num_layers - 1);
+                                             return r;
+                                           }() +
+                                           "\n"
+                                     : std::string())
+              << "batch: global " << GB << " = micro " << mbs << " x accumulation " << acc << " x dp " << dp
+              << "; iterations " << iters << "; GEMM: " << gemm_backend_name() << "\n"
+              << "optimizer: AdamW"
+              << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
+                             std::to_string(shard) + " of " + std::to_string(trainable) + " elements' state"
+                       : std::string())
+              << "; precision: " << deck.precision.dtype
+              << (half ? " (16-bit parameters and GEMM inputs, fp32 master weights, gradients, residual stream, "
+                         "softmax and cross-entropy)"
+                       : "")
+              << (fp16 ? (lsc.dynamic ? "; dynamic loss scaling from " : "; constant loss scale ") +
+                             std::to_string(lsc.initial)
+                       : std::string())
+              << "; recomputation: " << deck.precision.recompute
+              << (lora ? "\nLoRA: rank " + std::to_string(cfg.lora_rank) + ", scale " + std::to_string(cfg.lora_scale) +
+                             " (alpha / rank) on " + deck.lora.targets + ": " +
+                             std::to_string(store.global_adapter_count()) + " adapter parameters train, the " +
+                             std::to_string(store.global_count() - store.global_adapter_count()) +
+                             " of the base model are frozen"
+                       : std::string())
+              << (deck.precision.recompute == "full"
+                      ? " (" + deck.precision.recompute_method + ", " +
+                            std::to_string(deck.precision.recompute_num_layers) + " layers)"
+                      : std::string())
+              << "\n"
+              << "data: " << deck.data.train_shards << "\n"
+              << data.description << "model FLOPs per iteration: " << flops_per_iter
+              << (cfg.encoder_decoder()
+                      ? " (GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation)\n"
+                      : " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n");
     if (deck.perf.peak_tflops > 0)
       std::cout << "MFU against a peak of " << deck.perf.peak_tflops << " TFLOP/s per rank"
                 << (deck.perf.peak_name.empty() ? "" : " (" + deck.perf.peak_name + ")") << "\n";
