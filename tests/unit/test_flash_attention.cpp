@@ -11,12 +11,6 @@ using namespace trident;
 using namespace trident::test;
 
 namespace {
-std::vector<double> as_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
 
 // The fused and unfused paths sum the same terms in different orders (online rescaling,
 // per-row dots instead of GEMMs): differences are a few fp32 ulps of O(1) values.

@@ -65,6 +65,19 @@ void at_threads(int t, const F& f) {
 #endif
 }
 
+// sum of a[i] b[i] in double; the values widened; the values at idx widened
+inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+inline std::vector<double> as_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+inline std::vector<double> pick(const std::vector<float>& v, const std::vector<size_t>& idx) {
+  std::vector<double> out;
+  for (auto i : idx) out.push_back(v[i]);
+  return out;
+}
+
 inline std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
   NormalStream s(seed, "test");
   std::vector<float> v(n);

@@ -21,20 +21,6 @@ constexpr double kFwdRtol = 1e-5, kFwdAtol = 1e-5;
 // FD with h = 1e-2 in fp32: truncation ~1e-4 * f''', rounding ~6e-8 * |f| / 1e-2 ~ 1e-4 for |f| ~ 10.
 constexpr double kGradRtol = 2e-3, kGradAtol = 2e-3;
 
-namespace {
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-std::vector<double> as_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-std::vector<double> pick(const std::vector<float>& v, const std::vector<size_t>& idx) {
-  std::vector<double> out;
-  for (auto i : idx) out.push_back(v[i]);
-  return out;
-}
-}  // namespace
-
 TEST(Gemm, AllTransposeCombinationsMatchNaive) {
   const std::int64_t M = 5, N = 7, K = 3;
   for (int ta = 0; ta < 2; ++ta)
