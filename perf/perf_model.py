@@ -158,25 +158,44 @@ def constants(g, fitted=None):
 
 
 class Model:
-    def __init__(self, layers, hidden, heads, seq, vocab, ffn=None):
+    """GPT-2's layer, or with swiglu the Llama family's MLP: fc1 holds gate and up (2F rows; F each,
+    default int(8h/3/64)*64 as Megatron), fc2 reads silu(gate) * up; rope (no position table), RMSNorm,
+    no biases and an untied output layer change the parameters, not the FLOPs."""
+
+    def __init__(self, layers, hidden, heads, seq, vocab, ffn=None, swiglu=False, untied=False):
         self.l, self.h, self.a, self.s, self.V = layers, hidden, heads, seq, vocab
-        self.F = ffn or 4 * hidden
+        self.swiglu, self.untied = swiglu, untied
+        self.F = ffn or ((8 * hidden // 3) // 64 * 64 if swiglu else 4 * hidden)
+        self.F1 = 2 * self.F if swiglu else self.F  # fc1's rows
+
+    def gpt2_mlp(self):
+        return not self.swiglu and self.F == 4 * self.h
 
     def params(self):
         h, l = self.h, self.l
-        per_layer = 4 * h * h + 2 * h * self.F + 9 * h + self.F  # qkv, proj, fc1, fc2, biases, 2 LayerNorms
-        return l * per_layer + self.V * h + self.s * h + 2 * h
+        if not self.swiglu:
+            per_layer = 4 * h * h + 2 * h * self.F + 9 * h + self.F  # qkv, proj, fc1, fc2, biases, 2 LayerNorms
+            return l * per_layer + self.V * h * (2 if self.untied else 1) + self.s * h + 2 * h
+        per_layer = 4 * h * h + 3 * h * self.F + 2 * h  # qkv, proj, gate/up, down; 2 RMSNorms; no biases
+        return l * per_layer + self.V * h * (2 if self.untied else 1) + h
 
     def model_flops(self, B):  # Megatron's count for one iteration of B sequences (no recomputation)
         s, h, l, V = self.s, self.h, self.l, self.V
-        return 72.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (12.0 * h * l))
+        if self.gpt2_mlp():
+            return 72.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (12.0 * h * l))
+        # num_floating_point_operations (megatron/training/training.py): attention 2 + s/h, MLP F/h
+        # (x 3/2 gated), logits V / (2 l h), all x 12 B s l h^2
+        gated = 1.5 if self.swiglu else 1.0
+        return 12.0 * B * s * l * h * h * (2 + s / h + self.F / h * gated + V / (2.0 * l * h))
 
     def hardware_flops(self, B, recompute, flash=False):
         """Model FLOPs + those of the recomputation (Narayanan et al.'s and Korthikanti et al.'s count)."""
         s, h, l = self.s, self.h, self.l
         f = self.model_flops(B)
-        if recompute == "full":
+        if recompute == "full" and self.gpt2_mlp():
             f += 24.0 * B * s * l * h * h * (1 + s / (6.0 * h))
+        elif recompute == "full":  # one more forward pass of the layers (the logits' 6 B s h V left out)
+            f += (self.model_flops(B) - 6.0 * B * s * h * self.V) / 3.0
         elif recompute == "selective" and not flash:
             f += 4.0 * B * s * s * h * l
         return f
@@ -227,7 +246,8 @@ def activation_layer_bytes(M, L, e):
     sbh, as2b = s * b * h, a * s * s * b
     if L.recompute == "full":
         return e * sbh / (t if L.sp else 1)
-    values = sbh * (16 * e + 2) / t if L.sp else sbh * (4 * e + 2 + 12 * e / t)
+    mlp = (M.F1 + M.F) / h  # fc1's output and fc2's input over h (GPT-2: 8)
+    values = sbh * ((8 + mlp) * e + 2) / t if L.sp else sbh * (4 * e + 2 + (4 + mlp) * e / t)
     attention = 0 if (L.recompute == "selective" or L.flash) else as2b * (2 * e + 1) / t
     return values + attention
 
@@ -256,9 +276,10 @@ def predict(M, L, gpu, fitted=None):
         return 2.0 * Mm * Nn * Kk * batch / (peak * c["eff_max"] * Kk / (Kk + c["k0"]))
 
     # GEMMs of one layer and micro-batch on one tensor-parallel rank
-    lin_f = gemm(T, 3 * h / t, h) + gemm(T, h, h / t) + gemm(T, F / t, h) + gemm(T, h, F / t)
-    wgrad_col = gemm(3 * h / t, h, T) + gemm(F / t, h, T)  # weight gradients of the column-parallel layers
-    lin_b = (gemm(T, h, 3 * h / t) + gemm(T, h / t, h) + gemm(T, h, F / t) + gemm(T, F / t, h)  # input grads
+    F1 = M.F1  # fc1's rows: F, or gate and up (2F) under swiglu
+    lin_f = gemm(T, 3 * h / t, h) + gemm(T, h, h / t) + gemm(T, F1 / t, h) + gemm(T, h, F / t)
+    wgrad_col = gemm(3 * h / t, h, T) + gemm(F1 / t, h, T)  # weight gradients of the column-parallel layers
+    lin_b = (gemm(T, h, 3 * h / t) + gemm(T, h / t, h) + gemm(T, h, F1 / t) + gemm(T, F / t, h)  # input grads
              + wgrad_col + gemm(h, h / t, T) + gemm(h, F / t, T))  # weight grads
     # the attention core: S = QK^T and dP = dO V^T reduce over the head dimension, each S element then
     # gets the softmax (the per-output-element cost k0 stands for); PV, dV, dQ, dK reduce over the
@@ -277,8 +298,8 @@ def predict(M, L, gpu, fitted=None):
     # (2 x read 2, write 1), 1-byte masks; backward about twice that; bias + GeLU on T F / t (forward read
     # + write, backward 2 reads + 1 write); softmax + dropout on the scores: 4 passes forward, 5 backward
     rep = T * h / (t if L.sp else 1)
-    mem_f = rep * (10 * e + 2) + T * F / t * 2 * e
-    mem_b = rep * (20 * e + 2) + T * F / t * 3 * e
+    mem_f = rep * (10 * e + 2) + T * (F1 + F) / t * e  # the activation reads fc1's output, writes fc2's input
+    mem_b = rep * (20 * e + 2) + T * (F1 + F) / t * 1.5 * e
     if not L.flash:
         mem_f += 4 * e * heads * s * s
         mem_b += 5 * e * heads * s * s
@@ -828,7 +849,9 @@ def main():
         q.add_argument("--heads", type=int, required=True)
         q.add_argument("--seq", type=int, default=2048)
         q.add_argument("--vocab", type=int, default=51200)
-        q.add_argument("--ffn", type=int, default=0)
+        q.add_argument("--ffn", type=int, default=0, help="MLP width (0: 4h; with --swiglu int(8h/3/64)*64 per half)")
+        q.add_argument("--swiglu", action="store_true", help="the Llama family's gated MLP (gate, up, down)")
+        q.add_argument("--untied", action="store_true", help="an output layer of its own")
         q.add_argument("--global", dest="global_batch", type=int, required=True)
         q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
         q.add_argument("--flash", action="store_true")
@@ -893,7 +916,7 @@ def run(a):
     if a.cmd == "local":
         local(a.build, a.out)
         return 0
-    M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None)
+    M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None, a.swiglu, a.untied)
     if a.cmd == "advise":
         rows = advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash)
         if not rows:
