@@ -162,14 +162,15 @@ struct OneRankModel {
 std::vector<std::int64_t> global_to_host(const ParamInfo& p) {
   const std::int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
   const std::int64_t grows = p.global_shape[0], gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-  TRIDENT_REQUIRE(cols == gcols && rows >= grows && p.row_blocks * (rows / p.row_blocks) == rows,
+  std::int64_t covered = 0;
+  for (const auto& b : p.blocks) covered += b.rows;
+  TRIDENT_REQUIRE(cols == gcols && rows >= grows && covered == grows,
                   "convert_checkpoint: unexpected one-rank layout of " << p.name);
   std::vector<std::int64_t> at;
   at.reserve(static_cast<size_t>(grows * gcols));
-  const std::int64_t lb = rows / p.row_blocks, gb = grows / p.row_blocks;
-  for (std::int64_t b = 0; b < p.row_blocks; ++b)
-    for (std::int64_t r = 0; r < gb; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) at.push_back(p.offset + (b * lb + r) * cols + c);
+  for (const auto& b : p.blocks)  // at one rank the blocks follow each other in the global tensor
+    for (std::int64_t r = 0; r < b.rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) at.push_back(p.offset + (b.local0 + r) * cols + c);
   return at;
 }
 

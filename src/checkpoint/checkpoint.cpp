@@ -55,21 +55,21 @@ H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
   return f;
 }
 
-// The row blocks of p: this rank's local slice maps onto the global tensor as row_blocks boxes
-// (start in the local tensor, start in the global tensor, extent).
+// The row blocks of p: this rank's local slice maps onto the global tensor as one box per row
+// block (ParamInfo::blocks: start in the local tensor, start in the global tensor, extent).
 struct Block {
   std::vector<hsize_t> mstart, fstart, count;  // (ndims) each
 };
 
 std::vector<Block> blocks_of(const ParamInfo& p) {
   const int nd = static_cast<int>(p.shape.size());
-  const hsize_t nb = static_cast<hsize_t>(p.row_blocks);
   std::vector<Block> out;
-  for (hsize_t b = 0; b < nb; ++b) {
+  for (const auto& b : p.blocks) {
     Block k{std::vector<hsize_t>(nd, 0), std::vector<hsize_t>(p.global_offset.begin(), p.global_offset.end()),
             std::vector<hsize_t>(p.valid.begin(), p.valid.end())};
-    k.mstart[0] = b * static_cast<hsize_t>(p.shape[0]) / nb;
-    k.fstart[0] += b * static_cast<hsize_t>(p.global_shape[0]) / nb;
+    k.mstart[0] = static_cast<hsize_t>(b.local0);
+    k.fstart[0] = static_cast<hsize_t>(b.global0);
+    k.count[0] = static_cast<hsize_t>(b.rows);
     out.push_back(std::move(k));
   }
   return out;

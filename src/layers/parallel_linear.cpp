@@ -75,6 +75,7 @@ LoraAdapters declare_lora(ParamStore& store, const std::string& name, const Para
   b.global_offset = {column ? w.global_offset[0] : 0, 0};
   b.valid = {w.valid[0], r};
   b.row_blocks = column ? w.row_blocks : 1;
+  if (column) b.blocks = w.blocks;
   b.tp_replicated = !column;
   b.weight_decay = true;
   b.adapter = true;
@@ -139,19 +140,33 @@ GemmOperand dy_operand(const Act& w, const FloatView& dy, const HalfView& dy16) 
 
 ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in,
                                            std::int64_t out, float init_std, const TensorParallel& tp,
-                                           std::int64_t rows, std::int64_t row_blocks, LoraSpec lora, bool bias)
+                                           std::int64_t rows, const RowBlocks& row_blocks, LoraSpec lora, bool bias)
     : store_(&store), tp_(tp), in_(in), rows_(rows) {
   const std::int64_t p = tp.size(), r = tp.rank();
-  TRIDENT_REQUIRE(out % (p * row_blocks) == 0, name << ": output size " << out << " is not divisible by tp = " << p);
-  out_local_ = out / p;
-  const std::int64_t block = out / row_blocks, local_block = block / p;
   ParamInfo w;
   w.name = name + "/weight";
+  if (row_blocks.sizes.empty()) {
+    const std::int64_t nb = row_blocks.count;
+    TRIDENT_REQUIRE(out % (p * nb) == 0, name << ": output size " << out << " is not divisible by tp = " << p);
+    const std::int64_t local_block = out / nb / p;
+    w.global_offset = {r * local_block, 0};
+    w.valid = {local_block, in};
+    w.row_blocks = nb;
+  } else {  // blocks of unequal sizes: each split over TP, this rank's parts one after another
+    std::int64_t local0 = 0, global0 = 0;
+    for (const std::int64_t g : row_blocks.sizes) {
+      TRIDENT_REQUIRE(g % p == 0, name << ": a row block of " << g << " rows is not divisible by tp = " << p);
+      w.blocks.push_back({local0, global0 + r * (g / p), g / p});
+      local0 += g / p;
+      global0 += g;
+    }
+    TRIDENT_REQUIRE(global0 == out, "internal: " << name << ": row blocks of " << global0 << " rows for " << out);
+    w.global_offset = {0, 0};
+    w.valid = {local0, in};
+  }
+  out_local_ = out / p;
   w.shape = {out_local_, in};
   w.global_shape = {out, in};
-  w.global_offset = {r * local_block, 0};
-  w.valid = {local_block, in};
-  w.row_blocks = row_blocks;
   w.tp_replicated = false;
   w.weight_decay = true;
   w.init_std = init_std;
@@ -160,8 +175,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   b.name = name + "/bias";
   b.shape = {out_local_};
   b.global_shape = {out};
-  b.global_offset = {r * local_block};
-  b.valid = {local_block};
+  b.global_offset = {w.global_offset[0]};
+  b.valid = {w.valid[0]};
   b.weight_decay = false;
   b.init_std = 0.f;
   b.init_value = 0.f;

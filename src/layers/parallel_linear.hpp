@@ -20,6 +20,8 @@
 // initialisation the model is exactly the base model.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "layers/param_store.hpp"
 #include "layers/tensor_parallel.hpp"
@@ -41,12 +43,23 @@ struct LoraAdapters {
   bool on() const { return rank > 0; }
 };
 
+// The row blocks of a fused column-parallel weight (q | k | v, gate | up), each split alike over
+// TP so that rank r holds [block_0 part r; block_1 part r; ...]: `count` equal blocks, or blocks of
+// the given global row counts (grouped-query attention's q | k | v: nh d, ng d, ng d).
+struct RowBlocks {
+  RowBlocks(std::int64_t n = 1) : count(n) {}  // NOLINT: an int means equal blocks
+  RowBlocks(std::vector<std::int64_t> global_rows)
+      : count(static_cast<std::int64_t>(global_rows.size())), sizes(std::move(global_rows)) {}
+  std::int64_t count = 1;
+  std::vector<std::int64_t> sizes;  // global rows per block; empty: `count` equal blocks
+};
+
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
   ColumnParallelLinear(ParamStore& store, const std::string& name, std::int64_t in, std::int64_t out, float init_std,
-                       const TensorParallel& tp, std::int64_t rows, std::int64_t row_blocks = 1, LoraSpec lora = {},
-                       bool bias = true);
+                       const TensorParallel& tp, std::int64_t rows, const RowBlocks& row_blocks = {},
+                       LoraSpec lora = {}, bool bias = true);
   // y (rows, out/tp) from x (rows, in) or, with sequence parallelism, (rows/tp, in); then
   // `gathered` (rows, in) is a workspace for the all-gathered input (unused without sequence
   // parallelism). Like Megatron, the gathered input is not kept: backward gathers it again.

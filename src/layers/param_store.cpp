@@ -41,9 +41,20 @@ ParamId ParamStore::declare(ParamInfo info) {
   TRIDENT_REQUIRE(find(info.name) < 0, "ParamStore: duplicate parameter '" << info.name << "'");
   TRIDENT_REQUIRE(!info.shape.empty() && info.shape.size() <= 2,
                   "ParamStore: '" << info.name << "' must be 1-D or 2-D");
-  TRIDENT_REQUIRE(info.row_blocks >= 1 && info.shape[0] % info.row_blocks == 0 &&
-                      info.global_shape[0] % info.row_blocks == 0,
-                  "ParamStore: '" << info.name << "' rows do not split into " << info.row_blocks << " blocks");
+  if (info.blocks.empty()) {
+    TRIDENT_REQUIRE(info.row_blocks >= 1 && info.shape[0] % info.row_blocks == 0 &&
+                        info.global_shape[0] % info.row_blocks == 0,
+                    "ParamStore: '" << info.name << "' rows do not split into " << info.row_blocks << " blocks");
+    const std::int64_t nb = info.row_blocks;
+    for (std::int64_t b = 0; b < nb; ++b)
+      info.blocks.push_back(
+          {b * info.shape[0] / nb, b * info.global_shape[0] / nb + info.global_offset[0], info.valid[0]});
+  }
+  info.row_blocks = static_cast<std::int64_t>(info.blocks.size());
+  for (const auto& k : info.blocks)
+    TRIDENT_REQUIRE(k.local0 >= 0 && k.rows >= 0 && k.local0 + k.rows <= info.shape[0] && k.global0 >= 0 &&
+                        k.global0 + k.rows <= info.global_shape[0],
+                    "ParamStore: '" << info.name << "' has a row block outside its local or global shape");
   info.layer = layer_;
   params_.push_back(std::move(info));
   return static_cast<ParamId>(params_.size() - 1);
@@ -177,15 +188,15 @@ void ParamStore::zero_grads(std::int64_t keep_begin, std::int64_t keep_end) {
 void ParamStore::initialize(std::uint64_t seed) {
   HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));  // (padded_size)
   for (auto& p : params_) {
-    const std::int64_t nb = p.row_blocks;
-    const std::int64_t rows = p.shape[0] / nb, cols = p.shape.size() > 1 ? p.shape[1] : 1;  // per block
-    const std::int64_t grows = p.global_shape[0] / nb, gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-    const std::int64_t r0 = p.global_offset[0], c0 = p.global_shape.size() > 1 ? p.global_offset[1] : 0;
-    const std::int64_t vrows = p.valid[0], vcols = p.valid.size() > 1 ? p.valid[1] : 1;
+    const std::int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
+    const std::int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+    const std::int64_t c0 = p.global_shape.size() > 1 ? p.global_offset[1] : 0;
+    const std::int64_t vcols = p.valid.size() > 1 ? p.valid[1] : 1;
     float* base = host.data() + p.offset;
     for (std::int64_t i = 0; i < p.numel(); ++i) base[i] = 0.f;
-    for (std::int64_t b = 0; b < nb; ++b) {
-      float* dst = base + b * rows * cols;
+    for (const auto& k : p.blocks) {
+      float* dst = base + k.local0 * cols;
+      const std::int64_t vrows = k.rows;
       if (p.init_std == 0.f) {
         for (std::int64_t r = 0; r < vrows; ++r)
           for (std::int64_t c = 0; c < vcols; ++c) dst[r * cols + c] = p.init_value;
@@ -193,7 +204,7 @@ void ParamStore::initialize(std::uint64_t seed) {
       }
       // Draw the global tensor in row-major order and keep this rank's window of it.
       NormalStream rng(seed, p.name);
-      rng.skip((b * grows + r0) * gcols);
+      rng.skip(k.global0 * gcols);
       for (std::int64_t r = 0; r < vrows; ++r) {
         rng.skip(c0);
         for (std::int64_t c = 0; c < vcols; ++c) dst[r * cols + c] = p.init_std * rng.next();

@@ -29,9 +29,16 @@ struct ParamInfo {
   std::vector<std::int64_t> global_shape;
   std::vector<std::int64_t> global_offset;  // start of the local slice in the global tensor
   std::vector<std::int64_t> valid;          // local extent that maps onto the global tensor (rest: padding)
-  // The row dimension consists of row_blocks equal blocks, each sharded alike (fused qkv:
-  // q | k | v). global_offset[0] and valid[0] are then per block.
+  // The row dimension consists of row_blocks equal blocks, each sharded alike (fused q | kv,
+  // gate | up). global_offset[0] and valid[0] are then per block.
   std::int64_t row_blocks = 1;
+  // Where the row blocks sit: this rank's rows local0.. of the local tensor are the global rows
+  // global0.., `rows` of them. Blocks of unequal sizes (grouped-query attention's q | k | v) are
+  // declared here; left empty, declare() fills it with the row_blocks equal blocks above.
+  struct RowBlock {
+    std::int64_t local0 = 0, global0 = 0, rows = 0;
+  };
+  std::vector<RowBlock> blocks;
   bool tp_replicated = true;  // every TP rank holds the same full tensor
   // A copy of a parameter owned by another pipeline stage (the last stage's tied word
   // embeddings): loaded from checkpoints, never written, left out of the gradient norm.
