@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch reference for Trident's GPT-2 training (run with Debian's /usr/bin/python3).
 
-One file of about 1500 lines on purpose: the reference must be readable end to end and run
-standalone, importing nothing of Trident's, so that it stays independent of what it checks.
+The reference must be readable end to end and run standalone, importing nothing of Trident's,
+so that it stays independent of what it checks; the layer's math (norms, linears, attention,
+rotary positions, MLP) is validation/torch_reference.py's, shared with the BERT and T5 references.
 
 An independent, deliberately plain re-implementation of what Trident's GPT does, used as
 ground truth in validation cases:
@@ -11,7 +12,9 @@ ground truth in validation cases:
     from the deck stored in the checkpoint's root attribute `deck`);
   * GPT-2: x = wte[tok] + wpe[pos]; per layer (pre-LN)
         x = x + proj(causal_attn(LN1(x)));  x = x + fc2(gelu_tanh(fc1(LN2(x))))
-    then a final LN and logits = x @ wte^T (tied); no dropout;
+    then a final LN and logits = x @ wte^T (tied); no dropout; the Llama-family variants (RMSNorm,
+    rotary positions, SwiGLU, no linear biases, an untied output layer) and Qwen's (the qkv bias,
+    grouped-query attention with kv_channels, per-head q / k norms), from the deck;
   * loss = mean next-token cross-entropy over all B*T tokens of the global batch;
   * global-norm clipping, Megatron-style LR schedule, AdamW (torch.optim.AdamW's update
     rule, decoupled weight decay on >= 2-D parameters only).
@@ -65,6 +68,9 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_reference as tr  # noqa: E402  (the layer's math, shared with the BERT and T5 references)
 
 
 def tune_malloc():
@@ -161,6 +167,12 @@ class Config:
         self.add_bias_linear = g("model", "add_bias_linear", _to_bool, True)
         self.add_qkv_bias = g("model", "add_qkv_bias", _to_bool, False)
         self.untied = g("model", "untie_embeddings_and_output_weights", _to_bool, False)
+        # Attention (Megatron's --num-query-groups, --kv-channels, --qk-layernorm; 0 = derived):
+        # key/value groups (num_heads: multi-head), channels per head (hidden_size / num_heads),
+        # per-head norms of the queries and keys (Qwen 3)
+        self.num_query_groups = g("model", "num_query_groups", _to_int, 0)
+        self.kv_channels = g("model", "kv_channels", _to_int, 0)
+        self.qk_layernorm = g("model", "qk_layernorm", _to_bool, False)
         if self.normalization not in ("LayerNorm", "RMSNorm"):
             raise InputError("deck key [model] normalization: unknown value %r" % self.normalization)
         if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
@@ -212,32 +224,54 @@ class Config:
         if Fh != self.ffn_hidden_size:
             raise InputError("ffn_hidden_size: deck says %d, checkpoint fc1 has %d rows"
                              % (self.ffn_hidden_size, Fh))
-        if C % self.num_heads:
+        if self.num_heads <= 0 or self.num_query_groups < 0 or self.kv_channels < 0:
+            raise InputError("deck keys [model] num_heads %d, num_query_groups %d, kv_channels %d: must be >= 0 "
+                             "(num_heads > 0)" % (self.num_heads, self.num_query_groups, self.kv_channels))
+        if self.kv_channels == 0 and C % self.num_heads:
             raise InputError("hidden_size %d is not a multiple of num_heads %d" % (C, self.num_heads))
+        if self.num_query_groups == 0:
+            self.num_query_groups = self.num_heads
+        if self.num_heads % self.num_query_groups:
+            raise InputError("num_heads %d is not a multiple of num_query_groups %d"
+                             % (self.num_heads, self.num_query_groups))
         if self.seq_length > P:
             raise InputError("seq_length %d > max_position_embeddings %d" % (self.seq_length, P))
         if self.global_batch_size % self.micro_batch_size:
             raise InputError("global_batch_size %d is not a multiple of micro_batch_size %d"
                              % (self.global_batch_size, self.micro_batch_size))
-        self.head_dim = C // self.num_heads
+        self.head_dim = self.kv_channels if self.kv_channels > 0 else C // self.num_heads
         self.rotary_dim = int(self.head_dim * self.rotary_percent)
+        if self.position_embedding_type == "rope" and (self.rotary_dim <= 0 or self.rotary_dim % 2):
+            raise InputError("rotary positions turn an even number of channels: head_dim %d x rotary_percent %g = %d"
+                             % (self.head_dim, self.rotary_percent, self.rotary_dim))
+
+
+def attention_shape(cfg):
+    """(num_heads nh, num_query_groups ng, head_dim d) of a config; one without the
+    grouped-query keys (a duck-typed test config) is multi-head with d = C / nh."""
+    nh = getattr(cfg, "num_heads", 1)
+    return nh, getattr(cfg, "num_query_groups", nh) or nh, getattr(cfg, "head_dim", cfg.hidden_size // nh)
 
 
 def expected_shapes(cfg):
     """{checkpoint dataset name: shape} of every GPT parameter, in a fixed order. GPT-2: learned
     positions, LayerNorm weight and bias, biases everywhere; the Llama variants drop the position
     table (rope, none), the norms' biases (RMSNorm) and the linears' biases (add_bias_linear false;
-    add_qkv_bias keeps qkv's), and a SwiGLU fc1 holds gate then up (2F rows)."""
+    add_qkv_bias keeps qkv's), and a SwiGLU fc1 holds gate then up (2F rows). Attention: qkv has
+    (nh + 2 ng) d rows (q heads | k groups | v groups, each head d contiguous rows), proj nh d
+    columns; qk_layernorm adds self_attention/{q,k}_layernorm of d (weight, and bias under
+    LayerNorm)."""
     V, P, C, Fh = cfg.vocab_size, cfg.max_position_embeddings, cfg.hidden_size, cfg.ffn_hidden_size
     F1 = 2 * Fh if cfg.swiglu else Fh
+    nh, ng, d = attention_shape(cfg)
     out = {"model/embedding/word_embeddings": (V, C)}
     if cfg.learned_positions:
         out["model/embedding/position_embeddings"] = (P, C)
 
-    def norm(name):
-        out[name + "/weight"] = (C,)
+    def norm(name, width=C):
+        out[name + "/weight"] = (width,)
         if cfg.normalization == "LayerNorm":
-            out[name + "/bias"] = (C,)
+            out[name + "/bias"] = (width,)
 
     def linear(name, rows, cols, bias):
         out[name + "/weight"] = (rows, cols)
@@ -247,8 +281,11 @@ def expected_shapes(cfg):
     for i in range(cfg.num_layers):
         p = "model/layers/%d/" % i
         norm(p + "input_layernorm")
-        linear(p + "self_attention/qkv", 3 * C, C, cfg.add_bias_linear or cfg.add_qkv_bias)
-        linear(p + "self_attention/proj", C, C, cfg.add_bias_linear)
+        linear(p + "self_attention/qkv", (nh + 2 * ng) * d, C, cfg.add_bias_linear or cfg.add_qkv_bias)
+        if getattr(cfg, "qk_layernorm", False):
+            norm(p + "self_attention/q_layernorm", d)
+            norm(p + "self_attention/k_layernorm", d)
+        linear(p + "self_attention/proj", C, nh * d, cfg.add_bias_linear)
         norm(p + "post_attention_layernorm")
         linear(p + "mlp/fc1", F1, C, cfg.add_bias_linear)
         linear(p + "mlp/fc2", C, Fh, cfg.add_bias_linear)
@@ -359,18 +396,32 @@ class Checkpoint:
 # Model
 # --------------------------------------------------------------------------------------
 
-class GPTReference:
-    """GPT-2 as a plain function of a dict of leaf tensors (named as in the checkpoint)."""
+def layer_spec(cfg):
+    """The torch_reference.LayerSpec of a config (duck-typed test configs without the rotary or
+    grouped-query keys are GPT-2's multi-head layer)."""
+    nh, ng, d = attention_shape(cfg)
+    rotary = None
+    if cfg.position_embedding_type == "rope":
+        scaling = ((cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_max)
+                   if cfg.use_rope_scaling else None)
+        rotary = tr.Rotary(cfg.rotary_dim, cfg.rotary_base, scaling)
+    return tr.LayerSpec(nh, d, ng, cfg.normalization, cfg.layernorm_epsilon, rotary, cfg.swiglu,
+                        getattr(cfg, "qk_layernorm", False))
+
+
+class GPTReference(tr.Transformer):
+    """GPT as a plain function of a dict of leaf tensors (named as in the checkpoint): GPT-2's
+    layer or its variants (layer_spec), torch_reference's math."""
 
     def __init__(self, cfg, params_np, dtype=torch.float64):
         self.cfg = cfg
         self.dtype = dtype
         self.names = param_names(cfg)
-        self.params = {n: torch.tensor(params_np[n], dtype=dtype).requires_grad_(True)
-                       for n in self.names}
+        super().__init__({n: torch.tensor(params_np[n], dtype=dtype).requires_grad_(True) for n in self.names},
+                         layer_spec(cfg))
         self.tape = None  # a DropoutTape: Trident's masks applied where Trident applies them
 
-    def _drop(self, x, site, layer, which, shape):
+    def drop(self, x, site, layer, which, shape):
         """x with Trident's recorded mask of this call applied and kept values scaled by 1/(1-p)
         (inverted dropout); x unchanged without dropout. `shape` is the mask's shape in the
         tape (Trident's layout of the call's elements), x is viewed as it for the product."""
@@ -379,113 +430,35 @@ class GPTReference:
         p = getattr(self.cfg, which)  # hidden_dropout or attention_dropout
         if p <= 0:
             return x
-        keep = self.tape.next(site, layer, p, shape)
-        return (x.reshape(shape) * torch.as_tensor(keep, dtype=x.dtype) * (1.0 / (1.0 - p))).reshape(x.shape)
-
-    def _norm(self, x, name):
-        """LayerNorm (weight and bias), or RMSNorm (Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps)
-        times the weight, no bias), over the last dimension."""
-        cfg, p = self.cfg, self.params
-        if cfg.normalization == "RMSNorm":
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layernorm_epsilon) * p[name + "/weight"]
-        return F.layer_norm(x, (x.shape[-1],), p[name + "/weight"], p[name + "/bias"], cfg.layernorm_epsilon)
-
-    def _lin(self, a, name):
-        """A linear layer, with its bias when the checkpoint has one."""
-        return F.linear(a, self.params[name + "/weight"], self.params.get(name + "/bias"))
-
-    def _rotary(self, T, dtype):
-        """cos, sin (T, rot) of Hugging Face Llama's rotary embedding: inv_freq_j = base^(-2j/rot)
-        (Llama 3.1's "llama3" scaling when use_rope_scaling), freqs = outer(position, inv_freq),
-        emb = cat(freqs, freqs)."""
-        cfg = self.cfg
-        rot = cfg.rotary_dim
-        inv = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
-        if cfg.use_rope_scaling:
-            old, lo, hi, fac = (cfg.rope_original_max, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                cfg.rope_scaling_factor)
-            wavelen = 2 * math.pi / inv
-            scaled = torch.where(wavelen > old / lo, inv / fac, inv)
-            smooth = (old / wavelen - lo) / (hi - lo)
-            blended = (1 - smooth) * scaled / fac + smooth * scaled
-            medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-            inv = torch.where(medium, blended, scaled)
-        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def _rope(self, x, cos, sin):
-        """x (B, H, T, D): the first rot channels turned, x cos + rotate_half(x) sin, with
-        rotate_half(x) = cat(-x2, x1) of the halves; the rest passed through."""
-        rot = self.cfg.rotary_dim
-        xr, xp = x[..., :rot], x[..., rot:]
-        x1, x2 = xr[..., :rot // 2], xr[..., rot // 2:]
-        return torch.cat((xr * cos + torch.cat((-x2, x1), dim=-1) * sin, xp), dim=-1)
-
-    def _mlp_act(self, h):
-        """GELU (tanh form), or SwiGLU: silu(gate) * up of fc1's halves (gate first)."""
-        if self.cfg.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return F.gelu(h, approximate="tanh")
-
-    def _block(self, x, i):
-        cfg, p = self.cfg, self.params
-        pre = "model/layers/%d/" % i
-        B, T, C = x.shape
-        H, D = cfg.num_heads, cfg.head_dim
-
-        a = self._norm(x, pre + "input_layernorm")
-        qkv = self._lin(a, pre + "self_attention/qkv")                         # (B, T, 3C)
-        q, k, v = qkv.split(C, dim=-1)                                         # all q | all k | all v
-        q = q.reshape(B, T, H, D).transpose(1, 2)                              # (B, H, T, D)
-        k = k.reshape(B, T, H, D).transpose(1, 2)
-        v = v.reshape(B, T, H, D).transpose(1, 2)
-        if cfg.position_embedding_type == "rope":
-            cos, sin = self._rotary(T, q.dtype)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-        s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))      # (B, H, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool).triu(1)                   # j > t is masked
-        s = s.masked_fill(causal, float("-inf"))
-        att = torch.softmax(s, dim=-1)
-        att = self._drop(att, "attention_probs", i, "attention_dropout", (B, H, T, T))
-        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)              # (B, T, C)
-        x = x + self._drop(self._lin(y, pre + "self_attention/proj"), "after_proj", i, "hidden_dropout", (B * T, C))
-
-        a = self._norm(x, pre + "post_attention_layernorm")
-        h = self._mlp_act(self._lin(a, pre + "mlp/fc1"))                       # (B, T, F)
-        x = x + self._drop(self._lin(h, pre + "mlp/fc2"), "after_fc2", i, "hidden_dropout", (B * T, C))
-        return x
-
-    def logits(self, inp):
-        """Next-token logits (B, T, V) of a (B, T) int64 tensor of tokens (no dropout)."""
-        cfg, p = self.cfg, self.params
-        B, T = inp.shape
-        x = p["model/embedding/word_embeddings"][inp]
-        if cfg.learned_positions:
-            x = x + p["model/embedding/position_embeddings"][:T].unsqueeze(0)
-        for i in range(cfg.num_layers):
-            x = self._block(x, i)
-        return F.linear(self._norm(x, "model/final_layernorm"), self._output_weight())
+        return tr.apply_mask(x, self.tape.next(site, layer, p, shape), 1.0 / (1.0 - p), shape)
 
     def _output_weight(self):
         p = self.params
         return p["model/output_layer/weight"] if self.cfg.untied else p["model/embedding/word_embeddings"]
 
-    def loss_sum(self, windows):
-        """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows."""
+    def _hidden(self, inp, dropout):
+        """The final norm's output (B, T, C) of a (B, T) int64 tensor of tokens."""
         cfg, p = self.cfg, self.params
-        inp, tgt = windows[:, :-1], windows[:, 1:]
         B, T = inp.shape
-        wte = p["model/embedding/word_embeddings"]
-        x = wte[inp]                                                           # (B, T, C)
+        x = p["model/embedding/word_embeddings"][inp]                           # (B, T, C)
         if cfg.learned_positions:
             x = x + p["model/embedding/position_embeddings"][:T].unsqueeze(0)
-        x = self._drop(x, "embedding", -1, "hidden_dropout", (B * T, cfg.hidden_size))
+        if dropout:
+            x = self.drop(x, "embedding", -1, "hidden_dropout", (B * T, cfg.hidden_size))
         for i in range(cfg.num_layers):
-            x = self._block(x, i)
-        x = self._norm(x, "model/final_layernorm")
-        logits = F.linear(x.reshape(B * T, cfg.hidden_size), self._output_weight())  # (B*T, V)
+            x = self.layer(x, "model/layers/%d/" % i, i, causal=True)
+        return self.store(self.norm(x, "model/final_layernorm"))
+
+    def logits(self, inp):
+        """Next-token logits (B, T, V) of a (B, T) int64 tensor of tokens (no dropout)."""
+        return self.grad_store(F.linear(self._hidden(inp, False), self._output_weight()))
+
+    def loss_sum(self, windows):
+        """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows."""
+        inp, tgt = windows[:, :-1], windows[:, 1:]
+        B, T = inp.shape
+        x = self._hidden(inp, True)
+        logits = self.grad_store(F.linear(x.reshape(B * T, self.cfg.hidden_size), self._output_weight()))  # (B*T, V)
         return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
 
 
@@ -510,6 +483,16 @@ class GPTReference:
 #     * attention output round(P V)                   ops/attention.cpp context_half
 #     * fc1 output round(y + b), GELU round(gelu(.)) ops/fused.cpp bias_gelu<Bf16Fmt>
 #     * parameters: the 16-bit model                  optim/adamw.cpp HalfCopy (step_mixed)
+#   the variants (Trident's contract for them; torch_reference.Transformer's store points):
+#     * RMSNorm outputs round(x rstd w), the product x rstd w not rounded in between
+#     * a linear without bias: round(GEMM output) where Trident stores it (qkv, fc1); proj, fc2
+#       and the output layer unrounded, their output gradient rounded as above
+#     * q / k norms (qk_layernorm): from the stored qkv, computed wider, round(x^ w [+ b]) once
+#     * rotary positions: the stored q and k turned with the fp32 cos / sin table (computed in
+#       double), round(x cos + rotate_half(x) sin) once; the gradient turned back unrounded
+#     * SwiGLU: fc1's 2F outputs round(y [+ b]) kept, round(silu(gate) up) from them
+#     * grouped-query attention: as multi-head, query head h with its group's stored k and v
+#     * the untied output layer: the tied head's logits with model/output_layer/weight
 #   backward (the gradient rounded before it enters a GEMM; identity forward)
 #     * d logits -> dlogits16                         models/gpt_model.cpp GptModel::head
 #     * d(GEMM output) of qkv, proj, fc1, fc2         parallel_linear.cpp *ParallelLinear::backward
@@ -608,30 +591,36 @@ class _StoredSoftmax(torch.autograd.Function):
 
 
 class GPTReference16(GPTReference):
-    """GPTReference with Trident's 16-bit rounding points (see above). Its leaf tensors hold the
-    16-bit model (float64 tensors of bf16 / fp16 values): their gradients are Trident's main
-    gradients; MasterAdamW keeps the fp32 masters and writes the rounded masters back."""
+    """GPTReference with Trident's 16-bit rounding points (see above): torch_reference's layer with
+    its hooks as Trident's 16-bit stores. Its leaf tensors hold the 16-bit model (float64 tensors
+    of bf16 / fp16 values): their gradients are Trident's main gradients; MasterAdamW keeps the
+    fp32 masters and writes the rounded masters back."""
 
     def __init__(self, cfg, params_np, fmt, dtype=torch.float64):
-        if (cfg.normalization, cfg.position_embedding_type, cfg.swiglu, cfg.add_bias_linear, cfg.untied) != \
-                ("LayerNorm", "learned_absolute", False, True, False):
-            raise InputError("the 16-bit emulation covers GPT-2's layer only (LayerNorm, learned positions, GELU, "
-                             "biases); compare this run with --emulate none")
         super().__init__(cfg, params_np, dtype)
         self.fmt = fmt
 
-    def _r(self, x):
+    def store(self, x):
         return _Round.apply(x, self.fmt)
 
-    def _rg(self, x):
+    def grad_store(self, x):
         return _RoundGrad.apply(x, self.fmt)
 
-    def _linear(self, a, name):
+    def store_both(self, x):
+        return _RoundBoth.apply(x, self.fmt)
+
+    def linear(self, a, name):
         """A linear layer: the GEMM output's gradient enters the GEMMs rounded, the bias
-        gradient is the sum of the unrounded one; the caller rounds the value where Trident
+        gradient is the sum of the unrounded one; the layer rounds the value where Trident
         stores it in 16 bits (qkv, fc1) and keeps it fp32 where it joins the residual stream."""
-        p = self.params
-        return self._rg(F.linear(a, p[name + "/weight"])) + p[name + "/bias"]
+        y = self.grad_store(F.linear(a, self.params[name + "/weight"]))
+        b = self.params.get(name + "/bias")
+        return y if b is None else y + b
+
+    def rotary_tables(self, T, dtype):
+        """Trident's table: cos and sin computed in double, kept in fp32."""
+        cos, sin = self.spec.rotary.tables(T)
+        return cos.float().to(dtype), sin.float().to(dtype)
 
     @staticmethod
     def _keep_scale(p):
@@ -639,67 +628,22 @@ class GPTReference16(GPTReference):
         one = np.float32(1.0)
         return float(one / (one - np.float32(p)))
 
-    def _drop(self, x, site, layer, which, shape):
-        """As GPTReference._drop, with Trident's fp32 scale of the kept values."""
+    def drop(self, x, site, layer, which, shape):
+        """As GPTReference.drop, with Trident's fp32 scale of the kept values."""
         if self.tape is None:
             return x
         p = getattr(self.cfg, which)
         if p <= 0:
             return x
-        keep = self.tape.next(site, layer, p, shape)
-        return (x.reshape(shape) * torch.as_tensor(keep, dtype=x.dtype) * self._keep_scale(p)).reshape(x.shape)
+        return tr.apply_mask(x, self.tape.next(site, layer, p, shape), self._keep_scale(p), shape)
 
-    def _probs(self, s, layer, shape):
+    def softmax_probs(self, s, site, layer):
         keep = None
         pd = self.cfg.attention_dropout
         if self.tape is not None and pd > 0:
-            k = self.tape.next("attention_probs", layer, pd, shape)
+            k = self.tape.next(site, layer, pd, tuple(s.shape))
             keep = (torch.as_tensor(k, dtype=s.dtype) * self._keep_scale(pd)).reshape(s.shape)
         return _StoredSoftmax.apply(s, self.fmt, keep)
-
-    def _block(self, x, i):
-        cfg, p = self.cfg, self.params
-        pre = "model/layers/%d/" % i
-        B, T, C = x.shape
-        H, D = cfg.num_heads, cfg.head_dim
-        eps = cfg.layernorm_epsilon
-
-        a = self._r(F.layer_norm(x, (C,), p[pre + "input_layernorm/weight"],
-                                 p[pre + "input_layernorm/bias"], eps))         # ln1 (16-bit)
-        qkv = self._r(self._linear(a, pre + "self_attention/qkv"))               # (B, T, 3C) 16-bit
-        q, k, v = qkv.split(C, dim=-1)
-        q = q.reshape(B, T, H, D).transpose(1, 2)
-        k = k.reshape(B, T, H, D).transpose(1, 2)
-        v = v.reshape(B, T, H, D).transpose(1, 2)
-        # raw scores: fp32 GEMM output; their gradient (ds) enters the q/k GEMMs rounded
-        s = self._rg(torch.matmul(q, k.transpose(-1, -2))) * (1.0 / math.sqrt(D))
-        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-        s = s.masked_fill(causal, float("-inf"))
-        att = self._probs(s, i, (B, H, T, T))                                    # 16-bit probabilities
-        y = _RoundBoth.apply(torch.matmul(att, v), self.fmt).transpose(1, 2).reshape(B, T, C)
-        x = x + self._drop(self._linear(y, pre + "self_attention/proj"), "after_proj", i, "hidden_dropout",
-                           (B * T, C))
-
-        a = self._r(F.layer_norm(x, (C,), p[pre + "post_attention_layernorm/weight"],
-                                 p[pre + "post_attention_layernorm/bias"], eps))  # ln2 (16-bit)
-        h = self._r(self._linear(a, pre + "mlp/fc1"))                            # fc1 + bias (16-bit)
-        h = self._r(F.gelu(h, approximate="tanh"))                               # GELU (16-bit)
-        x = x + self._drop(self._linear(h, pre + "mlp/fc2"), "after_fc2", i, "hidden_dropout", (B * T, C))
-        return x
-
-    def loss_sum(self, windows):
-        cfg, p = self.cfg, self.params
-        inp, tgt = windows[:, :-1], windows[:, 1:]
-        B, T = inp.shape
-        wte = p["model/embedding/word_embeddings"]
-        x = wte[inp] + p["model/embedding/position_embeddings"][:T].unsqueeze(0)   # fp32 residual stream
-        x = self._drop(x, "embedding", -1, "hidden_dropout", (B * T, cfg.hidden_size))
-        for i in range(cfg.num_layers):
-            x = self._block(x, i)
-        x = self._r(F.layer_norm(x, (cfg.hidden_size,), p["model/final_layernorm/weight"],
-                                 p["model/final_layernorm/bias"], cfg.layernorm_epsilon))
-        logits = self._rg(F.linear(x.reshape(B * T, cfg.hidden_size), wte))  # fp32; d logits -> 16 bits
-        return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
 
 
 # --------------------------------------------------------------------------------------
@@ -1101,9 +1045,15 @@ def key_bias_block(cfg):
     m / (sqrt(v) + eps)) follows the sign of rounding noise in both programs and is not
     comparable. The 16-bit emulation compares the query and value blocks of the qkv bias and
     reports the key block's error apart (the fp32 reference's residual is ~1e-17, far below eps:
-    its default comparison keeps it)."""
-    C = cfg.hidden_size
-    return {"model/layers/%d/self_attention/qkv/bias" % i: np.arange(C, 2 * C) for i in range(cfg.num_layers)}
+    its default comparison keeps it). The key block is the ng d rows after the nh d query rows;
+    {} where that gradient is not 0 (rotary positions turn b_k differently at each key position, a
+    k norm makes it non-linear) or there is no qkv bias."""
+    nh, ng, d = attention_shape(cfg)
+    if not (cfg.add_bias_linear or cfg.add_qkv_bias) or cfg.position_embedding_type == "rope" \
+            or getattr(cfg, "qk_layernorm", False):
+        return {}
+    return {"model/layers/%d/self_attention/qkv/bias" % i: np.arange(nh * d, (nh + ng) * d)
+            for i in range(cfg.num_layers)}
 
 
 def _param_error(got, ref, ini):
@@ -1319,9 +1269,14 @@ def cmd_compare(args):
         print("note: the run's precision is %s; the default tolerances assume fp32" % cfg.precision)
     elif emulate is not None and emulate != cfg.precision:
         print("note: emulating %s rounding, but the run's precision is %s" % (emulate, cfg.precision))
-    print("reference: %d layers, C=%d, heads=%d, F=%d, V=%d, T=%d, global batch %d (micro %d), %s%s, "
+    print("reference: %d layers, C=%d, heads=%d%s, F=%d, V=%d, T=%d, global batch %d (micro %d), %s%s, "
           "%d threads; iterations %d..%d"
-          % (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, cfg.vocab_size,
+          % (cfg.num_layers, cfg.hidden_size, cfg.num_heads,
+             "" if (cfg.num_query_groups, cfg.head_dim, cfg.qk_layernorm) == (cfg.num_heads, cfg.hidden_size // cfg.num_heads,
+                                                                             False)
+             else " (%d key/value groups, head dim %d%s)" % (cfg.num_query_groups, cfg.head_dim,
+                                                             ", q/k norms" if cfg.qk_layernorm else ""),
+             cfg.ffn_hidden_size, cfg.vocab_size,
              cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, args.dtype,
              "" if emulate is None else " emulating Trident's %s rounding points (fp32 masters)" % emulate,
              args.threads, start + 1, start + steps))
@@ -1337,7 +1292,7 @@ def cmd_compare(args):
     if args.params and not os.path.isdir(args.params):
         raise InputError("--params: %s is not a directory" % args.params)
     param_rows, worst_param = [], 0.0
-    key_bias = emulate is not None  # the key bias's update is rounding noise in 16 bits: compared apart
+    key_bias = emulate is not None and bool(key_bias_block(cfg))  # its update is rounding noise in 16 bits: apart
     forced_rows = []  # 16-bit emulation: losses the reference's forward computes from Trident's own parameters
     t0 = time.time()
     for i in range(start + 1, start + steps + 1):

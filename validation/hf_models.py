@@ -5,7 +5,8 @@ A GPT-2 (GPT2LMHeadModel) and a Megatron-BERT (MegatronBertForPreTraining) writt
 PyTorch from the published architectures, keyed by Hugging Face's tensor names and layouts
 (GPT-2's Conv1D weights [in, out], BERT's query/key/value), in float64. The weights are read from
 model.safetensors by this file's own parser of the published format (8-byte little-endian
-header length, JSON header, raw little-endian tensors); config.json gives the shapes.
+header length, JSON header, raw little-endian tensors); config.json gives the shapes. The names,
+layouts and wiring are this file's own; the norms, GELU and attention are torch_reference.py's.
 
 usage:
   hf_models.py gpt-eval  --model DIR --shard FILE --windows N --seq S [--stride s] [--transformers] [--device D]
@@ -75,36 +76,28 @@ def load_dir(model_dir):
     return cfg, read_safetensors(st)
 
 
-def gelu_tanh(x):
-    import torch
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def layer_norm(x, w, b, eps):
-    import torch
-    mu = x.mean(-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)
-    return (x - mu) / torch.sqrt(var + eps) * w + b
+def _tr():
+    """validation/torch_reference.py, the layer's math shared with the Trident references (imported
+    when a model is scored: reading safetensors needs no torch)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import torch_reference
+    return torch_reference
 
 
 def attention(q, k, v, heads, key_mask=None, causal=False):
     """Scaled dot-product attention over heads; q, k, v [B, T, C]."""
-    import torch
-    B, T, C = q.shape
-    D = C // heads
-    q, k, v = (t.reshape(B, T, heads, D).transpose(1, 2) for t in (q, k, v))
-    s = q @ k.transpose(-1, -2) / math.sqrt(D)
-    if causal:
-        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
-    if key_mask is not None:
-        s = s.masked_fill(~key_mask[:, None, None, :], float("-inf"))
-    return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
+    tr = _tr()
+    D = q.shape[-1] // heads
+    q, k, v = (tr.split_heads(t, heads, D) for t in (q, k, v))
+    return tr.merge_heads(tr.attention(q, k, v, causal=causal, key_valid=key_mask))
 
 
 def gpt2_logits(cfg, w, ids):
     """GPT2LMHeadModel's logits: h = wte[x] + wpe; per block h += attn(ln_1 h), h += mlp(ln_2 h);
     ln_f; logits = h wte^T. Conv1D: y = x W + b with W [in, out]."""
-    import torch
+    tr = _tr()
 
     def p(name):
         for k in ("transformer." + name, name):
@@ -119,15 +112,15 @@ def gpt2_logits(cfg, w, ids):
     h = p("wte.weight")[ids] + p("wpe.weight")[:T][None]
     for i in range(L):
         b = f"h.{i}."
-        a = layer_norm(h, p(b + "ln_1.weight"), p(b + "ln_1.bias"), eps)
+        a = tr.layer_norm(h, p(b + "ln_1.weight"), p(b + "ln_1.bias"), eps)
         qkv = a @ p(b + "attn.c_attn.weight") + p(b + "attn.c_attn.bias")
         q, k, v = qkv.split(C, -1)
         y = attention(q, k, v, H, causal=True)
         h = h + y @ p(b + "attn.c_proj.weight") + p(b + "attn.c_proj.bias")
-        a = layer_norm(h, p(b + "ln_2.weight"), p(b + "ln_2.bias"), eps)
-        m = gelu_tanh(a @ p(b + "mlp.c_fc.weight") + p(b + "mlp.c_fc.bias"))
+        a = tr.layer_norm(h, p(b + "ln_2.weight"), p(b + "ln_2.bias"), eps)
+        m = tr.gelu_tanh(a @ p(b + "mlp.c_fc.weight") + p(b + "mlp.c_fc.bias"))
         h = h + m @ p(b + "mlp.c_proj.weight") + p(b + "mlp.c_proj.bias")
-    h = layer_norm(h, p("ln_f.weight"), p("ln_f.bias"), eps)
+    h = tr.layer_norm(h, p("ln_f.weight"), p("ln_f.bias"), eps)
     return h @ p("wte.weight").T
 
 
@@ -136,6 +129,7 @@ def megatron_bert_outputs(cfg, w, tok, typ, pad):
     embedding LayerNorm; per layer x += attn(attention.ln x), x += mlp(ln x); encoder.ln; the
     LM transform (dense, GELU, LayerNorm), tied decoder plus cls.predictions.bias; pooler (tanh of
     a dense layer on position 0) and the 2-way head. nn.Linear: y = x W^T + b."""
+    tr = _tr()
     eps = cfg.get("layer_norm_eps", 1e-12)
     H, L = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     T = tok.shape[1]
@@ -144,7 +138,7 @@ def megatron_bert_outputs(cfg, w, tok, typ, pad):
         return x @ w[name + ".weight"].T + w[name + ".bias"]
 
     def ln(x, name):
-        return layer_norm(x, w[name + ".weight"], w[name + ".bias"], eps)
+        return tr.layer_norm(x, w[name + ".weight"], w[name + ".bias"], eps)
 
     wte = w["bert.embeddings.word_embeddings.weight"]
     x = wte[tok] + w["bert.embeddings.position_embeddings.weight"][:T][None] + \
@@ -157,9 +151,9 @@ def megatron_bert_outputs(cfg, w, tok, typ, pad):
                       lin(a, b + "attention.self.value"), H, key_mask=valid)
         x = x + lin(y, b + "attention.output.dense")
         a = ln(x, b + "ln")
-        x = x + lin(gelu_tanh(lin(a, b + "intermediate.dense")), b + "output.dense")
+        x = x + lin(tr.gelu_tanh(lin(a, b + "intermediate.dense")), b + "output.dense")
     x = ln(x, "bert.encoder.ln")
-    h = ln(gelu_tanh(lin(x, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
+    h = ln(tr.gelu_tanh(lin(x, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
     logits = h @ wte.T + w["cls.predictions.bias"]
     sop = None
     if "cls.seq_relationship.weight" in w:

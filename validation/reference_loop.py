@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import gpt_reference as g
+import torch_reference as tr
 
 
 class Checkpoint:
@@ -38,6 +39,18 @@ class Checkpoint:
                 "model/" + n, np.asarray(d[...], dtype=np.float64)) if isinstance(d, h5py.Dataset) else None)
 
 
+def layer_spec(cfg):
+    """The torch_reference.LayerSpec of the BERT and T5 layers: GPT-2's (LayerNorm, GELU, learned
+    positions, multi-head attention) with the config's heads and eps. A deck with grouped-query
+    attention, other head channels or q / k norms is refused: these references do not model them."""
+    if (cfg.num_query_groups, cfg.head_dim, cfg.qk_layernorm) != (cfg.num_heads, cfg.hidden_size // cfg.num_heads,
+                                                                   False):
+        raise g.InputError("the BERT and T5 references model multi-head attention of hidden_size / num_heads channels "
+                           "without q / k norms (the deck has num_query_groups %d, kv_channels %d, qk_layernorm %s)"
+                           % (cfg.num_query_groups, cfg.head_dim, cfg.qk_layernorm))
+    return tr.LayerSpec(cfg.num_heads, cfg.head_dim, eps=cfg.layernorm_epsilon)
+
+
 class Dropout:
     """Trident's recorded dropout masks (--dropout-tape, gpt_reference.DropoutTape) applied in a
     reference's forward pass: x * keep / (1 - p) at the call that asks for (site, layer); x itself
@@ -51,8 +64,7 @@ class Dropout:
         p = getattr(self.cfg, which)  # hidden_dropout or attention_dropout
         if self.tape is None or p <= 0:
             return x
-        keep = torch.as_tensor(self.tape.next(site, layer, p, shape), dtype=x.dtype)
-        return (x.reshape(shape) * keep * (1.0 / (1.0 - p))).reshape(x.shape)
+        return tr.apply_mask(x, self.tape.next(site, layer, p, shape), 1.0 / (1.0 - p), shape)
 
 
 def dropout_of(a, cfg):

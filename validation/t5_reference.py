@@ -18,12 +18,11 @@ seq_length each, then the decoder input and targets, decoder_seq_length each, -1
     gpt_reference.py.
 
 Compares per-step loss, lr and grad norm with Trident's metrics CSV and the step-1 gradients
-with grads.h5. Exit status 0 pass, 1 tolerance exceeded, 2 bad input.
+with grads.h5. The layer's math is torch_reference.py's. Exit status 0 pass, 1 tolerance exceeded, 2 bad input.
 
   t5_reference.py --checkpoint ck/iter_0000000/checkpoint.h5 --batches batches.h5 \\
                   --metrics metrics.csv --grads grads.h5
 """
-import math
 import os
 import sys
 
@@ -36,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import gpt_reference as g  # noqa: E402  (deck parsing, Config, schedule, AdamW, metrics, tolerances)
 import reference_loop  # noqa: E402  (checkpoint reading, the training and comparison loop)
+import torch_reference as tr  # noqa: E402  (the layer's math)
 
 
 def decoder_shape(ck):
@@ -45,47 +45,15 @@ def decoder_shape(ck):
     return Sd, layers if layers > 0 else ck.config.num_layers
 
 
-class T5Reference:
+class T5Reference(tr.Transformer):
+    """T5 over torch_reference's layer (GPT-2's; the decoder's with cross-attention)."""
+
     def __init__(self, ckpt, dtype, drop):
         self.cfg, self.dec_layers = ckpt.config, decoder_shape(ckpt)[1]
-        self.p = {n: torch.tensor(v, dtype=dtype).requires_grad_(True) for n, v in ckpt.params.items()}
+        super().__init__({n: torch.tensor(v, dtype=dtype).requires_grad_(True) for n, v in ckpt.params.items()},
+                         reference_loop.layer_spec(ckpt.config))
+        self.p = self.params
         self.drop = drop  # reference_loop.Dropout: Trident's masks, where Trident applies them
-
-    def _ln(self, x, name):
-        C = x.shape[-1]
-        return F.layer_norm(x, (C,), self.p[name + "/weight"], self.p[name + "/bias"], self.cfg.layernorm_epsilon)
-
-    def _lin(self, x, name):
-        return F.linear(x, self.p[name + "/weight"], self.p[name + "/bias"])
-
-    def _attend(self, q, k, v, key_valid, causal, site, layer):
-        """q (B, Tq, C), k / v (B, Tk, C) -> (B, Tq, C); `site` of the probabilities' dropout."""
-        H, D = self.cfg.num_heads, self.cfg.head_dim
-        B, Tq, C = q.shape
-        Tk = k.shape[1]
-        q, k, v = (t.reshape(B, -1, H, D).transpose(1, 2) for t in (q, k, v))
-        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(D)
-        if key_valid is not None:
-            s = s.masked_fill(~key_valid[:, None, None, :], float("-inf"))
-        if causal:
-            s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).triu(1), float("-inf"))
-        att = self.drop(torch.softmax(s, -1), site, layer, "attention_dropout", (B, H, Tq, Tk))
-        return torch.matmul(att, v).transpose(1, 2).reshape(B, Tq, C)
-
-    def _layer(self, x, pre, index, key_valid, causal, enc=None, enc_valid=None):
-        """One layer; `index` is Trident's (the encoder's 0..L-1, then the decoder's L..)."""
-        B, T, C = x.shape
-        drop = lambda y, site: self.drop(y, site, index, "hidden_dropout", (B * T, C))  # noqa: E731
-        q, k, v = self._lin(self._ln(x, pre + "input_layernorm"), pre + "self_attention/qkv").split(C, -1)
-        x = x + drop(self._lin(self._attend(q, k, v, key_valid, causal, "attention_probs", index),
-                               pre + "self_attention/proj"), "after_proj")
-        if enc is not None:
-            q = self._lin(self._ln(x, pre + "cross_attention_layernorm"), pre + "cross_attention/q")
-            k, v = self._lin(enc, pre + "cross_attention/kv").split(C, -1)
-            x = x + drop(self._lin(self._attend(q, k, v, enc_valid, False, "cross_probs", index),
-                                   pre + "cross_attention/proj"), "after_cross_proj")
-        h = F.gelu(self._lin(self._ln(x, pre + "post_attention_layernorm"), pre + "mlp/fc1"), approximate="tanh")
-        return x + drop(self._lin(h, pre + "mlp/fc2"), "after_fc2")
 
     def loss(self, enc_tok, enc_pad, dec_in, dec_target):
         """Mean cross-entropy over the decoder targets of one micro-batch."""
@@ -96,13 +64,13 @@ class T5Reference:
         x = wte[enc_tok] + wpe[:enc_tok.shape[1]][None]
         x = self.drop(x, "embedding", -1, "hidden_dropout", (x.shape[0] * x.shape[1], C))
         for i in range(L):
-            x = self._layer(x, "model/encoder/layers/%d/" % i, i, valid, False)
-        e = self._ln(x, "model/encoder/final_layernorm")
+            x = self.layer(x, "model/encoder/layers/%d/" % i, i, causal=False, key_valid=valid)
+        e = self.norm(x, "model/encoder/final_layernorm")
         y = wte[dec_in] + wpe[:dec_in.shape[1]][None]
         y = self.drop(y, "decoder_embedding", -1, "hidden_dropout", (y.shape[0] * y.shape[1], C))
-        for i in range(self.dec_layers):
-            y = self._layer(y, "model/decoder/layers/%d/" % i, L + i, None, True, e, valid)
-        y = self._ln(y, "model/decoder/final_layernorm")
+        for i in range(self.dec_layers):  # Trident's layer index: the encoder's 0..L-1, then the decoder's L..
+            y = self.layer(y, "model/decoder/layers/%d/" % i, L + i, causal=True, enc=e, enc_valid=valid)
+        y = self.norm(y, "model/decoder/final_layernorm")
         logits = F.linear(y, wte, p["model/lm_head/bias"]).reshape(-1, wte.shape[0])
         return F.cross_entropy(logits, dec_target.reshape(-1), ignore_index=-1, reduction="mean")
 
@@ -114,10 +82,10 @@ def main():
         ck = reference_loop.Checkpoint(a.checkpoint, "t5", "model/encoder/layers/0/mlp/fc1/weight")
         S, Sd = ck.config.seq_length, decoder_shape(ck)[0]
         drop = reference_loop.dropout_of(a, ck.config)
+        model = T5Reference(ck, torch.float64, drop)
     except g.InputError as e:
         print("bad input:", e)
         return 2
-    model = T5Reference(ck, torch.float64, drop)
 
     def micro_loss(b):
         return model.loss(b[:, :S], b[:, S:2 * S], b[:, 2 * S:2 * S + Sd], b[:, 2 * S + Sd:]), {}
