@@ -267,7 +267,8 @@ int run(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank == 0) {
     std::cout << "checkpoint " << file << " (iteration " << st.iteration << "), tp " << world_size << ", "
-              << (o.no_cache ? "no cache" : "key-value cache") << ", " << (o.greedy ? "greedy" : "sampling") << "\n";
+              << (o.no_cache ? "no cache" : "key-value cache") << ", " << (o.greedy ? "greedy" : "sampling") << "\n"
+              << "key-value cache: " << gen.cache_bytes() << " bytes on rank 0\n";
     for (size_t i = 0; i < ids.size(); ++i) {
       std::cout << "[" << i + 1 << "] " << o.prompts[i] << tok->decode(out[i]) << "\n";
       if (o.print_ids) {

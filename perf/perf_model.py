@@ -5,7 +5,7 @@ precision on a named GPU and network; an advisor that ranks the layouts that fit
 throughput; and checks of the model against measured runs (published Megatron-LM throughputs, and
 Trident runs on this machine).
 
-One file of about 900 lines: the formulas, the device and network tables and the commands share
+One file of about 1200 lines: the formulas, the device and network tables and the commands share
 one set of definitions, read next to the papers they come from; it imports nothing
 from the project, so a user can copy it to a login node alone.
 
@@ -17,6 +17,8 @@ from the project, so a user can copy it to a login node alone.
   perf_model.py published            # model and two naive baselines on the fit rows and the held-out rows
   perf_model.py published --check    # the CTest gate: exit 0 only if the model clearly beats both baselines
   perf_model.py local --build build  # Trident runs here (1 and 2 ranks): measured vs predicted
+  perf_model.py deck inputs/llama3_8b.ini --gpus 8 [--gpu h100-sxm] [--check]
+                                     # a Trident deck: memory per GPU, step time, MFU, rank among the advisor's
 
 Inputs: vendor figures (GPUS below, each with its published source), and four constants that no
 datasheet gives, FITTED by `fit` on the rows of model/published.csv whose `set` is `fit` and read
@@ -24,19 +26,23 @@ from model/fitted.json: per GPU the GEMM efficiency curve eff(K) = eff_max K / (
 GEMM's reduction length; k0: a fixed cost per output element, in steps of K), and, shared, the
 fraction `link_eff` of a link's vendor bandwidth that collectives reach and a per-message latency.
 The rows whose `set` is `heldout` are never fitted on. `fit --gemm-json` takes a GPU's curve from a
-gemm_roofline measurement instead (none exists yet: no GPU was at hand).
+gemm_roofline measurement instead (none exists yet: no GPU was at hand). A row's micro-batch or
+interleaving depth that its source does not state is `auto`: the model takes the fastest value that
+fits in memory, as a tuned benchmark run would (`row_predict`).
 
 The model (per iteration and GPU; b micro-batch, T = b s tokens, m = global / (b dp) micro-batches,
-v model chunks per pipeline stage, t = tp, p = pp, d = dp, a heads of dimension h / a):
-  GEMMs       every GEMM of a layer on one tensor-parallel rank with its own (M, N, K): QKV, projection,
-              fc1, fc2 forward, their input- and weight-gradient GEMMs, and the attention core batched
-              over b a / t heads: S = QK^T and dP reduce over the head dimension (each S element then
+v model chunks per pipeline stage, t = tp, p = pp, d = dp, a query heads in ng key/value groups, d_h
+channels per head, h / a and ng = a unless given):
+  GEMMs       every GEMM of a layer on one tensor-parallel rank with its own (M, N, K): QKV ((a + 2 ng) d_h
+              columns), projection (a d_h inputs), fc1 (F, or 2F gated), fc2 forward, their input- and
+              weight-gradient GEMMs, and the attention core batched over b a / t heads: S = QK^T and dP
+              reduce over the head dimension d_h (each S element then
               gets the softmax), PV, dV, dQ, dK over the sequence; time = 2 M N K / (peak eff(K)).
               Full recomputation repeats the forward, selective the attention core; fused (flash)
               attention skips the masked (causal) half and recomputes S in the backward pass
   memory ops  LayerNorms, bias-dropout-adds and masks (on T h / t values with sequence parallelism,
               T h without), bias + GeLU on T F / t, the softmax and dropout on a s^2 b / t scores (not
-              with flash), at the HBM bandwidth
+              with flash), Qwen 3's norms of q and k, at the HBM bandwidth
   tp comm     2 all-reduces (or all-gather + reduce-scatter with SP) of T h values per layer forward, 2
               backward, 2 more with full recomputation; ring cost 2 (t-1)/t bytes / (link_eff x
               bandwidth) + 2 (t-1) latencies, over NVLink inside a node. `tp_async_bwd` (Megatron since
@@ -46,14 +52,16 @@ v model chunks per pipeline stage, t = tp, p = pp, d = dp, a heads of dimension 
   pipeline    the last stage also runs the logit GEMMs and the fp32 cross entropy (~5 passes over the
               logits), so it sets the pace: m (T_stage + T_logits) + (p-1)/v T_stage; messages of
               T h / t values (scatter/gather or SP) 2 (v m + p - 1) times, over InfiniBand between
-              nodes (only the 2 (p-1) of fill and drain with `pp_overlap`, the interleaved schedule's
-              --overlap-p2p-comm)
+              nodes, all of them on the critical path (interleaving multiplies them by v; `pp_overlap`,
+              --overlap-p2p-comm, is recorded but not credited: the fit rows do not support it)
   dp comm     the gradient all-reduce (ring; fp32 gradients with bf16, 16-bit with fp16: `grad_bytes`)
               or, with the distributed optimizer, a reduce-scatter of the gradients + an all-gather of
               the 16-bit parameters, of this GPU's parameters (the last stage's, with the output layer);
               over the NICs the data-parallel group has on a node (one per member; ranks are ordered
               tp, dp, pp), NVLink inside a node; with `dp_overlap` hidden behind the backward
-              (gradients) and the forward (parameters) of one micro-batch as far as those last
+              (gradients) and the forward (parameters) of one micro-batch as far as those last; with
+              interleaving each model chunk's share behind the passes that follow that chunk's last
+              backward (j p + 1 chunk steps for chunk j, Megatron's schedule) and before its first forward
   optimizer   the AdamW update at HBM bandwidth (~34 bytes per local parameter, / dp when sharded)
   memory      parameters + gradients + optimizer state at Megatron's bytes per parameter, activations by
               Korthikanti et al. 2022 on the first stage (p micro-batches in flight of l/p layers, x(1 +
@@ -159,45 +167,67 @@ def constants(g, fitted=None):
 
 class Model:
     """GPT-2's layer, or with swiglu the Llama family's MLP: fc1 holds gate and up (2F rows; F each,
-    default int(8h/3/64)*64 as Megatron), fc2 reads silu(gate) * up; rope (no position table), RMSNorm,
-    no biases and an untied output layer change the parameters, not the FLOPs."""
+    default int(8h/3/64)*64 as Megatron), fc2 reads silu(gate) * up. Attention with ng key/value groups
+    of d channels per head (Megatron's --num-query-groups, --kv-channels; defaults ng = a, d = h / a):
+    the qkv projection has (a + 2 ng) d output columns, the output projection a d inputs, the core's
+    GEMMs reduce over d; qk_layernorm (Qwen 3) adds a norm over each head's query and key channels.
+    Biases, the norm (LayerNorm: weight and bias, RMSNorm: weight), the position table and an untied
+    output layer change the parameters, not the FLOPs; by default they are GPT-2's (biases, LayerNorm,
+    learned positions) without swiglu and the Llama family's (none, RMSNorm, rope) with it."""
 
-    def __init__(self, layers, hidden, heads, seq, vocab, ffn=None, swiglu=False, untied=False):
+    def __init__(self, layers, hidden, heads, seq, vocab, ffn=None, swiglu=False, untied=False, groups=None,
+                 kv_channels=None, qk_layernorm=False, bias=None, qkv_bias=False, rmsnorm=None, learned_pos=None):
         self.l, self.h, self.a, self.s, self.V = layers, hidden, heads, seq, vocab
         self.swiglu, self.untied = swiglu, untied
         self.F = ffn or ((8 * hidden // 3) // 64 * 64 if swiglu else 4 * hidden)
         self.F1 = 2 * self.F if swiglu else self.F  # fc1's rows
+        self.ng = groups or heads  # key/value groups (ng = a: multi-head attention)
+        self.d = kv_channels or hidden // heads  # channels per head
+        self.qk_layernorm = qk_layernorm
+        self.bias = (not swiglu) if bias is None else bias  # biases in every linear layer
+        self.qkv_bias = self.bias or qkv_bias
+        self.rmsnorm = swiglu if rmsnorm is None else rmsnorm
+        self.learned_pos = (not swiglu) if learned_pos is None else learned_pos
+        self.q = self.a * self.d  # query width: proj's input
+        self.qkv = (self.a + 2 * self.ng) * self.d  # qkv's output columns
+
+    def gpt2_attention(self):
+        return self.ng == self.a and self.q == self.h
 
     def gpt2_mlp(self):
         return not self.swiglu and self.F == 4 * self.h
 
+    def layer_params(self):  # GPT-2: 4h^2 + 2hF + 9h + F; the Llama family: 4h^2 + 3hF + 2h (with ng = a)
+        h, norm = self.h, (1 if self.rmsnorm else 2)  # parameters per normalised channel
+        n = h * self.qkv + self.q * h + h * self.F1 + self.F * h  # qkv, proj, fc1 (gate and up), fc2
+        n += (self.qkv if self.qkv_bias else 0) + ((h + self.F1 + h) if self.bias else 0)
+        return n + 2 * norm * h + (2 * norm * self.d if self.qk_layernorm else 0)
+
     def params(self):
-        h, l = self.h, self.l
-        if not self.swiglu:
-            per_layer = 4 * h * h + 2 * h * self.F + 9 * h + self.F  # qkv, proj, fc1, fc2, biases, 2 LayerNorms
-            return l * per_layer + self.V * h * (2 if self.untied else 1) + self.s * h + 2 * h
-        per_layer = 4 * h * h + 3 * h * self.F + 2 * h  # qkv, proj, gate/up, down; 2 RMSNorms; no biases
-        return l * per_layer + self.V * h * (2 if self.untied else 1) + h
+        h = self.h
+        return (self.l * self.layer_params() + self.V * h * (2 if self.untied else 1)
+                + (self.s * h if self.learned_pos else 0) + (1 if self.rmsnorm else 2) * h)
 
     def model_flops(self, B):  # Megatron's count for one iteration of B sequences (no recomputation)
         s, h, l, V = self.s, self.h, self.l, self.V
-        if self.gpt2_mlp():
+        if self.gpt2_mlp() and self.gpt2_attention():
             return 72.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (12.0 * h * l))
-        # num_floating_point_operations (megatron/training/training.py): attention 2 + s/h, MLP F/h
-        # (x 3/2 gated), logits V / (2 l h), all x 12 B s l h^2
+        # num_floating_point_operations (megatron/training/training.py): attention (1 + ng/a + s/h) a d / h,
+        # MLP F/h (x 3/2 gated), logits V / (2 l h), all x 12 B s l h^2
         gated = 1.5 if self.swiglu else 1.0
-        return 12.0 * B * s * l * h * h * (2 + s / h + self.F / h * gated + V / (2.0 * l * h))
+        attention = (1 + self.ng / self.a + s / h) * (self.q / h)
+        return 12.0 * B * s * l * h * h * (attention + self.F / h * gated + V / (2.0 * l * h))
 
     def hardware_flops(self, B, recompute, flash=False):
         """Model FLOPs + those of the recomputation (Narayanan et al.'s and Korthikanti et al.'s count)."""
         s, h, l = self.s, self.h, self.l
         f = self.model_flops(B)
-        if recompute == "full" and self.gpt2_mlp():
+        if recompute == "full" and self.gpt2_mlp() and self.gpt2_attention():
             f += 24.0 * B * s * l * h * h * (1 + s / (6.0 * h))
         elif recompute == "full":  # one more forward pass of the layers (the logits' 6 B s h V left out)
             f += (self.model_flops(B) - 6.0 * B * s * h * self.V) / 3.0
         elif recompute == "selective" and not flash:
-            f += 4.0 * B * s * s * h * l
+            f += 4.0 * B * s * s * self.q * l
         return f
 
 
@@ -215,8 +245,8 @@ class Layout:
         # Megatron since 09/2021: the input-gradient all-reduces of the column-parallel layers (QKV, fc1)
         # run asynchronously behind those layers' weight-gradient GEMMs
         self.tp_async_bwd = tp_async_bwd
-        # Megatron's --overlap-p2p-comm (interleaved schedule only): steady-state pipeline messages run
-        # behind the chunks' compute, those of the fill and the drain stay exposed
+        # Megatron's --overlap-p2p-comm (interleaved schedule only): recorded, not credited (predict counts
+        # every pipeline message; the fit rows do not support hiding the steady-state ones)
         self.pp_overlap = pp_overlap and vp > 1
 
     @property
@@ -247,7 +277,10 @@ def activation_layer_bytes(M, L, e):
     if L.recompute == "full":
         return e * sbh / (t if L.sp else 1)
     mlp = (M.F1 + M.F) / h  # fc1's output and fc2's input over h (GPT-2: 8)
-    values = sbh * ((8 + mlp) * e + 2) / t if L.sp else sbh * (4 * e + 2 + (4 + mlp) * e / t)
+    att = (2 * M.q + 2 * M.ng * M.d) / h  # q, k, v and proj's input over h (GPT-2: 4; GQA: k and v shrink)
+    if M.qk_layernorm:
+        att += (M.q + M.ng * M.d) / h  # the norms' inputs (their outputs feed QK^T)
+    values = sbh * ((4 + att + mlp) * e + 2) / t if L.sp else sbh * (4 * e + 2 + (att + mlp) * e / t)
     attention = 0 if (L.recompute == "selective" or L.flash) else as2b * (2 * e + 1) / t
     return values + attention
 
@@ -268,8 +301,8 @@ def predict(M, L, gpu, fitted=None):
     s, h, l, a, V, F = M.s, M.h, M.l, M.a, M.V, M.F
     N = L.gpus
     T = b * s  # tokens per micro-batch
-    dh = h / a  # head dimension
-    heads = b * a / t  # attention matrices per tensor-parallel rank
+    dh = M.d  # head dimension (kv_channels)
+    heads = b * a / t  # attention matrices (query heads) per tensor-parallel rank
 
     def gemm(Mm, Nn, Kk, batch=1.0):  # seconds for 2 M N K FLOPs at the efficiency of reduction length K:
         # t = 2 M N K / (peak eff_max) (1 + k0 / K), i.e. a fixed cost per output element worth k0 steps
@@ -277,10 +310,11 @@ def predict(M, L, gpu, fitted=None):
 
     # GEMMs of one layer and micro-batch on one tensor-parallel rank
     F1 = M.F1  # fc1's rows: F, or gate and up (2F) under swiglu
-    lin_f = gemm(T, 3 * h / t, h) + gemm(T, h, h / t) + gemm(T, F1 / t, h) + gemm(T, h, F / t)
-    wgrad_col = gemm(3 * h / t, h, T) + gemm(F1 / t, h, T)  # weight gradients of the column-parallel layers
-    lin_b = (gemm(T, h, 3 * h / t) + gemm(T, h / t, h) + gemm(T, h, F1 / t) + gemm(T, F / t, h)  # input grads
-             + wgrad_col + gemm(h, h / t, T) + gemm(h, F / t, T))  # weight grads
+    qkv, q = M.qkv, M.q  # qkv's output columns (a + 2 ng) d (GPT-2: 3h), proj's inputs a d (GPT-2: h)
+    lin_f = gemm(T, qkv / t, h) + gemm(T, h, q / t) + gemm(T, F1 / t, h) + gemm(T, h, F / t)
+    wgrad_col = gemm(qkv / t, h, T) + gemm(F1 / t, h, T)  # weight gradients of the column-parallel layers
+    lin_b = (gemm(T, h, qkv / t) + gemm(T, q / t, h) + gemm(T, h, F1 / t) + gemm(T, F / t, h)  # input grads
+             + wgrad_col + gemm(h, q / t, T) + gemm(h, F / t, T))  # weight grads
     # the attention core: S = QK^T and dP = dO V^T reduce over the head dimension, each S element then
     # gets the softmax (the per-output-element cost k0 stands for); PV, dV, dQ, dK reduce over the
     # sequence. Batched GEMMs without flash; one fused kernel with it, which skips the masked (causal)
@@ -300,6 +334,9 @@ def predict(M, L, gpu, fitted=None):
     rep = T * h / (t if L.sp else 1)
     mem_f = rep * (10 * e + 2) + T * (F1 + F) / t * e  # the activation reads fc1's output, writes fc2's input
     mem_b = rep * (20 * e + 2) + T * (F1 + F) / t * 1.5 * e
+    if M.qk_layernorm:  # the per-head norms of q and k: read + write forward, 2 reads + 1 write backward
+        mem_f += 2 * e * T * (q + M.ng * dh) / t
+        mem_b += 3 * e * T * (q + M.ng * dh) / t
     if not L.flash:
         mem_f += 4 * e * heads * s * s
         mem_b += 5 * e * heads * s * s
@@ -338,10 +375,18 @@ def predict(M, L, gpu, fitted=None):
     # of a data-parallel group t apart
     crosses = t * d >= node
     p2p = T * h * e / (t if (L.sp or L.scatter_gather) else 1)
-    n_msg = 2 * (p - 1) if L.pp_overlap else 2 * (v * m + p - 1)
+    # every micro-batch crosses each of the v p - 1 chunk boundaries twice: 2 (v m + p - 1) messages per
+    # rank, all on the critical path. Interleaving multiplies the messages by v (Narayanan et al. 2021
+    # §2.2.2); Megatron's --overlap-p2p-comm (pp_overlap) posts them asynchronously, but each chunk step
+    # still waits on the previous step's handles, and the fit rows do not support counting them as hidden
+    # (fit rms log error 0.024 with them, 0.030 with the steady-state ones hidden)
+    n_msg = 2 * (v * m + p - 1)
     t_pp = 0.0 if p == 1 else n_msg * (p2p / (bw_net if crosses else bw_nv) + lat)
     # data-parallel gradients of this GPU's parameters (the last stage's, with the output layer)
-    local_params = (l / p) * (12 * h * h + 13 * h) / t + (M.V * h / t + s * h if p == 1 else M.V * h / t)
+    # (the word embeddings on the first stage, the output layer on the last: the same count, tied or not;
+    # both on one stage without pipelining when untied)
+    emb = M.V * h / t * (2 if (M.untied and p == 1) else 1)
+    local_params = (l / p) * M.layer_params() / t + (emb + (s * h if M.learned_pos else 0) if p == 1 else emb)
     members = min(d, max(1, node // t))  # ranks of one data-parallel group on a node
     bw_dp = bw_nv if t * d <= node else min(bw_nv, members * bw_net)
     if L.distributed:
@@ -349,7 +394,17 @@ def predict(M, L, gpu, fitted=None):
         t_params = 0.0 if d == 1 else (d - 1) / d * e * local_params / bw_dp + (d - 1) * lat
     else:
         t_grads, t_params = ring(d, L.grad_bytes * local_params, bw_dp, lat), 0.0
-    if L.dp_overlap:
+    if L.dp_overlap and v > 1:
+        # the interleaved schedule (Megatron's schedules.py) launches each model chunk's gradient
+        # reduction when that chunk's last backward pass is done: the chunks finish p chunk steps apart
+        # (chunk j at j p steps before the end), so chunk j's share can run behind j p + 1 chunk
+        # backward passes; each chunk's parameter gather is launched a chunk ahead in the forward
+        # passes (chunk j first runs j p chunk steps after the start). The reductions share one link:
+        # exposed = max over j of (the first j + 1 chunks' traffic - the window of chunk j)
+        tb, tf = T_b / v, T_f / v
+        t_dp = (max(0.0, max((j + 1) * t_grads / v - (j * p + 1) * tb for j in range(v)))
+                + max(0.0, max((j + 1) * t_params / v - (j * p + 1) * tf for j in range(v))))
+    elif L.dp_overlap:  # behind the backward (gradients) and forward (parameters) of one micro-batch
         t_dp = max(0.0, t_grads - T_b) + max(0.0, t_params - T_f)
     else:
         t_dp = t_grads + t_params
@@ -367,7 +422,8 @@ def predict(M, L, gpu, fitted=None):
                 tokens_per_s=L.B * s / total, memory=memory, fits=memory <= g["hbm_gb"] * 1e9 * 0.95,
                 parts=dict(gemm=gemm_time, elementwise=m * ((mem_f + mem_b) * l / p + cross_entropy),
                            tp=m * (tp_f + tp_b) * l / p, bubble=t_bubble, pp=t_pp, dp=t_dp, optimizer=t_opt),
-                eff=flops / N / max(gemm_time, 1e-30) / peak, states=states, activations=acts, params=local_params)
+                eff=flops / N / max(gemm_time, 1e-30) / peak, states=states, activations=acts, params=local_params,
+                activations_last=activation_layer_bytes(M, L, e) * l / p, logits=logits, reserve=2.0 * 2**30)
 
 
 def print_prediction(M, L, gpu, r):
@@ -383,10 +439,12 @@ def divisors(n):
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False):
-    g = GPUS[gpu]
+def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None):
+    """Every layout of gpus GPUs that fits (tp in 1, 2, 4, 8 within a node, dividing the heads and the
+    key/value groups; pp any divisor of the layers; vp 1, 2, 4; micro-batch 1, 2, 4, 8; each
+    recomputation), with its prediction, fastest first. layout_kw: further Layout settings for all."""
     rows = []
-    for t in [k for k in (1, 2, 4, 8) if k <= g["per_node"] and M.a % k == 0 and gpus % k == 0]:
+    for t in [k for k in (1, 2, 4, 8) if k <= g["per_node"] and M.a % k == 0 and M.ng % k == 0 and gpus % k == 0]:
         for p in [k for k in divisors(M.l) if gpus % (t * k) == 0]:
             d = gpus // (t * p)
             for v in [k for k in (1, 2, 4) if (k == 1 or (p > 1 and M.l % (p * k) == 0))]:
@@ -396,25 +454,35 @@ def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False):
                     if v > 1 and (B // (b * d)) % p:
                         continue
                     for rc in ("none", "selective", "full"):
-                        L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash)
+                        L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash, **(layout_kw or {}))
                         r = predict(M, L, g)
                         if r["fits"]:
                             rows.append((r["tokens_per_s"], L, r))
     rows.sort(key=lambda x: -x[0])
+    return rows
+
+
+def print_advice(M, gpu, gpus, B, dtype, rows, top):
+    g = GPUS[gpu]
     print(f"advisor: {M.params() / 1e9:.2f}B parameters, {gpus} x {gpu}, global batch {B}, {dtype}: "
           f"{len(rows)} layouts fit in {g['hbm_gb']} GB; the best by predicted throughput:")
     print(f"  {'rank':>4}  {'layout':<58} {'tokens/s':>11} {'TFLOP/s/GPU':>12} {'GiB/GPU':>8}")
     for i, (tps, L, r) in enumerate(rows[:top]):
         print(f"  {i + 1:>4}  {L.describe():<58} {tps:>11.0f} {r['tflops']:>12.1f} {r['memory'] / 2**30:>8.1f}")
+
+
+def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False):
+    rows = advise_rows(M, GPUS[gpu], gpus, B, dtype, flash)
+    print_advice(M, gpu, gpus, B, dtype, rows, top)
     return rows
 
 
 # ---------------------------------------------------------------------------------------------------
 # Published rows: reading, fitting, baselines, report
 
-COLUMNS = ("set", "source", "where", "gpu", "layers", "hidden", "heads", "seq", "vocab", "tp", "pp", "vp", "gpus",
-           "global_batch", "micro", "recompute", "sp", "distributed", "dp_overlap", "tp_comm_overlap", "pp_overlap",
-           "flash", "grad_bytes", "metric", "value", "assumed")
+COLUMNS = ("set", "source", "where", "gpu", "layers", "hidden", "heads", "seq", "vocab", "untied", "tp", "pp", "vp",
+           "gpus", "global_batch", "micro", "recompute", "sp", "distributed", "dp_overlap", "tp_comm_overlap",
+           "pp_overlap", "flash", "grad_bytes", "metric", "value", "assumed")
 METRICS = ("hw_tflops", "model_tflops", "iter_s")
 
 
@@ -438,19 +506,32 @@ def read_rows(path=DATA):
                 raise ValueError(f"metric {r['metric']!r} (one of {', '.join(METRICS)})")
             if r["recompute"] not in ("none", "selective", "full"):
                 raise ValueError(f"recompute {r['recompute']!r}")
-            M = Model(int(r["layers"]), int(r["hidden"]), int(r["heads"]), int(r["seq"]), int(r["vocab"]))
-            t, p, n, B = int(r["tp"]), int(r["pp"]), int(r["gpus"]), int(r["global_batch"])
-            b = int(r["micro"])
-            if n % (t * p) or B % (b * (n // (t * p))):
-                raise ValueError(f"gpus {n} / (tp {t} pp {p}) or batch {B} / (micro {b} dp) is not whole")
-            if M.l % (p * int(r["vp"])) or M.a % t:
-                raise ValueError(f"layers {M.l} / (pp {p} vp {r['vp']}) or heads {M.a} / tp {t} is not whole")
             flag = lambda k: r[k].strip() == "1"  # noqa: E731
-            L = Layout(t, p, int(r["vp"]), n // (t * p), b, B, r["recompute"], "bf16", sp=flag("sp"),
-                       distributed=flag("distributed"), flash=flag("flash"),
-                       tp_overlap=1.0 if r["tp_comm_overlap"] == "all" else 0.0, dp_overlap=flag("dp_overlap"),
-                       grad_bytes=int(r["grad_bytes"]), tp_async_bwd=r["tp_comm_overlap"] == "bwd",
-                       pp_overlap=flag("pp_overlap"))
+            M = Model(int(r["layers"]), int(r["hidden"]), int(r["heads"]), int(r["seq"]), int(r["vocab"]),
+                      untied=flag("untied"))
+            t, p, n, B = int(r["tp"]), int(r["pp"]), int(r["gpus"]), int(r["global_batch"])
+            if n % (t * p):
+                raise ValueError(f"gpus {n} / (tp {t} pp {p}) is not whole")
+            d = n // (t * p)
+            if M.l % p or M.a % t:
+                raise ValueError(f"layers {M.l} / pp {p} or heads {M.a} / tp {t} is not whole")
+            # `auto` (not stated by the source): the micro-batch any of 1, 2, 4, 8, 16 that divides the batch,
+            # the interleaving depth any divisor > 1 of the layers per stage (whole rounds of p micro-batches);
+            # `row_predict` takes the fastest pair that fits, as a tuned benchmark run would
+            bs = [1, 2, 4, 8, 16] if r["micro"].strip() == "auto" else [int(r["micro"])]
+            lps = M.l // p
+            vs = [k for k in range(2, lps + 1) if lps % k == 0] if r["vp"].strip() == "auto" else [int(r["vp"])]
+            pairs = [(b, v) for b in bs for v in vs
+                     if B % (b * d) == 0 and lps % v == 0 and (v == 1 or (B // (b * d)) % p == 0)]
+            if not pairs:
+                raise ValueError(f"batch {B} / (micro {r['micro']} dp {d}), layers per stage {lps} / vp {r['vp']}: "
+                                 "no whole combination")
+            layouts = [Layout(t, p, v, d, b, B, r["recompute"], "bf16", sp=flag("sp"),
+                              distributed=flag("distributed"), flash=flag("flash"),
+                              tp_overlap=1.0 if r["tp_comm_overlap"] == "all" else 0.0, dp_overlap=flag("dp_overlap"),
+                              grad_bytes=int(r["grad_bytes"]), tp_async_bwd=r["tp_comm_overlap"] == "bwd",
+                              pp_overlap=flag("pp_overlap")) for b, v in pairs]
+            L = layouts[0]
             if r["tp_comm_overlap"] not in ("none", "bwd", "all"):
                 raise ValueError(f"tp_comm_overlap {r['tp_comm_overlap']!r} (none, bwd or all)")
             if L.grad_bytes not in (2, 4):
@@ -467,7 +548,7 @@ def read_rows(path=DATA):
             t_pub = M.model_flops(B) / (n * value * 1e12)
         else:
             t_pub = value
-        rows.append(dict(row=r, M=M, L=L, gpu=r["gpu"], set=r["set"], t_pub=t_pub, hw_flops=hw,
+        rows.append(dict(row=r, M=M, L=L, layouts=layouts, gpu=r["gpu"], set=r["set"], t_pub=t_pub, hw_flops=hw,
                          model_flops=M.model_flops(B), n=n))
     if not any(x["set"] == "fit" for x in rows) or not any(x["set"] == "heldout" for x in rows):
         raise InputError(f"{path}: needs rows of both sets, fit and heldout")
@@ -485,8 +566,16 @@ def fit_rows_digest(rows):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def row_predict(x, fitted=None):
+    """The prediction for a published row and the layout it was made at: with a micro-batch the source
+    does not state (`auto`), the fastest of the candidates that fits in memory (the smallest if none does)."""
+    preds = [(predict(x["M"], L, x["gpu"], fitted), L) for L in x["layouts"]]
+    fitting = [rl for rl in preds if rl[0]["fits"]]
+    return min(fitting, key=lambda rl: rl[0]["time"]) if fitting else preds[0]
+
+
 def log_error(rows, fitted):
-    errs = [math.log(predict(x["M"], x["L"], x["gpu"], fitted)["time"] / x["t_pub"]) for x in rows]
+    errs = [math.log(row_predict(x, fitted)[0]["time"] / x["t_pub"]) for x in rows]
     return sum(e * e for e in errs) / len(errs)
 
 
@@ -645,7 +734,8 @@ def published(out_md=None, check=False, max_ratio=0.7, max_mean=0.08, path=DATA,
     base = baselines(rows)
     err = lambda t_pred, x: x["t_pub"] / t_pred - 1  # noqa: E731
     for x in rows:
-        x["model"] = err(predict(x["M"], x["L"], x["gpu"], fitted)["time"], x)
+        r, x["L"] = row_predict(x, fitted)
+        x["model"] = err(r["time"], x)
         x["a"], x["b"], x["b_model"] = (err(base[k](x), x) for k in ("a", "b", "b_model"))
 
     def pub_text(x):
@@ -731,6 +821,14 @@ def published(out_md=None, check=False, max_ratio=0.7, max_mean=0.08, path=DATA,
                f"{100 * held['b'][0]:.1f}%; gate: model <= {max_ratio:g} x each baseline "
                f"({'yes' if ok_a else 'NO'}, {'yes' if ok_b else 'NO'}) and <= {100 * max_mean:g}% "
                f"({'yes' if ok_mean else 'NO'})")
+    # and on each GPU type's held-out rows alone: below both baselines (the H100 rows are few and their
+    # throughputs close together, which a constant matches well)
+    per_gpu = {name.split()[1]: sm for name, sm in summaries.items() if name.startswith("  heldout ")
+               and name.split()[1] in GPUS}
+    ok_gpu = {gname: sm["model"][0] < sm["a"][0] and sm["model"][0] < sm["b"][0] for gname, sm in per_gpu.items()}
+    verdict += "; on each GPU's held-out rows below both baselines (" + ", ".join(
+        f"{gname} {100 * sm['model'][0]:.1f}% vs {100 * sm['a'][0]:.1f}% and {100 * sm['b'][0]:.1f}%: "
+        f"{'yes' if ok_gpu[gname] else 'NO'}" for gname, sm in sorted(per_gpu.items())) + ")"
     lines += ["", verdict]
     for name, sm in summaries.items():
         if name.strip().startswith("heldout") and (sm["model"][0] > sm["a"][0] or sm["model"][0] > sm["b"][0]):
@@ -738,8 +836,9 @@ def published(out_md=None, check=False, max_ratio=0.7, max_mean=0.08, path=DATA,
                          f"(a) {100 * sm['a'][0]:.1f}% and (b) {100 * sm['b'][0]:.1f}%")
     text = "\n".join(lines)
     print(text)
-    passed = ok_a and ok_b and ok_mean
-    result = ("PASS" if passed else "FAIL: the model does not beat both baselines clearly on the held-out rows")
+    passed = ok_a and ok_b and ok_mean and all(ok_gpu.values())
+    result = ("PASS" if passed else "FAIL: the model does not beat both baselines clearly on the held-out rows "
+              "(all of them, and each GPU's)")
     if check:
         print(result)
     if out_md:
@@ -754,6 +853,179 @@ def published(out_md=None, check=False, max_ratio=0.7, max_mean=0.08, path=DATA,
                     + (result + "\n" if check else "") + "\n## Rows: sources and assumptions\n\n"
                     + "\n".join(srcs) + "\n")
     return passed
+
+
+# ---------------------------------------------------------------------------------------------------
+# Deck mode: a Trident input deck (inputs/*.ini) on a number of GPUs
+
+def read_deck(path, vocab_override=0):
+    """A Trident GPT deck's model, layout and precision (the keys of inputs/README.md; every key the
+    deck leaves out takes Trident's default). Returns (Model, layout settings, notes)."""
+    import configparser
+    cp = configparser.ConfigParser(inline_comment_prefixes=("#",), interpolation=None)
+    try:
+        if not cp.read(path):
+            raise InputError(f"cannot read the deck {path}")
+    except configparser.Error as e:
+        raise InputError(f"{path}: {e}")
+
+    def get(section, key, default=None, kind=str):
+        if not cp.has_option(section, key):
+            if default is None:
+                raise InputError(f"{path}: [{section}] {key} is required")
+            return default
+        raw = cp.get(section, key).strip()
+        try:
+            if kind is bool:
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError(raw)
+                return raw.lower() in ("true", "1", "yes", "on")
+            return kind(raw)
+        except ValueError:
+            raise InputError(f"{path}: [{section}] {key} = {raw!r} is not a {kind.__name__}")
+    notes = []
+    if cp.has_option("model", "decoder_num_layers") or cp.has_option("model", "decoder_seq_length"):
+        raise InputError(f"{path}: a T5 deck; deck mode models GPT decks")
+    l, h = get("model", "num_layers", kind=int), get("model", "hidden_size", kind=int)
+    a = get("model", "num_heads", kind=int)
+    s = get("model", "seq_length", kind=int)
+    swiglu = get("model", "swiglu", False, bool)
+    ffn = get("model", "ffn_hidden_size", 0, int)
+    vocab = vocab_override or get("model", "vocab_size", 0, int)
+    if vocab <= 0:
+        raise InputError(f"{path}: [model] vocab_size is 0 (taken from the shards at run time): give --vocab")
+    t = get("parallel", "tp", 1, int)
+    div = get("model", "make_vocab_size_divisible_by", 128, int) * t
+    padded = -(-vocab // div) * div  # Megatron's padded vocabulary: the output layer's rows and FLOPs
+    if padded != vocab:
+        notes.append(f"vocabulary {vocab} padded to {padded} (a multiple of make_vocab_size_divisible_by x tp)")
+    groups = get("model", "num_query_groups", 0, int)
+    kv = get("model", "kv_channels", 0, int)
+    if groups and a % groups:
+        raise InputError(f"{path}: num_heads {a} is not a multiple of num_query_groups {groups}")
+    if not kv and h % a:
+        raise InputError(f"{path}: hidden_size {h} is not divisible by num_heads {a}")
+    norm = get("model", "normalization", "LayerNorm")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise InputError(f"{path}: normalization {norm!r} (LayerNorm or RMSNorm)")
+    pos = get("model", "position_embedding_type", "learned_absolute")
+    bias = get("model", "add_bias_linear", True, bool)
+    M = Model(l, h, a, s, padded, ffn or None, swiglu, get("model", "untie_embeddings_and_output_weights", False, bool),
+              groups or None, kv or None, get("model", "qk_layernorm", False, bool), bias=bias,
+              qkv_bias=get("model", "add_qkv_bias", False, bool), rmsnorm=norm == "RMSNorm",
+              learned_pos=pos == "learned_absolute")
+    dtype = get("precision", "dtype", "fp32")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise InputError(f"{path}: dtype {dtype!r}")
+    recompute = get("precision", "recompute", "none")
+    if recompute not in ("none", "selective", "full"):
+        raise InputError(f"{path}: recompute {recompute!r}")
+    if recompute == "full" and (get("precision", "recompute_method", "uniform") != "uniform"
+                                or get("precision", "recompute_num_layers", 1, int) != 1):
+        notes.append("full recomputation modelled as uniform with one layer per group (the deck's method or "
+                     "group size differs)")
+    lay = dict(tp=t, pp=get("parallel", "pp", 1, int), vp=get("parallel", "vp", 1, int),
+               micro=get("train", "micro_batch_size", 1, int), global_batch=get("train", "global_batch_size", kind=int),
+               recompute=recompute, dtype=dtype, sp=get("parallel", "sequence_parallel", False, bool),
+               distributed=get("optim", "distributed", "auto"), flash=get("model", "flash_attention", False, bool),
+               dp_overlap=get("parallel", "overlap_grad_reduce", False, bool), vocab=vocab)
+    if lay["distributed"] not in ("auto", "true", "false"):
+        raise InputError(f"{path}: [optim] distributed = {lay['distributed']!r} (auto, true or false)")
+    return M, lay, notes
+
+
+def deck_layout(M, lay, gpus, distributed=None):
+    t, p, v, b, B = lay["tp"], lay["pp"], lay["vp"], lay["micro"], lay["global_batch"]
+    if gpus % (t * p):
+        raise InputError(f"--gpus {gpus} is not a multiple of tp x pp = {t * p}")
+    d = gpus // (t * p)
+    problems = [why for bad, why in (
+        (B % (b * d), f"global batch {B} is not a multiple of micro-batch {b} x dp {d}"),
+        (M.a % t or M.ng % t, f"tp {t} does not divide the heads {M.a} and the key/value groups {M.ng}"),
+        (M.l % (p * v), f"the layers {M.l} do not split over pp {p} x vp {v}"),
+        (v > 1 and (B // max(1, b * d)) % p, f"interleaving needs the micro-batches per iteration to be a multiple "
+                                             f"of pp {p}")) if bad]
+    if problems:
+        raise InputError("; ".join(problems))
+    if distributed is None:
+        distributed = d > 1 if lay["distributed"] == "auto" else lay["distributed"] == "true"
+    return Layout(t, p, v, d, b, B, lay["recompute"], lay["dtype"], sp=lay["sp"] and t > 1, distributed=distributed,
+                  flash=lay["flash"], dp_overlap=lay["dp_overlap"])
+
+
+def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=0):
+    """The per-GPU memory, the predicted step time and MFU of a deck's layout, and its rank among the
+    advisor's layouts (the same model, GPUs, global batch and precision)."""
+    M, lay, notes = read_deck(path, vocab)
+    g = GPUS[gpu]
+    L = deck_layout(M, lay, gpus)
+    r = predict(M, L, g)
+    e = 2 if L.dtype in ("bf16", "fp16") else 4
+    gb = 4 if L.dtype in ("bf16", "fp32") else 2  # main gradients: fp32 with bf16 (Megatron's); fp16 16-bit
+    N = r["params"]
+    GiB = 2**30
+    unpadded = M.params() - (M.V - lay["vocab"]) * M.h * (2 if M.untied else 1)
+    print(f"deck {path}: {unpadded:,} parameters ({M.params() / 1e9:.2f}B with the padded vocabulary; {M.l} layers, "
+          f"hidden {M.h}, {M.a} heads, "
+          f"{M.ng} key/value groups of {M.d} channels, ffn {M.F}{' swiglu' if M.swiglu else ''}, "
+          f"vocabulary {lay['vocab']}"
+          f"{', untied' if M.untied else ''}{', qk-layernorm' if M.qk_layernorm else ''}), sequence {M.s}")
+    for n in notes:
+        print(f"  note: {n}")
+    print(f"layout: {L.describe()} on {gpus} x {gpu}, {L.dtype}{', flash attention' if L.flash else ''}"
+          f"{', overlapped gradient reduction' if L.dp_overlap else ''}")
+    print(f"memory per GPU (GiB; {N / 1e9:.3f}B local parameters on the first/last stage):")
+    rows = []
+    for dist in (True, False):
+        bpp = bytes_per_param(L.dtype, dist, L.dp)
+        rows.append((dist, e * N, gb * N, (bpp - e - gb) * N))
+    (_, p_b, g_b, o_dist), (_, _, _, o_full) = rows
+    print(f"  parameters          {p_b / GiB:8.2f}   ({e} B each)")
+    print(f"  gradients           {g_b / GiB:8.2f}   ({gb} B each, main gradients)")
+    print(f"  optimizer           {o_dist / GiB:8.2f}   with the distributed optimizer (/ dp {L.dp}); "
+          f"{o_full / GiB:.2f} without")
+    print(f"  activations         {r['activations'] / GiB:8.2f}   first stage, recompute {L.recompute} "
+          f"(Korthikanti et al. 2022; {M.l} layers' worth in flight)")
+    if L.pp > 1:
+        print(f"  last stage          {(r['activations_last'] + r['logits']) / GiB:8.2f}   its layers' activations "
+              f"{r['activations_last'] / GiB:.2f} + fp32 logits and their gradient {r['logits'] / GiB:.2f}")
+    else:
+        print(f"  logits              {r['logits'] / GiB:8.2f}   fp32 logits and their gradient (counted when larger "
+              "than the in-flight activations)")
+    print(f"  reserve             {r['reserve'] / GiB:8.2f}")
+    other = predict(M, deck_layout(M, lay, gpus, distributed=not L.distributed), g)
+    m_dist, m_full = (r["memory"], other["memory"]) if L.distributed else (other["memory"], r["memory"])
+    limit = g["hbm_gb"] * 1e9 * 0.95
+    print(f"  total               {m_dist / GiB:8.2f}   with the distributed optimizer; {m_full / GiB:.2f} without "
+          f"(limit 95% of {g['hbm_gb']} GB = {limit / GiB:.1f} GiB); the deck's "
+          f"({'distributed' if L.distributed else 'plain'} optimizer) fits: {'yes' if r['fits'] else 'NO'}")
+    peak = g["peak"][L.dtype]
+    print(f"step {r['time']:.3f} s | {r['tokens_per_s']:.0f} tokens/s | model {r['tflops']:.1f} TFLOP/s per GPU | "
+          f"MFU {100 * r['tflops'] / peak:.1f}% of {peak:g} TFLOP/s ({L.dtype} dense)")
+    print("  parts (s): " + ", ".join(f"{k} {v:.4f}" for k, v in r["parts"].items()))
+    adv = advise_rows(M, g, gpus, L.B, L.dtype, L.flash, dict(dp_overlap=L.dp_overlap))
+    faster = sum(1 for tps, _, _ in adv if tps > r["tokens_per_s"])
+    among = any((A.tp, A.pp, A.vp, A.b, A.recompute) == (L.tp, L.pp, L.vp, L.b, L.recompute) for _, A, _ in adv)
+    if not r["fits"]:
+        rank_line = f"the deck's layout does not fit; {len(adv)} of the advisor's layouts do"
+    else:
+        rank_line = (f"the deck's layout ranks {faster + 1} of {len(adv) + (0 if among else 1)} by predicted "
+                     f"throughput ({r['tokens_per_s'] / adv[0][0]:.2f} x the best)" if adv
+                     else "no advisor layout fits")
+        if not among:
+            rank_line += " (it is not one of the advisor's candidates: vp beyond 1, 2, 4, or its sp/optimizer settings)"
+    print("rank: " + rank_line)
+    print_advice(M, gpu, gpus, L.B, L.dtype, adv, top)
+    ok = r["fits"] and (not expect_params or unpadded == expect_params)
+    if check or expect_params:
+        if expect_params and unpadded != expect_params:
+            print(f"FAIL: {unpadded:,} parameters, expected {expect_params:,}")
+        if check and not r["fits"]:
+            print("FAIL: the deck's layout does not fit in memory")
+        if ok:
+            print("PASS: the deck's layout fits" + (f" and it has the expected {expect_params:,} parameters"
+                                                     if expect_params else ""))
+    return ok
 
 
 def host_device(build, threads, layers=4, hidden=128, seq=128, tokens=512):
@@ -852,6 +1124,11 @@ def main():
         q.add_argument("--ffn", type=int, default=0, help="MLP width (0: 4h; with --swiglu int(8h/3/64)*64 per half)")
         q.add_argument("--swiglu", action="store_true", help="the Llama family's gated MLP (gate, up, down)")
         q.add_argument("--untied", action="store_true", help="an output layer of its own")
+        q.add_argument("--query-groups", type=int, default=0,
+                       help="key/value groups of grouped-query attention (0: --heads, multi-head)")
+        q.add_argument("--kv-channels", type=int, default=0, help="channels per attention head (0: hidden / heads)")
+        q.add_argument("--qk-layernorm", action="store_true",
+                       help="a norm over each head's queries and keys (Qwen 3): its element-wise traffic and activations")
         q.add_argument("--global", dest="global_batch", type=int, required=True)
         q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
         q.add_argument("--flash", action="store_true")
@@ -882,9 +1159,19 @@ def main():
     q.add_argument("--out", help="also write the report (markdown) here")
     q.add_argument("--check", action="store_true",
                    help="exit 1 unless, on the held-out rows, the model's mean |error| is at most --max-ratio times "
-                        "each baseline's and at most --max-mean-error")
+                        "each baseline's and at most --max-mean-error, and on each GPU type's held-out rows below "
+                        "both baselines' mean")
     q.add_argument("--max-ratio", type=float, default=0.7)
     q.add_argument("--max-mean-error", type=float, default=0.08)
+    q = sub.add_parser("deck", help="a Trident deck (inputs/*.ini): memory, step time and the layout's rank")
+    q.add_argument("path")
+    q.add_argument("--gpus", type=int, required=True)
+    q.add_argument("--gpu", default="h100-sxm", choices=sorted(GPUS))
+    q.add_argument("--top", type=int, default=5)
+    q.add_argument("--vocab", type=int, default=0, help="the vocabulary when the deck leaves model.vocab_size at 0")
+    q.add_argument("--check", action="store_true", help="exit 1 unless the deck's layout fits in memory")
+    q.add_argument("--expect-params", type=int, default=0,
+                   help="exit 1 unless the model has this many parameters (the unpadded vocabulary)")
     q = sub.add_parser("local")
     q.add_argument("--build", default=os.path.join(ROOT, "build"))
     q.add_argument("--out")
@@ -913,10 +1200,18 @@ def run(a):
         cmd = "/usr/bin/python3 perf/perf_model.py " + " ".join(sys.argv[1:])
         passed = published(a.out, a.check, a.max_ratio, a.max_mean_error, a.data, a.fitted, cmd)
         return 0 if (passed or not a.check) else 1
+    if a.cmd == "deck":
+        ok = deck(a.path, a.gpus, a.gpu, a.top, a.check, a.vocab, a.expect_params)
+        return 0 if (ok or not (a.check or a.expect_params)) else 1
     if a.cmd == "local":
         local(a.build, a.out)
         return 0
-    M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None, a.swiglu, a.untied)
+    if a.query_groups and a.heads % a.query_groups:
+        raise InputError(f"--heads {a.heads} is not a multiple of --query-groups {a.query_groups}")
+    if not a.kv_channels and a.hidden % a.heads:
+        raise InputError(f"--hidden {a.hidden} is not divisible by --heads {a.heads}: give --kv-channels")
+    M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None, a.swiglu, a.untied, a.query_groups or None,
+              a.kv_channels or None, a.qk_layernorm)
     if a.cmd == "advise":
         rows = advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash)
         if not rows:

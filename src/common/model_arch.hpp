@@ -14,6 +14,14 @@ namespace trident {
 struct ModelArch {
   std::int64_t hidden_size = 0, num_heads = 0;
   std::int64_t ffn_hidden_size = 0;  // deck 0: derived (4h)
+  // Attention (Megatron's --num-query-groups, --kv-channels, --qk-layernorm): num_query_groups
+  // key/value heads, each shared by num_heads / num_query_groups query heads (grouped-query
+  // attention; 1: multi-query; the deck's 0 becomes num_heads, multi-head), kv_channels channels
+  // per head (the deck's 0 becomes hidden_size / num_heads), and qk_layernorm a norm (of the
+  // normalization slot) over each head's channels of the queries and keys, before rotary
+  // positions (Qwen 3).
+  std::int64_t num_query_groups = 0, kv_channels = 0;
+  bool qk_layernorm = false;
   // the normalisation's epsilon (deck model.norm_epsilon, alias model.layernorm_epsilon) and the
   // std of the normal initialisation; doubles as the deck holds them, used in fp32 (eps(),
   // init_std())
@@ -39,6 +47,11 @@ struct ModelArch {
   // model/output_layer/weight on the last stage (Megatron's --untie-embeddings-and-output-weights).
   bool untie_embeddings_and_output_weights = false;
 
+  std::int64_t groups() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
+  std::int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_heads; }
+  std::int64_t q_width() const { return num_heads * head_dim(); }  // query rows of qkv, proj's input
+  std::int64_t kv_width() const { return groups() * head_dim(); }  // key (and value) rows of qkv
+  std::int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
 

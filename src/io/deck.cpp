@@ -63,6 +63,10 @@ class Registry {
     add("model.hidden_size", &d.model.hidden_size, "hidden size h");
     add("model.num_heads", &d.model.num_heads, "attention heads");
     add("model.ffn_hidden_size", &d.model.ffn_hidden_size, "MLP hidden size (0: 4h)");
+    add("model.num_query_groups", &d.model.num_query_groups,
+        "key/value heads (grouped-query attention; 1: multi-query; 0: num_heads)");
+    add("model.kv_channels", &d.model.kv_channels, "channels per attention head (0: hidden_size / num_heads)");
+    add("model.qk_layernorm", &d.model.qk_layernorm, "a norm over each head of the queries and keys (Qwen 3)");
     add("model.seq_length", &d.model.seq_length, "sequence length s");
     add("model.max_position_embeddings", &d.model.max_position_embeddings,
         "learned positions (0: seq_length; T5: the longer of the two sequence lengths)");
@@ -280,9 +284,13 @@ void validate(const Deck& d, bool stored) {
   positive("model.num_heads", d.model.num_heads);
   positive("model.seq_length", d.model.seq_length);
   positive("model.make_vocab_size_divisible_by", d.model.make_vocab_size_divisible_by);
-  TRIDENT_REQUIRE(d.model.hidden_size % d.model.num_heads == 0,
+  TRIDENT_REQUIRE(d.model.kv_channels >= 0, "deck: model.kv_channels must be >= 0");
+  TRIDENT_REQUIRE(d.model.kv_channels > 0 || d.model.hidden_size % d.model.num_heads == 0,
                   "deck: model.hidden_size (" << d.model.hidden_size << ") is not divisible by model.num_heads ("
                                               << d.model.num_heads << ")");
+  TRIDENT_REQUIRE(d.model.num_query_groups > 0 && d.model.num_heads % d.model.num_query_groups == 0,
+                  "deck: model.num_heads (" << d.model.num_heads << ") is not a multiple of model.num_query_groups ("
+                                            << d.model.num_query_groups << ")");
   TRIDENT_REQUIRE(d.model.ffn_hidden_size >= 0, "deck: model.ffn_hidden_size must be >= 0");
   TRIDENT_REQUIRE(d.model.vocab_size >= 0, "deck: model.vocab_size must be >= 0");
   nonneg("model.decoder_seq_length", d.model.decoder_seq_length);
@@ -316,7 +324,7 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.model.rope_original_max_position_embeddings > 0,
                   "deck: model.rope_original_max_position_embeddings must be > 0");
   if (d.model.position_embedding_type == "rope") {
-    const std::int64_t hs = d.model.hidden_size / d.model.num_heads;
+    const std::int64_t hs = d.model.head_dim();
     const auto rot = static_cast<std::int64_t>(static_cast<double>(hs) * d.model.rotary_percent);
     TRIDENT_REQUIRE(rot >= 2 && rot % 2 == 0, "deck: model.rotary_percent (" << d.model.rotary_percent << ") turns "
                                                                              << rot << " of the head's " << hs
@@ -332,6 +340,10 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.model.num_heads % d.parallel.tp == 0,
                   "deck: model.num_heads (" << d.model.num_heads << ") is not divisible by parallel.tp ("
                                             << d.parallel.tp << ")");
+  TRIDENT_REQUIRE(d.model.num_query_groups % d.parallel.tp == 0,
+                  "deck: model.num_query_groups (" << d.model.num_query_groups << ") is not divisible by parallel.tp ("
+                                                   << d.parallel.tp
+                                                   << "): tensor parallelism splits the key/value groups");
   TRIDENT_REQUIRE(d.model.ffn_hidden_size % d.parallel.tp == 0,
                   "deck: model.ffn_hidden_size (" << d.model.ffn_hidden_size << ") is not divisible by parallel.tp ("
                                                   << d.parallel.tp << ")");
@@ -419,6 +431,9 @@ void finish(Deck& d) {
   // Megatron: 4h, or under swiglu int(8h / 3 / 64) * 64 (each of gate and up)
   if (d.model.ffn_hidden_size == 0)
     d.model.ffn_hidden_size = d.model.swiglu ? (8 * d.model.hidden_size / 3) / 64 * 64 : 4 * d.model.hidden_size;
+  if (d.model.num_query_groups == 0) d.model.num_query_groups = d.model.num_heads;  // multi-head attention
+  if (d.model.kv_channels == 0 && d.model.num_heads > 0 && d.model.hidden_size % d.model.num_heads == 0)
+    d.model.kv_channels = d.model.hidden_size / d.model.num_heads;
   if (d.model.layernorm_epsilon > 0) {  // the alias, when given
     TRIDENT_REQUIRE(d.model.norm_epsilon == ModelArch{}.norm_epsilon ||
                         d.model.norm_epsilon == d.model.layernorm_epsilon,

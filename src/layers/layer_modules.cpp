@@ -13,6 +13,7 @@
 #include "layers/rms_norm.hpp"
 #include "ops/fused.hpp"
 #include "ops/gelu.hpp"
+#include "ops/heads.hpp"
 #include "ops/swiglu.hpp"
 
 namespace trident {
@@ -152,6 +153,56 @@ const E& lookup(const std::vector<E>& registry, const std::string& name, const c
 
 Norm::Norm(ParamStore& store, const std::string& name, std::int64_t C, const ModelArch& arch)
     : m_(lookup(normalizations(), arch.normalization, "model.normalization").make(store, name, C, arch.eps())) {}
+
+QkNorm::QkNorm(ParamStore& store, const std::string& prefix, const ModelArch& arch, std::int64_t nq, std::int64_t nk,
+               std::int64_t hs, std::int64_t width)
+    : on_(arch.qk_layernorm), nq_(nq), nk_(nk), hs_(hs), width_(width) {
+  if (!on_) return;
+  q_ = Norm(store, prefix + "/q_layernorm", hs, arch);
+  k_ = Norm(store, prefix + "/k_layernorm", hs, arch);
+  store.mark_tp_partial_grad(prefix + "/q_layernorm/");
+  store.mark_tp_partial_grad(prefix + "/k_layernorm/");
+}
+
+namespace {
+Act act_slice(const Act& a, std::int64_t offset, std::int64_t n) {
+  return a.is_half() ? Act(a.dt, slice(a.h, offset, n)) : Act(slice(a.f, offset, n));
+}
+}  // namespace
+
+void QkNorm::forward(const Act& qkv, std::int64_t rows, const FloatView& x, const FloatView& mean,
+                     const FloatView& rstd, const Act& out) const {
+  if (!on_) return;
+  const std::int64_t nq = rows * nq_, nk = rows * nk_;  // normalised rows of hs channels
+  heads_gather(slice(x, 0, nq * hs_), qkv, rows, width_, 0, nq_ * hs_);
+  heads_gather(slice(x, nq * hs_, nk * hs_), qkv, rows, width_, nq_ * hs_, nk_ * hs_);
+  Kokkos::fence();
+  q_.forward(act_slice(out, 0, nq * hs_), slice(mean, 0, nq), slice(rstd, 0, nq), slice(x, 0, nq * hs_), nq);
+  k_.forward(act_slice(out, nq * hs_, nk * hs_), slice(mean, nq, nk), slice(rstd, nq, nk), slice(x, nq * hs_, nk * hs_),
+             nk);
+  Kokkos::fence();
+  heads_scatter(qkv, act_slice(out, 0, nq * hs_), rows, width_, 0, nq_ * hs_);
+  heads_scatter(qkv, act_slice(out, nq * hs_, nk * hs_), rows, width_, nq_ * hs_, nk_ * hs_);
+  Kokkos::fence();
+}
+
+void QkNorm::backward(const FloatView& dqkv, std::int64_t rows, const FloatView& x, const FloatView& mean,
+                      const FloatView& rstd, const FloatView& dout, const FloatView& dx) const {
+  if (!on_) return;
+  const std::int64_t nq = rows * nq_, nk = rows * nk_, n = (nq + nk) * hs_;
+  heads_gather(slice(dout, 0, nq * hs_), dqkv, rows, width_, 0, nq_ * hs_);
+  heads_gather(slice(dout, nq * hs_, nk * hs_), dqkv, rows, width_, nq_ * hs_, nk_ * hs_);
+  Kokkos::deep_copy(slice(dx, 0, n), 0.f);  // the norms' backward adds to dx
+  Kokkos::fence();
+  q_.backward(slice(dx, 0, nq * hs_), slice(dout, 0, nq * hs_), slice(x, 0, nq * hs_), slice(mean, 0, nq),
+              slice(rstd, 0, nq), nq);
+  k_.backward(slice(dx, nq * hs_, nk * hs_), slice(dout, nq * hs_, nk * hs_), slice(x, nq * hs_, nk * hs_),
+              slice(mean, nq, nk), slice(rstd, nq, nk), nk);
+  Kokkos::fence();
+  heads_scatter(act(dqkv), act(slice(dx, 0, nq * hs_)), rows, width_, 0, nq_ * hs_);
+  heads_scatter(act(dqkv), act(slice(dx, nq * hs_, nk * hs_)), rows, width_, nq_ * hs_, nk_ * hs_);
+  Kokkos::fence();
+}
 
 std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch) {
   return lookup(mlp_activations(), arch.mlp_activation(), "model.swiglu").make();

@@ -5,6 +5,7 @@
 //   MLP activation ModelArch::mlp_activation()  gelu (bias + GELU), swiglu (bias + SiLU-gated)
 //   positions      ModelArch::position_embedding_type  learned_absolute (the embedding's table),
 //                                               rope (ops/rope on the queries and keys), none
+//   q/k norms      ModelArch::qk_layernorm      off, or the normalisation slot's module per head
 // A module implements its slot's interface; a variant is one module plus one entry in its slot's
 // registry (layer_modules.cpp), and the layer, the model and the deck's check read it by name.
 // An unknown name is one error naming the deck key and the registry's names.
@@ -51,6 +52,37 @@ class Norm {
 
  private:
   std::shared_ptr<const NormModule> m_;
+};
+
+// The q/k normalisation (ModelArch::qk_layernorm; Qwen 3, Megatron's --qk-layernorm): a norm of
+// the normalisation slot over each head's hs channels, `q_layernorm` for the query heads and
+// `k_layernorm` for the key groups, applied to qkv after the projection and before rotary
+// positions. A rank normalises its own heads, so the weights' gradients are partial sums over
+// TP (ParamInfo::tp_partial_grad). Off: no parameters, and forward / backward do nothing.
+class QkNorm {
+ public:
+  QkNorm() = default;
+  // nq query heads from column 0 and nk key heads from column nq hs of (rows, width) qkv rows
+  QkNorm(ParamStore& store, const std::string& prefix, const ModelArch& arch, std::int64_t nq, std::int64_t nk,
+         std::int64_t hs, std::int64_t width);
+  bool on() const { return on_; }
+  // what a forward pass over `rows` rows keeps: the normalised heads' fp32 inputs, and one
+  // statistic per head and row
+  std::int64_t kept(std::int64_t rows) const { return rows * (nq_ + nk_) * hs_; }
+  std::int64_t stats(std::int64_t rows) const { return rows * (nq_ + nk_); }
+  // qkv's q and k heads normalised in place; x (kept), mean and rstd (stats) kept for the backward
+  // pass; out (kept, qkv's storage type) a workspace
+  void forward(const Act& qkv, std::int64_t rows, const FloatView& x, const FloatView& mean, const FloatView& rstd,
+               const Act& out) const;
+  // dqkv (rows, width) fp32: of the q and k heads, the gradient w.r.t. the norms' outputs in and
+  // w.r.t. their inputs out (in place); dout and dx (kept) fp32 workspaces
+  void backward(const FloatView& dqkv, std::int64_t rows, const FloatView& x, const FloatView& mean,
+                const FloatView& rstd, const FloatView& dout, const FloatView& dx) const;
+
+ private:
+  bool on_ = false;
+  Norm q_, k_;
+  std::int64_t nq_ = 0, nk_ = 0, hs_ = 0, width_ = 0;
 };
 
 // The MLP's activation between fc1 and fc2, with fc1's bias fused in. fc1 has blocks() x F

@@ -60,6 +60,17 @@ ParamId ParamStore::declare(ParamInfo info) {
   return static_cast<ParamId>(params_.size() - 1);
 }
 
+void ParamStore::mark_tp_partial_grad(const std::string& prefix) {
+  TRIDENT_REQUIRE(values_.extent(0) == 0 && values16_.extent(0) == 0,
+                  "ParamStore: mark_tp_partial_grad('" << prefix << "') after allocate()");
+  for (auto& p : params_)
+    if (p.name.rfind(prefix, 0) == 0) {
+      TRIDENT_REQUIRE(p.tp_replicated && !p.weight_decay,
+                      "internal: " << p.name << ": only replicated parameters without decay have partial gradients");
+      p.tp_partial_grad = true;
+    }
+}
+
 void ParamStore::allocate(std::int64_t multiple) {
   auto pad = [&](std::int64_t n) { return multiple > 1 ? (n + multiple - 1) / multiple * multiple : n; };
   std::int64_t off = 0;
@@ -79,10 +90,15 @@ void ParamStore::allocate(std::int64_t multiple) {
   const bool groups[4][2] = {{true, false}, {true, true}, {false, true}, {false, false}};
   for (int g = 0; g < 4; ++g) {
     if (g == 1) replicated_begin_ = off;
-    for (auto& p : params_) {
-      if (p.adapter || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
-      p.offset = off;
-      off += p.numel();
+    // the last replicated group ends with the parameters whose gradients are partial over TP
+    for (const bool partial : {false, true}) {
+      if (g == 2 && partial) tp_partial_begin_ = off;
+      for (auto& p : params_) {
+        if (p.adapter || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
+        if ((p.tp_partial_grad && p.tp_replicated) != partial) continue;
+        p.offset = off;
+        off += p.numel();
+      }
     }
     if (g == 1) decay_total_ = off;
     if (g == 2) replicated_end_ = off;

@@ -40,6 +40,9 @@ struct ParamInfo {
   };
   std::vector<RowBlock> blocks;
   bool tp_replicated = true;  // every TP rank holds the same full tensor
+  // Replicated over TP, but each rank's gradient is a partial sum over TP even without sequence
+  // parallelism (the q/k norms: each rank normalises its own heads); all-reduced over TP.
+  bool tp_partial_grad = false;
   // A copy of a parameter owned by another pipeline stage (the last stage's tied word
   // embeddings): loaded from checkpoints, never written, left out of the gradient norm.
   bool tied_copy = false;
@@ -104,6 +107,11 @@ class ParamStore {
   // [begin, end) of the TP-replicated parameters in the flat buffers.
   std::int64_t replicated_begin() const { return replicated_begin_; }
   std::int64_t replicated_end() const { return replicated_end_; }
+  // [tp_partial_begin(), replicated_end()): the replicated parameters with tp_partial_grad (the
+  // end of the replicated range; empty without them)
+  std::int64_t tp_partial_begin() const { return tp_partial_begin_; }
+  // Before allocate(): marks every parameter whose name starts with `prefix` tp_partial_grad.
+  void mark_tp_partial_grad(const std::string& prefix);
   // LoRA: whether adapters were declared (the base model is then frozen), and the trainable
   // range [0, trainable_size()) of the flat buffers (the whole padded buffer without adapters).
   // The adapters replicated over TP (column-parallel A, row-parallel B) lie in
@@ -132,7 +140,7 @@ class ParamStore {
   DType dtype_ = DType::F32;
   FloatView values_, grads_;
   HalfView values16_;
-  std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0;
+  std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0, tp_partial_begin_ = 0;
   std::int64_t adapter_total_ = 0, adapter_padded_ = 0, adapter_replicated_begin_ = 0;
   std::int64_t layer_ = -1;  // the open LayerScope's layer
 };

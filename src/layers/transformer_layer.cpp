@@ -24,8 +24,8 @@ enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3, 
 
 std::int64_t LayerActivations::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v :
-       {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3})
+  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3,
+                             &qk_x, &qk_mean, &qk_rstd})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_act, &lnx, &cq, &ckv, &catty}) n += v->bytes();
   if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
@@ -34,12 +34,12 @@ std::int64_t LayerActivations::bytes() const {
 
 TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
-  const std::int64_t Cl = s.hidden_size / p, Fl = s.ffn_hidden_size / p,
+  const std::int64_t Cl = s.hidden_size / p, Fl = s.ffn_hidden_size / p, Ql = s.q_width() / p, Wl = s.qkv_width() / p,
                      A = s.B * (s.num_heads / p) * s.T * std::max(s.T, s.Tk);
   const std::int64_t Ax = s.B * (s.num_heads / p) * s.T * s.Tk;
   dln = make_float("scratch::dln", R * s.hidden_size);
-  dqkv = make_float("scratch::dqkv", BT * 3 * Cl);
-  datty = make_float("scratch::datty", BT * Cl);
+  dqkv = make_float("scratch::dqkv", BT * Wl);
+  datty = make_float("scratch::datty", BT * std::max(Ql, Cl));    // Cl: the cross-attention's
   const std::int64_t Fb = Fl * make_mlp_activation(s)->blocks();  // fc1's columns on this rank
   dfc = make_float("scratch::dfc", BT * Fb);
   dfc_act = make_float("scratch::dfc_act", BT * Fl);
@@ -63,19 +63,25 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
     }
   }
   if (s.flash_attention) delta = make_float("scratch::delta", s.B * (s.num_heads / p) * s.T);
+  if (s.qk_layernorm) {
+    const std::int64_t n = BT * (s.num_heads + s.groups()) / p * s.head_dim();
+    qk_out = make_act(s.dt, "scratch::qk_out", n);
+    qk_dout = make_float("scratch::qk_dout", n);
+    qk_dx = make_float("scratch::qk_dx", n);
+  }
   if (s.dt != DType::F32) {
     att32 = make_float("scratch::att32", A);
-    dy16 = make_half("scratch::dy16", std::max(BT, E) * std::max({3 * Cl, Fb, s.hidden_size}));
+    dy16 = make_half("scratch::dy16", std::max(BT, E) * std::max({Wl, 3 * Cl, Fb, s.hidden_size}));
     ds16 = make_half("scratch::ds16", A);
   }
 }
 
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v :
-       {&dln, &dqkv, &datty, &dfc, &dfc_act, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc})
+  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_act, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv,
+                             &denc, &qk_dout, &qk_dx})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop}) n += v->bytes();
+  for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
   return n;
 }
@@ -84,15 +90,24 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                                    const TransformerShape& s)
     : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.hidden_size, s),
       norm2_(store, p + "/post_attention_layernorm", s.hidden_size, s), act_(make_mlp_activation(s)),
-      qkv_(store, p + "/self_attention/qkv", s.hidden_size, 3 * s.hidden_size, s.init_std(), s.tp, s.rows(), 3,
+      qkv_(store, p + "/self_attention/qkv", s.hidden_size, s.qkv_width(), s.init_std(), s.tp, s.rows(),
+           s.q_width() == s.kv_width() ? RowBlocks(3) : RowBlocks({s.q_width(), s.kv_width(), s.kv_width()}),
            s.lora_for("qkv"), s.qkv_bias()),
       fc1_(store, p + "/mlp/fc1", s.hidden_size, act_->blocks() * s.ffn_hidden_size, s.init_std(), s.tp, s.rows(),
            act_->blocks(), s.lora_for("fc1"), s.add_bias_linear),
-      proj_(store, p + "/self_attention/proj", s.hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(),
+      proj_(store, p + "/self_attention/proj", s.q_width(), s.hidden_size, s.out_init_std, s.tp, s.rows(),
             s.lora_for("proj"), s.add_bias_linear),
       fc2_(store, p + "/mlp/fc2", s.ffn_hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2"),
            s.add_bias_linear) {
-  pos_ = make_position_encoding(s, s.hidden_size / s.num_heads, std::max(s.max_positions, s.T));
+  pos_ = make_position_encoding(s, s.head_dim(), std::max(s.max_positions, s.T));
+  const std::int64_t tp_size = s.tp.size();
+  TRIDENT_REQUIRE(s.groups() % tp_size == 0,
+                  "model.num_query_groups (" << s.groups() << ") is not divisible by parallel.tp (" << tp_size << ")");
+  TRIDENT_REQUIRE(s.num_heads % s.groups() == 0, "model.num_heads ("
+                                                     << s.num_heads << ") is not a multiple of model.num_query_groups ("
+                                                     << s.groups() << ")");
+  qk_norm_ = QkNorm(store, p + "/self_attention", s, s.num_heads / tp_size, s.groups() / tp_size, s.head_dim(),
+                    s.qkv_width() / tp_size);
   attend_ = s.flash_attention ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
   attend_backward_ = s.flash_attention ? &TransformerLayer::fused_attend_backward
                                        : &TransformerLayer::gemm_attend_backward;
@@ -128,7 +143,12 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   a.ln1 = make_act(dt, "layer::ln1", R * C);
   a.ln1_mean = make_float("layer::ln1_mean", R);
   a.ln1_rstd = make_float("layer::ln1_rstd", R);
-  a.qkv = make_act(dt, "layer::qkv", BT * 3 * Cl);
+  a.qkv = make_act(dt, "layer::qkv", BT * qkv_local());
+  if (qk_norm_.on()) {
+    a.qk_x = make_float("layer::qk_x", qk_norm_.kept(BT));
+    a.qk_mean = make_float("layer::qk_mean", qk_norm_.stats(BT));
+    a.qk_rstd = make_float("layer::qk_rstd", qk_norm_.stats(BT));
+  }
   a.attention_kept = keep_attention;
   if (s.flash_attention) {  // the fused kernel keeps only the per-row log-sum-exp
     a.attention_kept = true;
@@ -141,7 +161,7 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
     a.att = scratch.att;
     a.att_drop = scratch.att_drop;
   }
-  a.atty = make_act(dt, "layer::atty", BT * Cl);
+  a.atty = make_act(dt, "layer::atty", BT * q_local());
   a.res2 = make_float("layer::res2", R * C);
   if (s.Tk > 0) {
     const std::int64_t Ax = s.B * nhl * s.T * s.Tk;
@@ -208,13 +228,14 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   a.mask = AttentionMask{s_.causal, key_valid};
   const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
-  const AttentionShape as{s_.B, s_.T, C / p, s_.num_heads / p};
+  const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(rng, s_.attention_p(), kAttentionProbs, true);
   record_dropout("attention_probs", index_, att_spec, {s_.B, s_.num_heads / p, s_.T, s_.T});
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
   Kokkos::fence();
-  qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, 3C/tp)
+  qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, W_l)
   Kokkos::fence();
+  qk_norm_.forward(a.qkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_out);
   pos_->apply(a.qkv, rope_layout(s_.rows()), {});
   (this->*attend_)(a, s, as, att_spec);
   Kokkos::fence();
@@ -238,17 +259,24 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
 
 // The rotated heads of qkv rows: this rank's query heads, then its key heads, after them.
 RopeLayout TransformerLayer::rope_layout(std::int64_t rows) const {
-  const std::int64_t p = s_.tp.size(), Cl = s_.hidden_size / p, nhl = s_.num_heads / p;
+  const std::int64_t p = s_.tp.size();
   RopeLayout l;
   l.rows = rows;
   l.T = s_.T;
-  l.width = 3 * Cl;
-  l.hs = s_.hidden_size / s_.num_heads;
+  l.width = qkv_local();
+  l.hs = s_.head_dim();
   l.q0 = 0;
-  l.nq = nhl;
-  l.k0 = Cl;
-  l.nk = nhl;
+  l.nq = s_.num_heads / p;
+  l.k0 = q_local();
+  l.nk = s_.groups() / p;
   return l;
+}
+
+AttentionShape TransformerLayer::attention_shape(std::int64_t B, std::int64_t T) const {
+  const std::int64_t p = s_.tp.size();
+  AttentionShape as{B, T, q_local(), s_.num_heads / p};
+  as.ng = s_.groups() / p;
+  return as;
 }
 
 AttentionShape TransformerLayer::cross_shape() const {
@@ -310,7 +338,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
                                 const FloatView& denc) {
   const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;
-  const AttentionShape as{s_.B, s_.T, C / p, s_.num_heads / p};
+  const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp));
@@ -330,6 +358,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   Kokkos::fence();
   pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), {});
   Kokkos::fence();
+  qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
   Kokkos::fence();
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
@@ -339,14 +368,15 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
                              std::int64_t n, std::int64_t L, const AttentionShape& as, const AttentionMask& mask,
                              const InferenceScratch& w) const {
   TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
-  const std::int64_t C = s_.hidden_size, p = s_.tp.size(), Cl = C / p, Fl = s_.ffn_hidden_size / p;
+  const std::int64_t C = s_.hidden_size, p = s_.tp.size(), Fl = s_.ffn_hidden_size / p;
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
-  qkv_.infer(w.qkv, w.h, R);  // (R, 3C/tp)
+  qkv_.infer(w.qkv, w.h, R);  // (R, W_l)
   Kokkos::fence();
+  qk_norm_.forward(act(w.qkv), R, w.qk_x, w.qk_mean, w.qk_rstd, act(w.qk_out));
   pos_->apply(act(w.qkv), rope_layout(R), positions);
   Kokkos::fence();
-  kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, Cl);
+  kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, q_local(), kv_local());
   Kokkos::fence();
   cross_attention_probs(w.att, Act(), w.q, cache, as, {}, mask);
   cross_attention_context(w.y, w.att, cache, as);

@@ -3,8 +3,11 @@
 // A decoder layer (T5, TransformerShape::Tk > 0) adds cross-attention over the encoder output
 // e between the two (Megatron's inter-attention):
 //   x2' = x2 + dropout(cproj(attention(q(LNx(x2)), kv(e))))   and the MLP then reads x2'.
-// qkv and fc1 are column-parallel, proj and fc2 row-parallel; this rank computes heads
-// [r*nh/tp, (r+1)*nh/tp). Outside the tensor-parallel region (LayerNorm, dropout, residual) a
+// qkv and fc1 are column-parallel, proj and fc2 row-parallel; this rank computes query heads
+// [r*nh/tp, (r+1)*nh/tp) and key/value groups [r*ng/tp, (r+1)*ng/tp) (grouped-query attention,
+// ng = ModelArch::groups(); qkv's rows on a rank: [q_r (nh/tp d); k_r (ng/tp d); v_r (ng/tp d)]
+// with d = ModelArch::head_dim()). With qk_layernorm, q and k are normalised per head before
+// the rotary turn. Outside the tensor-parallel region (LayerNorm, dropout, residual) a
 // rank holds all B*T rows, or rows/tp of them with sequence parallelism.
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
@@ -57,21 +60,23 @@ struct DropoutStreams {
 };
 
 // What one layer keeps from its forward pass for its backward pass, for one micro-batch
-// (R = local rows, BT = all rows, C_l = C/tp, F_l = F/tp, A = B x nh/tp x T x T). The owner
+// (R = local rows, BT = all rows, Q_l = nh d/tp, W_l = (nh + 2 ng) d/tp, F_l = F/tp,
+// A = B x nh/tp x T x T). The owner
 // (the model) decides where it lives: one set per layer and micro-batch in flight, or, for
 // layers under full recomputation, a workspace shared by the micro-batches whose forward pass
 // is re-run just before their backward pass. Dropout masks are never stored: they are
 // regenerated from the keys in `rng`.
 struct LayerActivations {
   DropoutStreams rng;
-  AttentionMask mask;            // the forward pass's (causal flag, key padding of the micro-batch)
-  Act ln1;                       // (R, C) LayerNorm output, input of qkv
-  FloatView ln1_mean, ln1_rstd;  // (R), (R)
-  Act qkv;                       // (BT, 3 C_l)
-  Act att, att_drop;             // (A): softmax output, after dropout (with attention dropout)
-  FloatView lse;                 // (B, nh/tp, T): per-row log-sum-exp (fused attention)
-  Act atty;                      // (BT, C_l): input of proj
-  FloatView res2;                // (R, C): residual after attention, input of LN2 (fp32)
+  AttentionMask mask;                // the forward pass's (causal flag, key padding of the micro-batch)
+  Act ln1;                           // (R, C) LayerNorm output, input of qkv
+  FloatView ln1_mean, ln1_rstd;      // (R), (R)
+  Act qkv;                           // (BT, W_l)
+  FloatView qk_x, qk_mean, qk_rstd;  // q/k norms: their fp32 inputs (BT, (nh + ng) d/tp), statistics
+  Act att, att_drop;                 // (A): softmax output, after dropout (with attention dropout)
+  FloatView lse;                     // (B, nh/tp, T): per-row log-sum-exp (fused attention)
+  Act atty;                          // (BT, Q_l): input of proj
+  FloatView res2;                    // (R, C): residual after attention, input of LN2 (fp32)
   // cross-attention (decoder layers; E = B * Tk encoder rows, R_e = E or E/tp with SP,
   // A_x = B x nh/tp x T x Tk)
   Act enc;                       // (R_e, C) the encoder output (a handle: the model keeps it)
@@ -98,9 +103,12 @@ struct LayerActivations {
 // recomputation, the attention probabilities.
 struct TransformerScratch {
   TransformerScratch(const TransformerShape& s, bool selective);
-  // backward temporaries, fp32: (R,C) (BT,3C/tp) (BT,C/tp) (BT,F/tp) x2 (R,C); in the 16-bit
+  // backward temporaries, fp32: (R,C) (BT,W_l) (BT,Q_l) (BT,F/tp) x2 (R,C); in the 16-bit
   // forward pass dqkv, datty and dfc also receive the fp32 GEMM outputs before rounding
   FloatView dln, dqkv, datty, dfc, dfc_act, dbranch;
+  // q/k norms: the normalised heads' values (the activations' type) and fp32 gradients
+  Act qk_out;
+  FloatView qk_dout, qk_dx;
   // cross-attention (decoder layers): (BT, C/tp) (E, 2C/tp) (R_e, C), the gathered encoder
   // output (E, C) under SP and, under selective recomputation, the probabilities (A_x)
   FloatView dcq, dckv, denc;
@@ -113,7 +121,7 @@ struct TransformerScratch {
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
   FloatView att32;  // (B, nh/tp, T, max(T, Tk))
   FloatView delta;  // (B, nh/tp, T): fused attention backward
-  HalfView dy16;    // (max(BT, E), max(3C/tp, F/tp, C))
+  HalfView dy16;    // (max(BT, E), max(W_l, F/tp, C))
   HalfView ds16;    // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
   // The core attention's view of the above (fp32 scores in datt, the fp32 output in datty).
@@ -143,13 +151,21 @@ class TransformerLayer {
 
   // Inference with a key-value cache (generation; a causal self-attention layer, fp32, no
   // dropout, no sequence parallelism): x (R, C) -> x (R, C) in place for R = B n rows, B samples
-  // of n new tokens each at `positions` (R). Their keys and values go into `cache` (B, L, 2 C/tp;
-  // kv_cache_store), and the queries attend over the cache as `as` and `mask` say (as.Tk keys,
-  // as.kv_stride = L). w: workspaces for R rows.
+  // of n new tokens each at `positions` (R). Their keys and values go into `cache` (B, L, 2 ng d/tp:
+  // the key/value groups only; kv_cache_store), and the queries attend over the cache as `as` and
+  // `mask` say (as.Tk keys, as.kv_stride = L). w: workspaces for R rows.
   struct InferenceScratch {
     FloatView h, mean, rstd, qkv, q, att, y, out, fc,
-        act;  // (R,C) (R) (R) (R,3C/tp) (R,C/tp) probs (R,C/tp) (R,C) (R,F/tp) x2
+        act;                                   // (R,C) (R) (R) (R,W_l) (R,Q_l) probs (R,Q_l) (R,C) (R,F/tp) x2
+    FloatView qk_x, qk_mean, qk_rstd, qk_out;  // q/k norms: (R, (nh + ng) d/tp), (R (nh + ng)/tp) x2, like qk_x
   };
+  // this rank's widths: query channels (nh d/tp), key channels (ng d/tp), a row of qkv
+  std::int64_t q_local() const { return s_.q_width() / s_.tp.size(); }
+  std::int64_t kv_local() const { return s_.kv_width() / s_.tp.size(); }
+  std::int64_t qkv_local() const { return q_local() + 2 * kv_local(); }
+  const QkNorm& qk_norm() const { return qk_norm_; }
+  // the core attention's shape for B samples of T queries (this rank's heads and groups)
+  AttentionShape attention_shape(std::int64_t B, std::int64_t T) const;
   void infer(const FloatView& x, const FloatView& cache, const IntView& positions, std::int64_t R, std::int64_t n,
              std::int64_t L, const AttentionShape& as, const AttentionMask& mask, const InferenceScratch& w) const;
 
@@ -179,6 +195,7 @@ class TransformerLayer {
   Norm norm1_, norm2_, normx_;                   // the normalisation slot
   std::shared_ptr<const MlpActivation> act_;     // the MLP activation slot
   std::shared_ptr<const PositionEncoding> pos_;  // the position slot (rotary: in the self-attention)
+  QkNorm qk_norm_;                               // the q/k normalisation slot
   RopeLayout rope_layout(std::int64_t rows) const;
   ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
   RowParallelLinear proj_, fc2_, cproj_;

@@ -28,20 +28,29 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
   TRIDENT_REQUIRE(max_len >= 1 && max_len <= cfg.max_positions,
                   "generation: " << max_len << " positions exceed the model's " << cfg.max_positions);
   const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden_size, Fl = cfg.ffn_hidden_size / p;
-  Cl_ = C / p;
+  Ql_ = cfg.q_width() / p;
+  KVl_ = cfg.kv_width() / p;  // the cache holds the key/value groups only
   nhl_ = cfg.num_heads / p;
+  ngl_ = cfg.groups() / p;
   Vl_ = model.vocab_local();
   for (std::int64_t l = 0; l < cfg.num_layers; ++l)
-    caches_.push_back(make_float("generate::kv_cache", slots * max_len * 2 * Cl_));
+    caches_.push_back(make_float("generate::kv_cache", slots * max_len * 2 * KVl_));
   const std::int64_t R = std::max(max_len, slots);  // rows of one call: a prompt or one token per slot
   x_ = make_float("generate::x", R * C);
   w_.h = make_float("generate::h", R * C);
   w_.mean = make_float("generate::mean", R);
   w_.rstd = make_float("generate::rstd", R);
-  w_.qkv = make_float("generate::qkv", R * 3 * Cl_);
-  w_.q = make_float("generate::q", R * Cl_);
+  w_.qkv = make_float("generate::qkv", R * (Ql_ + 2 * KVl_));
+  w_.q = make_float("generate::q", R * Ql_);
   w_.att = make_float("generate::att", std::max(max_len * max_len, slots * max_len) * nhl_);
-  w_.y = make_float("generate::y", R * Cl_);
+  w_.y = make_float("generate::y", R * Ql_);
+  if (cfg.qk_layernorm) {
+    const std::int64_t heads = (cfg.num_heads + cfg.groups()) / p;
+    w_.qk_x = make_float("generate::qk_x", R * heads * cfg.head_dim());
+    w_.qk_out = make_float("generate::qk_out", R * heads * cfg.head_dim());
+    w_.qk_mean = make_float("generate::qk_mean", R * heads);
+    w_.qk_rstd = make_float("generate::qk_rstd", R * heads);
+  }
   w_.out = make_float("generate::out", R * C);
   w_.fc = make_float("generate::fc", R * Fl * make_mlp_activation(cfg)->blocks());
   w_.act = make_float("generate::act", R * Fl);
@@ -50,6 +59,13 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
   tokens_ = make_int("generate::tokens", R);
   positions_ = make_int("generate::positions", R);
   valid_ = make_int("generate::valid", slots * max_len);
+}
+
+std::int64_t GptGenerator::cache_bytes() const {
+  std::int64_t n = 0;
+  for (const FloatView& c : caches_)
+    n += static_cast<std::int64_t>(c.span()) * static_cast<std::int64_t>(sizeof(float));
+  return n;
 }
 
 std::vector<float> GptGenerator::prefill(std::int64_t slot, const std::vector<std::int32_t>& tokens) {
@@ -110,13 +126,14 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
     Kokkos::fence();
     accumulate(x, out, R * C);
   }
-  AttentionShape as{B, n, Cl_, nhl_};
+  AttentionShape as{B, n, Ql_, nhl_};
+  as.ng = ngl_;
   as.Tk = n > 1 ? n : Tk;
   as.kv_stride = L;
   const AttentionMask mask{n > 1, n > 1 ? IntView() : slice(valid_, 0, B * Tk)};
   for (std::int64_t l = 0; l < model_->num_layers(); ++l) {
-    const FloatView cache = slice(caches_[static_cast<size_t>(l)], slot0 * L * 2 * Cl_,
-                                  (slots_ - slot0) * L * 2 * Cl_);  // from slot0 on
+    const FloatView cache = slice(caches_[static_cast<size_t>(l)], slot0 * L * 2 * KVl_,
+                                  (slots_ - slot0) * L * 2 * KVl_);  // from slot0 on
     model_->layer(l).infer(x, cache, positions_, R, n, L, as, mask, w_);
   }
   // the last row of each sample: final LayerNorm, then this rank's vocabulary columns

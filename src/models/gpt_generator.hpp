@@ -31,6 +31,8 @@ class GptGenerator {
   // positions [0, pos[b]); returns logits (tokens.size(), vocab_size), row-major.
   std::vector<float> decode(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& pos);
   std::int64_t max_len() const { return max_len_; }
+  // Bytes of this rank's key-value caches as allocated (every layer; the key/value groups only)
+  std::int64_t cache_bytes() const;
   // The body of prefill and decode (public only because CUDA's device lambdas may not live in
   // private members): runs R = B * n rows (B samples of n new tokens each) through the model;
   // slot0: the slot of the first sample (the others follow); a causal prefill (n > 1, positions
@@ -41,7 +43,7 @@ class GptGenerator {
  private:
   const GptModel* model_;
   TransformerConfig cfg_;
-  std::int64_t slots_, max_len_, Cl_, nhl_, Vl_;
+  std::int64_t slots_, max_len_, Ql_, KVl_, nhl_, ngl_, Vl_;
   std::vector<FloatView> caches_;  // per layer (slots, max_len, 2 C_l): the k half then the v half of each position
   TransformerLayer::InferenceScratch w_;  // workspaces for up to max(max_len, slots) rows
   FloatView x_, logits_, gathered_;       // (R, C) residual stream, (slots, V_l), (tp, slots, V_l)

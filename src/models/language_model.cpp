@@ -26,8 +26,9 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   const std::int64_t C = cfg.hidden_size, T = cfg.seq_length, p = tp.size(), r = tp.rank();
   rows_ = B_ * T;
   local_rows_ = tp.sequence_parallel ? rows_ / p : rows_;
-  TRIDENT_REQUIRE(cfg.num_heads > 0 && C % cfg.num_heads == 0,
-                  "model.hidden_size (" << C << ") must be divisible by model.num_heads (" << cfg.num_heads << ")");
+  TRIDENT_REQUIRE(cfg.num_heads > 0 && (cfg.kv_channels > 0 || C % cfg.num_heads == 0),
+                  "model.hidden_size (" << C << ") must be divisible by model.num_heads (" << cfg.num_heads
+                                        << ") unless model.kv_channels is set");
   TRIDENT_REQUIRE(cfg.num_heads % p == 0,
                   "model.num_heads (" << cfg.num_heads << ") is not divisible by parallel.tp (" << p << ")");
   TRIDENT_REQUIRE(T <= cfg.max_positions,
@@ -509,6 +510,16 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
   embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0);
 }
 
+std::string LanguageModel::flops_formula() const {
+  if (cfg_.encoder_decoder())
+    return "GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation";
+  const bool mha = cfg_.groups() == cfg_.num_heads && cfg_.q_width() == cfg_.hidden_size;
+  if (!cfg_.swiglu && cfg_.ffn_hidden_size == 4 * cfg_.hidden_size && mha)
+    return "Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl)";
+  return "Megatron, no recomputation: 12 B s l h^2 ((1 + ng/nh + s/h) nh d/h + F/h x " +
+         std::string(cfg_.swiglu ? "3/2" : "1") + " + V/2lh)";
+}
+
 double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
   const double s = static_cast<double>(cfg_.seq_length), h = static_cast<double>(cfg_.hidden_size),
                l = static_cast<double>(cfg_.num_layers), V = static_cast<double>(cfg_.padded_vocab);
@@ -521,12 +532,16 @@ double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
     return 3.0 * B * (enc + dec + 2.0 * sd * h * V);
   }
   const double F = static_cast<double>(cfg_.ffn_hidden_size);
-  if (!cfg_.swiglu && F == 4.0 * h)  // GPT-2's MLP: the formula as it always printed
+  const bool mha = cfg_.groups() == cfg_.num_heads && cfg_.q_width() == cfg_.hidden_size;
+  if (!cfg_.swiglu && F == 4.0 * h && mha)  // GPT-2's layer: the formula as it always printed
     return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l));
   // Megatron's num_floating_point_operations (megatron/training/training.py): 12 B s l h^2 x
-  // (attention 2 + s/h, MLP F/h, x 3/2 for a gated unit's third GEMM, logits V / (2 l h))
+  // (attention (1 + ng/nh + s/h) x nh d/h -- q and proj, k and v of the groups, scores and
+  // context --, MLP F/h, x 3/2 for a gated unit's third GEMM, logits V / (2 l h))
   const double gated = cfg_.swiglu ? 1.5 : 1.0;
-  return 12.0 * B * s * l * h * h * (2.0 + s / h + F / h * gated + V / (2.0 * l * h));
+  const double nh = static_cast<double>(cfg_.num_heads), ng = static_cast<double>(cfg_.groups());
+  const double q_ratio = static_cast<double>(cfg_.q_width()) / h;  // multi-head: (1 + 1 + s/h) x 1, as before
+  return 12.0 * B * s * l * h * h * ((1.0 + ng / nh + s / h) * q_ratio + F / h * gated + V / (2.0 * l * h));
 }
 
 }  // namespace trident

@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "layers/layer_modules.hpp"
@@ -111,10 +112,13 @@ class LanguageModel {
   int num_slots() const { return static_cast<int>(slots_.size()); }
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
   std::int64_t micro_batch() const { return B_; }
-  // Model FLOPs per step, Megatron's formula without recomputation:
-  // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary; encoder-decoder: the
-  // same count of GEMM FLOPs for the encoder, the decoder (with cross-attention) and the LM head.
+  // Model FLOPs per step, Megatron's formula without recomputation: GPT-2's layer
+  // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary; another MLP width, a
+  // gated MLP or grouped-query attention num_floating_point_operations' general form (language_model.cpp);
+  // encoder-decoder: the same count of GEMM FLOPs for the encoder, the decoder (with
+  // cross-attention) and the LM head. flops_formula() names the one that applies.
   double flops_per_step(std::int64_t tokens_batch) const;
+  std::string flops_formula() const;
 
  protected:
   // micro_batch: B of every forward call. tp: the tensor-parallel group (nullptr comm: tp = 1).

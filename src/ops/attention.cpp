@@ -70,58 +70,84 @@ struct GradOperands {
   std::int64_t ldq, ldk, ldv;
 };
 
-Operands packed(DType dt, const void* qkv, std::int64_t C) {
+// self-attention: rows [q (C) | k (Ckv) | v (Ckv)]
+Operands packed(DType dt, const void* qkv, const AttentionShape& s) {
   const GemmOperand base{dt, qkv};
-  return {base, base.at(C), base.at(2 * C), 3 * C, 3 * C, 3 * C};
+  const std::int64_t C = s.C, Ckv = s.kv_C(), ld = C + 2 * Ckv;
+  return {base, base.at(C), base.at(C + Ckv), ld, ld, ld};
 }
-GradOperands packed_grad(float* dqkv, std::int64_t C) { return {dqkv, dqkv + C, dqkv + 2 * C, 3 * C, 3 * C, 3 * C}; }
-Operands crossed(DType dt, const void* q, const void* kv, std::int64_t C) {
+GradOperands packed_grad(float* dqkv, const AttentionShape& s) {
+  const std::int64_t C = s.C, Ckv = s.kv_C(), ld = C + 2 * Ckv;
+  return {dqkv, dqkv + C, dqkv + C + Ckv, ld, ld, ld};
+}
+// cross-attention: q (C) rows, kv rows [k (Ckv) | v (Ckv)]
+Operands crossed(DType dt, const void* q, const void* kv, const AttentionShape& s) {
   const GemmOperand k{dt, kv};
-  return {GemmOperand{dt, q}, k, k.at(C), C, 2 * C, 2 * C};
+  const std::int64_t Ckv = s.kv_C();
+  return {GemmOperand{dt, q}, k, k.at(Ckv), s.C, 2 * Ckv, 2 * Ckv};
 }
-GradOperands crossed_grad(float* dq, float* dkv, std::int64_t C) { return {dq, dkv, dkv + C, C, 2 * C, 2 * C}; }
+GradOperands crossed_grad(float* dq, float* dkv, const AttentionShape& s) {
+  const std::int64_t Ckv = s.kv_C();
+  return {dq, dkv, dkv + Ckv, s.C, 2 * Ckv, 2 * Ckv};
+}
 
 std::int64_t probs_size(const AttentionShape& s) { return s.B * s.nh * s.T * s.keys(); }
 float softmax_scale(const AttentionShape& s) { return 1.f / dsqrt(static_cast<float>(s.hs())); }
 
-// scores (B, nh, Tq, Tk) = q_h k_h^T per sample (the 1/sqrt(hs) scale is applied in the softmax)
+// The per-head GEMMs run batched over heads. Query head h = g rep + t reads key/value group g:
+// for each t, one strided batch over the ng groups (query and probability strides rep heads, key
+// and value strides one group). Without grouped-query attention (rep 1) that is one batch over
+// the nh heads. The key and value gradients of a group sum over its rep query heads (beta 1 after
+// the first t).
+
+// scores (B, nh, Tq, Tk) = q_h k_g^T per sample (the 1/sqrt(hs) scale is applied in the softmax)
 void scores_gemm(float* scores, const Operands& o, const AttentionShape& s) {
-  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs();
+  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), ng = s.groups(), rep = s.rep();
   for (std::int64_t b = 0; b < s.B; ++b)
-    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q.at(b * Tq * o.ldq), o.ldq, hs,
-                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, scores + b * nh * Tq * Tk, Tk, Tq * Tk,
-                               nh);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q.at(b * Tq * o.ldq + t * hs), o.ldq, rep * hs,
+                                 o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f,
+                                 scores + b * nh * Tq * Tk + t * Tq * Tk, Tk, rep * Tq * Tk, ng);
 }
 
-// y_h (Tq, hs) = probs_h (Tq, Tk) v_h (Tk, hs), written in place into y (row stride C)
+// y_h (Tq, hs) = probs_h (Tq, Tk) v_g (Tk, hs), written in place into y (row stride C)
 void context_gemm(float* y, GemmOperand probs, const Operands& o, const AttentionShape& s) {
-  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C;
+  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C, ng = s.groups(), rep = s.rep();
   for (std::int64_t b = 0; b < s.B; ++b)
-    gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, probs.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, y + b * Tq * C, C, hs, nh);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, probs.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
+                                 rep * Tq * Tk, o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f,
+                                 y + b * Tq * C + t * hs, C, rep * hs, ng);
 }
 
-// datt_h (Tq, Tk) = dy_h v_h^T ; dv_h (Tk, hs) = probs_h^T dy_h
+// datt_h (Tq, Tk) = dy_h v_g^T ; dv_g (Tk, hs) = sum over the group's heads of probs_h^T dy_h
 void value_grad_gemms(float* datt, const GradOperands& g, GemmOperand dy, GemmOperand probs, const Operands& o,
                       const AttentionShape& s) {
-  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C;
+  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C, ng = s.groups(), rep = s.rep();
   for (std::int64_t b = 0; b < s.B; ++b) {
-    gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C), C, hs,
-                               o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, datt + b * nh * Tq * Tk, Tk, Tq * Tk,
-                               nh);
-    gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               dy.at(b * Tq * C), C, hs, 0.f, g.dv + b * s.kv_rows() * g.ldv, g.ldv, hs, nh);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C + t * hs), C, rep * hs,
+                                 o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, datt + b * nh * Tq * Tk + t * Tq * Tk,
+                                 Tk, rep * Tq * Tk, ng);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
+                                 rep * Tq * Tk, dy.at(b * Tq * C + t * hs), C, rep * hs, t == 0 ? 0.f : 1.f,
+                                 g.dv + b * s.kv_rows() * g.ldv, g.ldv, hs, ng);
   }
 }
 
-// dq_h (Tq, hs) = dscores_h k_h ; dk_h (Tk, hs) = dscores_h^T q_h
+// dq_h (Tq, hs) = dscores_h k_g ; dk_g (Tk, hs) = sum over the group's heads of dscores_h^T q_h
 void query_key_grad_gemms(const GradOperands& g, GemmOperand ds, const Operands& o, const AttentionShape& s) {
-  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs();
+  const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), ng = s.groups(), rep = s.rep();
   for (std::int64_t b = 0; b < s.B; ++b) {
-    gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, ds.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f, g.dq + b * Tq * g.ldq, g.ldq, hs, nh);
-    gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, ds.at(b * nh * Tq * Tk), Tk, Tq * Tk,
-                               o.q.at(b * Tq * o.ldq), o.ldq, hs, 0.f, g.dk + b * s.kv_rows() * g.ldk, g.ldk, hs, nh);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, ds.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
+                                 rep * Tq * Tk, o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f,
+                                 g.dq + b * Tq * g.ldq + t * hs, g.ldq, rep * hs, ng);
+    for (std::int64_t t = 0; t < rep; ++t)
+      gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, ds.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
+                                 rep * Tq * Tk, o.q.at(b * Tq * o.ldq + t * hs), o.ldq, rep * hs, t == 0 ? 0.f : 1.f,
+                                 g.dk + b * s.kv_rows() * g.ldk, g.ldk, hs, ng);
   }
 }
 
@@ -241,13 +267,13 @@ void backward_any(const char* op, const GradOperands& g, const FloatView& dy, co
 void attention_probs(const Act& att, const Act& att_drop, const Act& qkv, const AttentionShape& s,
                      const DropoutSpec& drop, const AttentionMask& mask, const AttentionScratch& scratch) {
   const DType dt = common_dtype("attention_probs", {&att, &att_drop, &qkv});
-  probs_any("attention_probs", att, att_drop, packed(dt, qkv.data(), s.C), dt, s, drop, mask, scratch);
+  probs_any("attention_probs", att, att_drop, packed(dt, qkv.data(), s), dt, s, drop, mask, scratch);
 }
 
 void attention_context(const Act& y, const Act& probs, const Act& qkv, const AttentionShape& s,
                        const AttentionScratch& scratch) {
   const DType dt = common_dtype("attention_context", {&y, &probs, &qkv});
-  context_any("attention_context", y, probs, packed(dt, qkv.data(), s.C), dt, s, scratch);
+  context_any("attention_context", y, probs, packed(dt, qkv.data(), s), dt, s, scratch);
 }
 
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
@@ -260,7 +286,7 @@ void attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& q
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop,
                         const AttentionMask& mask, const AttentionScratch& scratch) {
   const DType dt = common_dtype("attention_backward", {&qkv, &att, &att_drop});
-  backward_any("attention_backward", packed_grad(dqkv.data(), s.C), dy, packed(dt, qkv.data(), s.C), dt, att, att_drop,
+  backward_any("attention_backward", packed_grad(dqkv.data(), s), dy, packed(dt, qkv.data(), s), dt, att, att_drop,
                datt, s, drop, mask, scratch);
 }
 
@@ -269,13 +295,13 @@ void attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& q
 void cross_attention_probs(const Act& att, const Act& att_drop, const Act& q, const Act& kv, const AttentionShape& s,
                            const DropoutSpec& drop, const AttentionMask& mask, const AttentionScratch& scratch) {
   const DType dt = common_dtype("cross_attention_probs", {&att, &att_drop, &q, &kv});
-  probs_any("cross_attention_probs", att, att_drop, crossed(dt, q.data(), kv.data(), s.C), dt, s, drop, mask, scratch);
+  probs_any("cross_attention_probs", att, att_drop, crossed(dt, q.data(), kv.data(), s), dt, s, drop, mask, scratch);
 }
 
 void cross_attention_context(const Act& y, const Act& probs, const Act& kv, const AttentionShape& s,
                              const AttentionScratch& scratch) {
   const DType dt = common_dtype("cross_attention_context", {&y, &probs, &kv});
-  context_any("cross_attention_context", y, probs, crossed(dt, nullptr, kv.data(), s.C), dt, s, scratch);
+  context_any("cross_attention_context", y, probs, crossed(dt, nullptr, kv.data(), s), dt, s, scratch);
 }
 
 void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const FloatView& dy, const Act& q,
@@ -283,18 +309,22 @@ void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const F
                               const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask,
                               const AttentionScratch& scratch) {
   const DType dt = common_dtype("cross_attention_backward", {&q, &kv, &att, &att_drop});
-  backward_any("cross_attention_backward", crossed_grad(dq.data(), dkv.data(), s.C), dy,
-               crossed(dt, q.data(), kv.data(), s.C), dt, att, att_drop, datt, s, drop, mask, scratch);
+  backward_any("cross_attention_backward", crossed_grad(dq.data(), dkv.data(), s), dy,
+               crossed(dt, q.data(), kv.data(), s), dt, att, att_drop, datt, s, drop, mask, scratch);
 }
 
 void kv_cache_store(const FloatView& q, const FloatView& cache, const FloatView& qkv, const IntView& positions,
-                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C) {
+                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C, std::int64_t Ckv) {
+  const std::int64_t W = C + 2 * Ckv;  // a row of qkv
   for_each_index(
-      "ops::kv_cache_store", R * C, KOKKOS_LAMBDA(std::int64_t i) {
-        const std::int64_t r = i / C, c = i % C, b = r / n, at = (b * L + positions(r)) * 2 * C;
-        q(r * C + c) = qkv(r * 3 * C + c);
-        cache(at + c) = qkv(r * 3 * C + C + c);
-        cache(at + C + c) = qkv(r * 3 * C + 2 * C + c);
+      "ops::kv_cache_store", R * W, KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t r = i / W, c = i % W;
+        if (c < C) {
+          q(r * C + c) = qkv(i);
+        } else {
+          const std::int64_t b = r / n, at = (b * L + positions(r)) * 2 * Ckv;
+          cache(at + c - C) = qkv(i);  // k then v
+        }
       });
 }
 

@@ -1,9 +1,12 @@
 // Core attention (no projections): softmax(Q K^T / sqrt(hs)) V over heads under a causal mask
 // (GPT, the T5 decoder) or a key-padding mask (BERT, the T5 encoder), with the batched GEMMs
-// through ops/gemm. Self-attention: head h of q/k/v is the contiguous block h*hs..(h+1)*hs-1
-// of the q, k and v thirds of each token's 3C-vector (docs/DESIGN.md qkv row order).
-// Cross-attention (T5's decoder over the encoder output): queries q (B, T, C) of one sequence,
-// keys and values kv (B, Tk, 2C) of another, the k half then the v half of each row.
+// through ops/gemm. Self-attention: each token's row of qkv is [q (C) | k (Ckv) | v (Ckv)] with
+// C = nh hs and Ckv = ng hs (Ckv = C without grouped-query attention); query head h is the
+// contiguous block h*hs..(h+1)*hs-1 of q, and reads key/value group g = h / (nh / ng), the block
+// g*hs.. of k and of v (docs/DESIGN.md qkv row order).
+// Cross-attention (T5's decoder over the encoder output; the key-value cache): queries q (B, T, C)
+// of one sequence, keys and values kv (B, Tk, 2 Ckv) of another, the k half then the v half of
+// each row.
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
@@ -17,7 +20,12 @@ struct AttentionShape {
   // cross-attention: rows per sample in the k|v buffer (0: Tk); larger for a key-value cache that
   // holds up to kv_stride positions per sample of which the first Tk are used
   std::int64_t kv_stride = 0;
+  // key/value heads (grouped-query attention: query head h reads group h / (nh / ng)); 0: nh
+  std::int64_t ng = 0;
   std::int64_t hs() const { return C / nh; }
+  std::int64_t groups() const { return ng > 0 ? ng : nh; }
+  std::int64_t rep() const { return nh / groups(); }     // query heads per group
+  std::int64_t kv_C() const { return groups() * hs(); }  // channels of the keys (and of the values)
   std::int64_t keys() const { return Tk > 0 ? Tk : T; }
   std::int64_t kv_rows() const { return kv_stride > 0 ? kv_stride : keys(); }
 };
@@ -44,7 +52,7 @@ struct AttentionScratch {
   HalfView ds16;     // (B, nh, T, Tk) the score gradient in 16 bits (backward)
 };
 
-// qkv (B, T, 3C) -> y (B, T, C), the attention output before the projection; att (B, nh, T, T)
+// qkv (B, T, C + 2 Ckv) -> y (B, T, C), the attention output before the projection; att (B, nh, T, T)
 // keeps the probabilities. With dropout, att_drop (B, nh, T, T) receives the dropped-out
 // probabilities (unused otherwise). Heads are addressed in place (strided GEMMs). fp32 only.
 void attention_forward(const FloatView& y, const FloatView& qkv, const FloatView& att, const AttentionShape& s,
@@ -60,14 +68,14 @@ void attention_probs(const Act& att, const Act& att_drop, const Act& qkv, const 
 void attention_context(const Act& y, const Act& probs, const Act& qkv, const AttentionShape& s,
                        const AttentionScratch& scratch = {});
 
-// dy (B, T, C) -> dqkv (B, T, 3C) (fp32, overwritten). Scratch: datt (B, nh, T, T) fp32.
+// dy (B, T, C) -> dqkv (B, T, C + 2 Ckv) (fp32, overwritten). Scratch: datt (B, nh, T, T) fp32.
 void attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& qkv, const Act& att, const Act& att_drop,
                         const FloatView& datt, const AttentionShape& s, const DropoutSpec& drop = {},
                         const AttentionMask& mask = {}, const AttentionScratch& scratch = {});
 
 // ---- cross-attention (s.Tk keys per sample; probabilities (B, nh, T, Tk)); the same
 // contracts as the self-attention functions, with the query and key/value gradients in dq
-// (B, T, C) and dkv (B, Tk, 2C) (both fp32, overwritten).
+// (B, T, C) and dkv (B, Tk, 2 Ckv) (both fp32, overwritten).
 void cross_attention_probs(const Act& att, const Act& att_drop, const Act& q, const Act& kv, const AttentionShape& s,
                            const DropoutSpec& drop = {}, const AttentionMask& mask = {},
                            const AttentionScratch& scratch = {});
@@ -80,10 +88,11 @@ void cross_attention_backward(const FloatView& dq, const FloatView& dkv, const F
 
 // ---- key-value cache (generation): the attention of new queries over every cached position is
 // the cross-attention above with kv = the cache (AttentionShape::kv_stride = L positions per
-// sample). kv_cache_store splits R = B n rows of qkv (R, 3C) -- sample r / n at position
-// positions(r) -- into the queries q (R, C) and the sample's cache rows (B, L, 2C) (k | v).
+// sample). kv_cache_store splits R = B n rows of qkv (R, C + 2 Ckv) -- sample r / n at position
+// positions(r) -- into the queries q (R, C) and the sample's cache rows (B, L, 2 Ckv) (k | v): the
+// cache holds the key/value groups only.
 void kv_cache_store(const FloatView& q, const FloatView& cache, const FloatView& qkv, const IntView& positions,
-                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C);
+                    std::int64_t R, std::int64_t n, std::int64_t L, std::int64_t C, std::int64_t Ckv);
 
 // Row-wise masked softmax in place over BH * Tq rows of length Tk (row r: sample r / (nh Tq),
 // query i = r % Tq): the causal mask drops keys j > i, the padding mask keys with key_valid 0.

@@ -16,11 +16,22 @@ constexpr float kNoScore = -3.0e38f;
 // What every fused-attention kernel needs, copied into each kernel.
 struct FlashParams {
   FlashParams(const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask)
-      : T(s.T), C(s.C), nh(s.nh), hs(s.hs()), scale(1.f / dsqrt(static_cast<float>(s.hs()))), causal(mask.causal),
-        has_mask(mask.key_valid.extent(0) > 0), dropping(drop.active()), valid(mask.key_valid), pdrop(drop.p),
+      : T(s.T), C(s.C), nh(s.nh), hs(s.hs()), rep(s.rep()), ld(s.C + 2 * s.kv_C()), voff(s.C + s.kv_C()),
+        scale(1.f / dsqrt(static_cast<float>(s.hs()))), causal(mask.causal), has_mask(mask.key_valid.extent(0) > 0),
+        dropping(drop.active()), valid(mask.key_valid), pdrop(drop.p),
         keep_scale(drop.active() ? 1.f / (1.f - drop.p) : 1.f), key(drop.key) {}
   std::int64_t T, C, nh, hs;  // sequence, channels of this rank's heads, heads, head size
-  float scale;                // 1 / sqrt(hs)
+  // query heads per key/value group; a qkv row's length; where its values start (its keys at C)
+  std::int64_t rep, ld, voff;
+  // where query head h of token row `row` starts in qkv, and its key and value group's
+  KOKKOS_INLINE_FUNCTION std::int64_t q_at(std::int64_t row, std::int64_t h) const { return row * ld + h * hs; }
+  KOKKOS_INLINE_FUNCTION std::int64_t k_at(std::int64_t row, std::int64_t h) const {
+    return row * ld + C + (h / rep) * hs;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t v_at(std::int64_t row, std::int64_t h) const {
+    return row * ld + voff + (h / rep) * hs;
+  }
+  float scale;  // 1 / sqrt(hs)
   bool causal, has_mask, dropping;
   IntView valid;            // key padding mask (B * T), when has_mask
   float pdrop, keep_scale;  // dropout probability, 1 / (1 - p)
@@ -35,7 +46,7 @@ void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShap
       "ops::flash_attention_forward", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
         float q[kFlashMaxHeadDim], o[kFlashMaxHeadDim];
-        const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs;
+        const std::int64_t qo = P.q_at(b * P.T + i, h);
         for (std::int64_t c = 0; c < P.hs; ++c) {
           q[c] = F::load(qkv(qo + c)) * P.scale;
           o[c] = 0.f;
@@ -44,7 +55,7 @@ void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShap
         const std::int64_t jend = P.causal ? i + 1 : P.T;
         for (std::int64_t j = 0; j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
-          const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+          const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f;
           for (std::int64_t c = 0; c < P.hs; ++c) sc += q[c] * F::load(qkv(ko + c));
           if (sc > m) {  // online softmax: rescale what was accumulated under the old maximum
@@ -85,7 +96,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
   for_each_index(
       "ops::flash_attention_backward_dq", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, i = r % P.T;
-        const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
+        const std::int64_t qo = P.q_at(b * P.T + i, h), yo = (b * P.T + i) * P.C + h * P.hs;
         float q[kFlashMaxHeadDim], g[kFlashMaxHeadDim], dq[kFlashMaxHeadDim];
         for (std::int64_t c = 0; c < P.hs; ++c) {
           q[c] = F::load(qkv(qo + c)) * P.scale;
@@ -96,7 +107,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
         const std::int64_t jend = L > kNoScore ? (P.causal ? i + 1 : P.T) : 0;
         for (std::int64_t j = 0; j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
-          const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+          const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f, dp = 0.f;
           for (std::int64_t c = 0; c < P.hs; ++c) {
             sc += q[c] * F::load(qkv(ko + c));
@@ -110,11 +121,12 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
         }
         for (std::int64_t c = 0; c < P.hs; ++c) dqkv(qo + c) = dq[c];
       });
-  // pass 2, one thread per P.key row: dv_j = sum_i Z_ij P_ij dy_i ; dk_j = P.scale sum_i dS_ij q_i
+  // pass 2, one thread per key row of each key/value group: dv_j = sum_i Z_ij P_ij dy_i and
+  // dk_j = P.scale sum_i dS_ij q_i, summed over the group's query heads
   for_each_index(
-      "ops::flash_attention_backward_dkv", s.B * P.nh * P.T, KOKKOS_LAMBDA(std::int64_t r) {
-        const std::int64_t b = r / (P.nh * P.T), h = (r / P.T) % P.nh, j = r % P.T;
-        const std::int64_t ko = (b * P.T + j) * 3 * P.C + P.C + h * P.hs, vo = ko + P.C;
+      "ops::flash_attention_backward_dkv", s.B * (P.nh / P.rep) * P.T, KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t ngr = P.nh / P.rep, b = r / (ngr * P.T), grp = (r / P.T) % ngr, j = r % P.T;
+        const std::int64_t ko = P.k_at(b * P.T + j, grp * P.rep), vo = P.v_at(b * P.T + j, grp * P.rep);
         float k[kFlashMaxHeadDim], v[kFlashMaxHeadDim], dk[kFlashMaxHeadDim], dv[kFlashMaxHeadDim];
         for (std::int64_t c = 0; c < P.hs; ++c) {
           k[c] = F::load(qkv(ko + c));
@@ -124,26 +136,27 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
         }
         const bool attended = !P.has_mask || P.valid(b * P.T + j) != 0;
         const std::int64_t ibeg = attended ? (P.causal ? j : 0) : P.T;
-        for (std::int64_t i = ibeg; i < P.T; ++i) {
-          const std::int64_t row = (b * P.nh + h) * P.T + i;
-          const float L = lse(row);
-          if (!(L > kNoScore)) continue;
-          const std::int64_t qo = (b * P.T + i) * 3 * P.C + h * P.hs, yo = (b * P.T + i) * P.C + h * P.hs;
-          float sc = 0.f, dp = 0.f;
-          for (std::int64_t c = 0; c < P.hs; ++c) {
-            sc += F::load(qkv(qo + c)) * P.scale * k[c];
-            dp += dy(yo + c) * v[c];
+        for (std::int64_t h = grp * P.rep; h < (grp + 1) * P.rep; ++h)
+          for (std::int64_t i = ibeg; i < P.T; ++i) {
+            const std::int64_t row = (b * P.nh + h) * P.T + i;
+            const float L = lse(row);
+            if (!(L > kNoScore)) continue;
+            const std::int64_t qo = P.q_at(b * P.T + i, h), yo = (b * P.T + i) * P.C + h * P.hs;
+            float sc = 0.f, dp = 0.f;
+            for (std::int64_t c = 0; c < P.hs; ++c) {
+              sc += F::load(qkv(qo + c)) * P.scale * k[c];
+              dp += dy(yo + c) * v[c];
+            }
+            const float p = fast_exp(sc - L);
+            float z = 1.f;
+            if (P.dropping)
+              z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
+            const float ds = p * (z * dp - delta(row)) * P.scale;
+            for (std::int64_t c = 0; c < P.hs; ++c) {
+              dv[c] += z * p * dy(yo + c);
+              dk[c] += ds * F::load(qkv(qo + c));
+            }
           }
-          const float p = fast_exp(sc - L);
-          float z = 1.f;
-          if (P.dropping)
-            z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
-          const float ds = p * (z * dp - delta(row)) * P.scale;
-          for (std::int64_t c = 0; c < P.hs; ++c) {
-            dv[c] += z * p * dy(yo + c);
-            dk[c] += ds * F::load(qkv(qo + c));
-          }
-        }
         for (std::int64_t c = 0; c < P.hs; ++c) {
           dqkv(ko + c) = dk[c];
           dqkv(vo + c) = dv[c];
@@ -157,8 +170,7 @@ namespace {
 void check_head_dim(const AttentionShape& s) {
   if (s.hs() > kFlashMaxHeadDim) {
     std::ostringstream os;
-    os << "flash attention supports head sizes up to " << kFlashMaxHeadDim
-       << " (model.hidden_size / model.num_heads = " << s.hs() << ")";
+    os << "flash attention supports head sizes up to " << kFlashMaxHeadDim << " (model.kv_channels = " << s.hs() << ")";
     throw Error::all(os.str());
   }
 }

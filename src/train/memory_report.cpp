@@ -29,9 +29,11 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
   const double sbh = m.s * m.b * m.h, as2b = m.a * m.s * m.s * m.b, e = m.e, t = m.t;
   const double split = m.sp ? t : 1;
   auto kept = [&] {
-    const double values = m.sp ? sbh * ((8 + m.mlp) * e + 2) / t : sbh * (4 * e + 2 + (4 + m.mlp) * e / t);
+    const double values = m.sp ? sbh * ((4 + m.qkv + m.proj + m.mlp) * e + 2) / t
+                               : sbh * (4 * e + 2 + (m.qkv + m.proj + m.mlp) * e / t);
     const double attention = m.recompute == "selective" || m.flash ? 0 : as2b * (2 * e + 1) / t;
-    return values + attention;
+    const double qk_norm = m.qk_norm > 0 ? 4 * m.qk_norm * sbh / t : 0;
+    return values + attention + qk_norm;
   };
   if (m.recompute != "full") return kept();
   const double input = e * sbh / split;  // the kept input of a recomputed group

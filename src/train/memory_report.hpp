@@ -27,13 +27,18 @@ struct ActivationModel {
   double layers = 1;                  // layers of this model chunk
   bool flash = false;                 // fused attention: no as^2b term (like selective recomputation)
   double mlp = 8;  // the MLP's stored widths over h: (fc1 rows + fc2 inputs) / h (GPT-2 4 + 4; SwiGLU 3F/h)
+  // the attention's stored widths over h: qkv's rows ((nh + 2 ng) d / h; multi-head 3) and proj's
+  // input (nh d / h; 1), and the q/k norms' fp32 inputs ((nh + ng) d / h, 4 bytes; 0 without)
+  double qkv = 3, proj = 1, qk_norm = 0;
 };
 
 // Korthikanti et al.'s bytes per layer and micro-batch, with values of e bytes and 1-byte
 // dropout masks: without recomputation sbh(16e + 2) + as^2b(2e + 1) -- for e = 2 the paper's
 // sbh(34 + 5as/h) -- everything divided by t with sequence parallelism, and without it
 // sbh(4e + 2 + 12e/t) + as^2b(2e + 1)/t; the MLP's 8e of these (fc1's output and fc2's input,
-// 4h each) is mlp e for another MLP (SwiGLU: 2F + F); selective recomputation drops the as^2b term; full
+// 4h each) is mlp e for another MLP (SwiGLU: 2F + F), and the attention's q, k, v (3e) and proj
+// input (e) are qkv e and proj e under grouped-query attention or another head dimension; the
+// q/k norms add their fp32 inputs, 4 qk_norm sbh/t; selective recomputation drops the as^2b term; full
 // recomputation keeps e*sbh (divided by t with SP) per recomputed group of layers, averaged
 // over the chunk's layers.
 double korthikanti_layer_bytes(const ActivationModel& m);

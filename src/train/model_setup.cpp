@@ -54,6 +54,14 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   TRIDENT_REQUIRE(family == ModelFamily::Gpt || !c.untie_embeddings_and_output_weights,
                   "deck: model.untie_embeddings_and_output_weights is a GPT key; " << family_name(family)
                                                                                    << "'s output layer is tied");
+  // Grouped-query attention, a head dimension of its own and q/k norms are validated for the
+  // decoder-only GPT models; T5's cross-attention and the BERT/T5 references keep multi-head
+  // attention over hidden_size / num_heads channels per head.
+  TRIDENT_REQUIRE(family == ModelFamily::Gpt ||
+                      (c.groups() == c.num_heads && !c.qk_layernorm && c.num_heads * c.head_dim() == c.hidden_size),
+                  "deck: model.num_query_groups, model.kv_channels and model.qk_layernorm are GPT keys; "
+                      << family_name(family) << " uses multi-head attention (num_query_groups = num_heads = "
+                      << c.num_heads << ", kv_channels = hidden_size / num_heads)");
   if (d.lora.rank > 0) {
     c.lora_rank = d.lora.rank;
     c.lora_scale = static_cast<float>((d.lora.alpha > 0 ? d.lora.alpha : static_cast<double>(d.lora.rank)) /

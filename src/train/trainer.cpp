@@ -267,7 +267,12 @@ int run_training(const Deck& deck, ModelFamily fam) {
           os << cfg.position_embedding_type;
           if (cfg.position_embedding_type == "rope") os << " (base " << cfg.rotary_base << ")";
           return os.str();
-        }() << " positions"
+        }() << " positions, "
+              << (cfg.groups() == cfg.num_heads ? "multi-head"
+                  : cfg.groups() == 1           ? "multi-query"
+                                                : "grouped-query")
+              << " attention (" << cfg.num_heads << " heads, " << cfg.groups() << " key/value groups, "
+              << cfg.head_dim() << " channels each" << (cfg.qk_layernorm ? ", q/k norms" : "") << ")"
               << ", " << cfg.mlp_activation() << " MLP, "
               << (cfg.add_bias_linear ? "biases"
                   : cfg.add_qkv_bias  ? "qkv bias only"
@@ -316,10 +321,8 @@ int run_training(const Deck& deck, ModelFamily fam) {
                       : std::string())
               << "\n"
               << "data: " << deck.data.train_shards << "\n"
-              << data.description << "model FLOPs per iteration: " << flops_per_iter
-              << (cfg.encoder_decoder()
-                      ? " (GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation)\n"
-                      : " (Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl))\n");
+              << data.description << "model FLOPs per iteration: " << flops_per_iter << " (" << model.flops_formula()
+              << ")\n";
     if (deck.perf.peak_tflops > 0)
       std::cout << "MFU against a peak of " << deck.perf.peak_tflops << " TFLOP/s per rank"
                 << (deck.perf.peak_name.empty() ? "" : " (" + deck.perf.peak_name + ")") << "\n";
@@ -472,6 +475,9 @@ int run_training(const Deck& deck, ModelFamily fam) {
     if (tp.sequence_parallel && !lora)  // replicated parameters saw only this rank's rows
       tp_allreduce(tp, slice(grads, store.replicated_begin(), store.replicated_end() - store.replicated_begin()),
                    store.replicated_end() - store.replicated_begin());
+    else if (!lora && topo.tp_size() > 1 && store.replicated_end() > store.tp_partial_begin())  // q/k norms
+      tp_allreduce(tp, slice(grads, store.tp_partial_begin(), store.replicated_end() - store.tp_partial_begin()),
+                   store.replicated_end() - store.tp_partial_begin());
     if (lora && topo.tp_size() > 1) {  // the replicated adapters' gradients are partial sums over TP
       const std::int64_t b = store.adapter_replicated_begin(), n = store.adapter_replicated_end() - b;
       tp_allreduce(tp, slice(grads, b, n), n);
@@ -675,6 +681,10 @@ int run_training(const Deck& deck, ModelFamily fam) {
     am.flash = deck.model.flash_attention;
     am.mlp = static_cast<double>((make_mlp_activation(cfg)->blocks() + 1) * cfg.ffn_hidden_size) /
              static_cast<double>(cfg.hidden_size);
+    am.qkv = static_cast<double>(cfg.qkv_width()) / static_cast<double>(cfg.hidden_size);
+    am.proj = static_cast<double>(cfg.q_width()) / static_cast<double>(cfg.hidden_size);
+    if (cfg.qk_layernorm)
+      am.qk_norm = static_cast<double>(cfg.q_width() + cfg.kv_width()) / static_cast<double>(cfg.hidden_size);
     am.block = deck.precision.recompute_method == "block";
     am.group = static_cast<double>(deck.precision.recompute_num_layers);
     am.layers = static_cast<double>(model.num_layers());
