@@ -81,10 +81,11 @@ def main():
                             ("batch 4", generate(1, *mode, "--batch", "4"))):
             assert ids_of(other) == cached, f"{name}: {what} differs from the cached tp=1 run"
         distinct = len({t for x in cached for t in x})
+        first = next((line for line in out.splitlines() if line.startswith("[1] ")), "")
         print(f"{name}: 5 prompts x 24 tokens equal with and without the cache, at tp=1 and tp=2, batch 1, 4 and 5 "
-              f"({distinct} distinct tokens); first: {out.splitlines()[1][:100]!r}")
+              f"({distinct} distinct tokens); first: {first[:100]!r}")
         if name == "greedy" and not a.model_only:
-            assert out.splitlines()[1].startswith("[1] " + PROMPTS[0]), out
+            assert first.startswith("[1] " + PROMPTS[0]), out
             prompt_file = os.path.join(a.work, "prompts.txt")
             with open(prompt_file, "w") as f:
                 f.write("\n".join(PROMPTS) + "\n")
