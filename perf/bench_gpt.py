@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""GPT training throughput on the CPU: Trident next to PyTorch, against the GEMM roofline.
+"""GPT and Llama training throughput on the CPU: Trident next to PyTorch, against the GEMM roofline.
 
 (About 600 lines: the benchmark, its per-op breakdown and its report are one procedure whose
 steps share the run's measurements.)
@@ -20,9 +20,19 @@ Prints a table (shape | Trident tok/s | PyTorch tok/s | ratio | Trident TFLOP/s 
 fraction of roofline) and the breakdown, and writes perf/results/gpt_cpu_<date>_<cpu key>.{md,json}.
 Model FLOPs: Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = padded vocabulary (50304), on both sides.
 
+--arch llama runs the Llama family's layer instead (perf/decks/llama_bench.ini: rotary positions,
+RMSNorm, SwiGLU, grouped-query attention, untied output layer, no linear biases) at the shapes
+124m = 12 x 768, 12 heads in 4 key/value groups, F = 2048 (GPT-2 124M's depth and width with
+Llama's 8h/3 MLP), small = 6 x 384, 6 heads in 2 groups, F = 1024; the PyTorch peer is
+torch_gpt.py --arch llama, the roofline the GEMMs of that layer (gemm_roofline --ffn --groups
+--swiglu), and the FLOPs Megatron's general form 12 B s l h^2 ((1 + ng/nh + s/h) + 3F/2h + V/2lh),
+which must equal the number Trident prints (the run stops otherwise). Results:
+perf/results/llama_cpu_<date>_<cpu key>.{md,json}.
+
 Run from anywhere (paths default to the repository this script is in and its build-perf/):
   /usr/bin/python3 perf/bench_gpt.py                     # the benchmark (a few minutes on 2 cores)
   /usr/bin/python3 perf/bench_gpt.py --smoke             # every piece on a tiny shape, 2 steps
+  /usr/bin/python3 perf/bench_gpt.py --arch llama        # the Llama-family layer
 """
 import argparse
 import csv
@@ -50,6 +60,27 @@ SHAPE_TITLES = {"124m": "GPT-2 124M (12 x 768)", "small": "6 x 384", "smoke": "s
                 "345m": "GPT-2 345M (24 x 1024)"}
 VOCAB = 50257
 
+# --arch llama: name: (layers, hidden, heads, key/value groups, SwiGLU width F)
+LLAMA_SHAPES = {
+    "124m": (12, 768, 12, 4, 2048),
+    "small": (6, 384, 6, 2, 1024),
+    "smoke": (2, 128, 2, 1, 352),
+}
+LLAMA_TITLES = {"124m": "Llama 124M-class (12 x 768, 12 heads / 4 groups, F 2048)",
+                "small": "Llama 6 x 384 (6 heads / 2 groups, F 1024)", "smoke": "Llama smoke 2 x 128"}
+
+
+def shape_of(a, name):
+    """(layers, hidden, heads, groups, ffn) of a shape name for the run's architecture."""
+    if a.arch == "llama":
+        return LLAMA_SHAPES[name]
+    L, C, H = SHAPES[name]
+    return L, C, H, H, 4 * C
+
+
+def title_of(a, name):
+    return (LLAMA_TITLES if a.arch == "llama" else SHAPE_TITLES)[name]
+
 
 def padded_vocab(v, multiple=128):
     return (v + multiple - 1) // multiple * multiple
@@ -60,9 +91,26 @@ def megatron_flops(batch, seq, layers, hidden, vocab):
     return 72.0 * batch * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l))
 
 
+def llama_flops(batch, seq, layers, hidden, heads, groups, ffn, vocab):
+    """Megatron's num_floating_point_operations (megatron/training/training.py) for a SwiGLU,
+    grouped-query layer with kv_channels = h / nh: 12 B s l h^2 ((1 + ng/nh + s/h) + 3F/2h + V/2lh)."""
+    s, h, l, V, F = float(seq), float(hidden), float(layers), float(vocab), float(ffn)
+    return 12.0 * batch * s * l * h * h * ((1.0 + groups / heads + s / h) + 1.5 * F / h + V / (2.0 * l * h))
+
+
+def model_flops(a, shape):
+    L, C, H, G, F = shape_of(a, shape)
+    if a.arch == "llama":
+        return llama_flops(a.batch, a.seq, L, C, H, G, F, padded_vocab(VOCAB))
+    return megatron_flops(a.batch, a.seq, L, C, padded_vocab(VOCAB))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="124m,small", help="comma list of: " + ", ".join(SHAPES))
+    p.add_argument("--arch", choices=["gpt", "llama"], default="gpt",
+                   help="gpt: GPT-2's layer (perf/decks/gpt_bench.ini); llama: the Llama family's (llama_bench.ini)")
+    p.add_argument("--shapes", default="124m,small", help="comma list of: " + ", ".join(SHAPES)
+                   + " (--arch llama: " + ", ".join(LLAMA_SHAPES) + ")")
     p.add_argument("--batch", type=int, default=4, help="micro batch = global batch")
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="threads for both (oneDNN's OpenMP; torch + OpenBLAS)")
@@ -77,7 +125,7 @@ def parse_args(argv=None):
     p.add_argument("--roofline-bin", default="", help="gemm_roofline (default: <build-dir>/perf/gemm_roofline)")
     p.add_argument("--timer-lib", default="",
                    help="kernel timer library (default: <build-dir>/perf/libtrident_kernel_timer.so)")
-    p.add_argument("--deck", default=os.path.join(REPO, "perf", "decks", "gpt_bench.ini"))
+    p.add_argument("--deck", default="", help="default: perf/decks/gpt_bench.ini (--arch llama: llama_bench.ini)")
     p.add_argument("--shards", default="", help="override data.train_shards (default: the deck's, from the repo root)")
     p.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch (Debian's)")
     p.add_argument("--openblas-coretype", default="auto",
@@ -103,10 +151,12 @@ def parse_args(argv=None):
     a.bin_dir = a.bin_dir or os.path.join(a.build_dir, "apps")
     a.roofline_bin = a.roofline_bin or os.path.join(a.build_dir, "perf", "gemm_roofline")
     a.timer_lib = a.timer_lib or os.path.join(a.build_dir, "perf", "libtrident_kernel_timer.so")
+    a.deck = a.deck or os.path.join(REPO, "perf", "decks", f"{a.arch}_bench.ini")
     a.shape_list = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    known = LLAMA_SHAPES if a.arch == "llama" else SHAPES
     for s in a.shape_list:
-        if s not in SHAPES:
-            p.error(f"unknown shape {s!r} (known: {', '.join(SHAPES)})")
+        if s not in known:
+            p.error(f"unknown shape {s!r} for --arch {a.arch} (known: {', '.join(known)})")
     if a.iters <= a.warmup:
         p.error("--iters must exceed --warmup")
     return a
@@ -224,7 +274,7 @@ def fresh_metrics(path):
 
 def trident_cmd(a, shape, metrics_file):
     fresh_metrics(metrics_file)
-    L, C, H = SHAPES[shape]
+    L, C, H, G, F = shape_of(a, shape)
     cmd = [os.path.join(a.bin_dir, "pretrain_gpt"), "--deck", a.deck,
            "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
            "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),
@@ -232,6 +282,8 @@ def trident_cmd(a, shape, metrics_file):
            "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
            "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
            "--log.metrics_file", metrics_file]
+    if a.arch == "llama":  # the rest of the layer (RMSNorm, RoPE, SwiGLU, untied, no biases) is the deck's
+        cmd += ["--model.num_query_groups", str(G), "--model.ffn_hidden_size", str(F)]
     if a.shards:
         cmd += ["--data.train_shards", a.shards]
     return cmd
@@ -244,14 +296,16 @@ def read_trident(metrics_file, stdout, a):
         raise RuntimeError(f"{metrics_file}: {len(rows)} rows, expected {a.iters}")
     ms = [float(r["ms_per_iter"]) for r in rows]
     timed = ms[a.warmup:]
-    m = re.search(r"model FLOPs per iteration: (\S+)", stdout)
+    m = re.search(r"model FLOPs per iteration: (\S+)(?: \((.*)\))?$", stdout, re.M)
     flops = float(m.group(1)) if m else None
+    formula = m.group(2) if m and m.group(2) else ""
     done = re.search(r"^done: .*$", stdout, re.M)
     npar = re.search(r"(\d+) parameters", stdout)
     per_iter = statistics.median(timed) / 1e3
     return {"step_ms": ms, "ms_per_iter": per_iter * 1e3, "tokens_per_s": a.batch * a.seq / per_iter,
             "flops_per_iter": flops, "tflops": flops / per_iter / 1e12 if flops else None,
             "losses": [float(r["loss"]) for r in rows], "phases": done.group(0) if done else "",
+            "flops_formula": formula,
             "parameters": int(npar.group(1)) if npar else None}
 
 
@@ -259,7 +313,10 @@ def read_trident(metrics_file, stdout, a):
 FAMILIES = [
     (r"^ops::gemm$", "GEMM (oneDNN, ops::gemm region)"),
     (r"layernorm", "LayerNorm fwd/bwd"),
+    (r"rmsnorm", "RMSNorm fwd/bwd"),
     (r"gelu", "GELU fwd/bwd"),
+    (r"swiglu", "SwiGLU fwd/bwd"),
+    (r"ops::rope", "rotary positions fwd/bwd"),
     (r"causal_softmax", "attention softmax fwd/bwd"),
     (r"attention_(split|merge|permute)", "attention head split/merge/permute"),
     (r"cross_entropy|sum_losses|vocab_parallel_ce", "cross-entropy (fused fwd+bwd)"),
@@ -437,12 +494,21 @@ def verdict(results):
 
 def write_report(a, facts, roof, results, runner, started, path_md, path_json):
     md = []
-    md.append(f"# GPT training throughput on the CPU: Trident vs PyTorch ({started:%Y-%m-%d %H:%M})\n")
+    arch = "Llama-family" if a.arch == "llama" else "GPT"
+    md.append(f"# {arch} training throughput on the CPU: Trident vs PyTorch ({started:%Y-%m-%d %H:%M})\n")
+    flops_text = (f"Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = {padded_vocab(VOCAB)} "
+                  f"(GPT-2's {VOCAB} padded to a multiple of 128, as Trident runs it) for both.\n"
+                  if a.arch == "gpt" else
+                  "Megatron's num_floating_point_operations for a SwiGLU, grouped-query layer, "
+                  "12 B s l h^2 ((1 + ng/nh + s/h) + 3F/2h + V/2lh), V = "
+                  f"{padded_vocab(VOCAB)}, for both; Trident printed the same number for every shape "
+                  "(checked by the driver). Layer: rotary positions (base 10000), RMSNorm, SwiGLU, grouped-query "
+                  "attention, untied output layer, no linear biases (perf/decks/llama_bench.ini; PyTorch: "
+                  "torch_gpt.py --arch llama).\n")
     md.append(f"B = {a.batch} (micro = global), T = {a.seq}, {a.threads} threads each, fp32, dropout {a.dropout}, "
               "AdamW + grad clipping; "
               f"{a.iters} steps per run, the first {a.warmup} left out, median of the rest. "
-              f"Model FLOPs: Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = {padded_vocab(VOCAB)} "
-              f"(GPT-2's {VOCAB} padded to a multiple of 128, as Trident runs it) for both.\n")
+              "Model FLOPs: " + flops_text)
     md.append(summary_table(results) + "\n")
     md.append("Targets (issues 2 and 22; the roofline target was 50% in issue 2):\n\n" + verdict(results) + "\n")
     warn = quality_warnings(results, results[0].get("load_start", "") if results else "")
@@ -454,8 +520,10 @@ def write_report(a, facts, roof, results, runner, started, path_md, path_json):
         md.append("What limits it:\n\n" + lim + "\n")
     md.append("## Roofline: fp32 GEMM through Trident's ops/gemm\n")
     md.append(f"Backend: {roof['backend']}, {roof['threads']} threads. The roofline of a shape is the FLOP-weighted "
-              "rate of exactly the GEMMs of one training step (per layer: 4 linears x fwd, dgrad, wgrad, and 6 "
-              "batched attention products; the tied LM head fwd, dgrad, wgrad), each timed alone in cache "
+              "rate of exactly the GEMMs of one training step (per layer: 4 linears x fwd, dgrad, wgrad"
+              + (", and 6 batched attention products; the tied LM head" if a.arch == "gpt" else
+                 " -- qkv of the heads and 2 x groups, fc1 of gate and up --, and 6 batched attention products; "
+                 "the untied output layer") + " fwd, dgrad, wgrad), each timed alone in cache "
               "(median of repetitions): the step's speed if everything but the GEMMs were free.\n")
     md.append("| shape | step GEMM GFLOP | GEMM time (isolated) ms | roofline GFLOP/s |")
     md.append("|---|---|---|---|")
@@ -532,14 +600,18 @@ def main(argv=None):
         f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("OPENBLAS_")) or "none"
     facts["OpenBLAS kernel choice for PyTorch (--openblas-coretype)"] = a.openblas_coretype
 
-    hidden = sorted({SHAPES[s][1] for s in a.shape_list})
-    head_dims = {SHAPES[s][1] // SHAPES[s][2] for s in a.shape_list}
+    dims = {shape_of(a, s)[1]: shape_of(a, s) for s in a.shape_list}
+    hidden = sorted(dims)
+    head_dims = {C // dims[C][2] for C in hidden}
     if len(head_dims) != 1:
         sys.exit("bench_gpt: the shapes must share one head size (gemm_roofline takes one --head-dim)")
     roof_json = os.path.join(work, "gemm_roofline.json")
     roof_cmd = [a.roofline_bin, "--tokens", str(a.batch * a.seq), "--seq", str(a.seq), "--hidden",
                 ",".join(map(str, hidden)), "--head-dim", str(head_dims.pop()), "--vocab", str(padded_vocab(VOCAB)),
                 "--square", str(a.square), "--min-time", str(a.roofline_min_time), "--json", roof_json]
+    if a.arch == "llama":
+        roof_cmd += ["--ffn", ",".join(str(dims[C][4]) for C in hidden),
+                     "--groups", ",".join(str(dims[C][3]) for C in hidden), "--swiglu"]
     out = runner.run(roof_cmd, threads_env, "GEMM roofline", os.path.join(work, "gemm_roofline.txt"))
     print(out)
     with open(roof_json) as f:
@@ -547,19 +619,29 @@ def main(argv=None):
 
     results = []
     for shape in a.shape_list:
-        L, C, H = SHAPES[shape]
-        r = {"shape": shape, "title": SHAPE_TITLES[shape], "layers": L, "hidden": C, "heads": H,
+        L, C, H, G, F = shape_of(a, shape)
+        r = {"shape": shape, "title": title_of(a, shape), "arch": a.arch, "layers": L, "hidden": C, "heads": H,
+             "groups": G, "ffn": F,
              "load_start": load_start, "warmup": a.warmup}
         rate, gflops, gtime = roofline_for(roof, C, L)
         r.update(roofline_tflops=rate / 1e12, gemm_flops=gflops, gemm_time_s=gtime)
+        # the roofline's GEMMs are the step's: their FLOPs are the model FLOPs, term by term
+        if abs(gflops - model_flops(a, shape)) > 1e-6 * gflops:
+            raise RuntimeError(f"gemm_roofline's GEMMs of {shape} add up to {gflops:.6g} FLOPs, the model FLOPs "
+                               f"are {model_flops(a, shape):.6g}")
 
         metrics = os.path.join(work, f"trident_{shape}.csv")
         out = runner.run(trident_cmd(a, shape, metrics), threads_env, f"Trident {shape}",
                          os.path.join(work, f"trident_{shape}.log"))
         r["trident"] = read_trident(metrics, out, a)
         if r["trident"]["flops_per_iter"] is None:
-            r["trident"]["flops_per_iter"] = megatron_flops(a.batch, a.seq, L, C, padded_vocab(VOCAB))
+            r["trident"]["flops_per_iter"] = model_flops(a, shape)
             r["trident"]["tflops"] = r["trident"]["flops_per_iter"] / (r["trident"]["ms_per_iter"] / 1e3) / 1e12
+        # Trident's printed FLOPs and the formula both sides are measured by must be one number.
+        ours = model_flops(a, shape)
+        if abs(r["trident"]["flops_per_iter"] - ours) > 1e-5 * ours:  # printed to 6 digits
+            raise RuntimeError(f"Trident printed {r['trident']['flops_per_iter']:.6g} model FLOPs per iteration for "
+                               f"{shape}, the formula gives {ours:.6g} ({r['trident']['flops_formula']})")
         r["fraction_of_roofline"] = r["trident"]["tflops"] / r["roofline_tflops"]
         print(f"  Trident {shape}: {r['trident']['ms_per_iter']:.1f} ms/it, {r['trident']['tokens_per_s']:.0f} tok/s, "
               f"{r['trident']['tflops']:.4f} TFLOP/s ({100 * r['fraction_of_roofline']:.1f}% of roofline)")
@@ -570,9 +652,14 @@ def main(argv=None):
                    "--heads", str(H), "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.iters),
                    "--warmup", str(a.warmup), "--threads", str(a.threads), "--dropout", str(a.dropout), "--flops-vocab", str(padded_vocab(VOCAB)),
                    "--json", tj]
+            if a.arch == "llama":
+                cmd += ["--arch", "llama", "--groups", str(G), "--ffn", str(F)]
             runner.run(cmd, torch_env, f"PyTorch {shape}", os.path.join(work, f"torch_{shape}.log"))
             with open(tj) as f:
                 r["torch"] = json.load(f)
+            if abs(r["torch"]["flops_per_iter"] - ours) > 1e-6 * ours:
+                raise RuntimeError(f"torch_gpt.py counted {r['torch']['flops_per_iter']:.6g} FLOPs for {shape}, "
+                                   f"the driver {ours:.6g}")
             print(f"  PyTorch {shape}: {r['torch']['ms_per_iter']:.1f} ms/it, {r['torch']['tokens_per_s']:.0f} tok/s")
 
         if not a.no_profile:
@@ -597,7 +684,7 @@ def main(argv=None):
     for r in results:
         print("\n" + breakdown_text(r))
     # one file per CPU seen (cpu_key) and day; earlier CPUs' results stay beside it
-    stem = f"gpt_cpu_{started:%Y-%m-%d}_{facts['cpu_key']}" + (f"_{a.tag}" if a.tag else "")
+    stem = f"{a.arch}_cpu_{started:%Y-%m-%d}_{facts['cpu_key']}" + (f"_{a.tag}" if a.tag else "")
     md, js = os.path.join(a.out_dir, stem + ".md"), os.path.join(a.out_dir, stem + ".json")
     write_report(a, facts, roof, results, runner, started, md, js)
     print(f"\nwrote {md} and {js}")

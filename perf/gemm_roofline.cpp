@@ -3,7 +3,7 @@
 // square GEMM (the peak).
 //
 //   gemm_roofline [--tokens 256] [--seq 64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]
-//                 [--square 2048] [--min-time 0.25] [--json FILE]
+//                 [--ffn 0] [--groups 0] [--swiglu] [--square 2048] [--min-time 0.25] [--json FILE]
 //
 // Host threads: the GEMM library's (OMP_NUM_THREADS for oneDNN).
 //
@@ -12,7 +12,11 @@
 // linears (qkv C->3C, proj C->C, fc1 C->4C, fc2 4C->C) and the attention GEMMs (B*heads small
 // T x T x head_dim products, forward and backward), and once the tied LM head (N x V x C, forward
 // and both gradients). Their FLOPs add up to Megatron's model FLOPs
-// 72 B s l h^2 (1 + s/6h + V/12hl); the FLOP-weighted rate of this mix,
+// 72 B s l h^2 (1 + s/6h + V/12hl). The Llama family's layer (--ffn F, --groups ng, --swiglu) has
+// qkv C -> (heads + 2 ng) head_dim, fc1 C -> 2F (gate and up), fc2 F -> C, the same per-head
+// attention products, and an untied output layer whose GEMMs are the tied head's; their FLOPs add
+// up to Megatron's general form 12 B s l h^2 ((1 + ng/nh + s/h) nh d/h + 3F/2h + V/2lh). The
+// FLOP-weighted rate of this mix,
 //     roofline = sum(count_i * flops_i) / sum(count_i * time_i),
 // is what a step would reach if everything but the GEMMs took no time: the roofline that
 // Trident's model FLOP/s is compared with. Each GEMM is timed per call (median of repetitions
@@ -70,6 +74,9 @@ using trident::perf::View;
 struct Options {
   std::int64_t tokens = 256, seq = 64, head_dim = 64, vocab = 50304, square = 2048;
   std::vector<std::int64_t> hidden{384, 768};
+  std::vector<std::int64_t> ffn{0};     // per hidden size (one value: all); 0 = 4 C
+  std::vector<std::int64_t> groups{0};  // key/value groups per hidden size; 0 = heads (multi-head)
+  bool swiglu = false;                  // gated MLP: fc1 C -> 2F
   double min_time = 0.25;
   std::string json;
   bool bf16 = false;  // --dtype bf16: bf16 inputs, fp32 accumulation and output (trident::gemm_bf16)
@@ -121,6 +128,12 @@ Options parse(int argc, char** argv) {
       o.square = std::stoll(value());
     else if (a == "--hidden")
       o.hidden = parse_list(value());
+    else if (a == "--ffn")
+      o.ffn = parse_list(value());
+    else if (a == "--groups")
+      o.groups = parse_list(value());
+    else if (a == "--swiglu")
+      o.swiglu = true;
     else if (a == "--min-time")
       o.min_time = std::stod(value());
     else if (a == "--json")
@@ -132,9 +145,10 @@ Options parse(int argc, char** argv) {
     } else if (a == "--help" || a == "-h") {
       std::cout
           << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
+             "              [--ffn F (0: 4C)] [--groups ng (0: heads)] [--swiglu]\n"
              "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
              "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
-             "and a square GEMM; threads: OMP_NUM_THREADS (oneDNN).\n";
+             "and a square GEMM; --ffn and --groups take one value or one per --hidden; threads: OMP_NUM_THREADS (oneDNN).\n";
       std::exit(0);
     } else if (a.rfind("--kokkos", 0) == 0) {
       continue;  // Kokkos' own flags
@@ -147,22 +161,36 @@ Options parse(int argc, char** argv) {
   for (auto c : o.hidden)
     TRIDENT_REQUIRE(c > 0 && c % o.head_dim == 0, "gemm_roofline: hidden " << c << " is not a multiple of --head-dim");
   TRIDENT_REQUIRE(o.min_time > 0, "gemm_roofline: --min-time must be > 0");
+  for (auto* list : {&o.ffn, &o.groups}) {
+    TRIDENT_REQUIRE(list->size() == 1 || list->size() == o.hidden.size(),
+                    "gemm_roofline: --ffn and --groups take one value or one per --hidden size");
+    if (list->size() == 1) list->assign(o.hidden.size(), list->front());
+  }
+  for (std::size_t i = 0; i < o.hidden.size(); ++i) {
+    const std::int64_t heads = o.hidden[i] / o.head_dim, g = o.groups[i];
+    TRIDENT_REQUIRE(o.ffn[i] >= 0, "gemm_roofline: --ffn must be >= 0");
+    TRIDENT_REQUIRE(g >= 0 && (g == 0 || heads % g == 0), "gemm_roofline: --groups " << g << " does not divide the "
+                                                                                     << heads << " heads of hidden "
+                                                                                     << o.hidden[i]);
+  }
   return o;
 }
 
 // The GEMMs of one step at hidden C (layer.cpp / attention.cpp / gpt_model.cpp call them so).
-std::vector<Shape> step_shapes(const Options& o, std::int64_t C) {
+std::vector<Shape> step_shapes(const Options& o, std::size_t ci) {
+  const std::int64_t C = o.hidden[ci];
   const std::int64_t N = o.tokens, T = o.seq, B = N / T, H = C / o.head_dim, hs = o.head_dim, V = o.vocab;
+  const std::int64_t F = o.ffn[ci] > 0 ? o.ffn[ci] : 4 * C, G = o.groups[ci] > 0 ? o.groups[ci] : H;
   std::vector<Shape> v;
   auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out) {
     v.push_back({name + " fwd   y=xW^T", Trans::N, Trans::T, N, out, in, 1, 0.f, true});
     v.push_back({name + " bwd   dx=dyW", Trans::N, Trans::N, N, in, out, 1, 0.f, true});
     v.push_back({name + " bwd   dW+=dy^Tx", Trans::T, Trans::N, out, in, N, 1, 1.f, true});
   };
-  linear("qkv ", C, 3 * C);
+  linear("qkv ", C, (H + 2 * G) * hs);  // [q; k groups; v groups]
   linear("proj", C, C);
-  linear("fc1 ", C, 4 * C);
-  linear("fc2 ", 4 * C, C);
+  linear("fc1 ", C, o.swiglu ? 2 * F : F);  // SwiGLU: [gate; up]
+  linear("fc2 ", F, C);
   v.push_back({"attn fwd   S=QK^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true});
   v.push_back({"attn fwd   Y=PV", Trans::N, Trans::N, T, hs, T, B * H, 0.f, true});
   v.push_back({"attn bwd   dP=dYV^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true});
@@ -238,15 +266,20 @@ int run(int argc, char** argv) {
             << "), padded vocab " << o.vocab << "\n";
   for (std::size_t ci = 0; ci < o.hidden.size(); ++ci) {
     const std::int64_t C = o.hidden[ci];
-    std::vector<Shape> shapes = step_shapes(o, C);
-    std::cout << "\nhidden C = " << C << " (heads " << C / o.head_dim << " x " << o.head_dim
+    std::vector<Shape> shapes = step_shapes(o, ci);
+    std::cout << "\nhidden C = " << C << " (heads " << C / o.head_dim << " x " << o.head_dim << ", "
+              << (o.groups[ci] > 0 ? o.groups[ci] : C / o.head_dim) << " key/value groups, ffn "
+              << (o.ffn[ci] > 0 ? o.ffn[ci] : 4 * C) << (o.swiglu ? " SwiGLU" : "")
               << "); counts are per layer (LM head: per step)\n"
               << std::left << std::setw(30) << "GEMM" << std::right << std::setw(3) << "op" << std::setw(8) << "M"
               << std::setw(8) << "N" << std::setw(8) << "K" << std::setw(7) << "batch" << std::setw(10) << "MFLOP"
               << std::setw(11) << "median ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "best"
               << "\n";
     double layer_flops = 0, layer_time = 0, head_flops = 0, head_time = 0;
-    js << (ci ? "," : "") << "\n    {\"hidden\": " << C << ", \"head_dim\": " << o.head_dim << ", \"shapes\": [";
+    js << (ci ? "," : "") << "\n    {\"hidden\": " << C << ", \"head_dim\": " << o.head_dim
+       << ", \"ffn\": " << (o.ffn[ci] > 0 ? o.ffn[ci] : 4 * C)
+       << ", \"groups\": " << (o.groups[ci] > 0 ? o.groups[ci] : C / o.head_dim)
+       << ", \"swiglu\": " << (o.swiglu ? "true" : "false") << ", \"shapes\": [";
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       Shape& s = shapes[i];
       time_shape(s, o.min_time, o.bf16);

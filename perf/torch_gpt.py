@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch peer for perf/bench_gpt.py: trains a GPT-2-architecture model for a few steps on the CPU
-and prints one JSON object with its throughput.
+"""PyTorch peer for perf/bench_gpt.py: trains a GPT-2- or Llama-architecture model for a few steps
+on the CPU and prints one JSON object with its throughput.
 
 The model is the one Trident trains (docs/DESIGN.md): learned absolute positions, pre-LayerNorm
 (eps 1e-5), GELU (tanh form), causal self-attention written out as matmuls (Trident's op
@@ -14,6 +14,15 @@ Model FLOPs use Megatron's formula 72 B s l h^2 (1 + s/6h + V/12hl) with V = the
 (50304 for GPT-2's 50257, --flops-vocab), the V Trident reports, so that both sides count the same
 FLOPs per token; PyTorch itself runs the unpadded 50257-row embedding/LM head (about 0.1% fewer
 real FLOPs).
+
+--arch llama is the Llama family's decoder as Meta and Hugging Face define it (LlamaForCausalLM):
+no positions added to the embeddings but rotary positions on each head's queries and keys (base
+--rotary-base, the half-split rotation of Hugging Face's rotate_half), RMSNorm (eps 1e-5) before
+each block and the output layer, a SwiGLU MLP down(silu(gate x) * up x) of width --ffn, grouped-
+query attention (--groups key/value heads, each shared by heads/groups query heads), no linear
+biases, an untied output layer. Its FLOPs are Megatron's general form
+12 B s l h^2 ((1 + ng/nh + s/h) nh d/h + 3F/2h + V/2lh) (num_floating_point_operations in
+megatron/training/training.py), the formula Trident prints for such a deck.
 
 Run with Debian's interpreter (/usr/bin/python3): it has torch 1.13 with OpenBLAS GEMMs. Threads:
 both torch.set_num_threads(n) and OPENBLAS_NUM_THREADS=n (and OMP_NUM_THREADS) are set here,
@@ -33,10 +42,14 @@ import time
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", choices=["gpt", "llama"], default="gpt",
+                   help="gpt: GPT-2's layer; llama: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied, no biases")
+    p.add_argument("--groups", type=int, default=0, help="llama: key/value groups (0: heads, multi-head)")
+    p.add_argument("--rotary-base", type=float, default=10000.0, help="llama: RoPE base theta")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden)")
+    p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden; llama: the SwiGLU width F)")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary the model runs")
     p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU benchmark's peer)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
@@ -59,6 +72,11 @@ def parse_args(argv=None):
         p.error("--steps must exceed --warmup")
     if a.hidden % a.heads:
         p.error("--hidden must be divisible by --heads")
+    a.groups = a.groups or a.heads
+    if a.heads % a.groups:
+        p.error("--groups must divide --heads")
+    if a.arch == "gpt" and a.groups != a.heads:
+        p.error("--groups is for --arch llama")
     return a
 
 
@@ -66,6 +84,12 @@ def megatron_flops(batch, seq, layers, hidden, vocab):
     """Model FLOPs of one training step (forward + backward, no recomputation)."""
     s, h, l, V = float(seq), float(hidden), float(layers), float(vocab)
     return 72.0 * batch * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l))
+
+
+def llama_flops(batch, seq, layers, hidden, heads, groups, ffn, vocab):
+    """Megatron's num_floating_point_operations for a SwiGLU, grouped-query layer (kv_channels = h / nh)."""
+    s, h, l, V, F = float(seq), float(hidden), float(layers), float(vocab), float(ffn)
+    return 12.0 * batch * s * l * h * h * ((1.0 + groups / heads + s / h) + F / h * 1.5 + V / (2.0 * l * h))
 
 
 def openblas_info():
@@ -160,7 +184,86 @@ def main(argv=None):
             logits = F.linear(self.lnf(x), self.wte.weight)           # tied LM head: (B, T, V)
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
-    model = GPT().to(dev)
+    G, hs = a.groups, C // H
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(C))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+    # rotary tables: angle t * base^(-2i/d) on the pairs (i, i + d/2) of each head (rotate_half)
+    inv_freq = 1.0 / (a.rotary_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    ang = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    cos = torch.cat([ang, ang], dim=-1).cos().to(dev)
+    sin = torch.cat([ang, ang], dim=-1).sin().to(dev)
+
+    def rope(x):  # (B, heads, T, hs)
+        x1, x2 = x[..., : hs // 2], x[..., hs // 2:]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    class LlamaBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1 = RMSNorm()
+            self.q = nn.Linear(C, H * hs, bias=False)
+            self.k = nn.Linear(C, G * hs, bias=False)
+            self.v = nn.Linear(C, G * hs, bias=False)
+            self.proj = nn.Linear(H * hs, C, bias=False)
+            self.norm2 = RMSNorm()
+            self.gate = nn.Linear(C, ffn, bias=False)
+            self.up = nn.Linear(C, ffn, bias=False)
+            self.down = nn.Linear(ffn, C, bias=False)
+
+        def attention(self, x):
+            B = x.shape[0]
+            q = rope(self.q(x).view(B, T, H, hs).transpose(1, 2))
+            k = rope(self.k(x).view(B, T, G, hs).transpose(1, 2))
+            v = self.v(x).view(B, T, G, hs).transpose(1, 2)
+            k = k.repeat_interleave(H // G, dim=1)  # query head h reads group h // (H/G)
+            v = v.repeat_interleave(H // G, dim=1)
+            if sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=a.dropout if self.training else 0.0,
+                                                   is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+                att = att.masked_fill(self.mask, float("-inf"))
+                y = F.dropout(F.softmax(att, dim=-1), a.dropout, self.training) @ v
+            return self.proj(y.transpose(1, 2).contiguous().view(B, T, H * hs))
+
+        def forward(self, x):
+            x = x + F.dropout(self.attention(self.norm1(x)), a.dropout, self.training)
+            h2 = self.norm2(x)
+            return x + F.dropout(self.down(F.silu(self.gate(h2)) * self.up(h2)), a.dropout, self.training)
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(a.vocab, C)
+            self.blocks = nn.ModuleList(LlamaBlock() for _ in range(L))
+            self.norm = RMSNorm()
+            self.head = nn.Linear(C, a.vocab, bias=False)  # untied output layer
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            for b in self.blocks:
+                b.register_buffer("mask", mask, persistent=False)
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    continue  # ones
+                if name.endswith("proj.weight") or name.endswith("down.weight"):
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
+                else:
+                    nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, idx, targets):
+            x = F.dropout(self.embed(idx), a.dropout, self.training)
+            for b in self.blocks:
+                x = b(x)
+            logits = self.head(self.norm(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    model = (GPT() if a.arch == "gpt" else Llama()).to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -189,7 +292,8 @@ def main(argv=None):
     timed = times[a.warmup:]
     per_iter = statistics.median(timed)
     tokens = a.batch * T
-    flops = megatron_flops(a.batch, T, L, C, a.flops_vocab)
+    flops = (megatron_flops(a.batch, T, L, C, a.flops_vocab) if a.arch == "gpt"
+             else llama_flops(a.batch, T, L, C, H, G, ffn, a.flops_vocab))
     result = {
         "framework": "pytorch",
         "torch_version": torch.__version__,
@@ -198,6 +302,7 @@ def main(argv=None):
         "device": a.device,
         "fused_attention": sdpa,
         "torch_num_threads": torch.get_num_threads(),
+        "arch": a.arch, "groups": G,
         "layers": L, "hidden": C, "heads": H, "ffn": ffn, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
         "batch": a.batch, "seq": T, "parameters": n_params,
         "openblas": blas,
