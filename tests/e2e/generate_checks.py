@@ -16,6 +16,9 @@ corpus for 300 iterations, then
 With --deck inputs/llama_tiny_ci.ini (CTest e2e_generate_llama) the same model checks run on the
 Llama-family layer (rotary positions turned at each cached token's position, RMSNorm, SwiGLU);
 --model-only leaves out the checks that do not depend on the model (prompt files, errors, BERT).
+A deck with grouped-query attention also checks the cache's size: the bytes generate_gpt prints
+are the multi-head twin's (num_query_groups = num_heads, one iteration trained) x groups / heads,
+and at tp=2 half of that on rank 0.
 
 usage: generate_checks.py --build BUILD --shards GLOB --work DIR [--mpiexec M] [--deck D] [--model-only]
 """
@@ -41,6 +44,44 @@ def ids_of(out):
             got[int(m.group(1))] = [int(x) for x in m.group(2).split()]
     assert len(got) == len(PROMPTS), out
     return [got[i + 1] for i in range(len(PROMPTS))]
+
+
+def cache_bytes(out):
+    m = re.search(r"^key-value cache: (\d+) bytes on rank 0$", out, re.M)
+    assert m, out[-2000:]
+    return int(m.group(1))
+
+
+def deck_heads_groups(deck):
+    import configparser
+    cp = configparser.ConfigParser(inline_comment_prefixes=("#",))
+    cp.read(deck)
+    heads = cp.getint("model", "num_heads")
+    return heads, cp.getint("model", "num_query_groups", fallback=heads)
+
+
+def check_cache_size(a, apps, base, gqa_out, gqa_tp2_out):
+    """Grouped-query attention keeps only the groups' keys and values: heads / groups times less."""
+    heads, groups = deck_heads_groups(a.deck)
+    if groups == heads:
+        return
+    mha_ck = os.path.join(a.work, "ck_mha")
+    run([os.path.join(apps, "pretrain_gpt"), "--deck", a.deck, "--data.train_shards", a.shards, "--train.iters", "1",
+         "--eval.interval", "0", "--model.num_query_groups", str(heads), "--checkpoint.save", mha_ck])
+    ck_at = base.index("--checkpoint") + 1
+    mha_base = base[:ck_at] + [mha_ck] + base[ck_at + 1:]
+    # an untrained model's tokens need not decode to UTF-8: its output is read as bytes
+    import subprocess
+    p = subprocess.run([os.path.join(apps, "generate_gpt")] + mha_base + ["--greedy"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    mha_out = p.stdout.decode("utf-8", errors="replace")
+    assert p.returncode == 0, mha_out[-2000:]
+    mha = cache_bytes(mha_out)
+    gqa, gqa_tp2 = cache_bytes(gqa_out), cache_bytes(gqa_tp2_out)
+    print(f"key-value cache: {gqa} bytes with {heads} heads in {groups} groups, {mha} bytes multi-head "
+          f"({mha / gqa:.2f}x, heads/groups = {heads / groups:g}); tp=2: {gqa_tp2} bytes on rank 0")
+    assert gqa * heads == mha * groups, "the cache does not shrink by heads / groups"
+    assert 2 * gqa_tp2 == gqa, "at tp=2 rank 0 does not hold half of the cache"
 
 
 def main():
@@ -76,7 +117,10 @@ def main():
         out = generate(1, *mode)
         cached = ids_of(out)
         assert all(len(x) == 24 for x in cached), cached
-        for what, other in (("no cache", generate(1, *mode, "--no-cache")), ("tp=2", generate(2, *mode)),
+        tp2 = generate(2, *mode)
+        if name == "greedy":
+            check_cache_size(a, apps, base, out, tp2)
+        for what, other in (("no cache", generate(1, *mode, "--no-cache")), ("tp=2", tp2),
                             ("batch 1", generate(1, *mode, "--batch", "1")),
                             ("batch 4", generate(1, *mode, "--batch", "4"))):
             assert ids_of(other) == cached, f"{name}: {what} differs from the cached tp=1 run"

@@ -20,6 +20,12 @@ usage: lora_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
            resumed from its LoRA checkpoint continues bitwise; bf16 keeps the base bitwise frozen;
            T5 with adapters on every projection (cross-attention too) at tp=2 follows one rank;
            BERT adapters trained at tp=2 score as their merge
+  llama    the Llama-family layer (inputs/llama_tiny_ci.ini: 4 heads in 2 key/value groups, SwiGLU,
+           untied output layer, no biases) keeps the four target names: qkv's adapter B has the
+           grouped rows (nh + 2 ng) d, fc1's the gate and up rows 2F, proj's A and fc2's A read
+           nh d and F columns; at initialisation the adapters give the base loss exactly; the base
+           stays bitwise frozen; tp=2, tp=2 with sequence parallelism and pp=2 follow one rank
+           within 1e-7; the merge scores as the adapters at one rank and at tp=2
   errors   one clear error each: lora.rank without checkpoint.finetune, an unknown target, a
            cross-attention target on GPT, overlap_grad_reduce, a LoRA checkpoint given as a base
            model or to generate_gpt, a resume with other lora keys, adapters whose base model
@@ -43,6 +49,7 @@ from hf_checks import latest_file  # noqa: E402 (tests/e2e: the checkpoint file 
 MERGE_REL = 1e-6   # merged plain weights against the adapters (fp32 rounding of W + s B A)
 LAYOUT_REL = 1e-7  # other layouts sum in other orders (measured: 7.9e-9 at tp=2, 2.7e-9 for T5)
 DECK = os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini")
+LLAMA_DECK = os.path.join(ROOT, "inputs", "llama_tiny_ci.ini")
 # the docs fine-tuned on, and the held-out file scored before and after
 TRAIN_DOCS = ["README.md", "inputs/README.md", "docs/DESIGN.md"]
 HELD_OUT = "validation/README.md"
@@ -54,6 +61,7 @@ class Ctx:
         self.apps = os.path.join(a.build, "apps")
         self.sample = a.sample
         self.vocab = [os.path.join(a.sample, "gpt2", "encoder.json"), os.path.join(a.sample, "gpt2", "vocab.bpe")]
+        self.deck = DECK
 
     def path(self, *p):
         return os.path.join(self.a.work, *p)
@@ -63,7 +71,7 @@ class Ctx:
         return [self.a.mpiexec, "-n", str(np_), exe] if np_ > 1 else [exe]
 
     def gpt(self, extra, np_=1, expect_ok=True):
-        return run(self.app("pretrain_gpt", np_) + ["--deck", DECK, "--data.train_shards",
+        return run(self.app("pretrain_gpt", np_) + ["--deck", self.deck, "--data.train_shards",
                                                    os.path.join(self.sample, "kjv_gpt2_*.h5")] + list(extra),
                    expect_ok=expect_ok)
 
@@ -83,7 +91,7 @@ class Ctx:
 
     def evaluate(self, load, shard, windows=24, np_=1, extra=()):
         _, out, _ = run(self.app("pretrain_gpt", np_) + [
-            "--deck", DECK, "--checkpoint.load", load, "--eval.only", "true", "--eval.shard", shard,
+            "--deck", self.deck, "--checkpoint.load", load, "--eval.only", "true", "--eval.shard", shard,
             "--eval.windows", str(windows), "--train.micro_batch_size", "4", "--data.vocab_file", self.vocab[0],
             "--data.merges_file", self.vocab[1]] + list(extra))
         line = [l for l in out.splitlines() if l.startswith("eval loss:")]
@@ -298,6 +306,73 @@ def check_layouts(c):
     within("  BERT merged vs adapters", l_merged, l_lora, MERGE_REL)
 
 
+def check_llama(c):
+    import h5py
+    import numpy as np
+    c.deck = LLAMA_DECK
+    heads, groups, hidden, ffn = 4, 2, 64, 160  # the deck's
+    d = hidden // heads
+    base = c.base("base", 30)
+    quiet = ["--model.hidden_dropout", "0", "--model.attention_dropout", "0", "--log.interval", "6",
+             "--optim.lr", "1e-2", "--optim.warmup_iters", "1"]
+    lora, ref_csv = c.path("lora"), c.path("ref.csv")
+    _, out, _ = c.lora(base, lora, 6, quiet + ["--log.metrics_file", ref_csv, "--debug.dump_params", c.path("dump"),
+                                               "--debug.dump_params_iters", "6"])
+    print([l for l in out.splitlines() if l.startswith("LoRA: rank")][0])
+    c.gpt(["--checkpoint.load", base, "--checkpoint.finetune", "true", "--train.iters", "1", "--eval.interval", "0",
+           "--log.metrics_file", c.path("plain.csv")] + quiet)
+    ref, plain = losses(ref_csv), losses(c.path("plain.csv"))
+    print(f"iteration 1 training loss: LoRA {ref[0]!r}, plain fine-tuning {plain[0]!r}")
+    assert ref[0] == plain[0], "adapters at initialisation do not give the base model's loss exactly"
+    # the adapters' shapes follow the grouped qkv and the gated fc1
+    want = {"self_attention/qkv": ((4, hidden), ((heads + 2 * groups) * d, 4)),
+            "self_attention/proj": ((4, heads * d), (hidden, 4)),
+            "mlp/fc1": ((4, hidden), (2 * ffn, 4)),
+            "mlp/fc2": ((4, ffn), (hidden, 4))}
+    with h5py.File(latest_file(lora), "r") as f:
+        for layer in (0, 1):
+            for t, (sa, sb) in want.items():
+                ga = f[f"model/layers/{layer}/{t}/lora_a"].shape
+                gb = f[f"model/layers/{layer}/{t}/lora_b"].shape
+                assert (ga, gb) == (sa, sb), f"layer {layer} {t}: lora_a {ga}, lora_b {gb}; expected {sa}, {sb}"
+    print("adapter shapes: qkv B " + str(want["self_attention/qkv"][1]) + " (q heads, k and v groups), fc1 B "
+          + str(want["mlp/fc1"][1]) + " (gate and up), proj A " + str(want["self_attention/proj"][0]) + ", fc2 A "
+          + str(want["mlp/fc2"][0]))
+    dump = os.path.join(c.path("dump"), "iter_0000006.h5")
+    with h5py.File(dump, "r") as dd, h5py.File(latest_file(base), "r") as b:
+        base_names = []
+        b["model"].visititems(lambda n, o: base_names.append("model/" + n) if isinstance(o, h5py.Dataset) else None)
+        assert "model/output_layer/weight" in base_names, "the base model has no untied output layer"
+        changed = [n for n in base_names if dd[n][()].tobytes() != b[n][()].tobytes()]
+        assert not changed, f"base tensors changed by LoRA training: {changed[:5]}"
+        lora_b = []
+        dd.visititems(lambda n, o: lora_b.append(n) if n.endswith("lora_b") else None)
+        b_norm = sum(float(np.abs(dd[n][()]).sum()) for n in lora_b)
+        assert len(lora_b) == 8 and b_norm > 0, "the adapters' B stayed zero: nothing trained"
+        print(f"frozen base: {len(base_names)} base tensors (output_layer included) bitwise unchanged; "
+              f"sum |B| over {len(lora_b)} adapters = {b_norm:.4g}")
+    for name, extra in (("tp=2", ["--parallel.tp", "2"]),
+                        ("tp=2 with sequence parallelism", ["--parallel.tp", "2", "--parallel.sequence_parallel",
+                                                            "true"]),
+                        ("pp=2", ["--parallel.pp", "2"])):
+        m = c.path(f"layout_{len(os.listdir(c.a.work))}.csv")
+        c.lora(base, None, 6, quiet + extra + ["--log.metrics_file", m], np_=2)
+        got = losses(m)
+        worst = max(abs(g - r) / r for g, r in zip(got, ref))
+        print(f"Llama LoRA at {name}: losses {['%.6f' % x for x in got]} vs one rank, worst relative {worst:.2e}")
+        assert len(got) == len(ref) and worst <= LAYOUT_REL, f"Llama LoRA at {name} departs from one rank"
+    held = c.path("held_out.txt")
+    shutil.copy(os.path.join(ROOT, HELD_OUT), held)
+    merged = c.path("merged")
+    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", lora, "--output", merged])
+    l_base, l_lora = c.evaluate(base, held), c.evaluate(lora, held)
+    assert l_lora != l_base, "the adapters changed nothing"
+    within("Llama merged checkpoint vs adapters (--eval.only)", float(c.evaluate(merged, held)), float(l_lora),
+           MERGE_REL)
+    within("  the merged checkpoint at tp=2", float(c.evaluate(merged, held, np_=2, extra=["--parallel.tp", "2"])),
+           float(l_lora), MERGE_REL)
+
+
 def check_errors(c):
     base = c.base("base", 2)
     lora = c.path("lora")
@@ -342,7 +417,7 @@ def check_errors(c):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["gpt", "layouts", "errors"])
+    p.add_argument("check", choices=["gpt", "layouts", "llama", "errors"])
     p.add_argument("--build", required=True)
     p.add_argument("--sample", required=True)
     p.add_argument("--work", required=True)
@@ -351,7 +426,7 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     c = Ctx(a)
-    {"gpt": check_gpt, "layouts": check_layouts, "errors": check_errors}[a.check](c)
+    {"gpt": check_gpt, "layouts": check_layouts, "llama": check_llama, "errors": check_errors}[a.check](c)
     print(f"lora_{a.check}: PASS")
 
 
