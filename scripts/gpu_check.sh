@@ -19,6 +19,12 @@
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
+#   llama      at most 45 s: the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU,
+#              4 heads in 2 groups, untied) for 50 iterations, fp32 against the host's fp32 losses,
+#              bf16 and bf16 + flash attention against the GPU's fp32 within the bf16 band; then the
+#              124M-class Llama of perf/bench_gpt.py --arch llama (12 x 768, 12 heads in 4 groups,
+#              F 2048) in bf16 at T = 1024, micro-batch 8, for 10 steps: tokens/s, TFLOP/s and MFU
+#              against the GPU's bf16 peak (GPU_CHECK_LLAMA_PEAK, 989 for an H100/H200)
 #   hf         optional (skipped when $PYTHON has no transformers): a tiny GPT trained here for 40
 #              iterations, exported by convert_checkpoint; transformers' GPT2LMHeadModel
 #              (from_pretrained, float32, TF32 off, on the GPU) scores the evaluation mode's windows
@@ -27,7 +33,7 @@
 #              batches from the memory model, PyTorch on the same GPU as the peer; stops starting
 #              runs when the budget runs out
 # OUTDIR receives at most 8 files: report.md (phases with wall times, results), log.txt (all
-# output), unit.txt, train.csv, bench.md, bench.json. The report also goes to perf/results/.
+# output), unit.txt, train.csv, llama.csv, bench.md, bench.json. The report also goes to perf/results/.
 # Exit status: 0 when every phase that ran passed (also when it stopped at the GPU boundary),
 # 1 when a phase failed, 2 for a usage error.
 #
@@ -36,7 +42,8 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,HF,BENCH}_LIMIT change those phases' limits (120, 120, 90, 400 s: a GPU's).
+# GPU_CHECK_{UNIT,TRAIN,LLAMA,HF,BENCH}_LIMIT change those phases' limits (120, 120, 45, 90, 400 s: a
+# GPU's); GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -109,7 +116,7 @@ write_report() {
       IFS='|' read -r name st dt nt <<<"$p"
       echo "| $name | $st | $dt | $nt |"
     done
-    for x in unit.txt train.csv bench.md; do
+    for x in unit.txt train.csv llama.csv bench.md; do
       [ -s "$out/$x" ] || continue
       echo; echo "## $x"; echo
       case $x in *.md) sed 's/^# /### /' "$out/$x" ;; *) echo '```'; cat "$out/$x"; echo '```' ;; esac
@@ -311,6 +318,68 @@ PY
   return $rc
 }
 
+# ---- the Llama-family layer: against the host, in the bf16 band, and its speed ----------------------------
+phase_llama() {
+  local dtype flash rc=0
+  for run in "fp32 false" "bf16 false" "bf16 true"; do
+    read -r dtype flash <<<"$run"
+    # shellcheck disable=SC2046
+    (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck inputs/llama_tiny_ci.ini \
+      $(gpu_band_args) --precision.dtype "$dtype" --model.flash_attention "$flash" \
+      --log.metrics_file "$work/llama_${dtype}_${flash}.csv") >"$work/llama_${dtype}_${flash}.log" 2>&1 ||
+      { echo "pretrain_gpt llama $dtype flash=$flash failed:"; tail -n 15 "$work/llama_${dtype}_${flash}.log"; rc=1; }
+  done
+  local speed=${GPU_CHECK_LLAMA_SPEED_ARGS:---model.num_layers 12 --model.hidden_size 768 --model.num_heads 12 \
+--model.num_query_groups 4 --model.ffn_hidden_size 2048 --model.seq_length 1024 --model.max_position_embeddings 1024 \
+--train.micro_batch_size 8 --train.global_batch_size 8 --train.iters 10}
+  # shellcheck disable=SC2086
+  (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck perf/decks/llama_bench.ini $speed \
+    --precision.dtype bf16 --model.hidden_dropout 0 --model.attention_dropout 0 \
+    --perf.peak_tflops "${GPU_CHECK_LLAMA_PEAK:-989}" --log.metrics_file "$work/llama_speed.csv") \
+    >"$work/llama_speed.log" 2>&1 ||
+    { echo "the Llama speed run failed:"; tail -n 15 "$work/llama_speed.log"; rc=1; }
+  "$PYTHON" - "$work" "$out/llama.csv" "${GPU_CHECK_REFERENCE_DIR:-$work/data/reference}" <<'PY' || rc=1
+import csv, os, statistics, sys
+work, dst, ref = sys.argv[1], sys.argv[2], sys.argv[3]
+def rows_of(p):
+    return list(csv.DictReader(open(p))) if os.path.exists(p) else []
+def losses(p):
+    return [float(r["loss"]) for r in rows_of(p)] or None
+tol_fp32 = float(os.environ.get("GPU_CHECK_FP32_TOL", "1e-4"))
+band = 2.0 ** -9
+out = []
+gpu, host = losses(f"{work}/llama_fp32_false.csv"), losses(f"{ref}/llama_fp32_host.csv")
+def compare(what, a, b, tol):
+    if a and b and len(a) == len(b):
+        w = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        out.append(("llama", what, len(a), f"{w:.3e}", f"{tol:.1e}", w <= tol))
+    else:
+        out.append(("llama", what, 0, "missing", f"{tol:.1e}", False))
+compare("fp32 GPU vs fp32 host", gpu, host, tol_fp32)
+compare("bf16 vs fp32 GPU", losses(f"{work}/llama_bf16_false.csv"), gpu, band)
+compare("bf16 + flash vs fp32 GPU", losses(f"{work}/llama_bf16_true.csv"), gpu, band)
+speed = rows_of(f"{work}/llama_speed.csv")
+timed = speed[3:] if len(speed) > 3 else speed
+if timed:
+    med = lambda k: statistics.median(float(r[k]) for r in timed)  # noqa: E731
+    tok, tfl, mfu = med("tokens_per_s"), med("tflops_per_rank"), med("mfu")
+    out.append(("llama", f"speed: {tok:.0f} tok/s; {tfl:.1f} TFLOP/s; MFU {100 * mfu:.1f}% (median of {len(timed)} steps)",
+                len(speed), f"{tfl:.3f}", "-", True))
+else:
+    out.append(("llama", "speed run", 0, "missing", "-", False))
+with open(dst, "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["model", "comparison", "steps", "worst relative loss difference", "tolerance", "pass"])
+    w.writerows(out)
+for r in out:
+    print(f"{r[0]:5s} {r[1]:28s} {r[2]:3} steps  {r[3]:>10s}  tolerance {r[4]}  {'ok' if r[5] else 'FAIL'}")
+sys.exit(0 if all(r[5] for r in out) else 1)
+PY
+  note="$(awk -F, 'NR > 1 && NR < 5 {n++; if ($6 == "True") p++} END {print p + 0 " of " n + 0 " comparisons pass"}' \
+    "$out/llama.csv" 2>/dev/null); $(sed -n 's/^llama,\(speed: [^,]*\),.*/\1/p' "$out/llama.csv" 2>/dev/null)"
+  return $rc
+}
+
 # ---- Hugging Face export loaded by transformers -----------------------------------------------------------
 phase_hf() {
   if ! "$PYTHON" -c "import transformers" >/dev/null 2>&1; then
@@ -366,6 +435,7 @@ run_phase gpu 20 phase_gpu || exit 1
 [ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
 run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
+run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
 run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
 run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench
 exit $failed

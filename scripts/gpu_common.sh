@@ -154,7 +154,9 @@ gpu_configure() {
 # The short training runs repeated on the GPU and, for the reference, on the host (fp32): the tiny
 # CI decks, GPU_BAND_ITERS iterations (50; the host rehearsal of the script's logic,
 # tests/gpu_kit/gpu_check_logic.sh, runs fewer), dropout off, no evaluation.
-GPU_TRAIN_APPS=(gpt bert t5)
+GPU_TRAIN_APPS=(gpt bert t5 llama)
+# the app of a band run (llama: pretrain_gpt with inputs/llama_tiny_ci.ini)
+gpu_train_app() { case $1 in llama) echo gpt ;; *) echo "$1" ;; esac; }
 gpu_band_args() {
   echo "--train.iters ${GPU_BAND_ITERS:-50} --model.hidden_dropout 0 --model.attention_dropout 0 --eval.interval 0" \
     "--log.interval 10"
@@ -165,7 +167,7 @@ gpu_host_reference() {
   mkdir -p "$3"
   for app in "${GPU_TRAIN_APPS[@]}"; do
     # shellcheck disable=SC2046
-    (cd "$1" && "$2/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" $(gpu_band_args) --precision.dtype fp32 \
+    (cd "$1" && "$2/apps/pretrain_$(gpu_train_app "$app")" --deck "inputs/${app}_tiny_ci.ini" $(gpu_band_args) --precision.dtype fp32 \
       --model.flash_attention false --log.metrics_file "$3/${app}_fp32_host.csv" >"$3/${app}_fp32_host.log" 2>&1) ||
       { echo "the host reference run of pretrain_$app failed ($3/${app}_fp32_host.log)" >&2; return 1; }
   done

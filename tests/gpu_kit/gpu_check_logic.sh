@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh's phases after the GPU boundary (unit, train, bench), rehearsed on the host so
+# scripts/gpu_check.sh's phases after the GPU boundary (unit, train, llama, bench), rehearsed on the host so
 # that a rare GPU run does not find the script's own mistakes: a stand-in nvidia-smi (one "GPU",
 # no device is used), the host build in place of the kit's CUDA build, the host's fp32 reference
 # losses made here. Asserts that every phase passes, that the fp32 runs equal the reference bit
@@ -31,7 +31,8 @@ gpu_host_reference "$root" "$build" "$work/reference"
 set +e
 PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
   GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
-  GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_BENCH_LIMIT=600 \
+  GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_LLAMA_LIMIT=300 GPU_CHECK_BENCH_LIMIT=600 \
+  GPU_CHECK_LLAMA_SPEED_ARGS="--train.iters 5" \
   GPU_CHECK_BENCH_ARGS="--shapes smoke --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
   bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
 rc=$?
@@ -39,11 +40,13 @@ set -e
 fail() { echo "gpu_check_logic: FAIL: $*"; tail -n 40 "$work/gpu_check.log"; exit 1; }
 [ $rc -eq 0 ] || fail "gpu_check.sh exited $rc"
 report=$work/out/report.md
-for ph in start gpu unit train bench; do
+for ph in start gpu unit train llama bench; do
   grep -q "^| $ph | ok |" "$report" || fail "phase $ph did not pass"
 done
 grep -q "Stopped" "$report" && fail "the run stopped early"
 grep -q "^| train | ok | [0-9]* | 7 of 7 comparisons pass |" "$report" || fail "the train phase's note does not say 7 of 7"
+grep -q "^| llama | ok | [0-9]* | 3 of 3 comparisons pass; speed: [0-9]* tok/s; " "$report" ||
+  fail "the llama phase's note does not say 3 of 3 and the speed"
 grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
 grep -q "^| bench | ok | [0-9]* | 2 rows |" "$report" || fail "the bench phase's note does not say 2 rows"
 n=$(ls "$work/out" | wc -l)
@@ -66,6 +69,12 @@ assert [r["attention"] for r in res] == ["flash", "unfused"], res
 for r in res:
     assert r["model_micro_batch"] == 2 and r["trident"]["micro_batch"] == 2, r
     assert r["trident"]["tokens_per_s"] > 0 and len(r["trident"]["losses"]) == 3, r
+llama = list(csv.DictReader(open(f"{out}/llama.csv")))
+assert [r["comparison"] for r in llama[:3]] == ["fp32 GPU vs fp32 host", "bf16 vs fp32 GPU", "bf16 + flash vs fp32 GPU"]
+assert float(llama[0]["worst relative loss difference"]) == 0.0 and llama[0]["steps"] == "20", llama[0]
+for r in llama[1:3]:
+    assert 0.0 < float(r["worst relative loss difference"]) <= 2.0 ** -9, r
+assert llama[3]["comparison"].startswith("speed: ") and llama[3]["steps"] == "5", llama[3]
 unit = open(f"{out}/unit.txt").read()
 assert "failed    0" in unit and "passed" in unit, unit
 print("gpu_check_logic: every phase passed; fp32 equal to the reference on gpt, bert, t5; bf16 within 2^-9:",
