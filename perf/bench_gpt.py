@@ -70,16 +70,22 @@ LLAMA_TITLES = {"124m": "Llama 124M-class (12 x 768, 12 heads / 4 groups, F 2048
                 "small": "Llama 6 x 384 (6 heads / 2 groups, F 1024)", "smoke": "Llama smoke 2 x 128"}
 
 
+def arch_of(a):
+    """The run's architecture; drivers that reuse these helpers (bench_mixed.py, bench_gpu.py) have
+    no --arch and run GPT-2's layer."""
+    return getattr(a, "arch", "gpt")
+
+
 def shape_of(a, name):
     """(layers, hidden, heads, groups, ffn) of a shape name for the run's architecture."""
-    if a.arch == "llama":
+    if arch_of(a) == "llama":
         return LLAMA_SHAPES[name]
     L, C, H = SHAPES[name]
     return L, C, H, H, 4 * C
 
 
 def title_of(a, name):
-    return (LLAMA_TITLES if a.arch == "llama" else SHAPE_TITLES)[name]
+    return (LLAMA_TITLES if arch_of(a) == "llama" else SHAPE_TITLES)[name]
 
 
 def padded_vocab(v, multiple=128):
@@ -100,7 +106,7 @@ def llama_flops(batch, seq, layers, hidden, heads, groups, ffn, vocab):
 
 def model_flops(a, shape):
     L, C, H, G, F = shape_of(a, shape)
-    if a.arch == "llama":
+    if arch_of(a) == "llama":
         return llama_flops(a.batch, a.seq, L, C, H, G, F, padded_vocab(VOCAB))
     return megatron_flops(a.batch, a.seq, L, C, padded_vocab(VOCAB))
 
@@ -282,7 +288,7 @@ def trident_cmd(a, shape, metrics_file):
            "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
            "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
            "--log.metrics_file", metrics_file]
-    if a.arch == "llama":  # the rest of the layer (RMSNorm, RoPE, SwiGLU, untied, no biases) is the deck's
+    if arch_of(a) == "llama":  # the rest of the layer (RMSNorm, RoPE, SwiGLU, untied, no biases) is the deck's
         cmd += ["--model.num_query_groups", str(G), "--model.ffn_hidden_size", str(F)]
     if a.shards:
         cmd += ["--data.train_shards", a.shards]
