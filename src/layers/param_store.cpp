@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/device_parallel.hpp"
 #include "common/host_parallel.hpp"
 #include "common/rng.hpp"
 
@@ -186,7 +187,7 @@ ParamId ParamStore::find(const std::string& name) const {
 void ParamStore::zero_grads(std::int64_t keep_begin, std::int64_t keep_end) {
   // chunks of 64 Ki values over this rank's threads (common/host_parallel.hpp), each zeroing
   // its part outside [keep_begin, keep_end)
-  constexpr std::int64_t kChunk = 1 << 16;
+  constexpr std::int64_t kChunk = kDeviceKernels ? 1 : 1 << 16;  // a device: one value per thread
   float* g = grads_.data();
   const std::int64_t n = padded_size();
   TRIDENT_REQUIRE(0 <= keep_begin && keep_begin <= keep_end && keep_end <= n,

@@ -4,6 +4,7 @@
 #include "ops/attention.hpp"
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "ops/gemm.hpp"
@@ -18,6 +19,26 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
                             float scale, const AttentionMask& mask) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0;
   const IntView valid = mask.key_valid;
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::masked_softmax_forward", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+          const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
+          const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+          auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
+          const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
+          const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
+          const float sum = team_sum(t, jend, [&](std::int64_t j) {
+            const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
+            att(base + j) = e;
+            return e;
+          });
+          const float inv = any > 0.f ? 1.f / sum : 0.f;
+          t.team_barrier();  // the exponentials are written before they are scaled
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk),
+                               [&](std::int64_t j) { att(base + j) = j < jend ? att(base + j) * inv : 0.f; });
+        });
+    return;
+  }
   for_each_index(
       "ops::masked_softmax_forward", BH * Tq, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;  // first key of the sample
@@ -44,6 +65,18 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal) {
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::masked_softmax_backward", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+          const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+          const float dot = team_sum(t, jend, [&](std::int64_t j) { return datt(base + j) * att(base + j); });
+          t.team_barrier();  // every thread has read its part of datt before the team overwrites it
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
+            datt(base + j) = j < jend ? att(base + j) * (datt(base + j) - dot) * scale : 0.f;
+          });
+        });
+    return;
+  }
   for_each_index(
       "ops::masked_softmax_backward", BH * Tq, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;

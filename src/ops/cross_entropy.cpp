@@ -4,6 +4,7 @@
 #include "ops/cross_entropy.hpp"
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
@@ -24,9 +25,47 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
   return true;
 }
 
+// The device layout (common/device_parallel.hpp): a team per row, the max and the sum of
+// exponentials as two team reductions, the gradient written by the team in one more pass.
+template <bool kBackward>
+void cross_entropy_device(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                          std::int64_t V, std::int64_t Vp, float dscale) {
+  for_each_row(
+      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N, Vp,
+      KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        float* row = logits.data() + n * Vp;
+        const std::int64_t tgt = targets(n);
+        if (tgt < 0) {
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = 0.f; });
+          if (kBackward) Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) { row[j] = 0.f; });
+          return;
+        }
+        const float mx = team_max(t, V, [&](std::int64_t j) { return row[j]; });
+        const float sum = team_sum(t, V, [&](std::int64_t j) { return fast_exp(row[j] - mx); });
+        const float target_logit = row[tgt];
+        t.team_barrier();  // every thread has read the target's logit before the gradient replaces it
+        Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = mx + dlog(sum) - target_logit; });
+        if (kBackward) {
+          const float s = dscale / sum;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) {
+            float g = 0.f;
+            if (j < V) {
+              g = fast_exp(row[j] - mx) * s;
+              if (j == tgt) g -= dscale;
+            }
+            row[j] = g;
+          });
+        }
+      });
+}
+
 template <bool kBackward>
 void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                         std::int64_t V, std::int64_t Vp, float dscale) {
+  if constexpr (kDeviceKernels) {
+    cross_entropy_device<kBackward>(losses, logits, targets, N, V, Vp, dscale);
+    return;
+  }
   for_each_index(
       kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N,
       KOKKOS_LAMBDA(std::int64_t n) {
@@ -60,6 +99,52 @@ void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const 
         }
       });
 }
+
+// vocab_parallel_cross_entropy's device layout: a team per row for each of its three kernels.
+void vocab_parallel_device(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
+                           std::int64_t Vl, std::int64_t start, std::int64_t nvalid, float dscale, bool backward,
+                           const Communicator& comm, const FloatView& rowmax, const FloatView& sums) {
+  for_each_row(
+      "ops::vocab_parallel_ce_max", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        const float* row = logits.data() + n * Vl;
+        const float mx = team_max(t, nvalid, [&](std::int64_t j) { return row[j]; });
+        Kokkos::single(Kokkos::PerTeam(t), [&]() { rowmax(n) = mx; });
+      });
+  Kokkos::fence();
+  comm.allreduce_max(rowmax.data(), N);
+  for_each_row(
+      "ops::vocab_parallel_ce_sum", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        const float* row = logits.data() + n * Vl;
+        const float mx = rowmax(n);
+        const float s = team_sum(t, nvalid, [&](std::int64_t j) { return fast_exp(row[j] - mx); });
+        Kokkos::single(Kokkos::PerTeam(t), [&]() {
+          const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
+          sums(n) = s;
+          sums(N + n) = (tl >= 0 && tl < nvalid) ? row[tl] : 0.f;
+        });
+      });
+  Kokkos::fence();
+  comm.allreduce_sum(sums.data(), 2 * N);
+  for_each_row(
+      "ops::vocab_parallel_ce_loss", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        float* row = logits.data() + n * Vl;
+        const bool ignored = targets(n) < 0;
+        Kokkos::single(Kokkos::PerTeam(t),
+                       [&]() { losses(n) = ignored ? 0.f : rowmax(n) + dlog(sums(n)) - sums(N + n); });
+        if (!backward) return;
+        const float mx = rowmax(n), s = dscale / sums(n);
+        const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vl), [&](std::int64_t j) {
+          float g = 0.f;
+          if (!ignored && j < nvalid) {
+            g = fast_exp(row[j] - mx) * s;
+            if (j == tl) g -= dscale;
+          }
+          row[j] = g;
+        });
+      });
+  Kokkos::fence();
+}
 }  // namespace
 
 void cross_entropy_forward(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
@@ -78,6 +163,10 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
   // columns of this rank that are real vocabulary entries: [0, nvalid)
   const std::int64_t nvalid = V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
   const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);  // sums: (sum exp, target logit)
+  if constexpr (kDeviceKernels) {
+    vocab_parallel_device(losses, logits, targets, N, Vl, start, nvalid, dscale, backward, comm, rowmax, sums);
+    return;
+  }
   for_each_index(
       "ops::vocab_parallel_ce_max", N, KOKKOS_LAMBDA(std::int64_t n) {
         const float* row = logits.data() + n * Vl;

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
@@ -94,6 +95,12 @@ void bias_backward(const FloatView& dbias, const FloatView& dy, std::int64_t row
   constexpr std::int64_t kCols = 64;
   const float* d = dy.data();
   float* out = dbias.data();
+  if constexpr (kDeviceKernels) {  // a GPU: one thread per (part of the rows, column)
+    column_sums<1>(
+        "ops::bias_backward", rows, cols,
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t c, float* acc) { acc[0] += d[r * cols + c]; }, ColumnOut<1>{{out}});
+    return;
+  }
   for_each_chunk(
       "ops::bias_backward", (cols + kCols - 1) / kCols, KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < cols ? c0 + kCols : cols;
@@ -121,7 +128,8 @@ double sum_squares(const FloatView& x, std::int64_t n) {
   // worst, far below what clipping needs), chunk sums accumulated in double in chunk order
   // (common/host_parallel's sum_chunks). The chunking is fixed, so under a Serial host Kokkos the
   // result does not depend on the thread count.
-  constexpr std::int64_t kChunk = 1024;
+  // On a device, chunks of 32 (more threads; another order of additions than the host's).
+  constexpr std::int64_t kChunk = kDeviceKernels ? 32 : 1024;
   const float* data = x.data();
   return sum_chunks(
       "ops::sum_squares", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
@@ -132,7 +140,7 @@ double sum_squares(const FloatView& x, std::int64_t n) {
 
 bool has_nonfinite(const FloatView& x, std::int64_t n) {
   // a count of NaN or inf values per chunk (v - v is NaN for both), exact in any order
-  constexpr std::int64_t kChunk = 4096;
+  constexpr std::int64_t kChunk = kDeviceKernels ? 32 : 4096;
   const float* data = x.data();
   const double bad = sum_chunks(
       "ops::has_nonfinite", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {

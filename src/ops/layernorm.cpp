@@ -3,6 +3,7 @@
 #include "ops/layernorm.hpp"
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
 #include "common/host_parallel.hpp"
@@ -17,6 +18,28 @@ namespace detail {
 template <class F, class VO, class VW>
 void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const VW& w,
                        const VW& b, std::int64_t N, std::int64_t C, float eps) {
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::layernorm_forward", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float m = team_sum(t, C, [&](std::int64_t c) { return x(base + c); }) / C;
+          const float v = team_sum(t, C,
+                                   [&](std::int64_t c) {
+                                     const float d = x(base + c) - m;
+                                     return d * d;
+                                   }) /
+                          C;
+          const float r = 1.f / dsqrt(v + eps);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
+            out(base + c) = F::store((x(base + c) - m) * r * F::load(w(c)) + F::load(b(c)));
+          });
+          Kokkos::single(Kokkos::PerTeam(t), [&]() {
+            mean(n) = m;
+            rstd(n) = r;
+          });
+        });
+    return;
+  }
   for_each_index(
       "ops::layernorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
         const std::int64_t base = n * C;
@@ -41,26 +64,45 @@ template <class F, class VW>
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
                         const FloatView& x, const VW& w, const FloatView& mean, const FloatView& rstd, std::int64_t N,
                         std::int64_t C) {
-  for_each_index(
-      "ops::layernorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
-        const std::int64_t base = n * C;
-        const float m = mean(n), r = rstd(n);
-        // dnorm = dout * w;  dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-        float mean_d = 0.f, mean_dx = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float xhat = (x(base + c) - m) * r;
-          const float dn = dout(base + c) * F::load(w(c));
-          mean_d += dn;
-          mean_dx += dn * xhat;
-        }
-        mean_d /= C;
-        mean_dx /= C;
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float xhat = (x(base + c) - m) * r;
-          const float dn = dout(base + c) * F::load(w(c));
-          dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
-        }
-      });
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::layernorm_backward_input", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float m = mean(n), r = rstd(n);
+          const float mean_d = team_sum(t, C, [&](std::int64_t c) { return dout(base + c) * F::load(w(c)); }) / C;
+          const float mean_dx = team_sum(t, C,
+                                         [&](std::int64_t c) {
+                                           return dout(base + c) * F::load(w(c)) * ((x(base + c) - m) * r);
+                                         }) /
+                                C;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
+            const float xhat = (x(base + c) - m) * r;
+            const float dn = dout(base + c) * F::load(w(c));
+            dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
+          });
+        });
+  } else {
+    for_each_index(
+        "ops::layernorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float m = mean(n), r = rstd(n);
+          // dnorm = dout * w;  dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+          float mean_d = 0.f, mean_dx = 0.f;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float xhat = (x(base + c) - m) * r;
+            const float dn = dout(base + c) * F::load(w(c));
+            mean_d += dn;
+            mean_dx += dn * xhat;
+          }
+          mean_d /= C;
+          mean_dx /= C;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float xhat = (x(base + c) - m) * r;
+            const float dn = dout(base + c) * F::load(w(c));
+            dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
+          }
+        });
+  }
   // Parameter gradients: one thread per block of kCols channels walks the rows (contiguous,
   // vectorised segments; deterministic, no atomics).
   constexpr std::int64_t kCols = 64;
@@ -69,6 +111,17 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
   // Kokkos' own dispatch, not common/host_parallel: with C / 64 blocks (12 at C = 768) the host
   // threads made it slower (GPT-2 124M: 24-54 us per call on one thread, 168-215 us on two), so it
   // stays on one thread under a Serial Kokkos.
+  if constexpr (kDeviceKernels) {  // a GPU: one thread per (part of the rows, channel)
+    column_sums<2>(
+        "ops::layernorm_backward_params", N, C,
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {
+          const float d = dd[n * C + c];
+          acc[0] += d * (xd[n * C + c] - md[n]) * rd[n];
+          acc[1] += d;
+        },
+        ColumnOut<2>{{dwd, dbd}});
+    return;
+  }
   Kokkos::parallel_for(
       "ops::layernorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;

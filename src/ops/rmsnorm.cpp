@@ -4,6 +4,7 @@
 #include "ops/rmsnorm.hpp"
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
 #include "common/host_parallel.hpp"
@@ -16,6 +17,18 @@ namespace detail {
 template <class F, class VO, class VW>
 void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, const VW& w, std::int64_t N,
                      std::int64_t C, float eps) {
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::rmsnorm_forward", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float ms = team_sum(t, C, [&](std::int64_t c) { return x(base + c) * x(base + c); }) / C;
+          const float r = 1.f / dsqrt(ms + eps);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C),
+                               [&](std::int64_t c) { out(base + c) = F::store(x(base + c) * r * F::load(w(c))); });
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(n) = r; });
+        });
+    return;
+  }
   for_each_index(
       "ops::rmsnorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
         const std::int64_t base = n * C;
@@ -33,21 +46,42 @@ void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, c
 template <class F, class VW>
 void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const VW& w,
                       const FloatView& rstd, std::int64_t N, std::int64_t C) {
-  for_each_index(
-      "ops::rmsnorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
-        const std::int64_t base = n * C;
-        const float r = rstd(n);
-        float mean_dx = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) mean_dx += dout(base + c) * F::load(w(c)) * x(base + c) * r;
-        mean_dx /= C;
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float xhat = x(base + c) * r;
-          dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
-        }
-      });
+  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    for_each_row(
+        "ops::rmsnorm_backward_input", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float r = rstd(n);
+          const float mean_dx =
+              team_sum(t, C, [&](std::int64_t c) { return dout(base + c) * F::load(w(c)) * x(base + c) * r; }) / C;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
+            const float xhat = x(base + c) * r;
+            dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
+          });
+        });
+  } else {
+    for_each_index(
+        "ops::rmsnorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
+          const std::int64_t base = n * C;
+          const float r = rstd(n);
+          float mean_dx = 0.f;
+          for (std::int64_t c = 0; c < C; ++c) mean_dx += dout(base + c) * F::load(w(c)) * x(base + c) * r;
+          mean_dx /= C;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float xhat = x(base + c) * r;
+            dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
+          }
+        });
+  }
   constexpr std::int64_t kCols = 64;
   const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
   float* dwd = dw.data();
+  if constexpr (kDeviceKernels) {  // a GPU: one thread per (part of the rows, channel)
+    column_sums<1>(
+        "ops::rmsnorm_backward_params", N, C,
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += dd[n * C + c] * xd[n * C + c] * rd[n]; },
+        ColumnOut<1>{{dwd}});
+    return;
+  }
   Kokkos::parallel_for(
       "ops::rmsnorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;

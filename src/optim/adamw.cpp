@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 #include "ops/elementwise.hpp"
@@ -41,7 +42,9 @@ void adamw_kernel(float* p, float* g, float* m, float* v, Out out, std::int64_t 
   // reads and writes the buffer again). The file is compiled with -ffp-contract=off (nvcc:
   // --fmad=false), so the fused multiply-adds are the dfma calls and nothing else: the scalar
   // and the vector loop give the same bits (src/CMakeLists.txt).
-  constexpr std::int64_t kChunk = 4096;
+  // On a device one element per thread (adjacent threads on adjacent elements: coalesced), with
+  // the same arithmetic per element.
+  constexpr std::int64_t kChunk = kDeviceKernels ? 1 : 4096;
   for_each_chunk(
       "optim::adamw_step", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
         const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;

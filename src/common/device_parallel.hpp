@@ -1,0 +1,117 @@
+// Kernel layouts for device back-ends (CUDA), where the host layouts of common/host_parallel.hpp
+// would starve the GPU (docs/DESIGN.md "Kernels on a GPU").
+//
+// The host kernels are laid out for a few threads with long, cache-friendly loops: a column
+// reduction (a bias or norm-weight gradient) gives one thread a block of 64 columns walking every
+// row, so at 768 columns a GPU runs it on 12 threads (35 ms for 8192 x 768 on an H200, against
+// microseconds of memory traffic). Those kernels keep their host layout, which fixes their host
+// bits (validation/identity.py), and take the layout below when kDeviceKernels holds, that is in a
+// build whose execution space does not run in host memory.
+//
+//   column_sums<K>(name, rows, cols, term, out)
+//       out.p[k][c] += sum over n < rows of the k-th value term(n, c, acc) adds into acc[k], for
+//       K outputs at once (a norm's weight and bias gradients). Two kernels: parts of
+//       rows_per_part(rows) consecutive rows, one thread per (part, column), adjacent threads on
+//       adjacent columns (coalesced); then one thread per column adds the part sums in part order.
+//       The order of every addition depends only on rows and cols, so the result is the same on
+//       every run and every device (not the host layout's bits: another order of additions).
+//
+//   for_each_row(name, rows, cols, f)
+//       f(team, row) for every row, a team of row_team_size(cols) threads per row (a fixed function
+//       of cols, so that the team reductions below add in the same order on every device). Inside,
+//       team_sum / team_max reduce over [0, n) and give every thread of the team the result, and
+//       Kokkos::TeamThreadRange shares a row's element-wise work.
+//
+// The partial sums live in device_scratch(), one buffer per process that grows to the largest
+// request and is freed when Kokkos finalizes. Every kernel runs in order on the default execution
+// space instance, so the next request may reuse the buffer; call it only from the thread that
+// launches the model's kernels.
+#pragma once
+#include <string>
+#include <type_traits>
+
+#include "common/types.hpp"
+
+namespace trident {
+
+// Whether kernels run on a device (the execution space's memory is not host memory).
+inline constexpr bool kDeviceKernels = !std::is_same_v<MemSpace, Kokkos::HostSpace>;
+
+// A device buffer of at least n floats, valid until the next call (see above).
+FloatView device_scratch(std::int64_t n);
+
+// The outputs of column_sums: K arrays of cols floats, added into.
+template <int K>
+struct ColumnOut {
+  float* p[K];
+};
+
+// Rows per part of column_sums: at least 32, and at most 256 parts.
+KOKKOS_INLINE_FUNCTION std::int64_t rows_per_part(std::int64_t rows) {
+  const std::int64_t even = (rows + 255) / 256;
+  return even > 32 ? even : 32;
+}
+
+template <int K, class Term>
+void column_sums(const char* name, std::int64_t rows, std::int64_t cols, const Term& term, ColumnOut<K> out) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t per = rows_per_part(rows), parts = (rows + per - 1) / per;
+  float* part = device_scratch(K * parts * cols).data();
+  Kokkos::parallel_for(
+      std::string(name), range(parts * cols), KOKKOS_LAMBDA(std::int64_t t) {
+        const std::int64_t p = t / cols, c = t % cols;
+        const std::int64_t n1 = (p + 1) * per < rows ? (p + 1) * per : rows;
+        float acc[K];
+        for (int k = 0; k < K; ++k) acc[k] = 0.f;
+        for (std::int64_t n = p * per; n < n1; ++n) term(n, c, acc);
+        for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = acc[k];
+      });
+  Kokkos::parallel_for(
+      std::string(name) + "_parts", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
+        for (int k = 0; k < K; ++k) {
+          float s = 0.f;
+          for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
+          out.p[k][c] += s;
+        }
+      });
+}
+
+using RowTeam = Kokkos::TeamPolicy<ExecSpace>::member_type;
+
+// Threads per row of for_each_row (1 under a host execution space, whose teams are one thread).
+inline int row_team_size(std::int64_t cols) {
+  if constexpr (!kDeviceKernels) return 1;
+  return cols >= 4096 ? 256 : (cols >= 512 ? 128 : 32);
+}
+
+template <class F>
+void for_each_row(const char* name, std::int64_t rows, std::int64_t cols, const F& f) {
+  if (rows <= 0) return;
+  Kokkos::parallel_for(
+      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(rows), row_team_size(cols)),
+      KOKKOS_LAMBDA(const RowTeam& t) { f(t, static_cast<std::int64_t>(t.league_rank())); });
+}
+
+// sum over j < n of g(j), on every thread of the team
+template <class G>
+KOKKOS_INLINE_FUNCTION float team_sum(const RowTeam& t, std::int64_t n, const G& g) {
+  float s = 0.f;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(t, n), [&](std::int64_t j, float& a) { a += g(j); }, s);
+  return s;
+}
+// max over j < n of g(j) (-3e38 for n = 0), on every thread of the team
+template <class G>
+KOKKOS_INLINE_FUNCTION float team_max(const RowTeam& t, std::int64_t n, const G& g) {
+  float m = -3.0e38f;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(t, n),
+      [&](std::int64_t j, float& a) {
+        const float v = g(j);
+        a = v > a ? v : a;
+      },
+      Kokkos::Max<float>(m));
+  return m > -3.0e38f ? m : -3.0e38f;
+}
+
+}  // namespace trident

@@ -1,0 +1,133 @@
+// The device layouts of common/device_parallel.hpp, run on whatever execution space the build has
+// (the host's Serial Kokkos here, the GPU in the CUDA build of scripts/gpu_check.sh):
+// column_sums adds each column in its documented order (parts of rows_per_part rows, then the parts
+// in order: bitwise against that order evaluated here in float) and agrees with double sums;
+// for_each_row's team reductions give every row's sum and maximum (the empty row's maximum is the
+// -3e38 sentinel); device_scratch keeps what it gave until a larger request.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/device_parallel.hpp"
+#include "test_helpers.hpp"
+
+namespace trident {
+namespace {
+
+using test::random_vector;
+using test::to_device;
+using test::to_host;
+
+// out[k][c] += sum_n term_k(n, c) with term_0 = a, term_1 = a * b, through column_sums<2>.
+void two_column_sums(const FloatView& a, const FloatView& b, std::int64_t rows, std::int64_t cols,
+                     const FloatView& out0, const FloatView& out1) {
+  const float *ad = a.data(), *bd = b.data();
+  column_sums<2>(
+      "test::column_sums", rows, cols,
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {
+        acc[0] += ad[n * cols + c];
+        acc[1] += ad[n * cols + c] * bd[n * cols + c];
+      },
+      ColumnOut<2>{{out0.data(), out1.data()}});
+  Kokkos::fence();
+}
+
+TEST(DeviceParallel, ColumnSumsAddInTheirDocumentedOrder) {
+  // rows below, at and above one part (32 rows), and enough rows for parts of more than 32
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 3}, {31, 5}, {32, 64}, {33, 7}, {1000, 100}, {9001, 3}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    const auto a = random_vector(static_cast<size_t>(rows * cols), 11 + rows);
+    const auto b = random_vector(static_cast<size_t>(rows * cols), 23 + cols);
+    const std::vector<float> init0 = random_vector(static_cast<size_t>(cols), 5),
+                             init1 = random_vector(static_cast<size_t>(cols), 6);
+    FloatView out0 = to_device(init0), out1 = to_device(init1);
+    two_column_sums(to_device(a), to_device(b), rows, cols, out0, out1);
+    const auto got0 = to_host(out0), got1 = to_host(out1);
+    const std::int64_t per = rows_per_part(rows);
+    EXPECT_GE(per, 32);
+    EXPECT_LE((rows + per - 1) / per, 256);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      // the documented order in float: each part in row order, then the parts in order
+      float total0 = 0.f, total1 = 0.f;
+      double exact0 = init0[c], exact1 = init1[c];
+      for (std::int64_t p0 = 0; p0 < rows; p0 += per) {
+        float s0 = 0.f, s1 = 0.f;
+        for (std::int64_t n = p0; n < std::min(rows, p0 + per); ++n) {
+          const float x = a[n * cols + c], y = b[n * cols + c];
+          s0 += x;
+          s1 += x * y;
+          exact0 += x;
+          exact1 += static_cast<double>(x) * y;
+        }
+        total0 += s0;
+        total1 += s1;
+      }
+      const float want0 = init0[c] + total0, want1 = init1[c] + total1;
+      EXPECT_EQ(std::memcmp(&got0[c], &want0, 4), 0) << "column " << c << ": " << got0[c] << " vs " << want0;
+      EXPECT_EQ(std::memcmp(&got1[c], &want1, 4), 0) << "column " << c << ": " << got1[c] << " vs " << want1;
+      EXPECT_NEAR(got0[c], exact0, 1e-5 * (1 + std::sqrt(static_cast<double>(rows))));
+      EXPECT_NEAR(got1[c], exact1, 1e-5 * (1 + std::sqrt(static_cast<double>(rows))));
+    }
+  }
+}
+
+TEST(DeviceParallel, ColumnSumsOfNoRowsChangeNothing) {
+  FloatView a = to_device(std::vector<float>(4, 1.f)), out0 = to_device(std::vector<float>{1, 2}),
+            out1 = to_device(std::vector<float>{3, 4});
+  two_column_sums(a, a, 0, 2, out0, out1);
+  EXPECT_EQ(to_host(out0), (std::vector<float>{1, 2}));
+  EXPECT_EQ(to_host(out1), (std::vector<float>{3, 4}));
+}
+
+// sums(r) and maxima(r) of the rows of x (rows x cols) through for_each_row's team reductions
+void row_sums_and_maxima(const FloatView& x, std::int64_t rows, std::int64_t cols, const FloatView& sums,
+                         const FloatView& maxima) {
+  const float* xp = x.data();
+  for_each_row(
+      "test::rows", rows, cols, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const float s = team_sum(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
+        const float m = team_max(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
+        Kokkos::single(Kokkos::PerTeam(t), [&]() {
+          sums(r) = s;
+          maxima(r) = m;
+        });
+      });
+  Kokkos::fence();
+}
+
+TEST(DeviceParallel, RowTeamsReduceEveryRow) {
+  // row lengths on each side of the team-size steps (512, 4096), and an empty row
+  for (const std::int64_t cols : {0, 1, 100, 511, 512, 4096, 5000}) {
+    SCOPED_TRACE(testing::Message() << "cols " << cols);
+    const std::int64_t rows = 6;
+    const auto x = random_vector(static_cast<size_t>(rows * cols) + 1, 7 + cols);
+    FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows);
+    row_sums_and_maxima(to_device(x), rows, cols, sums, maxima);
+    const auto s = to_host(sums), m = to_host(maxima);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double exact = 0;
+      float mx = -3.0e38f;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        exact += x[r * cols + j];
+        mx = std::max(mx, x[r * cols + j]);
+      }
+      EXPECT_NEAR(s[r], exact, 1e-5 * (1 + std::sqrt(static_cast<double>(cols))));
+      EXPECT_EQ(m[r], mx);
+    }
+  }
+}
+
+TEST(DeviceParallel, ScratchGrowsAndKeepsItsSizeForSmallerRequests) {
+  const FloatView a = device_scratch(1000);
+  EXPECT_GE(static_cast<std::int64_t>(a.extent(0)), 1000);
+  const FloatView b = device_scratch(10);
+  EXPECT_EQ(a.data(), b.data());
+  const FloatView c = device_scratch(100000);
+  EXPECT_GE(static_cast<std::int64_t>(c.extent(0)), 100000);
+}
+
+}  // namespace
+}  // namespace trident
