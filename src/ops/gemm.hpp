@@ -31,7 +31,7 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
 // `batch` bf16 GEMMs at strides, as gemm_strided_batched (attention's per-head products). Host
 // (oneDNN, OpenMP): the batch shared by the rank's threads, each product whole on one thread, so
 // it has the bits gemm_bf16 gives it on one thread, whatever the thread count (unit
-// Gemm.Bf16BatchedGivesTheBitsOfOneThreadProducts). Otherwise gemm_bf16 per product.
+// Gemm.Bf16BatchedGivesTheBitsOfOneThreadProducts). CUDA: one cublasGemmStridedBatchedEx call.
 void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                                const std::uint16_t* A, std::int64_t lda, std::int64_t strideA, const std::uint16_t* B,
                                std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
