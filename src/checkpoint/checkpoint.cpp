@@ -319,6 +319,31 @@ std::string nonfinite_tensors(const std::string& what, const ParamStore& store, 
   return t.empty() ? std::string() : what + ": tensor '" + t + "' holds non-finite values (NaN or inf)";
 }
 
+// The root attributes of a checkpoint ("Root attributes"), lora_base and its digest with adapters.
+void write_root_attributes(hid_t file, const CheckpointState& st, bool has_optimizer, bool adapters,
+                           const std::string& layout) {
+  h5_write_attr(file, "checksum_algorithm", std::string(kChecksumAlgorithm));
+  h5_write_attr(file, "format", std::string(kCheckpointFormat));
+  h5_write_attr(file, "format_version", kCheckpointVersion);
+  h5_write_attr(file, "model", st.model);
+  h5_write_attr(file, "iteration", st.iteration);
+  h5_write_attr(file, "consumed_samples", st.consumed_samples);
+  h5_write_attr(file, "optimizer_steps", st.optimizer_steps);
+  h5_write_attr(file, "seed", st.seed);
+  h5_write_attr(file, "loss_scale", st.loss_scale);
+  h5_write_attr(file, "loss_scale_growth_tracker", st.loss_scale_growth_tracker);
+  h5_write_attr(file, "loss_scale_hysteresis_tracker", st.loss_scale_hysteresis_tracker);
+  h5_write_attr(file, "skipped_iterations", st.skipped_iterations);
+  h5_write_attr(file, "dtype", st.dtype);
+  h5_write_attr(file, "deck", st.deck);
+  h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(has_optimizer ? 1 : 0));
+  if (adapters) {
+    h5_write_attr(file, "lora_base", st.lora_base);
+    h5_write_attr(file, "lora_base_digest", st.lora_base_digest);
+  }
+  h5_write_attr(file, "parallel_layout", layout);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
@@ -360,29 +385,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
       put("optimizer/exp_avg_sq/", v);
       if (opt->has_master()) put("optimizer/master/", master);
     }
-    h5_write_attr(file, "checksum_algorithm", std::string(kChecksumAlgorithm));
     // Attributes are written collectively (same values on every rank).
-    h5_write_attr(file, "format", std::string(kCheckpointFormat));
-    h5_write_attr(file, "format_version", kCheckpointVersion);
-    h5_write_attr(file, "model", st.model);
-    h5_write_attr(file, "iteration", st.iteration);
-    h5_write_attr(file, "consumed_samples", st.consumed_samples);
-    h5_write_attr(file, "optimizer_steps", st.optimizer_steps);
-    h5_write_attr(file, "seed", st.seed);
-    h5_write_attr(file, "loss_scale", st.loss_scale);
-    h5_write_attr(file, "loss_scale_growth_tracker", st.loss_scale_growth_tracker);
-    h5_write_attr(file, "loss_scale_hysteresis_tracker", st.loss_scale_hysteresis_tracker);
-    h5_write_attr(file, "skipped_iterations", st.skipped_iterations);
-    h5_write_attr(file, "dtype", st.dtype);
-    h5_write_attr(file, "deck", st.deck);
-    h5_write_attr(file, "has_optimizer", static_cast<std::int64_t>(opt ? 1 : 0));
-    if (store.has_adapters()) {
-      h5_write_attr(file, "lora_base", st.lora_base);
-      h5_write_attr(file, "lora_base_digest", st.lora_base_digest);
-    }
-    h5_write_attr(file, "parallel_layout",
-                  "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
-                      " dp=" + std::to_string(topo.dp_size()));
+    write_root_attributes(file, st, opt != nullptr, store.has_adapters(),
+                          "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
+                              " dp=" + std::to_string(topo.dp_size()));
     if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
   }
   agree_or_throw(world.get(), err);
@@ -682,6 +688,229 @@ int remove_stale_tmp_files(const std::string& save) {
     if (fs::is_directory(e.path(), ec) && fs::is_empty(e.path(), ec) && fs::remove(e.path(), ec)) ++removed;
   }
   return removed;
+}
+
+namespace {
+// Rows of a tensor per part of CheckpointFileWriter / Reader: about 2^24 values, at least one row.
+constexpr std::int64_t kPartValues = 1 << 24;
+std::int64_t rows_per_part(const std::vector<std::int64_t>& shape) {
+  std::int64_t inner = 1;
+  for (size_t d = 1; d < shape.size(); ++d) inner *= shape[d];
+  return std::max<std::int64_t>(1, kPartValues / std::max<std::int64_t>(1, inner));
+}
+std::int64_t inner_size(const std::vector<std::int64_t>& shape) {
+  std::int64_t inner = 1;
+  for (size_t d = 1; d < shape.size(); ++d) inner *= shape[d];
+  return inner;
+}
+// The checksum terms of rows [row0, row0 + rows) of a tensor whose rows hold `inner` values.
+std::uint64_t part_checksum(const float* v, std::int64_t row0, std::int64_t rows, std::int64_t inner) {
+  std::uint64_t sum = 0;
+  const std::uint64_t first = static_cast<std::uint64_t>(row0 * inner);
+  for (std::int64_t i = 0; i < rows * inner; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof bits);
+    sum += splitmix64((first + static_cast<std::uint64_t>(i)) * 0x9e3779b97f4a7c15ULL + bits);
+  }
+  return sum;
+}
+// The file space of a tensor with its first-dimension rows [row0, row0 + rows) selected, and the
+// matching memory space.
+std::pair<H5Handle, H5Handle> row_selection(hid_t dset, const std::vector<std::int64_t>& shape, std::int64_t row0,
+                                            std::int64_t rows) {
+  H5Handle fspace = h5_space(H5Dget_space(dset));
+  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+  if (!shape.empty()) {
+    start[0] = static_cast<hsize_t>(row0);
+    count[0] = static_cast<hsize_t>(rows);
+  }
+  if (!shape.empty()) H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  H5Handle mspace = h5_space(shape.empty() ? H5Screate(H5S_SCALAR)
+                                           : H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  return {std::move(fspace), std::move(mspace)};
+}
+}  // namespace
+
+struct CheckpointFileWriter::Impl {
+  std::string save_dir, dir, final_path, tmp_path;
+  CheckpointState st;
+  H5Handle file;
+  bool committed = false;
+};
+
+CheckpointFileWriter::CheckpointFileWriter(const std::string& save_dir, const CheckpointState& state)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.save_dir = save_dir;
+  m.st = state;
+  m.dir = save_dir + "/" + iter_dir_name(state.iteration);
+  m.final_path = m.dir + "/checkpoint.h5";
+  m.tmp_path = m.final_path + ".tmp";
+  make_dirs(m.dir);
+  H5QuietErrors quiet;
+  m.file = h5_file(H5Fcreate(m.tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  TRIDENT_REQUIRE(m.file.valid(), "cannot create checkpoint file '" << m.tmp_path << "'");
+}
+
+CheckpointFileWriter::~CheckpointFileWriter() {
+  if (!impl_ || impl_->committed) return;
+  impl_->file.reset();
+  std::remove(impl_->tmp_path.c_str());
+}
+
+void CheckpointFileWriter::write(const std::string& name, const std::vector<std::int64_t>& shape, const Fill& fill) {
+  Impl& m = *impl_;
+  H5QuietErrors quiet;
+  const std::string where = "checkpoint '" + m.tmp_path + "', tensor '" + name + "'";
+  TRIDENT_REQUIRE(m.file.valid() && !m.committed, where << ": the file is closed");
+  TRIDENT_REQUIRE(H5Lexists(m.file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) <= 0 ||
+                      H5Oexists_by_name(m.file, name.c_str(), H5P_DEFAULT) <= 0,
+                  where << ": written twice");
+  h5_make_parents(m.file, name);
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  H5Handle space = h5_space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  H5Handle dset = h5_dataset(
+      H5Dcreate2(m.file, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  TRIDENT_REQUIRE(dset.valid(), where << ": cannot create the dataset");
+  const std::int64_t rows = shape.empty() ? 1 : shape[0], inner = inner_size(shape), per = rows_per_part(shape);
+  std::vector<float> part(static_cast<size_t>(std::min(rows, per) * inner));
+  std::uint64_t sum = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += per) {
+    const std::int64_t n = std::min(per, rows - r0);
+    fill(r0, n, part.data());
+    for (std::int64_t i = 0; i < n * inner; ++i)
+      TRIDENT_REQUIRE(std::isfinite(part[static_cast<size_t>(i)]),
+                      where << ": element " << r0 * inner + i << " is " << part[static_cast<size_t>(i)]);
+    sum += part_checksum(part.data(), r0, n, inner);
+    auto [fspace, mspace] = row_selection(dset, shape, r0, n);
+    TRIDENT_REQUIRE(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, part.data()) >= 0,
+                    where << ": writing rows " << r0 << ".." << r0 + n << " failed (disk full?)");
+  }
+  h5_write_attr(dset, "checksum", hex64(sum));
+}
+
+std::string CheckpointFileWriter::commit() {
+  Impl& m = *impl_;
+  TRIDENT_REQUIRE(m.file.valid() && !m.committed, "checkpoint '" << m.tmp_path << "': committed twice");
+  {
+    H5QuietErrors quiet;
+    write_root_attributes(m.file, m.st, false, false, "tp=1 pp=1 dp=1");
+    TRIDENT_REQUIRE(H5Fclose(m.file.release()) >= 0, "closing checkpoint file '" << m.tmp_path << "' failed");
+  }
+  TRIDENT_REQUIRE(std::rename(m.tmp_path.c_str(), m.final_path.c_str()) == 0,
+                  "cannot rename '" << m.tmp_path << "': " << std::strerror(errno));
+  m.committed = true;
+  write_text_atomically(m.save_dir + "/latest", std::to_string(m.st.iteration) + "\n");
+  return m.final_path;
+}
+
+struct CheckpointFileReader::Impl {
+  std::string path;
+  H5Handle file;
+  std::int64_t version = 0;
+};
+
+CheckpointFileReader::CheckpointFileReader(const std::string& file, const std::string& expected_model)
+    : impl_(std::make_unique<Impl>()) {
+  H5QuietErrors quiet;
+  impl_->path = file;
+  TRIDENT_REQUIRE(H5Fis_hdf5(file.c_str()) > 0, "checkpoint '" << file << "' is not an HDF5 file");
+  impl_->file = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  TRIDENT_REQUIRE(impl_->file.valid(), "cannot open checkpoint '" << file << "'");
+  const std::string fmt = h5_has_attr(impl_->file, "format") ? h5_read_attr_string(impl_->file, "format", file) : "";
+  TRIDENT_REQUIRE(fmt == kCheckpointFormat, "'" << file << "' is not a Trident checkpoint (format '" << fmt << "')");
+  impl_->version = h5_read_attr_int(impl_->file, "format_version", file);
+  TRIDENT_REQUIRE(impl_->version <= kCheckpointVersion,
+                  "checkpoint '" << file << "' has format_version " << impl_->version << ", newer than this Trident ("
+                                 << kCheckpointVersion << ")");
+  TRIDENT_REQUIRE(expected_model.empty() || model() == expected_model,
+                  "checkpoint '" << file << "' holds a " << model() << " model, not " << expected_model);
+}
+
+CheckpointFileReader::~CheckpointFileReader() = default;
+
+const std::string& CheckpointFileReader::path() const { return impl_->path; }
+std::string CheckpointFileReader::model() const { return h5_read_attr_string(impl_->file, "model", impl_->path); }
+std::string CheckpointFileReader::deck() const { return h5_read_attr_string(impl_->file, "deck", impl_->path); }
+std::int64_t CheckpointFileReader::iteration() const { return h5_read_attr_int(impl_->file, "iteration", impl_->path); }
+std::string CheckpointFileReader::dtype() const { return h5_read_attr_string(impl_->file, "dtype", impl_->path); }
+
+std::string CheckpointFileReader::attribute(const std::string& name) const {
+  return h5_has_attr(impl_->file, name) ? h5_read_attr_string(impl_->file, name, impl_->path) : std::string();
+}
+
+std::int64_t CheckpointFileReader::int_attribute(const std::string& name) const {
+  return h5_read_attr_int(impl_->file, name, impl_->path);
+}
+
+std::vector<std::string> CheckpointFileReader::tensors(const std::string& prefix) const {
+  std::vector<std::string> out;
+  auto visit = [](hid_t, const char* name, const H5O_info_t* oi, void* data) -> herr_t {
+    if (oi->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  H5QuietErrors quiet;
+  TRIDENT_REQUIRE(H5Ovisit(impl_->file, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &out) >= 0,
+                  "checkpoint '" << impl_->path << "': cannot list its tensors (the file is corrupt)");
+  std::vector<std::string> kept;
+  for (auto& n : out)
+    if (n.compare(0, prefix.size(), prefix) == 0) kept.push_back(std::move(n));
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+bool CheckpointFileReader::has(const std::string& name) const {
+  H5QuietErrors quiet;
+  return H5Lexists(impl_->file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+         H5Oexists_by_name(impl_->file, name.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<std::int64_t> CheckpointFileReader::shape(const std::string& name) const {
+  TRIDENT_REQUIRE(has(name), "checkpoint '" << impl_->path << "' has no tensor '" << name << "'");
+  H5QuietErrors quiet;
+  H5Handle d = h5_dataset(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT));
+  TRIDENT_REQUIRE(d.valid(), "checkpoint '" << impl_->path << "': tensor '" << name << "' cannot be opened");
+  std::vector<std::int64_t> out;
+  for (auto x : h5_dims(d)) out.push_back(static_cast<std::int64_t>(x));
+  return out;
+}
+
+void CheckpointFileReader::read(const std::string& name, const Visit& f) const {
+  const std::vector<std::int64_t> shape = this->shape(name);
+  const std::string where = "checkpoint '" + impl_->path + "', tensor '" + name + "'";
+  H5QuietErrors quiet;
+  H5Handle dset = h5_dataset(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT));
+  const std::int64_t rows = shape.empty() ? 1 : shape[0], inner = inner_size(shape), per = rows_per_part(shape);
+  std::vector<float> part(static_cast<size_t>(std::min(rows, per) * inner));
+  std::uint64_t sum = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += per) {
+    const std::int64_t n = std::min(per, rows - r0);
+    auto [fspace, mspace] = row_selection(dset, shape, r0, n);
+    TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, part.data()) >= 0,
+                    where << ": reading rows " << r0 << ".." << r0 + n << " failed (the file is corrupt or truncated)");
+    for (std::int64_t i = 0; i < n * inner; ++i)
+      TRIDENT_REQUIRE(std::isfinite(part[static_cast<size_t>(i)]),
+                      where << " holds non-finite values (NaN or inf) at element " << r0 * inner + i);
+    sum += part_checksum(part.data(), r0, n, inner);
+    f(r0, n, part.data());
+  }
+  if (impl_->version >= 2) {
+    TRIDENT_REQUIRE(h5_has_attr(dset, "checksum"), where << " has no checksum (the file is corrupt)");
+    const std::string want = h5_read_attr_string(dset, "checksum", where);
+    TRIDENT_REQUIRE(want == hex64(sum), where << ": checksum " << hex64(sum) << " differs from the stored " << want
+                                              << " (the file is corrupt)");
+  }
+}
+
+std::vector<float> CheckpointFileReader::read_all(const std::string& name) const {
+  const auto shape = this->shape(name);
+  const std::int64_t inner = inner_size(shape);
+  std::int64_t n = inner * (shape.empty() ? 1 : shape[0]);
+  std::vector<float> out(static_cast<size_t>(n));
+  read(name, [&](std::int64_t r0, std::int64_t rows, const float* v) {
+    std::memcpy(out.data() + r0 * inner, v, static_cast<size_t>(rows * inner) * sizeof(float));
+  });
+  return out;
 }
 
 void save_named_tensors(const std::string& path, const std::string& prefix, const ParamStore& store,

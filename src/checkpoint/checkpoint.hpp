@@ -9,6 +9,8 @@
 // global tensors, so a checkpoint loads under any dp and either optimizer.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,6 +94,64 @@ std::int64_t checkpoint_iteration_of(const std::string& file);
 // Removes checkpoint.h5.tmp files (and a latest.tmp) left under `save` by saves that were killed
 // or failed, and returns how many it removed. Local; call after a successful save.
 int remove_stale_tmp_files(const std::string& save);
+
+// A checkpoint written on one process, one tensor at a time and each in parts, so that a model
+// larger than memory converts (checkpoint/hf_convert): the file save_checkpoint writes (format,
+// root attributes, a checksum per tensor), model tensors only (has_optimizer 0). It is
+// <save_dir>/iter_<iteration>/checkpoint.h5.tmp until commit() renames it and writes `latest`; a
+// writer destroyed before commit() removes it. Errors are Error::all naming the tensor or file.
+class CheckpointFileWriter {
+ public:
+  CheckpointFileWriter(const std::string& save_dir, const CheckpointState& state);
+  ~CheckpointFileWriter();
+  CheckpointFileWriter(const CheckpointFileWriter&) = delete;
+  CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
+  // Tensor `name` (e.g. "model/final_layernorm/weight") of global shape `shape`; its values come
+  // from fill(row0, rows, out): rows [row0, row0 + rows) of the first dimension (row-major, all
+  // further dimensions), asked for in order in parts of about 2^24 values. A NaN or an infinity is
+  // refused naming the tensor.
+  using Fill = std::function<void(std::int64_t row0, std::int64_t rows, float* out)>;
+  void write(const std::string& name, const std::vector<std::int64_t>& shape, const Fill& fill);
+  // Closes the file, renames it and writes `latest`; returns the path written.
+  std::string commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A checkpoint read on one process, tensor by tensor and each in parts (converters). The file
+// must be a Trident checkpoint of `expected_model` ("" accepts any), of a known format_version.
+class CheckpointFileReader {
+ public:
+  CheckpointFileReader(const std::string& file, const std::string& expected_model);
+  ~CheckpointFileReader();
+  CheckpointFileReader(const CheckpointFileReader&) = delete;
+  CheckpointFileReader& operator=(const CheckpointFileReader&) = delete;
+  const std::string& path() const;
+  std::string model() const;
+  std::string deck() const;
+  std::int64_t iteration() const;
+  std::string dtype() const;
+  // A root string attribute, or "" when the file has none of that name (lora_base, ...).
+  std::string attribute(const std::string& name) const;
+  std::int64_t int_attribute(const std::string& name) const;  // throws naming a missing one
+  bool has(const std::string& name) const;
+  std::vector<std::int64_t> shape(const std::string& name) const;  // throws naming a missing tensor
+  // The names of the tensors (datasets) that start with `prefix` ("model/"), sorted.
+  std::vector<std::string> tensors(const std::string& prefix) const;
+  // Calls f(row0, rows, values) for consecutive parts of about 2^24 values of tensor `name`,
+  // then checks the tensor's stored checksum (version 2) and throws naming the tensor when it
+  // differs (a corrupt file) or when a value is NaN or infinite.
+  using Visit = std::function<void(std::int64_t row0, std::int64_t rows, const float* values)>;
+  void read(const std::string& name, const Visit& f) const;
+  // The whole tensor (checked as read() checks it).
+  std::vector<float> read_all(const std::string& name) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Writes one flat buffer laid out like `store` as named global tensors (prefix + name) into a
 // new HDF5 file (collective; e.g. gradients for validation). Attributes: iteration.

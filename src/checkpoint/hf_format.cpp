@@ -13,116 +13,247 @@ namespace {
 
 std::string str(std::int64_t i) { return std::to_string(i); }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + str(s[i]);
-  return t + "]";
+struct FamilyInfo {
+  HfFamily family;
+  const char* model_type;
+  const char* architecture;
+  const char* trident_model;
+};
+constexpr FamilyInfo kFamilies[] = {
+    {HfFamily::Gpt2, "gpt2", "GPT2LMHeadModel", "gpt"},
+    {HfFamily::MegatronBert, "megatron-bert", "MegatronBertForPreTraining", "bert"},
+    {HfFamily::Llama, "llama", "LlamaForCausalLM", "gpt"},
+    {HfFamily::Mistral, "mistral", "MistralForCausalLM", "gpt"},
+    {HfFamily::Qwen2, "qwen2", "Qwen2ForCausalLM", "gpt"},
+    {HfFamily::Qwen3, "qwen3", "Qwen3ForCausalLM", "gpt"},
+};
+const FamilyInfo& info(HfFamily f) {
+  for (const auto& i : kFamilies)
+    if (i.family == f) return i;
+  throw Error::all("internal: unknown Hugging Face family");
+}
+std::string family_names() {
+  std::string s;
+  for (const auto& i : kFamilies) s += (s.empty() ? "" : ", ") + std::string(i.model_type);
+  return s;
+}
+
+// What of a GPT deck's layer a Llama-family export cannot hold ("" when it can): the layer must
+// be the Llama family's (rotary positions over whole heads, RMSNorm, SwiGLU).
+std::string llama_layer_gap(const Deck& d) {
+  const auto& m = d.model;
+  if (m.position_embedding_type != "rope") return "model.position_embedding_type = " + m.position_embedding_type;
+  if (m.rotary_percent != 1.0) return "model.rotary_percent = " + std::to_string(m.rotary_percent);
+  if (m.normalization != "RMSNorm") return "model.normalization = " + m.normalization;
+  if (!m.swiglu) return "model.swiglu = false (a GELU MLP)";
+  return "";
 }
 
 }  // namespace
 
-std::vector<HfTensor> hf_tensor_map(const std::string& model, std::int64_t num_layers, bool binary_head) {
-  std::vector<HfTensor> m;
-  auto add = [&](const std::string& t, const std::string& h, HfLayout l = HfLayout::Same) { m.push_back({t, {h}, l}); };
-  auto wb = [&](const std::string& t, const std::string& h, HfLayout weight_layout = HfLayout::Same) {
-    add(t + "/weight", h + ".weight", weight_layout);
-    add(t + "/bias", h + ".bias");
+std::vector<std::int64_t> HfTensor::hf_shape(size_t i) const {
+  if (layout == HfLayout::Same) return shape;
+  if (layout == HfLayout::Transposed) return {shape[1], shape[0]};
+  std::vector<std::int64_t> s = shape;
+  s[0] = rows.at(i);
+  return s;
+}
+
+std::int64_t HfTensor::row0(size_t i) const {
+  std::int64_t r = 0;
+  for (size_t b = 0; b < i; ++b) r += rows.at(b);
+  return r;
+}
+
+const char* hf_model_type(HfFamily f) { return info(f).model_type; }
+const char* hf_trident_model(HfFamily f) { return info(f).trident_model; }
+bool hf_is_llama_family(HfFamily f) {
+  return f == HfFamily::Llama || f == HfFamily::Mistral || f == HfFamily::Qwen2 || f == HfFamily::Qwen3;
+}
+
+HfFamily hf_family_of(const std::string& model_type, const std::string& where) {
+  for (const auto& i : kFamilies)
+    if (model_type == i.model_type) return i.family;
+  if (model_type == "bert")
+    throw Error::all(where +
+                     ": model_type 'bert' (BertForPreTraining) normalizes after each residual add and on the "
+                     "embeddings; Trident's BERT is Megatron's (pre-LayerNorm): convert megatron-bert "
+                     "(MegatronBertForPreTraining) checkpoints");
+  throw Error::all(where + ": model_type '" + model_type + "' is not converted (" + family_names() + " are)");
+}
+
+HfFamily hf_export_family(const std::string& model, const Deck& d, const std::string& requested) {
+  const auto& m = d.model;
+  if (model == "bert") {
+    TRIDENT_REQUIRE(requested.empty() || requested == "megatron-bert",
+                    "a BERT checkpoint exports as megatron-bert, not " << requested);
+    return HfFamily::MegatronBert;
+  }
+  TRIDENT_REQUIRE(model == "gpt", "a " << model << " checkpoint has no Hugging Face counterpart here (GPT and BERT "
+                                       << "are converted)");
+  const bool llama_layer = m.position_embedding_type == "rope" || m.normalization == "RMSNorm" || m.swiglu;
+  HfFamily f;
+  if (!requested.empty()) {
+    f = hf_family_of(requested, "--hf-architecture");
+    TRIDENT_REQUIRE(f != HfFamily::MegatronBert, "a GPT checkpoint does not export as megatron-bert");
+  } else if (!llama_layer) {
+    f = HfFamily::Gpt2;
+  } else if (m.qk_layernorm) {
+    f = HfFamily::Qwen3;
+  } else if (m.add_qkv_bias && !m.add_bias_linear) {
+    f = HfFamily::Qwen2;
+  } else {
+    f = HfFamily::Llama;
+  }
+  const std::string name = hf_model_type(f);
+  auto refuse = [&](const std::string& what) {
+    throw Error::all("this checkpoint cannot be written as " + name + ": " + what);
   };
-  if (model == "gpt") {
+  if (f == HfFamily::Gpt2) {
+    if (llama_layer) refuse("its layer is the Llama family's (rotary positions, RMSNorm or SwiGLU)");
+    if (m.untie_embeddings_and_output_weights) refuse("GPT2LMHeadModel's output layer is tied to the embeddings");
+    if (!m.add_bias_linear || m.groups() != m.num_heads || m.head_dim() * m.num_heads != m.hidden_size ||
+        m.qk_layernorm)
+      refuse("GPT-2's layer has biases and multi-head attention of hidden / heads channels, nothing else");
+    return f;
+  }
+  if (const std::string gap = llama_layer_gap(d); !gap.empty()) refuse(gap);
+  const bool qkv_only = m.add_qkv_bias && !m.add_bias_linear;
+  switch (f) {
+    case HfFamily::Llama:
+      if (m.qk_layernorm) refuse("model.qk_layernorm (Llama has no q/k norms: qwen3 has)");
+      if (qkv_only) refuse("a qkv bias without the other biases (qwen2 has that)");
+      break;
+    case HfFamily::Mistral:
+      if (m.qk_layernorm) refuse("model.qk_layernorm (Mistral has no q/k norms)");
+      if (m.qkv_bias()) refuse("linear biases (Mistral has none)");
+      break;
+    case HfFamily::Qwen2:
+      if (m.qk_layernorm) refuse("model.qk_layernorm (Qwen 2 has no q/k norms: qwen3 has)");
+      if (!qkv_only)
+        refuse("Qwen 2 has q/k/v biases and no other (model.add_qkv_bias = true, add_bias_linear = false)");
+      if (m.head_dim() * m.num_heads != m.hidden_size)
+        refuse("model.kv_channels = " + str(m.head_dim()) + ": Qwen 2's heads are hidden / heads wide");
+      break;
+    case HfFamily::Qwen3:
+      if (!m.qk_layernorm) refuse("Qwen 3 has q/k norms (model.qk_layernorm = true)");
+      if (m.qkv_bias())
+        refuse(
+            "linear biases (Qwen 3's attention_bias biases q, k, v and o without the MLP, which "
+            "model.add_bias_linear and add_qkv_bias cannot express)");
+      break;
+    default: break;
+  }
+  return f;
+}
+
+std::vector<HfTensor> hf_tensor_map(HfFamily f, const Deck& d, std::int64_t vocab) {
+  const auto& md = d.model;
+  const std::int64_t C = md.hidden_size, L = md.num_layers, P = md.max_position_embeddings;
+  const std::int64_t F = md.ffn_hidden_size > 0 ? md.ffn_hidden_size : 4 * C;
+  std::vector<HfTensor> m;
+  auto add = [&](const std::string& t, std::vector<std::int64_t> shape, const std::string& h,
+                 HfLayout l = HfLayout::Same) {
+    m.push_back({t, std::move(shape), {h}, l, {}});
+  };
+  auto wb = [&](const std::string& t, std::vector<std::int64_t> shape, const std::string& h,
+                HfLayout weight_layout = HfLayout::Same) {
+    add(t + "/weight", shape, h + ".weight", weight_layout);
+    add(t + "/bias", {shape[0]}, h + ".bias");
+  };
+  if (f == HfFamily::Gpt2) {
     const std::string p = "transformer.";
-    add("model/embedding/word_embeddings", p + "wte.weight");
-    add("model/embedding/position_embeddings", p + "wpe.weight");
-    for (std::int64_t i = 0; i < num_layers; ++i) {
+    add("model/embedding/word_embeddings", {vocab, C}, p + "wte.weight");
+    add("model/embedding/position_embeddings", {P, C}, p + "wpe.weight");
+    for (std::int64_t i = 0; i < L; ++i) {
       const std::string t = "model/layers/" + str(i) + "/", h = p + "h." + str(i) + ".";
-      wb(t + "input_layernorm", h + "ln_1");
-      wb(t + "self_attention/qkv", h + "attn.c_attn", HfLayout::Transposed);
-      wb(t + "self_attention/proj", h + "attn.c_proj", HfLayout::Transposed);
-      wb(t + "post_attention_layernorm", h + "ln_2");
-      wb(t + "mlp/fc1", h + "mlp.c_fc", HfLayout::Transposed);
-      wb(t + "mlp/fc2", h + "mlp.c_proj", HfLayout::Transposed);
+      wb(t + "input_layernorm", {C}, h + "ln_1");
+      wb(t + "self_attention/qkv", {3 * C, C}, h + "attn.c_attn", HfLayout::Transposed);
+      wb(t + "self_attention/proj", {C, C}, h + "attn.c_proj", HfLayout::Transposed);
+      wb(t + "post_attention_layernorm", {C}, h + "ln_2");
+      wb(t + "mlp/fc1", {F, C}, h + "mlp.c_fc", HfLayout::Transposed);
+      wb(t + "mlp/fc2", {C, F}, h + "mlp.c_proj", HfLayout::Transposed);
     }
-    wb("model/final_layernorm", p + "ln_f");
+    wb("model/final_layernorm", {C}, p + "ln_f");
     return m;
   }
-  if (model == "bert") {
-    add("model/embedding/word_embeddings", "bert.embeddings.word_embeddings.weight");
-    add("model/embedding/position_embeddings", "bert.embeddings.position_embeddings.weight");
-    add("model/embedding/tokentype_embeddings", "bert.embeddings.token_type_embeddings.weight");
-    for (std::int64_t i = 0; i < num_layers; ++i) {
+  if (f == HfFamily::MegatronBert) {
+    add("model/embedding/word_embeddings", {vocab, C}, "bert.embeddings.word_embeddings.weight");
+    add("model/embedding/position_embeddings", {P, C}, "bert.embeddings.position_embeddings.weight");
+    add("model/embedding/tokentype_embeddings", {2, C}, "bert.embeddings.token_type_embeddings.weight");
+    for (std::int64_t i = 0; i < L; ++i) {
       const std::string t = "model/layers/" + str(i) + "/", h = "bert.encoder.layer." + str(i) + ".";
-      wb(t + "input_layernorm", h + "attention.ln");
+      wb(t + "input_layernorm", {C}, h + "attention.ln");
       for (const char* part : {"weight", "bias"})
         m.push_back(
             {t + "self_attention/qkv/" + part,
+             std::string(part) == "weight" ? std::vector<std::int64_t>{3 * C, C} : std::vector<std::int64_t>{3 * C},
              {h + "attention.self.query." + part, h + "attention.self.key." + part, h + "attention.self.value." + part},
-             HfLayout::RowThirds});
-      wb(t + "self_attention/proj", h + "attention.output.dense");
-      wb(t + "post_attention_layernorm", h + "ln");
-      wb(t + "mlp/fc1", h + "intermediate.dense");
-      wb(t + "mlp/fc2", h + "output.dense");
+             HfLayout::RowBlocks,
+             {C, C, C}});
+      wb(t + "self_attention/proj", {C, C}, h + "attention.output.dense");
+      wb(t + "post_attention_layernorm", {C}, h + "ln");
+      wb(t + "mlp/fc1", {F, C}, h + "intermediate.dense");
+      wb(t + "mlp/fc2", {C, F}, h + "output.dense");
     }
-    wb("model/final_layernorm", "bert.encoder.ln");
-    wb("model/lm_head/dense", "cls.predictions.transform.dense");
-    wb("model/lm_head/layernorm", "cls.predictions.transform.LayerNorm");
-    add("model/lm_head/bias", "cls.predictions.bias");
-    if (binary_head) {
-      wb("model/pooler/dense", "bert.pooler.dense");
-      wb("model/binary_head", "cls.seq_relationship");
+    wb("model/final_layernorm", {C}, "bert.encoder.ln");
+    wb("model/lm_head/dense", {C, C}, "cls.predictions.transform.dense");
+    wb("model/lm_head/layernorm", {C}, "cls.predictions.transform.LayerNorm");
+    add("model/lm_head/bias", {vocab}, "cls.predictions.bias");
+    if (d.bert.binary_head) {
+      wb("model/pooler/dense", {C, C}, "bert.pooler.dense");
+      wb("model/binary_head", {2, C}, "cls.seq_relationship");
     }
     return m;
   }
-  throw Error::all("Hugging Face format: model kind '" + model + "' has no mapping (gpt and bert have)");
+  // the Llama family (Hugging Face's module order: attention, MLP, then the layer's two norms)
+  const std::int64_t q = md.q_width(), kv = md.kv_width(), hd = md.head_dim();
+  add("model/embedding/word_embeddings", {vocab, C}, "model.embed_tokens.weight");
+  for (std::int64_t i = 0; i < L; ++i) {
+    const std::string t = "model/layers/" + str(i) + "/", h = "model.layers." + str(i) + ".";
+    const std::string a = h + "self_attn.";
+    m.push_back({t + "self_attention/qkv/weight",
+                 {q + 2 * kv, C},
+                 {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                 HfLayout::RowBlocks,
+                 {q, kv, kv}});
+    if (md.qkv_bias())
+      m.push_back({t + "self_attention/qkv/bias",
+                   {q + 2 * kv},
+                   {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+                   HfLayout::RowBlocks,
+                   {q, kv, kv}});
+    add(t + "self_attention/proj/weight", {C, q}, a + "o_proj.weight");
+    if (md.add_bias_linear) add(t + "self_attention/proj/bias", {C}, a + "o_proj.bias");
+    if (md.qk_layernorm) {
+      add(t + "self_attention/q_layernorm/weight", {hd}, a + "q_norm.weight");
+      add(t + "self_attention/k_layernorm/weight", {hd}, a + "k_norm.weight");
+    }
+    m.push_back({t + "mlp/fc1/weight",
+                 {2 * F, C},
+                 {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"},
+                 HfLayout::RowBlocks,
+                 {F, F}});
+    if (md.add_bias_linear)
+      m.push_back({t + "mlp/fc1/bias",
+                   {2 * F},
+                   {h + "mlp.gate_proj.bias", h + "mlp.up_proj.bias"},
+                   HfLayout::RowBlocks,
+                   {F, F}});
+    add(t + "mlp/fc2/weight", {C, F}, h + "mlp.down_proj.weight");
+    if (md.add_bias_linear) add(t + "mlp/fc2/bias", {C}, h + "mlp.down_proj.bias");
+    add(t + "input_layernorm/weight", {C}, h + "input_layernorm.weight");
+    add(t + "post_attention_layernorm/weight", {C}, h + "post_attention_layernorm.weight");
+  }
+  add("model/final_layernorm/weight", {C}, "model.norm.weight");
+  if (md.untie_embeddings_and_output_weights) add("model/output_layer/weight", {vocab, C}, "lm_head.weight");
+  return m;
 }
 
-std::vector<SafeTensorOut> to_hf(const HfTensor& m, const std::vector<std::int64_t>& shape,
-                                 const std::vector<float>& v) {
-  if (m.layout == HfLayout::Same) return {{m.hf[0], shape, v}};
-  if (m.layout == HfLayout::Transposed) {
-    TRIDENT_REQUIRE(shape.size() == 2, m.trident << ": a transposed tensor must be 2-D, not " << shape_text(shape));
-    const std::int64_t r = shape[0], c = shape[1];
-    std::vector<float> t(v.size());
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t j = 0; j < c; ++j) t[j * r + i] = v[i * c + j];
-    return {{m.hf[0], {c, r}, std::move(t)}};
-  }
-  TRIDENT_REQUIRE(!shape.empty() && shape[0] % 3 == 0,
-                  m.trident << ": " << shape_text(shape) << " is not 3 blocks of rows");
-  std::vector<std::int64_t> part = shape;
-  part[0] /= 3;
-  const size_t n = v.size() / 3;
-  std::vector<SafeTensorOut> out;
-  for (size_t b = 0; b < 3; ++b)
-    out.push_back({m.hf[b], part, std::vector<float>(v.begin() + b * n, v.begin() + (b + 1) * n)});
-  return out;
-}
-
-std::vector<float> from_hf(
-    const HfTensor& m, const std::vector<std::int64_t>& shape,
-    const std::function<std::vector<float>(const std::string&, const std::vector<std::int64_t>&)>& get) {
-  if (m.layout == HfLayout::Same) return get(m.hf[0], shape);
-  if (m.layout == HfLayout::Transposed) {
-    const std::int64_t r = shape[0], c = shape[1];
-    const std::vector<float> t = get(m.hf[0], {c, r});
-    std::vector<float> v(t.size());
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t j = 0; j < c; ++j) v[i * c + j] = t[j * r + i];
-    return v;
-  }
-  std::vector<std::int64_t> part = shape;
-  part[0] /= 3;
-  std::vector<float> v;
-  for (size_t b = 0; b < 3; ++b) {
-    const std::vector<float> t = get(m.hf[b], part);
-    v.insert(v.end(), t.begin(), t.end());
-  }
-  return v;
-}
-
-std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t vocab, std::int64_t eod,
-                           const std::string& dtype) {
+std::string hf_config_json(HfFamily f, const Deck& d, std::int64_t vocab, std::int64_t eod, const std::string& dtype) {
   const auto& md = d.model;
   nlohmann::ordered_json c;
-  if (model == "gpt") {
+  if (f == HfFamily::Gpt2) {
     c["architectures"] = {"GPT2LMHeadModel"};
     c["model_type"] = "gpt2";
     c["vocab_size"] = vocab;
@@ -146,7 +277,7 @@ std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t
     c["reorder_and_upcast_attn"] = false;
     c["tie_word_embeddings"] = true;
     c["use_cache"] = true;
-  } else if (model == "bert") {
+  } else if (f == HfFamily::MegatronBert) {
     // without the sentence-order head there is no NSP head to fill: the masked-LM class
     c["architectures"] = {d.bert.binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM"};
     c["model_type"] = "megatron-bert";
@@ -165,7 +296,44 @@ std::string hf_config_json(const std::string& model, const Deck& d, std::int64_t
     c["position_embedding_type"] = "absolute";
     c["tie_word_embeddings"] = true;
   } else {
-    throw Error::all("Hugging Face format: model kind '" + model + "' has no mapping (gpt and bert have)");
+    c["architectures"] = {info(f).architecture};
+    c["model_type"] = info(f).model_type;
+    c["vocab_size"] = vocab;
+    c["hidden_size"] = md.hidden_size;
+    c["intermediate_size"] = md.ffn_hidden_size;
+    c["num_hidden_layers"] = md.num_layers;
+    c["num_attention_heads"] = md.num_heads;
+    c["num_key_value_heads"] = md.groups();
+    if (f != HfFamily::Qwen2) c["head_dim"] = md.head_dim();
+    c["hidden_act"] = "silu";
+    c["max_position_embeddings"] = md.max_position_embeddings;
+    c["rms_norm_eps"] = md.norm_epsilon;
+    c["rope_theta"] = md.rotary_base;
+    if (md.use_rope_scaling)
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", md.rope_scaling_factor},
+                           {"low_freq_factor", md.rope_low_freq_factor},
+                           {"high_freq_factor", md.rope_high_freq_factor},
+                           {"original_max_position_embeddings", md.rope_original_max_position_embeddings}};
+    else
+      c["rope_scaling"] = nullptr;
+    c["attention_dropout"] = md.attention_dropout;
+    c["initializer_range"] = md.init_method_std;
+    if (f == HfFamily::Llama) {
+      c["attention_bias"] = md.add_bias_linear;
+      c["mlp_bias"] = md.add_bias_linear;
+    } else if (f == HfFamily::Qwen3) {
+      c["attention_bias"] = false;
+    }
+    if (f == HfFamily::Mistral) c["sliding_window"] = nullptr;
+    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3) {
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+      c["max_window_layers"] = md.num_layers;
+    }
+    if (eod >= 0) c["eos_token_id"] = eod;
+    c["tie_word_embeddings"] = !md.untie_embeddings_and_output_weights;
+    c["use_cache"] = true;
   }
   c["torch_dtype"] = dtype;
   return c.dump(2) + "\n";
@@ -202,20 +370,31 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
     TRIDENT_REQUIRE(c[k].is_string(), where << ": '" << k << "' must be a string, not " << c[k].dump());
     return c[k].get<std::string>();
   };
+  // eos_token_id: one id, or a list (Llama 3 Instruct) whose first entry ends a document
+  auto eos = [&]() -> std::int64_t {
+    if (!has("eos_token_id")) return -1;
+    const auto& e = c["eos_token_id"];
+    const auto& first = e.is_array() && !e.empty() ? e[0] : e;
+    TRIDENT_REQUIRE(first.is_number_integer(), where << ": 'eos_token_id' must be an integer or a list of them");
+    return first.get<std::int64_t>();
+  };
   const std::string type = text_of("model_type", "");
-  TRIDENT_REQUIRE(!type.empty(), where << ": 'model_type' is missing (gpt2 and megatron-bert are converted)");
+  TRIDENT_REQUIRE(!type.empty(), where << ": 'model_type' is missing (" << family_names() << " are converted)");
+  facts.family = hf_family_of(type, where);
+  facts.model = hf_trident_model(facts.family);
   auto activation = [&](const char* k, const std::string& def) {
     const std::string a = text_of(k, def);
     TRIDENT_REQUIRE(a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast",
                     where << ": '" << k << "' is '" << a
-                          << "': Trident's models compute GELU's tanh approximation only (gelu_new)");
+                          << "': Trident's GPT-2 and BERT compute GELU's tanh approximation only (gelu_new)");
   };
-  TRIDENT_REQUIRE(flag("tie_word_embeddings", true),
-                  where << ": 'tie_word_embeddings' is false: Trident's output layer is the word embeddings (tied)");
   std::int64_t layers = 0, hidden = 0, heads = 0, ffn = 0, positions = 0;
   double eps = 1e-5, std_init = 0.02, hd = 0.1, ad = 0.1;
-  if (type == "gpt2") {
-    facts.model = "gpt";
+  std::ostringstream extra;  // the Llama family's further keys
+  extra << std::setprecision(17);
+  if (facts.family == HfFamily::Gpt2) {
+    TRIDENT_REQUIRE(flag("tie_word_embeddings", true),
+                    where << ": 'tie_word_embeddings' is false: GPT-2's output layer is the word embeddings (tied)");
     layers = integer("n_layer");
     hidden = integer("n_embd");
     heads = integer("n_head");
@@ -235,12 +414,10 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
                     where << ": 'scale_attn_by_inverse_layer_idx' is true: Trident does not scale attention per layer");
     TRIDENT_REQUIRE(!flag("add_cross_attention", false),
                     where << ": 'add_cross_attention' is true: Trident's GPT has no cross-attention");
-    if (has("eos_token_id")) {
-      TRIDENT_REQUIRE(c["eos_token_id"].is_number_integer(), where << ": 'eos_token_id' must be an integer");
-      facts.eod = c["eos_token_id"].get<std::int64_t>();
-    }
-  } else if (type == "megatron-bert") {
-    facts.model = "bert";
+    facts.eod = eos();
+  } else if (facts.family == HfFamily::MegatronBert) {
+    TRIDENT_REQUIRE(flag("tie_word_embeddings", true),
+                    where << ": 'tie_word_embeddings' is false: BERT's output layer is the word embeddings (tied)");
     layers = integer("num_hidden_layers");
     hidden = integer("hidden_size");
     heads = integer("num_attention_heads");
@@ -257,17 +434,90 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
     const std::string pos = text_of("position_embedding_type", "absolute");
     TRIDENT_REQUIRE(pos == "absolute", where << ": 'position_embedding_type' is '" << pos
                                              << "': Trident's BERT learns absolute position embeddings");
-  } else if (type == "bert") {
-    throw Error::all(where +
-                     ": model_type 'bert' (BertForPreTraining) normalizes after each residual add and on the "
-                     "embeddings; Trident's BERT is Megatron's (pre-LayerNorm): convert megatron-bert "
-                     "(MegatronBertForPreTraining) checkpoints");
-  } else {
-    throw Error::all(where + ": model_type '" + type + "' is not converted (gpt2 and megatron-bert are)");
+  } else {  // Llama, Mistral, Qwen 2, Qwen 3
+    const HfFamily f = facts.family;
+    layers = integer("num_hidden_layers");
+    hidden = integer("hidden_size");
+    heads = integer("num_attention_heads");
+    ffn = integer("intermediate_size");
+    positions = integer("max_position_embeddings");
+    facts.vocab_size = integer("vocab_size");
+    const std::int64_t groups = has("num_key_value_heads") ? integer("num_key_value_heads") : heads;
+    TRIDENT_REQUIRE(heads % groups == 0, where << ": " << heads << " attention heads are not a multiple of " << groups
+                                               << " key/value heads");
+    const std::string act = text_of("hidden_act", "silu");
+    TRIDENT_REQUIRE(act == "silu",
+                    where << ": 'hidden_act' is '" << act << "': Trident's Llama-family MLP is SwiGLU (silu)");
+    eps = number("rms_norm_eps", 1e-6);
+    std_init = number("initializer_range", 0.02);
+    hd = 0.0;
+    ad = number("attention_dropout", 0.0);
+    TRIDENT_REQUIRE(!has("partial_rotary_factor") || number("partial_rotary_factor", 1.0) == 1.0,
+                    where << ": 'partial_rotary_factor' is " << c["partial_rotary_factor"].dump()
+                          << ": the converter turns whole heads");
+    // sliding-window attention: Mistral's sliding_window (on when set), Qwen's use_sliding_window
+    if (f == HfFamily::Mistral && has("sliding_window"))
+      TRIDENT_REQUIRE(integer("sliding_window") >= positions,
+                      where << ": 'sliding_window' is " << c["sliding_window"].dump()
+                            << ": sliding-window attention (Mistral 7B v0.1) is not implemented");
+    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3)
+      TRIDENT_REQUIRE(!flag("use_sliding_window", false),
+                      where << ": 'use_sliding_window' is true: sliding-window attention is not implemented");
+    // the biases each family has
+    bool bias_linear = false, qkv_bias = false;
+    if (f == HfFamily::Llama) {
+      const bool attn = flag("attention_bias", false), mlp = flag("mlp_bias", false);
+      TRIDENT_REQUIRE(attn == mlp, where << ": 'attention_bias' is " << (attn ? "true" : "false") << " and 'mlp_bias' "
+                                         << (mlp ? "true" : "false")
+                                         << ": Trident biases every linear or none (model.add_bias_linear)");
+      bias_linear = attn;
+    } else if (f == HfFamily::Qwen2) {
+      qkv_bias = true;  // Qwen 2 always biases q, k and v (and nothing else)
+    } else if (f == HfFamily::Qwen3) {
+      TRIDENT_REQUIRE(!flag("attention_bias", false),
+                      where << ": 'attention_bias' is true: biases on q, k, v and o without the MLP cannot be "
+                               "expressed by model.add_bias_linear and add_qkv_bias");
+    }
+    // rotary positions and Llama 3.1's frequency scaling
+    if (has("rope_scaling")) {
+      const auto& r = c["rope_scaling"];
+      TRIDENT_REQUIRE(r.is_object(), where << ": 'rope_scaling' must be an object or null");
+      std::string kind = r.contains("rope_type") && r["rope_type"].is_string() ? r["rope_type"].get<std::string>() : "";
+      if (kind.empty() && r.contains("type") && r["type"].is_string()) kind = r["type"].get<std::string>();
+      TRIDENT_REQUIRE(kind == "llama3" || kind == "default",
+                      where << ": 'rope_scaling' of type '" << kind
+                            << "' is not implemented (llama3 is; linear, dynamic, yarn and others are not)");
+      if (kind == "llama3") {
+        auto field = [&](const char* k) -> double {
+          TRIDENT_REQUIRE(r.contains(k) && r[k].is_number(), where << ": rope_scaling needs a number '" << k << "'");
+          return r[k].get<double>();
+        };
+        extra << "use_rope_scaling = true\nrope_scaling_factor = " << field("factor")
+              << "\nrope_low_freq_factor = " << field("low_freq_factor")
+              << "\nrope_high_freq_factor = " << field("high_freq_factor")
+              << "\nrope_original_max_position_embeddings = "
+              << static_cast<std::int64_t>(field("original_max_position_embeddings")) << "\n";
+      }
+    }
+    const bool tie = flag("tie_word_embeddings", false);
+    extra << "normalization = RMSNorm\nposition_embedding_type = rope\nrotary_base = " << number("rope_theta", 10000.0)
+          << "\nswiglu = true\nnum_query_groups = " << groups
+          << "\nadd_bias_linear = " << (bias_linear ? "true" : "false")
+          << "\nadd_qkv_bias = " << (qkv_bias ? "true" : "false")
+          << "\nuntie_embeddings_and_output_weights = " << (tie ? "false" : "true") << "\n";
+    if (has("head_dim")) {
+      extra << "kv_channels = " << integer("head_dim") << "\n";
+    } else {
+      TRIDENT_REQUIRE(hidden % heads == 0,
+                      where << ": the hidden size " << hidden << " is not divisible by the " << heads << " heads");
+    }
+    if (f == HfFamily::Qwen3) extra << "qk_layernorm = true\n";
+    facts.eod = eos();
   }
-  TRIDENT_REQUIRE(hidden % heads == 0,
-                  where << ": the hidden size " << hidden << " is not divisible by the " << heads << " heads");
-  TRIDENT_REQUIRE(eps > 0, where << ": the LayerNorm epsilon must be > 0");
+  if (!hf_is_llama_family(facts.family))
+    TRIDENT_REQUIRE(hidden % heads == 0,
+                    where << ": the hidden size " << hidden << " is not divisible by the " << heads << " heads");
+  TRIDENT_REQUIRE(eps > 0, where << ": the norm epsilon must be > 0");
   TRIDENT_REQUIRE(hd >= 0 && hd < 1 && ad >= 0 && ad < 1, where << ": dropout probabilities must be in [0, 1)");
   if (seq_length == 0) seq_length = positions;
   TRIDENT_REQUIRE(seq_length <= positions, "--seq-length " << seq_length << " is longer than the position table ("
@@ -277,8 +527,9 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
   ini << std::setprecision(17);
   ini << "[model]\nnum_layers = " << layers << "\nhidden_size = " << hidden << "\nnum_heads = " << heads
       << "\nffn_hidden_size = " << ffn << "\nseq_length = " << seq_length << "\nmax_position_embeddings = " << positions
-      << "\nvocab_size = " << facts.vocab_size << "\nlayernorm_epsilon = " << eps << "\ninit_method_std = " << std_init
-      << "\nhidden_dropout = " << hd << "\nattention_dropout = " << ad << "\n";
+      << "\nvocab_size = " << facts.vocab_size << "\nnorm_epsilon = " << eps << "\ninit_method_std = " << std_init
+      << "\nhidden_dropout = " << hd << "\nattention_dropout = " << ad << "\n"
+      << extra.str();
   if (facts.model == "bert") ini << "[bert]\nbinary_head = " << (facts.binary_head ? "true" : "false") << "\n";
   return ini.str();
 }

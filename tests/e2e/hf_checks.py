@@ -20,7 +20,21 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
   errors  one clear error each, nothing written: an output that exists (without --overwrite,
           the files unchanged), another activation, untied output weights, a sequence longer
           than the position table, a truncated safetensors file, an extra tensor, a shape that
-          differs from the config, a pickle-only directory, a T5 checkpoint, two processes
+          differs from the config, a pickle-only directory, a T5 checkpoint, two processes; for the
+          Llama family a k_proj of another group count, an active sliding window, yarn rope
+          scaling, another activation, a missing shard, a Llama layer asked for as GPT-2, a shard
+          size that is no size
+  llama   directories of validation/hf_llama.py (an independent float64 Llama family keyed by
+          Hugging Face's names, writing config.json and sharded safetensors itself): Llama 3
+          (GQA, llama3 rope scaling, bf16 shards), Llama with every bias, tied embeddings and
+          head_dim 24, Mistral (one key/value head, fp16). Each imports; --eval.only scores it as
+          the reference does (1e-6) at one rank and at tp=2 or pp=2 (8 digits); the export writes
+          the same tensors byte for byte at the written dtype, sharded, with the same config, and
+          re-imports bitwise; greedy generation equals the reference's tokens; q/k rows in Meta's
+          interleaved order score differently by far more than the tolerance (so a converter that
+          permuted them would fail); with transformers installed, AutoModelForCausalLM scores the
+          export too
+  qwen    the same for Qwen 2 (q/k/v biases) and Qwen 3 (q/k norms, head_dim 24, bf16)
 """
 import argparse
 import hashlib
@@ -339,6 +353,26 @@ def check_errors(c):
     t5 = c.train_masked("pretrain_t5", "t5_tiny_ci.ini", "t5_ck", 1)
     conv = [c.conv]
     imp = conv + ["--to", "trident", "--output", c.path("out")]
+    # the Llama family: a directory of validation/hf_llama.py with one thing changed each
+    lsrc = c.path("llama_src")
+    hf_llama(["write", "--family", "llama", "--out", lsrc, "--seed", "3", "--shard-size", "60000"])
+    lcfg = json.load(open(os.path.join(lsrc, "config.json")))
+
+    def llama_variant(name, **changes):
+        d = c.path(name)
+        shutil.copytree(lsrc, d)
+        json.dump(dict(lcfg, **changes), open(os.path.join(d, "config.json"), "w"))
+        return d
+
+    kv = llama_variant("llama_kv", num_key_value_heads=4)
+    window = llama_variant("mistral_window", model_type="mistral", architectures=["MistralForCausalLM"],
+                           sliding_window=16)
+    yarn = llama_variant("llama_yarn", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    silu = llama_variant("llama_gelu", hidden_act="gelu")
+    lost = llama_variant("llama_lost_shard")
+    os.remove(os.path.join(lost, "model-00002-of-%05d.safetensors" % len(
+        set(json.load(open(os.path.join(lsrc, "model.safetensors.index.json")))["weight_map"].values()))))
+    limp = c.import_(lsrc, c.path("llama_ck"))
     bad = single_error_failures([
         ("export over an existing export", conv + ["--to", "hf", "--input", ck, "--output", hf] + tok, "exists"),
         ("import into an existing checkpoint", conv + ["--to", "trident", "--input", hf, "--output", ck], "exists"),
@@ -354,16 +388,155 @@ def check_errors(c):
                                                         "--dtype", "int8"] + tok, "dtype"),
         ("two processes", [c.a.mpiexec, "-n", "2"] + conv + ["--to", "hf", "--input", ck, "--output",
                                                             c.path("np2")] + tok, "one process"),
+        ("Llama: k_proj of another group count", imp + ["--input", kv], "k_proj.weight: shape"),
+        ("Mistral with a sliding window", imp + ["--input", window], "sliding-window"),
+        ("Llama: yarn rope scaling", imp + ["--input", yarn], "yarn"),
+        ("Llama: another activation", imp + ["--input", silu], "hidden_act"),
+        ("Llama: a shard missing", imp + ["--input", lost], "model-00002-of-"),
+        ("a Llama layer as GPT-2", conv + ["--to", "hf", "--input", limp, "--output", c.path("as_gpt2"),
+                                           "--hf-architecture", "gpt2"], "cannot be written as gpt2"),
+        ("a shard size that is no size", conv + ["--to", "hf", "--input", limp, "--output", c.path("as_gpt2"),
+                                                 "--max-shard-size", "5 apples"], "max-shard-size"),
     ])
     after = {f: hashlib.sha256(open(os.path.join(hf, f), "rb").read()).hexdigest() for f in os.listdir(hf)}
     assert before == after, "a refused export changed the existing one"
-    for d in ("out", "t5_hf", "x", "np2"):
+    for d in ("out", "t5_hf", "x", "np2", "as_gpt2"):
         assert not os.path.exists(c.path(d, "latest")) and not os.path.exists(c.path(d, "model.safetensors")), d
     assert not bad, bad
     print("errors: each refused with one error line; nothing written, the existing export unchanged")
 
 
-CHECKS = {"gpt": check_gpt, "bert": check_bert, "errors": check_errors}
+def hf_llama(args, expect_ok=True):
+    """validation/hf_llama.py (the independent float64 Llama family keyed by Hugging Face's names)."""
+    rc, out, _ = run([sys.executable, os.path.join(ROOT, "validation", "hf_llama.py")] + args, expect_ok=False)
+    if rc not in (0, 77) and expect_ok:
+        print(out)
+        raise SystemExit(f"hf_llama.py {args[0]} exited {rc}")
+    return rc, out
+
+
+def hf_dir_tensors(d):
+    """{name: (dtype, shape, raw bytes)} of a Hugging Face directory (one file, or the index's shards)."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+        else ["model.safetensors"]
+    out = {}
+    for f in files:
+        with open(os.path.join(d, f), "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+            data = fh.read()
+        for name, e in header.items():
+            if name != "__metadata__":
+                b, end = e["data_offsets"]
+                out[name] = (e["dtype"], e["shape"], data[b:end])
+    return out, files
+
+
+# The Llama-family cases: (name, family, hf_llama.py write options, layouts evaluated beside one rank).
+# Weights at init-std 0.2, so that the model is far from uniform and every tensor counts.
+LLAMA_CASES = {
+    "llama": [
+        ("llama 3 (GQA, llama3 rope scaling, bf16 shards)", "llama",
+         ["--rope-scaling", "llama3:8,1,4,32", "--rope-theta", "500000", "--dtype", "bf16", "--shard-size", "60000"],
+         ("tp2", "pp2")),
+        ("llama with every bias, tied embeddings, head_dim 24", "llama",
+         ["--attention-bias", "--mlp-bias", "--tie", "--head-dim", "24"], ("tp2",)),
+        ("mistral (no biases, one key/value head, fp16)", "mistral", ["--dtype", "f16", "--kv-heads", "1"], ("pp2",)),
+    ],
+    "qwen": [
+        ("qwen2 (q/k/v biases)", "qwen2", ["--shard-size", "100000"], ("tp2", "pp2")),
+        ("qwen3 (q/k norms, head_dim 24, bf16)", "qwen3", ["--head-dim", "24", "--dtype", "bf16"], ("tp2", "pp2")),
+    ],
+}
+
+
+def check_llama_family(c, cases):
+    """Hugging Face directories written by validation/hf_llama.py import into Trident, which scores them as
+    the reference does (1e-6) at one rank and at tp=2 / pp=2; export writes back the same tensors
+    (names, shapes, bytes at the written dtype) and config, and re-imports bitwise; greedy generation
+    follows the reference token for token; q/k rows in Meta's interleaved order would be detected."""
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    shard = os.path.join(c.sample, "kjv_gpt2_00001.h5")
+    windows, seq = 12, 32
+    data = ["--data.train_shards", os.path.join(c.sample, "kjv_gpt2_*.h5")]
+
+    def evaluate(imp, np_, extra=()):
+        _, out, _ = run(c.app("pretrain_gpt", np_) + [
+            "--deck", os.path.join(imp, "model.ini"), "--checkpoint.load", imp, "--eval.only", "true",
+            "--eval.shard", shard, "--eval.windows", str(windows), "--model.seq_length", str(seq),
+            "--train.micro_batch_size", "4", "--train.global_batch_size", "4"] + data + list(extra))
+        return eval_loss(out)
+
+    layouts = {"tp2": ["--parallel.tp", "2"], "pp2": ["--parallel.pp", "2"]}
+    for k, (what, family, opts, lays) in enumerate(cases):
+        print(f"== {what}")
+        src = c.path(f"hf_{k}")
+        hf_llama(["write", "--family", family, "--out", src, "--seed", str(11 + k), "--init-std", "0.2"] + opts)
+        imp = c.import_(src, c.path(f"imported_{k}"))
+        one = evaluate(imp, 1)
+        _, out = hf_llama(["eval", "--model", src, "--shard", shard, "--windows", str(windows), "--seq", str(seq)])
+        ref = float(eval_loss(out))
+        within("  independent float64 reference vs --eval.only", one, ref, EVAL_REL)
+        for lay in lays:
+            within(f"  the import at {lay}", evaluate(imp, 2, layouts[lay]), float(one), LAYOUT_REL)
+        # export at the written dtype: the same tensors and bytes, the same config; and back, bitwise
+        dt = {"bf16": "bf16", "f16": "fp16"}.get(opts[opts.index("--dtype") + 1] if "--dtype" in opts else "", "fp32")
+        # a Llama-family deck exports as llama, qwen2 or qwen3 by its keys; Mistral is asked for by name
+        arch = ["--hf-architecture", family] if family == "mistral" else []
+        exp = c.export(imp, c.path(f"export_{k}"), ["--dtype", dt, "--max-shard-size", "50000"] + arch)
+        (a, _), (b, files) = hf_dir_tensors(src), hf_dir_tensors(exp)
+        assert sorted(a) == sorted(b), f"tensors differ in presence: {sorted(set(a) ^ set(b))}"
+        bad = [n for n in a if a[n] != b[n]]
+        assert not bad, f"exported tensors differ from the imported directory's: {bad[:4]}"
+        ca, cb = json.load(open(os.path.join(src, "config.json"))), json.load(open(os.path.join(exp, "config.json")))
+        keys = ["model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
+                "tie_word_embeddings", "vocab_size", "max_position_embeddings", "attention_bias", "mlp_bias"]
+        diff = {key: (ca.get(key), cb.get(key)) for key in keys if ca.get(key) != cb.get(key)}
+        assert not diff, f"config.json differs: {diff}"
+        assert ca.get("head_dim", ca["hidden_size"] // ca["num_attention_heads"]) == \
+            cb.get("head_dim", cb["hidden_size"] // cb["num_attention_heads"])
+        print(f"  export ({dt}, {len(files)} shards): {len(b)} tensors byte for byte the imported directory's; "
+              f"config.json equal on {len(keys)} keys")
+        same_model("  export -> import", imp, c.import_(exp, c.path(f"reimported_{k}")))
+        if k == 0:
+            # greedy generation from the import: the reference's tokens
+            enc = json.load(open(c.gpt_vocab[0]))
+            prompt = [enc[t] for t in ("In", "\u0120the", "\u0120beginning", "\u0120God")]
+            _, out, _ = run(c.app("generate_gpt") + ["--checkpoint", imp, "--vocab-file", c.gpt_vocab[0],
+                                                     "--merge-file", c.gpt_vocab[1], "--prompt",
+                                                     "In the beginning God", "--max-new-tokens", "12", "--greedy",
+                                                     "--print-ids", "--ignore-eod"])
+            ours = [l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("ids[1]:")][0]
+            _, out = hf_llama(["generate", "--model", src, "--prompt", ",".join(map(str, prompt)), "--tokens", "12"])
+            theirs = [l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("tokens:")][0]
+            print(f"  greedy generation after {prompt}: Trident {ours}, reference {theirs}")
+            assert ours == theirs, "greedy generation differs from the reference"
+            # Meta's interleaved q/k rows (what a converter that forgot, or doubled, the rotate-half
+            # permutation would read): the import scores them, but not as the reference scores the
+            # model, by far more than the tolerance
+            meta = c.path("hf_meta")
+            hf_llama(["write", "--family", family, "--out", meta, "--seed", "11", "--init-std", "0.2",
+                      "--permute-qk", "meta"] + opts)
+            wrong = float(evaluate(c.import_(meta, c.path("imported_meta")), 1))
+            rel = abs(wrong - ref) / ref
+            print(f"  q/k rows in Meta's interleaved order: {wrong} against the reference's {ref:.8g}, relative "
+                  f"difference {rel:.1e} (the check above would fail: tolerance {EVAL_REL:g})")
+            assert rel > 100 * EVAL_REL, "a wrong q/k row order went unnoticed"
+        rc, out = hf_llama(["eval", "--model", exp, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
+                            "--transformers"])
+        if rc == 77:
+            print("  transformers' AutoModelForCausalLM: not installed here (the GPU check runs it)")
+        else:
+            within("  transformers' AutoModelForCausalLM (float32) on the export vs --eval.only", one,
+                   float(eval_loss(out)), 1e-5)
+
+
+CHECKS = {"gpt": check_gpt, "bert": check_bert, "errors": check_errors,
+          "llama": lambda c: check_llama_family(c, LLAMA_CASES["llama"]),
+          "qwen": lambda c: check_llama_family(c, LLAMA_CASES["qwen"])}
 
 
 def main():

@@ -1,0 +1,700 @@
+#!/usr/bin/env python3
+"""Writes and scores Hugging Face Llama-family model directories, independently of Trident.
+
+Llama, Mistral, Qwen2 and Qwen3 causal LMs (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM) written here in PyTorch float64 from the published architecture (transformers'
+modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3 and their config.json
+conventions): RMSNorm, rotate-half rotary embeddings (with Llama 3's frequency scaling), grouped-query
+causal attention (Qwen3: per-head RMSNorm of q and k before the rotation), the SiLU-gated MLP.
+Nothing here comes from Trident's C++ sources or from gpt_reference.py / torch_reference.py; from
+hf_models.py it takes only the safetensors parser. The writer of the safetensors format (8-byte
+little-endian header length, JSON header padded with spaces to a multiple of 8, raw little-endian
+data; bf16 rounded to nearest even by integer arithmetic) is this file's own.
+
+usage:
+  hf_llama.py write --family {llama,mistral,qwen2,qwen3} --out DIR --seed N [--layers 2] [--hidden 64]
+        [--heads 4] [--kv-heads 2] [--head-dim 0] [--ffn 96] [--vocab 50257] [--max-pos 64]
+        [--rope-theta 10000] [--rms-eps 1e-5] [--rope-scaling none|llama3:FACTOR,LOW,HIGH,ORIGMAX]
+        [--tie|--no-tie] [--attention-bias] [--mlp-bias] [--dtype f32|bf16|f16] [--init-std 0.02]
+        [--shard-size BYTES] [--permute-qk none|meta]
+      a random model directory laid out as save_pretrained lays it out: config.json (indent 2, sorted
+      keys) and model.safetensors, or with --shard-size > 0 and more than one shard
+      model-0000i-of-0000K.safetensors plus model.safetensors.index.json. Tensors are generated and
+      written one at a time in float32 chunks from numpy Generators seeded by (seed, crc32 of the
+      name): matrices N(0, init-std), norm weights 1 + N(0, 0.1), biases N(0, 0.02). --head-dim 0 is
+      hidden / heads. --attention-bias: llama and qwen3 only (q, k, v, o biases; qwen2 always has
+      q, k, v biases); --mlp-bias: llama only; --rope-scaling: not mistral. --permute-qk meta stores
+      q_proj and k_proj (weights and biases) in Meta's interleaved rotary row order, the inverse of
+      convert_llama_weights_to_hf's permute: within each head of d rows, Meta row 2j + c holds the
+      Hugging Face row c*d/2 + j (j < d/2, c in {0, 1}); a model loaded from it scores differently.
+      Prints `wrote DIR: <family>, <n> tensors, <tensor bytes> bytes in <k> file(s)`
+  hf_llama.py eval --model DIR --shard FILE --windows N --seq S [--stride s] [--transformers] [--device D]
+      hf_models.py gpt-eval's score of a token shard (windows tokens[k*s : k*s + S + 1], k < N; s = S
+      disjoint, s < S: each later window scores only its last s targets), with this file's model of
+      DIR (config.json and model.safetensors or model.safetensors.index.json and its shards; every
+      tensor the config implies must be there and no other); prints `eval tokens:`, `eval loss:`,
+      `eval perplexity:`
+  hf_llama.py generate --model DIR --prompt 5,17,42 --tokens N [--transformers] [--device D]
+      greedy decoding; prints `tokens: <id> ...`, the N generated ids
+  hf_llama.py selftest
+      checks of this file's pieces (RoPE, Llama 3 scaling, GQA, the safetensors writer, --permute-qk)
+  --transformers  load DIR with transformers' AutoModelForCausalLM in float32 instead (exit 77 when
+                  transformers is not installed); --device cuda runs on a GPU (TF32 off)
+Not implemented (exit 2): rope_scaling types other than llama3, an active sliding window, hidden_act
+other than silu. OMP_NUM_THREADS sets torch's threads (default 1).
+Exit: 0, 1 when selftest fails, 2 on bad input, 77 when --transformers is asked for and missing.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_models import InputError, read_safetensors  # noqa: E402
+
+# architectures entry and the family's real bos/eos ids (Llama 3, Mistral 7B v0.3, Qwen2, Qwen3)
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", 128000, 128001),
+    "mistral": ("MistralForCausalLM", 1, 2),
+    "qwen2": ("Qwen2ForCausalLM", 151643, 151643),
+    "qwen3": ("Qwen3ForCausalLM", 151643, 151645),
+}
+# --dtype: (safetensors dtype, config.json torch_dtype)
+DTYPES = {"f32": ("F32", "float32"), "bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16")}
+ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
+CHUNK = 1 << 22  # float32 values generated and encoded at a time
+
+
+# ---------------------------------------------------------------- the architecture a config.json describes
+
+class Spec:
+    """What this reference reads from a config.json; InputError for what it does not implement."""
+
+    def __init__(self, cfg):
+        self.family = cfg.get("model_type")
+        if self.family not in FAMILIES:
+            raise InputError(f"model_type {self.family!r}: not one of {', '.join(FAMILIES)}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise InputError(f"hidden_act {cfg['hidden_act']!r}: only silu is implemented")
+        if (self.family == "mistral" and cfg.get("sliding_window") is not None) or \
+                (self.family in ("qwen2", "qwen3") and cfg.get("use_sliding_window")):
+            raise InputError("an active sliding window: not implemented")
+        self.hidden = cfg["hidden_size"]
+        self.layers = cfg["num_hidden_layers"]
+        self.heads = cfg["num_attention_heads"]
+        self.kv_heads = cfg.get("num_key_value_heads") or self.heads
+        self.head_dim = cfg.get("head_dim") or self.hidden // self.heads
+        self.ffn = cfg["intermediate_size"]
+        self.vocab = cfg["vocab_size"]
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        self.tie = cfg.get("tie_word_embeddings", False)
+        # transformers 5 writes rope_parameters in place of rope_theta and rope_scaling
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        self.rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind == "llama3":
+            self.llama3 = (rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+                           rope["original_max_position_embeddings"])
+        elif kind == "default":
+            self.llama3 = None
+        else:
+            raise InputError(f"rope_scaling type {kind!r}: only llama3 is implemented")
+        if self.heads % self.kv_heads or self.head_dim % 2 or min(self.hidden, self.layers, self.heads,
+                                                                  self.ffn, self.vocab) < 1:
+            raise InputError("config.json: sizes must be positive, heads a multiple of num_key_value_heads, "
+                             "head_dim even")
+        bias = cfg.get("attention_bias", False)
+        self.qkv_bias = {"llama": bias, "mistral": False, "qwen2": True, "qwen3": bias}[self.family]
+        self.o_bias = self.qkv_bias and self.family != "qwen2"
+        self.mlp_bias = self.family == "llama" and cfg.get("mlp_bias", False)
+        self.qk_norm = self.family == "qwen3"
+
+    def tensors(self):
+        """[(name, shape)] in Hugging Face's state_dict order (the modules' registration order)."""
+        H, d, F = self.hidden, self.head_dim, self.ffn
+
+        def linear(name, out, inp, bias):
+            return [(name + ".weight", (out, inp))] + ([(name + ".bias", (out,))] if bias else [])
+
+        out = [("model.embed_tokens.weight", (self.vocab, H))]
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            out += linear(a + "q_proj", self.heads * d, H, self.qkv_bias)
+            out += linear(a + "k_proj", self.kv_heads * d, H, self.qkv_bias)
+            out += linear(a + "v_proj", self.kv_heads * d, H, self.qkv_bias)
+            out += linear(a + "o_proj", H, self.heads * d, self.o_bias)
+            if self.qk_norm:
+                out += [(a + "q_norm.weight", (d,)), (a + "k_norm.weight", (d,))]
+            out += linear(p + "mlp.gate_proj", F, H, self.mlp_bias)
+            out += linear(p + "mlp.up_proj", F, H, self.mlp_bias)
+            out += linear(p + "mlp.down_proj", H, F, self.mlp_bias)
+            out += [(p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
+        out.append(("model.norm.weight", (H,)))
+        if not self.tie:
+            out.append(("lm_head.weight", (self.vocab, H)))
+        return out
+
+
+def make_config(a):
+    """config.json of `write`, mirroring the released configs of each family."""
+    arch, bos, eos = FAMILIES[a.family]
+    d = a.head_dim or a.hidden // a.heads
+    cfg = {
+        "architectures": [arch], "model_type": a.family, "hidden_size": a.hidden, "intermediate_size": a.ffn,
+        "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+        "hidden_act": "silu", "max_position_embeddings": a.max_pos, "rms_norm_eps": a.rms_eps,
+        "rope_theta": a.rope_theta, "tie_word_embeddings": a.tie, "vocab_size": a.vocab,
+        "torch_dtype": DTYPES[a.dtype][1], "initializer_range": a.init_std, "attention_dropout": 0.0,
+        "use_cache": True,
+        # the family's own ids where the vocabulary holds them, else its last id (GPT-2's <|endoftext|>)
+        "bos_token_id": bos if bos < a.vocab else a.vocab - 1, "eos_token_id": eos if eos < a.vocab else a.vocab - 1,
+    }
+    if a.family != "mistral":
+        cfg["rope_scaling"] = a.rope_scaling
+    if a.family == "qwen3" or d != a.hidden // a.heads or a.hidden % a.heads:
+        cfg["head_dim"] = d
+    if a.family == "llama":
+        cfg.update(attention_bias=a.attention_bias, mlp_bias=a.mlp_bias, pretraining_tp=1)
+    elif a.family == "mistral":
+        cfg["sliding_window"] = None
+    elif a.family == "qwen2":
+        cfg.update(use_sliding_window=False, sliding_window=4096, max_window_layers=a.layers)
+    else:
+        cfg.update(attention_bias=a.attention_bias, use_sliding_window=False, sliding_window=None,
+                   max_window_layers=a.layers)
+    return cfg
+
+
+# ---------------------------------------------------------------- the safetensors writer
+
+def bf16_bits(x):
+    """bfloat16 bit patterns of float32 values: the upper 16 bits rounded to nearest, ties to even
+    (adding 0x7FFF plus the lowest kept bit carries into the kept bits exactly when the dropped half
+    exceeds half an ulp, or equals it and the kept part is odd); NaNs stay (quiet) NaNs."""
+    u = np.ascontiguousarray(x, dtype="<f4").view("<u4")
+    r = u >> np.uint32(16)  # in place from here on: this runs over every value of a large model
+    r &= np.uint32(1)
+    r += np.uint32(0x7FFF)
+    r += u
+    r >>= np.uint32(16)
+    nan = np.isnan(x)
+    if nan.any():
+        r[nan] = (u[nan] >> np.uint32(16)) | np.uint32(0x40)
+    return r.astype("<u2")
+
+
+def encode(x, dtype):
+    """Little-endian bytes of float32 values in a safetensors dtype."""
+    if dtype == "F32":
+        return np.ascontiguousarray(x, dtype="<f4")
+    if dtype == "F16":
+        with np.errstate(over="ignore"):
+            return x.astype("<f2")
+    return bf16_bits(x)
+
+
+def write_safetensors(path, entries, dtype, values):
+    """Writes the tensors [(name, shape)] in this order; values(name, shape) yields each one's float32
+    values, row-major, in chunks."""
+    size = ITEMSIZE[dtype]
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in entries:
+        n = math.prod(shape) * size
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for name, shape in entries:
+            for chunk in values(name, shape):
+                f.write(encode(chunk, dtype).data)
+    return offset
+
+
+def shard_plan(entries, itemsize, limit):
+    """Tensors grouped into shards in order: a new shard starts when the next tensor would take the
+    current (non-empty) one past `limit` bytes; one shard when limit is 0."""
+    shards, size = [[]], 0
+    for name, shape in entries:
+        n = math.prod(shape) * itemsize
+        if limit and shards[-1] and size + n > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += n
+    return shards
+
+
+def hf_to_meta_rows(w, heads):
+    """Meta's interleaved rotary row order of a q_proj / k_proj weight or bias in Hugging Face's
+    rotate-half order: per head of d rows, Meta row 2j + c = HF row c*d/2 + j (j < d/2, c in {0, 1})."""
+    d = w.shape[0] // heads
+    return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def meta_to_hf_rows(w, heads):
+    """The inverse: convert_llama_weights_to_hf's permute (view (heads, d/2, 2, ...), swap the two
+    middle axes)."""
+    d = w.shape[0] // heads
+    return w.reshape(heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_values(seed, init_std, chunk=CHUNK):
+    """values(name, shape) for write_safetensors: one numpy Generator per tensor, seeded by (seed,
+    crc32 of the name), so a tensor's values do not depend on which other tensors exist."""
+    def values(name, shape):
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        mean, std = (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.02) if name.endswith(".bias") \
+            else (0.0, init_std)
+        n = math.prod(shape)
+        for b in range(0, n, chunk):
+            x = rng.standard_normal(min(chunk, n - b), dtype=np.float32)
+            x *= np.float32(std)
+            x += np.float32(mean)
+            yield x
+    return values
+
+
+def meta_permuted(values, spec):
+    """values with q_proj and k_proj (weights and biases) moved to Meta's row order."""
+    def permuted(name, shape):
+        heads = spec.heads if ".q_proj." in name else spec.kv_heads if ".k_proj." in name else 0
+        if not heads:
+            yield from values(name, shape)
+            return
+        w = np.concatenate(list(values(name, shape))).reshape(shape)
+        yield hf_to_meta_rows(w, heads).ravel()
+    return permuted
+
+
+def write_model(out, cfg, dtype, shard_size, values):
+    """Writes config.json and the weights as save_pretrained does (sorted, indented JSON; one shard is
+    model.safetensors without an index), after removing weight files of an earlier save there.
+    Returns (tensors, tensor bytes, files)."""
+    spec = Spec(cfg)
+    entries = spec.tensors()
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(out):
+        if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json", f):
+            os.remove(os.path.join(out, f))
+    with open(os.path.join(out, "config.json"), "w") as f:
+        f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shards = shard_plan(entries, ITEMSIZE[dtype], shard_size)
+    if len(shards) == 1:
+        return len(entries), write_safetensors(os.path.join(out, "model.safetensors"), entries, dtype, values), 1
+    total, weight_map = 0, {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        total += write_safetensors(os.path.join(out, name), shard, dtype, values)
+        weight_map.update((t, name) for t, _ in shard)
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2,
+                           sort_keys=True) + "\n")
+    return len(entries), total, len(shards)
+
+
+def cmd_write(a):
+    checks = [(a.seed >= 0, "--seed must be >= 0"),
+              (min(a.layers, a.hidden, a.heads, a.kv_heads, a.ffn, a.vocab, a.max_pos) >= 1,
+               "sizes must be positive"),
+              (a.heads % a.kv_heads == 0, "--heads must be a multiple of --kv-heads"),
+              (a.head_dim > 0 or a.hidden % a.heads == 0,
+               "--hidden must be a multiple of --heads (or give --head-dim)"),
+              ((a.head_dim or a.hidden // a.heads) % 2 == 0, "the head dimension must be even"),
+              (a.rope_theta > 0 and a.rms_eps > 0 and a.init_std >= 0 and a.shard_size >= 0,
+               "--rope-theta and --rms-eps must be positive, --init-std and --shard-size not negative"),
+              (not a.attention_bias or a.family in ("llama", "qwen3"),
+               "--attention-bias: llama and qwen3 only (qwen2 always has q, k, v biases)"),
+              (not a.mlp_bias or a.family == "llama", "--mlp-bias: llama only"),
+              (a.rope_scaling == "none" or a.family != "mistral", "--rope-scaling: Mistral configs have none")]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(message)
+    if a.rope_scaling == "none":
+        a.rope_scaling = None
+    else:
+        kind, _, rest = a.rope_scaling.partition(":")
+        try:
+            factor, lo, hi, orig = (float(v) for v in rest.split(","))
+        except ValueError:
+            raise InputError(f"--rope-scaling {a.rope_scaling!r}: expected llama3:FACTOR,LOW,HIGH,ORIGMAX")
+        if kind != "llama3" or not (factor > 0 and 0 < lo < hi and orig >= 1 and orig == int(orig)):
+            raise InputError(f"--rope-scaling {a.rope_scaling!r}: expected llama3:FACTOR,LOW,HIGH,ORIGMAX "
+                             "with 0 < LOW < HIGH")
+        a.rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": lo,
+                          "high_freq_factor": hi, "original_max_position_embeddings": int(orig)}
+    cfg = make_config(a)
+    values = random_values(a.seed, a.init_std)
+    if a.permute_qk == "meta":
+        values = meta_permuted(values, Spec(cfg))
+    n, nbytes, files = write_model(a.out, cfg, DTYPES[a.dtype][0], a.shard_size, values)
+    print(f"wrote {a.out}: {a.family}, {n} tensors, {nbytes} bytes in {files} file(s)")
+    return 0
+
+
+# ---------------------------------------------------------------- the model
+
+def load_model(model_dir):
+    """(Spec, {name: float64 numpy array}) of a model directory; InputError unless it holds exactly
+    the tensors its config implies, with their shapes."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        spec = Spec(json.load(f))
+    single = os.path.join(model_dir, "model.safetensors")
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(single):
+        w = read_safetensors(single)
+    elif os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        w = {}
+        for file in sorted(set(weight_map.values())):
+            part = read_safetensors(os.path.join(model_dir, file))
+            stray = [t for t in part if weight_map.get(t) != file]
+            if stray:
+                raise InputError(f"{file}: {stray[0]} is not mapped to it by the index")
+            w.update(part)
+        if set(weight_map) - set(w):
+            raise InputError(f"{min(set(weight_map) - set(w))}: in the index but in no shard")
+    else:
+        raise InputError(f"{model_dir}: needs model.safetensors or model.safetensors.index.json")
+    expected = dict(spec.tensors())
+    for problem, names in (("missing", set(expected) - set(w)), ("not used by " + spec.family, set(w) - set(expected))):
+        if names:
+            raise InputError(f"{model_dir}: {len(names)} tensor(s) {problem}, e.g. {min(names)}")
+    for name, shape in expected.items():
+        if tuple(w[name].shape) != shape:
+            raise InputError(f"{name}: shape {list(w[name].shape)}, the config implies {list(shape)}")
+    return spec, w
+
+
+def rms_norm(x, weight, eps):
+    import torch
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_inv_freq(d, theta, llama3=None):
+    """inv_freq[i] = theta^(-2i/d), i < d/2, in float64; with llama3 = (factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings), Llama 3's rescaling: wavelengths
+    2 pi / inv_freq shorter than L / high are kept, those longer than L / low divided by the factor,
+    those between interpolated by smooth = (L / wavelength - low) / (high - low)."""
+    import torch
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    if llama3 is None:
+        return inv
+    factor, lo, hi, L = llama3
+    wavelen = 2 * math.pi / inv
+    smooth = (L / wavelen - lo) / (hi - lo)
+    between = (1 - smooth) * inv / factor + smooth * inv
+    return torch.where(wavelen < L / hi, inv, torch.where(wavelen > L / lo, inv / factor, between))
+
+
+def rope_cos_sin(T, inv_freq):
+    """cos and sin [T, d] of position * inv_freq, the d/2 frequencies repeated for both halves."""
+    import torch
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None]
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE on [..., T, d]: dimension i pairs with i + d/2, each pair turned by its angle."""
+    import torch
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+
+def gqa_attention(q, k, v):
+    """Causal softmax(q k^T / sqrt(d)) v for q [B, nh, T, d] and k, v [B, ng, T, d]: query head h reads
+    key/value head h // (nh / ng), so the nh / ng query heads of a group share one axis."""
+    import torch
+    B, nh, T, d = q.shape
+    ng = k.shape[1]
+    q = q.reshape(B, ng, nh // ng, T, d)
+    s = q @ k[:, :, None].transpose(-1, -2) / math.sqrt(d)
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+    return (torch.softmax(s, -1) @ v[:, :, None]).reshape(B, nh, T, d)
+
+
+def linear(x, w, name):
+    """nn.Linear, y = x W^T (+ b where the checkpoint has the bias; load_model checked which it has)."""
+    y = x @ w[name + ".weight"].T
+    return y + w[name + ".bias"] if name + ".bias" in w else y
+
+
+def logits(spec, w, ids):
+    """The causal LM's logits [B, T, V] of token ids [B, T] (positions 0 .. T-1)."""
+    import torch
+    B, T = ids.shape
+    nh, ng, d = spec.heads, spec.kv_heads, spec.head_dim
+    cos, sin = (t.to(w["model.norm.weight"].device) for t in
+                rope_cos_sin(T, rope_inv_freq(d, spec.rope_theta, spec.llama3)))
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(spec.layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], spec.eps)
+        q = linear(h, w, a + "q_proj").reshape(B, T, nh, d).transpose(1, 2)
+        k = linear(h, w, a + "k_proj").reshape(B, T, ng, d).transpose(1, 2)
+        v = linear(h, w, a + "v_proj").reshape(B, T, ng, d).transpose(1, 2)
+        if spec.qk_norm:  # Qwen3: RMSNorm over each head's d dimensions, before the rotation
+            q = rms_norm(q, w[a + "q_norm.weight"], spec.eps)
+            k = rms_norm(k, w[a + "k_norm.weight"], spec.eps)
+        y = gqa_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        x = x + linear(y.transpose(1, 2).reshape(B, T, nh * d), w, a + "o_proj")
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], spec.eps)
+        m = torch.nn.functional.silu(linear(h, w, p + "mlp.gate_proj")) * linear(h, w, p + "mlp.up_proj")
+        x = x + linear(m, w, p + "mlp.down_proj")
+    x = rms_norm(x, w["model.norm.weight"], spec.eps)
+    return x @ w["model.embed_tokens.weight" if spec.tie else "lm_head.weight"].T
+
+
+def scorer(a):
+    """(logits_of(ids [B, T]) -> float64 logits on the CPU, vocabulary size) of --model."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if a.transformers:
+        try:
+            import transformers
+        except ImportError:
+            print("hf_llama.py: transformers is not installed here: skipped")
+            sys.exit(77)
+        m = transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32,
+                                                              attn_implementation="eager")
+        m = m.float().to(a.device).eval()
+        return (lambda ids: m(input_ids=ids.to(a.device)).logits.double().cpu()), m.config.vocab_size
+    spec, raw = load_model(a.model)
+    w = {k: torch.from_numpy(v).to(a.device) for k, v in raw.items()}
+    return (lambda ids: logits(spec, w, ids.to(a.device)).cpu()), spec.vocab
+
+
+def cmd_eval(a):
+    """hf_models.py gpt-eval's windows: every target 1 .. (N - 1) * stride + S scored once, with the
+    longest context its window allows."""
+    import h5py
+    import torch
+    stride = a.stride or a.seq
+    if a.windows < 1 or a.seq < 1 or not 1 <= stride <= a.seq:
+        raise InputError("--windows and --seq must be positive, --stride between 1 and --seq")
+    last = (a.windows - 1) * stride + a.seq
+    with h5py.File(a.shard, "r") as f:
+        if f["tokens"].shape[0] < last + 1:
+            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {last + 1}")
+        t = f["tokens"][:last + 1].astype(np.int64)
+    logits_of, vocab = scorer(a)
+    if t.max() >= vocab:
+        raise InputError(f"{a.shard}: token {t.max()} beyond the model's vocabulary of {vocab}")
+    starts = [k * stride for k in range(a.windows)]
+    x = np.stack([t[s:s + a.seq] for s in starts])
+    y = np.stack([t[s + 1:s + a.seq + 1] for s in starts])
+    y[1:, :a.seq - stride] = -100  # scored by an earlier window
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for k in range(0, a.windows, a.batch):
+            lg = logits_of(torch.from_numpy(x[k:k + a.batch]))
+            yb = torch.from_numpy(y[k:k + a.batch])
+            total += torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), yb.reshape(-1),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += int((yb != -100).sum())
+    assert count == last, (count, last)
+    loss = total / count
+    print(f"scored {a.windows} windows of {a.seq} tokens, stride {stride}, of {a.shard}")
+    print(f"eval tokens: {count}")
+    print("eval loss: %.12g" % loss)
+    print("eval perplexity: %.12g" % math.exp(loss))
+    return 0
+
+
+def cmd_generate(a):
+    import torch
+    try:
+        ids = [int(v) for v in a.prompt.split(",")]
+    except ValueError:
+        raise InputError(f"--prompt {a.prompt!r}: expected comma-separated token ids")
+    if a.tokens < 0:
+        raise InputError("--tokens must not be negative")
+    logits_of, vocab = scorer(a)
+    if not all(0 <= i < vocab for i in ids):
+        raise InputError(f"--prompt: token ids must lie in [0, {vocab})")
+    prompt = len(ids)
+    with torch.no_grad():
+        for _ in range(a.tokens):
+            ids.append(int(logits_of(torch.tensor([ids]))[0, -1].argmax()))
+    print("tokens:", " ".join(str(i) for i in ids[prompt:]))
+    return 0
+
+
+# ---------------------------------------------------------------- selftest
+
+def cmd_selftest():
+    import torch
+    torch.manual_seed(0)
+    checks = []
+
+    def check(ok, what):
+        checks.append(what)
+        if not ok:
+            raise AssertionError(what)
+
+    # RoPE: pairs (i, i + d/2) as complex numbers x_i + j x_{i+d/2}, multiplied by exp(j pos inv_freq_i)
+    d, T = 8, 5
+    inv = rope_inv_freq(d, 10000.0)
+    x = torch.randn(T, d, dtype=torch.float64)
+    z = torch.complex(x[:, :d // 2], x[:, d // 2:]) * \
+        torch.polar(torch.ones(T, d // 2, dtype=torch.float64), torch.arange(T, dtype=torch.float64)[:, None] * inv)
+    r = apply_rope(x, *rope_cos_sin(T, inv))
+    check(torch.allclose(r, torch.cat([z.real, z.imag], -1), rtol=0, atol=1e-14),
+          "rotate-half RoPE equals the complex rotation of pairs (i, i + d/2)")
+
+    # Llama 3 scaling, d = 8, theta = 10^4: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi, 20 pi, 200 pi,
+    # 2000 pi; L = 1000, low 1, high 4: kept below 250, divided by 8 above 1000, 200 pi in between with
+    # smooth = (5 / pi - 1) / 3 = 0.197183143639651, 0.01 * ((1 - smooth) / 8 + smooth) = 0.00297535250684695
+    s = rope_inv_freq(8, 10000.0, (8.0, 1.0, 4.0, 1000))
+    check(abs(s[0] - 1.0) < 1e-15 and abs(s[1] - 0.1) < 1e-15, "llama3 scaling keeps high frequencies")
+    check(abs(s[3] - 0.000125) < 1e-18, "llama3 scaling divides low frequencies by the factor")
+    check(abs(s[2] - 0.00297535250684695) < 1e-16, "llama3 scaling interpolates the frequencies between")
+
+    # GQA: each key/value head repeated for its nh / ng query heads, then plain multi-head attention
+    B, nh, ng, T, d = 2, 6, 2, 7, 4
+    q, k, v = torch.randn(B, nh, T, d), torch.randn(B, ng, T, d), torch.randn(B, ng, T, d)
+    kr, vr = k.repeat_interleave(nh // ng, 1), v.repeat_interleave(nh // ng, 1)
+    sc = q @ kr.transpose(-1, -2) / math.sqrt(d) + torch.full((T, T), -math.inf).triu(1)
+    check(torch.allclose(gqa_attention(q, k, v), torch.softmax(sc, -1) @ vr, rtol=0, atol=1e-14),
+          "GQA equals multi-head attention with repeated key/value heads")
+
+    # bf16 rounding against torch's on the edge cases: ties to even either way, overflow, NaN, subnormals
+    edge = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8 + 2 ** -20), 3.4e38, -np.inf, np.nan,
+                     1e-40, 2.0 ** -130 * 3, 0.0, -0.0, 65504.0, 70000.0], dtype=np.float32)
+    want = torch.from_numpy(edge).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    got = bf16_bits(edge)
+    nan = np.isnan(edge)  # torch's NaN pattern differs (0xffff); any NaN will do
+    check(np.array_equal(got[~nan], want[~nan]) and np.all(got[nan] & 0x7F80 == 0x7F80) and np.all(got[nan] & 0x7F),
+          "bf16 rounding equals torch's on edge cases")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # writer round trip, edge values included, read back by hf_models.py's parser
+        rand = random_values(7, 0.02, chunk=100)
+
+        def values(name, shape):
+            yield edge
+            yield from rand(name, (math.prod(shape) - edge.size,))
+        entries = [("a", (3, 50)), ("b.bias", (40,)), ("c.norm.weight", (3, 4, 5))]
+        for dtype, ref in (("F32", lambda x: x.astype(np.float64)),
+                           ("F16", lambda x: x.astype(np.float16).astype(np.float64)),
+                           ("BF16", lambda x: torch.from_numpy(x).to(torch.bfloat16).double().numpy())):
+            path = os.path.join(tmp, dtype + ".safetensors")
+            write_safetensors(path, entries, dtype, values)
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            got = read_safetensors(path)
+            with np.errstate(over="ignore"):
+                ok = all(np.array_equal(got[e].ravel(), ref(np.concatenate(list(values(e, s)))), equal_nan=True)
+                         for e, s in entries)
+            check(ok and n % 8 == 0 and header["__metadata__"] == {"format": "pt"} and
+                  list(header)[1:] == [e for e, _ in entries],
+                  f"{dtype} safetensors round trip (header padded, metadata, order, values)")
+
+        # a sharded model and its index against the same model in one file; the Meta row order (head_dim 8:
+        # with d/2 = 2 the permutation would be its own inverse)
+        base = dict(family="qwen3", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=0, ffn=24, vocab=101,
+                    max_pos=32, rope_theta=10000.0, rms_eps=1e-6, rope_scaling=None, tie=False,
+                    attention_bias=True, mlp_bias=False, dtype="f32", init_std=0.02)
+        cfg = make_config(argparse.Namespace(**base))
+        spec = Spec(cfg)
+        one, sharded, meta = (os.path.join(tmp, m) for m in ("one", "sharded", "meta"))
+        n1, b1, f1 = write_model(one, cfg, "F32", 0, random_values(3, 0.02))
+        n2, b2, f2 = write_model(sharded, cfg, "F32", 4000, random_values(3, 0.02))
+        write_model(meta, cfg, "F32", 0, meta_permuted(random_values(3, 0.02), spec))
+        _, w1 = load_model(one)
+        _, w2 = load_model(sharded)
+        with open(os.path.join(sharded, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        sizes, counts = {}, {}
+        for name, file in index["weight_map"].items():
+            sizes[file] = sizes.get(file, 0) + w2[name].size * 4
+            counts[file] = counts.get(file, 0) + 1
+        check(n1 == n2 == len(spec.tensors()) and b1 == b2 == index["metadata"]["total_size"] and f1 == 1 and
+              f2 == len(sizes) > 1 and all(sizes[f] <= 4000 or counts[f] == 1 for f in sizes) and
+              sorted(sizes) == [f"model-{i:05d}-of-{f2:05d}.safetensors" for i in range(1, f2 + 1)] and
+              all(np.array_equal(w1[t], w2[t]) for t in w1),
+              "sharded write: shards within the size (or of one tensor), index total and map, same tensors as one file")
+        _, wm = load_model(meta)
+        qk = [t for t in w1 if ".q_proj." in t or ".k_proj." in t]
+        heads = {t: spec.heads if ".q_proj." in t else spec.kv_heads for t in qk}
+        check(all(np.array_equal(meta_to_hf_rows(wm[t], heads[t]), w1[t]) for t in qk) and
+              not any(np.array_equal(wm[t], w1[t]) for t in qk) and
+              all(np.array_equal(wm[t], w1[t]) for t in w1 if t not in heads),
+              "--permute-qk meta, then convert_llama_weights_to_hf's permute, gives back the HF tensors")
+        hd = spec.head_dim
+        w = w1["model.layers.0.self_attn.q_proj.weight"]
+        check(np.array_equal(wm["model.layers.0.self_attn.q_proj.weight"][hd + 2 * 1 + 1], w[hd + hd // 2 + 1]),
+              "Meta row 2j + c of a head holds HF row c*d/2 + j")
+    print(f"selftest: {len(checks)} checks passed")
+    return 0
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    w.add_argument("--out", required=True)
+    w.add_argument("--seed", type=int, required=True)
+    for name, default in (("layers", 2), ("hidden", 64), ("heads", 4), ("kv-heads", 2), ("head-dim", 0),
+                          ("ffn", 96), ("vocab", 50257), ("max-pos", 64), ("shard-size", 0)):
+        w.add_argument("--" + name, type=int, default=default)
+    for name, default in (("rope-theta", 10000.0), ("rms-eps", 1e-5), ("init-std", 0.02)):
+        w.add_argument("--" + name, type=float, default=default)
+    w.add_argument("--rope-scaling", default="none", help="none or llama3:FACTOR,LOW,HIGH,ORIGMAX")
+    w.add_argument("--tie", action=argparse.BooleanOptionalAction, default=False)
+    w.add_argument("--attention-bias", action="store_true")
+    w.add_argument("--mlp-bias", action="store_true")
+    w.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
+    w.add_argument("--permute-qk", choices=["none", "meta"], default="none")
+    e = sub.add_parser("eval")
+    e.add_argument("--shard", required=True)
+    e.add_argument("--windows", type=int, required=True)
+    e.add_argument("--seq", type=int, required=True)
+    e.add_argument("--stride", type=int, default=0, help="tokens between window starts (0: --seq, disjoint)")
+    e.add_argument("--batch", type=int, default=8)
+    g = sub.add_parser("generate")
+    g.add_argument("--prompt", required=True, help="comma-separated token ids")
+    g.add_argument("--tokens", type=int, required=True)
+    for s in (e, g):
+        s.add_argument("--model", required=True)
+        s.add_argument("--transformers", action="store_true")
+        s.add_argument("--device", default="cpu")
+    sub.add_parser("selftest")
+    a = p.parse_args(argv)
+    if a.cmd != "write":
+        import torch
+        torch.set_default_dtype(torch.float64)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    try:
+        if a.cmd == "selftest":
+            try:
+                return cmd_selftest()
+            except AssertionError as err:
+                print("selftest failed:", err)
+                return 1
+        return {"write": cmd_write, "eval": cmd_eval, "generate": cmd_generate}[a.cmd](a)
+    except (InputError, OSError, KeyError, ValueError) as err:
+        print("bad input:", err)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
