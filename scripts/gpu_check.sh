@@ -29,6 +29,11 @@
 #              iterations, exported by convert_checkpoint; transformers' GPT2LMHeadModel
 #              (from_pretrained, float32, TF32 off, on the GPU) scores the evaluation mode's windows
 #              within 1e-5 of `pretrain_gpt --eval.only` on the GPU (validation/hf_models.py)
+#   hf_llama   optional (skipped without transformers), at most 45 s: a tiny Llama 3-style (GQA,
+#              llama3 rope scaling) and a Qwen 3-style (q/k norms) directory written by
+#              validation/hf_llama.py, imported and exported by convert_checkpoint; transformers'
+#              AutoModelForCausalLM (float32, TF32 off, on the GPU) scores each export within 1e-5 of
+#              `pretrain_gpt --eval.only` on the GPU, and within 1e-6 of hf_llama.py's own float64 model
 #   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16, both attention paths, micro-
 #              batches from the memory model, PyTorch on the same GPU as the peer; stops starting
 #              runs when the budget runs out
@@ -42,8 +47,8 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,LLAMA,HF,BENCH}_LIMIT change those phases' limits (120, 120, 45, 90, 400 s: a
-# GPU's); GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
+# GPU_CHECK_{UNIT,TRAIN,LLAMA,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 90, 45,
+# 400 s: a GPU's); GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -405,6 +410,45 @@ print(f'GPT2LMHeadModel.from_pretrained on the GPU: {b:.9g}, --eval.only {a:.9g}
 sys.exit(0 if r <= 1e-5 else 1)" "$ours" "$theirs")
 }
 
+# ---- Llama-family Hugging Face exports loaded by transformers ------------------------------------------------
+phase_hf_llama() {
+  if ! "$PYTHON" -c "import transformers" >/dev/null 2>&1; then
+    note="skipped: $PYTHON has no transformers"
+    return 0
+  fi
+  local shard=data/sample/kjv_gpt2_00001.h5 fam opts src imp exp ours theirs own notes=() rc=0
+  for fam in llama qwen3; do
+    case $fam in
+      llama) opts="--rope-scaling llama3:8,1,4,32 --rope-theta 500000" ;;
+      qwen3) opts="--head-dim 24" ;;
+    esac
+    src=$work/hfl_$fam imp=$work/hfl_${fam}_ck exp=$work/hfl_${fam}_export
+    rm -rf "$src" "$imp" "$exp"
+    # shellcheck disable=SC2086
+    (cd "$root" && timeout "$(left)" "$PYTHON" validation/hf_llama.py write --family $fam --out "$src" --seed 5 \
+      --init-std 0.2 $opts) >>"$work/hf_llama.log" 2>&1 || { note="$fam: writing failed"; tail -n 5 "$work/hf_llama.log"; return 1; }
+    timeout "$(left)" "$GPU_BUILD/apps/convert_checkpoint" --to trident --input "$src" --output "$imp" \
+      >>"$work/hf_llama.log" 2>&1 || { note="$fam: import failed"; tail -n 5 "$work/hf_llama.log"; return 1; }
+    timeout "$(left)" "$GPU_BUILD/apps/convert_checkpoint" --to hf --input "$imp" --output "$exp" \
+      >>"$work/hf_llama.log" 2>&1 || { note="$fam: export failed"; tail -n 5 "$work/hf_llama.log"; return 1; }
+    ours=$(cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck "$imp/model.ini" --checkpoint.load "$imp" \
+      --eval.only true --eval.shard "$shard" --eval.windows 16 --model.seq_length 32 --train.micro_batch_size 4 \
+      --train.global_batch_size 4 --data.train_shards "data/sample/kjv_gpt2_*.h5" 2>>"$work/hf_llama.log" |
+      sed -n 's/^eval loss: //p')
+    theirs=$(cd "$root" && timeout "$(left)" "$PYTHON" validation/hf_llama.py eval --model "$exp" --shard "$shard" \
+      --windows 16 --seq 32 --transformers --device cuda 2>>"$work/hf_llama.log" | sed -n 's/^eval loss: //p')
+    own=$(cd "$root" && timeout "$(left)" "$PYTHON" validation/hf_llama.py eval --model "$exp" --shard "$shard" \
+      --windows 16 --seq 32 2>>"$work/hf_llama.log" | sed -n 's/^eval loss: //p')
+    [ -n "$ours" ] && [ -n "$theirs" ] && [ -n "$own" ] ||
+      { note="$fam: no loss (Trident '$ours', transformers '$theirs', hf_llama.py '$own')"; tail -n 15 "$work/hf_llama.log"; return 1; }
+    notes+=("$("$PYTHON" -c "import sys; a, b, c = map(float, sys.argv[1:4]); r, s = abs(a - b) / abs(b), abs(c - b) / abs(b)
+print(f'{sys.argv[4]}: AutoModelForCausalLM {b:.9g}, --eval.only {a:.9g} ({r:.1e}, tolerance 1e-5), hf_llama.py {c:.9g} ({s:.1e}, 1e-6)')
+sys.exit(0 if r <= 1e-5 and s <= 1e-6 else 1)" "$ours" "$theirs" "$own" "$fam")") || rc=1
+  done
+  note=$(printf '%s; ' "${notes[@]}")
+  return $rc
+}
+
 # ---- benchmark ---------------------------------------------------------------------------------------------
 phase_bench() {
   mkdir -p "$work/bench"
@@ -437,5 +481,6 @@ run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
 run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
 run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
+run_phase hf_llama "${GPU_CHECK_HF_LLAMA_LIMIT:-45}" phase_hf_llama
 run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench
 exit $failed

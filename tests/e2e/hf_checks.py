@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face format checks of convert_checkpoint (docs/DESIGN.md "Hugging Face format").
+"""Hugging Face format checks of convert_checkpoint (docs/DESIGN.md "Hugging Face formats").
 
 usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
   gpt     a GPT trained here (fp32) exports to config.json, model.safetensors, vocab.json and
