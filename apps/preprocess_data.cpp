@@ -17,7 +17,6 @@
 //
 // Errors every rank can see (bad flags, missing inputs, unreadable vocabulary) and errors of
 // one rank (a bad JSON line) are agreed collectively: one message, exit code 1, no hang.
-#include <glob.h>
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -39,47 +38,16 @@
 #include "comm/agreement.hpp"
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
-#include "data/jsonl.hpp"
-#include "runtime/app_driver.hpp"
 #include "data/compressed_input.hpp"
+#include "data/preprocess.hpp"
 #include "data/tokenizer.hpp"
-#include "data/sentence_splitter.hpp"
-#include "data/token_shard.hpp"
+#include "runtime/app_driver.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 using trident::Error;
 
 namespace {
-
-struct Options {
-  std::vector<std::string> inputs;
-  std::string output_prefix;
-  std::string tokenizer_type;
-  std::string vocab_file, merge_file;
-  std::vector<std::string> json_keys{"text"};
-  // the output prefix of each key: --output-prefix for one key, <prefix>_<key> for several
-  std::vector<std::string> prefixes() const {
-    if (json_keys.size() == 1) return {output_prefix};
-    std::vector<std::string> out;
-    for (const auto& k : json_keys) out.push_back(output_prefix + "_" + k);
-    return out;
-  }
-  bool append_eod = false;
-  bool split_sentences = false;
-  int vocab_extra_ids = 0;
-  std::int64_t shard_tokens = 0;
-  std::int64_t log_interval = 100;
-  bool overwrite = false;
-};
-
-struct InputFile {
-  std::string path;
-  std::int64_t size = 0;  // decoded bytes (a compressed file's are measured by decoding it once)
-  bool jsonl = false;
-  std::int64_t stored = 0;  // bytes on disk
-  bool compressed() const { return trident::compression_of(path) != trident::Compression::none; }
-};
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -88,8 +56,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Parses the flags; returns nullopt after printing --help. Throws Error::all on bad flags (every
 // rank parses the same argv, so every rank throws the same error).
-std::optional<Options> parse_options(int argc, char** argv, int rank) {
-  Options o;
+std::optional<trident::PreprocessOptions> parse_options(int argc, char** argv, int rank) {
+  trident::PreprocessOptions o;
   std::vector<std::string> json_keys;
   po::options_description desc(
       "preprocess_data: tokenize JSON-lines / plain-text corpora into Trident token shards\n"
@@ -168,50 +136,10 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
 
 // ---- inputs --------------------------------------------------------------------------------------
 
-bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
-
-bool is_jsonl(const std::string& path) {
-  const std::string ext = fs::path(trident::without_compression_extension(path)).extension().string();
-  return ext == ".json" || ext == ".jsonl";
-}
-
-// Expands the --input list (rank 0 only); throws on a missing file or an empty glob.
-std::vector<InputFile> expand_inputs(const std::vector<std::string>& patterns) {
-  std::vector<InputFile> files;
-  for (const std::string& pat : patterns) {
-    std::vector<std::string> paths;
-    if (has_glob_chars(pat)) {
-      glob_t g{};
-      const int rc = glob(pat.c_str(), 0, nullptr, &g);  // sorted
-      if (rc == 0) {
-        for (std::size_t k = 0; k < g.gl_pathc; ++k) paths.emplace_back(g.gl_pathv[k]);
-      }
-      globfree(&g);
-      TRIDENT_REQUIRE(!paths.empty(), "preprocess_data: --input pattern '" << pat << "' matches no file");
-    } else {
-      paths.push_back(pat);
-    }
-    for (const std::string& p : paths) {
-      std::error_code ec;
-      TRIDENT_REQUIRE(fs::exists(p, ec), "preprocess_data: input file '" << p << "' does not exist");
-      TRIDENT_REQUIRE(fs::is_regular_file(p, ec), "preprocess_data: input '" << p << "' is not a regular file");
-      std::ifstream probe(p, std::ios::binary);
-      TRIDENT_REQUIRE(probe.good(), "preprocess_data: cannot open input file '" << p << "'");
-      InputFile f;
-      f.path = p;
-      f.stored = static_cast<std::int64_t>(fs::file_size(p, ec));
-      f.size = f.compressed() ? -1 : f.stored;  // measured by the ranks (measure_compressed)
-      f.jsonl = is_jsonl(p);
-      files.push_back(f);
-    }
-  }
-  return files;
-}
-
-void broadcast_inputs(std::vector<InputFile>& files, const trident::Communicator& world) {
+void broadcast_inputs(std::vector<trident::PreprocessInput>& files, const trident::Communicator& world) {
   std::string blob;
   if (world.rank() == 0) {
-    for (const InputFile& f : files)
+    for (const trident::PreprocessInput& f : files)
       blob += f.path + '\0' + std::to_string(f.size) + '\0' + (f.jsonl ? "1" : "0") + '\0' + std::to_string(f.stored) +
               '\0';
   }
@@ -226,14 +154,15 @@ void broadcast_inputs(std::vector<InputFile>& files, const trident::Communicator
     pos = end + 1;
   }
   for (std::size_t k = 0; k + 3 < fields.size(); k += 4) {
-    files.push_back(InputFile{fields[k], std::stoll(fields[k + 1]), fields[k + 2] == "1", std::stoll(fields[k + 3])});
+    files.push_back(trident::PreprocessInput{fields[k], std::stoll(fields[k + 1]), fields[k + 2] == "1",
+                                             std::stoll(fields[k + 3])});
   }
 }
 
 // The decoded sizes of the compressed inputs: rank r decodes compressed files r, r + n, ... once
 // (the byte ranges of the ranks are cut over decoded bytes, so that compressed and uncompressed
 // inputs give the same shards). Returns the seconds it took.
-double measure_compressed(std::vector<InputFile>& files, const trident::Communicator& world) {
+double measure_compressed(std::vector<trident::PreprocessInput>& files, const trident::Communicator& world) {
   const auto t0 = Clock::now();
   std::vector<std::int64_t> sizes(files.size(), 0);
   std::size_t k = 0;
@@ -254,195 +183,7 @@ double measure_compressed(std::vector<InputFile>& files, const trident::Communic
   return seconds_since(t0);
 }
 
-// 1-based line number of byte `offset` in a file (error messages only).
-std::int64_t line_number_at(const std::string& path, std::int64_t offset) {
-  trident::DecodedReader in(path);  // decoded offsets for compressed files
-  std::vector<char> buf(1 << 20);
-  std::int64_t line = 1, pos = 0;
-  while (pos < offset) {
-    const auto got = static_cast<std::int64_t>(
-        in.read(buf.data(), static_cast<std::size_t>(std::min<std::int64_t>(buf.size(), offset - pos))));
-    if (got <= 0) break;
-    line += std::count(buf.data(), buf.data() + got, '\n');
-    pos += got;
-  }
-  return line;
-}
-
 // ---- the per-rank work ---------------------------------------------------------------------------
-
-struct Stats {
-  std::int64_t documents = 0, skipped = 0, tokens = 0, sentences = 0, bytes = 0, shards = 0;
-};
-
-class ShardSink {
- public:
-  ShardSink(const Options& o, const trident::Tokenizer& tok, int rank, std::string prefix)
-      : o_(o), tok_(tok), rank_(rank), prefix_(std::move(prefix)) {}
-  ~ShardSink() = default;
-
-  void add(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& sentence_ends) {
-    if (!writer_) {
-      parts_.push_back(part_name(prefix_, rank_, static_cast<int>(parts_.size())));
-      writer_ = std::make_unique<trident::TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(),
-                                                            tok_.eod_id(), o_.split_sentences);
-      writer_->set_special_tokens(tok_.specials());
-    }
-    writer_->add_document(tokens, sentence_ends);
-    if (o_.shard_tokens > 0 && writer_->num_tokens() >= o_.shard_tokens) finish_shard();
-  }
-  void finish_shard() {
-    if (!writer_) return;
-    writer_->close();
-    writer_.reset();
-  }
-  // Drops the open shard (its .tmp) and the finished ones: after an error.
-  void discard() {
-    writer_.reset();
-    for (const std::string& p : parts_) {
-      std::error_code ec;
-      fs::remove(p, ec);
-    }
-    parts_.clear();
-  }
-  const std::vector<std::string>& parts() const { return parts_; }
-  const std::string& prefix() const { return prefix_; }
-
-  static std::string part_name(const std::string& prefix, int rank, int k) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, ".part-r%05d-%05d.h5", rank, k);
-    return prefix + buf;
-  }
-
- private:
-  const Options& o_;
-  const trident::Tokenizer& tok_;
-  int rank_;
-  std::string prefix_;
-  std::unique_ptr<trident::TokenShardWriter> writer_;
-  std::vector<std::string> parts_;
-};
-
-class Worker {
- public:
-  Worker(const Options& o, const trident::Tokenizer& tok, int rank, int nranks, std::int64_t my_bytes)
-      : o_(o), tok_(tok), rank_(rank), nranks_(nranks), my_bytes_(my_bytes) {
-    for (const std::string& p : o.prefixes()) sinks_.push_back(std::make_unique<ShardSink>(o, tok, rank, p));
-    t0_ = Clock::now();
-  }
-
-  // One document's text, for the shards of key k.
-  void document(std::string_view text, std::size_t k = 0) {
-    tokens_.clear();
-    ends_.clear();
-    if (o_.split_sentences) {
-      std::size_t begin = 0;
-      for (std::size_t end : trident::split_sentences(text)) {
-        tok_.encode_append(text.substr(begin, end - begin), tokens_);
-        ends_.push_back(static_cast<std::int64_t>(tokens_.size()));
-        begin = end;
-      }
-    } else {
-      tok_.encode_append(text, tokens_);
-    }
-    if (tokens_.empty()) {
-      ++stats_.skipped;
-      return;
-    }
-    if (o_.append_eod) {
-      tokens_.push_back(tok_.eod_id());
-      if (!ends_.empty()) ends_.back() = static_cast<std::int64_t>(tokens_.size());
-    }
-    sinks_[k]->add(tokens_, ends_);
-    ++stats_.documents;
-    stats_.tokens += static_cast<std::int64_t>(tokens_.size());
-    stats_.sentences += static_cast<std::int64_t>(ends_.size());
-    if (rank_ == 0 && o_.log_interval > 0 && stats_.documents % o_.log_interval == 0) progress();
-  }
-
-  void add_bytes(std::int64_t n) { stats_.bytes += n; }
-
-  void progress() const {
-    const double dt = std::max(seconds_since(t0_), 1e-9);
-    std::printf("[rank 0 of %d] %lld documents, %lld tokens, %.0f tokens/s, %.2f MB/s, %.0f%% of its input\n", nranks_,
-                static_cast<long long>(stats_.documents), static_cast<long long>(stats_.tokens), stats_.tokens / dt,
-                stats_.bytes / dt / 1e6, my_bytes_ > 0 ? 100.0 * stats_.bytes / my_bytes_ : 100.0);
-    std::fflush(stdout);
-  }
-
-  // The JSON-lines records whose first byte lies in [begin, end) of the file.
-  void jsonl_range(const InputFile& f, std::int64_t begin, std::int64_t end) {
-    trident::for_each_line_in_range(f.path, begin, end,
-                                    [&](std::string_view line, std::int64_t start, std::int64_t bytes) {
-                                      add_bytes(bytes);
-                                      bool has_text = false;
-                                      try {
-                                        has_text = trident::jsonl_texts(line, o_.json_keys, texts_);
-                                      } catch (const Error& e) {
-                                        throw Error::one("preprocess_data: " + f.path + ":" +
-                                                         std::to_string(line_number_at(f.path, start)) + ": " +
-                                                         e.what());
-                                      }
-                                      if (has_text)
-                                        for (std::size_t k = 0; k < texts_.size(); ++k) document(texts_[k], k);
-                                    });
-  }
-
-  void plain_file(const InputFile& f) {
-    trident::DecodedReader in(f.path);
-    std::string text(static_cast<std::size_t>(f.size), '\0');
-    std::size_t got = 0;
-    while (got < text.size()) {
-      const std::size_t n = in.read(text.data() + got, text.size() - got);
-      if (n == 0) break;
-      got += n;
-    }
-    TRIDENT_REQUIRE(got == text.size(), "preprocess_data: cannot read input file '"
-                                            << f.path << "' (" << got << " of " << f.size << " bytes; it changed?)");
-    add_bytes(f.size);
-    document(text);
-  }
-
-  std::vector<std::unique_ptr<ShardSink>>& sinks() { return sinks_; }
-  const Stats& stats() const { return stats_; }
-  Stats& stats() { return stats_; }
-
- private:
-  const Options& o_;
-  const trident::Tokenizer& tok_;
-  int rank_, nranks_;
-  std::int64_t my_bytes_;
-  std::vector<std::unique_ptr<ShardSink>> sinks_;  // one per --json-keys key
-  std::vector<std::string> texts_;                 // a JSON line's text of each key
-  Stats stats_;
-  Clock::time_point t0_;
-  std::vector<std::int32_t> tokens_;
-  std::vector<std::int64_t> ends_;
-};
-
-std::string final_name(const std::string& prefix, std::int64_t index) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "_%05lld.h5", static_cast<long long>(index));
-  return prefix + buf;
-}
-
-// Files <prefix>_<digits>.h5 in the prefix's directory, with their index.
-std::vector<std::pair<std::int64_t, std::string>> existing_shards(const std::string& prefix) {
-  std::vector<std::pair<std::int64_t, std::string>> out;
-  const fs::path p(prefix);
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const std::string stem = p.filename().string() + "_";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= stem.size() + 3 || name.compare(0, stem.size(), stem) != 0) continue;
-    if (name.compare(name.size() - 3, 3, ".h5") != 0) continue;
-    const std::string digits = name.substr(stem.size(), name.size() - stem.size() - 3);
-    if (digits.size() < 5 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    out.emplace_back(std::stoll(digits), (dir / name).string());
-  }
-  return out;
-}
 
 int run(int argc, char** argv) {
   const trident::Communicator world(MPI_COMM_WORLD);
@@ -450,17 +191,17 @@ int run(int argc, char** argv) {
   const int rank = world.rank(), nranks = world.size();
   const auto t0 = Clock::now();
 
-  std::optional<Options> parsed = parse_options(argc, argv, rank);
+  std::optional<trident::PreprocessOptions> parsed = parse_options(argc, argv, rank);
   if (!parsed) return 0;
-  const Options& o = *parsed;
+  const trident::PreprocessOptions& o = *parsed;
 
   // Inputs: rank 0 expands the globs and checks the files; everyone gets the list.
-  std::vector<InputFile> files;
+  std::vector<trident::PreprocessInput> files;
   {
     std::string err;
     if (rank == 0) {
       try {
-        files = expand_inputs(o.inputs);
+        files = trident::expand_inputs(o.inputs);
       } catch (const std::exception& e) {
         err = e.what();
       }
@@ -470,7 +211,7 @@ int run(int argc, char** argv) {
   }
   double measure_s = 0;
   std::size_t n_compressed = 0;
-  for (const InputFile& f : files) n_compressed += f.compressed() ? 1 : 0;
+  for (const trident::PreprocessInput& f : files) n_compressed += f.compressed() ? 1 : 0;
   if (n_compressed > 0) measure_s = measure_compressed(files, world);
 
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
@@ -494,11 +235,11 @@ int run(int argc, char** argv) {
                                                                                    << "': " << ec.message());
     }
     if (o.json_keys.size() > 1)
-      for (const InputFile& f : files)
+      for (const trident::PreprocessInput& f : files)
         TRIDENT_REQUIRE(f.jsonl, "preprocess_data: --json-keys names " << o.json_keys.size() << " keys, but '" << f.path
                                                                        << "' is plain text (no keys)");
     for (const std::string& prefix : o.prefixes()) {
-      const auto existing = existing_shards(prefix);
+      const auto existing = trident::existing_shards(prefix);
       TRIDENT_REQUIRE(existing.empty() || o.overwrite,
                       "preprocess_data: "
                           << existing.size() << " shard(s) with prefix '" << prefix << "' exist already ("
@@ -518,7 +259,7 @@ int run(int argc, char** argv) {
   // This rank's byte range of the concatenated inputs.
   std::int64_t total_bytes = 0;
   std::int64_t stored_bytes = 0;
-  for (const InputFile& f : files) {
+  for (const trident::PreprocessInput& f : files) {
     total_bytes += f.size;
     stored_bytes += f.stored;
   }
@@ -537,11 +278,11 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  Worker worker(o, *tok, rank, nranks, hi - lo);
+  trident::PreprocessWorker worker(o, *tok, rank, nranks, hi - lo);
   try {
     trident::collectively(comm, [&] {
       std::int64_t g = 0;  // global offset of the file
-      for (const InputFile& f : files) {
+      for (const trident::PreprocessInput& f : files) {
         const std::int64_t fb = g, fe = g + f.size;
         g = fe;
         if (f.jsonl) {
@@ -572,7 +313,7 @@ int run(int argc, char** argv) {
     total_shards.push_back(world.allreduce_sum(mine));
     trident::collectively(comm, [&] {
       for (std::size_t k = 0; k < sink->parts().size(); ++k) {
-        const std::string dst = final_name(sink->prefix(), first + static_cast<long long>(k));
+        const std::string dst = trident::shard_final_name(sink->prefix(), first + static_cast<long long>(k));
         std::error_code ec;
         fs::rename(sink->parts()[k], dst, ec);
         TRIDENT_REQUIRE(!ec, "preprocess_data: cannot rename '" << sink->parts()[k] << "' to '" << dst
@@ -583,7 +324,7 @@ int run(int argc, char** argv) {
   world.barrier();
 
   // Totals and the summary.
-  const Stats& s = worker.stats();
+  const trident::PreprocessStats& s = worker.stats();
   std::int64_t totals[6] = {s.documents, s.skipped, s.tokens, s.sentences, s.bytes, my_shards};
   world.allreduce_sum(totals, 6);
   long long sum[6];
@@ -595,7 +336,7 @@ int run(int argc, char** argv) {
     int stale = 0;
     const auto prefixes = o.prefixes();
     for (std::size_t k = 0; k < prefixes.size(); ++k)
-      for (const auto& [index, path] : existing_shards(prefixes[k])) {
+      for (const auto& [index, path] : trident::existing_shards(prefixes[k])) {
         if (total_shards[k] > 0 && index >= total_shards[k]) {
           std::error_code ec;
           if (fs::remove(path, ec)) ++stale;
@@ -611,7 +352,8 @@ int run(int argc, char** argv) {
       const std::string what = o.json_keys.size() > 1 ? " (key '" + o.json_keys[k] + "')" : std::string();
       if (total_shards[k] > 0) {
         std::printf("preprocess_data: %lld shard(s)%s: %s ... %s\n", total_shards[k], what.c_str(),
-                    final_name(prefixes[k], 0).c_str(), final_name(prefixes[k], total_shards[k] - 1).c_str());
+                    trident::shard_final_name(prefixes[k], 0).c_str(),
+                    trident::shard_final_name(prefixes[k], total_shards[k] - 1).c_str());
       } else {
         std::printf("preprocess_data: warning: the input holds no document with text%s; no shard written\n",
                     what.c_str());
