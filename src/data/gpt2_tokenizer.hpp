@@ -49,7 +49,7 @@ class Gpt2Tokenizer : public Tokenizer {
   void encode_append(std::string_view utf8, std::vector<std::int32_t>& out) const override;
   // The exact bytes of the tokens, concatenated (the result need not be valid UTF-8 when the
   // ids split a character). Throws Error::all on an id outside [0, vocab_size()).
-  std::string decode(const std::vector<std::int32_t>& ids) const;
+  std::string decode(const std::vector<std::int32_t>& ids) const override;
   // The raw bytes of one token.
   const std::string& token_bytes(std::int32_t id) const;
 

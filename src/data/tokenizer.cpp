@@ -4,7 +4,9 @@
 #include "data/tokenizer.hpp"
 
 #include "common/error.hpp"
+#include "common/sha256.hpp"
 #include "data/gpt2_tokenizer.hpp"
+#include "data/hf_tokenizer.hpp"
 #include "data/wordpiece_tokenizer.hpp"
 
 namespace trident {
@@ -59,12 +61,19 @@ class WithExtraIds : public Tokenizer {
   SpecialTokens specials_;
 };
 
-std::unique_ptr<Tokenizer> make_base(const std::string& type, const std::string& vocab, const std::string& merges) {
+std::unique_ptr<Tokenizer> make_base(const std::string& type, const std::string& vocab, const std::string& merges,
+                                     const std::string& model) {
   const bool bpe = type == "GPT2BPETokenizer" || type == "GPT2BPEWithBertSpecials";
   const bool wordpiece = type == "BertWordPieceLowerCase" || type == "BertWordPieceCase";
+  if (type == "HuggingFaceTokenizer") {
+    TRIDENT_REQUIRE(!model.empty(),
+                    "tokenizer HuggingFaceTokenizer needs its tokenizer.json (--tokenizer-model, "
+                    "data.tokenizer_model)");
+    return std::make_unique<HfTokenizer>(model);
+  }
   TRIDENT_REQUIRE(bpe || wordpiece, "unknown tokenizer type '" << type << "' (" << tokenizer_types() << ")");
-  TRIDENT_REQUIRE(!vocab.empty(), "tokenizer " << type << " needs a vocabulary file ("
-                                               << (bpe ? "encoder.json" : "vocab.txt") << ")");
+  TRIDENT_REQUIRE(!vocab.empty(),
+                  "tokenizer " << type << " needs a vocabulary file (" << (bpe ? "encoder.json" : "vocab.txt") << ")");
   if (wordpiece) return std::make_unique<WordPieceTokenizer>(vocab, type == "BertWordPieceLowerCase");
   TRIDENT_REQUIRE(!merges.empty(), "tokenizer " << type << " needs a merges file (vocab.bpe)");
   if (type == "GPT2BPETokenizer") return std::make_unique<Gpt2Tokenizer>(vocab, merges);
@@ -74,15 +83,28 @@ std::unique_ptr<Tokenizer> make_base(const std::string& type, const std::string&
 }  // namespace
 
 const char* tokenizer_types() {
-  return "GPT2BPETokenizer, GPT2BPEWithBertSpecials, BertWordPieceLowerCase, BertWordPieceCase";
+  return "GPT2BPETokenizer, GPT2BPEWithBertSpecials, BertWordPieceLowerCase, BertWordPieceCase, HuggingFaceTokenizer, "
+         "SentencePieceTokenizer";
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab,
-                                          const std::string& merges, int extra_ids) {
+std::string Tokenizer::decode(const std::vector<std::int32_t>&) const {
+  throw Error::all(
+      "this tokenizer has no decoder (WordPiece): decoding needs GPT-2's BPE, a Hugging Face or a "
+      "SentencePiece tokenizer");
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab, const std::string& merges,
+                                          int extra_ids, const std::string& model) {
   TRIDENT_REQUIRE(extra_ids >= 0, "the number of extra vocabulary ids must be >= 0, got " << extra_ids);
-  auto base = make_base(type, vocab, merges);
-  if (extra_ids == 0) return base;
-  return std::make_unique<WithExtraIds>(std::move(base), extra_ids);
+  auto base = make_base(type, vocab, merges, model);
+  // the digest: the type, the extra ids and the digests of the files that define the tokenizer
+  std::string id = type + "\n" + std::to_string(extra_ids) + "\n";
+  for (const std::string& f : {vocab, merges, model})
+    if (!f.empty()) id += sha256_file(f) + "\n";
+  std::unique_ptr<Tokenizer> tok = extra_ids == 0 ? std::move(base)
+                                                  : std::make_unique<WithExtraIds>(std::move(base), extra_ids);
+  tok->set_digest(sha256_hex(id));
+  return tok;
 }
 
 }  // namespace trident
