@@ -14,7 +14,7 @@ np=${NP:-2}
 
 packages=(cmake g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libboost-program-options-dev
           libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
-          zlib1g-dev liblzma-dev libzstd-dev
+          zlib1g-dev liblzma-dev libzstd-dev libsentencepiece-dev
           python3-torch python3-numpy python3-h5py python3-matplotlib bible-kjv bible-kjv-text)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 packages+=(procps)
@@ -26,6 +26,8 @@ packages+=(procps)
 [ "$mode" = test ] && packages+=(clang-format git)
 # the compressed-input tests (tests/data/check_preprocess.py compressed): the zstd, gzip and xz tools
 [ "$mode" = test ] && packages+=(zstd gzip xz-utils)
+# the SentencePiece checks (tests/data): spm_train and spm_encode, the library's own command line
+[ "$mode" = test ] && packages+=(sentencepiece)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -161,7 +161,8 @@ runtime_pkgs() {
 }
 dev_pkgs=(mpich libmpich12 libmpich-dev libucx0 libhwloc15 libhdf5-mpich-103-1 libhdf5-mpich-dev
           libboost-program-options1.74.0 libboost-program-options1.74-dev libboost1.74-dev
-          libicu72 libicu-dev libgtest-dev nlohmann-json3-dev zlib1g-dev liblzma-dev libzstd-dev)
+          libicu72 libicu-dev libgtest-dev nlohmann-json3-dev zlib1g-dev liblzma-dev libzstd-dev
+          libsentencepiece0 libsentencepiece-dev)
 mapfile -t pkgs < <( (runtime_pkgs; printf '%s\n' "${dev_pkgs[@]}") | sort -u)
 debs=$cache/debs
 mkdir -p "$debs"

@@ -646,6 +646,7 @@ std::string read_text(const std::string& path, const char* what) {
 
 struct HfTokenizer::Impl {
   std::string path;
+  std::vector<std::string> files;
   // the model (BPE)
   std::unordered_map<std::string, std::int32_t> vocab;
   std::vector<std::string> id_to_token;  // model vocabulary and added tokens, by id
@@ -975,7 +976,9 @@ HfTokenizer::HfTokenizer(const std::string& path_in) : impl_(std::make_unique<Im
     const std::string name = c[key].is_string() ? c[key].get<std::string>() : c[key].value("content", std::string());
     return token_id(name);
   };
+  m.files.push_back(m.path);
   if (fs::exists(cfg, ec)) {
+    m.files.push_back(cfg.string());
     json c;
     try {
       c = json::parse(read_text(cfg.string(), "tokenizer config"));
@@ -1053,6 +1056,8 @@ const std::string& HfTokenizer::token(std::int32_t id) const {
   TRIDENT_REQUIRE(id >= 0 && id < vocab_size(), "tokenizer '" << impl_->path << "': no token " << id);
   return impl_->id_to_token[static_cast<std::size_t>(id)];
 }
+
+const std::vector<std::string>& HfTokenizer::files() const { return impl_->files; }
 
 std::int32_t HfTokenizer::token_id(const std::string& tok) const {
   for (const auto& a : impl_->added)

@@ -54,6 +54,8 @@ class HfTokenizer : public Tokenizer {
   const std::string& token(std::int32_t id) const;
   // The id of a token string, -1 when absent.
   std::int32_t token_id(const std::string& token) const;
+  // The files read: the tokenizer.json, and the tokenizer_config.json beside it when there is one.
+  const std::vector<std::string>& files() const;
 
   struct Impl;
 

@@ -7,6 +7,7 @@
 #include "common/sha256.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "data/hf_tokenizer.hpp"
+#include "data/sentencepiece_tokenizer.hpp"
 #include "data/wordpiece_tokenizer.hpp"
 
 namespace trident {
@@ -71,6 +72,12 @@ std::unique_ptr<Tokenizer> make_base(const std::string& type, const std::string&
                     "data.tokenizer_model)");
     return std::make_unique<HfTokenizer>(model);
   }
+  if (type == "SentencePieceTokenizer") {
+    TRIDENT_REQUIRE(!model.empty(),
+                    "tokenizer SentencePieceTokenizer needs its .model file (--tokenizer-model, "
+                    "data.tokenizer_model)");
+    return std::make_unique<SentencePieceTokenizer>(model);
+  }
   TRIDENT_REQUIRE(bpe || wordpiece, "unknown tokenizer type '" << type << "' (" << tokenizer_types() << ")");
   TRIDENT_REQUIRE(!vocab.empty(),
                   "tokenizer " << type << " needs a vocabulary file (" << (bpe ? "encoder.json" : "vocab.txt") << ")");
@@ -99,7 +106,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
   auto base = make_base(type, vocab, merges, model);
   // the digest: the type, the extra ids and the digests of the files that define the tokenizer
   std::string id = type + "\n" + std::to_string(extra_ids) + "\n";
-  for (const std::string& f : {vocab, merges, model})
+  std::vector<std::string> files = {vocab, merges, model};
+  if (const auto* hf = dynamic_cast<const HfTokenizer*>(base.get())) files = hf->files();
+  for (const std::string& f : files)
     if (!f.empty()) id += sha256_file(f) + "\n";
   std::unique_ptr<Tokenizer> tok = extra_ids == 0 ? std::move(base)
                                                   : std::make_unique<WithExtraIds>(std::move(base), extra_ids);
