@@ -36,7 +36,7 @@ namespace {
 
 struct Options {
   std::vector<std::string> inputs;
-  std::string output_prefix, to, dtype = "auto", tokenizer_type, vocab_file, merge_file;
+  std::string output_prefix, to, dtype = "auto", tokenizer_type, vocab_file, merge_file, tokenizer_model;
   int vocab_extra_ids = 0;
   bool overwrite = false;
 };
@@ -61,6 +61,8 @@ std::optional<Options> parse_options(int argc, char** argv, int rank) {
      "tokenizer of Megatron input (which records none): preprocess_data's names; checked against HDF5 input")
     ("vocab-file", po::value<std::string>(&o.vocab_file), "the tokenizer's vocabulary")
     ("merge-file", po::value<std::string>(&o.merge_file), "BPE merges (BPE tokenizers)")
+    ("tokenizer-model", po::value<std::string>(&o.tokenizer_model),
+     "HuggingFaceTokenizer: its tokenizer.json; SentencePieceTokenizer: its .model file")
     ("vocab-extra-ids", po::value<int>(&o.vocab_extra_ids)->default_value(0), "T5 sentinels (as preprocess_data)")
     ("overwrite", po::bool_switch(&o.overwrite), "replace existing outputs (refused otherwise)");
   // clang-format on
@@ -141,6 +143,7 @@ void to_hdf5(const trident::TokenShardReader& in, const std::string& path) {
   const auto& m = in.meta();
   trident::TokenShardWriter w(path, m.tokenizer, m.vocab_size, m.eod_id, m.has_sentences);
   w.set_special_tokens(m.specials);
+  w.set_tokenizer_digest(m.tokenizer_digest);
   copy_documents(in, w);
 }
 
@@ -168,7 +171,8 @@ int run(int argc, char** argv) {
     TRIDENT_REQUIRE(o.to.empty() || o.to == natural, "convert_dataset: --to "
                                                          << o.to << " but the inputs are already "
                                                          << (from_megatron ? "Megatron pairs" : "HDF5 shards"));
-    described = trident::indexed_dataset_description(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids);
+    described = trident::indexed_dataset_description(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids,
+                                                     o.tokenizer_model);
     TRIDENT_REQUIRE(!from_megatron || described,
                     "convert_dataset: Megatron input records no tokenizer; give --tokenizer-type, --vocab-file "
                     "(and --merge-file, --vocab-extra-ids) as preprocess_data had");
@@ -195,10 +199,12 @@ int run(int argc, char** argv) {
       const trident::TokenShardReader in(inputs[k], described ? &*described : nullptr);
       const auto& m = in.meta();
       if (!from_megatron && described)
-        TRIDENT_REQUIRE(m.tokenizer == described->tokenizer && m.vocab_size == described->vocab_size,
+        TRIDENT_REQUIRE(m.tokenizer == described->tokenizer && m.vocab_size == described->vocab_size &&
+                            (m.tokenizer_digest.empty() || m.tokenizer_digest == described->tokenizer_digest),
                         "convert_dataset: '" << m.path << "' holds " << m.tokenizer << " tokens (vocab_size "
-                                             << m.vocab_size << "), not the --tokenizer-type " << described->tokenizer
-                                             << " (vocab_size " << described->vocab_size << ")");
+                                             << m.vocab_size << "), not those of the --tokenizer-type "
+                                             << described->tokenizer << " (vocab_size " << described->vocab_size
+                                             << ") and its files");
       const auto outs = outputs_of(o, !from_megatron, k, inputs.size());
       if (from_megatron)
         to_hdf5(in, outs[0]);

@@ -29,7 +29,8 @@
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 #include "common/rng.hpp"
-#include "data/gpt2_tokenizer.hpp"
+#include "data/hf_tokenizer.hpp"
+#include "data/tokenizer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "io/deck.hpp"
 #include "io/hdf5_handle.hpp"
@@ -43,7 +44,7 @@ using namespace trident;
 namespace {
 
 struct Options {
-  std::string checkpoint, vocab, merges, prompt_file;
+  std::string checkpoint, vocab, merges, prompt_file, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   std::vector<std::string> prompts;
   std::int64_t max_new = 32, batch = 8, max_length = 0, top_k = 0;
   double temperature = 1.0, top_p = 1.0;
@@ -137,10 +138,15 @@ int run(int argc, char** argv) {
   desc.add_options()("help", "this text")("checkpoint", po::value(&o.checkpoint),
                                           "checkpoint: a save directory (its latest), an iter_* directory or a file")(
       "vocab-file", po::value(&o.vocab), "GPT-2 encoder.json")("merge-file", po::value(&o.merges), "GPT-2 vocab.bpe")(
-      "prompt", po::value(&o.prompts), "a prompt (repeatable)")("prompt-file", po::value(&o.prompt_file),
-                                                                "prompts, one per line")(
-      "max-new-tokens", po::value(&o.max_new)->default_value(32),
-      "tokens to generate per prompt")("greedy", po::bool_switch(&o.greedy), "the most likely token at every step")(
+      "tokenizer-type", po::value(&o.tokenizer_type)->default_value("GPT2BPETokenizer"),
+      "GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer or SentencePieceTokenizer "
+      "(--tokenizer-model)")("tokenizer-model", po::value(&o.tokenizer_model),
+                             "HuggingFaceTokenizer: its tokenizer.json (or directory); SentencePieceTokenizer: its "
+                             ".model")("prompt", po::value(&o.prompts), "a prompt (repeatable)")(
+      "prompt-file", po::value(&o.prompt_file),
+      "prompts, one per line")("max-new-tokens", po::value(&o.max_new)->default_value(32),
+                               "tokens to generate per prompt")("greedy", po::bool_switch(&o.greedy),
+                                                                "the most likely token at every step")(
       "temperature", po::value(&o.temperature)->default_value(1.0), "softmax temperature (> 0)")(
       "top-k", po::value(&o.top_k)->default_value(0),
       "sample among the k most likely tokens (0: all)")("top-p", po::value(&o.top_p)->default_value(1.0),
@@ -166,7 +172,12 @@ int run(int argc, char** argv) {
     return 0;
   }
   TRIDENT_REQUIRE(!o.checkpoint.empty(), "generate_gpt: --checkpoint is required");
-  TRIDENT_REQUIRE(!o.vocab.empty() && !o.merges.empty(), "generate_gpt: --vocab-file and --merge-file are required");
+  const bool gpt2 = o.tokenizer_type == "GPT2BPETokenizer";
+  TRIDENT_REQUIRE(!gpt2 || (!o.vocab.empty() && !o.merges.empty()),
+                  "generate_gpt: --vocab-file and --merge-file are required (GPT-2's BPE; or --tokenizer-type and "
+                  "--tokenizer-model)");
+  TRIDENT_REQUIRE(gpt2 || !o.tokenizer_model.empty(),
+                  "generate_gpt: " << o.tokenizer_type << " needs --tokenizer-model");
   TRIDENT_REQUIRE(o.temperature > 0, "generate_gpt: --temperature must be > 0");
   TRIDENT_REQUIRE(o.top_k >= 0, "generate_gpt: --top-k must be >= 0");
   TRIDENT_REQUIRE(o.top_p > 0 && o.top_p <= 1, "generate_gpt: --top-p must be in (0, 1]");
@@ -198,11 +209,15 @@ int run(int argc, char** argv) {
   store.allocate();
   const CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
 
-  std::unique_ptr<Gpt2Tokenizer> tok;
-  collectively(MPI_COMM_WORLD, [&] { tok = std::make_unique<Gpt2Tokenizer>(o.vocab, o.merges); });
-  TRIDENT_REQUIRE(tok->vocab_size() == cfg.vocab_size, "generate_gpt: the tokenizer has " << tok->vocab_size()
-                                                                                          << " tokens but the model "
-                                                                                          << cfg.vocab_size);
+  std::unique_ptr<Tokenizer> tok;
+  collectively(MPI_COMM_WORLD,
+               [&] { tok = make_tokenizer(o.tokenizer_type, o.vocab, o.merges, 0, o.tokenizer_model); });
+  // GPT-2's BPE is the whole vocabulary; an open model's embedding may have more rows than its
+  // tokenizer has tokens (Qwen: 151936 rows, 151669 tokens)
+  TRIDENT_REQUIRE(gpt2 ? tok->vocab_size() == cfg.vocab_size : tok->vocab_size() <= cfg.vocab_size,
+                  "generate_gpt: the tokenizer has " << tok->vocab_size() << " tokens but the model "
+                                                     << cfg.vocab_size);
+  const auto* hf = dynamic_cast<const HfTokenizer*>(tok.get());
   const std::int64_t L = o.max_length > 0 ? std::min(o.max_length, cfg.max_positions) : cfg.max_positions;
   std::vector<std::vector<std::int32_t>> ids;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
@@ -216,6 +231,8 @@ int run(int argc, char** argv) {
   GptGenerator gen(model, slots, L);
   const std::int32_t eod = tok->eod_id();
   const std::int64_t V = cfg.vocab_size;
+  // tokens are picked among the tokenizer's: the embedding rows beyond them (padding) are never emitted
+  const std::int64_t Vtok = tok->vocab_size();
   std::vector<std::vector<std::int32_t>> out(ids.size());
   std::int64_t generated = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -230,7 +247,7 @@ int run(int argc, char** argv) {
     for (size_t b = 0; b < B; ++b) {
       seq[b] = ids[first + b];
       const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-      next[b] = pick(lg.data(), V, o, key(first + b, 0));
+      next[b] = pick(lg.data(), Vtok, o, key(first + b, 0));
     }
     for (std::int64_t step = 0;; ++step) {
       bool any = false;
@@ -249,7 +266,7 @@ int run(int argc, char** argv) {
         for (size_t b = 0; b < B; ++b)
           if (!done[b]) {
             const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-            next[b] = pick(lg.data(), V, o, key(first + b, step + 1));
+            next[b] = pick(lg.data(), Vtok, o, key(first + b, step + 1));
           }
         continue;
       }
@@ -261,7 +278,7 @@ int run(int argc, char** argv) {
       }
       const std::vector<float> lg = gen.decode(in, pos);
       for (size_t b = 0; b < B; ++b)
-        if (!done[b]) next[b] = pick(lg.data() + b * V, V, o, key(first + b, step + 1));
+        if (!done[b]) next[b] = pick(lg.data() + b * V, Vtok, o, key(first + b, step + 1));
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -270,7 +287,13 @@ int run(int argc, char** argv) {
               << (o.no_cache ? "no cache" : "key-value cache") << ", " << (o.greedy ? "greedy" : "sampling") << "\n"
               << "key-value cache: " << gen.cache_bytes() << " bytes on rank 0\n";
     for (size_t i = 0; i < ids.size(); ++i) {
-      std::cout << "[" << i + 1 << "] " << o.prompts[i] << tok->decode(out[i]) << "\n";
+      if (gpt2) {  // the prompt as given, the continuation's exact bytes
+        std::cout << "[" << i + 1 << "] " << o.prompts[i] << tok->decode(out[i]) << "\n";
+      } else {  // decoded with the prompt (a decoder may strip the first token's space), special tokens left out
+        std::vector<std::int32_t> all = ids[i];
+        all.insert(all.end(), out[i].begin(), out[i].end());
+        std::cout << "[" << i + 1 << "] " << (hf ? hf->decode(all, true) : tok->decode(all)) << "\n";
+      }
       if (o.print_ids) {
         std::cout << "ids[" << i + 1 << "]:";
         for (auto t : out[i]) std::cout << " " << t;

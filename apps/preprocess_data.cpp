@@ -71,7 +71,11 @@ std::optional<trident::PreprocessOptions> parse_options(int argc, char** argv, i
     ("output-prefix", po::value<std::string>(&o.output_prefix), "shards are written as <prefix>_NNNNN.h5")
     ("tokenizer-type", po::value<std::string>(&o.tokenizer_type),
      "GPT2BPETokenizer, GPT2BPEWithBertSpecials (GPT-2's BPE plus [CLS] [SEP] [MASK] [PAD]), "
-     "BertWordPieceLowerCase, BertWordPieceCase")
+     "BertWordPieceLowerCase, BertWordPieceCase, HuggingFaceTokenizer (a tokenizer.json: Llama, Mistral, Qwen, ...), "
+     "SentencePieceTokenizer (a .model)")
+    ("tokenizer-model", po::value<std::string>(&o.tokenizer_model),
+     "HuggingFaceTokenizer: its tokenizer.json (or the directory holding it and tokenizer_config.json); "
+     "SentencePieceTokenizer: its .model file")
     ("vocab-file", po::value<std::string>(&o.vocab_file), "GPT-2 encoder.json / vocab.json, or BERT's vocab.txt")
     ("merge-file", po::value<std::string>(&o.merge_file), "GPT-2 vocab.bpe / merges.txt (BPE only)")
     ("json-keys", po::value<std::vector<std::string>>(&json_keys)->multitoken(),
@@ -113,11 +117,16 @@ std::optional<trident::PreprocessOptions> parse_options(int argc, char** argv, i
                   "preprocess_data: --tokenizer-type is required (" << trident::tokenizer_types() << ")");
   const std::string& t = o.tokenizer_type;
   const bool bpe = t == "GPT2BPETokenizer" || t == "GPT2BPEWithBertSpecials";
-  TRIDENT_REQUIRE(bpe || t == "BertWordPieceLowerCase" || t == "BertWordPieceCase",
+  const bool model = t == "HuggingFaceTokenizer" || t == "SentencePieceTokenizer";
+  TRIDENT_REQUIRE(bpe || model || t == "BertWordPieceLowerCase" || t == "BertWordPieceCase",
                   "preprocess_data: unknown --tokenizer-type '" << o.tokenizer_type << "' ("
                                                                 << trident::tokenizer_types() << ")");
-  TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: " << o.tokenizer_type << " needs --vocab-file");
-  TRIDENT_REQUIRE(!bpe || !o.merge_file.empty(), "preprocess_data: " << t << " needs --merge-file");
+  if (model) {
+    TRIDENT_REQUIRE(!o.tokenizer_model.empty(), "preprocess_data: " << t << " needs --tokenizer-model");
+  } else {
+    TRIDENT_REQUIRE(!o.vocab_file.empty(), "preprocess_data: " << o.tokenizer_type << " needs --vocab-file");
+    TRIDENT_REQUIRE(!bpe || !o.merge_file.empty(), "preprocess_data: " << t << " needs --merge-file");
+  }
   if (!json_keys.empty()) {
     for (std::size_t k = 0; k < json_keys.size(); ++k) {
       TRIDENT_REQUIRE(!json_keys[k].empty() && json_keys[k].find('/') == std::string::npos,
@@ -217,9 +226,11 @@ int run(int argc, char** argv) {
   // The tokenizer (every rank loads it; a bad file fails on all of them alike).
   std::unique_ptr<trident::Tokenizer> tok;
   trident::collectively(comm, [&] {
-    tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids);
-    TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0, "preprocess_data: --append-eod but the vocabulary '"
-                                                             << o.vocab_file << "' has no end-of-document token");
+    tok = trident::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.vocab_extra_ids, o.tokenizer_model);
+    TRIDENT_REQUIRE(!o.append_eod || tok->eod_id() >= 0,
+                    "preprocess_data: --append-eod but the tokenizer '"
+                        << (o.tokenizer_model.empty() ? o.vocab_file : o.tokenizer_model)
+                        << "' has no end-of-document token (Hugging Face: its tokenizer_config.json's eos_token)");
   });
 
   // Output directory; stale temporary parts of an earlier, failed run are removed.

@@ -80,12 +80,14 @@ std::vector<WeightedPaths> parse_shard_spec(const std::string& spec) {
 }
 
 std::optional<TokenShardMeta> indexed_dataset_description(const std::string& type, const std::string& vocab_file,
-                                                          const std::string& merges_file, int extra_ids) {
+                                                          const std::string& merges_file, int extra_ids,
+                                                          const std::string& model) {
   if (type.empty()) return std::nullopt;
-  const auto tok = make_tokenizer(type, vocab_file, merges_file, extra_ids);
+  const auto tok = make_tokenizer(type, vocab_file, merges_file, extra_ids, model);
   TokenShardMeta d;
   d.format = kIndexedFormat;
   d.tokenizer = type;
+  d.tokenizer_digest = tok->digest();
   d.vocab_size = tok->vocab_size();
   d.specials = tok->specials();
   d.eod_id = d.specials.eod;
@@ -109,6 +111,11 @@ Corpus::Corpus(const std::vector<std::string>& paths, const TokenShardMeta* inde
       TRIDENT_REQUIRE(a.cls == b.cls && a.sep == b.sep && a.mask == b.mask && a.pad == b.pad && a.bos == b.bos &&
                           a.eos == b.eos && a.sentinel == b.sentinel && a.num_sentinels == b.num_sentinels,
                       "shard '" << m.path << "' records other special-token ids than '" << f.path << "'");
+      const std::string& fd = shards_[0].meta().tokenizer_digest;
+      TRIDENT_REQUIRE(m.tokenizer_digest.empty() || fd.empty() || m.tokenizer_digest == fd,
+                      "shard '" << m.path << "' was tokenized with other tokenizer files than '"
+                                << shards_[0].meta().path << "' (tokenizer_digest " << m.tokenizer_digest.substr(0, 16)
+                                << "... against " << fd.substr(0, 16) << "...)");
       TRIDENT_REQUIRE(m.vocab_size == vocab_size_ && m.tokenizer == tokenizer_,
                       "shard '" << m.path << "' (tokenizer " << m.tokenizer << ", vocab_size " << m.vocab_size
                                 << ") does not match '" << shards_[0].meta().path << "' (tokenizer " << tokenizer_

@@ -27,10 +27,11 @@ struct WeightedPaths {
 std::vector<WeightedPaths> parse_shard_spec(const std::string& spec);
 
 // What the deck says about the tokenizer of Megatron indexed datasets (data.tokenizer_type,
-// data.vocab_file, data.merges_file, data.vocab_extra_ids): the tokenizer's name, vocabulary
+// data.vocab_file, data.merges_file, data.vocab_extra_ids, data.tokenizer_model): the tokenizer's name, vocabulary
 // size, end-of-document and special-token ids, as a TokenShardMeta. Empty type: none (nullopt).
 std::optional<TokenShardMeta> indexed_dataset_description(const std::string& type, const std::string& vocab_file,
-                                                          const std::string& merges_file, int extra_ids);
+                                                          const std::string& merges_file, int extra_ids,
+                                                          const std::string& model = "");
 
 class Corpus {
  public:

@@ -89,6 +89,7 @@ void ShardSink::add(const std::vector<std::int32_t>& tokens, const std::vector<s
     writer_ = std::make_unique<TokenShardWriter>(parts_.back(), o_.tokenizer_type, tok_.vocab_size(), tok_.eod_id(),
                                                  o_.split_sentences);
     writer_->set_special_tokens(tok_.specials());
+    writer_->set_tokenizer_digest(tok_.digest());
   }
   writer_->add_document(tokens, sentence_ends);
   if (o_.shard_tokens > 0 && writer_->num_tokens() >= o_.shard_tokens) finish_shard();

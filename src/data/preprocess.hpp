@@ -22,7 +22,7 @@ struct PreprocessOptions {
   std::vector<std::string> inputs;
   std::string output_prefix;
   std::string tokenizer_type;
-  std::string vocab_file, merge_file;
+  std::string vocab_file, merge_file, tokenizer_model;
   std::vector<std::string> json_keys{"text"};
   // the output prefix of each key: --output-prefix for one key, <prefix>_<key> for several
   std::vector<std::string> prefixes() const;

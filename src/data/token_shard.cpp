@@ -64,7 +64,7 @@ struct TokenShardWriter::Impl {
   std::int64_t vocab_size = 0;
   std::int64_t eod_id = -1;
   SpecialTokens specials;
-  std::string tokenizer;
+  std::string tokenizer, tokenizer_digest;
   bool with_sentences = false;
   bool closed = false;
   bool wide = false;  // int32 tokens (else uint16)
@@ -189,6 +189,8 @@ std::int64_t TokenShardWriter::num_documents() const {
   return static_cast<std::int64_t>(impl_->doc_offsets.size()) - 1;
 }
 
+void TokenShardWriter::set_tokenizer_digest(const std::string& digest) { impl_->tokenizer_digest = digest; }
+
 void TokenShardWriter::set_special_tokens(const SpecialTokens& specials) {
   Impl& m = *impl_;
   SpecialTokens sp = specials;
@@ -214,6 +216,7 @@ void TokenShardWriter::close() {
     h5_write_attr(m.file, "format", std::string(kTokenShardFormat));
     h5_write_attr(m.file, "format_version", kTokenShardVersion);
     h5_write_attr(m.file, "tokenizer", m.tokenizer);
+    h5_write_attr(m.file, "tokenizer_digest", m.tokenizer_digest);
     h5_write_attr(m.file, "vocab_size", m.vocab_size);
     h5_write_attr(m.file, "eod_id", m.eod_id);
     h5_write_attr(m.file, "max_token_id", m.max_token_id);
@@ -341,6 +344,7 @@ void open_indexed(TokenShardReader::Impl& m, const std::string& prefix, const To
   m.meta.format = kIndexedFormat;
   m.meta.format_version = 1;
   m.meta.tokenizer = d->tokenizer;
+  m.meta.tokenizer_digest = d->tokenizer_digest;
   m.meta.vocab_size = d->vocab_size;
   m.meta.eod_id = d->eod_id;
   m.meta.specials = d->specials;
@@ -404,6 +408,11 @@ TokenShardReader::TokenShardReader(const std::string& path, const TokenShardMeta
                   where << ": format_version " << m.meta.format_version << " is not supported (this build reads "
                         << "1.." << kTokenShardVersion << ")");
   m.meta.tokenizer = h5_read_attr_string(m.file, "tokenizer", where);
+  if (m.meta.format_version >= 3) {
+    TRIDENT_REQUIRE(h5_has_attr(m.file, "tokenizer_digest"),
+                    where << ": missing attribute 'tokenizer_digest' (format_version " << m.meta.format_version << ")");
+    m.meta.tokenizer_digest = h5_read_attr_string(m.file, "tokenizer_digest", where);
+  }
   m.meta.vocab_size = h5_read_attr_int(m.file, "vocab_size", where);
   TRIDENT_REQUIRE(m.meta.vocab_size > 0,
                   where << ": attribute 'vocab_size' must be positive, is " << m.meta.vocab_size);

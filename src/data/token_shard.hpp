@@ -3,10 +3,12 @@
 //   /document_offsets   int64, n_docs + 1; document d is tokens[off[d]:off[d+1]]
 //   /sentence_offsets   optional int64; sentence boundaries (token offsets) when split
 //   root attributes: format = "trident.tokens", format_version, tokenizer, vocab_size, eod_id,
-//                    max_token_id (format_version 2)
+//                    max_token_id (format_version 2), tokenizer_digest (format_version 3)
 // format_version 2 adds HDF5's Fletcher-32 checksum to every chunk of /tokens (verified by HDF5
-// on every read) and max_token_id (checked against vocab_size when the shard opens); version 1
-// shards are still read, their tokens scanned once when they open.
+// on every read) and max_token_id (checked against vocab_size when the shard opens); version 3
+// adds tokenizer_digest, the digest of the tokenizer's files (Tokenizer::digest), so that two
+// different tokenizer files never pass as the same tokenizer. Versions 1 and 2 are still read
+// (version 1's tokens scanned once when the shard opens).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,7 +22,7 @@
 namespace trident {
 
 inline constexpr const char* kTokenShardFormat = "trident.tokens";
-inline constexpr std::int64_t kTokenShardVersion = 2;
+inline constexpr std::int64_t kTokenShardVersion = 3;
 // Tokens per chunk of /tokens written: 32 KiB of uint16. A read touches (and checksums) whole
 // chunks, so smaller chunks serve the scattered per-document reads of a shuffled dataset faster
 // (perf/results/data_scale_*.md: 16384 reads short documents 3x faster than 131072, the size
@@ -34,6 +36,7 @@ struct TokenShardMeta {
   // from the deck's data.tokenizer_type, as Megatron's index records none of them).
   std::string format = kTokenShardFormat;
   std::string tokenizer;
+  std::string tokenizer_digest;  // "" before format_version 3 (and for Megatron pairs)
   std::int64_t format_version = 0;
   std::int64_t vocab_size = 0;
   std::int64_t eod_id = -1;
@@ -67,6 +70,8 @@ class TokenShardWriter {
   // Records the special-token attributes close() writes (ids of -1 and a sentinel count of 0
   // are left out).
   void set_special_tokens(const SpecialTokens& specials);
+  // Records the tokenizer's digest (Tokenizer::digest) that close() writes.
+  void set_tokenizer_digest(const std::string& digest);
   void close();
 
  private:

@@ -150,7 +150,10 @@ class Registry {
     add("data.vocab_file", &d.data.vocab_file, "tokenizer vocabulary (BERT's whole-word masking; text output)");
     add("data.merges_file", &d.data.merges_file, "BPE merges (GPT-2 BPE vocabularies)");
     add("data.tokenizer_type", &d.data.tokenizer_type,
-        "tokenizer of Megatron .bin/.idx corpora (GPT2BPETokenizer, BertWordPieceLowerCase, ...)");
+        "the run's tokenizer (GPT2BPETokenizer, BertWordPieceLowerCase, HuggingFaceTokenizer, SentencePieceTokenizer, "
+        "...): Megatron .bin/.idx corpora's, and every shard's (checked)");
+    add("data.tokenizer_model", &d.data.tokenizer_model,
+        "HuggingFaceTokenizer: its tokenizer.json; SentencePieceTokenizer: its .model file");
     add("data.vocab_extra_ids", &d.data.vocab_extra_ids, "T5 sentinels of Megatron corpora (--vocab-extra-ids)");
     add("data.index_cache", &d.data.index_cache,
         "GPT dataset index cache: auto (trident_index_cache/ next to the corpus), none (in memory), or a directory");

@@ -56,9 +56,12 @@ struct Deck {
   } precision;
   struct Data {
     std::string train_shards, split = "969,30,1", vocab_file, merges_file;
-    // the tokenizer of Megatron indexed datasets (.bin/.idx), which record none: preprocess_data's
-    // --tokenizer-type names and --vocab-extra-ids
-    std::string tokenizer_type;
+    // The run's tokenizer (preprocess_data's --tokenizer-type names, --tokenizer-model and
+    // --vocab-extra-ids): what Megatron indexed datasets (.bin/.idx), which record none, were
+    // tokenized with, and what every shard's recorded tokenizer must be (checked before training).
+    // tokenizer_model: the tokenizer.json of HuggingFaceTokenizer, the .model of
+    // SentencePieceTokenizer.
+    std::string tokenizer_type, tokenizer_model;
     std::int64_t vocab_extra_ids = 0;
     // where the GPT dataset indices are cached: auto (next to each corpus's first shard, in
     // trident_index_cache/), none (in memory), or a directory

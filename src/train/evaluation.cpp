@@ -143,9 +143,10 @@ int run_eval_only(const Deck& deck, const Topology& topo) {
   collectively(world.get(), [&] {
     from_text = is_text_file(deck.eval.shard);
     const std::string type = deck.data.tokenizer_type.empty() ? "GPT2BPETokenizer" : deck.data.tokenizer_type;
-    if (!deck.data.vocab_file.empty() && (type != "GPT2BPETokenizer" || !deck.data.merges_file.empty()))
+    if (!deck.data.tokenizer_model.empty() ||
+        (!deck.data.vocab_file.empty() && (type != "GPT2BPETokenizer" || !deck.data.merges_file.empty())))
       tok = make_tokenizer(type, deck.data.vocab_file, deck.data.merges_file,
-                           static_cast<int>(deck.data.vocab_extra_ids));
+                           static_cast<int>(deck.data.vocab_extra_ids), deck.data.tokenizer_model);
     if (from_text) {
       TRIDENT_REQUIRE(tok, "eval.shard '" << deck.eval.shard
                                           << "' is text: tokenizing it needs data.vocab_file and data.merges_file "

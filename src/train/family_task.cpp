@@ -3,11 +3,14 @@
 #include "train/family_task.hpp"
 
 #include <algorithm>
+#include <map>
+#include <memory>
 
 #include "common/error.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/t5_dataset.hpp"
+#include "data/tokenizer.hpp"
 
 namespace trident {
 
@@ -164,11 +167,54 @@ SampleSource t5_samples(const Deck& deck, std::int64_t train_samples, std::int64
 
 std::optional<TokenShardMeta> indexed_description(const Deck& deck) {
   return indexed_dataset_description(deck.data.tokenizer_type, deck.data.vocab_file, deck.data.merges_file,
-                                     static_cast<int>(deck.data.vocab_extra_ids));
+                                     static_cast<int>(deck.data.vocab_extra_ids), deck.data.tokenizer_model);
+}
+
+void check_shard_tokenizers(const Deck& deck) {
+  const auto& d = deck.data;
+  if (d.tokenizer_type.empty() && d.tokenizer_model.empty() && d.vocab_file.empty()) return;  // the deck names none
+  const auto indexed = indexed_description(deck);
+  // the deck's tokenizer for each (type, extra ids) the shards need, built once
+  std::map<std::pair<std::string, int>, std::unique_ptr<Tokenizer>> made;
+  auto deck_tokenizer = [&](const std::string& type, int extra) -> const Tokenizer& {
+    auto& t = made[{type, extra}];
+    if (!t) t = make_tokenizer(type, d.vocab_file, d.merges_file, extra, d.tokenizer_model);
+    return *t;
+  };
+  const std::string named = !d.tokenizer_type.empty() ? "data.tokenizer_type = " + d.tokenizer_type
+                            : !d.merges_file.empty()
+                                ? "data.vocab_file and data.merges_file (" + d.vocab_file + ", " + d.merges_file + ")"
+                                : "data.vocab_file = " + d.vocab_file;
+  for (const auto& corpus : parse_shard_spec(d.train_shards))
+    for (const auto& path : corpus.paths) {
+      const TokenShardMeta m = TokenShardReader(path, indexed ? &*indexed : nullptr).meta();
+      if (m.format == kIndexedFormat) continue;  // a Megatron pair: described by the deck itself
+      const auto uses = [&](const std::string& t) { return m.tokenizer.rfind(t, 0) == 0; };
+      std::string type = d.tokenizer_type;
+      if (type.empty()) {  // vocabulary files alone: the shard's type, when it is one that reads them
+        const bool fits = (!d.merges_file.empty() && uses("GPT2BPE")) ||
+                          (d.merges_file.empty() && uses("BertWordPiece"));
+        TRIDENT_REQUIRE(fits, "data: shard '" << path << "' was tokenized with " << m.tokenizer << " (vocabulary "
+                                              << m.vocab_size << "), but the deck names " << named
+                                              << ": preprocess the corpus with the deck's tokenizer, or name the "
+                                                 "shards' (data.tokenizer_type, data.tokenizer_model)");
+        type = m.tokenizer;
+      }
+      const int extra = d.vocab_extra_ids > 0 ? static_cast<int>(d.vocab_extra_ids) : m.specials.num_sentinels;
+      const Tokenizer& tok = deck_tokenizer(type, extra);
+      const bool same_digest = m.tokenizer_digest.empty() || m.tokenizer_digest == tok.digest();
+      TRIDENT_REQUIRE(
+          m.tokenizer == type && m.vocab_size == tok.vocab_size() && same_digest,
+          "data: shard '" << path << "' was tokenized with " << m.tokenizer << " (vocabulary " << m.vocab_size
+                          << (m.tokenizer_digest.empty() ? "" : ", files " + m.tokenizer_digest.substr(0, 12))
+                          << "), but the deck names " << named << " (" << type << ", vocabulary " << tok.vocab_size()
+                          << ", files " << tok.digest().substr(0, 12) << "): one tokenizer per run");
+    }
 }
 
 SampleSource samples_of(ModelFamily f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                         std::shared_ptr<void>& keep) {
+  check_shard_tokenizers(deck);
   if (f == ModelFamily::Bert) return bert_samples(deck, train_samples, valid_samples, keep);
   if (f == ModelFamily::T5) return t5_samples(deck, train_samples, valid_samples, keep);
   return gpt_samples(deck, train_samples, valid_samples, keep);

@@ -51,6 +51,15 @@ def gpt2_args(a, tokenizer="GPT2BPETokenizer", vocab=None):
             "--merge-file", os.path.join(a.sample, "gpt2", "vocab.bpe")]
 
 
+def tokenizer_digest(type_, files, extra_ids=0):
+    """docs/DESIGN.md "Token shards": SHA-256 of the type, the extra ids and each file's SHA-256, one per line."""
+    import hashlib
+    text = type_ + "\n" + str(extra_ids) + "\n"
+    for f in files:
+        text += hashlib.sha256(open(f, "rb").read()).hexdigest() + "\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def load(prefix):
     """Concatenation of the shards <prefix>_NNNNN.h5 in name order: tokens, offsets, sentences."""
     files = sorted(glob.glob(prefix + "_[0-9][0-9][0-9][0-9][0-9].h5"))
@@ -104,8 +113,10 @@ def invariance(a):
             results[(split, n)] = load(prefix)
     f1, t1, d1, s1, m1 = results[(False, 1)]
     f2, t2, d2, s2, m2 = results[(False, 2)]
-    check(m1 == {"format": "trident.tokens", "format_version": 2, "tokenizer": "GPT2BPETokenizer",
-                 "vocab_size": 50257, "eod_id": 50256}, "attributes: %s" % m1)
+    gpt2_files = [os.path.join(a.sample, "gpt2", "encoder.json"), os.path.join(a.sample, "gpt2", "vocab.bpe")]
+    check(m1 == {"format": "trident.tokens", "format_version": 3, "tokenizer": "GPT2BPETokenizer",
+                 "tokenizer_digest": tokenizer_digest("GPT2BPETokenizer", gpt2_files), "vocab_size": 50257,
+                 "eod_id": 50256}, "attributes: %s" % m1)
     check(len(f1) >= 5 and len(f2) >= 6, "expected several shards, got %d (np=1) and %d (np=2)" % (len(f1), len(f2)))
     check(len(d1) == 1190, "1189 documents expected, got %d" % (len(d1) - 1))
     check(np.array_equal(t1, t2), "np=1 and np=2 tokens differ")
@@ -148,7 +159,9 @@ def invariance(a):
         bert.append(load(prefix))
     (_, tb1, db1, sb1, mb1), (_, tb2, db2, sb2, _) = bert
     check(np.array_equal(tb1, tb2) and db1 == db2 and sb1 == sb2, "WordPiece: np=1 and np=2 differ")
-    check(mb1 == {"format": "trident.tokens", "format_version": 2, "tokenizer": "BertWordPieceLowerCase",
+    check(mb1 == {"format": "trident.tokens", "format_version": 3, "tokenizer": "BertWordPieceLowerCase",
+                  "tokenizer_digest": tokenizer_digest("BertWordPieceLowerCase",
+                                                       [os.path.join(a.sample, "bert", "vocab.txt")]),
                   "vocab_size": 30522, "eod_id": 102, "cls_id": 101, "sep_id": 102, "mask_id": 103, "pad_id": 0},
           "WordPiece attributes: %s" % mb1)
     check(len(db1) == 1190 and sb1 is not None and set(db1) <= set(sb1), "WordPiece: documents / sentences")
@@ -159,7 +172,9 @@ def invariance(a):
     # [BOS], [EOS] and 100 sentinels
     _, tt5, dt5, st5, mt5 = load(os.path.join(a.sample, "kjv_t5"))
     check(np.array_equal(tt5, tb1) and dt5 == db1 and st5 == sb1, "the T5 sample shards' tokens differ from WordPiece's")
-    check(mt5 == dict(mb1, vocab_size=30624, bos_id=30522, eos_id=30523, sentinel_id=30524, num_sentinels=100),
+    check(mt5 == dict(mb1, vocab_size=30624, bos_id=30522, eos_id=30523, sentinel_id=30524, num_sentinels=100,
+                      tokenizer_digest=tokenizer_digest("BertWordPieceLowerCase",
+                                                        [os.path.join(a.sample, "bert", "vocab.txt")], 100)),
           "T5 attributes: %s" % mt5)
     print("kjv (WordPiece): %d tokens, %d sentences" % (len(tb1), len(sb1) - 1))
 

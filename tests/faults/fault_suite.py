@@ -277,6 +277,19 @@ def group_inputs(s):
     h5_shard(bad_offsets, np.arange(10, dtype=np.uint16), [0, 7, 5, 10])
     h5_shard(big_token, np.array([5, 6, 60000, 7], dtype=np.uint16), [0, 4])  # version 1: scanned on open
     h5_shard(big_max, np.array([5, 6, 7, 8], dtype=np.uint16), [0, 4], version=2, max_token_id=50257)
+    # one tokenizer per run: a shard of another tokenizer ("other", 1000 tokens), and a GPT-2 shard
+    # whose files' digest is not that of the deck's vocabulary files
+    other_tok, other_files = s.path("other_tok.h5"), s.path("other_files.h5")
+    h5_shard(other_tok, np.arange(64, dtype=np.uint16) % 1000, [0, 32, 64], version=2, max_token_id=63,
+             vocab_size=1000, eod_id=999)
+    h5_shard(other_files, np.arange(64, dtype=np.uint16), [0, 32, 64], version=3, max_token_id=63)
+    import h5py
+    with h5py.File(other_tok, "r+") as f:
+        f.attrs["tokenizer"] = "other"
+    with h5py.File(other_files, "r+") as f:
+        f.attrs["tokenizer_digest"] = "0" * 64
+    gpt2 = ["--data.vocab_file", os.path.join(s.sample, "gpt2", "encoder.json"), "--data.merges_file",
+            os.path.join(s.sample, "gpt2", "vocab.bpe")]
     with open(s.a.deck) as f:
         deck = f.readlines()
     def deck_without(key, name):
@@ -303,6 +316,10 @@ def group_inputs(s):
         ("max_token_id beyond the vocabulary", 2, ["--data.train_shards", big_max],
          "holds token id 50257, outside its vocabulary"),
         ("vocab_size mismatch", 2, ["--model.vocab_size", "1000"], "vocab_size"),
+        ("shard of another tokenizer than the deck's", 2, ["--data.train_shards", other_tok] + gpt2,
+         "was tokenized with other (vocabulary 1000), but the deck names data.vocab_file and data.merges_file"),
+        ("shard of other tokenizer files than the deck's", 2, ["--data.train_shards", other_files] + gpt2,
+         "one tokenizer per run"),
         ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", ck], "model.hidden_size"),
         ("checkpoint with more layers", 2, ["--model.num_layers", "1", "--checkpoint.load", ck, "--train.iters", "4"],
          "holds another model"),
