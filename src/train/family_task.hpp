@@ -57,14 +57,14 @@ struct SampleSource {
   std::string description;
 };
 
-// The tokenizer of Megatron indexed datasets named in the deck (data.tokenizer_type, vocab_file,
-// merges_file, vocab_extra_ids); nullopt when data.tokenizer_type is empty.
 // One tokenizer per run: when the deck names a tokenizer (data.tokenizer_type and its files, or
 // the vocabulary files data.vocab_file / data.merges_file), every shard of data.train_shards must
 // record that tokenizer, its vocabulary size and, from format_version 3, its files' digest; else
 // one error naming the shard and both tokenizers, before training. A deck that names none takes
 // the shards' own (Corpus checks that they agree).
 void check_shard_tokenizers(const Deck& deck);
+// The tokenizer of Megatron indexed datasets named in the deck (data.tokenizer_type, vocab_file,
+// merges_file, vocab_extra_ids, tokenizer_model); nullopt when data.tokenizer_type is empty.
 std::optional<TokenShardMeta> indexed_description(const Deck& deck);
 
 // The samples of a family's dataset over deck.data.train_shards (train_samples for training,
