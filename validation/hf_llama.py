@@ -7,9 +7,10 @@ modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3 and their co
 conventions): RMSNorm, rotate-half rotary embeddings (with Llama 3's frequency scaling), grouped-query
 causal attention (Qwen3: per-head RMSNorm of q and k before the rotation), the SiLU-gated MLP.
 Nothing here comes from Trident's C++ sources or from gpt_reference.py / torch_reference.py; from
-hf_models.py it takes only the safetensors parser. The writer of the safetensors format (8-byte
-little-endian header length, JSON header padded with spaces to a multiple of 8, raw little-endian
-data; bf16 rounded to nearest even by integer arithmetic) is this file's own.
+hf_models.py it takes the safetensors parser and the scoring of a shard's windows. The writer of
+the safetensors format (8-byte little-endian header length, JSON header padded with spaces to a
+multiple of 8, raw little-endian data; bf16 rounded to nearest even by integer arithmetic) is this
+file's own.
 
 usage:
   hf_llama.py write --family {llama,mistral,qwen2,qwen3} --out DIR --seed N [--layers 2] [--hidden 64]
@@ -57,6 +58,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models  # noqa: E402
 from hf_models import InputError, read_safetensors  # noqa: E402
 
 # architectures entry and the family's real bos/eos ids (Llama 3, Mistral 7B v0.3, Qwen2, Qwen3)
@@ -479,39 +481,15 @@ def scorer(a):
 
 
 def cmd_eval(a):
-    """hf_models.py gpt-eval's windows: every target 1 .. (N - 1) * stride + S scored once, with the
-    longest context its window allows."""
-    import h5py
-    import torch
+    """hf_models.py gpt-eval's windows and scoring (shard_windows, score_windows): every target
+    1 .. (N - 1) * stride + S scored once, with the longest context its window allows."""
     stride = a.stride or a.seq
-    if a.windows < 1 or a.seq < 1 or not 1 <= stride <= a.seq:
-        raise InputError("--windows and --seq must be positive, --stride between 1 and --seq")
-    last = (a.windows - 1) * stride + a.seq
-    with h5py.File(a.shard, "r") as f:
-        if f["tokens"].shape[0] < last + 1:
-            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {last + 1}")
-        t = f["tokens"][:last + 1].astype(np.int64)
+    t, x, y = hf_models.shard_windows(a.shard, a.windows, a.seq, stride)
     logits_of, vocab = scorer(a)
     if t.max() >= vocab:
         raise InputError(f"{a.shard}: token {t.max()} beyond the model's vocabulary of {vocab}")
-    starts = [k * stride for k in range(a.windows)]
-    x = np.stack([t[s:s + a.seq] for s in starts])
-    y = np.stack([t[s + 1:s + a.seq + 1] for s in starts])
-    y[1:, :a.seq - stride] = -100  # scored by an earlier window
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for k in range(0, a.windows, a.batch):
-            lg = logits_of(torch.from_numpy(x[k:k + a.batch]))
-            yb = torch.from_numpy(y[k:k + a.batch])
-            total += torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), yb.reshape(-1),
-                                                       ignore_index=-100, reduction="sum").item()
-            count += int((yb != -100).sum())
-    assert count == last, (count, last)
-    loss = total / count
-    print(f"scored {a.windows} windows of {a.seq} tokens, stride {stride}, of {a.shard}")
-    print(f"eval tokens: {count}")
-    print("eval loss: %.12g" % loss)
-    print("eval perplexity: %.12g" % math.exp(loss))
+    _, count = hf_models.score_windows(lambda ids: logits_of(ids), x, y, a.batch, a.shard, stride)
+    assert count == len(t) - 1, (count, len(t) - 1)
     return 0
 
 

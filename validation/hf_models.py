@@ -206,24 +206,54 @@ def token_byte_lengths(vocab_json):
     return lengths, vocab.get("<|endoftext|>", -1)
 
 
-def gpt_eval(a):
-    """Windows of S + 1 tokens every `stride` tokens; the first window scores its S targets, each
-    later one its last `stride` (the rest were scored with a shorter context before), so every
-    target 1 .. (N - 1) * stride + S is scored once, with the longest context the window allows."""
+def shard_windows(shard, windows, seq, stride):
+    """The first (windows - 1) * stride + seq + 1 tokens of a token shard, and the windows' inputs x
+    and targets y (-100 where an earlier window scored the target). Windows of S + 1 tokens every
+    `stride` tokens; the first window scores its S targets, each later one its last `stride` (the
+    rest were scored with a shorter context before), so every target 1 .. (N - 1) * stride + S is
+    scored once, with the longest context the window allows."""
     import h5py
+    if windows < 1 or seq < 1 or not 1 <= stride <= seq:
+        raise InputError("--windows and --seq must be positive, --stride between 1 and --seq")
+    last = (windows - 1) * stride + seq
+    with h5py.File(shard, "r") as f:
+        if f["tokens"].shape[0] < last + 1:
+            raise InputError(f"{shard}: {f['tokens'].shape[0]} tokens, fewer than {last + 1}")
+        t = f["tokens"][:last + 1].astype(np.int64)
+    starts = [k * stride for k in range(windows)]
+    x = np.stack([t[s:s + seq] for s in starts])
+    y = np.stack([t[s + 1:s + seq + 1] for s in starts])
+    y[1:, :seq - stride] = -100  # scored by an earlier window
+    return t, x, y
+
+
+def score_windows(logits_of, x, y, batch, shard, stride):
+    """The summed cross-entropy of y under logits_of(x) in batches, with the lines every eval command
+    prints (`eval tokens:`, `eval loss:`, `eval perplexity:`); returns (total, count)."""
+    import torch
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for k in range(0, len(x), batch):
+            logits = logits_of(torch.tensor(x[k:k + batch]))
+            yb = torch.tensor(y[k:k + batch])
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += int((yb != -100).sum())
+    loss = total / count
+    print(f"scored {len(x)} windows of {x.shape[1]} tokens, stride {stride}, of {shard}")
+    print(f"eval tokens: {count}")
+    print("eval loss: %.12g" % loss)
+    print("eval perplexity: %.12g" % math.exp(loss))
+    return total, count
+
+
+def gpt_eval(a):
+    """shard_windows' windows scored by this file's GPT-2 (or transformers'); with the directory's
+    vocab.json also bits per byte."""
     import torch
     stride = a.stride or a.seq
-    last = (a.windows - 1) * stride + a.seq
-    with h5py.File(a.shard, "r") as f:
-        if f["tokens"].shape[0] < last + 1:
-            raise InputError(f"{a.shard}: {f['tokens'].shape[0]} tokens, fewer than {last + 1}")
-        t = f["tokens"][:last + 1].astype(np.int64)
-    starts = [k * stride for k in range(a.windows)]
-    x = np.stack([t[s:s + a.seq] for s in starts])
-    y = np.stack([t[s + 1:s + a.seq + 1] for s in starts])
-    for k in range(1, a.windows):
-        y[k, :a.seq - stride] = -100  # scored by an earlier window
-    total, count = 0.0, 0
+    t, x, y = shard_windows(a.shard, a.windows, a.seq, stride)
+    last = len(t) - 1
     if a.transformers:
         m = transformers_model("gpt", a.model, a.device)
 
@@ -235,19 +265,8 @@ def gpt_eval(a):
 
         def logits_of(xb):
             return gpt2_logits(cfg, w, xb)
-    with torch.no_grad():
-        for k in range(0, a.windows, a.batch):
-            logits = logits_of(torch.tensor(x[k:k + a.batch]))
-            yb = torch.tensor(y[k:k + a.batch])
-            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
-                                                       ignore_index=-100, reduction="sum").item()
-            count += int((yb != -100).sum())
+    total, count = score_windows(logits_of, x, y, a.batch, a.shard, stride)
     assert count == last, (count, last)
-    loss = total / count
-    print(f"scored {a.windows} windows of {a.seq} tokens, stride {stride}, of {a.shard}")
-    print(f"eval tokens: {count}")
-    print("eval loss: %.12g" % loss)
-    print("eval perplexity: %.12g" % math.exp(loss))
     vocab_json = os.path.join(a.model, "vocab.json")
     if os.path.exists(vocab_json):
         lengths, eod = token_byte_lengths(vocab_json)

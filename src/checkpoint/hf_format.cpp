@@ -389,6 +389,15 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
                           << "': Trident's GPT-2 and BERT compute GELU's tanh approximation only (gelu_new)");
   };
   std::int64_t layers = 0, hidden = 0, heads = 0, ffn = 0, positions = 0;
+  // the shape keys that Megatron-BERT and the Llama family name alike
+  auto shape_keys = [&] {
+    layers = integer("num_hidden_layers");
+    hidden = integer("hidden_size");
+    heads = integer("num_attention_heads");
+    ffn = integer("intermediate_size");
+    positions = integer("max_position_embeddings");
+    facts.vocab_size = integer("vocab_size");
+  };
   double eps = 1e-5, std_init = 0.02, hd = 0.1, ad = 0.1;
   std::ostringstream extra;  // the Llama family's further keys
   extra << std::setprecision(17);
@@ -418,12 +427,7 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
   } else if (facts.family == HfFamily::MegatronBert) {
     TRIDENT_REQUIRE(flag("tie_word_embeddings", true),
                     where << ": 'tie_word_embeddings' is false: BERT's output layer is the word embeddings (tied)");
-    layers = integer("num_hidden_layers");
-    hidden = integer("hidden_size");
-    heads = integer("num_attention_heads");
-    ffn = integer("intermediate_size");
-    positions = integer("max_position_embeddings");
-    facts.vocab_size = integer("vocab_size");
+    shape_keys();
     activation("hidden_act", "gelu");
     eps = number("layer_norm_eps", 1e-12);
     std_init = number("initializer_range", 0.02);
@@ -436,12 +440,7 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
                                              << "': Trident's BERT learns absolute position embeddings");
   } else {  // Llama, Mistral, Qwen 2, Qwen 3
     const HfFamily f = facts.family;
-    layers = integer("num_hidden_layers");
-    hidden = integer("hidden_size");
-    heads = integer("num_attention_heads");
-    ffn = integer("intermediate_size");
-    positions = integer("max_position_embeddings");
-    facts.vocab_size = integer("vocab_size");
+    shape_keys();
     const std::int64_t groups = has("num_key_value_heads") ? integer("num_key_value_heads") : heads;
     TRIDENT_REQUIRE(heads % groups == 0, where << ": " << heads << " attention heads are not a multiple of " << groups
                                                << " key/value heads");

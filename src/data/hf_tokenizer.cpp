@@ -231,6 +231,22 @@ struct Pattern {
   }
 };
 
+// s with every match of `pat` replaced by `content`.
+std::string replace_matches(const Pattern& pat, const std::string& s, const std::string& content) {
+  std::vector<std::pair<std::size_t, std::size_t>> m;
+  pat.matches(s, m);
+  if (m.empty()) return s;
+  std::string out;
+  std::size_t at = 0;
+  for (const auto& [b, e] : m) {
+    out.append(s, at, b - at);
+    out += content;
+    at = e;
+  }
+  out.append(s, at, std::string::npos);
+  return out;
+}
+
 // ---- normalizers -------------------------------------------------------------------------------------
 
 using StringFn = std::function<std::string(const std::string&)>;
@@ -284,20 +300,7 @@ StringFn make_normalizer(const json& j, const std::string& where, std::vector<st
     auto pat = std::make_shared<Pattern>(j.at("pattern"), where + " (Replace)");
     keep.push_back(pat);
     const std::string content = j.at("content").get<std::string>();
-    return [pat, content](const std::string& s) {
-      std::vector<std::pair<std::size_t, std::size_t>> m;
-      pat->matches(s, m);
-      if (m.empty()) return s;
-      std::string out;
-      std::size_t at = 0;
-      for (const auto& [b, e] : m) {
-        out.append(s, at, b - at);
-        out += content;
-        at = e;
-      }
-      out.append(s, at, std::string::npos);
-      return out;
-    };
+    return [pat, content](const std::string& s) { return replace_matches(*pat, s, content); };
   }
   if (type == "Strip") {
     const bool left = j.value("strip_left", true), right = j.value("strip_right", true);
@@ -586,19 +589,7 @@ DecodeFn make_decoder(const json& j, const std::string& where) {
     auto pat = std::make_shared<Pattern>(j.at("pattern"), where + " (Replace decoder)");
     const std::string content = j.at("content").get<std::string>();
     return [pat, content](Tokens& t) {
-      std::vector<std::pair<std::size_t, std::size_t>> m;
-      for (auto& s : t) {
-        pat->matches(s, m);
-        std::string out;
-        std::size_t at = 0;
-        for (const auto& [b, e] : m) {
-          out.append(s, at, b - at);
-          out += content;
-          at = e;
-        }
-        out.append(s, at, std::string::npos);
-        s = out;
-      }
+      for (auto& s : t) s = replace_matches(*pat, s, content);
     };
   }
   if (type == "Strip") {
