@@ -81,21 +81,21 @@ class Gpt2Tokenizer : public Tokenizer {
   // Byte-level BPE of one pre-token, appending ids.
   void bpe(std::string_view piece, std::vector<std::int32_t>& out) const;
 
-  std::vector<std::string> id_to_bytes_;                   // id -> raw bytes
+  std::vector<std::string> id_to_bytes_;  // id -> raw bytes
   std::unordered_map<std::string, std::int32_t> bytes_to_id_;
   // Symbols: ids in a symbol space that extends the vocabulary with merge parts/results that
   // are not in it (none in GPT-2's files, but a merges file may hold some).
-  std::vector<std::string> symbol_bytes_;                  // symbol -> raw bytes
-  std::vector<std::int32_t> symbol_to_id_;                 // symbol -> vocab id or -1
-  std::int32_t byte_symbol_[256];                          // single byte -> symbol
+  std::vector<std::string> symbol_bytes_;   // symbol -> raw bytes
+  std::vector<std::int32_t> symbol_to_id_;  // symbol -> vocab id or -1
+  std::int32_t byte_symbol_[256];           // single byte -> symbol
   struct Merge {
     std::uint32_t rank;
     std::int32_t result;  // symbol
   };
-  std::unordered_map<std::uint64_t, Merge> merges_;        // (left << 32 | right) -> merge
+  std::unordered_map<std::uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
   std::size_t num_merges_ = 0;
   std::int32_t eod_id_ = -1;
-  std::vector<std::uint8_t> bmp_class_;                    // CharClass of U+0000..U+FFFF
+  std::vector<std::uint8_t> bmp_class_;  // CharClass of U+0000..U+FFFF
   std::string vocab_path_;
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
