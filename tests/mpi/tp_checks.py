@@ -267,9 +267,16 @@ def check_bert(c):
                                           ("pp2", 2, ["--parallel.pp", "2"]),
                                           ("mbs3", 1, ["--train.micro_batch_size", "3"])], lines=3)
     base = [c.a.mpiexec, "-n", "2", c.a.app, "--deck", c.a.deck, "--data.train_shards", c.a.shards] + vocab
+    gpt2_shards = c.a.shards.replace("kjv_bert", "kjv_gpt2")
+    gpt2_dir = os.path.join(os.path.dirname(c.a.shards), "gpt2")
     assert not single_error_failures([
-        ("bert on GPT-2 shards", base + ["--data.train_shards", c.a.shards.replace("kjv_bert", "kjv_gpt2")],
-         "sentence_offsets")])
+        # the shards' tokenizer is checked first (one tokenizer per run) ...
+        ("bert on GPT-2 shards", base + ["--data.train_shards", gpt2_shards], "was tokenized with GPT2BPETokenizer"),
+        # ... and with the shards' own tokenizer named, the missing sentence boundaries
+        ("bert on GPT-2 shards, GPT-2 tokenizer", base + [
+            "--data.train_shards", gpt2_shards, "--data.tokenizer_type", "GPT2BPETokenizer",
+            "--data.vocab_file", os.path.join(gpt2_dir, "encoder.json"),
+            "--data.merges_file", os.path.join(gpt2_dir, "vocab.bpe")], "sentence_offsets")])
 
 
 def check_t5(c):
