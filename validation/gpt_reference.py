@@ -178,6 +178,12 @@ class Config:
         if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
             raise InputError("deck key [model] position_embedding_type: unknown value %r"
                              % self.position_embedding_type)
+        # Document-aware packing (Megatron's --reset-position-ids, --reset-attention-mask,
+        # --eod-mask-loss); the end-of-document id comes with compare --eod-id
+        self.reset_position_ids = g("data", "reset_position_ids", _to_bool, False)
+        self.reset_attention_mask = g("data", "reset_attention_mask", _to_bool, False)
+        self.eod_mask_loss = g("data", "eod_mask_loss", _to_bool, False)
+        self.eod_id = None
         self.hidden_dropout = g("model", "hidden_dropout", float, 0.0)
         self.attention_dropout = g("model", "attention_dropout", float, 0.0)
 
@@ -436,17 +442,41 @@ class GPTReference(tr.Transformer):
         p = self.params
         return p["model/output_layer/weight"] if self.cfg.untied else p["model/embedding/word_embeddings"]
 
+    def packing(self, inp):
+        """Megatron's masks and positions of packed documents (get_ltor_masks_and_position_ids) for
+        a (B, T) tensor of input tokens: after each end-of-document token at i, the later tokens
+        no longer attend to positions <= i (reset_attention_mask) and their positions restart at 0
+        (reset_position_ids). Returns (allowed (B, T, T) or None, positions (B, T) or None)."""
+        cfg = self.cfg
+        if not (cfg.reset_position_ids or cfg.reset_attention_mask):
+            return None, None
+        B, T = inp.shape
+        allowed = torch.ones(B, T, T, dtype=torch.bool).tril()
+        positions = torch.arange(T, dtype=torch.int64).repeat(B, 1)
+        for b in range(B):
+            prev = 0
+            for i in (inp[b] == cfg.eod_id).nonzero().flatten().tolist():
+                if cfg.reset_attention_mask:
+                    allowed[b, i + 1:, :i + 1] = False
+                if cfg.reset_position_ids:
+                    positions[b, i + 1:] -= i + 1 - prev
+                    prev = i + 1
+        return (allowed if cfg.reset_attention_mask else None,
+                positions if cfg.reset_position_ids else None)
+
     def _hidden(self, inp, dropout):
         """The final norm's output (B, T, C) of a (B, T) int64 tensor of tokens."""
         cfg, p = self.cfg, self.params
         B, T = inp.shape
+        allowed, positions = self.packing(inp)
         x = p["model/embedding/word_embeddings"][inp]                           # (B, T, C)
         if cfg.learned_positions:
-            x = x + p["model/embedding/position_embeddings"][:T].unsqueeze(0)
+            wpe = p["model/embedding/position_embeddings"]
+            x = x + (wpe[:T].unsqueeze(0) if positions is None else wpe[positions])
         if dropout:
             x = self.drop(x, "embedding", -1, "hidden_dropout", (B * T, cfg.hidden_size))
         for i in range(cfg.num_layers):
-            x = self.layer(x, "model/layers/%d/" % i, i, causal=True)
+            x = self.layer(x, "model/layers/%d/" % i, i, causal=True, allowed=allowed, positions=positions)
         return self.store(self.norm(x, "model/final_layernorm"))
 
     def logits(self, inp):
@@ -454,12 +484,23 @@ class GPTReference(tr.Transformer):
         return self.grad_store(F.linear(self._hidden(inp, False), self._output_weight()))
 
     def loss_sum(self, windows):
-        """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows."""
+        """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows (with
+        eod_mask_loss: over the predictions made at inputs other than the end-of-document token)."""
         inp, tgt = windows[:, :-1], windows[:, 1:]
         B, T = inp.shape
         x = self._hidden(inp, True)
         logits = self.grad_store(F.linear(x.reshape(B * T, self.cfg.hidden_size), self._output_weight()))  # (B*T, V)
-        return F.cross_entropy(logits, tgt.reshape(B * T), reduction="sum")
+        losses = F.cross_entropy(logits, tgt.reshape(B * T), reduction="none")
+        if self.cfg.eod_mask_loss:
+            losses = losses * (inp.reshape(B * T) != self.cfg.eod_id).to(losses.dtype)
+        return losses.sum()
+
+    def loss_count(self, windows):
+        """The predictions the loss counts in windows (B, T+1)."""
+        inp = windows[:, :-1]
+        if self.cfg.eod_mask_loss:
+            return int((inp != self.cfg.eod_id).sum())
+        return inp.numel()
 
 
 # --------------------------------------------------------------------------------------
@@ -860,8 +901,15 @@ class Trainer:
             # Trident's masks belong to its micro-batches: the same rows, in the same order
             self.model.tape.iteration = it
             rows = cfg.micro_batch_size
+        if cfg.eod_mask_loss:
+            # Megatron's normalisation of a masked loss: each micro-batch's mean over its counted
+            # predictions, averaged over the iteration's micro-batches (consecutive rows)
+            rows = cfg.micro_batch_size
+            n_micro = windows.shape[0] // rows
         for s in range(0, windows.shape[0], rows):
-            loss = self.model.loss_sum(windows[s:s + rows]) / n_tokens
+            chunk = windows[s:s + rows]
+            norm = n_micro * max(self.model.loss_count(chunk), 1) if cfg.eod_mask_loss else n_tokens
+            loss = self.model.loss_sum(chunk) / norm
             loss.backward()
             total += loss.item()
         with torch.no_grad():
@@ -897,11 +945,21 @@ class Trainer:
         if self.model.tape is not None:
             self.model.tape.iteration = it
             rows = cfg.micro_batch_size
+        if cfg.eod_mask_loss:  # as step(): Trident's per-micro-batch factor, float(float(scale / n) / count)
+            rows = cfg.micro_batch_size
+            n_micro = windows.shape[0] // rows
+            dscale_micro = float(np.float32((1.0 / n_micro) * loss_scale))
         total = 0.0
         for s in range(0, windows.shape[0], rows):
-            loss = self.model.loss_sum(windows[s:s + rows])
-            (loss * dscale).backward()
-            total += loss.item() / n_tokens
+            chunk = windows[s:s + rows]
+            loss = self.model.loss_sum(chunk)
+            if cfg.eod_mask_loss:
+                count = max(self.model.loss_count(chunk), 1)
+                (loss * float(np.float32(dscale_micro * (1.0 / count)))).backward()
+                total += loss.item() / count / n_micro
+            else:
+                (loss * dscale).backward()
+                total += loss.item() / n_tokens
         with torch.no_grad():
             if loss_scale != 1.0:
                 unscale = float(np.float32(1.0 / loss_scale))
@@ -1093,10 +1151,16 @@ def forced_forward(bf, fname, params_dir, metrics, cfg, emulate, first, last):
         n_tokens = windows.shape[0] * (windows.shape[1] - 1)
         per_row = (windows.shape[1] - 1) * cfg.vocab_size * 8
         rows_at_once = max(1, min(windows.shape[0], Trainer.LOGITS_BYTES // per_row))
+        n_micro = 1
+        if cfg.eod_mask_loss:  # the mean over micro-batches of each one's mean (Trainer.step)
+            rows_at_once = cfg.micro_batch_size
+            n_micro = windows.shape[0] // rows_at_once
         total = 0.0
         with torch.no_grad():
             for s0 in range(0, windows.shape[0], rows_at_once):
-                total += float(model.loss_sum(windows[s0:s0 + rows_at_once])) / n_tokens
+                chunk = windows[s0:s0 + rows_at_once]
+                norm = n_micro * max(model.loss_count(chunk), 1) if cfg.eod_mask_loss else n_tokens
+                total += float(model.loss_sum(chunk)) / norm
         lt = metrics[k + 1]["loss"]
         rows.append((k + 1, total, lt, _rel(lt, total)))
     return rows
@@ -1215,6 +1279,12 @@ def cmd_compare(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     ckpt = Checkpoint(args.checkpoint)
     cfg = ckpt.config
+    if cfg.reset_position_ids or cfg.reset_attention_mask or cfg.eod_mask_loss:
+        if args.eod_id is None:
+            raise InputError("the run packs documents (data.reset_position_ids %s, reset_attention_mask %s, "
+                             "eod_mask_loss %s): give the corpus's end-of-document id with --eod-id"
+                             % (cfg.reset_position_ids, cfg.reset_attention_mask, cfg.eod_mask_loss))
+        cfg.eod_id = args.eod_id
     tape = None
     if cfg.hidden_dropout > 0 or cfg.attention_dropout > 0:
         if not args.dropout_tape:
@@ -1530,6 +1600,9 @@ def build_parser():
     c.add_argument("--param-rtol", type=float, default=DEFAULT_PARAM_RTOL,
                    help="per tensor, relative to the reference's change since the checkpoint")
     c.add_argument("--dropout-tape", help="Trident's debug.dump_dropout file: the masks of a run with dropout")
+    c.add_argument("--eod-id", type=int,
+                   help="the corpus's end-of-document token id (runs with data.reset_position_ids, "
+                        "reset_attention_mask or eod_mask_loss: the documents' boundaries)")
     c.add_argument("--forward-rtol", type=float, default=DEFAULT_FORWARD_RTOL,
                    help="16-bit emulation: loss of iteration k+1 from Trident's parameters after k (--params dumps)")
     c.add_argument("--update-tol", type=float, default=0.0,

@@ -154,6 +154,15 @@ def main():
     ref += TOLERANCES_16[dtype] if script == "gpt_reference.py" and dtype in TOLERANCES_16 else TOLERANCES
     if a.dropout_tape:
         ref += ["--dropout-tape", w("dropout.h5")]
+    if script == "gpt_reference.py" and a.shards:
+        # the corpus's end-of-document id, for runs that pack documents (read from the shards)
+        import glob
+        import h5py
+        first = sorted(glob.glob(a.shards))
+        if first:
+            with h5py.File(first[0], "r") as f:
+                if "eod_id" in f.attrs:
+                    ref += ["--eod-id", str(int(f.attrs["eod_id"]))]
     print("+", " ".join(ref), flush=True)
     sys.exit(subprocess.run(ref).returncode)
 

@@ -91,9 +91,11 @@ def repeat_kv(t, rep):
     return t if rep == 1 else torch.repeat_interleave(t, rep, dim=1)
 
 
-def mask_scores(s, causal=False, key_valid=None):
-    """Scores (B, H, Tq, Tk) with the masked entries -inf: keys j > t under `causal`, and keys whose
-    key_valid (B, Tk) is false."""
+def mask_scores(s, causal=False, key_valid=None, allowed=None):
+    """Scores (B, H, Tq, Tk) with the masked entries -inf: keys j > t under `causal`, keys whose
+    key_valid (B, Tk) is false, and entries whose allowed (B, Tq, Tk) is false."""
+    if allowed is not None:
+        s = s.masked_fill(~allowed[:, None, :, :], float("-inf"))
     if key_valid is not None:
         s = s.masked_fill(~key_valid[:, None, None, :], float("-inf"))
     if causal:
@@ -220,19 +222,20 @@ class Transformer:
     def activation(self, h):
         return swiglu(h) if self.spec.swiglu else gelu_tanh(h)
 
-    def attention(self, q, k, v, causal=False, key_valid=None, site="attention_probs", layer=-1):
+    def attention(self, q, k, v, causal=False, key_valid=None, site="attention_probs", layer=-1, allowed=None):
         """q (B, nh, Tq, d), k and v (B, ng, Tk, d) -> (B, nh, Tq, d): query head h attends with
-        key/value group h // (nh / ng); scale 1/sqrt(d)."""
+        key/value group h // (nh / ng); scale 1/sqrt(d); allowed (B, Tq, Tk): an extra mask."""
         rep = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, rep), repeat_kv(v, rep)
         s = self.grad_store(torch.matmul(q, k.transpose(-1, -2))) * (1.0 / math.sqrt(q.shape[-1]))
-        att = self.softmax_probs(mask_scores(s, causal, key_valid), site, layer)
+        att = self.softmax_probs(mask_scores(s, causal, key_valid, allowed), site, layer)
         return self.store_both(torch.matmul(att, v))
 
-    def self_attention(self, a, prefix, layer, causal=True, key_valid=None):
+    def self_attention(self, a, prefix, layer, causal=True, key_valid=None, allowed=None, positions=None):
         """Self-attention of the normed input a (B, T, C) with the parameters under `prefix`
         (".../self_attention/"): qkv rows q heads (nh d) | k groups (ng d) | v groups (ng d), each
-        head a block of d rows; the per-head q / k norms, then the rotary positions; proj."""
+        head a block of d rows; the per-head q / k norms, then the rotary positions (of the tokens'
+        positions (B, T) when given, else 0 .. T-1); proj. allowed (B, T, T): an extra mask."""
         sp = self.spec
         H, G, D = sp.num_heads, sp.num_query_groups, sp.head_dim
         qkv = self.store(self.linear(a, prefix + "qkv"))
@@ -243,8 +246,10 @@ class Transformer:
             k = self.store(self.norm(k, prefix + "k_layernorm"))
         if sp.rotary is not None:
             cos, sin = self.rotary_tables(a.shape[1], q.dtype)
+            if positions is not None:  # (B, 1, T, rot): each token's own angle, shared by the heads
+                cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
             q, k = self.store(self.rope(q, cos, sin)), self.store(self.rope(k, cos, sin))
-        y = self.attention(q, k, v, causal, key_valid, "attention_probs", layer)
+        y = self.attention(q, k, v, causal, key_valid, "attention_probs", layer, allowed)
         return self.linear(merge_heads(y), prefix + "proj")
 
     def cross_attention(self, a, enc, prefix, layer, key_valid=None):
@@ -263,16 +268,19 @@ class Transformer:
         h = self.store(self.linear(a, prefix + "fc1"))
         return self.linear(self.store(self.activation(h)), prefix + "fc2")
 
-    def layer(self, x, prefix, index, causal=True, key_valid=None, enc=None, enc_valid=None):
+    def layer(self, x, prefix, index, causal=True, key_valid=None, enc=None, enc_valid=None, allowed=None,
+              positions=None):
         """One pre-LN layer on the residual stream x (B, T, C); `index` is the layer's number in
-        Trident's dropout records. enc (the encoder's output) adds the cross-attention sub-layer."""
+        Trident's dropout records. enc (the encoder's output) adds the cross-attention sub-layer.
+        allowed (B, T, T) and positions (B, T): packed documents' attention mask and positions."""
         B, T, C = x.shape
 
         def hidden(y, site):
             return self.drop(y, site, index, "hidden_dropout", (B * T, C))
 
         a = self.store(self.norm(x, prefix + "input_layernorm"))
-        x = x + hidden(self.self_attention(a, prefix + "self_attention/", index, causal, key_valid), "after_proj")
+        x = x + hidden(self.self_attention(a, prefix + "self_attention/", index, causal, key_valid, allowed, positions),
+                       "after_proj")
         if enc is not None:
             a = self.store(self.norm(x, prefix + "cross_attention_layernorm"))
             x = x + hidden(self.cross_attention(a, enc, prefix + "cross_attention/", index, enc_valid),

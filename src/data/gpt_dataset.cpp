@@ -173,7 +173,11 @@ GptData::GptData(const std::string& shard_spec, const std::string& split, std::i
     auto& g = groups[gi];
     corpora_.push_back(std::make_unique<Corpus>(g.paths, indexed));
     const Corpus& c = *corpora_.back();
-    if (gi == 0) vocab_size_ = c.vocab_size();
+    if (gi == 0) {
+      vocab_size_ = c.vocab_size();
+      eod_id_ = c.eod_id();
+    }
+    if (c.eod_id() != eod_id_) eod_id_ = -1;  // (one tokenizer per run makes them equal)
     TRIDENT_REQUIRE(c.vocab_size() == vocab_size_, "data.train_shards: '" << g.paths[0] << "' has vocab_size "
                                                                           << c.vocab_size() << ", others "
                                                                           << vocab_size_);

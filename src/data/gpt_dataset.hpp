@@ -67,12 +67,14 @@ class GptData {
   const BlendedDataset& train() const { return *train_; }
   const BlendedDataset* valid() const { return valid_.get(); }
   std::int64_t vocab_size() const { return vocab_size_; }
+  // the corpora's end-of-document id (every corpus records the same; -1: none)
+  std::int64_t eod_id() const { return eod_id_; }
   std::string describe() const { return description_; }
 
  private:
   std::vector<std::unique_ptr<Corpus>> corpora_;
   std::unique_ptr<BlendedDataset> train_, valid_;
-  std::int64_t vocab_size_ = 0;
+  std::int64_t vocab_size_ = 0, eod_id_ = -1;
   std::string description_;
 };
 

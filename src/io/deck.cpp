@@ -155,6 +155,13 @@ class Registry {
     add("data.tokenizer_model", &d.data.tokenizer_model,
         "HuggingFaceTokenizer: its tokenizer.json; SentencePieceTokenizer: its .model file");
     add("data.vocab_extra_ids", &d.data.vocab_extra_ids, "T5 sentinels of Megatron corpora (--vocab-extra-ids)");
+    add("data.reset_position_ids", &d.data.reset_position_ids,
+        "GPT: positions restart at 0 after each end-of-document token (Megatron's --reset-position-ids)");
+    add("data.reset_attention_mask", &d.data.reset_attention_mask,
+        "GPT: a token attends only to the tokens of its own document (Megatron's --reset-attention-mask)");
+    add("data.eod_mask_loss", &d.data.eod_mask_loss,
+        "GPT: no loss on the predictions made at end-of-document tokens (Megatron's --eod-mask-loss); the loss "
+        "becomes the mean over the micro-batches of each one's mean over its counted tokens");
     add("data.index_cache", &d.data.index_cache,
         "GPT dataset index cache: auto (trident_index_cache/ next to the corpus), none (in memory), or a directory");
     add("bert.mask_prob", &d.bert.mask_prob, "BERT: fraction of the tokens of a sample that are predicted");

@@ -67,6 +67,12 @@ struct Deck {
     // trident_index_cache/), none (in memory), or a directory
     std::string index_cache = "auto";
     bool prefetch = true;  // read the next micro-batch on a helper thread while one computes
+    // Document-aware packing of GPT windows (Megatron's --reset-position-ids,
+    // --reset-attention-mask, --eod-mask-loss; docs/DESIGN.md "Packed sequences"): positions
+    // restart after each end-of-document token, a token attends only to its own document, the
+    // loss skips the predictions made at end-of-document tokens.
+    bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
+    bool packed() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
   } data;
   struct Bert {  // pretrain_bert only (Megatron's --mask-prob, --short-seq-prob, --bert-no-binary-head)
     double mask_prob = 0.15, short_seq_prob = 0.1;

@@ -221,11 +221,11 @@ void TransformerLayer::gemm_attend_backward(LayerActivations& a, TransformerScra
 }
 
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
-                               TransformerScratch& s, const IntView& key_valid, const Act& enc,
-                               const IntView& enc_valid) {
+                               TransformerScratch& s, const TokenInfo& tok, const Act& enc, const IntView& enc_valid) {
   a.rng = rng;
   a.enc = enc;
-  a.mask = AttentionMask{s_.causal, key_valid};
+  a.mask = AttentionMask{s_.causal, tok.key_valid, tok.doc_start};
+  a.positions = tok.positions;
   const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
   const AttentionShape as = attention_shape(s_.B, s_.T);
@@ -236,7 +236,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, W_l)
   Kokkos::fence();
   qk_norm_.forward(a.qkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_out);
-  pos_->apply(a.qkv, rope_layout(s_.rows()), {});
+  pos_->apply(a.qkv, rope_layout(s_.rows()), a.positions);
   (this->*attend_)(a, s, as, att_spec);
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
@@ -356,7 +356,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   (this->*attend_backward_)(a, s, as, att_spec);
   Kokkos::fence();
-  pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), {});
+  pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
   Kokkos::fence();
   qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);

@@ -66,9 +66,21 @@ struct DropoutStreams {
 // layers under full recomputation, a workspace shared by the micro-batches whose forward pass
 // is re-run just before their backward pass. Dropout masks are never stored: they are
 // regenerated from the keys in `rng`.
+// Per-token facts of a micro-batch (each B * T, global rows; empty: the default) that a layer
+// reads in its forward pass and again in its backward pass (the owner keeps them alive):
+//   key_valid  the padding mask (bidirectional layers: keys with 0 are not attended to)
+//   doc_start  packed documents (causal layers): the first position of each token's document,
+//              the first key it attends to (Megatron's --reset-attention-mask)
+//   positions  packed documents: each token's position within its document, for the rotary
+//              embedding (Megatron's --reset-position-ids)
+struct TokenInfo {
+  IntView key_valid, doc_start, positions;
+};
+
 struct LayerActivations {
   DropoutStreams rng;
-  AttentionMask mask;                // the forward pass's (causal flag, key padding of the micro-batch)
+  AttentionMask mask;                // the forward pass's (causal flag, key padding, document starts)
+  IntView positions;                 // the forward pass's token positions (empty: row % T)
   Act ln1;                           // (R, C) LayerNorm output, input of qkv
   FloatView ln1_mean, ln1_rstd;      // (R), (R)
   Act qkv;                           // (BT, W_l)
@@ -137,12 +149,12 @@ class TransformerLayer {
   LayerActivations make_activations(const TransformerScratch& s, bool keep_attention) const;
 
   // x (R, C) -> a.out (R, C). x must stay alive (or be recreated) until the backward pass.
-  // key_valid (B * T): the padding mask of the micro-batch (empty: every key), used by
-  // bidirectional layers; it must stay alive until the backward pass. Decoder layers: enc
+  // tok: the micro-batch's padding mask (bidirectional layers), document starts and positions
+  // (packed sequences); they must stay alive until the backward pass. Decoder layers: enc
   // (R_e, C) is the encoder output and enc_valid (B * Tk) its padding mask (the cross-attention's
   // key mask); both must stay alive until the backward pass.
   void forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a, TransformerScratch& s,
-               const IntView& key_valid = {}, const Act& enc = {}, const IntView& enc_valid = {});
+               const TokenInfo& tok = {}, const Act& enc = {}, const IntView& enc_valid = {});
   // dres (R, C): on entry the gradient w.r.t. this layer's output, on exit w.r.t. its input x.
   // Decoder layers ADD the gradient w.r.t. the encoder output to denc (R_e, C).
   void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,

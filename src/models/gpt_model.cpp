@@ -20,7 +20,7 @@ GptModel::GptModel(const TransformerConfig& cfg, ParamStore& store, std::int64_t
   if (stage.post)
     attach_head(std::make_unique<LmHead>(store, output_weights(), micro_batch, cfg.seq_length, cfg.hidden_size,
                                          cfg.vocab_size, vocab_local(), vocab_start(), tp, cfg.dt,
-                                         /*with_bias=*/false, /*per_target_mean=*/false));
+                                         /*with_bias=*/false, /*per_target_mean=*/cfg.per_target_loss));
 }
 
 }  // namespace trident

@@ -182,6 +182,8 @@ MicroBatch LanguageModel::allocate_micro_batch() const {
   mb.targets = make_int("micro_batch::targets", head_rows());
   if (cfg_.num_token_types > 0) mb.types = make_int("micro_batch::types", rows);
   if (cfg_.padding_mask()) mb.padding = make_int("micro_batch::padding", rows);
+  if (cfg_.reset_position_ids) mb.positions = make_int("micro_batch::positions", rows);
+  if (cfg_.reset_attention_mask) mb.doc_start = make_int("micro_batch::doc_start", rows);
   if (cfg_.encoder_decoder()) mb.dec_tokens = make_int("micro_batch::dec_tokens", dec_rows_);
   allocate_head_inputs(mb);
   return mb;
@@ -221,6 +223,8 @@ LanguageModel::Slot& LanguageModel::slot(int i) {
     if (stage_.pre) s.tokens = make_int("model::tokens", rows_);
     if (stage_.pre && cfg_.num_token_types > 0) s.types = make_int("model::types", rows_);
     if (cfg_.padding_mask()) s.padding = make_int("model::padding", rows_);
+    if (cfg_.reset_position_ids) s.positions = make_int("model::positions", rows_);
+    if (cfg_.reset_attention_mask) s.doc_start = make_int("model::doc_start", rows_);
     if (dec_start_ >= 0) {
       s.dec_tokens = make_int("model::dec_tokens", dec_rows_);
       s.dec_input = make_float("model::dec_input", dec_local_rows_ * C);
@@ -274,8 +278,9 @@ std::int64_t LanguageModel::activation_bytes_per_slot() const {
   if (slots_.empty()) return 0;
   const Slot& s = slots_.front();
   std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() +
-                                             s.padding.span() + s.dec_tokens.span() + s.dec_input.span() +
-                                             s.enc_mean.span() + s.enc_rstd.span() + s.denc.span() + s.send.span()) *
+                                             s.padding.span() + s.positions.span() + s.doc_start.span() +
+                                             s.dec_tokens.span() + s.dec_input.span() + s.enc_mean.span() +
+                                             s.enc_rstd.span() + s.denc.span() + s.send.span()) *
                        4 +
                    s.enc_out.bytes();
   for (const auto& a : s.acts) n += a.bytes();
@@ -319,7 +324,7 @@ DropoutSpec LanguageModel::embedding_dropout(const DropoutStreams& rng) const {
 // reduce-scattered to the row split with sequence parallelism; then positions (and token
 // types), dropout. out: (R, C) of B * T tokens.
 void LanguageModel::embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
-                          const DropoutStreams& rng, bool training, int which) {
+                          const DropoutStreams& rng, bool training, int which, const IntView& positions) {
   const std::int64_t C = cfg_.hidden_size, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   const FloatView word = slice(word_, 0, BT * C);
@@ -331,7 +336,7 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
     ReduceFromTensorParallelRegion::forward(tp_, word, BT * C);
     Kokkos::deep_copy(out, word);
   }
-  if (wpe_ >= 0) add_positions(out, store_->param(wpe_), row0, R, T, C);
+  if (wpe_ >= 0) add_positions(out, store_->param(wpe_), row0, R, T, C, positions);
   if (tte_ >= 0) {  // token types of this rank's rows; word_ is free again
     Kokkos::fence();
     embedding_lookup(word_, slice(types, row0, R), store_->param(tte_), 0, cfg_.num_token_types, R, C);
@@ -347,13 +352,13 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
 
 // Backward of embed: dout (R, C) is consumed (dropout applied in place).
 void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
-                                   const DropoutStreams& rng, int which) {
+                                   const DropoutStreams& rng, int which, const IntView& positions) {
   const std::int64_t C = cfg_.hidden_size, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   DropoutSpec d = embedding_dropout(rng);
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
   dropout_backward(dout, dout, R * C, d);
-  if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C);
+  if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C, positions);
   Kokkos::fence();
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
   // backward); without sequence parallelism dout is already complete on every TP rank.
@@ -396,18 +401,21 @@ double LanguageModel::run_head(int slot_index, const MicroBatch& mb, bool traini
 
 void LanguageModel::run_layer_forward(Slot& s, std::int64_t l, const FloatView& x, LayerActivations& a) {
   if (part(l))  // decoder layer: cross-attention over the encoder output
-    layers_[l]->forward(x, s.rng, a, *scratch_[1], IntView(), s.enc_out, s.padding);
+    layers_[l]->forward(x, s.rng, a, *scratch_[1], TokenInfo{}, s.enc_out, s.padding);
   else
-    layers_[l]->forward(x, s.rng, a, *scratch_[0], s.padding);
+    layers_[l]->forward(x, s.rng, a, *scratch_[0], TokenInfo{s.padding, s.doc_start, s.positions});
 }
 
 double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const FloatView& input, bool training,
                                     float dscale, const DropoutStreams& rng, std::int64_t samples) {
   Slot& s = slot(slot_index);
   s.rng = training ? rng : DropoutStreams{};
-  if (cfg_.padding_mask()) Kokkos::deep_copy(s.padding, mb.padding);  // kept until the slot's backward pass
+  // the per-token masks and positions are kept until the slot's backward pass
+  if (cfg_.padding_mask()) Kokkos::deep_copy(s.padding, mb.padding);
+  if (cfg_.reset_position_ids) Kokkos::deep_copy(s.positions, mb.positions);
+  if (cfg_.reset_attention_mask) Kokkos::deep_copy(s.doc_start, mb.doc_start);
   if (stage_.pre) {
-    embed(chunk_input(s), mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0);
+    embed(chunk_input(s), mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0, s.positions);
     if (training) Kokkos::deep_copy(s.tokens, mb.tokens);
     if (training && tte_ >= 0) Kokkos::deep_copy(s.types, mb.types);
   } else {
@@ -507,7 +515,7 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
     Kokkos::fence();
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
-  embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0);
+  embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0, s.positions);
 }
 
 std::string LanguageModel::flops_formula() const {

@@ -59,7 +59,9 @@ class LanguageModel {
   // config needs them), on any chunk: every loading stage receives the whole micro-batch.
   MicroBatch allocate_micro_batch() const;
   // Whether this chunk reads the micro-batch (the embeddings, the head, or a padding mask).
-  bool reads_micro_batch() const { return stage_.pre || stage_.post || cfg_.padding_mask() || cfg_.encoder_decoder(); }
+  bool reads_micro_batch() const {
+    return stage_.pre || stage_.post || cfg_.padding_mask() || cfg_.encoder_decoder() || cfg_.packed();
+  }
 
   // ---- pipeline pieces, one micro-batch at a time; `slot` selects the activation set (one per
   // micro-batch in flight). Forward of this stage: reads tokens (pre) or `input` (R, C) from
@@ -136,11 +138,12 @@ class LanguageModel {
 
  private:
   struct Slot {
-    FloatView input;      // (R, C) stage input: the embeddings (pre) or what the previous stage sent
-    FloatView head_grad;  // (R, C) gradient at the last layer's output (post)
-    IntView tokens;       // (BT) tokens, for the embedding backward (pre)
-    IntView types;        // (BT) token types (num_token_types > 0, pre)
-    IntView padding;      // (BT) the micro-batch's padding mask (padding-masked layers): their key mask
+    FloatView input;               // (R, C) stage input: the embeddings (pre) or what the previous stage sent
+    FloatView head_grad;           // (R, C) gradient at the last layer's output (post)
+    IntView tokens;                // (BT) tokens, for the embedding backward (pre)
+    IntView types;                 // (BT) token types (num_token_types > 0, pre)
+    IntView padding;               // (BT) the micro-batch's padding mask (padding-masked layers): their key mask
+    IntView positions, doc_start;  // (BT) packed documents: the micro-batch's (kept until the backward pass)
     // Encoder-decoder: the decoder's tokens (for the embedding backward), its embedded input (R_d, C), the
     // encoder output (R, C: final LayerNorm output, with its statistics) and its gradient
     IntView dec_tokens;
@@ -173,10 +176,12 @@ class LanguageModel {
   DropoutSpec embedding_dropout(const DropoutStreams& rng) const;
   // Word + position (+ token type) embeddings of tokens (T positions per sample) into out (R, C);
   // `which` keys the dropout (0 the first stack's, 1 the decoder's).
+  // positions (B * T): the tokens' positions for learned position embeddings (packed
+  // documents); empty: row % T
   void embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
-             const DropoutStreams& rng, bool training, int which);
+             const DropoutStreams& rng, bool training, int which, const IntView& positions = {});
   void embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
-                      const DropoutStreams& rng, int which);
+                      const DropoutStreams& rng, int which, const IntView& positions = {});
   void run_layer_forward(Slot& s, std::int64_t l, const FloatView& x, LayerActivations& a);
   // Final LayerNorm, the head and its backward into the slot's head_grad.
   double run_head(int slot, const MicroBatch& mb, bool training, float dscale, std::int64_t samples);

@@ -1,5 +1,6 @@
 // One micro-batch on the device, as the models consume it.
-//   GPT:  tokens (B*T) and targets (B*T), the next tokens.
+//   GPT:  tokens (B*T) and targets (B*T), the next tokens (-1: no loss); num_targets = the
+//         targets counted; packed documents: positions and doc_start (below).
 //   BERT: tokens with masking applied, targets = the MLM labels (-1 where nothing is
 //         predicted), token types, the padding mask (1 real token, 0 padding) and the
 //         sentence-order labels (B; -1: not counted); num_targets = positions with a label
@@ -17,6 +18,9 @@ struct MicroBatch {
   IntView types, padding;  // empty for GPT
   IntView sentence_order;  // (B), BERT
   IntView dec_tokens;      // (B*Td), T5
+  // GPT with packed documents (data.reset_position_ids / reset_attention_mask; empty otherwise):
+  // each token's position within its document, and its document's first position in the sample
+  IntView positions, doc_start;  // (B*T)
   std::int64_t num_targets = 0, num_sentences = 0;
 };
 

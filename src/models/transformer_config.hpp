@@ -56,7 +56,14 @@ struct TransformerConfig : ModelArch {
   std::int64_t decoder_layers = 0, decoder_seq_length = 0;
   LayerSpec decoder_layer{MaskKind::Causal, true};
 
+  // Document-aware packing (deck data.reset_position_ids, reset_attention_mask, eod_mask_loss;
+  // GPT): the micro-batch brings each token's position (MicroBatch::positions) and its
+  // document's first position (MicroBatch::doc_start), and the head's loss is the mean over the
+  // micro-batch's counted targets. Not part of the architecture: a checkpoint trains on either way.
+  bool reset_position_ids = false, reset_attention_mask = false, per_target_loss = false;
+
   bool encoder_decoder() const { return decoder_layers > 0; }
+  bool packed() const { return reset_position_ids || reset_attention_mask; }
   bool padding_mask() const { return layer.mask == MaskKind::Padding; }
   // Layers of the global index (encoder and decoder of an encoder-decoder).
   std::int64_t total_layers() const { return num_layers + decoder_layers; }

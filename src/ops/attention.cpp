@@ -17,14 +17,15 @@ namespace trident {
 
 void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh,
                             float scale, const AttentionMask& mask) {
-  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0;
-  const IntView valid = mask.key_valid;
+  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
+  const IntView valid = mask.key_valid, doc = mask.doc_start;
   if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
     for_each_row(
         "ops::masked_softmax_forward", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
           const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
           const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-          auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
+          const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
+          auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
           const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
           const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
           const float sum = team_sum(t, jend, [&](std::int64_t j) {
@@ -43,7 +44,8 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
       "ops::masked_softmax_forward", BH * Tq, KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;  // first key of the sample
         const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-        auto on = [&](std::int64_t j) { return !padded || valid(key0 + j) != 0; };
+        const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
+        auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
         float mx = -3.0e38f;
         bool any = false;
         for (std::int64_t j = 0; j < jend; ++j)

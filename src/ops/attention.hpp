@@ -38,6 +38,10 @@ struct AttentionMask {
   // (B * Tk): key t of sample b is attended to only when key_valid(b * Tk + t) != 0 (padding
   // mask); empty: every key.
   IntView key_valid;
+  // Self-attention over packed documents (B * T): query i of sample b attends only to keys
+  // j >= doc_start(b * T + i), the first position of its document (Megatron's
+  // --reset-attention-mask); empty: no document bound.
+  IntView doc_start;
 };
 
 // Storage: the activations (qkv, q, kv, the probabilities att and att_drop, the output y) are

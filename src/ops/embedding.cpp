@@ -18,11 +18,13 @@ void embedding_lookup(const FloatView& out, const IntView& tokens, const V& wte,
       });
 }
 template <class F, class V>
-void add_positions(const FloatView& x, const V& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
-                   std::int64_t C) {
+void add_positions(const FloatView& x, const V& wpe, std::int64_t row0, std::int64_t R, std::int64_t T, std::int64_t C,
+                   const IntView& positions) {
+  const bool given = positions.extent(0) > 0;
   for_each_index(
       "ops::add_positions", R * C, KOKKOS_LAMBDA(std::int64_t i) {
-        const std::int64_t t = (row0 + i / C) % T;
+        const std::int64_t row = row0 + i / C;
+        const std::int64_t t = given ? static_cast<std::int64_t>(positions(row)) : row % T;
         x(i) += F::load(wpe(t * C + i % C));
       });
 }
@@ -50,20 +52,24 @@ void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, con
 }
 
 void add_positions(const FloatView& x, const Act& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
-                   std::int64_t C) {
+                   std::int64_t C, const IntView& positions) {
   if (wpe.dt == DType::F32)
-    detail::add_positions<F32Fmt>(x, wpe.f, row0, R, T, C);
+    detail::add_positions<F32Fmt>(x, wpe.f, row0, R, T, C, positions);
   else if (wpe.dt == DType::BF16)
-    detail::add_positions<Bf16Fmt>(x, wpe.h, row0, R, T, C);
+    detail::add_positions<Bf16Fmt>(x, wpe.h, row0, R, T, C, positions);
   else
-    detail::add_positions<Fp16Fmt>(x, wpe.h, row0, R, T, C);
+    detail::add_positions<Fp16Fmt>(x, wpe.h, row0, R, T, C, positions);
 }
 
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
-                            std::int64_t T, std::int64_t C) {
+                            std::int64_t T, std::int64_t C, const IntView& positions) {
+  const bool given = positions.extent(0) > 0;
   for_each_index(
       "ops::add_positions_backward", C, KOKKOS_LAMBDA(std::int64_t c) {
-        for (std::int64_t i = 0; i < R; ++i) dwpe(((row0 + i) % T) * C + c) += dx(i * C + c);
+        for (std::int64_t i = 0; i < R; ++i) {
+          const std::int64_t t = given ? static_cast<std::int64_t>(positions(row0 + i)) : (row0 + i) % T;
+          dwpe(t * C + c) += dx(i * C + c);
+        }
       });
 }
 

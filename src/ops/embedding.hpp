@@ -16,12 +16,14 @@ void embedding_lookup(const FloatView& out, const IntView& tokens, const Act& wt
 // dwte[tok - start] += dout[n] for tokens of this rank's range (deterministic order).
 void embedding_lookup_backward(const FloatView& dwte, const FloatView& dout, const IntView& tokens, std::int64_t start,
                                std::int64_t rows_local, std::int64_t N, std::int64_t C);
-// x (R, C) += wpe[(row0 + i) % T] for local rows i (row0: first global row held here).
+// x (R, C) += wpe[p(row0 + i)] for local rows i (row0: first global row held here), where
+// p(row) = row % T, or positions(row) when positions (B * T, global rows) is given (packed
+// sequences: each document's positions start at 0).
 void add_positions(const FloatView& x, const Act& wpe, std::int64_t row0, std::int64_t R, std::int64_t T,
-                   std::int64_t C);
-// dwpe[(row0 + i) % T] += dx[i]
+                   std::int64_t C, const IntView& positions = {});
+// dwpe[p(row0 + i)] += dx[i], the rows in order (deterministic)
 void add_positions_backward(const FloatView& dwpe, const FloatView& dx, std::int64_t row0, std::int64_t R,
-                            std::int64_t T, std::int64_t C);
+                            std::int64_t T, std::int64_t C, const IntView& positions = {});
 
 // Single-rank convenience: out (B*T, C) = wte[tokens] + wpe[t]; and its backward.
 void embedding_forward(const FloatView& out, const IntView& tokens, const FloatView& wte, const FloatView& wpe,

@@ -20,8 +20,8 @@ struct FlashParams {
   FlashParams(const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask)
       : T(s.T), C(s.C), nh(s.nh), hs(s.hs()), rep(s.rep()), ld(s.C + 2 * s.kv_C()), voff(s.C + s.kv_C()),
         scale(1.f / dsqrt(static_cast<float>(s.hs()))), causal(mask.causal), has_mask(mask.key_valid.extent(0) > 0),
-        dropping(drop.active()), valid(mask.key_valid), pdrop(drop.p),
-        keep_scale(drop.active() ? 1.f / (1.f - drop.p) : 1.f), key(drop.key) {}
+        dropping(drop.active()), docs(mask.doc_start.extent(0) > 0), valid(mask.key_valid), doc(mask.doc_start),
+        pdrop(drop.p), keep_scale(drop.active() ? 1.f / (1.f - drop.p) : 1.f), key(drop.key) {}
   std::int64_t T, C, nh, hs;  // sequence, channels of this rank's heads, heads, head size
   // query heads per key/value group; a qkv row's length; where its values start (its keys at C)
   std::int64_t rep, ld, voff;
@@ -34,8 +34,13 @@ struct FlashParams {
     return row * ld + voff + (h / rep) * hs;
   }
   float scale;  // 1 / sqrt(hs)
-  bool causal, has_mask, dropping;
-  IntView valid;            // key padding mask (B * T), when has_mask
+  bool causal, has_mask, dropping, docs;
+  IntView valid;  // key padding mask (B * T), when has_mask
+  IntView doc;    // packed documents (B * T): a query's first key, when docs
+  // the first key query row i of sample b attends to (its document's start, else 0)
+  KOKKOS_INLINE_FUNCTION std::int64_t first_key(std::int64_t b, std::int64_t i) const {
+    return docs ? static_cast<std::int64_t>(doc(b * T + i)) : 0;
+  }
   float pdrop, keep_scale;  // dropout probability, 1 / (1 - p)
   std::uint64_t key;        // dropout stream
 };
@@ -78,7 +83,7 @@ void device_forward(const FlashParams& P, const V& y, const FloatView& lse, cons
         }
         float m = kNoScore, l = 0.f;
         const std::int64_t jend = P.causal ? i + 1 : P.T;
-        for (std::int64_t j = 0; j < jend; ++j) {
+        for (std::int64_t j = P.first_key(b, i); j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
           const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f;
@@ -120,7 +125,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
         }
         const float L = lse(r), D = delta(r);
         const std::int64_t jend = L > kNoScore ? (P.causal ? i + 1 : P.T) : 0;
-        for (std::int64_t j = 0; j < jend; ++j) {
+        for (std::int64_t j = P.first_key(b, i); j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
           const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f, dp = 0.f;
@@ -153,6 +158,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
         for (std::int64_t h = grp * P.rep; h < (grp + 1) * P.rep; ++h)
           for (std::int64_t i = i0; i < P.T; ++i) {
             if (i < ibeg) continue;
+            if (P.first_key(b, i) > j) continue;  // a query of a later document
             const std::int64_t row = (b * P.nh + h) * P.T + i;
             const float L = lse(row);
             if (!(L > kNoScore)) continue;
@@ -184,6 +190,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
         for (std::int64_t h = grp * P.rep; h < (grp + 1) * P.rep; ++h)
           for (std::int64_t i = i0; i < P.T; ++i) {
             if (i < ibeg) continue;
+            if (P.first_key(b, i) > j) continue;  // a query of a later document
             const std::int64_t row = (b * P.nh + h) * P.T + i;
             const float L = lse(row);
             if (!(L > kNoScore)) continue;
@@ -236,7 +243,7 @@ void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShap
         }
         float m = kNoScore, l = 0.f;
         const std::int64_t jend = P.causal ? i + 1 : P.T;
-        for (std::int64_t j = 0; j < jend; ++j) {
+        for (std::int64_t j = P.first_key(b, i); j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
           const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f;
@@ -292,7 +299,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
         }
         const float L = lse(r), D = delta(r);
         const std::int64_t jend = L > kNoScore ? (P.causal ? i + 1 : P.T) : 0;
-        for (std::int64_t j = 0; j < jend; ++j) {
+        for (std::int64_t j = P.first_key(b, i); j < jend; ++j) {
           if (P.has_mask && P.valid(b * P.T + j) == 0) continue;
           const std::int64_t ko = P.k_at(b * P.T + j, h), vo = P.v_at(b * P.T + j, h);
           float sc = 0.f, dp = 0.f;
@@ -325,6 +332,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
         const std::int64_t ibeg = attended ? (P.causal ? j : 0) : P.T;
         for (std::int64_t h = grp * P.rep; h < (grp + 1) * P.rep; ++h)
           for (std::int64_t i = ibeg; i < P.T; ++i) {
+            if (P.first_key(b, i) > j) continue;  // a query of a later document
             const std::int64_t row = (b * P.nh + h) * P.T + i;
             const float L = lse(row);
             if (!(L > kNoScore)) continue;

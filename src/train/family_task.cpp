@@ -47,14 +47,22 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     mb.num_targets = labelled;
     return;
   }
+  const Packing& pk = packing;
   for (std::int64_t j = 0; j < B; ++j) {
     const std::int32_t* w = window.data() + j * width;
+    std::int64_t doc = 0;  // the first position of the current document
     for (std::int64_t t = 0; t < S; ++t) {
       if (!bert) {
         check(w[t]);
         check(w[t + 1]);
         h_tokens(j * S + t) = w[t];
-        h_targets(j * S + t) = unscored.empty() || t >= unscored[static_cast<size_t>(j)] ? w[t + 1] : -1;
+        const bool scored = unscored.empty() || t >= unscored[static_cast<size_t>(j)];
+        const bool at_eod = w[t] == pk.eod;
+        h_targets(j * S + t) = scored && !(pk.eod_mask_loss && at_eod) ? w[t + 1] : -1;
+        if (h_targets(j * S + t) >= 0) ++labelled;
+        if (pk.reset_position_ids) h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
+        if (pk.reset_attention_mask) h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
+        if (at_eod) doc = t + 1;  // the end-of-document token closes its document
         continue;
       }
       check(w[t]);
@@ -74,12 +82,27 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   }
   Kokkos::deep_copy(mb.tokens, h_tokens);
   Kokkos::deep_copy(mb.targets, h_targets);
-  if (!bert) return;
+  if (!bert) {
+    if (pk.reset_position_ids) Kokkos::deep_copy(mb.positions, h_positions);
+    if (pk.reset_attention_mask) Kokkos::deep_copy(mb.doc_start, h_doc_start);
+    mb.num_targets = labelled;
+    return;
+  }
   Kokkos::deep_copy(mb.types, h_types);
   Kokkos::deep_copy(mb.padding, h_padding);
   Kokkos::deep_copy(mb.sentence_order, h_order);
   mb.num_targets = labelled;
   mb.num_sentences = ordered;
+}
+
+void Batch::set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod) {
+  TRIDENT_REQUIRE(!bert && !t5, "internal: document-aware packing is GPT's");
+  TRIDENT_REQUIRE(!(reset_position_ids || reset_attention_mask || eod_mask_loss) || eod >= 0,
+                  "data: data.reset_position_ids, data.reset_attention_mask and data.eod_mask_loss need the corpus's "
+                  "end-of-document token, and the shards record none (eod_id)");
+  packing = Packing{reset_position_ids, reset_attention_mask, eod_mask_loss, static_cast<std::int32_t>(eod)};
+  if (reset_position_ids) h_positions = IntView::HostMirror("batch::h_positions", B * S);
+  if (reset_attention_mask) h_doc_start = IntView::HostMirror("batch::h_doc_start", B * S);
 }
 
 namespace {
@@ -95,6 +118,7 @@ SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int6
   src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
   if (data->valid()) src.valid = [d = data.get()](std::int64_t i, std::int32_t* out) { d->valid()->get(i, out); };
   src.vocab = data->vocab_size();
+  src.eod = data->eod_id();
   src.description = data->describe();
   return src;
 }

@@ -47,13 +47,24 @@ struct Batch {
   // GPT: the leading targets of sample j that carry no loss (target -1; strided evaluation scores
   // only what the previous window did not); empty: every target counts
   std::vector<std::int64_t> unscored;
-  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec;
+  // GPT, document-aware packing (deck data.reset_*, data.eod_mask_loss; Megatron's
+  // get_ltor_masks_and_position_ids): a document ends with its end-of-document token `eod`;
+  // positions restart after it, a token's first attended key is its document's first position,
+  // and with eod_mask_loss the prediction made at an end-of-document input carries no loss.
+  struct Packing {
+    bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
+    std::int32_t eod = -1;
+  } packing;
+  // Sets `packing` (GPT) and its host staging; eod: the corpus's end-of-document id.
+  void set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod);
+  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
 };
 
 // The samples of a run, as int32 records of Batch's width.
 struct SampleSource {
   std::function<void(std::int64_t, std::int32_t*)> train, valid;  // sample i; valid may be empty
   std::int64_t vocab = 0;
+  std::int64_t eod = -1;  // GPT: the corpus's end-of-document id (-1: none recorded)
   std::string description;
 };
 

@@ -50,6 +50,12 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   c.recompute_block = d.precision.recompute_method == "block";
   c.recompute_num_layers = d.precision.recompute_num_layers;
   c.dt = d.precision.dtype == "bf16" ? DType::BF16 : d.precision.dtype == "fp16" ? DType::F16 : DType::F32;
+  TRIDENT_REQUIRE(family == ModelFamily::Gpt || !d.data.packed(),
+                  "deck: data.reset_position_ids, data.reset_attention_mask and data.eod_mask_loss pack GPT documents; "
+                      << family_name(family) << " samples are not packed: leave them false");
+  c.reset_position_ids = d.data.reset_position_ids;
+  c.reset_attention_mask = d.data.reset_attention_mask;
+  c.per_target_loss = d.data.eod_mask_loss;
   check_layer_modules(c);  // every slot's module exists
   TRIDENT_REQUIRE(family == ModelFamily::Gpt || !c.untie_embeddings_and_output_weights,
                   "deck: model.untie_embeddings_and_output_weights is a GPT key; " << family_name(family)

@@ -198,6 +198,9 @@ class TrainingRun {
   const Deck& deck_;
   const ModelFamily fam_;
   const FamilyTask& task_;
+  // the loss is the mean over the micro-batches of each one's mean (BERT, T5; GPT with
+  // data.eod_mask_loss, as Megatron normalises a masked loss), else over the iteration's tokens
+  const bool per_micro_batch_;
   Topology& topo_;
   StopSignal& stop_;
   const Communicator& world_;
@@ -263,9 +266,11 @@ class TrainingRun {
 };
 
 TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, StopSignal& stop)
-    : deck_(deck), fam_(fam), task_(task_of(fam)), topo_(topo), stop_(stop), world_(topo.world()),
-      root_(topo.world().rank() == 0), dp_(topo.dp_size()), dp_rank_(topo.coords().dp), S_(deck.model.seq_length),
-      mbs_(deck.train.micro_batch_size), GB_(deck.train.global_batch_size), iters_(deck.train.iters) {
+    : deck_(deck), fam_(fam), task_(task_of(fam)),
+      per_micro_batch_(task_.loss_per_micro_batch || (fam == ModelFamily::Gpt && deck.data.eod_mask_loss)), topo_(topo),
+      stop_(stop), world_(topo.world()), root_(topo.world().rank() == 0), dp_(topo.dp_size()),
+      dp_rank_(topo.coords().dp), S_(deck.model.seq_length), mbs_(deck.train.micro_batch_size),
+      GB_(deck.train.global_batch_size), iters_(deck.train.iters) {
   TRIDENT_REQUIRE(GB_ % (mbs_ * dp_) == 0, "deck: train.global_batch_size ("
                                                << GB_ << ") is not divisible by "
                                                << "train.micro_batch_size x data-parallel size (" << mbs_ << " x "
@@ -477,10 +482,15 @@ void TrainingRun::open_outputs() {
 
 void TrainingRun::set_up_loop() {
   batch_ = std::make_unique<Batch>(mbs_, S_, fam_, deck_.model.decoder_seq_length);
-  // GPT: the loss is the mean over the iteration's tokens; BERT: the mean over its micro-batches
-  // of each micro-batch's MLM (mean over its labelled positions) + sentence-order loss; T5: the
-  // mean over its micro-batches of each one's mean over its decoder targets (Megatron's T5)
-  loss_count_ = task_.loss_per_micro_batch ? static_cast<double>(acc_ * dp_) : static_cast<double>(GB_ * S_);
+  if (fam_ == ModelFamily::Gpt)
+    batch_->set_packing(deck_.data.reset_position_ids, deck_.data.reset_attention_mask, deck_.data.eod_mask_loss,
+                        data_.eod);
+  // GPT: the loss is the mean over the iteration's tokens (with data.eod_mask_loss: the mean over
+  // its micro-batches of each one's mean over its counted tokens); BERT: the mean over its
+  // micro-batches of each micro-batch's MLM (mean over its labelled positions) + sentence-order
+  // loss; T5: the mean over its micro-batches of each one's mean over its decoder targets
+  // (Megatron's T5)
+  loss_count_ = per_micro_batch_ ? static_cast<double>(acc_ * dp_) : static_cast<double>(GB_ * S_);
   dscale_unscaled_ = 1.0 / loss_count_;
   grads_ = store_.grads();
   runner_ = std::make_unique<PipelineRunner>(raw(chunks_), topo_);
@@ -522,10 +532,10 @@ void TrainingRun::evaluate(std::int64_t it) {
       [&](std::int64_t) { return mbs_; });
   agree_or_throw(world_.get(), read_error_.take_or(TokenShardReader::check_touched_shards()));
   sum = topo_.dp_group().allreduce_sum(topo_.pp_group().allreduce_sum(sum));
-  const double n = task_.loss_per_micro_batch ? static_cast<double>(deck_.eval.iters * dp_)
-                                              : static_cast<double>(deck_.eval.iters * mbs_ * dp_ * S_);
+  const double n = per_micro_batch_ ? static_cast<double>(deck_.eval.iters * dp_)
+                                    : static_cast<double>(deck_.eval.iters * mbs_ * dp_ * S_);
   const double loss = sum / n;
-  const LossParts parts = task_.loss_per_micro_batch ? reduce_loss_parts(chunks_, topo_) : LossParts{};
+  const LossParts parts = per_micro_batch_ ? reduce_loss_parts(chunks_, topo_) : LossParts{};
   if (root_) {
     std::cout << std::setprecision(6) << " validation at iteration " << it << " | loss " << loss;
     if (task_.reports_loss_parts)
@@ -682,8 +692,7 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   progress::set_phase("grad-allreduce");
   reduce_gradients();
   loss_sum = topo_.dp_group().allreduce_sum(topo_.pp_group().allreduce_sum(loss_sum));
-  r.parts = task_.loss_per_micro_batch ? reduce_loss_parts(chunks_, topo_)
-                                       : LossParts{};  // (T5: resets the model's sums)
+  r.parts = per_micro_batch_ ? reduce_loss_parts(chunks_, topo_) : LossParts{};  // (T5: resets the model's sums)
   timers_.stop("grad-allreduce");
 
   timers_.start("optimizer");
