@@ -35,6 +35,10 @@ struct EvalModel {
         // a checkpoint of LoRA adapters brings its lora.* keys (its base model loads beneath them)
         deck(with_checkpoint_lora(run_deck, file, family_name(family), topo)),
         cfg(make_config(deck, vocab, topo.tp_size(), family)), B(deck.train.micro_batch_size), dp(&topo.dp_group()) {
+    // evaluation mode scores a text (or shard) as one stream of windows: the training deck's
+    // document packing (data.reset_*, data.eod_mask_loss) does not apply (docs/DESIGN.md
+    // "Evaluation mode")
+    cfg.reset_position_ids = cfg.reset_attention_mask = cfg.per_target_loss = false;
     store.set_dtype(cfg.dt);
     chunks = build_chunks(family, cfg, head_options(deck), store, B, tensor_parallel(deck, topo),
                           chunks_of(deck, topo, cfg));
