@@ -228,8 +228,10 @@ int run(int argc, char** argv) {
                                             << " tokens, not less than the context of " << L << " positions");
   }
   const std::int64_t slots = std::min<std::int64_t>(o.batch, static_cast<std::int64_t>(ids.size()));
-  GptGenerator gen(model, slots, L);
   const std::int32_t eod = tok->eod_id();
+  // with the deck's data.reset_position_ids / reset_attention_mask, an end-of-document token (in a
+  // prompt, or generated with --ignore-eod) starts a new document, as in training
+  GptGenerator gen(model, slots, L, eod);
   const std::int64_t V = cfg.vocab_size;
   // tokens are picked among the tokenizer's: the embedding rows beyond them (padding) are never emitted
   const std::int64_t Vtok = tok->vocab_size();

@@ -366,7 +366,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
 
 void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const IntView& positions, std::int64_t R,
                              std::int64_t n, std::int64_t L, const AttentionShape& as, const AttentionMask& mask,
-                             const InferenceScratch& w) const {
+                             const InferenceScratch& w, const IntView& enc_positions) const {
   TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
   const std::int64_t C = s_.hidden_size, p = s_.tp.size(), Fl = s_.ffn_hidden_size / p;
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
@@ -374,7 +374,7 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
   qkv_.infer(w.qkv, w.h, R);  // (R, W_l)
   Kokkos::fence();
   qk_norm_.forward(act(w.qkv), R, w.qk_x, w.qk_mean, w.qk_rstd, act(w.qk_out));
-  pos_->apply(act(w.qkv), rope_layout(R), positions);
+  pos_->apply(act(w.qkv), rope_layout(R), enc_positions.extent(0) > 0 ? enc_positions : positions);
   Kokkos::fence();
   kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, q_local(), kv_local());
   Kokkos::fence();

@@ -178,8 +178,11 @@ class TransformerLayer {
   const QkNorm& qk_norm() const { return qk_norm_; }
   // the core attention's shape for B samples of T queries (this rank's heads and groups)
   AttentionShape attention_shape(std::int64_t B, std::int64_t T) const;
+  // enc_positions (R): the positions the rotary embedding turns by, when they differ from the
+  // cache rows `positions` (packed documents: positions restart after an end-of-document token).
   void infer(const FloatView& x, const FloatView& cache, const IntView& positions, std::int64_t R, std::int64_t n,
-             std::int64_t L, const AttentionShape& as, const AttentionMask& mask, const InferenceScratch& w) const;
+             std::int64_t L, const AttentionShape& as, const AttentionMask& mask, const InferenceScratch& w,
+             const IntView& enc_positions = {}) const;
 
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;

@@ -17,8 +17,8 @@
 
 namespace trident {
 
-GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len)
-    : model_(&model), cfg_(model.config()), slots_(slots), max_len_(max_len) {
+GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len, std::int32_t eod)
+    : model_(&model), cfg_(model.config()), slots_(slots), max_len_(max_len), documents_(cfg_.packed()), eod_(eod) {
   const TransformerConfig& cfg = cfg_;
   TRIDENT_REQUIRE(cfg.layer.mask == MaskKind::Causal && cfg.num_token_types == 0 && !cfg.encoder_decoder(),
                   "generation runs GPT models (a causal stack without token types or decoder)");
@@ -59,6 +59,14 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
   tokens_ = make_int("generate::tokens", R);
   positions_ = make_int("generate::positions", R);
   valid_ = make_int("generate::valid", slots * max_len);
+  if (documents_) {
+    TRIDENT_REQUIRE(eod >= 0,
+                    "generation: data.reset_position_ids / reset_attention_mask need the tokenizer's "
+                    "end-of-document token, and it has none");
+    enc_positions_ = make_int("generate::enc_positions", R);
+    doc_start_ = make_int("generate::doc_start", R);
+    slot_doc_.assign(static_cast<size_t>(slots), 0);
+  }
 }
 
 std::int64_t GptGenerator::cache_bytes() const {
@@ -76,7 +84,18 @@ std::vector<float> GptGenerator::prefill(std::int64_t slot, const std::vector<st
   TRIDENT_REQUIRE(slot >= 0 && slot < slots_, "internal: generation slot " << slot);
   std::vector<std::int32_t> pos(static_cast<size_t>(n));  // (n): positions 0..n-1
   for (std::int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
-  return forward(1, n, slot, tokens, pos, {n});
+  if (!documents_) return forward(1, n, slot, tokens, pos, {n});
+  // packed documents, as training stages them (train/family_task.cpp): the end-of-document token
+  // closes its document
+  std::vector<std::int32_t> enc(pos.size()), doc(pos.size());
+  std::int64_t d = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    enc[static_cast<size_t>(i)] = static_cast<std::int32_t>(cfg_.reset_position_ids ? i - d : i);
+    doc[static_cast<size_t>(i)] = static_cast<std::int32_t>(cfg_.reset_attention_mask ? d : 0);
+    if (tokens[static_cast<size_t>(i)] == eod_) d = i + 1;
+  }
+  slot_doc_[static_cast<size_t>(slot)] = d;
+  return forward(1, n, slot, tokens, pos, {n}, enc, doc);
 }
 
 std::vector<float> GptGenerator::decode(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& pos) {
@@ -89,13 +108,23 @@ std::vector<float> GptGenerator::decode(const std::vector<std::int32_t>& tokens,
     p32[b] = static_cast<std::int32_t>(pos[b]);
     lengths[b] = pos[b] + 1;
   }
-  return forward(B, 1, 0, tokens, p32, lengths);
+  if (!documents_) return forward(B, 1, 0, tokens, p32, lengths);
+  std::vector<std::int32_t> enc(tokens.size()), doc(tokens.size());
+  for (size_t b = 0; b < tokens.size(); ++b) {
+    const std::int64_t d = std::min(slot_doc_[b], pos[b]);  // a slot that rides along at its last position
+    enc[b] = static_cast<std::int32_t>(cfg_.reset_position_ids ? pos[b] - d : pos[b]);
+    doc[b] = static_cast<std::int32_t>(cfg_.reset_attention_mask ? d : 0);
+    if (tokens[b] == eod_) slot_doc_[b] = pos[b] + 1;
+  }
+  return forward(B, 1, 0, tokens, p32, lengths, enc, doc);
 }
 
 std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::int64_t slot0,
                                          const std::vector<std::int32_t>& tok,
                                          const std::vector<std::int32_t>& positions,
-                                         const std::vector<std::int64_t>& lengths) {
+                                         const std::vector<std::int64_t>& lengths,
+                                         const std::vector<std::int32_t>& enc_positions,
+                                         const std::vector<std::int32_t>& doc_start) {
   const std::int64_t C = cfg_.hidden_size, R = B * n, L = max_len_;
   const std::int64_t Tk = *std::max_element(lengths.begin(), lengths.end());
   for (std::int32_t t : tok)
@@ -109,6 +138,16 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
     }
     Kokkos::deep_copy(tokens_, ht);
     Kokkos::deep_copy(positions_, hp);
+    if (!enc_positions.empty()) {  // mirrors of their own (on the host a mirror is the view itself)
+      auto he = Kokkos::create_mirror_view(enc_positions_);
+      auto hd = Kokkos::create_mirror_view(doc_start_);
+      for (std::int64_t r = 0; r < R; ++r) {
+        he(r) = enc_positions[static_cast<size_t>(r)];
+        hd(r) = doc_start[static_cast<size_t>(r)];
+      }
+      Kokkos::deep_copy(enc_positions_, he);
+      Kokkos::deep_copy(doc_start_, hd);
+    }
     auto hv = Kokkos::create_mirror_view(valid_);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < Tk; ++j) hv(b * Tk + j) = j < lengths[static_cast<size_t>(b)] ? 1 : 0;
@@ -121,8 +160,10 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   embedding_lookup(x, tokens_, store.value(model_->word_embeddings()), model_->vocab_start(), Vl_, R, C);
   Kokkos::fence();
   tp_allreduce(tp, x, R * C);
+  const IntView enc = enc_positions.empty() ? IntView() : slice(enc_positions_, 0, R);
   if (cfg_.learned_positions()) {  // rotary positions turn the queries and keys in each layer instead
-    embedding_lookup(out, positions_, store.value(model_->position_embeddings()), 0, cfg_.max_positions, R, C);
+    embedding_lookup(out, enc_positions.empty() ? positions_ : enc, store.value(model_->position_embeddings()), 0,
+                     cfg_.max_positions, R, C);
     Kokkos::fence();
     accumulate(x, out, R * C);
   }
@@ -130,11 +171,12 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   as.ng = ngl_;
   as.Tk = n > 1 ? n : Tk;
   as.kv_stride = L;
-  const AttentionMask mask{n > 1, n > 1 ? IntView() : slice(valid_, 0, B * Tk)};
+  const AttentionMask mask{n > 1, n > 1 ? IntView() : slice(valid_, 0, B * Tk),
+                           doc_start.empty() ? IntView() : slice(doc_start_, 0, R)};
   for (std::int64_t l = 0; l < model_->num_layers(); ++l) {
     const FloatView cache = slice(caches_[static_cast<size_t>(l)], slot0 * L * 2 * KVl_,
                                   (slots_ - slot0) * L * 2 * KVl_);  // from slot0 on
-    model_->layer(l).infer(x, cache, positions_, R, n, L, as, mask, w_);
+    model_->layer(l).infer(x, cache, positions_, R, n, L, as, mask, w_, enc);
   }
   // the last row of each sample: final LayerNorm, then this rank's vocabulary columns
   Kokkos::parallel_for(

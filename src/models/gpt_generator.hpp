@@ -24,7 +24,10 @@ class GptGenerator {
   // model: a GPT (causal stack, no token types, no decoder, one pipeline stage) with fp32
   // parameters, loaded; it must outlive the generator. slots: samples decoded together; max_len:
   // positions per sample (<= max_positions).
-  GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len);
+  // eod: the end-of-document id; with the model's packed-document settings (data.reset_position_ids,
+  // reset_attention_mask) a token after an end-of-document token starts a new document, in a
+  // prompt and while decoding alike: its position restarts at 0 and it attends to nothing before.
+  GptGenerator(const GptModel& model, std::int64_t slots, std::int64_t max_len, std::int32_t eod = -1);
   // Logits (vocab_size) of the last of `tokens`, run from position 0 into slot `slot`'s cache.
   std::vector<float> prefill(std::int64_t slot, const std::vector<std::int32_t>& tokens);
   // tokens[b], at position pos[b] of slot b (b < tokens.size()), with slot b's cache holding its
@@ -37,8 +40,12 @@ class GptGenerator {
   // private members): runs R = B * n rows (B samples of n new tokens each) through the model;
   // slot0: the slot of the first sample (the others follow); a causal prefill (n > 1, positions
   // 0..n-1) or one token per sample with `lengths` valid keys each (positions + 1).
+  // Packed documents: enc_positions (R) the positions the embeddings use, doc_start (R) each row's
+  // first key (empty: the cache rows `positions`, and no document bound).
   std::vector<float> forward(std::int64_t B, std::int64_t n, std::int64_t slot0, const std::vector<std::int32_t>& tok,
-                             const std::vector<std::int32_t>& positions, const std::vector<std::int64_t>& lengths);
+                             const std::vector<std::int32_t>& positions, const std::vector<std::int64_t>& lengths,
+                             const std::vector<std::int32_t>& enc_positions = {},
+                             const std::vector<std::int32_t>& doc_start = {});
 
  private:
   const GptModel* model_;
@@ -48,6 +55,12 @@ class GptGenerator {
   TransformerLayer::InferenceScratch w_;  // workspaces for up to max(max_len, slots) rows
   FloatView x_, logits_, gathered_;       // (R, C) residual stream, (slots, V_l), (tp, slots, V_l)
   IntView tokens_, positions_, valid_;    // (R), (R), (slots, max_len)
+  // packed documents: the end-of-document id, rows' embedding positions and first keys (R), and
+  // each slot's current document start (its first cache row)
+  bool documents_ = false;
+  std::int32_t eod_ = -1;
+  IntView enc_positions_, doc_start_;
+  std::vector<std::int64_t> slot_doc_;
 };
 
 }  // namespace trident

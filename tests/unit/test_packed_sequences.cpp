@@ -14,6 +14,7 @@
 
 #include "common/error.hpp"
 #include "common/half.hpp"
+#include "models/gpt_generator.hpp"
 #include "models/gpt_model.hpp"
 #include "ops/attention.hpp"
 #include "ops/embedding.hpp"
@@ -326,4 +327,42 @@ TEST(PackedGpt, PackedBatchEqualsDocumentsOneByOne) {
       expect_close(as_double(packed_grads), as_double(alone_grads), 1e-4, 2e-5 * gmax,
                    (what + ": packed gradients").c_str());
     }
+}
+
+// The key-value cache honours document bounds as training does: the logits after a prompt
+// "A <eod> B" equal those after "B" alone, at prefill and at every cached decoding step (GPT-2's
+// layer with learned positions and the Llama layer with rotary positions).
+TEST(PackedGpt, KeyValueCacheStartsANewDocumentAfterEod) {
+  for (const bool llama : {false, true}) {
+    const TransformerConfig cfg = packed_config(llama);
+    ParamStore store;
+    GptModel model(cfg, store, 1);
+    store.allocate();
+    store.initialize(11);
+    const std::vector<std::int32_t> a = {3, 7, 1, kEod}, b = {5, 20, 6};
+    std::vector<std::int32_t> ab = a;
+    ab.insert(ab.end(), b.begin(), b.end());
+    GptGenerator packed(model, 1, kS, kEod), alone(model, 1, kS, kEod);
+    auto lp = packed.prefill(0, ab), la = alone.prefill(0, b);
+    const std::string what = llama ? "Llama" : "GPT-2";
+    expect_close(as_double(lp), as_double(la), 1e-5, 1e-5, (what + " prefill").c_str());
+    for (std::int32_t step = 0; step < 3; ++step) {
+      const std::int32_t t = static_cast<std::int32_t>(9 + step);
+      lp = packed.decode({t}, {static_cast<std::int64_t>(ab.size()) + step});
+      la = alone.decode({t}, {static_cast<std::int64_t>(b.size()) + step});
+      expect_close(as_double(lp), as_double(la), 1e-5, 1e-5, (what + " decode step " + std::to_string(step)).c_str());
+    }
+    // without the document settings the first document is seen: the logits differ
+    TransformerConfig plain = cfg;
+    plain.reset_position_ids = plain.reset_attention_mask = false;
+    ParamStore store2;
+    GptModel model2(plain, store2, 1);
+    store2.allocate();
+    store2.initialize(11);
+    GptGenerator whole(model2, 1, kS, kEod);
+    const auto lw = whole.prefill(0, ab);
+    double diff = 0;
+    for (size_t i = 0; i < lw.size(); ++i) diff = std::max(diff, std::abs(static_cast<double>(lw[i]) - la[i]));
+    EXPECT_GT(diff, 1e-3) << what;
+  }
 }
