@@ -283,6 +283,9 @@ def group_inputs(s):
     h5_shard(other_tok, np.arange(64, dtype=np.uint16) % 1000, [0, 32, 64], version=2, max_token_id=63,
              vocab_size=1000, eod_id=999)
     h5_shard(other_files, np.arange(64, dtype=np.uint16), [0, 32, 64], version=3, max_token_id=63)
+    # packed documents need the end-of-document id, and this shard records none
+    no_eod = s.path("no_eod.h5")
+    h5_shard(no_eod, np.arange(64, dtype=np.uint16), [0, 32, 64], version=2, max_token_id=63, eod_id=-1)
     import h5py
     with h5py.File(other_tok, "r+") as f:
         f.attrs["tokenizer"] = "other"
@@ -320,6 +323,9 @@ def group_inputs(s):
          "was tokenized with other (vocabulary 1000), but the deck names data.vocab_file and data.merges_file"),
         ("shard of other tokenizer files than the deck's", 2, ["--data.train_shards", other_files] + gpt2,
          "one tokenizer per run"),
+        ("packed documents without an end-of-document id", 2,
+         ["--data.train_shards", no_eod, "--data.reset_attention_mask", "true"],
+         "need the corpus's end-of-document token, and the shards record none"),
         ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", ck], "model.hidden_size"),
         ("checkpoint with more layers", 2, ["--model.num_layers", "1", "--checkpoint.load", ck, "--train.iters", "4"],
          "holds another model"),
