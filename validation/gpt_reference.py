@@ -448,7 +448,9 @@ class GPTReference(tr.Transformer):
         no longer attend to positions <= i (reset_attention_mask) and their positions restart at 0
         (reset_position_ids). Returns (allowed (B, T, T) or None, positions (B, T) or None)."""
         cfg = self.cfg
-        if not (cfg.reset_position_ids or cfg.reset_attention_mask):
+        reset_positions = getattr(cfg, "reset_position_ids", False)  # (configs made elsewhere: off)
+        reset_mask = getattr(cfg, "reset_attention_mask", False)
+        if not (reset_positions or reset_mask):
             return None, None
         B, T = inp.shape
         allowed = torch.ones(B, T, T, dtype=torch.bool).tril()
@@ -456,13 +458,12 @@ class GPTReference(tr.Transformer):
         for b in range(B):
             prev = 0
             for i in (inp[b] == cfg.eod_id).nonzero().flatten().tolist():
-                if cfg.reset_attention_mask:
+                if reset_mask:
                     allowed[b, i + 1:, :i + 1] = False
-                if cfg.reset_position_ids:
+                if reset_positions:
                     positions[b, i + 1:] -= i + 1 - prev
                     prev = i + 1
-        return (allowed if cfg.reset_attention_mask else None,
-                positions if cfg.reset_position_ids else None)
+        return (allowed if reset_mask else None, positions if reset_positions else None)
 
     def _hidden(self, inp, dropout):
         """The final norm's output (B, T, C) of a (B, T) int64 tensor of tokens."""
@@ -491,14 +492,14 @@ class GPTReference(tr.Transformer):
         x = self._hidden(inp, True)
         logits = self.grad_store(F.linear(x.reshape(B * T, self.cfg.hidden_size), self._output_weight()))  # (B*T, V)
         losses = F.cross_entropy(logits, tgt.reshape(B * T), reduction="none")
-        if self.cfg.eod_mask_loss:
+        if getattr(self.cfg, "eod_mask_loss", False):
             losses = losses * (inp.reshape(B * T) != self.cfg.eod_id).to(losses.dtype)
         return losses.sum()
 
     def loss_count(self, windows):
         """The predictions the loss counts in windows (B, T+1)."""
         inp = windows[:, :-1]
-        if self.cfg.eod_mask_loss:
+        if getattr(self.cfg, "eod_mask_loss", False):
             return int((inp != self.cfg.eod_id).sum())
         return inp.numel()
 
