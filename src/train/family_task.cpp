@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
+#include "data/sft_dataset.hpp"
 #include "data/t5_dataset.hpp"
 #include "data/tokenizer.hpp"
 
@@ -48,7 +49,23 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     return;
   }
   const Packing& pk = packing;
-  for (std::int64_t j = 0; j < B; ++j) {
+  for (std::int64_t j = 0; j < B && sft; ++j) {
+    const std::int32_t *w = window.data() + j * width, *target = w + S, *segment = w + 2 * S;
+    std::int64_t doc = 0;
+    for (std::int64_t t = 0; t < S; ++t) {
+      check(w[t]);
+      h_tokens(j * S + t) = w[t];
+      if (target[t] >= 0) {
+        check(target[t]);
+        ++labelled;
+      }
+      h_targets(j * S + t) = target[t];
+      if (t > 0 && segment[t] != segment[t - 1]) doc = t;  // a conversation (or the padding) starts
+      if (pk.reset_position_ids) h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
+      if (pk.reset_attention_mask) h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
+    }
+  }
+  for (std::int64_t j = 0; j < B && !sft; ++j) {
     const std::int32_t* w = window.data() + j * width;
     std::int64_t doc = 0;  // the first position of the current document
     for (std::int64_t t = 0; t < S; ++t) {
@@ -97,7 +114,7 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
 
 void Batch::set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod) {
   TRIDENT_REQUIRE(!bert && !t5, "internal: document-aware packing is GPT's");
-  TRIDENT_REQUIRE(!(reset_position_ids || reset_attention_mask || eod_mask_loss) || eod >= 0,
+  TRIDENT_REQUIRE(sft || !(reset_position_ids || reset_attention_mask || eod_mask_loss) || eod >= 0,
                   "data: data.reset_position_ids, data.reset_attention_mask and data.eod_mask_loss need the corpus's "
                   "end-of-document token, and the shards record none (eod_id)");
   packing = Packing{reset_position_ids, reset_attention_mask, eod_mask_loss, static_cast<std::int32_t>(eod)};
@@ -119,6 +136,24 @@ SampleSource gpt_samples(const Deck& deck, std::int64_t train_samples, std::int6
   if (data->valid()) src.valid = [d = data.get()](std::int64_t i, std::int32_t* out) { d->valid()->get(i, out); };
   src.vocab = data->vocab_size();
   src.eod = data->eod_id();
+  src.description = data->describe();
+  return src;
+}
+
+// Instruction fine-tuning: the packed conversations of sft.train_data / sft.valid_data.
+SampleSource sft_samples(const Deck& deck, std::int64_t valid_samples, std::shared_ptr<void>& keep) {
+  SftOptions o;
+  o.seq_length = deck.model.seq_length;
+  o.truncate = deck.sft.overlong == "truncate";
+  o.seed = static_cast<std::uint64_t>(deck.train.seed);
+  auto data = std::make_shared<SftData>(deck.sft.train_data, valid_samples > 0 ? deck.sft.valid_data : std::string(),
+                                        deck.data.tokenizer_model, o);
+  keep = data;
+  SampleSource src;
+  src.train = [d = data.get()](std::int64_t i, std::int32_t* out) { d->train().get(i, out); };
+  if (data->valid()) src.valid = [d = data.get()](std::int64_t i, std::int32_t* out) { d->valid()->get(i, out); };
+  src.vocab = data->vocab_size();
+  src.sft = true;
   src.description = data->describe();
   return src;
 }
@@ -238,6 +273,10 @@ void check_shard_tokenizers(const Deck& deck) {
 
 SampleSource samples_of(ModelFamily f, const Deck& deck, std::int64_t train_samples, std::int64_t valid_samples,
                         std::shared_ptr<void>& keep) {
+  if (deck.sft.enabled()) {
+    TRIDENT_REQUIRE(f == ModelFamily::Gpt, "deck: sft.train_data fine-tunes GPT models, not " << family_name(f));
+    return sft_samples(deck, valid_samples, keep);
+  }
   check_shard_tokenizers(deck);
   if (f == ModelFamily::Bert) return bert_samples(deck, train_samples, valid_samples, keep);
   if (f == ModelFamily::T5) return t5_samples(deck, train_samples, valid_samples, keep);

@@ -25,15 +25,20 @@ namespace trident {
 
 // Host staging of one micro-batch: B sample records of `width` ints each ->
 //   GPT  (width S+1, a window): inputs window[0..S), targets window[1..S]
+//   GPT instruction fine-tuning (width 3S; data/sft_dataset.hpp): inputs, targets (-1: no loss)
+//        and each position's conversation (-1: padding); packing restarts positions and
+//        attention at each conversation (data.reset_position_ids / reset_attention_mask)
 //   BERT (width 4S+1): tokens, types, labels, padding (S each), then the sentence-order label
 //   T5   (width 2S+2Sd): encoder tokens, encoder padding (S each), decoder input, decoder
 //        targets (Sd each; -1 at padding)
 struct Batch {
-  Batch(std::int64_t B, std::int64_t S, ModelFamily family, std::int64_t Sd = 0)
+  Batch(std::int64_t B, std::int64_t S, ModelFamily family, std::int64_t Sd = 0, bool sft = false)
       : B(B), S(S), Sd(Sd), bert(family == ModelFamily::Bert), t5(family == ModelFamily::T5),
-        width(bert ? 4 * S + 1
-              : t5 ? 2 * S + 2 * Sd
-                   : S + 1),
+        sft(sft && family == ModelFamily::Gpt),
+        width(bert  ? 4 * S + 1
+              : t5  ? 2 * S + 2 * Sd
+              : sft ? 3 * S
+                    : S + 1),
         window(static_cast<size_t>(B * width)), h_tokens("batch::h_tokens", B * S),
         h_targets("batch::h_targets", B * (t5 ? Sd : S)), h_types("batch::h_types", B * S),
         h_padding("batch::h_padding", B * S), h_order("batch::h_order", B), h_dec("batch::h_dec", B * Sd) {}
@@ -41,7 +46,7 @@ struct Batch {
   // device views (and mb's label counts).
   void finish(std::int64_t vocab, MicroBatch& mb);
   std::int64_t B, S, Sd;
-  bool bert, t5;
+  bool bert, t5, sft;
   std::int64_t width;
   std::vector<std::int32_t> window;
   // GPT: the leading targets of sample j that carry no loss (target -1; strided evaluation scores
@@ -55,7 +60,8 @@ struct Batch {
     bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
     std::int32_t eod = -1;
   } packing;
-  // Sets `packing` (GPT) and its host staging; eod: the corpus's end-of-document id.
+  // Sets `packing` (GPT) and its host staging; eod: the corpus's end-of-document id (unused by
+  // instruction fine-tuning, whose records mark the conversations).
   void set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod);
   IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
 };
@@ -65,6 +71,7 @@ struct SampleSource {
   std::function<void(std::int64_t, std::int32_t*)> train, valid;  // sample i; valid may be empty
   std::int64_t vocab = 0;
   std::int64_t eod = -1;  // GPT: the corpus's end-of-document id (-1: none recorded)
+  bool sft = false;       // GPT instruction fine-tuning records (width 3S)
   std::string description;
 };
 

@@ -267,7 +267,8 @@ class TrainingRun {
 
 TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, StopSignal& stop)
     : deck_(deck), fam_(fam), task_(task_of(fam)),
-      per_micro_batch_(task_.loss_per_micro_batch || (fam == ModelFamily::Gpt && deck.data.eod_mask_loss)), topo_(topo),
+      per_micro_batch_(task_.loss_per_micro_batch ||
+                       (fam == ModelFamily::Gpt && (deck.data.eod_mask_loss || deck.sft.enabled()))), topo_(topo),
       stop_(stop), world_(topo.world()), root_(topo.world().rank() == 0), dp_(topo.dp_size()),
       dp_rank_(topo.coords().dp), S_(deck.model.seq_length), mbs_(deck.train.micro_batch_size),
       GB_(deck.train.global_batch_size), iters_(deck.train.iters) {
@@ -481,7 +482,7 @@ void TrainingRun::open_outputs() {
 }
 
 void TrainingRun::set_up_loop() {
-  batch_ = std::make_unique<Batch>(mbs_, S_, fam_, deck_.model.decoder_seq_length);
+  batch_ = std::make_unique<Batch>(mbs_, S_, fam_, deck_.model.decoder_seq_length, data_.sft);
   if (fam_ == ModelFamily::Gpt)
     batch_->set_packing(deck_.data.reset_position_ids, deck_.data.reset_attention_mask, deck_.data.eod_mask_loss,
                         data_.eod);

@@ -237,6 +237,32 @@ TEST(PackedBatch, StagingFollowsMegatron) {
   EXPECT_THROW(none.set_packing(false, true, false, -1), Error);
 }
 
+// Instruction fine-tuning records (data/sft_dataset.hpp: tokens, targets, conversation per
+// position): positions and attention restart where the conversation index changes (padding, -1, is
+// a span of its own); the targets are staged as given and counted where >= 0.
+TEST(PackedBatch, SftRecordsStageConversations) {
+  const std::int64_t B = 2, S = 5;
+  Batch batch(B, S, ModelFamily::Gpt, 0, /*sft=*/true);
+  ASSERT_EQ(batch.width, 3 * S);
+  batch.set_packing(true, true, false, -1);  // no end-of-document id needed
+  batch.window = {4, 5, 6, 7, 8, /**/ -1, 6, -1, 8, -1, /**/ 0, 0, 0, 1, 1,  // conversations [0, 3) [3, 5)
+                  1, 2, 3, 9, 9, /**/ 2, 3, -1, -1, -1, /**/ 0, 0, 0, -1, -1};  // one, then padding
+  MicroBatch mb;
+  mb.tokens = make_int("t", B * S);
+  mb.targets = make_int("y", B * S);
+  mb.positions = make_int("p", B * S);
+  mb.doc_start = make_int("d", B * S);
+  batch.finish(10, mb);
+  EXPECT_EQ(ints(mb.tokens), (std::vector<std::int32_t>{4, 5, 6, 7, 8, 1, 2, 3, 9, 9}));
+  EXPECT_EQ(ints(mb.targets), (std::vector<std::int32_t>{-1, 6, -1, 8, -1, 2, 3, -1, -1, -1}));
+  EXPECT_EQ(ints(mb.positions), (std::vector<std::int32_t>{0, 1, 2, 0, 1, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(ints(mb.doc_start), (std::vector<std::int32_t>{0, 0, 0, 3, 3, 0, 0, 0, 3, 3}));
+  EXPECT_EQ(mb.num_targets, 4);
+  // a target outside the vocabulary is refused like a token
+  batch.window[S + 1] = 10;
+  EXPECT_THROW(batch.finish(10, mb), Error);
+}
+
 namespace {
 
 constexpr std::int64_t kS = 12, kV = 29, kC = 16;
@@ -326,6 +352,71 @@ TEST(PackedGpt, PackedBatchEqualsDocumentsOneByOne) {
       EXPECT_LT(std::sqrt(d2 / n2), 1e-5) << what;
       expect_close(as_double(packed_grads), as_double(alone_grads), 1e-4, 2e-5 * gmax,
                    (what + ": packed gradients").c_str());
+    }
+}
+
+// Instruction fine-tuning: two conversations packed in one record, their targets masked to the
+// assistant tokens, against each conversation alone in a record padded to the sequence length
+// (as data/sft_dataset.hpp lays records out): equal summed losses and gradients.
+TEST(PackedGpt, SftPackedConversationsEqualOneByOne) {
+  struct Conv {
+    std::vector<std::int32_t> tokens;
+    std::vector<std::uint8_t> learned;
+  };
+  const std::vector<Conv> convs = {{{1, 9, 4, 4, 11, 6, 2}, {0, 0, 0, 1, 1, 1, 1}},
+                                   {{1, 9, 13, 7, 20}, {0, 0, 1, 1, 0}}};
+  auto record = [](const std::vector<const Conv*>& in) {
+    std::vector<std::int32_t> r(static_cast<size_t>(3 * kS), -1);
+    std::int64_t at = 0, seg = 0;
+    for (const Conv* c : in) {
+      const std::int64_t n = static_cast<std::int64_t>(c->tokens.size());
+      for (std::int64_t k = 0; k < n; ++k, ++at) {
+        r[static_cast<size_t>(at)] = c->tokens[static_cast<size_t>(k)];
+        r[static_cast<size_t>(kS + at)] =
+            k + 1 < n && c->learned[static_cast<size_t>(k + 1)] ? c->tokens[static_cast<size_t>(k + 1)] : -1;
+        r[static_cast<size_t>(2 * kS + at)] = static_cast<std::int32_t>(seg);
+      }
+      ++seg;
+    }
+    for (; at < kS; ++at) r[static_cast<size_t>(at)] = kEod;  // padding: targets and segment -1
+    return r;
+  };
+  const std::vector<std::int32_t> packed = record({&convs[0], &convs[1]});
+  std::vector<std::int32_t> alone = record({&convs[0]});
+  const auto second = record({&convs[1]});
+  alone.insert(alone.end(), second.begin(), second.end());
+  auto run = [](const TransformerConfig& cfg, const std::vector<std::int32_t>& w, std::int64_t B, bool flash) {
+    TransformerConfig c = cfg;
+    c.flash_attention = flash;
+    ParamStore store;
+    GptModel model(c, store, B);
+    store.allocate();
+    store.initialize(7);
+    store.zero_grads();
+    MicroBatch mb = model.allocate_micro_batch();
+    Batch batch(B, kS, ModelFamily::Gpt, 0, true);
+    batch.set_packing(true, true, false, -1);
+    batch.window = w;
+    batch.finish(kV, mb);
+    EXPECT_EQ(mb.num_targets, 6);
+    const double loss = model.forward_backward(mb, 1.f);
+    return std::make_pair(loss, to_host(store.grads()));
+  };
+  for (const bool llama : {false, true})
+    for (const bool flash : {false, true}) {
+      const TransformerConfig cfg = packed_config(llama);
+      const auto [packed_loss, packed_grads] = run(cfg, packed, 1, flash);
+      const auto [alone_loss, alone_grads] = run(cfg, alone, 2, flash);
+      const std::string what = std::string(llama ? "Llama" : "GPT-2") + (flash ? " flash" : " unfused");
+      EXPECT_NEAR(packed_loss, alone_loss, 1e-5 * std::abs(packed_loss)) << what;
+      double d2 = 0, n2 = 0;
+      for (size_t i = 0; i < alone_grads.size(); ++i) {
+        d2 += std::pow(static_cast<double>(packed_grads[i]) - alone_grads[i], 2);
+        n2 += std::pow(static_cast<double>(alone_grads[i]), 2);
+      }
+      std::printf("SFT %s: packed vs one by one: loss %.9g vs %.9g, gradient relative L2 difference %.2e\n",
+                  what.c_str(), packed_loss, alone_loss, std::sqrt(d2 / n2));
+      EXPECT_LT(std::sqrt(d2 / n2), 1e-5) << what;
     }
 }
 
