@@ -52,7 +52,8 @@ std::vector<std::vector<std::int64_t>> pack_first_fit_decreasing(const std::vect
   std::vector<std::vector<std::int64_t>> bins;
   for (const std::int64_t d : order) {
     const std::int64_t len = lengths[static_cast<size_t>(d)];
-    TRIDENT_REQUIRE(len >= 1 && len <= capacity, "internal: document length " << len << " outside [1, " << capacity << "]");
+    TRIDENT_REQUIRE(len >= 1 && len <= capacity,
+                    "internal: document length " << len << " outside [1, " << capacity << "]");
     std::int64_t node = 1;
     while (node < leaves) node = room[static_cast<size_t>(2 * node)] >= len ? 2 * node : 2 * node + 1;
     const std::int64_t bin = node - leaves;
@@ -60,8 +61,8 @@ std::vector<std::vector<std::int64_t>> pack_first_fit_decreasing(const std::vect
     bins[static_cast<size_t>(bin)].push_back(d);
     room[static_cast<size_t>(node)] -= len;
     for (node /= 2; node >= 1; node /= 2)
-      room[static_cast<size_t>(node)] =
-          std::max(room[static_cast<size_t>(2 * node)], room[static_cast<size_t>(2 * node + 1)]);
+      room[static_cast<size_t>(node)] = std::max(room[static_cast<size_t>(2 * node)],
+                                                 room[static_cast<size_t>(2 * node + 1)]);
   }
   return bins;
 }
@@ -83,10 +84,10 @@ SftDataset::SftDataset(const std::string& path, const HfTokenizer& tok, const Ch
                              const std::int64_t n = static_cast<std::int64_t>(c.tokens.size());
                              if (n > o.seq_length) {
                                if (!o.truncate)
-                                 throw Error::one("the conversation has " + std::to_string(n) +
-                                                  " tokens, more than model.seq_length = " +
-                                                  std::to_string(o.seq_length) +
-                                                  " (sft.overlong = truncate cuts such conversations)");
+                                 throw Error::one(
+                                     "the conversation has " + std::to_string(n) +
+                                     " tokens, more than model.seq_length = " + std::to_string(o.seq_length) +
+                                     " (sft.overlong = truncate cuts such conversations)");
                                c.tokens.resize(static_cast<size_t>(o.seq_length));
                                c.learned.resize(static_cast<size_t>(o.seq_length));
                                ++truncated_;

@@ -529,8 +529,7 @@ void parse_into(Deck& d, Registry& reg, const std::vector<std::string>& raw_args
     // keys whose default (0 or empty) only means "not set": they must be given
     std::vector<std::string> required = {"model.num_layers", "model.hidden_size", "model.num_heads",
                                          "model.seq_length"};
-    if (!d.eval.only && !stored)
-      required.insert(required.end(), {"train.global_batch_size", "train.iters"});
+    if (!d.eval.only && !stored) required.insert(required.end(), {"train.global_batch_size", "train.iters"});
     if (!d.eval.only && !stored && vm.count("sft.train_data") == 0) required.push_back("data.train_shards");
     std::string missing;
     int n_missing = 0;

@@ -34,11 +34,10 @@ namespace trident {
 struct Batch {
   Batch(std::int64_t B, std::int64_t S, ModelFamily family, std::int64_t Sd = 0, bool sft = false)
       : B(B), S(S), Sd(Sd), bert(family == ModelFamily::Bert), t5(family == ModelFamily::T5),
-        sft(sft && family == ModelFamily::Gpt),
-        width(bert  ? 4 * S + 1
-              : t5  ? 2 * S + 2 * Sd
-              : sft ? 3 * S
-                    : S + 1),
+        sft(sft && family == ModelFamily::Gpt), width(bert  ? 4 * S + 1
+                                                      : t5  ? 2 * S + 2 * Sd
+                                                      : sft ? 3 * S
+                                                            : S + 1),
         window(static_cast<size_t>(B * width)), h_tokens("batch::h_tokens", B * S),
         h_targets("batch::h_targets", B * (t5 ? Sd : S)), h_types("batch::h_types", B * S),
         h_padding("batch::h_padding", B * S), h_order("batch::h_order", B), h_dec("batch::h_dec", B * Sd) {}

@@ -56,7 +56,7 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
   c.reset_position_ids = d.data.reset_position_ids;
   c.reset_attention_mask = d.data.reset_attention_mask;
   c.per_target_loss = d.data.eod_mask_loss || d.sft.enabled();  // the mean over each micro-batch's counted targets
-  check_layer_modules(c);  // every slot's module exists
+  check_layer_modules(c);                                       // every slot's module exists
   TRIDENT_REQUIRE(family == ModelFamily::Gpt || !c.untie_embeddings_and_output_weights,
                   "deck: model.untie_embeddings_and_output_weights is a GPT key; " << family_name(family)
                                                                                    << "'s output layer is tied");

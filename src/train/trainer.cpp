@@ -268,8 +268,8 @@ class TrainingRun {
 TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, StopSignal& stop)
     : deck_(deck), fam_(fam), task_(task_of(fam)),
       per_micro_batch_(task_.loss_per_micro_batch ||
-                       (fam == ModelFamily::Gpt && (deck.data.eod_mask_loss || deck.sft.enabled()))), topo_(topo),
-      stop_(stop), world_(topo.world()), root_(topo.world().rank() == 0), dp_(topo.dp_size()),
+                       (fam == ModelFamily::Gpt && (deck.data.eod_mask_loss || deck.sft.enabled()))),
+      topo_(topo), stop_(stop), world_(topo.world()), root_(topo.world().rank() == 0), dp_(topo.dp_size()),
       dp_rank_(topo.coords().dp), S_(deck.model.seq_length), mbs_(deck.train.micro_batch_size),
       GB_(deck.train.global_batch_size), iters_(deck.train.iters) {
   TRIDENT_REQUIRE(GB_ % (mbs_ * dp_) == 0, "deck: train.global_batch_size ("

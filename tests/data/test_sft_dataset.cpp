@@ -25,9 +25,9 @@ namespace fs = std::filesystem;
 TEST(ChatTemplate, PythonStrip) {
   EXPECT_EQ(python_strip("  a b \n\t"), "a b");
   EXPECT_EQ(python_strip("\u00a0\u3000x\u2028\u0085"), "x");  // NBSP, ideographic space, LS, NEL
-  EXPECT_EQ(python_strip("\x1c\x1fx\x1e"), "x");             // Python counts the separators as space
-  EXPECT_EQ(python_strip("\ufeffx"), "\ufeffx");             // Python keeps the BOM; JavaScript's trim does not
-  EXPECT_EQ(python_strip("\u200bx"), "\u200bx");             // zero width space is not white space
+  EXPECT_EQ(python_strip("\x1c\x1fx\x1e"), "x");              // Python counts the separators as space
+  EXPECT_EQ(python_strip("\ufeffx"), "\ufeffx");              // Python keeps the BOM; JavaScript's trim does not
+  EXPECT_EQ(python_strip("\u200bx"), "\u200bx");              // zero width space is not white space
   EXPECT_EQ(python_strip(" \n "), "");
   EXPECT_EQ(python_strip("é"), "é");
 }
@@ -70,8 +70,8 @@ TEST(ChatTemplate, SpansAndUnknownTemplates) {
   if (d.empty()) GTEST_SKIP() << "TRIDENT_SAMPLE_DIR is not set";
   const ChatTemplate llama = ChatTemplate::from_config(d + "/hf/llama3");
   EXPECT_STREQ(llama.name(), "llama3");
-  const RenderedChat r = llama.render({{"system", " sys ", "", false}, {"user", "q", "", false},
-                                       {"assistant", " the answer ", "", false}});
+  const RenderedChat r = llama.render(
+      {{"system", " sys ", "", false}, {"user", "q", "", false}, {"assistant", " the answer ", "", false}});
   ASSERT_EQ(r.assistant.size(), 1u);
   EXPECT_EQ(r.text.substr(r.assistant[0].first, r.assistant[0].second - r.assistant[0].first), "the answer<|eot_id|>");
   EXPECT_EQ(r.text.rfind("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nsys<|eot_id|>", 0), 0u);
@@ -80,8 +80,10 @@ TEST(ChatTemplate, SpansAndUnknownTemplates) {
   EXPECT_EQ(q.text.substr(q.assistant[0].first, q.assistant[0].second - q.assistant[0].first),
             "<think>\n\n</think>\n\na<|im_end|>");
   const ChatTemplate mistral = ChatTemplate::from_config(d + "/hf/mistral_nemo");
-  const RenderedChat ms = mistral.render({{"system", "S", "", false}, {"user", "q1", "", false},
-                                          {"assistant", "a1", "", false}, {"user", "q2", "", false}});
+  const RenderedChat ms = mistral.render({{"system", "S", "", false},
+                                          {"user", "q1", "", false},
+                                          {"assistant", "a1", "", false},
+                                          {"user", "q2", "", false}});
   EXPECT_EQ(ms.text, "<s>[INST]q1[/INST]a1</s>[INST]S\n\nq2[/INST]");  // the system goes with the last user turn
   EXPECT_THROW(mistral.render({{"assistant", "first", "", false}}), Error);
 }
@@ -225,7 +227,8 @@ TEST(SftDataset, PackedRecordsOfRealConversations) {
   EXPECT_EQ(cut.packed_samples(), 3);
   EXPECT_EQ(cut.tokens(), 36);
   // a bad record names its line
-  const std::string bad = write_file("bad.jsonl", records + R"({"messages": [{"role": "user", "content": "x"}]})" "\n");
+  const std::string bad = write_file("bad.jsonl", records + R"({"messages": [{"role": "user", "content": "x"}]})"
+                                                            "\n");
   o.truncate = false;
   o.seq_length = 64;
   try {

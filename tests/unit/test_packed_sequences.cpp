@@ -244,9 +244,9 @@ TEST(PackedBatch, SftRecordsStageConversations) {
   const std::int64_t B = 2, S = 5;
   Batch batch(B, S, ModelFamily::Gpt, 0, /*sft=*/true);
   ASSERT_EQ(batch.width, 3 * S);
-  batch.set_packing(true, true, false, -1);  // no end-of-document id needed
-  batch.window = {4, 5, 6, 7, 8, /**/ -1, 6, -1, 8, -1, /**/ 0, 0, 0, 1, 1,  // conversations [0, 3) [3, 5)
-                  1, 2, 3, 9, 9, /**/ 2, 3, -1, -1, -1, /**/ 0, 0, 0, -1, -1};  // one, then padding
+  batch.set_packing(true, true, false, -1);                                      // no end-of-document id needed
+  batch.window = {4, 5, 6, 7, 8, /**/ -1, 6, -1, 8,  -1, /**/ 0, 0, 0, 1,  1,    // conversations [0, 3) [3, 5)
+                  1, 2, 3, 9, 9, /**/ 2,  3, -1, -1, -1, /**/ 0, 0, 0, -1, -1};  // one, then padding
   MicroBatch mb;
   mb.tokens = make_int("t", B * S);
   mb.targets = make_int("y", B * S);
@@ -372,8 +372,9 @@ TEST(PackedGpt, SftPackedConversationsEqualOneByOne) {
       const std::int64_t n = static_cast<std::int64_t>(c->tokens.size());
       for (std::int64_t k = 0; k < n; ++k, ++at) {
         r[static_cast<size_t>(at)] = c->tokens[static_cast<size_t>(k)];
-        r[static_cast<size_t>(kS + at)] =
-            k + 1 < n && c->learned[static_cast<size_t>(k + 1)] ? c->tokens[static_cast<size_t>(k + 1)] : -1;
+        r[static_cast<size_t>(kS + at)] = k + 1 < n && c->learned[static_cast<size_t>(k + 1)]
+                                              ? c->tokens[static_cast<size_t>(k + 1)]
+                                              : -1;
         r[static_cast<size_t>(2 * kS + at)] = static_cast<std::int32_t>(seg);
       }
       ++seg;
