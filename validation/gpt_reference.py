@@ -184,6 +184,10 @@ class Config:
         self.reset_attention_mask = g("data", "reset_attention_mask", _to_bool, False)
         self.eod_mask_loss = g("data", "eod_mask_loss", _to_bool, False)
         self.eod_id = None
+        # Instruction fine-tuning (sft.train_data): the batches are records of input tokens, targets
+        # (-1: no loss) and each position's conversation (-1: padding), 3 x seq_length wide;
+        # packing restarts at every change of conversation instead of after end-of-document tokens
+        self.sft = bool(g("sft", "train_data", str, "").strip())
         self.hidden_dropout = g("model", "hidden_dropout", float, 0.0)
         self.attention_dropout = g("model", "attention_dropout", float, 0.0)
 
@@ -442,11 +446,13 @@ class GPTReference(tr.Transformer):
         p = self.params
         return p["model/output_layer/weight"] if self.cfg.untied else p["model/embedding/word_embeddings"]
 
-    def packing(self, inp):
+    def packing(self, inp, conv=None):
         """Megatron's masks and positions of packed documents (get_ltor_masks_and_position_ids) for
         a (B, T) tensor of input tokens: after each end-of-document token at i, the later tokens
         no longer attend to positions <= i (reset_attention_mask) and their positions restart at 0
-        (reset_position_ids). Returns (allowed (B, T, T) or None, positions (B, T) or None)."""
+        (reset_position_ids). With conv (B, T), instruction fine-tuning's conversation index of each
+        position, the documents are the runs of equal conv instead. Returns (allowed (B, T, T) or
+        None, positions (B, T) or None)."""
         cfg = self.cfg
         reset_positions = getattr(cfg, "reset_position_ids", False)  # (configs made elsewhere: off)
         reset_mask = getattr(cfg, "reset_attention_mask", False)
@@ -455,6 +461,17 @@ class GPTReference(tr.Transformer):
         B, T = inp.shape
         allowed = torch.ones(B, T, T, dtype=torch.bool).tril()
         positions = torch.arange(T, dtype=torch.int64).repeat(B, 1)
+        if conv is not None:
+            for b in range(B):
+                start = 0
+                for t in range(T):
+                    if t > 0 and int(conv[b, t]) != int(conv[b, t - 1]):
+                        start = t
+                    if reset_mask:
+                        allowed[b, t, :start] = False
+                    if reset_positions:
+                        positions[b, t] = t - start
+            return (allowed if reset_mask else None, positions if reset_positions else None)
         for b in range(B):
             prev = 0
             for i in (inp[b] == cfg.eod_id).nonzero().flatten().tolist():
@@ -465,11 +482,11 @@ class GPTReference(tr.Transformer):
                     prev = i + 1
         return (allowed if reset_mask else None, positions if reset_positions else None)
 
-    def _hidden(self, inp, dropout):
+    def _hidden(self, inp, dropout, conv=None):
         """The final norm's output (B, T, C) of a (B, T) int64 tensor of tokens."""
         cfg, p = self.cfg, self.params
         B, T = inp.shape
-        allowed, positions = self.packing(inp)
+        allowed, positions = self.packing(inp, conv)
         x = p["model/embedding/word_embeddings"][inp]                           # (B, T, C)
         if cfg.learned_positions:
             wpe = p["model/embedding/position_embeddings"]
@@ -487,6 +504,13 @@ class GPTReference(tr.Transformer):
     def loss_sum(self, windows):
         """Sum of next-token cross-entropies over a (B, T+1) int64 tensor of windows (with
         eod_mask_loss: over the predictions made at inputs other than the end-of-document token)."""
+        if getattr(self.cfg, "sft", False):  # instruction fine-tuning records: only targets >= 0 count
+            S = self.cfg.seq_length
+            inp, tgt, conv = windows[:, :S], windows[:, S:2 * S], windows[:, 2 * S:]
+            B, T = inp.shape
+            x = self._hidden(inp, True, conv)
+            logits = self.grad_store(F.linear(x.reshape(B * T, self.cfg.hidden_size), self._output_weight()))
+            return F.cross_entropy(logits, tgt.reshape(B * T), ignore_index=-1, reduction="sum")
         inp, tgt = windows[:, :-1], windows[:, 1:]
         B, T = inp.shape
         x = self._hidden(inp, True)
@@ -498,6 +522,9 @@ class GPTReference(tr.Transformer):
 
     def loss_count(self, windows):
         """The predictions the loss counts in windows (B, T+1)."""
+        if getattr(self.cfg, "sft", False):
+            S = self.cfg.seq_length
+            return int((windows[:, S:2 * S] >= 0).sum())
         inp = windows[:, :-1]
         if getattr(self.cfg, "eod_mask_loss", False):
             return int((inp != self.cfg.eod_id).sum())
@@ -902,14 +929,14 @@ class Trainer:
             # Trident's masks belong to its micro-batches: the same rows, in the same order
             self.model.tape.iteration = it
             rows = cfg.micro_batch_size
-        if cfg.eod_mask_loss:
+        if cfg.eod_mask_loss or getattr(cfg, "sft", False):
             # Megatron's normalisation of a masked loss: each micro-batch's mean over its counted
             # predictions, averaged over the iteration's micro-batches (consecutive rows)
             rows = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows
         for s in range(0, windows.shape[0], rows):
             chunk = windows[s:s + rows]
-            norm = n_micro * max(self.model.loss_count(chunk), 1) if cfg.eod_mask_loss else n_tokens
+            norm = n_micro * max(self.model.loss_count(chunk), 1) if cfg.eod_mask_loss or getattr(cfg, "sft", False) else n_tokens
             loss = self.model.loss_sum(chunk) / norm
             loss.backward()
             total += loss.item()
@@ -946,7 +973,7 @@ class Trainer:
         if self.model.tape is not None:
             self.model.tape.iteration = it
             rows = cfg.micro_batch_size
-        if cfg.eod_mask_loss:  # as step(): Trident's per-micro-batch factor, float(float(scale / n) / count)
+        if cfg.eod_mask_loss or getattr(cfg, "sft", False):  # as step(): Trident's per-micro-batch factor, float(float(scale / n) / count)
             rows = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows
             dscale_micro = float(np.float32((1.0 / n_micro) * loss_scale))
@@ -954,7 +981,7 @@ class Trainer:
         for s in range(0, windows.shape[0], rows):
             chunk = windows[s:s + rows]
             loss = self.model.loss_sum(chunk)
-            if cfg.eod_mask_loss:
+            if cfg.eod_mask_loss or getattr(cfg, "sft", False):
                 count = max(self.model.loss_count(chunk), 1)
                 (loss * float(np.float32(dscale_micro * (1.0 / count)))).backward()
                 total += loss.item() / count / n_micro
@@ -1030,10 +1057,18 @@ def available_batches(f, start):
 
 def read_batch(f, i, cfg, fname):
     arr = _read_dataset(f, batch_name(i), fname)
-    want = (cfg.global_batch_size, cfg.seq_length + 1)
+    sft = getattr(cfg, "sft", False)
+    want = (cfg.global_batch_size, 3 * cfg.seq_length if sft else cfg.seq_length + 1)
     if tuple(arr.shape) != want:
-        raise InputError("%s: %s has shape %s, expected [global_batch_size, seq_length+1] = %s"
-                         % (fname, batch_name(i), tuple(arr.shape), want))
+        raise InputError("%s: %s has shape %s, expected [global_batch_size, %s] = %s"
+                         % (fname, batch_name(i), tuple(arr.shape),
+                            "3 x seq_length (instruction fine-tuning)" if sft else "seq_length+1", want))
+    if sft:
+        S = cfg.seq_length
+        tok, tgt = arr[:, :S], arr[:, S:2 * S]
+        if arr.size and (tok.min() < 0 or tok.max() >= cfg.vocab_size or tgt.min() < -1 or tgt.max() >= cfg.vocab_size):
+            raise InputError("%s: %s has token ids outside [0, %d)" % (fname, batch_name(i), cfg.vocab_size))
+        return arr
     if arr.size and (arr.min() < 0 or arr.max() >= cfg.vocab_size):
         raise InputError("%s: %s has token ids outside [0, %d)" % (fname, batch_name(i), cfg.vocab_size))
     return arr
@@ -1153,14 +1188,14 @@ def forced_forward(bf, fname, params_dir, metrics, cfg, emulate, first, last):
         per_row = (windows.shape[1] - 1) * cfg.vocab_size * 8
         rows_at_once = max(1, min(windows.shape[0], Trainer.LOGITS_BYTES // per_row))
         n_micro = 1
-        if cfg.eod_mask_loss:  # the mean over micro-batches of each one's mean (Trainer.step)
+        if cfg.eod_mask_loss or getattr(cfg, "sft", False):  # the mean over micro-batches of each one's mean (Trainer.step)
             rows_at_once = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows_at_once
         total = 0.0
         with torch.no_grad():
             for s0 in range(0, windows.shape[0], rows_at_once):
                 chunk = windows[s0:s0 + rows_at_once]
-                norm = n_micro * max(model.loss_count(chunk), 1) if cfg.eod_mask_loss else n_tokens
+                norm = n_micro * max(model.loss_count(chunk), 1) if cfg.eod_mask_loss or getattr(cfg, "sft", False) else n_tokens
                 total += float(model.loss_sum(chunk)) / norm
         lt = metrics[k + 1]["loss"]
         rows.append((k + 1, total, lt, _rel(lt, total)))
@@ -1280,7 +1315,7 @@ def cmd_compare(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     ckpt = Checkpoint(args.checkpoint)
     cfg = ckpt.config
-    if cfg.reset_position_ids or cfg.reset_attention_mask or cfg.eod_mask_loss:
+    if (cfg.reset_position_ids or cfg.reset_attention_mask or cfg.eod_mask_loss) and not getattr(cfg, "sft", False):
         if args.eod_id is None:
             raise InputError("the run packs documents (data.reset_position_ids %s, reset_attention_mask %s, "
                              "eod_mask_loss %s): give the corpus's end-of-document id with --eod-id"
