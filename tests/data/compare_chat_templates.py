@@ -10,7 +10,7 @@ tokenizer_config.json with @huggingface/jinja (DIR/hf-jinja), tokenizes the rend
 family's turn markers. Tokenizers: Llama 3 (DIR/hf/llama3, the first Llama 3 Instruct template),
 Llama 3.1 (DIR/hf/llama3_1, the template with add_generation_prompt), Qwen 3 (DIR/hf/qwen3) and
 Mistral NeMo (DIR/hf/mistral_nemo, Mistral's v3 instruct format).
-Records: 400 instruction records made from the KJV (validation/make_sft_corpus.py) and adversarial
+Records: 200 instruction records made from the KJV (validation/make_sft_corpus.py) and adversarial
 conversations (white space around contents for Llama's trim, empty turns, emoji and mixed scripts,
 CR LF, special-token strings inside contents, Qwen 3's <think> blocks and reasoning_content, a
 system message that is not first, roles out of order, several turns, a conversation that ends with
@@ -124,9 +124,9 @@ def main():
     with open(os.path.join(a.sample, "kjv.jsonl"), encoding="utf-8") as f:
         for k, line in enumerate(f):
             records.extend(make_sft_corpus.records(json.loads(line)["text"]))
-            if len(records) >= 400:
+            if len(records) >= 200:
                 break
-    records = records[:400] + adversarial()
+    records = records[:200] + adversarial()
     rec_path = os.path.join(a.work, "records.jsonl")
     with open(rec_path, "w", encoding="utf-8") as f:
         for r in records:
