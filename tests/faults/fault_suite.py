@@ -27,6 +27,7 @@ The summary line of each group gives its count of cases and outcomes (README "Re
 import argparse
 import glob
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -286,6 +287,28 @@ def group_inputs(s):
     # packed documents need the end-of-document id, and this shard records none
     no_eod = s.path("no_eod.h5")
     h5_shard(no_eod, np.arange(64, dtype=np.uint16), [0, 32, 64], version=2, max_token_id=63, eod_id=-1)
+    # instruction fine-tuning inputs
+    good_sft, bad_sft, no_answer = s.path("good_sft.jsonl"), s.path("bad_sft.jsonl"), s.path("no_answer.jsonl")
+    record = '{"prompt": "Continue the verse: In the beginning God", "response": "created the heaven and the earth."}\n'
+    with open(good_sft, "w") as f:
+        f.write(record * 4)
+    with open(bad_sft, "w") as f:
+        f.write(record * 2 + '{"prompt": "unterminated\n')
+    with open(no_answer, "w") as f:
+        f.write('{"messages": [{"role": "user", "content": "a question"}]}\n')
+    edited = s.path("edited_template")
+    os.makedirs(edited, exist_ok=True)
+    with open(os.path.join(s.sample, "hf", "llama3", "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["chat_template"] += " "
+    with open(os.path.join(edited, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    shutil.copy(os.path.join(s.sample, "hf", "llama3", "tokenizer.json"), edited)
+
+    def sft(path, *extra, shards=False, model=os.path.join(s.sample, "hf", "llama3")):
+        return (([] if shards else ["--data.train_shards="]) +
+                ["--sft.train_data", path, "--data.tokenizer_type", "HuggingFaceTokenizer",
+                 "--data.tokenizer_model", model, "--eval.interval", "0"] + list(extra))
     import h5py
     with h5py.File(other_tok, "r+") as f:
         f.attrs["tokenizer"] = "other"
@@ -326,6 +349,16 @@ def group_inputs(s):
         ("packed documents without an end-of-document id", 2,
          ["--data.train_shards", no_eod, "--data.reset_attention_mask", "true"],
          "need the corpus's end-of-document token, and the shards record none"),
+        # instruction fine-tuning data (sft.train_data): each problem named with its file and line
+        ("sft records and shards both given", 2, sft(good_sft, shards=True), "sft.train_data and data.train_shards"),
+        ("sft file missing", 2, sft(s.path("no_such.jsonl")), "no_such.jsonl' (no such file)"),
+        ("sft record that is not JSON", 2, sft(bad_sft), "bad_sft.jsonl line 3: invalid JSON"),
+        ("sft record without an assistant turn", 2, sft(no_answer), "line 1: the conversation has no assistant turn"),
+        ("sft conversation longer than the sequence", 2, sft(good_sft, "--model.seq_length", "16"),
+         "line 1: the conversation has"),
+        ("sft with a tokenizer without a chat template", 2, sft(good_sft, model=os.path.join(s.sample, "hf", "llama2")),
+         "has no chat_template string"),
+        ("sft with an unknown chat template", 2, sft(good_sft, model=edited), "unknown chat template (sha256 "),
         ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", ck], "model.hidden_size"),
         ("checkpoint with more layers", 2, ["--model.num_layers", "1", "--checkpoint.load", ck, "--train.iters", "4"],
          "holds another model"),
