@@ -84,6 +84,7 @@ int run_masked_eval_only(const Deck& deck, const Topology& topo, ModelFamily fam
     Deck d = deck;
     d.data.train_shards = deck.eval.shard;
     d.data.split = "1";
+    d.sft = Deck::Sft{};  // eval.shard is scored as text or tokens, whatever the deck fine-tuned on
     data = samples_of(family, d, N, 0, owner);
   });
   EvalModel m(deck, topo, data.vocab, family);

@@ -289,7 +289,9 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
     const std::int64_t n = std::max<std::int64_t>(iters_, 1) * GB_;
     data_ = samples_of(fam, deck, n, valid_samples, data_owner_);
     TRIDENT_REQUIRE(deck.eval.interval == 0 || data_.valid,
-                    "eval.interval > 0 but data.split '" << deck.data.split << "' leaves no validation documents");
+                    (deck.sft.enabled() ? std::string("eval.interval > 0 but sft.valid_data names no held-out records")
+                                        : "eval.interval > 0 but data.split '" + deck.data.split +
+                                              "' leaves no validation documents"));
   });
   vocab_ = data_.vocab;
   if (deck.model.vocab_size > 0)

@@ -359,6 +359,8 @@ def group_inputs(s):
         ("sft with a tokenizer without a chat template", 2, sft(good_sft, model=os.path.join(s.sample, "hf", "llama2")),
          "has no chat_template string"),
         ("sft with an unknown chat template", 2, sft(good_sft, model=edited), "unknown chat template (sha256 "),
+        ("sft evaluations without held-out records", 2, sft(good_sft, "--eval.interval", "5"),
+         "eval.interval > 0 but sft.valid_data names no held-out records"),
         ("checkpoint of another shape", 2, ["--model.hidden_size", "32", "--checkpoint.load", ck], "model.hidden_size"),
         ("checkpoint with more layers", 2, ["--model.num_layers", "1", "--checkpoint.load", ck, "--train.iters", "4"],
          "holds another model"),
