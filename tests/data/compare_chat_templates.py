@@ -14,7 +14,8 @@ Records: 200 instruction records made from the KJV (validation/make_sft_corpus.p
 conversations (white space around contents for Llama's trim, empty turns, emoji and mixed scripts,
 CR LF, special-token strings inside contents, Qwen 3's <think> blocks and reasoning_content, a
 system message that is not first, roles out of order, several turns, a conversation that ends with
-the user). Each record is rendered without and with add_generation_prompt. Must agree: the rendered
+the user). Each record is rendered without add_generation_prompt, and the adversarial ones and 20
+of the KJV ones with it too. Must agree: the rendered
 text, the token ids and the learned (assistant) mask of every record, and which records are refused.
 Records where @huggingface/jinja departs from Python's Jinja (PYTHON_ONLY below) are checked against
 the Python result instead. Also: a template Trident does not know (Llama 3's with one character
@@ -131,25 +132,32 @@ def main():
     with open(rec_path, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    # with the generation prompt: the adversarial records and the first 20 KJV ones (suite time)
+    gen_records = records[:20] + records[200:]
+    gen_path = os.path.join(a.work, "records_gen.jsonl")
+    with open(gen_path, "w", encoding="utf-8") as f:
+        for r in gen_records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
     failures = []
     for name, (marker, end) in TEMPLATES.items():
         d = os.path.join(a.sample, "hf", name)
         for gen in (False, True):
             flag = ["--generation-prompt"] if gen else []
+            recs, path = (gen_records, gen_path) if gen else (records, rec_path)
             ours, theirs = (os.path.join(a.work, "%s%s.%s.jsonl" % (name, "_gen" if gen else "", w))
                             for w in ("trident", "js"))
-            r = run([a.tool, d, rec_path, ours] + flag, "sft_render " + name)
-            run([a.node, os.path.join(HERE, "chat_template_js.mjs"), jinja, tokjs, d, rec_path, theirs, marker, end]
+            r = run([a.tool, d, path, ours] + flag, "sft_render " + name)
+            run([a.node, os.path.join(HERE, "chat_template_js.mjs"), jinja, tokjs, d, path, theirs, marker, end]
                 + flag, "chat_template_js " + name)
             A, B = read(ours), read(theirs)
-            if len(A) != len(B) or len(A) != len(records):
+            if len(A) != len(B) or len(A) != len(recs):
                 failures.append("%s: %d Trident lines, %d reference lines, %d records" %
-                                (name, len(A), len(B), len(records)))
+                                (name, len(A), len(B), len(recs)))
                 continue
             bad = refused = tokens = learned = python_only = 0
             for i, (x, y) in enumerate(zip(A, B)):
-                want = PYTHON_ONLY.get((name, records[i].get("id")))
+                want = PYTHON_ONLY.get((name, recs[i].get("id")))
                 if want is not None:
                     python_only += 1
                     if "error" in want:
@@ -180,7 +188,7 @@ def main():
             print("%-13s %-18s %s: %d records (%d refused by both, %d checked against Python's Jinja), %d tokens, "
                   "%d learned: %d mismatches" % (
                       name, r.stderr.strip().replace("sft_render: ", ""),
-                      "generation prompt" if gen else "training         ", len(records), refused, python_only, tokens,
+                      "generation prompt" if gen else "training         ", len(recs), refused, python_only, tokens,
                       learned, bad))
     # a template Trident does not know (Llama 3's with one character changed) is refused by its digest
     other = os.path.join(a.work, "edited_template")
