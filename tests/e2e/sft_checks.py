@@ -12,10 +12,9 @@ training records do not come from) are scored the same way, on their assistant t
   - before fine-tuning (one iteration at learning rate 0: the imported weights) and after 40
     iterations of full fine-tuning: the held-out loss falls by more than MIN_DROP;
   - LoRA (rank 8, the imported weights frozen) falls too, by more than MIN_DROP_LORA;
-  - the full fine-tuning at tp 2 with sequence parallelism gives the one-rank run's held-out loss
-    (within LAYOUT_REL);
   - the fine-tuned model exports to Hugging Face's format and back bitwise.
-Exit 0 when every check holds.
+The parallel layouts of instruction fine-tuning are checked against the PyTorch reference by
+validation/llama_sft (one rank, tp2 x pp2 x dp2 with SP). Exit 0 when every check holds.
 """
 import argparse
 import os
@@ -33,7 +32,6 @@ from testlib import run  # noqa: E402
 # adapters steer a random frozen model); asserted at about three quarters and half of that
 MIN_DROP = 0.3
 MIN_DROP_LORA = 0.05
-LAYOUT_REL = 1e-4
 
 
 def held_out(out):
@@ -88,18 +86,13 @@ def main():
     full = held_out(train("full", 40, schedule))
     lora = held_out(train("lora", 40, ["--lora.rank", "8", "--lora.alpha", "16", "--optim.lr", "1e-2",
                                        "--optim.min_lr", "1e-3", "--optim.warmup_iters", "5"]))
-    tp2 = held_out(train("full_tp2", 40, schedule + ["--parallel.tp", "2", "--parallel.sequence_parallel", "true"],
-                         np_=2))
     print(f"held-out assistant loss: imported {before:.4f}; after 40 iterations: full fine-tuning {full:.4f} "
-          f"({1 - full / before:.1%} lower), LoRA rank 8 {lora:.4f} ({1 - lora / before:.1%} lower); "
-          f"full at tp2 + SP {tp2:.6f} (one rank {full:.6f})")
+          f"({1 - full / before:.1%} lower), LoRA rank 8 {lora:.4f} ({1 - lora / before:.1%} lower)")
     failures = []
     if not full < (1 - MIN_DROP) * before:
         failures.append(f"full fine-tuning lowered the held-out loss by {1 - full / before:.1%} (< {MIN_DROP:.0%})")
     if not lora < (1 - MIN_DROP_LORA) * before:
         failures.append(f"LoRA lowered the held-out loss by {1 - lora / before:.1%} (< {MIN_DROP_LORA:.0%})")
-    if abs(tp2 - full) > LAYOUT_REL * abs(full):
-        failures.append(f"tp2 + SP held-out loss {tp2} differs from one rank's {full} by more than {LAYOUT_REL:g}")
     # the fine-tuned model back to Hugging Face's format and in again, bitwise
     conv = os.path.join(apps, "convert_checkpoint")
     run([conv, "--to", "hf", "--input", w("full"), "--output", w("export")])
