@@ -42,8 +42,9 @@ RECORD_DIR = os.path.join(HERE, "identity")
 METRIC_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped"]
 
 
-# the GPT runs that are also validation tests' jobs (validation/CMakeLists.txt)
-VALIDATION_JOBS = {"gpt_tiny_np1", "gpt_tiny_np2", "gpt_tiny_tp2", "gpt_tiny_tp2_sp", "gpt_tiny_pp2", "gpt_tiny_pp2_vp2",
+# the GPT runs that are also validation tests' jobs (validation/CMakeLists.txt; gpt_tiny_np2 is not one:
+# its plain dp2 validation run is left out for the suite's time, so identity_gpt checks it bitwise)
+VALIDATION_JOBS = {"gpt_tiny_np1", "gpt_tiny_tp2", "gpt_tiny_tp2_sp", "gpt_tiny_pp2", "gpt_tiny_pp2_vp2",
                    "gpt_tiny_tp2pp2dp2_sp", "gpt_tiny_zero1_tp2dp2", "gpt_tiny_zero1_pp2dp2",
                    "gpt_tiny_recompute_full_dp2", "gpt_tiny_recompute_selective_tp2", "gpt_tiny_resume10_dp2",
                    "gpt_tiny_resume10_tp2_to_pp2", "gpt_linear_np1", "gpt_constant_np1", "gpt_dropout_np1",
