@@ -26,7 +26,7 @@ set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 # (longer fuzzing: run_fuzzer.sh by hand with more runs)
 set(fuzz_runs_deck 10000)
 set(fuzz_runs_jsonl 10000)
-set(fuzz_runs_tokenizers 25000)  # about 3 ms each: GPT-2, WordPiece and three tokenizer.json models per input
+set(fuzz_runs_tokenizers 12000)  # about 3 ms each: GPT-2, WordPiece and three tokenizer.json models per input
 set(fuzz_runs_shard 2500)  # about 10 ms each (an HDF5 file per input)
 set(fuzz_runs_checkpoint 1500)  # the same
 set(fuzz_seeds_deck ${PROJECT_SOURCE_DIR}/inputs ${corpus}/deck)
