@@ -293,19 +293,22 @@ TransformerConfig packed_config(bool llama) {
 }
 
 // The summed loss (the GPT head without per-target mean) and gradient of one micro-batch of B
-// samples, each staged by Batch::finish from its window with packing on.
+// samples, each staged by Batch::finish from its record with packing on: GPT windows (documents
+// ended by kEod, eod_mask_loss), or instruction fine-tuning records (sft: tokens, targets,
+// conversation index). seed: the parameters' initialisation.
 std::pair<double, std::vector<float>> run_windows(const TransformerConfig& cfg, const std::vector<std::int32_t>& w,
-                                                  std::int64_t B, bool flash) {
+                                                  std::int64_t B, bool flash, bool sft = false,
+                                                  std::uint64_t seed = 5) {
   TransformerConfig c = cfg;
   c.flash_attention = flash;
   ParamStore store;
   GptModel model(c, store, B);
   store.allocate();
-  store.initialize(5);
+  store.initialize(seed);
   store.zero_grads();
   MicroBatch mb = model.allocate_micro_batch();
-  Batch batch(B, kS, ModelFamily::Gpt);
-  batch.set_packing(true, true, true, kEod);
+  Batch batch(B, kS, ModelFamily::Gpt, 0, sft);
+  batch.set_packing(true, true, !sft, sft ? -1 : kEod);
   batch.window = w;
   batch.finish(kV, mb);
   const double loss = model.forward_backward(mb, 1.f);
@@ -386,28 +389,11 @@ TEST(PackedGpt, SftPackedConversationsEqualOneByOne) {
   std::vector<std::int32_t> alone = record({&convs[0]});
   const auto second = record({&convs[1]});
   alone.insert(alone.end(), second.begin(), second.end());
-  auto run = [](const TransformerConfig& cfg, const std::vector<std::int32_t>& w, std::int64_t B, bool flash) {
-    TransformerConfig c = cfg;
-    c.flash_attention = flash;
-    ParamStore store;
-    GptModel model(c, store, B);
-    store.allocate();
-    store.initialize(7);
-    store.zero_grads();
-    MicroBatch mb = model.allocate_micro_batch();
-    Batch batch(B, kS, ModelFamily::Gpt, 0, true);
-    batch.set_packing(true, true, false, -1);
-    batch.window = w;
-    batch.finish(kV, mb);
-    EXPECT_EQ(mb.num_targets, 6);
-    const double loss = model.forward_backward(mb, 1.f);
-    return std::make_pair(loss, to_host(store.grads()));
-  };
   for (const bool llama : {false, true})
     for (const bool flash : {false, true}) {
       const TransformerConfig cfg = packed_config(llama);
-      const auto [packed_loss, packed_grads] = run(cfg, packed, 1, flash);
-      const auto [alone_loss, alone_grads] = run(cfg, alone, 2, flash);
+      const auto [packed_loss, packed_grads] = run_windows(cfg, packed, 1, flash, /*sft=*/true, 7);
+      const auto [alone_loss, alone_grads] = run_windows(cfg, alone, 2, flash, /*sft=*/true, 7);
       const std::string what = std::string(llama ? "Llama" : "GPT-2") + (flash ? " flash" : " unfused");
       EXPECT_NEAR(packed_loss, alone_loss, 1e-5 * std::abs(packed_loss)) << what;
       double d2 = 0, n2 = 0;
