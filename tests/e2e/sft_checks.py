@@ -28,6 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 from testlib import run  # noqa: E402
 
+sys.path.insert(0, HERE)
+from hf_checks import model_tensors  # noqa: E402
+
 # measured: 12.12 -> 7.25 after full fine-tuning (40.2% lower), -> 10.95 with LoRA (9.6% lower; the
 # adapters steer a random frozen model); asserted at about three quarters and half of that
 MIN_DROP = 0.3
@@ -97,18 +100,8 @@ def main():
     conv = os.path.join(apps, "convert_checkpoint")
     run([conv, "--to", "hf", "--input", w("full"), "--output", w("export")])
     run([conv, "--to", "trident", "--input", w("export"), "--output", w("reimported")])
-    import h5py
-    import numpy as np
-
-    def tensors(d):
-        it = int(open(os.path.join(d, "latest")).read()) if os.path.exists(os.path.join(d, "latest")) else None
-        f = os.path.join(d, "iter_%07d" % it, "checkpoint.h5") if it is not None else os.path.join(d, "checkpoint.h5")
-        out = {}
-        with h5py.File(f, "r") as h:
-            h["model"].visititems(lambda n, o: out.__setitem__(n, np.asarray(o)) if isinstance(o, h5py.Dataset) else None)
-        return out
-    A, B = tensors(w("full")), tensors(w("reimported"))
-    diff = [n for n in A if n not in B or A[n].tobytes() != B[n].tobytes()]
+    A, B = model_tensors(w("full")), model_tensors(w("reimported"))  # (bytes' sha256, checksum) per tensor
+    diff = [n for n in A if A[n] != B.get(n)]
     if diff or len(A) != len(B):
         failures.append(f"export -> import differs in {diff[:4]} ({len(A)} vs {len(B)} tensors)")
     else:
