@@ -27,22 +27,22 @@ std::int64_t LayerActivations::bytes() const {
   for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3,
                              &qk_x, &qk_mean, &qk_rstd})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &fc, &fc_act, &lnx, &cq, &ckv, &catty}) n += v->bytes();
+  for (const Act* v : {&ln1, &qkv, &atty, &ln2, &lnx, &cq, &ckv, &catty}) n += v->bytes();
+  if (mlp) n += mlp->bytes();
   if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
   return n;
 }
 
 TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
-  const std::int64_t Cl = s.hidden_size / p, Fl = s.ffn_hidden_size / p, Ql = s.q_width() / p, Wl = s.qkv_width() / p,
+  const std::int64_t Cl = s.hidden_size / p, Ql = s.q_width() / p, Wl = s.qkv_width() / p,
                      A = s.B * (s.num_heads / p) * s.T * std::max(s.T, s.Tk);
   const std::int64_t Ax = s.B * (s.num_heads / p) * s.T * s.Tk;
   dln = make_float("scratch::dln", R * s.hidden_size);
   dqkv = make_float("scratch::dqkv", BT * Wl);
-  datty = make_float("scratch::datty", BT * std::max(Ql, Cl));    // Cl: the cross-attention's
-  const std::int64_t Fb = Fl * make_mlp_activation(s)->blocks();  // fc1's columns on this rank
-  dfc = make_float("scratch::dfc", BT * Fb);
-  dfc_act = make_float("scratch::dfc_act", BT * Fl);
+  datty = make_float("scratch::datty", BT * std::max(Ql, Cl));  // Cl: the cross-attention's
+  mlp = make_mlp_scratch(s);
+  const std::int64_t Fb = mlp_dy16_width(s);
   dbranch = make_float("scratch::dbranch", R * s.hidden_size);
   datt = make_float("scratch::datt", A);
   branch = make_float("scratch::branch", R * s.hidden_size);
@@ -78,9 +78,10 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
 
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&dln, &dqkv, &datty, &dfc, &dfc_act, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv,
-                             &denc, &qk_dout, &qk_dx})
+  for (const FloatView* v :
+       {&dln, &dqkv, &datty, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc, &qk_dout, &qk_dx})
     n += static_cast<std::int64_t>(v->span()) * 4;
+  if (mlp) n += mlp->bytes();
   for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
   return n;
@@ -89,16 +90,14 @@ std::int64_t TransformerScratch::bytes() const {
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
                                    const TransformerShape& s)
     : s_(s), index_(index), norm1_(store, p + "/input_layernorm", s.hidden_size, s),
-      norm2_(store, p + "/post_attention_layernorm", s.hidden_size, s), act_(make_mlp_activation(s)),
+      norm2_(store, p + "/post_attention_layernorm", s.hidden_size, s),
       qkv_(store, p + "/self_attention/qkv", s.hidden_size, s.qkv_width(), s.init_std(), s.tp, s.rows(),
            s.q_width() == s.kv_width() ? RowBlocks(3) : RowBlocks({s.q_width(), s.kv_width(), s.kv_width()}),
            s.lora_for("qkv"), s.qkv_bias()),
-      fc1_(store, p + "/mlp/fc1", s.hidden_size, act_->blocks() * s.ffn_hidden_size, s.init_std(), s.tp, s.rows(),
-           act_->blocks(), s.lora_for("fc1"), s.add_bias_linear),
+      mlp_(make_mlp(store, p + "/mlp", s)),
       proj_(store, p + "/self_attention/proj", s.q_width(), s.hidden_size, s.out_init_std, s.tp, s.rows(),
-            s.lora_for("proj"), s.add_bias_linear),
-      fc2_(store, p + "/mlp/fc2", s.ffn_hidden_size, s.hidden_size, s.out_init_std, s.tp, s.rows(), s.lora_for("fc2"),
-           s.add_bias_linear) {
+            s.lora_for("proj"), s.add_bias_linear) {
+  mlp_->declare_output(store);
   pos_ = make_position_encoding(s, s.head_dim(), std::max(s.max_positions, s.T));
   const std::int64_t tp_size = s.tp.size();
   TRIDENT_REQUIRE(s.groups() % tp_size == 0,
@@ -137,8 +136,7 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   const TransformerShape& s = s_;
   const DType dt = s.dt;
   const std::int64_t tp = s.tp.size();
-  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.hidden_size, Cl = C / tp, Fl = s.ffn_hidden_size / tp,
-                     nhl = s.num_heads / tp;
+  const std::int64_t BT = s.rows(), R = s.local_rows(), C = s.hidden_size, Cl = C / tp, nhl = s.num_heads / tp;
   LayerActivations a;
   a.ln1 = make_act(dt, "layer::ln1", R * C);
   a.ln1_mean = make_float("layer::ln1_mean", R);
@@ -183,8 +181,7 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
   a.ln2 = make_act(dt, "layer::ln2", R * C);
   a.ln2_mean = make_float("layer::ln2_mean", R);
   a.ln2_rstd = make_float("layer::ln2_rstd", R);
-  a.fc = make_act(dt, "layer::fc", BT * Fl * act_->blocks());
-  a.fc_act = make_act(dt, "layer::fc_act", BT * Fl);
+  a.mlp = mlp_->make_kept();
   a.out = make_float("layer::out", R * C);
   return a;
 }
@@ -227,7 +224,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   a.mask = AttentionMask{s_.causal, tok.key_valid, tok.doc_start};
   a.positions = tok.positions;
   const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
-  const bool sp = s_.tp.sequence_parallel, half = s_.dt != DType::F32;
+  const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(rng, s_.attention_p(), kAttentionProbs, true);
   record_dropout("attention_probs", index_, att_spec, {s_.B, s_.num_heads / p, s_.T, s_.T});
@@ -247,13 +244,10 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   const FloatView& mlp_in = cross() ? a.res3 : a.res2;  // (R, C)
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   Kokkos::fence();
-  fc1_.forward(a.fc, a.ln2, s.gathered, s.dfc, false);  // (BT, F/tp) before its bias
-  act_->forward(a.fc, a.fc_act, half ? s.dfc : a.fc.f, fc1_.bias(), s_.rows(), s_.ffn_hidden_size / p);
-  Kokkos::fence();
-  fc2_.forward(s.branch, a.fc_act, false);  // (R, C)
+  mlp_->forward(s.branch, a.ln2, *a.mlp, *s.mlp, {s.gathered, s.dy16});  // (R, C) before its output bias
   const DropoutSpec fc2_spec = spec(rng, s_.hidden_p(), kAfterFc2, sp);
   record_dropout("after_fc2", index_, fc2_spec, {R, C});
-  bias_dropout_add(a.out, mlp_in, s.branch, fc2_.bias(), R, C, fc2_spec);
+  bias_dropout_add(a.out, mlp_in, s.branch, mlp_->output_bias(), R, C, fc2_spec);
   Kokkos::fence();
 }
 
@@ -336,17 +330,14 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
 
 void TransformerLayer::backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
                                 const FloatView& denc) {
-  const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
+  const std::int64_t R = s_.local_rows(), C = s_.hidden_size;
   const bool sp = s_.tp.sequence_parallel;
   const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp));
   Kokkos::fence();
-  fc2_.backward(s.dfc_act, s.dbranch, a.fc_act, s.dy16);  // d act-out (BT, F/tp)
-  act_->backward(s.dfc, s.dfc_act, a.fc, s_.rows(), s_.ffn_hidden_size / p);
-  Kokkos::fence();
-  fc1_.backward(s.dln, s.dfc, a.ln2, s.gathered, s.dy16);  // d ln2 (R, C)
+  mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp, {s.gathered, s.dy16});  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
@@ -368,7 +359,7 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
                              std::int64_t n, std::int64_t L, const AttentionShape& as, const AttentionMask& mask,
                              const InferenceScratch& w, const IntView& enc_positions) const {
   TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
-  const std::int64_t C = s_.hidden_size, p = s_.tp.size(), Fl = s_.ffn_hidden_size / p;
+  const std::int64_t C = s_.hidden_size;
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
   qkv_.infer(w.qkv, w.h, R);  // (R, W_l)
@@ -385,10 +376,7 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
   accumulate(x, w.out, R * C);
   norm2_.forward(w.h, w.mean, w.rstd, x, R);
   Kokkos::fence();
-  fc1_.infer(w.fc, w.h, R);
-  act_->infer(w.act, w.fc, R, Fl);
-  Kokkos::fence();
-  fc2_.infer(w.out, w.act, R);
+  mlp_->infer(w.out, w.h, R, w.fc, w.act);
   accumulate(x, w.out, R * C);
   Kokkos::fence();
 }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "layers/layer_modules.hpp"
+#include "layers/mlp.hpp"
 #include "layers/parallel_linear.hpp"
 #include "ops/attention.hpp"
 
@@ -101,7 +102,7 @@ struct LayerActivations {
   FloatView res3;                // (R, C): residual after cross-attention, input of LN2
   Act ln2;                       // (R, C)
   FloatView ln2_mean, ln2_rstd;  // (R), (R)
-  Act fc, fc_act;                // (BT, F_l), (BT, F_l)
+  std::shared_ptr<MlpKept> mlp;  // the MLP module's (dense: fc1's output (BT, blocks F_l), fc2's input (BT, F_l))
   FloatView out;                 // (R, C): layer output (fp32 residual stream)
   // false under selective recomputation: att / att_drop are the shared workspace, recomputed
   // in the backward pass from qkv (Megatron's core-attention recomputation).
@@ -115,9 +116,10 @@ struct LayerActivations {
 // recomputation, the attention probabilities.
 struct TransformerScratch {
   TransformerScratch(const TransformerShape& s, bool selective);
-  // backward temporaries, fp32: (R,C) (BT,W_l) (BT,Q_l) (BT,F/tp) x2 (R,C); in the 16-bit
-  // forward pass dqkv, datty and dfc also receive the fp32 GEMM outputs before rounding
-  FloatView dln, dqkv, datty, dfc, dfc_act, dbranch;
+  // backward temporaries, fp32: (R,C) (BT,W_l) (BT,Q_l) (R,C); in the 16-bit forward pass dqkv
+  // and datty also receive the fp32 GEMM outputs before rounding
+  FloatView dln, dqkv, datty, dbranch;
+  std::shared_ptr<MlpScratch> mlp;  // the MLP module's (dense: d fc1-out, d act-out)
   // q/k norms: the normalised heads' values (the activations' type) and fp32 gradients
   Act qk_out;
   FloatView qk_dout, qk_dx;
@@ -208,12 +210,14 @@ class TransformerLayer {
   AttendForward attend_ = nullptr;
   AttendBackward attend_backward_ = nullptr;
   Norm norm1_, norm2_, normx_;                   // the normalisation slot
-  std::shared_ptr<const MlpActivation> act_;     // the MLP activation slot
   std::shared_ptr<const PositionEncoding> pos_;  // the position slot (rotary: in the self-attention)
   QkNorm qk_norm_;                               // the q/k normalisation slot
   RopeLayout rope_layout(std::int64_t rows) const;
-  ColumnParallelLinear qkv_, fc1_, cq_, ckv_;
-  RowParallelLinear proj_, fc2_, cproj_;
+  // declared in this order: qkv, the MLP's input side, proj, the MLP's output side (mlp.hpp)
+  ColumnParallelLinear qkv_;
+  std::unique_ptr<MlpModule> mlp_;  // the MLP slot
+  ColumnParallelLinear cq_, ckv_;
+  RowParallelLinear proj_, cproj_;
 };
 
 }  // namespace trident

@@ -27,7 +27,7 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
                   "generation: the model must hold every layer (pipeline size 1)");
   TRIDENT_REQUIRE(max_len >= 1 && max_len <= cfg.max_positions,
                   "generation: " << max_len << " positions exceed the model's " << cfg.max_positions);
-  const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden_size, Fl = cfg.ffn_hidden_size / p;
+  const std::int64_t p = model.tensor_parallel().size(), C = cfg.hidden_size;
   Ql_ = cfg.q_width() / p;
   KVl_ = cfg.kv_width() / p;  // the cache holds the key/value groups only
   nhl_ = cfg.num_heads / p;
@@ -52,8 +52,8 @@ GptGenerator::GptGenerator(const GptModel& model, std::int64_t slots, std::int64
     w_.qk_rstd = make_float("generate::qk_rstd", R * heads);
   }
   w_.out = make_float("generate::out", R * C);
-  w_.fc = make_float("generate::fc", R * Fl * make_mlp_activation(cfg)->blocks());
-  w_.act = make_float("generate::act", R * Fl);
+  w_.fc = make_float("generate::fc", mlp_infer_floats(cfg, p, R));
+  w_.act = make_float("generate::act", mlp_infer_floats(cfg, p, R));
   logits_ = make_float("generate::logits", slots * Vl_);
   gathered_ = make_float("generate::gathered", slots * Vl_ * p);
   tokens_ = make_int("generate::tokens", R);
