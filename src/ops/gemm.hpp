@@ -4,6 +4,7 @@
 // pointers of the default memory space (host memory on host builds).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "common/half.hpp"
 
@@ -63,6 +64,23 @@ void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t
                                 GemmOperand A, std::int64_t lda, std::int64_t strideA, GemmOperand B, std::int64_t ldb,
                                 std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
                                 std::int64_t batch);
+
+// One GEMM of a group (gemm_mixed_grouped): C (M, N) = alpha op(A) op(B) + beta C.
+struct GemmGroup {
+  std::int64_t M = 0, N = 0, K = 0;
+  GemmOperand A;
+  std::int64_t lda = 0;
+  GemmOperand B;
+  std::int64_t ldb = 0;
+  float* C = nullptr;
+  std::int64_t ldc = 0;
+};
+// Independent GEMMs of different shapes with one transposition, alpha and beta (the experts of a
+// mixture-of-experts layer: one per expert, its tokens' rows). Each group gives the bits of
+// gemm_mixed on its operands: the groups run one after another, each GEMM threaded as gemm_mixed
+// threads it (host) or on the one stream (CUDA). A group of M = 0 or N = 0 does nothing; one of
+// K = 0 scales C by beta.
+void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::vector<GemmGroup>& groups);
 
 // fp32 GEMMs on TF32 tensor cores (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH; deck precision.tf32).
 // Host builds: ignored (no TF32 on CPUs), fp32 stays fp32.
