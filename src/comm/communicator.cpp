@@ -269,6 +269,11 @@ void Communicator::allreduce_sum(std::int64_t* data, std::int64_t n) const {
   if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_INT64_T, MPI_SUM, comm_));
 }
 
+void Communicator::allreduce_sum(double* data, std::int64_t n) const {
+  const progress::InComm in_comm("allreduce", name_.c_str(), size_);
+  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm_));
+}
+
 void Communicator::allreduce_sum(std::uint64_t* data, std::int64_t n) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   if (size_ > 1)

@@ -93,8 +93,9 @@ class Communicator {
   double allreduce_min(double v) const;
   std::int64_t allreduce_sum(std::int64_t v) const;
   std::int64_t allreduce_min(std::int64_t v) const;
-  // In-place sums over the group of host integer arrays data (n).
+  // In-place sums over the group of host integer and double arrays data (n).
   void allreduce_sum(std::int64_t* data, std::int64_t n) const;
+  void allreduce_sum(double* data, std::int64_t n) const;
   void allreduce_sum(std::uint64_t* data, std::int64_t n) const;
   // The sum of v over the ranks below this one (0 on rank 0).
   std::int64_t exscan_sum(std::int64_t v) const;

@@ -8,8 +8,32 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trident {
+
+// A mixture of experts in the MLP slot (the deck's [moe]; Megatron-core's --num-experts and
+// --moe-* flags; docs/DESIGN.md "Mixture of experts").
+struct MoeArch {
+  std::int64_t num_experts = 0;      // 0: every layer's MLP is dense
+  std::int64_t router_topk = 2;      // experts per token
+  std::int64_t ffn_hidden_size = 0;  // each expert's hidden width (0: the model's ffn_hidden_size)
+  // which layers hold experts: "N" (global layer i when i % N == 0; "1": all) or a list of 0/1,
+  // one per layer ("[1,0,1,1]")
+  std::string layer_freq = "1";
+  std::int64_t shared_expert_intermediate_size = 0;  // a dense MLP beside the experts (0: none)
+  std::string router_score_function = "softmax";     // softmax | sigmoid
+  bool router_pre_softmax = false;                   // softmax over all experts before the top-k
+  double aux_loss_coeff = 0.0, z_loss_coeff = 0.0;
+  double expert_capacity_factor = 0.0;      // 0: dropless
+  std::string token_drop_policy = "probs";  // probs | position
+  // the MoE flags of each global layer (from layer_freq; resolved by the deck)
+  std::vector<char> layers;
+  bool on() const { return num_experts > 0; }
+  bool layer(std::int64_t i) const {
+    return on() && i >= 0 && i < static_cast<std::int64_t>(layers.size()) && layers[static_cast<size_t>(i)] != 0;
+  }
+};
 
 struct ModelArch {
   std::int64_t hidden_size = 0, num_heads = 0;
@@ -46,6 +70,7 @@ struct ModelArch {
   // The output layer: the word embeddings (tied, GPT-2) or its own vocabulary-parallel weight
   // model/output_layer/weight on the last stage (Megatron's --untie-embeddings-and-output-weights).
   bool untie_embeddings_and_output_weights = false;
+  MoeArch moe;  // experts in the MLP slot of the layers moe.layer(i) names
 
   std::int64_t groups() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
   std::int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_heads; }

@@ -7,6 +7,7 @@
 #include "io/deck.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +98,22 @@ class Registry {
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
     add("model.flash_attention", &d.model.flash_attention,
         "fused attention kernel (online softmax, no (T, T) probabilities stored; Megatron's --use-flash-attn)");
+    add("moe.num_experts", &d.model.moe.num_experts, "experts per MoE layer (0: dense MLPs)");
+    add("moe.router_topk", &d.model.moe.router_topk, "experts each token is routed to");
+    add("moe.ffn_hidden_size", &d.model.moe.ffn_hidden_size, "each expert's hidden width (0: model.ffn_hidden_size)");
+    add("moe.layer_freq", &d.model.moe.layer_freq,
+        "MoE layers: N (layer i when i % N == 0) or a list of 0/1 per layer, e.g. [1,0,1,1]");
+    add("moe.shared_expert_intermediate_size", &d.model.moe.shared_expert_intermediate_size,
+        "width of a shared expert beside the routed ones (0: none)");
+    add("moe.router_score_function", &d.model.moe.router_score_function, "softmax | sigmoid");
+    add("moe.router_pre_softmax", &d.model.moe.router_pre_softmax,
+        "softmax over all experts before the top-k (default: top-k of the logits, softmax over the k)");
+    add("moe.aux_loss_coeff", &d.model.moe.aux_loss_coeff, "load-balancing loss coefficient");
+    add("moe.z_loss_coeff", &d.model.moe.z_loss_coeff, "router z-loss coefficient");
+    add("moe.expert_capacity_factor", &d.model.moe.expert_capacity_factor,
+        "expert capacity ceil(tokens k / E x factor) per rank's tokens (0: dropless)");
+    add("moe.token_drop_policy", &d.model.moe.token_drop_policy,
+        "over capacity, an expert drops: probs (the lowest probabilities) | position (the last tokens)");
     add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
@@ -347,6 +364,33 @@ void validate(const Deck& d, bool stored) {
                                                                              << " channels: must be even and >= 2");
   }
   TRIDENT_REQUIRE(d.model.init_method_std > 0, "deck: model.init_method_std must be > 0");
+  const MoeArch& moe = d.model.moe;
+  TRIDENT_REQUIRE(moe.num_experts >= 0, "deck: moe.num_experts must be >= 0 (got " << moe.num_experts << ")");
+  if (moe.on()) {
+    TRIDENT_REQUIRE(moe.router_topk >= 1 && moe.router_topk <= moe.num_experts,
+                    "deck: moe.router_topk = " << moe.router_topk
+                                               << " must be in [1, moe.num_experts = " << moe.num_experts << "]");
+    positive("moe.ffn_hidden_size", moe.ffn_hidden_size);
+    TRIDENT_REQUIRE(moe.shared_expert_intermediate_size >= 0, "deck: moe.shared_expert_intermediate_size must be >= 0");
+    check_choice("moe.router_score_function", moe.router_score_function, {"softmax", "sigmoid"});
+    check_choice("moe.token_drop_policy", moe.token_drop_policy, {"probs", "position"});
+    TRIDENT_REQUIRE(!moe.router_pre_softmax || moe.router_score_function == "softmax",
+                    "deck: moe.router_pre_softmax applies to moe.router_score_function = softmax");
+    nonneg("moe.aux_loss_coeff", moe.aux_loss_coeff);
+    nonneg("moe.z_loss_coeff", moe.z_loss_coeff);
+    nonneg("moe.expert_capacity_factor", moe.expert_capacity_factor);
+    TRIDENT_REQUIRE(d.parallel.tp == 1 || d.parallel.sequence_parallel,
+                    "deck: MoE layers with parallel.tp = " << d.parallel.tp
+                                                           << " need parallel.sequence_parallel = true (as Megatron)");
+    TRIDENT_REQUIRE(moe.shared_expert_intermediate_size == 0 ||
+                        moe.shared_expert_intermediate_size % d.parallel.tp == 0,
+                    "deck: moe.shared_expert_intermediate_size ("
+                        << moe.shared_expert_intermediate_size << ") is not divisible by parallel.tp (" << d.parallel.tp
+                        << ")");
+    TRIDENT_REQUIRE(d.lora.rank == 0,
+                    "deck: lora.rank > 0 with MoE layers is not supported (adapters cover dense "
+                    "projections only)");
+  }
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);
@@ -457,11 +501,53 @@ void validate(const Deck& d, bool stored) {
   }
 }
 
+// moe.layer_freq: "N" or "[a,b,...]" (one 0/1 per layer) -> the flag of each global layer
+std::vector<char> moe_layers(const std::string& freq, std::int64_t num_layers) {
+  std::string f;
+  for (char c : freq)
+    if (!std::isspace(static_cast<unsigned char>(c))) f += c;
+  std::vector<char> out(static_cast<size_t>(std::max<std::int64_t>(num_layers, 0)), 0);
+  const auto bad = [&freq](const std::string& why) {
+    return Error::all("deck: moe.layer_freq = '" + freq + "': " + why);
+  };
+  if (!f.empty() && f.front() == '[') {
+    if (f.back() != ']') throw bad("a list is [0/1, ...]");
+    std::vector<char> flags;
+    std::istringstream in(f.substr(1, f.size() - 2));
+    for (std::string item; std::getline(in, item, ',');) {
+      if (item != "0" && item != "1") throw bad("list entries are 0 or 1, not '" + item + "'");
+      flags.push_back(item == "1" ? 1 : 0);
+    }
+    if (static_cast<std::int64_t>(flags.size()) != num_layers)
+      throw bad("the list has " + std::to_string(flags.size()) +
+                " entries for model.num_layers = " + std::to_string(num_layers));
+    return flags;
+  }
+  std::int64_t n = 0;
+  try {
+    size_t used = 0;
+    n = std::stoll(f, &used);
+    if (used != f.size()) throw std::invalid_argument(f);
+  } catch (const std::exception&) {
+    throw bad("not an integer or a list of 0/1");
+  }
+  if (n < 1) throw bad("the frequency must be >= 1");
+  for (std::int64_t i = 0; i < num_layers; ++i) out[static_cast<size_t>(i)] = i % n == 0 ? 1 : 0;
+  return out;
+}
+
 void finish(Deck& d) {
   // Megatron: 4h, or under swiglu int(8h / 3 / 64) * 64 (each of gate and up)
   if (d.model.ffn_hidden_size == 0)
     d.model.ffn_hidden_size = d.model.swiglu ? (8 * d.model.hidden_size / 3) / 64 * 64 : 4 * d.model.hidden_size;
   if (d.model.num_query_groups == 0) d.model.num_query_groups = d.model.num_heads;  // multi-head attention
+  MoeArch& moe = d.model.moe;
+  if (moe.on()) {
+    if (moe.ffn_hidden_size == 0) moe.ffn_hidden_size = d.model.ffn_hidden_size;
+    moe.layers = moe_layers(moe.layer_freq, d.model.num_layers);
+  } else {
+    moe.layers.clear();
+  }
   if (d.model.kv_channels == 0 && d.model.num_heads > 0 && d.model.hidden_size % d.model.num_heads == 0)
     d.model.kv_channels = d.model.hidden_size / d.model.num_heads;
   if (d.model.layernorm_epsilon > 0) {  // the alias, when given

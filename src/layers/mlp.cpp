@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "layers/moe_mlp.hpp"
 #include "layers/transformer_layer.hpp"
 
 namespace trident {
@@ -47,6 +48,7 @@ class DenseMlp final : public MlpModule {
     k->fc_act = make_act(s_.dt, "layer::fc_act", BT * Fl);
     return k;
   }
+  const char* kind() const override { return "dense"; }
   std::shared_ptr<MlpScratch> make_scratch() const override { return dense_scratch(s_); }
   void forward(const FloatView& branch, const Act& in, MlpKept& kept, MlpScratch& scratch, const MlpWork& w) override {
     auto& k = static_cast<DenseKept&>(kept);
@@ -85,14 +87,15 @@ class DenseMlp final : public MlpModule {
 
 }  // namespace
 
-std::unique_ptr<MlpModule> make_mlp(ParamStore& store, const std::string& prefix, const TransformerShape& s) {
+std::unique_ptr<MlpModule> make_mlp(ParamStore& store, const std::string& prefix, const TransformerShape& s,
+                                    std::int64_t layer) {
+  if (s.moe.layer(layer)) return make_moe_mlp(store, prefix, s, layer);
   return std::make_unique<DenseMlp>(store, prefix, s);
 }
 
-std::shared_ptr<MlpScratch> make_mlp_scratch(const TransformerShape& s) { return dense_scratch(s); }
-
 std::int64_t mlp_dy16_width(const TransformerShape& s) {
-  return s.ffn_hidden_size / s.tp.size() * make_mlp_activation(s)->blocks();  // fc1's columns on this rank
+  const std::int64_t F = std::max(s.ffn_hidden_size, s.moe.shared_expert_intermediate_size);
+  return F / s.tp.size() * make_mlp_activation(s)->blocks();  // fc1's columns on this rank
 }
 
 std::int64_t mlp_infer_floats(const ModelArch& arch, std::int64_t tp, std::int64_t R) {

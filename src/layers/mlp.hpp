@@ -39,6 +39,8 @@ struct MlpWork {
 class MlpModule {
  public:
   virtual ~MlpModule() = default;
+  // the module's name; the modules of one kind in a chunk share one scratch
+  virtual const char* kind() const = 0;
   // the output side's parameters (see above)
   virtual void declare_output(ParamStore& store) = 0;
   virtual std::shared_ptr<MlpKept> make_kept() const = 0;
@@ -57,14 +59,14 @@ class MlpModule {
                      const FloatView& act) const = 0;
 };
 
-// The module the shape's architecture names, its input side's parameters declared under
-// `prefix` (".../mlp").
-std::unique_ptr<MlpModule> make_mlp(ParamStore& store, const std::string& prefix, const TransformerShape& s);
+// The module the shape's architecture names for global layer `layer` (dense, or moe where
+// s.moe.layer(layer)), its input side's parameters declared under `prefix` (".../mlp").
+std::unique_ptr<MlpModule> make_mlp(ParamStore& store, const std::string& prefix, const TransformerShape& s,
+                                    std::int64_t layer);
 // The floats of each inference workspace of infer() for R rows.
 std::int64_t mlp_infer_floats(const ModelArch& arch, std::int64_t tp, std::int64_t R);
-// The widest row of a 16-bit gradient copy the module's GEMMs take (MlpWork::dy16's columns).
+// The widest row of a 16-bit gradient copy the modules' GEMMs take from the layer's MlpWork::dy16
+// (the dense MLP's fc1 and a shared expert's; the experts' rows have their own).
 std::int64_t mlp_dy16_width(const TransformerShape& s);
-// The chunk's shared scratch for layers of shape s (without parameters).
-std::shared_ptr<MlpScratch> make_mlp_scratch(const TransformerShape& s);
 
 }  // namespace trident

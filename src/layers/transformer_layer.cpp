@@ -41,7 +41,6 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
   dln = make_float("scratch::dln", R * s.hidden_size);
   dqkv = make_float("scratch::dqkv", BT * Wl);
   datty = make_float("scratch::datty", BT * std::max(Ql, Cl));  // Cl: the cross-attention's
-  mlp = make_mlp_scratch(s);
   const std::int64_t Fb = mlp_dy16_width(s);
   dbranch = make_float("scratch::dbranch", R * s.hidden_size);
   datt = make_float("scratch::datt", A);
@@ -81,10 +80,15 @@ std::int64_t TransformerScratch::bytes() const {
   for (const FloatView* v :
        {&dln, &dqkv, &datty, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc, &qk_dout, &qk_dx})
     n += static_cast<std::int64_t>(v->span()) * 4;
-  if (mlp) n += mlp->bytes();
+  for (const auto& m : mlp) n += m.second->bytes();
   for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
   return n;
+}
+
+void TransformerLayer::prepare_scratch(TransformerScratch& s) const {
+  auto& m = s.mlp[mlp_->kind()];
+  if (!m) m = mlp_->make_scratch();
 }
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
@@ -94,7 +98,7 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
       qkv_(store, p + "/self_attention/qkv", s.hidden_size, s.qkv_width(), s.init_std(), s.tp, s.rows(),
            s.q_width() == s.kv_width() ? RowBlocks(3) : RowBlocks({s.q_width(), s.kv_width(), s.kv_width()}),
            s.lora_for("qkv"), s.qkv_bias()),
-      mlp_(make_mlp(store, p + "/mlp", s)),
+      mlp_(make_mlp(store, p + "/mlp", s, index)),
       proj_(store, p + "/self_attention/proj", s.q_width(), s.hidden_size, s.out_init_std, s.tp, s.rows(),
             s.lora_for("proj"), s.add_bias_linear) {
   mlp_->declare_output(store);
@@ -244,7 +248,8 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   const FloatView& mlp_in = cross() ? a.res3 : a.res2;  // (R, C)
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   Kokkos::fence();
-  mlp_->forward(s.branch, a.ln2, *a.mlp, *s.mlp, {s.gathered, s.dy16});  // (R, C) before its output bias
+  mlp_->forward(s.branch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()),
+                {s.gathered, s.dy16});  // (R, C) before its output bias
   const DropoutSpec fc2_spec = spec(rng, s_.hidden_p(), kAfterFc2, sp);
   record_dropout("after_fc2", index_, fc2_spec, {R, C});
   bias_dropout_add(a.out, mlp_in, s.branch, mlp_->output_bias(), R, C, fc2_spec);
@@ -337,7 +342,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp));
   Kokkos::fence();
-  mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp, {s.gathered, s.dy16});  // d ln2 (R, C)
+  mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16});  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2

@@ -11,6 +11,7 @@
 // rank holds all B*T rows, or rows/tp of them with sequence parallelism.
 // Keeps, per instance, the activations its backward needs (no autograd tape).
 #pragma once
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,6 +22,8 @@
 #include "ops/attention.hpp"
 
 namespace trident {
+
+struct MoeState;
 
 // One stack's layers: the architecture (ModelArch, as the model configuration holds it) and the
 // stack's shapes and run-time choices.
@@ -44,6 +47,8 @@ struct TransformerShape : ModelArch {
   // cross_q, cross_kv, cross_proj).
   LoraSpec lora{};
   std::set<std::string> lora_targets{};
+  // MoE layers (moe.layer(index)): the chunk's losses, loads and the aux losses' gradient scale
+  std::shared_ptr<MoeState> moe_state{};
   LoraSpec lora_for(const char* projection) const { return lora_targets.count(projection) ? lora : LoraSpec{}; }
   std::int64_t rows() const { return B * T; }
   std::int64_t local_rows() const { return tp.sequence_parallel ? B * T / tp.size() : B * T; }
@@ -119,7 +124,8 @@ struct TransformerScratch {
   // backward temporaries, fp32: (R,C) (BT,W_l) (BT,Q_l) (R,C); in the 16-bit forward pass dqkv
   // and datty also receive the fp32 GEMM outputs before rounding
   FloatView dln, dqkv, datty, dbranch;
-  std::shared_ptr<MlpScratch> mlp;  // the MLP module's (dense: d fc1-out, d act-out)
+  // the MLP modules' (dense: d fc1-out, d act-out), one per kind of module (prepare_scratch)
+  std::map<std::string, std::shared_ptr<MlpScratch>> mlp;
   // q/k norms: the normalised heads' values (the activations' type) and fp32 gradients
   Act qk_out;
   FloatView qk_dout, qk_dx;
@@ -146,6 +152,8 @@ class TransformerLayer {
  public:
   TransformerLayer(ParamStore& store, const std::string& prefix, std::int64_t index, const TransformerShape& s);
 
+  // Adds this layer's MLP scratch to the chunk's s (one per kind of module).
+  void prepare_scratch(TransformerScratch& s) const;
   // Allocates a set of activations for this layer; with keep_attention false, att and
   // att_drop are the scratch's (selective recomputation).
   LayerActivations make_activations(const TransformerScratch& s, bool keep_attention) const;

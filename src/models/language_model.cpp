@@ -99,6 +99,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
   ts.causal = cfg.layer.mask == MaskKind::Causal;
   ts.lora = LoraSpec{cfg.lora_rank, cfg.lora_scale};
   ts.lora_targets = cfg.lora_targets;
+  if (cfg.moe.on()) ts.moe_state = moe_state_ = std::make_shared<MoeState>();
   TransformerShape ds = ts;  // an encoder-decoder's decoder layers
   ds.T = cfg.decoder_seq_length;
   ds.causal = cfg.decoder_layer.mask == MaskKind::Causal;
@@ -125,6 +126,7 @@ LanguageModel::LanguageModel(const TransformerConfig& cfg, ParamStore& store, st
                                     : n;
   if (boundary > 0 || !cfg.encoder_decoder()) scratch_[0] = std::make_unique<TransformerScratch>(ts, selective);
   if (boundary < n) scratch_[1] = std::make_unique<TransformerScratch>(ds, selective);
+  for (std::int64_t l = 0; l < n; ++l) layers_[static_cast<size_t>(l)]->prepare_scratch(*scratch_[part(l)]);
 
   // Recomputation segments over this chunk's layers (per part: no segment crosses from the
   // encoder to the decoder).

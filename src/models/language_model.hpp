@@ -27,6 +27,7 @@
 
 #include "layers/layer_modules.hpp"
 #include "layers/param_store.hpp"
+#include "layers/moe_mlp.hpp"
 #include "layers/transformer_layer.hpp"
 #include "models/micro_batch.hpp"
 #include "models/model_head.hpp"
@@ -121,6 +122,9 @@ class LanguageModel {
   // cross-attention) and the LM head. flops_formula() names the one that applies.
   double flops_per_step(std::int64_t tokens_batch) const;
   std::string flops_formula() const;
+  // The chunk's MoE state (null without MoE layers): the aux losses' gradient scale the trainer
+  // sets, and the losses and loads its layers collect over an iteration.
+  MoeState* moe_state() const { return moe_state_.get(); }
 
  protected:
   // micro_batch: B of every forward call. tp: the tensor-parallel group (nullptr comm: tp = 1).
@@ -202,6 +206,7 @@ class LanguageModel {
   std::vector<std::int64_t> segment_of_;  // layer -> segment
   // shared by recomputed layers (one per position in a segment), per part
   std::vector<LayerActivations> workspace_[2];
+  std::shared_ptr<MoeState> moe_state_;  // MoE layers: their losses and loads (null: none)
   Norm lnf_;
   std::unique_ptr<TransformerScratch> scratch_[2];  // per part (encoder, decoder shapes)
   FloatView word_;                 // (BT, C) word-embedding lookups (the largest of encoder and decoder)

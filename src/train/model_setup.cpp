@@ -68,6 +68,9 @@ TransformerConfig make_config(const Deck& d, std::int64_t vocab, std::int64_t tp
                   "deck: model.num_query_groups, model.kv_channels and model.qk_layernorm are GPT keys; "
                       << family_name(family) << " uses multi-head attention (num_query_groups = num_heads = "
                       << c.num_heads << ", kv_channels = hidden_size / num_heads)");
+  TRIDENT_REQUIRE(family == ModelFamily::Gpt || !c.moe.on(),
+                  "deck: moe.num_experts > 0 is a GPT key (mixture-of-experts decoders); "
+                      << family_name(family) << " keeps dense MLPs: leave it 0");
   if (d.lora.rank > 0) {
     c.lora_rank = d.lora.rank;
     c.lora_scale = static_cast<float>((d.lora.alpha > 0 ? d.lora.alpha : static_cast<double>(d.lora.rank)) /
@@ -280,6 +283,70 @@ LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& c
   double v[6] = {l.lm, l.sop, l.lm_sum, l.lm_count, l.sop_sum, l.sop_count};
   for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
   return LossParts{v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
+void start_moe_iteration(const std::vector<std::unique_ptr<LanguageModel>>& chunks, float aux_grad_scale) {
+  for (auto& chunk : chunks)
+    if (MoeState* m = chunk->moe_state()) {
+      m->reset();
+      m->aux_grad_scale = aux_grad_scale;
+    }
+}
+
+MoeReport reduce_moe_report(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const ModelArch& arch,
+                            const Topology& topo) {
+  MoeReport r;
+  const MoeArch& moe = arch.moe;
+  if (!moe.on()) return r;
+  for (std::int64_t l = 0; l < static_cast<std::int64_t>(moe.layers.size()); ++l)
+    if (moe.layer(l)) r.layers.push_back(l);
+  const std::int64_t E = moe.num_experts, L = static_cast<std::int64_t>(r.layers.size()), W = 4 + E;
+  // per MoE layer: [aux, z, micro-batches, dropped, selections per expert], summed over the world
+  // (TP ranks add their parts of the aux loss and their means of the z-loss, counted in micro)
+  std::vector<double> v(static_cast<size_t>(L * W), 0.0);
+  for (auto& chunk : chunks) {
+    const MoeState* m = chunk->moe_state();
+    if (!m) continue;
+    for (const auto& [layer, st] : m->layers) {
+      const auto at = std::find(r.layers.begin(), r.layers.end(), layer);
+      if (at == r.layers.end()) continue;
+      double* row = v.data() + (at - r.layers.begin()) * W;
+      row[0] += st.aux;
+      row[1] += st.z;
+      row[2] += static_cast<double>(st.micro);
+      row[3] += st.dropped;
+      for (std::int64_t e = 0; e < E && e < static_cast<std::int64_t>(st.selected.size()); ++e)
+        row[4 + e] += st.selected[static_cast<size_t>(e)];
+    }
+  }
+  topo.world().allreduce_sum(v.data(), static_cast<std::int64_t>(v.size()));
+  const double tp = static_cast<double>(topo.tp_size());
+  double selected = 0, dropped = 0;
+  for (std::int64_t i = 0; i < L; ++i) {
+    const double* row = v.data() + i * W;
+    const double micro = row[2];  // micro-batches x TP ranks
+    if (micro <= 0) continue;
+    r.aux += row[0] / (micro / tp);
+    r.z += row[1] / micro;
+    double sum = 0, mx = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      sum += row[4 + e];
+      mx = std::max(mx, row[4 + e]);
+    }
+    std::vector<double> share(static_cast<size_t>(E), 0.0);
+    for (std::int64_t e = 0; e < E; ++e) share[static_cast<size_t>(e)] = sum > 0 ? row[4 + e] / sum : 0.0;
+    r.load.push_back(share);
+    r.max_load += sum > 0 ? mx / (sum / static_cast<double>(E)) : 0.0;
+    selected += sum;
+    dropped += row[3];
+  }
+  if (L > 0) {
+    r.aux /= static_cast<double>(L);
+    r.z /= static_cast<double>(L);
+    r.max_load /= static_cast<double>(L);
+  }
+  r.dropped = selected > 0 ? dropped / selected : 0.0;
+  return r;
 }
 
 TransformerConfig gpt_config_from_deck(const Deck& d, std::int64_t vocab, std::int64_t tp) {

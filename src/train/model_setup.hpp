@@ -61,4 +61,21 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
 // The chunks' loss parts since the last call, summed over the pipeline and data-parallel groups.
 LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const Topology& topo);
 
+// An iteration's MoE figures over the whole job (docs/DESIGN.md "Mixture of experts", Metrics):
+// each MoE layer's mean over the iteration's micro-batches of the unscaled load-balancing loss
+// and z-loss, and its load (selections per expert, before capacity drops, over every rank's
+// tokens); the means over the MoE layers of the two losses and of each layer's max / mean load,
+// and the fraction of selections dropped by capacity.
+struct MoeReport {
+  double aux = 0, z = 0, max_load = 0, dropped = 0;
+  std::vector<std::int64_t> layers;       // the MoE layers (global index)
+  std::vector<std::vector<double>> load;  // per MoE layer: each expert's share of the selections
+};
+// Sets every chunk's MoE gradient scale (d objective / d one micro-batch's aux loss) and clears
+// its figures; before an iteration's passes.
+void start_moe_iteration(const std::vector<std::unique_ptr<LanguageModel>>& chunks, float aux_grad_scale);
+// The figures of the iteration's passes, reduced over the job (collective over the world).
+MoeReport reduce_moe_report(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const ModelArch& arch,
+                            const Topology& topo);
+
 }  // namespace trident

@@ -173,6 +173,7 @@ class TrainingRun {
     double loss = 0, gnorm = 0, lr = 0, scale_used = 1;
     bool skip = false;
     LossParts parts;
+    MoeReport moe;  // MoE models: the iteration's router losses and expert loads
   };
 
   void save(std::int64_t it);
@@ -467,7 +468,9 @@ void TrainingRun::print_banner() const {
 
 void TrainingRun::open_outputs() {
   if (root_ && !deck_.log.metrics_file.empty()) {
-    metrics_ = MetricsWriter(deck_.log.metrics_file, task_.train_columns(), start_.resuming ? iteration_ : -1);
+    std::vector<std::string> columns = task_.train_columns();
+    if (cfg_.moe.on()) columns.insert(columns.end(), {"moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_dropped"});
+    metrics_ = MetricsWriter(deck_.log.metrics_file, columns, start_.resuming ? iteration_ : -1);
     if (deck_.eval.interval > 0)
       eval_metrics_ = MetricsWriter(sibling_metrics_path(deck_.log.metrics_file, "eval"), task_.eval_columns(),
                                     start_.resuming ? iteration_ : -1);
@@ -688,7 +691,11 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   // fp16: the loss gradient is multiplied by the loss scale (1 otherwise)
   const float dscale = static_cast<float>(dscale_unscaled_ * scaler_.scale());
   r.scale_used = scaler_.scale();
+  // MoE: each micro-batch's load-balancing and z losses enter the objective with weight 1 / (the
+  // iteration's micro-batches over all data-parallel ranks), as Megatron's MoEAuxLossAutoScaler
+  start_moe_iteration(chunks_, static_cast<float>(scaler_.scale() / static_cast<double>(acc_ * dp_)));
   double loss_sum = forward_backward(dscale);
+  if (cfg_.moe.on()) r.moe = reduce_moe_report(chunks_, cfg_, topo_);
   timers_.stop("forward-backward");
 
   timers_.start("grad-allreduce");
@@ -746,6 +753,7 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
                              tflops,
                              mfu};
   if (task_.reports_loss_parts) row.insert(row.begin() + 3, {r.parts.lm / loss_count_, r.parts.sop / loss_count_});
+  if (cfg_.moe.on()) row.insert(row.end(), {r.moe.aux, r.moe.z, r.moe.max_load, r.moe.dropped});
   metrics_.write(row);
   if (it % deck_.log.interval == 0 || it == iters_) {
     const double per_iter = (t1 - t_last_) / static_cast<double>(iters_since_log_);
@@ -758,6 +766,10 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
        << std::setprecision(0) << tokens_per_iter_ / per_iter << " tok/s | " << std::setprecision(3)
        << flops_per_iter_ / per_iter / world_.size() / 1e12 << " TFLOP/s/rank";
     if (deck_.perf.peak_tflops > 0) os << " | MFU " << std::setprecision(1) << 100.0 * mfu << "%";
+    if (cfg_.moe.on())
+      os << " | moe aux " << std::setprecision(4) << r.moe.aux << " z " << r.moe.z << " max load "
+         << std::setprecision(3) << r.moe.max_load << (cfg_.moe.expert_capacity_factor > 0 ? " dropped " : "")
+         << (cfg_.moe.expert_capacity_factor > 0 ? std::to_string(r.moe.dropped) : "");
     if (fp16_)
       os << " | loss scale " << std::defaultfloat << std::setprecision(6) << r.scale_used << std::fixed << " | skipped "
          << scaler_.skipped();

@@ -1,0 +1,427 @@
+// The mixture-of-experts module (moe_mlp.hpp): parameters, kept activations, scratch, forward and
+// backward.
+#include "layers/moe_mlp.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.hpp"
+#include "layers/transformer_layer.hpp"
+#include "ops/elementwise.hpp"
+#include "ops/gemm.hpp"
+#include "ops/mixed_precision.hpp"
+#include "ops/moe.hpp"
+
+namespace trident {
+
+namespace {
+
+Act act_part(const Act& a, std::int64_t offset, std::int64_t n) {
+  return a.is_half() ? Act(a.dt, slice(a.h, offset, n)) : Act(slice(a.f, offset, n));
+}
+
+// One micro-batch's routing and expert activations (per layer and micro-batch in flight).
+struct MoeKept final : MlpKept {
+  FloatView logits, lse, ssum, probs;  // (R, E) (R) (R) (R k)
+  IntView idx, slot_row, row_token;    // (R k) x3 (row_token: the first plan.rows() entries)
+  Act h, a;                            // (R k, blocks Fe): fc1's output with its bias; (R k, Fe): fc2's input
+  FloatView yp;                        // (R k, C): the experts' outputs (fp32, with their fc2 bias)
+  MoePlan plan;                        // the dispatch (host)
+  std::vector<double> paux;            // (E) sum over this rank's tokens of the load-balancing scores
+  std::vector<std::int64_t> routed;    // (E) selections per expert over the TP group (the aux loss's counts)
+  double aux = 0, z = 0;               // this rank's part of the load-balancing loss; its mean lse^2
+  std::shared_ptr<MlpKept> shared;     // the shared expert's
+  std::int64_t bytes() const override {
+    std::int64_t n = 0;
+    for (const FloatView* v : {&logits, &lse, &ssum, &probs, &yp}) n += static_cast<std::int64_t>(v->span()) * 4;
+    for (const IntView* v : {&idx, &slot_row, &row_token}) n += static_cast<std::int64_t>(v->span()) * 4;
+    n += h.bytes() + a.bytes();
+    if (shared) n += shared->bytes();
+    return n;
+  }
+};
+
+struct MoeScratch final : MlpScratch {
+  FloatView x32, wr32;                  // (R, C), (E, C): the router's fp32 operands (16-bit runs)
+  Act xp;                               // (R k, C): the permuted input
+  FloatView y32;                        // (R k, blocks Fe): fc1's fp32 GEMM output (16-bit runs)
+  FloatView dyp, da, dh, dxp;           // (R k, C) (R k, Fe) (R k, blocks Fe) (R k, C)
+  FloatView dlogits, dprobs, aux_grad;  // (R, E) (R k) (E)
+  FloatView dtmp;                       // (R, C): the router's and the shared expert's input gradients
+  FloatView shared_out;                 // (R, C): the shared expert's output
+  HalfView dy16;                        // (R k, max(C, blocks Fe)): 16-bit copies of gradients entering GEMMs
+  std::shared_ptr<MlpScratch> shared;
+  std::int64_t bytes() const override {
+    std::int64_t n = xp.bytes() + static_cast<std::int64_t>(dy16.span()) * 2;
+    for (const FloatView* v :
+         {&x32, &wr32, &y32, &dyp, &da, &dh, &dxp, &dlogits, &dprobs, &aux_grad, &dtmp, &shared_out})
+      n += static_cast<std::int64_t>(v->span()) * 4;
+    if (shared) n += shared->bytes();
+    return n;
+  }
+};
+
+struct Expert {
+  ParamId w1 = -1, b1 = -1, w2 = -1, b2 = -1;
+};
+
+class MoeMlp final : public MlpModule {
+ public:
+  MoeMlp(ParamStore& store, const std::string& prefix, const TransformerShape& s, std::int64_t layer)
+      : s_(s), prefix_(prefix), layer_(layer), store_(&store), act_(make_mlp_activation(s)) {
+    const MoeArch& m = s.moe;
+    E_ = m.num_experts;
+    k_ = m.router_topk;
+    Fe_ = m.ffn_hidden_size;
+    C_ = s.hidden_size;
+    blocks_ = act_->blocks();
+    R_ = s.local_rows();
+    route_.E = E_;
+    route_.k = k_;
+    route_.sigmoid = m.router_score_function == "sigmoid";
+    route_.pre_softmax = m.router_pre_softmax;
+    TRIDENT_REQUIRE(s.moe_state, "internal: an MoE layer without its MoeState");
+    TRIDENT_REQUIRE(s.tp.size() == 1 || s.tp.sequence_parallel,
+                    "MoE layers with parallel.tp > 1 need parallel.sequence_parallel");
+    ParamInfo r;
+    r.name = prefix + "/router/weight";
+    r.shape = r.global_shape = r.valid = {E_, C_};
+    r.global_offset = {0, 0};
+    r.weight_decay = true;
+    r.init_std = s.init_std();
+    router_ = store.declare(r);
+    for (std::int64_t j = 0; j < E_; ++j) {
+      const std::string e = prefix + "/experts/" + std::to_string(j);
+      Expert x;
+      x.w1 = declare_weight(store, e + "/fc1/weight", blocks_ * Fe_, C_, s.init_std());
+      if (s.add_bias_linear) x.b1 = store.declare(e + "/fc1/bias", {blocks_ * Fe_}, false, 0.f, 0.f);
+      experts_.push_back(x);
+    }
+    if (m.shared_expert_intermediate_size > 0) {
+      TransformerShape ss = s;
+      ss.ffn_hidden_size = m.shared_expert_intermediate_size;
+      ss.moe = MoeArch{};
+      shared_ = make_mlp(store, prefix + "/shared_experts", ss, -1);
+    }
+    zeros_ = make_act(s.dt, "moe::zero_bias", C_);
+    if (!s.add_bias_linear) zero_fc1_ = make_act(s.dt, "moe::zero_fc1_bias", blocks_ * Fe_);
+  }
+
+  void declare_output(ParamStore& store) override {
+    for (std::int64_t j = 0; j < E_; ++j) {
+      const std::string e = prefix_ + "/experts/" + std::to_string(j);
+      Expert& x = experts_[static_cast<size_t>(j)];
+      x.w2 = declare_weight(store, e + "/fc2/weight", C_, Fe_, s_.out_init_std);
+      if (s_.add_bias_linear) x.b2 = store.declare(e + "/fc2/bias", {C_}, false, 0.f, 0.f);
+    }
+    if (shared_) shared_->declare_output(store);
+  }
+
+  const char* kind() const override { return "moe"; }
+
+  std::shared_ptr<MlpKept> make_kept() const override {
+    auto k = std::make_shared<MoeKept>();
+    const std::int64_t N = R_ * k_;
+    k->logits = make_float("moe::logits", R_ * E_);
+    k->lse = make_float("moe::lse", R_);
+    k->ssum = make_float("moe::ssum", R_);
+    k->probs = make_float("moe::probs", N);
+    k->idx = make_int("moe::idx", N);
+    k->slot_row = make_int("moe::slot_row", N);
+    k->row_token = make_int("moe::row_token", N);
+    k->h = make_act(s_.dt, "moe::h", N * blocks_ * Fe_);
+    k->a = make_act(s_.dt, "moe::a", N * Fe_);
+    k->yp = make_float("moe::yp", N * C_);
+    if (shared_) k->shared = shared_->make_kept();
+    return k;
+  }
+
+  std::shared_ptr<MlpScratch> make_scratch() const override {
+    auto s = std::make_shared<MoeScratch>();
+    const std::int64_t N = R_ * k_;
+    const bool half = s_.dt != DType::F32;
+    if (half) {
+      s->x32 = make_float("moe::x32", R_ * C_);
+      s->wr32 = make_float("moe::wr32", E_ * C_);
+      s->y32 = make_float("moe::y32", N * blocks_ * Fe_);
+      s->dy16 = make_half("moe::dy16", N * std::max(C_, blocks_ * Fe_));
+    }
+    s->xp = make_act(s_.dt, "moe::xp", N * C_);
+    s->dyp = make_float("moe::dyp", N * C_);
+    s->da = make_float("moe::da", N * Fe_);
+    s->dh = make_float("moe::dh", N * blocks_ * Fe_);
+    s->dxp = make_float("moe::dxp", N * C_);
+    s->dlogits = make_float("moe::dlogits", R_ * E_);
+    s->dprobs = make_float("moe::dprobs", N);
+    s->aux_grad = make_float("moe::aux_grad", E_);
+    s->dtmp = make_float("moe::dtmp", R_ * C_);
+    if (shared_) {
+      s->shared_out = make_float("moe::shared_out", R_ * C_);
+      s->shared = shared_->make_scratch();
+    }
+    return s;
+  }
+
+  void forward(const FloatView& branch, const Act& in, MlpKept& kept, MlpScratch& scratch, const MlpWork& w) override {
+    auto& k = static_cast<MoeKept&>(kept);
+    auto& s = static_cast<MoeScratch&>(scratch);
+    // the router: logits (R, E) = x W_r^T in fp32
+    router_logits(k.logits, in, s);
+    moe_route(k.idx, k.probs, k.lse, k.ssum, s.aux_grad /* paux */, k.logits, R_, route_);
+    plan(k, s);
+    // the experts over their rows
+    const std::int64_t N = k.plan.rows();
+    moe_gather(s.xp, in, k.row_token, N, C_);
+    const bool half = s_.dt != DType::F32;
+    const FloatView y = half ? s.y32 : k.h.f;  // fc1's fp32 GEMM output
+    grouped(Trans::N, Trans::T, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Act w1 = store_->param(experts_[static_cast<size_t>(e)].w1);
+      return GemmGroup{rows,         blocks_ * Fe_, C_, operand(s.xp).at(n0 * C_),
+                       C_,           operand(w1),   C_, y.data() + n0 * blocks_ * Fe_,
+                       blocks_ * Fe_};
+    });
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t n0 = k.plan.offsets[static_cast<size_t>(e)], rows = k.plan.counts[static_cast<size_t>(e)];
+      if (rows == 0) continue;
+      const std::int64_t bF = blocks_ * Fe_;
+      act_->forward(act_part(k.h, n0 * bF, rows * bF), act_part(k.a, n0 * Fe_, rows * Fe_),
+                    slice(y, n0 * bF, rows * bF), bias_of(experts_[static_cast<size_t>(e)].b1), rows, Fe_);
+    }
+    Kokkos::fence();
+    grouped(Trans::N, Trans::T, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
+      return GemmGroup{rows, C_, Fe_, operand(k.a).at(n0 * Fe_), Fe_, operand(w2), Fe_, k.yp.data() + n0 * C_, C_};
+    });
+    if (s_.add_bias_linear)
+      for (std::int64_t e = 0; e < E_; ++e) {
+        const std::int64_t n0 = k.plan.offsets[static_cast<size_t>(e)], rows = k.plan.counts[static_cast<size_t>(e)];
+        if (rows > 0)
+          moe_add_bias(slice(k.yp, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
+      }
+    moe_combine(branch, k.yp, k.probs, k.slot_row, R_, k_, C_);
+    if (shared_) {
+      shared_->forward(s.shared_out, in, *k.shared, *s.shared, w);
+      Kokkos::fence();
+      accumulate(branch, s.shared_out, R_ * C_);
+    }
+    Kokkos::fence();
+  }
+
+  Act output_bias() const override { return shared_ ? shared_->output_bias() : zeros_; }
+
+  void backward(const FloatView& din, const FloatView& dbranch, const Act& in, MlpKept& kept, MlpScratch& scratch,
+                const MlpWork& w) override {
+    auto& k = static_cast<MoeKept&>(kept);
+    auto& s = static_cast<MoeScratch&>(scratch);
+    const std::int64_t N = k.plan.rows(), bF = blocks_ * Fe_;
+    const bool half = s_.dt != DType::F32;
+    // the combination: d yp and d probs
+    moe_combine_backward(s.dyp, s.dprobs, dbranch, k.yp, k.probs, k.slot_row, R_, k_, C_);
+    // fc2: d a = dyp W2, dW2 += dyp^T a (16-bit: dyp rounded first), db2 += column sums of dyp
+    const GemmOperand dyp = half ? operand(s_.dt, s.dy16.data()) : operand(s.dyp.data());
+    if (half) pack_half(s_.dt, s.dy16, s.dyp, N * C_);
+    Kokkos::fence();
+    grouped(Trans::N, Trans::N, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
+      return GemmGroup{rows, Fe_, C_, dyp.at(n0 * C_), C_, operand(w2), Fe_, s.da.data() + n0 * Fe_, Fe_};
+    });
+    grouped(Trans::T, Trans::N, 1.f, 1.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      return GemmGroup{C_,   Fe_,
+                       rows, dyp.at(n0 * C_),
+                       C_,   operand(k.a).at(n0 * Fe_),
+                       Fe_,  store_->grad(experts_[static_cast<size_t>(e)].w2).data(),
+                       Fe_};
+    });
+    for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Expert& x = experts_[static_cast<size_t>(e)];
+      if (x.b2 >= 0) bias_backward(store_->grad(x.b2), slice(s.dyp, n0 * C_, rows * C_), rows, C_);
+      act_->backward(slice(s.dh, n0 * bF, rows * bF), slice(s.da, n0 * Fe_, rows * Fe_),
+                     act_part(k.h, n0 * bF, rows * bF), rows, Fe_);
+    });
+    Kokkos::fence();
+    // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again), db1 += column sums of dh
+    moe_gather(s.xp, in, k.row_token, N, C_);
+    const GemmOperand dh = half ? operand(s_.dt, s.dy16.data()) : operand(s.dh.data());
+    if (half) pack_half(s_.dt, s.dy16, s.dh, N * bF);
+    Kokkos::fence();
+    grouped(Trans::N, Trans::N, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Act w1 = store_->param(experts_[static_cast<size_t>(e)].w1);
+      return GemmGroup{rows, C_, bF, dh.at(n0 * bF), bF, operand(w1), C_, s.dxp.data() + n0 * C_, C_};
+    });
+    grouped(Trans::T, Trans::N, 1.f, 1.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      return GemmGroup{bF,   C_,
+                       rows, dh.at(n0 * bF),
+                       bF,   operand(s.xp).at(n0 * C_),
+                       C_,   store_->grad(experts_[static_cast<size_t>(e)].w1).data(),
+                       C_};
+    });
+    for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Expert& x = experts_[static_cast<size_t>(e)];
+      if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
+    });
+    Kokkos::fence();
+    moe_scatter_add(din, s.dxp, k.slot_row, R_, k_, C_);  // d in from the experts (R, C)
+    // the router: d logits from d probs, the load-balancing loss and the z-loss
+    router_backward(k, s, in);
+    accumulate(din, s.dtmp, R_ * C_);
+    if (shared_) {
+      shared_->backward(s.dtmp, dbranch, in, *k.shared, *s.shared, w);
+      Kokkos::fence();
+      accumulate(din, s.dtmp, R_ * C_);
+    }
+    Kokkos::fence();
+    record(k);
+  }
+
+  void infer(const FloatView&, const FloatView&, std::int64_t, const FloatView&, const FloatView&) const override {
+    throw Error::all("generation with MoE layers is not supported yet");
+  }
+
+ private:
+  static ParamId declare_weight(ParamStore& store, const std::string& name, std::int64_t out, std::int64_t in,
+                                float std) {
+    ParamInfo p;
+    p.name = name;
+    p.shape = p.global_shape = p.valid = {out, in};
+    p.global_offset = {0, 0};
+    p.weight_decay = true;
+    p.init_std = std;
+    return store.declare(p);
+  }
+
+  Act bias_of(ParamId b) const { return b >= 0 ? store_->param(b) : zero_fc1_; }
+
+  template <class Make>
+  void grouped(Trans ta, Trans tb, float alpha, float beta, const MoePlan& p, const Make& make) const {
+    std::vector<GemmGroup> g;
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t rows = p.counts[static_cast<size_t>(e)];
+      if (rows == 0 && beta == 0.f) continue;  // nothing to write
+      g.push_back(make(e, p.offsets[static_cast<size_t>(e)], rows));
+    }
+    gemm_mixed_grouped(ta, tb, alpha, beta, g);
+  }
+
+  template <class F>
+  void for_experts(const MoePlan& p, const F& f) const {
+    for (std::int64_t e = 0; e < E_; ++e)
+      if (p.counts[static_cast<size_t>(e)] > 0)
+        f(e, p.offsets[static_cast<size_t>(e)], p.counts[static_cast<size_t>(e)]);
+  }
+
+  // logits (R, E) = x W_r^T with fp32 operands (16-bit runs: both widened, exactly)
+  void router_logits(const FloatView& logits, const Act& in, MoeScratch& s) const {
+    const Act wr = store_->param(router_);
+    const float* x = in.is_half() ? s.x32.data() : in.f.data();
+    const float* w = wr.is_half() ? s.wr32.data() : wr.f.data();
+    if (in.is_half()) {
+      unpack_half(in.dt, s.x32, in.h, R_ * C_);
+      unpack_half(wr.dt, s.wr32, wr.h, E_ * C_);
+      Kokkos::fence();
+    }
+    gemm(Trans::N, Trans::T, R_, E_, C_, 1.f, x, C_, w, C_, 0.f, logits.data(), E_);
+    Kokkos::fence();
+  }
+
+  // The dispatch plan from the routing (host), the aux loss's counts over the TP group.
+  void plan(MoeKept& k, MoeScratch& s) const {
+    const std::int64_t N = R_ * k_;
+    auto idx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), k.idx);
+    auto probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), k.probs);
+    auto paux = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.aux_grad);
+    auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), k.lse);
+    const MoeArch& m = s_.moe;
+    const std::int64_t capacity = m.expert_capacity_factor > 0
+                                      ? std::max<std::int64_t>(1, moe_capacity(R_, k_, E_, m.expert_capacity_factor))
+                                      : 0;
+    k.plan = moe_plan(idx.data(), probs.data(), R_, k_, E_, capacity, m.token_drop_policy == "probs");
+    k.paux.assign(paux.data(), paux.data() + E_);
+    k.routed = k.plan.routed;
+    if (s_.tp.size() > 1) s_.tp.comm->allreduce_sum(k.routed.data(), E_);
+    double lse2 = 0;
+    for (std::int64_t t = 0; t < R_; ++t) lse2 += static_cast<double>(lse(t)) * static_cast<double>(lse(t));
+    k.z = lse2 / static_cast<double>(R_);
+    const double T = aux_tokens();
+    double aux = 0;
+    for (std::int64_t e = 0; e < E_; ++e)
+      aux += k.paux[static_cast<size_t>(e)] * static_cast<double>(k.routed[static_cast<size_t>(e)]);
+    k.aux = aux * static_cast<double>(E_) / (static_cast<double>(k_) * T * T);  // this rank's part (sum over TP)
+    s_.moe_state->last_forward[layer_] = {k.aux, k.z};
+    // the permutation to the device
+    HostIntView rt("moe::row_token_host", static_cast<size_t>(N)), sr("moe::slot_row_host", static_cast<size_t>(N));
+    for (std::int64_t n = 0; n < N; ++n) {
+      rt(n) = n < k.plan.rows() ? k.plan.row_token[static_cast<size_t>(n)] : 0;
+      sr(n) = k.plan.slot_row[static_cast<size_t>(n)];
+    }
+    Kokkos::deep_copy(k.row_token, rt);
+    Kokkos::deep_copy(k.slot_row, sr);
+    Kokkos::fence();
+  }
+
+  // T: the tokens the load-balancing counts span (this rank's, over the TP group)
+  double aux_tokens() const { return static_cast<double>(R_) * static_cast<double>(s_.tp.size()); }
+
+  // d in (into s.dtmp) from the router: d logits W_r, and dW_r += d logits^T x
+  void router_backward(MoeKept& k, MoeScratch& s, const Act& in) const {
+    const MoeArch& m = s_.moe;
+    const float g = s_.moe_state->aux_grad_scale;
+    const double T = aux_tokens();
+    // aux = E / (k T^2) sum_e P_e count_e, P_e the sum of p_te over the tokens: d/d p_te = E count_e / (k T^2)
+    auto aux = Kokkos::create_mirror_view(s.aux_grad);
+    for (std::int64_t e = 0; e < E_; ++e)
+      aux(e) = static_cast<float>(static_cast<double>(g) * m.aux_loss_coeff * static_cast<double>(E_) *
+                                  static_cast<double>(k.routed[static_cast<size_t>(e)]) /
+                                  (static_cast<double>(k_) * T * T));
+    Kokkos::deep_copy(s.aux_grad, aux);
+    // z = coeff / tp x mean over this rank's tokens of lse^2 (Megatron's z-loss under TP x CP)
+    const float zg = static_cast<float>(static_cast<double>(g) * m.z_loss_coeff /
+                                        (static_cast<double>(s_.tp.size()) * static_cast<double>(R_)));
+    moe_route_backward(s.dlogits, s.dprobs, k.logits, k.lse, k.ssum, k.idx, k.probs, s.aux_grad, zg, R_, route_);
+    const Act wr = store_->param(router_);
+    if (in.is_half()) {  // the fp32 operands again
+      unpack_half(in.dt, s.x32, in.h, R_ * C_);
+      unpack_half(wr.dt, s.wr32, wr.h, E_ * C_);
+      Kokkos::fence();
+    }
+    const float* x = in.is_half() ? s.x32.data() : in.f.data();
+    const float* w = wr.is_half() ? s.wr32.data() : wr.f.data();
+    gemm(Trans::N, Trans::N, R_, C_, E_, 1.f, s.dlogits.data(), E_, w, C_, 0.f, s.dtmp.data(), C_);
+    gemm(Trans::T, Trans::N, E_, C_, R_, 1.f, s.dlogits.data(), E_, x, C_, 1.f, store_->grad(router_).data(), C_);
+    Kokkos::fence();
+  }
+
+  // this micro-batch's losses and loads into the chunk's MoeState (once per micro-batch: here, in
+  // the backward pass)
+  void record(const MoeKept& k) const {
+    MoeLayerStats& st = s_.moe_state->layers[layer_];
+    st.aux += k.aux;  // this rank's part (summed over TP)
+    st.z += k.z;      // this rank's mean
+    st.micro += 1;
+    if (st.selected.empty()) st.selected.assign(static_cast<size_t>(E_), 0.0);
+    for (std::int64_t e = 0; e < E_; ++e)
+      st.selected[static_cast<size_t>(e)] += static_cast<double>(k.plan.routed[static_cast<size_t>(e)]);
+    st.dropped += static_cast<double>(k.plan.dropped());
+  }
+
+  TransformerShape s_;
+  std::string prefix_;
+  std::int64_t layer_;
+  ParamStore* store_;
+  std::shared_ptr<const MlpActivation> act_;
+  std::int64_t E_ = 0, k_ = 0, Fe_ = 0, C_ = 0, blocks_ = 1, R_ = 0;
+  RouterSpec route_;
+  ParamId router_ = -1;
+  std::vector<Expert> experts_;
+  std::unique_ptr<MlpModule> shared_;
+  Act zeros_, zero_fc1_;  // the absent biases: fc2's for the fused consumer, fc1's for the activation
+};
+
+}  // namespace
+
+std::unique_ptr<MlpModule> make_moe_mlp(ParamStore& store, const std::string& prefix, const TransformerShape& s,
+                                        std::int64_t layer) {
+  return std::make_unique<MoeMlp>(store, prefix, s, layer);
+}
+
+}  // namespace trident
