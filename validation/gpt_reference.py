@@ -15,13 +15,21 @@ ground truth in validation cases:
     then a final LN and logits = x @ wte^T (tied); no dropout; the Llama-family variants (RMSNorm,
     rotary positions, SwiGLU, no linear biases, an untied output layer) and Qwen's (the qkv bias,
     grouped-query attention with kv_channels, per-head q / k norms), from the deck;
-  * loss = mean next-token cross-entropy over all B*T tokens of the global batch;
+  * mixture of experts ([moe] num_experts > 0; Megatron's flag names): the MoE layers' MLP is
+    torch_reference's Transformer.moe (a top-k router, experts, a shared expert), each
+    micro-batch routed on its own;
+  * loss = mean next-token cross-entropy over all B*T tokens of the global batch; with MoE the
+    objective adds, per MoE layer, the mean over micro-batches of aux_loss_coeff * aux +
+    z_loss_coeff * z (the `loss` reported and compared is the cross-entropy alone; the unscaled
+    aux and z losses and the expert loads are compared as the metrics columns moe_*), and the
+    sigmoid router's expert bias is updated after each optimizer step (MoEStats);
   * global-norm clipping, Megatron-style LR schedule, AdamW (torch.optim.AdamW's update
     rule, decoupled weight decay on >= 2-D parameters only).
 
 Sub-commands
   compare  train N steps from a checkpoint on Trident's batches and compare per-step loss,
-           lr and grad norm (metrics CSV) and the step-1 gradients (grads.h5) with Trident's.
+           lr and grad norm (metrics CSV; MoE: also moe_aux_loss, moe_z_loss, moe_max_load,
+           moe_dropped when Trident's CSV has them) and the step-1 gradients (grads.h5) with Trident's.
            A bf16 / fp16 run (the checkpoint's precision.dtype; --emulate) is compared with an
            emulation of Trident's 16-bit rounding points (GPTReference16, MasterAdamW: float64
            arithmetic between them, fp32 masters), plus two checks from Trident's own state: the
@@ -208,12 +216,15 @@ class Config:
         self.precision = g("precision", "dtype", str, "fp32").strip().lower()
         if self.decay_style not in ("constant", "linear", "cosine"):
             raise InputError("deck key [optim] decay_style: unknown value %r" % self.decay_style)
+        self._read_moe(g)
 
         # Trident's "0 = derived" conventions, in case a deck carries them unresolved.
         if self.ffn_hidden_size == 0:  # Megatron: 4h, or int(8h / 3 / 64) * 64 per half of a SwiGLU
             self.ffn_hidden_size = (8 * self.hidden_size // 3) // 64 * 64 if self.swiglu else 4 * self.hidden_size
         if self.max_position_embeddings == 0:
             self.max_position_embeddings = self.seq_length
+        if self.moe_ffn_hidden_size == 0:  # [moe] ffn_hidden_size 0: each expert as wide as the dense MLP
+            self.moe_ffn_hidden_size = self.ffn_hidden_size
 
         # Shapes: the checkpoint is authoritative, the deck must agree with it.
         V, C = shapes["model/embedding/word_embeddings"]
@@ -224,16 +235,24 @@ class Config:
                   " (the checkpoint is used; it must hold the unpadded vocabulary)" % (deck_vocab, V))
         self.learned_positions = self.position_embedding_type == "learned_absolute"
         P, C2 = shapes.get("model/embedding/position_embeddings", (self.max_position_embeddings, C))
-        Fh = shapes["model/layers/0/mlp/fc1/weight"][0] // (2 if self.swiglu else 1)  # SwiGLU: gate, up
+        # ffn_hidden_size from the first dense layer's fc1 (layer 0 of a dense model)
+        dense = [i for i in range(self.num_layers) if not self.moe_layers[i]]
+        if dense:
+            fc1 = "model/layers/%d/mlp/fc1/weight" % dense[0]
+            if fc1 not in shapes:
+                raise InputError("checkpoint: dataset %r is missing" % fc1)
+            Fh = shapes[fc1][0] // (2 if self.swiglu else 1)  # SwiGLU: gate, up
         if C != self.hidden_size or C2 != C:
             raise InputError("hidden size: deck says %d, checkpoint embeddings are %s / %s"
                              % (self.hidden_size, shapes["model/embedding/word_embeddings"], (P, C2)))
         if P != self.max_position_embeddings:
             raise InputError("max_position_embeddings: deck says %d, checkpoint has %d rows"
                              % (self.max_position_embeddings, P))
-        if Fh != self.ffn_hidden_size:
+        if dense and Fh != self.ffn_hidden_size:
             raise InputError("ffn_hidden_size: deck says %d, checkpoint fc1 has %d rows"
                              % (self.ffn_hidden_size, Fh))
+        if self.num_experts > 0:
+            self._check_moe_shapes(shapes, C)
         if self.num_heads <= 0 or self.num_query_groups < 0 or self.kv_channels < 0:
             raise InputError("deck keys [model] num_heads %d, num_query_groups %d, kv_channels %d: must be >= 0 "
                              "(num_heads > 0)" % (self.num_heads, self.num_query_groups, self.kv_channels))
@@ -255,12 +274,113 @@ class Config:
             raise InputError("rotary positions turn an even number of channels: head_dim %d x rotary_percent %g = %d"
                              % (self.head_dim, self.rotary_percent, self.rotary_dim))
 
+    def _read_moe(self, g):
+        """The [moe] section (Megatron's --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+        --moe-layer-freq, --moe-shared-expert-intermediate-size, --moe-router-score-function,
+        --moe-router-pre-softmax, --moe-aux-loss-coeff, --moe-z-loss-coeff,
+        --moe-expert-capacity-factor, --moe-token-drop-policy, --moe-router-enable-expert-bias,
+        --moe-router-bias-update-rate). num_experts 0 (the default): a dense model, moe_layers all
+        False. layer_freq: an integer N (layer i, 0-based, is an MoE layer when i % N == 0) or a
+        list [1,0,...] of num_layers 0 / 1 entries. ffn_hidden_size 0: model.ffn_hidden_size."""
+        self.num_experts = g("moe", "num_experts", _to_int, 0)
+        self.moe_router_topk = g("moe", "router_topk", _to_int, 2)
+        self.moe_ffn_hidden_size = g("moe", "ffn_hidden_size", _to_int, 0)
+        self.moe_layer_freq = g("moe", "layer_freq", str, "1").strip()
+        self.moe_shared_expert_intermediate_size = g("moe", "shared_expert_intermediate_size", _to_int, 0)
+        self.moe_router_score_function = g("moe", "router_score_function", str, "softmax").strip().lower()
+        self.moe_router_pre_softmax = g("moe", "router_pre_softmax", _to_bool, False)
+        self.moe_aux_loss_coeff = g("moe", "aux_loss_coeff", float, 0.0)
+        self.moe_z_loss_coeff = g("moe", "z_loss_coeff", float, 0.0)
+        self.moe_expert_capacity_factor = g("moe", "expert_capacity_factor", float, 0.0)
+        self.moe_token_drop_policy = g("moe", "token_drop_policy", str, "probs").strip().lower()
+        self.moe_router_enable_expert_bias = g("moe", "router_enable_expert_bias", _to_bool, False)
+        self.moe_router_bias_update_rate = g("moe", "router_bias_update_rate", float, 1e-3)
+        self.moe_layers = [False] * self.num_layers
+        if self.num_experts == 0:
+            return
+        E, k = self.num_experts, self.moe_router_topk
+        if E < 0:
+            raise InputError("deck key [moe] num_experts: must be >= 0, got %d" % E)
+        if not 1 <= k <= E:
+            raise InputError("deck key [moe] router_topk: must be in 1..num_experts = %d, got %d" % (E, k))
+        for key in ("ffn_hidden_size", "shared_expert_intermediate_size"):
+            if getattr(self, "moe_" + key) < 0:
+                raise InputError("deck key [moe] %s: must be >= 0, got %d" % (key, getattr(self, "moe_" + key)))
+        for key in ("aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor", "router_bias_update_rate"):
+            v = getattr(self, "moe_" + key)
+            if not (v >= 0.0 and math.isfinite(v)):
+                raise InputError("deck key [moe] %s: must be a finite value >= 0, got %r" % (key, v))
+        if self.moe_router_score_function not in tr.MOE_SCORE_FUNCTIONS:
+            raise InputError("deck key [moe] router_score_function: unknown value %r (softmax or sigmoid)"
+                             % self.moe_router_score_function)
+        if self.moe_token_drop_policy not in tr.MOE_DROP_POLICIES:
+            raise InputError("deck key [moe] token_drop_policy: unknown value %r (probs or position)"
+                             % self.moe_token_drop_policy)
+        if self.moe_router_enable_expert_bias and self.moe_router_score_function != "sigmoid":
+            raise InputError("deck key [moe] router_enable_expert_bias: the expert bias needs "
+                             "router_score_function = sigmoid (it is %s)" % self.moe_router_score_function)
+        freq = self.moe_layer_freq
+        if freq.startswith("["):
+            if not freq.endswith("]"):
+                raise InputError("deck key [moe] layer_freq: bad value %r" % freq)
+            try:
+                pattern = [_to_int(x) for x in freq[1:-1].split(",") if x.strip()]
+            except ValueError:
+                raise InputError("deck key [moe] layer_freq: bad value %r" % freq)
+            if len(pattern) != self.num_layers or any(v not in (0, 1) for v in pattern):
+                raise InputError("deck key [moe] layer_freq: %r must list num_layers = %d entries of 0 or 1"
+                                 % (freq, self.num_layers))
+            self.moe_layers = [v == 1 for v in pattern]
+        else:
+            try:
+                n = _to_int(freq)
+            except ValueError:
+                raise InputError("deck key [moe] layer_freq: bad value %r (an integer or a list [1,0,...])" % freq)
+            if n < 1:
+                raise InputError("deck key [moe] layer_freq: must be >= 1, got %d" % n)
+            self.moe_layers = [i % n == 0 for i in range(self.num_layers)]
+
+    def _check_moe_shapes(self, shapes, C):
+        """The first MoE layer's router [E, C], expert 0's fc1 (blocks x moe.ffn_hidden_size rows)
+        and shared expert fc1 (blocks x shared_expert_intermediate_size rows) against the deck."""
+        if not any(self.moe_layers):
+            return
+        i = self.moe_layers.index(True)
+        blocks = 2 if self.swiglu else 1
+        want = [("router/weight", (self.num_experts, C), "num_experts %d and hidden_size %d" % (self.num_experts, C)),
+                ("experts/0/fc1/weight", (blocks * self.moe_ffn_hidden_size, C),
+                 "moe.ffn_hidden_size %d%s" % (self.moe_ffn_hidden_size, " (SwiGLU: 2 x)" if self.swiglu else ""))]
+        if self.moe_shared_expert_intermediate_size > 0:
+            S = self.moe_shared_expert_intermediate_size
+            want.append(("shared_experts/fc1/weight", (blocks * S, C),
+                         "moe.shared_expert_intermediate_size %d%s" % (S, " (SwiGLU: 2 x)" if self.swiglu else "")))
+        for name, shape, what in want:
+            n = "model/layers/%d/mlp/%s" % (i, name)
+            if n not in shapes:
+                raise InputError("checkpoint: dataset %r of MoE layer %d is missing (deck [moe] layer_freq %s)"
+                                 % (n, i, self.moe_layer_freq))
+            if tuple(shapes[n]) != shape:
+                raise InputError("%s has shape %s, the deck's %s want %s" % (n, tuple(shapes[n]), what, shape))
+
 
 def attention_shape(cfg):
     """(num_heads nh, num_query_groups ng, head_dim d) of a config; one without the
     grouped-query keys (a duck-typed test config) is multi-head with d = C / nh."""
     nh = getattr(cfg, "num_heads", 1)
     return nh, getattr(cfg, "num_query_groups", nh) or nh, getattr(cfg, "head_dim", cfg.hidden_size // nh)
+
+
+def moe_layer_flags(cfg):
+    """[bool] per layer: an MoE layer (configs without the [moe] keys: all dense)."""
+    flags = getattr(cfg, "moe_layers", None)
+    if not getattr(cfg, "num_experts", 0) or flags is None:
+        return [False] * cfg.num_layers
+    return list(flags)
+
+
+def is_moe(cfg):
+    """The model has at least one MoE layer."""
+    return any(moe_layer_flags(cfg))
 
 
 def expected_shapes(cfg):
@@ -270,7 +390,11 @@ def expected_shapes(cfg):
     add_qkv_bias keeps qkv's), and a SwiGLU fc1 holds gate then up (2F rows). Attention: qkv has
     (nh + 2 ng) d rows (q heads | k groups | v groups, each head d contiguous rows), proj nh d
     columns; qk_layernorm adds self_attention/{q,k}_layernorm of d (weight, and bias under
-    LayerNorm)."""
+    LayerNorm). An MoE layer's mlp/ (instead of fc1, fc2): router/weight [E, C] (no bias),
+    router/expert_bias [E] (router_enable_expert_bias; a buffer, not a parameter: buffer_names),
+    experts/<j>/fc1 [blocks Fe, C] and fc2 [C, Fe] for j = 0..E-1 and, with
+    shared_expert_intermediate_size S > 0, shared_experts/fc1 [blocks S, C] and fc2 [C, S]
+    (biases as the dense MLP's: add_bias_linear)."""
     V, P, C, Fh = cfg.vocab_size, cfg.max_position_embeddings, cfg.hidden_size, cfg.ffn_hidden_size
     F1 = 2 * Fh if cfg.swiglu else Fh
     nh, ng, d = attention_shape(cfg)
@@ -288,6 +412,7 @@ def expected_shapes(cfg):
         if bias:
             out[name + "/bias"] = (rows,)
 
+    moe = moe_layer_flags(cfg)
     for i in range(cfg.num_layers):
         p = "model/layers/%d/" % i
         norm(p + "input_layernorm")
@@ -297,6 +422,19 @@ def expected_shapes(cfg):
             norm(p + "self_attention/k_layernorm", d)
         linear(p + "self_attention/proj", C, nh * d, cfg.add_bias_linear)
         norm(p + "post_attention_layernorm")
+        if moe[i]:
+            blocks = 2 if cfg.swiglu else 1
+            Fe, S = cfg.moe_ffn_hidden_size, cfg.moe_shared_expert_intermediate_size
+            linear(p + "mlp/router", cfg.num_experts, C, False)
+            if cfg.moe_router_enable_expert_bias:
+                out[p + "mlp/router/expert_bias"] = (cfg.num_experts,)
+            for j in range(cfg.num_experts):
+                linear(p + "mlp/experts/%d/fc1" % j, blocks * Fe, C, cfg.add_bias_linear)
+                linear(p + "mlp/experts/%d/fc2" % j, C, Fe, cfg.add_bias_linear)
+            if S > 0:
+                linear(p + "mlp/shared_experts/fc1", blocks * S, C, cfg.add_bias_linear)
+                linear(p + "mlp/shared_experts/fc2", C, S, cfg.add_bias_linear)
+            continue
         linear(p + "mlp/fc1", F1, C, cfg.add_bias_linear)
         linear(p + "mlp/fc2", C, Fh, cfg.add_bias_linear)
     norm("model/final_layernorm")
@@ -306,8 +444,15 @@ def expected_shapes(cfg):
 
 
 def param_names(cfg):
-    """Checkpoint dataset names of all GPT parameters, in a fixed order."""
-    return list(expected_shapes(cfg))
+    """Checkpoint dataset names of all trained GPT parameters, in a fixed order (the MoE
+    routers' expert biases are not among them: buffer_names)."""
+    return [n for n in expected_shapes(cfg) if not n.endswith("/router/expert_bias")]
+
+
+def buffer_names(cfg):
+    """Checkpoint datasets of the model that the optimizer does not train: the sigmoid routers'
+    expert biases (router_enable_expert_bias), updated by MoEStats.update_expert_bias."""
+    return [n for n in expected_shapes(cfg) if n.endswith("/router/expert_bias")]
 
 
 def _need_file(path, what):
@@ -355,22 +500,35 @@ class Checkpoint:
             self.optimizer_steps = int(a.get("optimizer_steps", self.iteration))
             cp = parse_deck(self.deck_text)
 
-            # Shapes needed to size the model are read first.
+            # Shapes needed to size the model are read first (layer 0's MLP: dense, or MoE experts).
             for n in ("model/embedding/word_embeddings", "model/layers/0/mlp/fc1/weight"):
-                if n not in f:
+                if n not in f and not (n.endswith("mlp/fc1/weight") and "model/layers/0/mlp/experts/0/fc1/weight" in f):
                     raise InputError("%s: dataset %r is missing" % (path, n))
             shapes = {n: tuple(f[n].shape) for n in
                       ("model/embedding/word_embeddings", "model/embedding/position_embeddings",
                        "model/layers/0/mlp/fc1/weight") if n in f}
+            if "moe" in cp:  # the shapes of every layer's MLP (which layers are MoE layers: the deck)
+                f["model"].visititems(lambda n, d: shapes.__setitem__("model/" + n, tuple(d.shape))
+                                      if isinstance(d, h5py.Dataset) and "/mlp/" in "model/" + n else None)
             self.config = Config(cp, shapes)
             L = self.config.num_layers
             if "model/layers/%d" % L in f:
                 raise InputError("%s: has more layers than the deck's num_layers = %d" % (path, L))
+            for i, moe in enumerate(moe_layer_flags(self.config)):
+                if moe and "model/layers/%d/mlp/experts/%d" % (i, self.config.num_experts) in f:
+                    raise InputError("%s: layer %d has more experts than the deck's num_experts = %d"
+                                     % (path, i, self.config.num_experts))
+                if moe and "model/layers/%d/mlp/fc1" % i in f:
+                    raise InputError("%s: layer %d has a dense mlp/fc1, the deck's [moe] layer_freq %s makes it an MoE layer"
+                                     % (path, i, self.config.moe_layer_freq))
+                if not moe and "model/layers/%d/mlp/router" % i in f:
+                    raise InputError("%s: layer %d has a router, the deck makes it a dense layer ([moe] num_experts %d, "
+                                     "layer_freq %s)" % (path, i, self.config.num_experts, self.config.moe_layer_freq))
 
             exp = expected_shapes(self.config)
             self.names = param_names(self.config)
-            self.params = {}
-            for n in self.names:
+            self.params = {}  # the trained parameters (names) and the MoE expert biases (buffer_names)
+            for n in self.names + buffer_names(self.config):
                 arr = _read_dataset(f, n, path)
                 if tuple(arr.shape) != exp[n]:
                     raise InputError("%s: %s has shape %s, expected %s"
@@ -415,21 +573,37 @@ def layer_spec(cfg):
         scaling = ((cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_max)
                    if cfg.use_rope_scaling else None)
         rotary = tr.Rotary(cfg.rotary_dim, cfg.rotary_base, scaling)
+    moe = None
+    if is_moe(cfg):  # each micro-batch's tokens routed together
+        moe = tr.MoESpec(cfg.num_experts, cfg.moe_router_topk, cfg.moe_router_score_function, cfg.moe_router_pre_softmax,
+                         cfg.moe_expert_capacity_factor, cfg.moe_token_drop_policy, cfg.moe_router_enable_expert_bias,
+                         group_rows=cfg.micro_batch_size)
     return tr.LayerSpec(nh, d, ng, cfg.normalization, cfg.layernorm_epsilon, rotary, cfg.swiglu,
-                        getattr(cfg, "qk_layernorm", False))
+                        getattr(cfg, "qk_layernorm", False), moe)
 
 
 class GPTReference(tr.Transformer):
     """GPT as a plain function of a dict of leaf tensors (named as in the checkpoint): GPT-2's
-    layer or its variants (layer_spec), torch_reference's math."""
+    layer or its variants (layer_spec), torch_reference's math. MoE models: the expert biases
+    (buffer_names) are plain tensors in `buffers`, and every MoE layer's router statistics of
+    each micro-batch are kept in `moe_records` (moe_take hands them out)."""
 
     def __init__(self, cfg, params_np, dtype=torch.float64):
         self.cfg = cfg
         self.dtype = dtype
         self.names = param_names(cfg)
         super().__init__({n: torch.tensor(params_np[n], dtype=dtype).requires_grad_(True) for n in self.names},
-                         layer_spec(cfg))
+                         layer_spec(cfg), {n: torch.tensor(params_np[n], dtype=dtype) for n in buffer_names(cfg)})
         self.tape = None  # a DropoutTape: Trident's masks applied where Trident applies them
+        self.moe_records = []  # (layer prefix, record) of Transformer.moe, in call order
+
+    def moe_record(self, prefix, record):
+        self.moe_records.append((prefix, record))
+
+    def moe_take(self):
+        """The router statistics recorded since the last call (and forget them)."""
+        out, self.moe_records = self.moe_records, []
+        return out
 
     def drop(self, x, site, layer, which, shape):
         """x with Trident's recorded mask of this call applied and kept values scaled by 1/(1-p)
@@ -872,15 +1046,79 @@ class DropoutTape:
         return keep
 
 
+MOE_METRICS = ("moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_dropped")
+
+
+def moe_objective(cfg, records, n_micro):
+    """The MoE part of the training objective of the micro-batches whose router statistics are
+    `records` ([(prefix, record)] of Transformer.moe): sum over them of (aux_loss_coeff * aux +
+    z_loss_coeff * z) / n_micro (n_micro = global_batch_size / micro_batch_size: the mean over the
+    iteration's micro-batches, summed over the MoE layers); a term whose coefficient is 0 is left
+    out (it adds nothing). A 0-d tensor, or None when nothing is left."""
+    terms = []
+    for _, r in records:
+        if cfg.moe_aux_loss_coeff != 0.0:
+            terms.append(cfg.moe_aux_loss_coeff * r["aux"])
+        if cfg.moe_z_loss_coeff != 0.0:
+            terms.append(cfg.moe_z_loss_coeff * r["z"])
+    if not terms:
+        return None
+    return torch.stack(terms).sum() / n_micro
+
+
+class MoEStats:
+    """An iteration's router statistics (all micro-batches, all MoE layers) and what is made of them:
+      moe_aux_loss  the mean over MoE layers and micro-batches of the unscaled aux loss;
+      moe_z_loss    the same of the unscaled z loss;
+      moe_max_load  the mean over MoE layers of max_e c_e / mean_e c_e, c_e the selections of expert e
+                    by the actual routing (with the expert bias, before capacity drops) summed over
+                    the iteration's micro-batches;
+      moe_dropped   the (token, expert) selections dropped by capacity / all selections, over the
+                    iteration's micro-batches and the MoE layers (0 dropless);
+    and the aux-loss-free update of the expert biases from the same c_e (update_expert_bias)."""
+
+    def __init__(self):
+        self.aux, self.z = [], []
+        self.counts = {}  # layer prefix -> (E,) int64 selections summed over micro-batches
+        self.dropped = self.selections = 0
+
+    def add(self, records):
+        for prefix, r in records:
+            self.aux.append(float(r["aux"]))
+            self.z.append(float(r["z"]))
+            c = r["counts"].detach().to(torch.int64)
+            self.counts[prefix] = self.counts[prefix] + c if prefix in self.counts else c.clone()
+            self.dropped += int(r["dropped"])
+            self.selections += int(r["selections"])
+
+    def metrics(self):
+        loads = [float(c.max()) / (float(c.sum()) / c.numel()) for c in self.counts.values()]
+        return {"moe_aux_loss": sum(self.aux) / len(self.aux), "moe_z_loss": sum(self.z) / len(self.z),
+                "moe_max_load": sum(loads) / len(loads), "moe_dropped": self.dropped / self.selections}
+
+    def update_expert_bias(self, buffers, rate):
+        """bias_e += rate * sign(mean(c) - c_e) of each MoE layer that has an expert bias."""
+        for prefix, c in self.counts.items():
+            b = buffers.get(prefix + "router/expert_bias")
+            if b is not None:
+                tr.expert_bias_update(b, c, rate)
+
+
 class Trainer:
     """One reference training step = grads of the global-batch mean loss (accumulated over
-    memory-bounded chunks of rows), global norm, clipping, schedule, AdamW."""
+    memory-bounded chunks of rows), global norm, clipping, schedule, AdamW. MoE models: one
+    micro-batch per chunk, the objective adds moe_objective, the expert biases are updated after
+    the optimizer step, and step() returns the iteration's MoEStats metrics under "moe" and the
+    whole objective (the loss plus the MoE terms) under "objective"."""
 
     LOGITS_BYTES = 256 << 20
 
     def __init__(self, ckpt, dtype=torch.float64, tape=None, emulate=None):
         self.cfg = ckpt.config
         self.emulate = emulate  # None, or "bf16" / "fp16": Trident's 16-bit rounding points
+        if emulate is not None and is_moe(self.cfg):
+            raise InputError("the 16-bit emulation does not model MoE layers (Trident's 16-bit rounding points of the "
+                             "router and experts are not specified); compare with --emulate none and looser tolerances")
         self.iteration = ckpt.iteration
         self.initial = ckpt.params  # the model of the checkpoint (parameter changes are measured from it)
         self.matches_checkpoint = True
@@ -934,12 +1172,28 @@ class Trainer:
             # predictions, averaged over the iteration's micro-batches (consecutive rows)
             rows = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows
+        moe = MoEStats() if is_moe(cfg) else None
+        if moe is not None:  # the router statistics belong to micro-batches: one per chunk
+            rows = cfg.micro_batch_size
+            self.model.moe_take()
+            objective = 0.0  # the cross-entropy plus the MoE terms (reported apart from the loss)
         for s in range(0, windows.shape[0], rows):
             chunk = windows[s:s + rows]
             norm = n_micro * max(self.model.loss_count(chunk), 1) if cfg.eod_mask_loss or getattr(cfg, "sft", False) else n_tokens
             loss = self.model.loss_sum(chunk) / norm
-            loss.backward()
+            if moe is not None:
+                records = self.model.moe_take()
+                extra = moe_objective(cfg, records, windows.shape[0] // cfg.micro_batch_size)
+                (loss if extra is None else loss + extra).backward()
+                moe.add(records)
+                objective += loss.item() + (0.0 if extra is None else extra.item())
+            else:
+                loss.backward()
             total += loss.item()
+        if moe is not None:  # an expert that no token reached this iteration: a zero gradient (AdamW still steps it)
+            for p in params.values():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         with torch.no_grad():
             sq = sum(float((p.grad.double() ** 2).sum()) for p in params.values())
             gnorm = math.sqrt(sq)
@@ -952,6 +1206,10 @@ class Trainer:
                         p.grad.mul_(coeff)
         lr = lr_at(cfg, it)
         self.opt.step(lr)
+        if moe is not None:
+            moe.update_expert_bias(self.model.buffers, cfg.moe_router_bias_update_rate)
+            return {"iteration": it, "loss": total, "lr": lr, "grad_norm": gnorm, "grads": grads, "moe": moe.metrics(),
+                    "objective": objective}
         return {"iteration": it, "loss": total, "lr": lr, "grad_norm": gnorm, "grads": grads}
 
     def _step16(self, batch, keep_grads, loss_scale):
@@ -1390,6 +1648,25 @@ def cmd_compare(args):
     trainer = Trainer(ckpt, dtype, tape, emulate)
     failures = []
     step_rows = []
+    moe = is_moe(cfg)
+    moe_present = []  # the moe_* columns Trident's CSV has (compared per step, as the loss)
+    if moe:
+        moe_present = [c for c in MOE_METRICS if any(c in metrics[i] for i in compared)]
+        print("MoE: layers %s, %d experts of width %d, top-%d %s%s, shared expert %d, capacity factor %g%s, "
+              "aux_loss_coeff %g, z_loss_coeff %g%s; routed per micro-batch of %d x %d tokens"
+              % ([i for i, f in enumerate(moe_layer_flags(cfg)) if f], cfg.num_experts, cfg.moe_ffn_hidden_size,
+                 cfg.moe_router_topk, cfg.moe_router_score_function,
+                 " (pre-softmax)" if cfg.moe_router_pre_softmax and cfg.moe_router_score_function == "softmax" else "",
+                 cfg.moe_shared_expert_intermediate_size, cfg.moe_expert_capacity_factor,
+                 " (drop policy %s)" % cfg.moe_token_drop_policy if cfg.moe_expert_capacity_factor > 0 else " (dropless)",
+                 cfg.moe_aux_loss_coeff, cfg.moe_z_loss_coeff,
+                 ", expert bias (update rate %g)" % cfg.moe_router_bias_update_rate
+                 if cfg.moe_router_enable_expert_bias else "", cfg.micro_batch_size, cfg.seq_length))
+        absent = [c for c in MOE_METRICS if c not in moe_present]
+        if absent:
+            print("note: Trident's metrics have no column %s: not compared (the reference's values are printed)"
+                  % ", ".join(absent))
+    moe_bias_note = False
     hdr = ("%6s %15s %15s %9s %11s %11s %9s %12s %12s %9s  %s"
            % ("iter", "loss_trident", "loss_ref", "rel", "lr_trident", "lr_ref", "lr_rel",
               "gnorm_trid", "gnorm_ref", "gn_rel", "status"))
@@ -1426,6 +1703,20 @@ def cmd_compare(args):
                 param_rows[-1]["key_bias"] = {n: e for n, e in kb}
                 print("    worst tensor %s; key bias (not compared, see key_bias_block): %s"
                       % (max(rows_p, key=lambda r: r[1])[0], ", ".join("%.2e" % e for _, e in kb)))
+            if trainer.model.buffers:  # the MoE expert biases, when the dump holds them
+                with h5py.File(pf, "r") as f:
+                    held = {n: b for n, b in trainer.model.buffers.items() if n in f}
+                if held:
+                    wb, rows_b, bad_b = compare_params(pf, held, trainer.initial, args.param_rtol)
+                    worst_param = max(worst_param, wb) if wb == wb else wb
+                    failures += bad_b
+                    param_rows[-1]["expert_bias"] = {"worst": wb, "tensors": len(rows_b)}
+                    print("  expert biases after iteration %d: %d tensors, worst error %.2e of the change since the "
+                          "checkpoint (tolerance %.1e)%s" % (i, len(rows_b), wb, args.param_rtol,
+                                                              "" if not bad_b else " FAIL"))
+                elif not moe_bias_note:
+                    moe_bias_note = True
+                    print("  note: %s holds no router/expert_bias: the expert biases are not compared" % pf)
         row = {"iteration": i, "loss_ref": res["loss"], "lr_ref": res["lr"],
                "grad_norm_ref": res["grad_norm"]}
         if i in metrics:
@@ -1460,10 +1751,33 @@ def cmd_compare(args):
             print("%6d %15.9g %15.9g %9.2e %11.5g %11.5g %9.2e %12.7g %12.7g %9.2e  %s"
                   % (i, lt, res["loss"], lrel, lrt, res["lr"], rrel, gt, res["grad_norm"], grel,
                      "ok" if not bad else "FAIL(" + ",".join(bad) + ")"))
+            if moe:
+                # the unscaled aux and z losses, the max load and the dropped fraction: relative, as the loss
+                parts, moe_bad = [], []
+                row["moe_ref"] = res["moe"]
+                row["moe_trident"] = {c: m[c] for c in MOE_METRICS if c in m}
+                for c in MOE_METRICS:
+                    if c not in m:
+                        parts.append("%s - %.9g" % (c[4:], res["moe"][c]))
+                        continue
+                    r_ = _rel(m[c], res["moe"][c])
+                    row[c + "_rel"] = r_
+                    parts.append("%s %.9g %.9g %.2e" % (c[4:], m[c], res["moe"][c], r_))
+                    if not (r_ <= args.loss_rtol):
+                        moe_bad.append(c)
+                        failures.append("iteration %d: %s differs" % (i, c))
+                row["ok"] = row["ok"] and not moe_bad
+                row["objective_ref"] = res["objective"]
+                print("%6s moe (trident ref rel): %s | objective (ref) %.9g  %s"
+                      % ("", " | ".join(parts), res["objective"], "ok" if not moe_bad else "FAIL(" + ",".join(moe_bad) + ")"))
         else:
             print("%6d %15s %15.9g %9s %11s %11.5g %9s %12s %12.7g %9s  %s"
                   % (i, "-", res["loss"], "-", "-", res["lr"], "-", "-", res["grad_norm"], "-",
                      "not logged"))
+            if moe:
+                row["moe_ref"], row["objective_ref"] = res["moe"], res["objective"]
+                print("%6s moe (ref): %s | objective %.9g" % ("", " | ".join("%s %.9g" % (c[4:], res["moe"][c])
+                                                                            for c in MOE_METRICS), res["objective"]))
         step_rows.append(row)
     forced_upd = None
     if emulate is not None and args.params:
@@ -1563,6 +1877,9 @@ def cmd_compare(args):
                                        {"iteration": grads_it, "differ": forced_upd[0], "elements": forced_upd[1],
                                         "largest": forced_upd[2]}),
                "seconds": elapsed}
+        if moe:
+            rep["moe_columns_compared"] = moe_present
+            rep["moe_columns_absent"] = [c for c in MOE_METRICS if c not in moe_present]
         with open(args.report, "w") as fh:
             json.dump(rep, fh, indent=1)
     return 0 if ok else 1
@@ -1587,6 +1904,7 @@ def eval_windows_loss(model, tokens, S, n_windows, chunk=8):
             if w.min() < 0 or w.max() >= model.cfg.vocab_size:
                 raise InputError("shard has token ids outside [0, %d)" % model.cfg.vocab_size)
             total += float(model.loss_sum(torch.from_numpy(w)))
+            model.moe_take()  # (MoE: the router statistics are not needed here)
     return total / (n_windows * S)
 
 
@@ -1608,7 +1926,9 @@ def cmd_eval(args):
                              % (args.shard, ds.shape[0], args.windows, S, need))
         tokens = ds[:need]
     model = GPTReference(ckpt.config, ckpt.params, dtype)
-    loss = eval_windows_loss(model, tokens, S, args.windows)
+    # MoE: the windows go through in micro-batches (the router's unit, which capacity depends on)
+    loss = eval_windows_loss(model, tokens, S, args.windows,
+                             ckpt.config.micro_batch_size if is_moe(ckpt.config) else 8)
     print("eval loss: %.9g" % loss)
     return 0
 

@@ -30,6 +30,9 @@ class Checkpoint:
                 raise g.InputError("%s: model is %r, expected %r" % (path, model, kind))
             self.iteration = int(f.attrs.get("iteration", 0))
             self.deck = g.parse_deck(g._attr_str(f.attrs["deck"]))
+            if g._deck_get(self.deck, "moe", "num_experts", g._to_int, 0) > 0:
+                raise g.InputError("%s: the BERT and T5 references model dense MLPs only (the deck has [moe] "
+                                   "num_experts > 0)" % path)
             shapes = {n: tuple(f[n].shape) for n in ("model/embedding/word_embeddings",
                                                       "model/embedding/position_embeddings")}
             shapes["model/layers/0/mlp/fc1/weight"] = tuple(f[fc1].shape)
@@ -42,7 +45,11 @@ class Checkpoint:
 def layer_spec(cfg):
     """The torch_reference.LayerSpec of the BERT and T5 layers: GPT-2's (LayerNorm, GELU, learned
     positions, multi-head attention) with the config's heads and eps. A deck with grouped-query
-    attention, other head channels or q / k norms is refused: these references do not model them."""
+    attention, other head channels, q / k norms or MoE layers is refused: these references do not
+    model them."""
+    if g.is_moe(cfg):
+        raise g.InputError("the BERT and T5 references model dense MLPs only (the deck has [moe] num_experts %d)"
+                           % cfg.num_experts)
     if (cfg.num_query_groups, cfg.head_dim, cfg.qk_layernorm) != (cfg.num_heads, cfg.hidden_size // cfg.num_heads,
                                                                    False):
         raise g.InputError("the BERT and T5 references model multi-head attention of hidden_size / num_heads channels "

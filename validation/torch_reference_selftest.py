@@ -26,6 +26,16 @@
   6. `gpt_reference.py compare` end to end on fake runs of the variant model made by the reference
      itself: an fp32 "Trident" (the reference in float32) passes; a bf16 run (the emulation's own
      trajectory) passes with zero differences, the forward and update checks included.
+  7. Mixture of experts (torch_reference's moe_* functions and Transformer.moe, gpt_reference's
+     [moe] deck, objective and metrics): the routing of all score variants (softmax after / before
+     the top-k, sigmoid with and without the expert bias) against a brute-force enumeration of the
+     k-subsets on logits with ties; capacity drops under both policies on a hand-built example
+     whose kept set is stated; the aux loss equals E coeff sum_e f_e P_e; an MoE layer with E = 1,
+     k = 1, softmax is the dense MLP bit for bit (and a whole model: loss and gradients); autograd
+     gradients of the MoE layer (router, experts, shared expert, input) against central finite
+     differences in float64; the expert-bias update; the [moe] deck keys, their errors and the
+     checkpoint names; `compare` end to end on fake MoE runs (with and without Trident's moe_*
+     columns, and a wrong moe_aux_loss refused).
 
 Exit status 0 when everything holds, 1 otherwise.
 """
@@ -36,6 +46,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import io  # noqa: E402
+import itertools  # noqa: E402
 import re  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -736,6 +747,538 @@ def check_compare_end_to_end(check, g, torch):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------------------
+# 7. Mixture of experts
+# --------------------------------------------------------------------------------------
+
+def moe_deck(**kw):
+    """A [moe] section of the keys given."""
+    return "\n[moe]\n" + "".join("%s = %s\n" % kv for kv in kw.items())
+
+
+def moe_config(g, model, precision="fp32", **moe):
+    """gpt_reference.Config of a deck with a [moe] section; the shapes Config reads of every layer
+    (dense fc1 and MoE router / expert 0 / shared expert) from the deck's own values."""
+    cp = g.parse_deck(deck_text(model, precision, moe_deck(**moe)))
+    blocks = 2 if model.get("swiglu", "false") == "true" else 1
+    E = int(moe.get("num_experts", 0))
+    Fe = int(moe.get("ffn_hidden_size", 0)) or model["ffn_hidden_size"]
+    S = int(moe.get("shared_expert_intermediate_size", 0))
+    shapes = {"model/embedding/word_embeddings": (V, C)}
+    if model.get("position_embedding_type", "learned_absolute") == "learned_absolute":
+        shapes["model/embedding/position_embeddings"] = (model["max_position_embeddings"], C)
+    for i in range(model["num_layers"]):
+        pre = "model/layers/%d/mlp/" % i
+        shapes[pre + "fc1/weight"] = (blocks * model["ffn_hidden_size"], C)
+        shapes[pre + "router/weight"] = (E, C)
+        shapes[pre + "experts/0/fc1/weight"] = (blocks * Fe, C)
+        shapes[pre + "shared_experts/fc1/weight"] = (blocks * S, C)
+    return g.Config(cp, shapes)
+
+
+class RecordingLayer:
+    """A torch_reference.Transformer that keeps the router records (the hook's default drops them)."""
+
+    @staticmethod
+    def make(tr, params, spec, buffers=None):
+        class _T(tr.Transformer):
+            def moe_record(self, prefix, record):
+                self.records.append((prefix, record))
+        t = _T(params, spec, buffers)
+        t.records = []
+        return t
+
+
+def brute_topk(scores, k):
+    """The k-subset S of a row of scores with s_i > s_j, or s_i == s_j and i < j, for every i in S and
+    j outside (the lower index wins ties): all subsets enumerated, the unique such one returned."""
+    E = len(scores)
+    hits = [S for S in itertools.combinations(range(E), k)
+            if all(scores[i] > scores[j] or (scores[i] == scores[j] and i < j) for i in S for j in range(E) if j not in S)]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+def check_moe_routing(check, tr, torch):
+    rng = np.random.default_rng(71)
+    N, E = 12, 5
+    # half the rows on a coarse grid (exact ties, several per row), half continuous
+    logits = np.concatenate([rng.integers(-3, 4, size=(N // 2, E)) / 2.0, rng.standard_normal((N - N // 2, E))])
+    logits[0] = 0.5  # all tied
+    bias = np.array([0.25, 0.0, 0.25, -0.5, 0.0])  # ties kept among experts of equal bias
+    lt = torch.tensor(logits)
+    for k in (1, 2, 3):
+        for label, score, pre, b in (("softmax, top-k then softmax", "softmax", False, None),
+                                      ("softmax before the top-k", "softmax", True, None),
+                                      ("sigmoid", "sigmoid", False, None),
+                                      ("sigmoid with the expert bias", "sigmoid", False, bias)):
+            probs, idx = tr.moe_route(lt, k, score, pre, None if b is None else torch.tensor(b))
+            if score == "softmax":
+                sel_scores = (lt if not pre else torch.softmax(lt, dim=-1)).numpy()
+            else:
+                sel_scores = torch.sigmoid(lt).numpy() + (0.0 if b is None else b)
+            worst, same = 0.0, True
+            for t in range(N):
+                S = brute_topk(list(sel_scores[t]), k)
+                got = [int(j) for j in idx[t]]
+                # the slots: largest score first, equal scores lower index first
+                same &= got == sorted(S, key=lambda j: (-sel_scores[t][j], j))
+                l = logits[t]
+                if score == "softmax" and not pre:
+                    e = [math.exp(l[j]) for j in S]
+                    want = [v / sum(e) for v in e]
+                elif score == "softmax":
+                    e = [math.exp(v) for v in l]
+                    want = [math.exp(l[j]) / sum(e) for j in S]
+                else:
+                    sg = [1.0 / (1.0 + math.exp(-l[j])) for j in S]
+                    want = [v / (sum(sg) + 1e-20) for v in sg] if k > 1 else sg
+                want = dict(zip(S, want))
+                worst = max([worst] + [abs(float(probs[t, s]) - want[got[s]]) / want[got[s]] for s in range(k)
+                                       if got[s] in want])
+            check("moe: routing %s, k = %d, against the brute-force k-subsets (ties: lower index)" % (label, k),
+                  same and worst <= 1e-14, "selections %s, probs worst relative %.1e" % ("equal" if same else "DIFFER", worst))
+
+
+def check_moe_capacity(check, tr, torch):
+    # T = 8 tokens, E = 2, k = 1, softmax before the top-k (probs = the softmax value of the chosen
+    # expert), capacity factor 0.5: capacity = ceil(8 * 1 / 2 * 0.5) = 2 tokens per expert.
+    #   token      0     1     2     3     4     5     6     7
+    #   expert     0     0     1     0     0     1     0     1
+    #   prob     .622  .881  .731  .731  .953  .550  .881  .924   (token 6 ties token 1)
+    # probs:    expert 0 keeps {4, 1} (1 beats 6 on the tie: lower index), expert 1 keeps {7, 2}
+    # position: expert 0 keeps {0, 1}, expert 1 keeps {2, 5}
+    d = [(0.5, 0.0), (2.0, 0.0), (0.0, 1.0), (1.0, 0.0), (3.0, 0.0), (0.0, 0.2), (2.0, 0.0), (0.0, 2.5)]
+    N, Cm, F_ = len(d), 3, 4
+    cap = tr.moe_capacity(N, 1, 2, 0.5)
+    check("moe: capacity ceil(T k / E factor) = ceil(8 / 2 x 0.5) = 2", cap == 2, cap)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.tensor(d, dtype=torch.float64), torch.randn(N, 1, generator=gen, dtype=torch.float64)], 1)
+    params = {"l/mlp/router/weight": torch.eye(2, Cm, dtype=torch.float64)}  # logits = the first two channels
+    for j in range(2):
+        params["l/mlp/experts/%d/fc1/weight" % j] = torch.randn(F_, Cm, generator=gen, dtype=torch.float64)
+        params["l/mlp/experts/%d/fc1/bias" % j] = torch.randn(F_, generator=gen, dtype=torch.float64)
+        params["l/mlp/experts/%d/fc2/weight" % j] = torch.randn(Cm, F_, generator=gen, dtype=torch.float64)
+        params["l/mlp/experts/%d/fc2/bias" % j] = torch.randn(Cm, generator=gen, dtype=torch.float64)
+    for policy, kept in (("probs", {0: {1, 4}, 1: {2, 7}}), ("position", {0: {0, 1}, 1: {2, 5}})):
+        probs, idx = tr.moe_route(x @ params["l/mlp/router/weight"].T, 1, "softmax", True)
+        keep = tr.moe_capacity_keep(probs, idx, 2, cap, policy)
+        got = {e: {t for t in range(N) if bool(keep[t, 0]) and int(idx[t, 0]) == e} for e in range(2)}
+        spec = tr.LayerSpec(1, Cm, moe=tr.MoESpec(2, 1, "softmax", True, 0.5, policy))
+        layer = RecordingLayer.make(tr, params, spec)
+        y = layer.mlp(x.reshape(1, N, Cm), "l/mlp/").reshape(N, Cm)
+        want = torch.zeros(N, Cm, dtype=torch.float64)
+        for e, toks in kept.items():
+            for t in toks:  # the kept tokens: prob x expert(x), the prob not renormalised
+                want[t] = probs[t, 0] * layer.mlp(x[t:t + 1], "l/mlp/experts/%d/" % e)[0]
+        rec = layer.records[0][1]
+        check("moe: capacity 2, policy %s keeps expert 0 %s, expert 1 %s; the dropped tokens' output is 0, the "
+              "kept ones prob x expert(x); 4 of 8 selections dropped" % (policy, sorted(kept[0]), sorted(kept[1])),
+              got == kept and float((y - want).abs().max()) <= 1e-15 and rec["dropped"] == 4 and rec["selections"] == 8
+              and rec["counts"].tolist() == [5, 3],
+              "kept %s, output max difference %.1e, dropped %d" % (got, float((y - want).abs().max()), rec["dropped"]))
+
+
+def check_moe_aux(check, tr, torch):
+    rng = np.random.default_rng(72)
+    N, E, k, coeff = 9, 4, 2, 0.01
+    logits = torch.tensor(rng.standard_normal((N, E)))
+    for score in ("softmax", "sigmoid"):
+        p = tr.moe_aux_scores(logits, score)
+        pn = p.numpy()
+        counts = np.zeros(E)
+        for t in range(N):
+            for j in brute_topk(list(pn[t]), k):
+                counts[j] += 1
+        f = counts / (k * N)
+        P = [sum(pn[t][e] for t in range(N)) / N for e in range(E)]
+        want = E * coeff * sum(f[e] * P[e] for e in range(E))
+        got = coeff * float(tr.moe_aux_loss(p, torch.tensor(counts, dtype=torch.int64), k))
+        check("moe: aux loss (%s scores) = E coeff sum_e f_e P_e, f_e = counts_e / (k T), P_e = mean_t p_te" % score,
+              abs(got - want) <= 1e-15 * abs(want), "%.17g vs %.17g" % (got, want))
+    # in the layer: the counts of the aux loss are the top-k of p (no expert bias, before capacity drops), the
+    # z loss is mean_t logsumexp^2
+    Cm = 4
+    gen = torch.Generator().manual_seed(9)
+    params = {"l/router/weight": torch.randn(E, Cm, generator=gen, dtype=torch.float64)}
+    for j in range(E):
+        params["l/experts/%d/fc1/weight" % j] = torch.randn(3, Cm, generator=gen, dtype=torch.float64)
+        params["l/experts/%d/fc2/weight" % j] = torch.randn(Cm, 3, generator=gen, dtype=torch.float64)
+    buffers = {"l/router/expert_bias": torch.tensor([2.0, 0.0, 0.0, -2.0], dtype=torch.float64)}
+    x = torch.randn(1, N, Cm, generator=gen, dtype=torch.float64)
+    layer = RecordingLayer.make(tr, params, tr.LayerSpec(1, Cm, moe=tr.MoESpec(E, k, "sigmoid", False, 0.6, "position",
+                                                                               True)), buffers)
+    layer.mlp(x, "l/")
+    rec = layer.records[0][1]
+    lg = (x[0] @ params["l/router/weight"].T)
+    pn = tr.moe_aux_scores(lg, "sigmoid").numpy()
+    counts = np.zeros(E)
+    for t in range(N):
+        for j in brute_topk(list(pn[t]), k):
+            counts[j] += 1
+    want = E * sum(counts[e] / (k * N) * pn[:, e].mean() for e in range(E))
+    zwant = float(np.mean([math.log(sum(math.exp(v) for v in row)) ** 2 for row in lg.numpy()]))
+    routed = rec["counts"].numpy()
+    check("moe: the layer's aux loss counts the top-k of p without the expert bias and before capacity drops "
+          "(the biased routing's counts %s differ from those %s, %d dropped); its z loss is mean_t logsumexp^2"
+          % (routed.tolist(), counts.astype(int).tolist(), rec["dropped"]),
+          abs(float(rec["aux"]) - want) <= 1e-14 * want and abs(float(rec["z"]) - zwant) <= 1e-14 * zwant
+          and routed.tolist() != counts.tolist() and rec["dropped"] > 0,
+          "aux %.17g vs %.17g, z %.17g vs %.17g" % (float(rec["aux"]), want, float(rec["z"]), zwant))
+
+
+def check_moe_dense_equivalence(check, g, tr, torch):
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 7, C, generator=gen, dtype=torch.float64)
+    for swiglu, bias in ((False, True), (True, False)):
+        F1 = 2 * FFN if swiglu else FFN
+        dense = {"d/fc1/weight": torch.randn(F1, C, generator=gen, dtype=torch.float64),
+                 "d/fc2/weight": torch.randn(C, FFN, generator=gen, dtype=torch.float64)}
+        if bias:
+            dense["d/fc1/bias"] = torch.randn(F1, generator=gen, dtype=torch.float64)
+            dense["d/fc2/bias"] = torch.randn(C, generator=gen, dtype=torch.float64)
+        params = dict(dense)
+        params["m/router/weight"] = torch.randn(1, C, generator=gen, dtype=torch.float64)
+        for n, t in dense.items():
+            params["m/experts/0/" + n[2:]] = t
+        for rows in (None, 1):
+            # micro-batches of 1 row: the dense MLP of each row (GEMMs of other heights round differently)
+            spec = tr.LayerSpec(NH, C // NH, swiglu=swiglu, moe=tr.MoESpec(1, 1, "softmax", group_rows=rows))
+            layer = tr.Transformer(params, spec)
+            a = layer.mlp(x, "d/") if rows is None else torch.cat([layer.mlp(x[r:r + 1], "d/") for r in range(3)])
+            b = layer.mlp(x, "m/")
+            check("moe: E = 1, k = 1, softmax is the dense MLP bit for bit (%s%s, %s)"
+                  % ("SwiGLU" if swiglu else "GELU", " with biases" if bias else "", "one micro-batch of 3 rows"
+                     if rows is None else "micro-batches of 1 row, against the dense MLP of each row"),
+                  bool((a == b).all()), "max difference %.1e" % float((a - b).abs().max()))
+    # a whole model: every layer MoE with the dense weights as its expert 0: the loss and the gradients of one
+    # micro-batch bit for bit, the router's gradient exactly 0 (the probs are 1 whatever the logit; the aux loss
+    # is the constant 1)
+    w = torch.as_tensor(windows(1, rows=B))
+    for name in ("gpt2", "llama"):
+        cfg_d = gpt_config(g, GPT_DECKS[name])
+        cfg_m = moe_config(g, GPT_DECKS[name], num_experts=1, router_topk=1, aux_loss_coeff=0.1)
+        pd = random_params(g.expected_shapes(cfg_d), 18)
+        pm = {}
+        for n in g.expected_shapes(cfg_m):
+            src = n.replace("mlp/experts/0/", "mlp/")
+            pm[n] = pd[src] if src in pd else np.random.default_rng(3).standard_normal((1, C))
+        ld, gd = loss_and_grads(g.GPTReference(cfg_d, pd), w)
+        mm = g.GPTReference(cfg_m, pm)
+        lm, gm = loss_and_grads(mm, w)
+        recs = mm.moe_take()
+        same = ld == lm and all((gm[n] == gd[n.replace("mlp/experts/0/", "mlp/")]).all() for n in gm if "router" not in n)
+        router_zero = all(not gm[n].any() for n in gm if "router" in n)
+        check("moe: a %s model whose layers are MoE layers of E = 1, k = 1 (softmax) is the dense model: loss and "
+              "gradients bit for bit, the router's gradient 0, the aux loss 1" % name,
+              same and router_zero and all(float(r["aux"]) == 1.0 for _, r in recs) and len(recs) == L,
+              "loss %r vs %r" % (lm, ld))
+
+
+def check_moe_gradients(check, tr, torch):
+    """Autograd against central differences: J = sum(y * R) + 0.3 aux + 0.2 z (every record) of an MoE
+    layer on 2 micro-batches of 1 row, in float64, every element of the router, the experts, the shared
+    expert and the input."""
+    Cm, E, Fe, S, Tn = 4, 4, 3, 2, 5
+    for label, swiglu, bias, moe in (
+            ("softmax top-k then softmax, capacity 1.0 (probs policy), GELU with biases, shared expert",
+             False, True, tr.MoESpec(E, 2, "softmax", False, 1.0, "probs", group_rows=1)),
+            ("softmax before the top-k, dropless, SwiGLU, shared expert", True, False,
+             tr.MoESpec(E, 2, "softmax", True, group_rows=1)),
+            ("sigmoid with the expert bias, k = 3, capacity 0.8 (position policy), GELU with biases", False, True,
+             tr.MoESpec(E, 3, "sigmoid", False, 0.8, "position", True, group_rows=1)),
+            ("sigmoid, k = 1, SwiGLU", True, False, tr.MoESpec(E, 1, "sigmoid", group_rows=1))):
+        gen = torch.Generator().manual_seed(23)
+        blocks = 2 if swiglu else 1
+        shapes = {"router/weight": (E, Cm)}
+        for pre, width in (["experts/%d/" % j, Fe] for j in range(E)) if label.endswith("k = 1, SwiGLU") else \
+                [["experts/%d/" % j, Fe] for j in range(E)] + [["shared_experts/", S]]:
+            shapes[pre + "fc1/weight"], shapes[pre + "fc2/weight"] = (blocks * width, Cm), (Cm, width)
+            if bias:
+                shapes[pre + "fc1/bias"], shapes[pre + "fc2/bias"] = (blocks * width,), (Cm,)
+        params = {n: torch.randn(*shp, generator=gen, dtype=torch.float64).requires_grad_(True) for n, shp in shapes.items()}
+        buffers = {"router/expert_bias": torch.tensor([0.3, -0.2, 0.0, 0.1], dtype=torch.float64)}
+        x = torch.randn(2, Tn, Cm, generator=gen, dtype=torch.float64).requires_grad_(True)
+        R = torch.randn(2, Tn, Cm, generator=gen, dtype=torch.float64)
+        layer = RecordingLayer.make(tr, params, tr.LayerSpec(1, Cm, swiglu=swiglu, moe=moe), buffers)
+
+        def J():
+            layer.records = []
+            y = layer.mlp(x, "")
+            return (y * R).sum() + sum(0.3 * r["aux"] + 0.2 * r["z"] for _, r in layer.records)
+
+        J().backward()
+        dropped = sum(r["dropped"] for _, r in layer.records)
+        h, worst = 1e-5, 0.0
+        with torch.no_grad():
+            for name, t in list(params.items()) + [("x", x)]:
+                fd = torch.zeros_like(t)
+                flat, fdf = t.view(-1), fd.view(-1)
+                for e in range(flat.numel()):
+                    v = float(flat[e])
+                    flat[e] = v + h
+                    jp = float(J())
+                    flat[e] = v - h
+                    jm = float(J())
+                    flat[e] = v
+                    fdf[e] = (jp - jm) / (2 * h)
+                ag = t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape))  # an expert without tokens
+                worst = max(worst, rel(ag, fd.numpy()) if float(fd.abs().max()) > 0 else float(np.abs(ag).max()))
+        check("moe: gradients of the MoE layer (router, experts, input) against central differences: %s%s"
+              % (label, " (%d selections dropped)" % dropped if moe.capacity_factor > 0 else ""),
+              worst <= 1e-7 and (moe.capacity_factor == 0 or dropped > 0), "worst relative L2 error %.1e" % worst)
+
+
+def check_moe_deck(check, g, reference_loop, tr, torch):
+    cfg = moe_config(g, base_model(), num_experts=4)
+    check("moe deck: defaults (router_topk 2, expert width = ffn_hidden_size, layer_freq 1: every layer, softmax, "
+          "no shared expert, dropless, probs policy, no expert bias, rate 1e-3, coefficients 0)",
+          (cfg.moe_router_topk, cfg.moe_ffn_hidden_size, cfg.moe_layers, cfg.moe_router_score_function,
+           cfg.moe_router_pre_softmax, cfg.moe_shared_expert_intermediate_size, cfg.moe_expert_capacity_factor,
+           cfg.moe_token_drop_policy, cfg.moe_router_enable_expert_bias, cfg.moe_router_bias_update_rate,
+           cfg.moe_aux_loss_coeff, cfg.moe_z_loss_coeff)
+          == (2, FFN, [True] * L, "softmax", False, 0, 0.0, "probs", False, 1e-3, 0.0, 0.0))
+    four = dict(base_model(), num_layers=4)
+    check("moe deck: layer_freq 2 of 4 layers is [1,0,1,0]; [0,1,1,0] as listed",
+          moe_config(g, four, num_experts=2, layer_freq=2).moe_layers == [True, False, True, False]
+          and moe_config(g, four, num_experts=2, layer_freq="[0,1,1,0]").moe_layers == [False, True, True, False])
+    dense = gpt_config(g, GPT_DECKS["gpt2"])
+    zero = moe_config(g, GPT_DECKS["gpt2"], num_experts=0, router_topk=8)
+    check("moe deck: num_experts 0 is the dense model (same names and shapes, no MoE layer)",
+          list(g.expected_shapes(zero).items()) == list(g.expected_shapes(dense).items()) and not g.is_moe(zero))
+    for bad, why in ((dict(num_experts=4, router_topk=5), "router_topk > num_experts"),
+                     (dict(num_experts=4, router_topk=0), "router_topk 0"),
+                     (dict(num_experts=-1), "num_experts < 0"),
+                     (dict(num_experts=4, router_score_function="relu"), "an unknown score function"),
+                     (dict(num_experts=4, token_drop_policy="random"), "an unknown drop policy"),
+                     (dict(num_experts=4, layer_freq="[1,0,1]"), "a layer_freq list of 3 for 2 layers"),
+                     (dict(num_experts=4, layer_freq="[1,2]"), "a layer_freq list entry 2"),
+                     (dict(num_experts=4, layer_freq="0"), "layer_freq 0"),
+                     (dict(num_experts=4, layer_freq="x"), "layer_freq x"),
+                     (dict(num_experts=4, router_enable_expert_bias="true"), "the expert bias with softmax"),
+                     (dict(num_experts=4, expert_capacity_factor=-1), "a negative capacity factor"),
+                     (dict(num_experts=4, aux_loss_coeff="nan"), "a NaN coefficient"),
+                     (dict(num_experts=4, router_pre_softmax="maybe"), "router_pre_softmax maybe")):
+        try:
+            moe_config(g, base_model(), **bad)
+            ok = False
+        except g.InputError:
+            ok = True
+        check("moe deck: refused (%s)" % why, ok)
+    # the checkpoint's widths: layer 0 an MoE layer, its experts checked against moe.ffn_hidden_size, layer 1's fc1
+    # against model.ffn_hidden_size
+    cp = g.parse_deck(deck_text(base_model(), "fp32", moe_deck(num_experts=3, ffn_hidden_size=6, layer_freq="[1,0]",
+                                                                shared_expert_intermediate_size=5)))
+    good = {"model/embedding/word_embeddings": (V, C), "model/embedding/position_embeddings": (T + 4, C),
+            "model/layers/0/mlp/router/weight": (3, C), "model/layers/0/mlp/experts/0/fc1/weight": (6, C),
+            "model/layers/0/mlp/shared_experts/fc1/weight": (5, C), "model/layers/1/mlp/fc1/weight": (FFN, C)}
+    ok_good = g.Config(cp, good).moe_ffn_hidden_size == 6
+    refused = []
+    for n, shp in (("model/layers/0/mlp/experts/0/fc1/weight", (FFN, C)), ("model/layers/0/mlp/router/weight", (4, C)),
+                   ("model/layers/0/mlp/shared_experts/fc1/weight", (6, C)), ("model/layers/1/mlp/fc1/weight", (6, C)),
+                   ("model/layers/0/mlp/router/weight", None)):
+        s_ = dict(good)
+        if shp is None:
+            del s_[n]
+        else:
+            s_[n] = shp
+        try:
+            g.Config(cp, s_)
+        except g.InputError:
+            refused.append(n)
+    check("moe deck: layer 0 an MoE layer: the experts' width checked against moe.ffn_hidden_size, the shared "
+          "expert's and the router's against theirs, the dense layer 1's fc1 against ffn_hidden_size",
+          ok_good and len(refused) == 5, refused)
+    cfg = moe_config(g, dict(GPT_DECKS["llama"]), num_experts=2, ffn_hidden_size=6, layer_freq="[0,1]",
+                     shared_expert_intermediate_size=4, router_score_function="sigmoid", router_enable_expert_bias="true")
+    s = g.expected_shapes(cfg)
+    want = {"model/layers/0/mlp/fc1/weight": (2 * FFN, C), "model/layers/1/mlp/router/weight": (2, C),
+            "model/layers/1/mlp/router/expert_bias": (2,), "model/layers/1/mlp/experts/1/fc1/weight": (12, C),
+            "model/layers/1/mlp/experts/1/fc2/weight": (C, 6), "model/layers/1/mlp/shared_experts/fc1/weight": (8, C),
+            "model/layers/1/mlp/shared_experts/fc2/weight": (C, 4)}
+    check("moe deck: checkpoint names and shapes (SwiGLU experts of 2 Fe rows, the expert bias a buffer, no biases "
+          "without add_bias_linear, no dense fc1 in an MoE layer)",
+          all(s.get(n) == v for n, v in want.items()) and "model/layers/1/mlp/fc1/weight" not in s
+          and not any(n.endswith("/bias") and "mlp" in n and "expert_bias" not in n for n in s)
+          and g.buffer_names(cfg) == ["model/layers/1/mlp/router/expert_bias"]
+          and "model/layers/1/mlp/router/expert_bias" not in g.param_names(cfg), {n: s.get(n) for n in want})
+    with_bias = g.expected_shapes(moe_config(g, base_model(), num_experts=2, shared_expert_intermediate_size=3))
+    check("moe deck: with add_bias_linear the experts and the shared expert have fc1 / fc2 biases, the router none",
+          with_bias.get("model/layers/0/mlp/experts/1/fc2/bias") == (C,)
+          and with_bias.get("model/layers/0/mlp/shared_experts/fc1/bias") == (3,)
+          and "model/layers/0/mlp/router/bias" not in with_bias)
+    try:
+        reference_loop.layer_spec(cfg)
+        ok = False
+    except g.InputError:
+        ok = True
+    check("moe deck: the BERT / T5 layer refuses MoE decks", ok)
+    b = torch.tensor([0.0, 0.5, -0.5, 1.0], dtype=torch.float64)
+    tr.expert_bias_update(b, torch.tensor([5, 3, 4, 4]), 1e-3)
+    check("moe: expert bias update b += rate sign(mean(c) - c): counts [5, 3, 4, 4] move [0, .5, -.5, 1] by "
+          "[-1, +1, 0, 0] x 1e-3", b.tolist() == [-1e-3, 0.5 + 1e-3, -0.5, 1.0], b.tolist())
+
+
+MOE_CASES = {
+    # sigmoid routing with the expert bias, capacity drops, a shared expert, both losses; layer 1 dense. GELU and
+    # biases; rotary positions, as the fp32 run's key bias (whose gradient is 0 with learned positions: gpt_reference's
+    # key_bias_block) would otherwise be updated by rounding noise
+    "GPT-2 layer with rope, sigmoid + expert bias, capacity 1.0, shared expert, layer_freq [1,0]":
+        (base_model(position_embedding_type="rope", rotary_base=1000.0),
+         dict(num_experts=4, router_topk=2, ffn_hidden_size=12, layer_freq="[1,0]", shared_expert_intermediate_size=8,
+              router_score_function="sigmoid", router_enable_expert_bias="true", router_bias_update_rate=0.01,
+              aux_loss_coeff=0.01, z_loss_coeff=0.001, expert_capacity_factor=1.0, token_drop_policy="probs")),
+    # the Qwen 3 layer (SwiGLU, no biases) with softmax routing in every layer, dropless
+    "Qwen 3 layer, softmax top-2 of 3, every layer, dropless":
+        (QWEN, dict(num_experts=3, router_topk=2, ffn_hidden_size=10, aux_loss_coeff=0.01, z_loss_coeff=0.001)),
+}
+
+
+def write_fake_moe_run(g, torch, d, model, moe, columns=True, corrupt=False):
+    """A fake fp32 "Trident" MoE run (the reference in float32) in directory d; its metrics with the moe_*
+    columns (optionally one moe_aux_loss off by 1e-3) or without them. Returns the compare argv."""
+    import h5py
+    os.makedirs(os.path.join(d, "params"))
+    deck = deck_text(model, "fp32", moe_deck(**moe))
+    cfg = moe_config(g, model, **moe)
+    p = random_params(g.expected_shapes(cfg), 19)
+    for n in g.buffer_names(cfg):
+        p[n] = np.zeros_like(p[n])
+    ck_path = os.path.join(d, "ck.h5")
+    with h5py.File(ck_path, "w") as f:
+        f.attrs.update({"format": "trident.checkpoint", "format_version": 1, "model": "gpt", "iteration": 0,
+                        "consumed_samples": 0, "deck": deck})
+        for n, x in p.items():
+            f[n] = x.astype(np.float32)
+    batches = [windows(200 + i, rows=cfg.global_batch_size) for i in range(3)]
+    with h5py.File(os.path.join(d, "batches.h5"), "w") as f:
+        for i, b_ in enumerate(batches, 1):
+            f[g.batch_name(i)] = b_.astype(np.int32)
+    trainer = g.Trainer(g.Checkpoint(ck_path), torch.float32)
+    rows, bias_moved = [], []
+    for i, b_ in enumerate(batches, 1):
+        before = {n: t.clone() for n, t in trainer.model.buffers.items()}
+        res = trainer.step(b_, keep_grads=(i == 1))
+        bias_moved.append(all(bool((trainer.model.buffers[n] != before[n]).any()) for n in before))
+        if i == 1:
+            with h5py.File(os.path.join(d, "grads.h5"), "w") as f:
+                f.attrs["iteration"] = 1
+                for n, x in res["grads"].items():
+                    f[n] = x.astype(np.float32)
+        with h5py.File(os.path.join(d, "params", "iter_%07d.h5" % i), "w") as f:
+            for n, t in list(trainer.model.params.items()) + list(trainer.model.buffers.items()):
+                f[n] = t.detach().numpy().astype(np.float32)
+        m = res["moe"]
+        aux = m["moe_aux_loss"] * (1.001 if corrupt and i == 2 else 1.0)
+        rows.append("%d,%d,%.17g,%.17g,%.17g,1,0,1,1,0,0" % (i, i * cfg.global_batch_size, res["loss"], res["lr"],
+                                                           res["grad_norm"])
+                    + (",%.17g,%.17g,%.17g,%.17g" % (aux, m["moe_z_loss"], m["moe_max_load"], m["moe_dropped"])
+                       if columns else ""))
+    with open(os.path.join(d, "metrics.csv"), "w") as fh:
+        fh.write(",".join(g.METRICS_COLUMNS + (list(g.MOE_METRICS) if columns else [])) + "\n" + "\n".join(rows) + "\n")
+    argv = ["compare", "--checkpoint", ck_path, "--batches", os.path.join(d, "batches.h5"),
+            "--metrics", os.path.join(d, "metrics.csv"), "--grads", os.path.join(d, "grads.h5"),
+            "--params", os.path.join(d, "params"), "--threads", "1", "--report", os.path.join(d, "report.json")]
+    return argv, cfg, bias_moved, res["moe"]
+
+
+def check_moe_objective(check, g, torch):
+    """The Trainer's gradient is that of mean CE + sum over MoE layers of the mean over micro-batches of
+    (aux_coeff aux + z_coeff z), computed here from the model's forward of each micro-batch."""
+    model, moe = MOE_CASES["GPT-2 layer with rope, sigmoid + expert bias, capacity 1.0, shared expert, layer_freq [1,0]"]
+    cfg = moe_config(g, model, **moe)
+    p = random_params(g.expected_shapes(cfg), 20)
+    batch = windows(300, rows=cfg.global_batch_size)
+    ck = types.SimpleNamespace(config=cfg, params=p, iteration=0, exp_avg=None, exp_avg_sq=None)
+    res = g.Trainer(ck).step(batch, keep_grads=True)
+    ref = g.GPTReference(cfg, p)
+    w = torch.as_tensor(batch)
+    mbs, n_mb = cfg.micro_batch_size, cfg.global_batch_size // cfg.micro_batch_size
+    aux, z, counts = [], [], {}
+    for s0 in range(0, w.shape[0], mbs):
+        ce = ref.loss_sum(w[s0:s0 + mbs]) / (w.shape[0] * (w.shape[1] - 1))
+        recs = ref.moe_take()
+        extra = sum(0.01 * r["aux"] + 0.001 * r["z"] for _, r in recs) / n_mb
+        (ce + extra).backward()
+        aux += [float(r["aux"]) for _, r in recs]
+        z += [float(r["z"]) for _, r in recs]
+        for pre, r in recs:
+            counts[pre] = counts.get(pre, 0) + r["counts"].numpy()
+    worst = max(rel(res["grads"][n], t.grad.numpy()) for n, t in ref.params.items())
+    c = counts["model/layers/0/mlp/"]
+    want = {"moe_aux_loss": sum(aux) / len(aux), "moe_z_loss": sum(z) / len(z), "moe_max_load": c.max() / c.mean()}
+    check("moe: the objective's gradient (mean CE + mean over micro-batches of 0.01 aux + 0.001 z) and the metrics "
+          "(aux %.4g, z %.4g, max load %.4g, dropped %.4g)" % tuple(res["moe"][k] for k in g.MOE_METRICS),
+          worst <= 1e-13 and all(abs(res["moe"][k] - v) <= 1e-13 * abs(v) for k, v in want.items())
+          and len(aux) == n_mb and 0 < res["moe"]["moe_dropped"] < 1,
+          "gradients %.1e; %s" % (worst, {k: (res["moe"][k], v) for k, v in want.items()}))
+
+
+def check_moe_idle_expert(check, g, torch):
+    """An expert that no token reaches (sigmoid routing, its expert bias -10: s + b < 0 < the others'): a zero
+    gradient, and the step goes on (AdamW with a zero gradient at the first step: the weight decay alone)."""
+    cfg = moe_config(g, base_model(), num_experts=4, router_topk=1, ffn_hidden_size=6, router_score_function="sigmoid",
+                     router_enable_expert_bias="true", aux_loss_coeff=0.01)
+    p = random_params(g.expected_shapes(cfg), 21)
+    for i in range(L):
+        p["model/layers/%d/mlp/router/expert_bias" % i] = np.array([0.0, 0.0, 0.0, -10.0])
+    ck = types.SimpleNamespace(config=cfg, params=p, iteration=0, exp_avg=None, exp_avg_sq=None)
+    trainer = g.Trainer(ck)
+    res = trainer.step(windows(400, rows=cfg.global_batch_size), keep_grads=True)
+    n = "model/layers/1/mlp/experts/3/fc1/weight"
+    after = trainer.model.params[n].detach().numpy()
+    lr = g.lr_at(cfg, 1)
+    check("moe: an expert no token reaches gets a zero gradient and the step runs (AdamW: the weight decay alone)",
+          not any(res["grads"][n.replace("fc1/weight", x)].any() for x in ("fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias"))
+          and np.array_equal(after, p[n] * (1.0 - lr * cfg.weight_decay)),
+          "gradient norm %.1e, max load %.3g" % (float(np.linalg.norm(res["grads"][n])), res["moe"]["moe_max_load"]))
+
+
+def check_moe_compare(check, g, torch):
+    tmp = tempfile.mkdtemp(prefix="torch_reference_selftest_moe_")
+    try:
+        for n_case, (label, (model, moe)) in enumerate(MOE_CASES.items()):
+            variants = (("with moe_* columns", True, False), ("without moe_* columns", False, False),
+                        ("with a wrong moe_aux_loss", True, True)) if n_case == 0 else (("with moe_* columns", True, False),)
+            for k_, (what, columns, corrupt) in enumerate(variants):
+                d = os.path.join(tmp, "%d_%d" % (n_case, k_))
+                argv, cfg, bias_moved, last = write_fake_moe_run(g, torch, d, model, moe, columns, corrupt)
+                buf = io.StringIO()
+                with redirect_stdout(buf), redirect_stderr(buf):
+                    rc = g.main(argv)
+                text = buf.getvalue()
+                if corrupt:
+                    ok = rc == 1 and "iteration 2: moe_aux_loss differs" in text
+                elif columns:
+                    ok = rc == 0 and text.count(" moe (trident ref rel): ") == 3 and (
+                        "expert biases after iteration" in text or not cfg.moe_router_enable_expert_bias)
+                else:
+                    ok = rc == 0 and "note: Trident's metrics have no column moe_aux_loss, moe_z_loss, moe_max_load, " \
+                                     "moe_dropped: not compared" in text
+                extra = ""
+                if cfg.moe_router_enable_expert_bias and k_ == 0:
+                    extra = "; the expert biases moved at every step" if all(bias_moved) else "; EXPERT BIAS NOT MOVED"
+                    ok = ok and all(bias_moved)
+                check("compare: a fake fp32 MoE run (%s) %s %s%s" % (label, what, "is refused" if corrupt else "passes", extra),
+                      ok, (text.strip().splitlines() or ["(no output)"])[-1])
+                if not ok:
+                    print(text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_moe(check, g, reference_loop, tr, torch):
+    check_moe_routing(check, tr, torch)
+    check_moe_capacity(check, tr, torch)
+    check_moe_aux(check, tr, torch)
+    check_moe_dense_equivalence(check, g, tr, torch)
+    check_moe_gradients(check, tr, torch)
+    check_moe_deck(check, g, reference_loop, tr, torch)
+    check_moe_objective(check, g, torch)
+    check_moe_idle_expert(check, g, torch)
+    check_moe_compare(check, g, torch)
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--side":
         out = side_outputs(sys.argv[2])
@@ -761,6 +1304,7 @@ def main():
     check_deck(check, g, reference_loop)
     check_16bit(check, g, torch)
     check_compare_end_to_end(check, g, torch)
+    check_moe(check, g, reference_loop, tr, torch)
     bad = log.count(False)
     print("\ntorch_reference_selftest: %d checks, %s (%.0f s)" % (len(log), "all passed" if not bad else "%d FAILED" % bad,
                                                                   time.time() - t0))
