@@ -524,6 +524,10 @@ std::string LanguageModel::flops_formula() const {
   if (cfg_.encoder_decoder())
     return "GEMM FLOPs of encoder, decoder with cross-attention and LM head, no recomputation";
   const bool mha = cfg_.groups() == cfg_.num_heads && cfg_.q_width() == cfg_.hidden_size;
+  if (cfg_.moe.on())
+    return "Megatron, no recomputation, active parameters: 12 B s h^2 (l (1 + ng/nh + s/h) nh d/h + (F l_dense + "
+           "(F_expert k + F_shared) l_moe)/h x " +
+           std::string(cfg_.swiglu ? "3/2" : "1") + " + V/2h)";
   if (!cfg_.swiglu && cfg_.ffn_hidden_size == 4 * cfg_.hidden_size && mha)
     return "Megatron, no recomputation: 72 B s l h^2 (1 + s/6h + V/12hl)";
   return "Megatron, no recomputation: 12 B s l h^2 ((1 + ng/nh + s/h) nh d/h + F/h x " +
@@ -543,6 +547,19 @@ double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
   }
   const double F = static_cast<double>(cfg_.ffn_hidden_size);
   const bool mha = cfg_.groups() == cfg_.num_heads && cfg_.q_width() == cfg_.hidden_size;
+  if (cfg_.moe.on()) {  // the MLP term over the active parameters: each token's k experts and the shared one
+    const MoeArch& m = cfg_.moe;
+    double moe_layers = 0;
+    for (std::int64_t i = 0; i < cfg_.num_layers; ++i) moe_layers += m.layer(i) ? 1.0 : 0.0;
+    const double gated = cfg_.swiglu ? 1.5 : 1.0;
+    const double nh = static_cast<double>(cfg_.num_heads), ng = static_cast<double>(cfg_.groups());
+    const double q_ratio = static_cast<double>(cfg_.q_width()) / h;
+    const double mlp = (F * (l - moe_layers) + (static_cast<double>(m.ffn_hidden_size * m.router_topk) +
+                                                static_cast<double>(m.shared_expert_intermediate_size)) *
+                                                   moe_layers) /
+                       h * gated;
+    return 12.0 * B * s * h * h * (l * (1.0 + ng / nh + s / h) * q_ratio + mlp + V / (2.0 * h));
+  }
   if (!cfg_.swiglu && F == 4.0 * h && mha)  // GPT-2's layer: the formula as it always printed
     return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * l));
   // Megatron's num_floating_point_operations (megatron/training/training.py): 12 B s l h^2 x

@@ -33,7 +33,8 @@ double korthikanti_layer_bytes(const ActivationModel& m) {
                                : sbh * (4 * e + 2 + (m.qkv + m.proj + m.mlp) * e / t);
     const double attention = m.recompute == "selective" || m.flash ? 0 : as2b * (2 * e + 1) / t;
     const double qk_norm = m.qk_norm > 0 ? 4 * m.qk_norm * sbh / t : 0;
-    return values + attention + qk_norm;
+    const double moe = 4 * m.moe_fp32 * sbh / t;  // MoE needs SP under tp > 1: every term / t
+    return values + attention + qk_norm + moe;
   };
   if (m.recompute != "full") return kept();
   const double input = e * sbh / split;  // the kept input of a recomputed group

@@ -30,6 +30,11 @@ struct ActivationModel {
   // the attention's stored widths over h: qkv's rows ((nh + 2 ng) d / h; multi-head 3) and proj's
   // input (nh d / h; 1), and the q/k norms' fp32 inputs ((nh + ng) d / h, 4 bytes; 0 without)
   double qkv = 3, proj = 1, qk_norm = 0;
+  // MoE layers (averaged over the chunk's layers): their 4-byte values per token over h, the
+  // experts' outputs (k h), the router's logits (E), log-sum-exp and normaliser (2), probabilities
+  // (k) and the dispatch's three integer maps (3k); their e-byte values (each token's k experts'
+  // fc1 outputs and fc2 inputs, the shared expert's) are in mlp
+  double moe_fp32 = 0;
 };
 
 // Korthikanti et al.'s bytes per layer and micro-batch, with values of e bytes and 1-byte

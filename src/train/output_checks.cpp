@@ -134,6 +134,8 @@ void check_outputs(const Deck& deck, const OutputPlan& plan, const Communicator&
     if (err.empty() && !deck.log.metrics_file.empty() && deck.eval.interval > 0)
       err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "eval"), fresh,
                               overwrite);
+    if (err.empty() && !deck.log.metrics_file.empty() && deck.model.moe.on())  // each MoE layer's expert loads
+      err = check_output_file("log.metrics_file", sibling_metrics_path(deck.log.metrics_file, "moe"), fresh, overwrite);
     if (err.empty()) err = check_output_file("log.timeline_file", deck.log.timeline_file, false, true);
     if (err.empty()) err = check_output_file("log.memory_file", deck.log.memory_file, false, true);
     if (err.empty()) err = check_output_file("debug.dump_dropout", deck.debug.dump_dropout, false, true);

@@ -241,7 +241,7 @@ class TrainingRun {
   double tokens_per_iter_ = 0, flops_per_iter_ = 0;
 
   // the loop's objects (set_up_loop)
-  MetricsWriter metrics_, eval_metrics_;
+  MetricsWriter metrics_, eval_metrics_, moe_metrics_;
   std::unique_ptr<BatchDumper> dumper_;
   std::int64_t tape_iteration_ = 0;  // the iteration the dropout tape's masks belong to
   std::unique_ptr<DropoutTape> tape_;
@@ -471,6 +471,12 @@ void TrainingRun::open_outputs() {
     std::vector<std::string> columns = task_.train_columns();
     if (cfg_.moe.on()) columns.insert(columns.end(), {"moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_dropped"});
     metrics_ = MetricsWriter(deck_.log.metrics_file, columns, start_.resuming ? iteration_ : -1);
+    if (cfg_.moe.on()) {  // per MoE layer and iteration: each expert's share of the selections
+      std::vector<std::string> load = {"iteration", "layer", "max_load"};
+      for (std::int64_t e = 0; e < cfg_.moe.num_experts; ++e) load.push_back("expert_" + std::to_string(e));
+      moe_metrics_ = MetricsWriter(sibling_metrics_path(deck_.log.metrics_file, "moe"), load,
+                                   start_.resuming ? iteration_ : -1);
+    }
     if (deck_.eval.interval > 0)
       eval_metrics_ = MetricsWriter(sibling_metrics_path(deck_.log.metrics_file, "eval"), task_.eval_columns(),
                                     start_.resuming ? iteration_ : -1);
@@ -755,6 +761,15 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
   if (task_.reports_loss_parts) row.insert(row.begin() + 3, {r.parts.lm / loss_count_, r.parts.sop / loss_count_});
   if (cfg_.moe.on()) row.insert(row.end(), {r.moe.aux, r.moe.z, r.moe.max_load, r.moe.dropped});
   metrics_.write(row);
+  for (size_t i = 0; i < r.moe.load.size() && moe_metrics_.active(); ++i) {
+    const std::vector<double>& share = r.moe.load[i];
+    std::vector<double> v = {static_cast<double>(it), static_cast<double>(r.moe.layers[i]),
+                             share.empty()
+                                 ? 0.0
+                                 : *std::max_element(share.begin(), share.end()) * static_cast<double>(share.size())};
+    v.insert(v.end(), share.begin(), share.end());
+    moe_metrics_.write(v);
+  }
   if (it % deck_.log.interval == 0 || it == iters_) {
     const double per_iter = (t1 - t_last_) / static_cast<double>(iters_since_log_);
     std::ostringstream os;
@@ -866,8 +881,23 @@ void TrainingRun::report_end_of_run() {
     am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value
     am.recompute = deck.precision.recompute;
     am.flash = deck.model.flash_attention;
-    am.mlp = static_cast<double>((make_mlp_activation(cfg)->blocks() + 1) * cfg.ffn_hidden_size) /
-             static_cast<double>(cfg.hidden_size);
+    const double blocks1 = static_cast<double>(make_mlp_activation(cfg)->blocks() + 1),
+                 h = static_cast<double>(cfg.hidden_size);
+    am.mlp = blocks1 * static_cast<double>(cfg.ffn_hidden_size) / h;
+    if (cfg.moe.on()) {  // the chunk's share of MoE layers
+      const MoeArch& m = cfg.moe;
+      const ModelStage& st = model.stage();
+      double share = 0;
+      for (std::int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) share += m.layer(l) ? 1.0 : 0.0;
+      share /= std::max<double>(1.0, static_cast<double>(st.num_layers));
+      const double k = static_cast<double>(m.router_topk);
+      const double moe_mlp = blocks1 *
+                             (k * static_cast<double>(m.ffn_hidden_size) +
+                              static_cast<double>(m.shared_expert_intermediate_size)) /
+                             h;
+      am.mlp = (1 - share) * am.mlp + share * moe_mlp;
+      am.moe_fp32 = share * (k * h + static_cast<double>(m.num_experts) + 2 + 4 * k) / h;
+    }
     am.qkv = static_cast<double>(cfg.qkv_width()) / static_cast<double>(cfg.hidden_size);
     am.proj = static_cast<double>(cfg.q_width()) / static_cast<double>(cfg.hidden_size);
     if (cfg.qk_layernorm)
