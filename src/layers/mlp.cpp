@@ -99,7 +99,8 @@ std::int64_t mlp_dy16_width(const TransformerShape& s) {
 }
 
 std::int64_t mlp_infer_floats(const ModelArch& arch, std::int64_t tp, std::int64_t R) {
-  return R * arch.ffn_hidden_size / tp * make_mlp_activation(arch)->blocks();
+  const std::int64_t F = std::max(arch.ffn_hidden_size, arch.moe.shared_expert_intermediate_size);
+  return R * F / tp * make_mlp_activation(arch)->blocks();  // the dense MLP's or a shared expert's
 }
 
 }  // namespace trident

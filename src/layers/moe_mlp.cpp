@@ -82,8 +82,8 @@ class MoeMlp final : public MlpModule {
     route_.sigmoid = m.router_score_function == "sigmoid";
     route_.pre_softmax = m.router_pre_softmax;
     TRIDENT_REQUIRE(s.moe_state, "internal: an MoE layer without its MoeState");
-    TRIDENT_REQUIRE(s.tp.size() == 1 || s.tp.sequence_parallel,
-                    "MoE layers with parallel.tp > 1 need parallel.sequence_parallel");
+    // training with tp > 1 needs sequence parallelism (the deck's check); generation at tp > 1 routes
+    // every row on every TP rank alike (infer)
     ParamInfo r;
     r.name = prefix + "/router/weight";
     r.shape = r.global_shape = r.valid = {E_, C_};
@@ -274,8 +274,62 @@ class MoeMlp final : public MlpModule {
     record(k);
   }
 
-  void infer(const FloatView&, const FloatView&, std::int64_t, const FloatView&, const FloatView&) const override {
-    throw Error::all("generation with MoE layers is not supported yet");
+  // Generation (fp32, dropless whatever the capacity factor: a generated token is never dropped):
+  // the training path's routing, plan and grouped GEMMs on workspaces grown to R rows.
+  void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc_work,
+             const FloatView& act_work) const override {
+    InferWork& w = infer_work(R);
+    const std::int64_t bF = blocks_ * Fe_;
+    gemm(Trans::N, Trans::T, R, E_, C_, 1.f, in.data(), C_, store_->value(router_).data(), C_, 0.f, w.logits.data(),
+         E_);
+    Kokkos::fence();
+    moe_route(w.idx, w.probs, w.lse, w.ssum, w.paux, w.logits, R, route_);
+    auto idx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.idx);
+    auto probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.probs);
+    const MoePlan p = moe_plan(idx.data(), probs.data(), R, k_, E_, 0, true);
+    HostIntView rt("moe::row_token_host", static_cast<size_t>(R * k_)),
+        sr("moe::slot_row_host", static_cast<size_t>(R * k_));
+    for (std::int64_t n = 0; n < R * k_; ++n) {
+      rt(n) = p.row_token[static_cast<size_t>(n)];
+      sr(n) = p.slot_row[static_cast<size_t>(n)];
+    }
+    const IntView row_token = slice(w.row_token, 0, R * k_), slot_row = slice(w.slot_row, 0, R * k_);
+    Kokkos::deep_copy(row_token, rt);
+    Kokkos::deep_copy(slot_row, sr);
+    const std::int64_t N = p.rows();
+    moe_gather(act(w.xp), act(in), row_token, N, C_);
+    grouped(Trans::N, Trans::T, 1.f, 0.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      return GemmGroup{rows, bF,
+                       C_,   operand(w.xp.data()).at(n0 * C_),
+                       C_,   operand(store_->value(experts_[static_cast<size_t>(e)].w1).data()),
+                       C_,   w.h.data() + n0 * bF,
+                       bF};
+    });
+    for_experts(p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Expert& x = experts_[static_cast<size_t>(e)];
+      if (x.b1 >= 0) moe_add_bias(slice(w.h, n0 * bF, rows * bF), store_->param(x.b1), rows, bF);
+      act_->infer(slice(w.a, n0 * Fe_, rows * Fe_), slice(w.h, n0 * bF, rows * bF), rows, Fe_);
+    });
+    Kokkos::fence();
+    grouped(Trans::N, Trans::T, 1.f, 0.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      return GemmGroup{rows, C_,
+                       Fe_,  operand(w.a.data()).at(n0 * Fe_),
+                       Fe_,  operand(store_->value(experts_[static_cast<size_t>(e)].w2).data()),
+                       Fe_,  w.yp.data() + n0 * C_,
+                       C_};
+    });
+    for_experts(p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Expert& x = experts_[static_cast<size_t>(e)];
+      if (x.b2 >= 0) moe_add_bias(slice(w.yp, n0 * C_, rows * C_), store_->param(x.b2), rows, C_);
+    });
+    moe_combine(out, w.yp, w.probs, slot_row, R, k_, C_);
+    if (shared_) {
+      const FloatView so = slice(w.shared_out, 0, R * C_);
+      shared_->infer(so, in, R, fc_work, act_work);  // with its fc2 bias
+      Kokkos::fence();
+      accumulate(out, so, R * C_);
+    }
+    Kokkos::fence();
   }
 
  private:
@@ -403,6 +457,33 @@ class MoeMlp final : public MlpModule {
       st.selected[static_cast<size_t>(e)] += static_cast<double>(k.plan.routed[static_cast<size_t>(e)]);
     st.dropped += static_cast<double>(k.plan.dropped());
   }
+
+  // generation's workspaces, grown to the largest R asked for
+  struct InferWork {
+    std::int64_t R = 0;
+    FloatView logits, probs, lse, ssum, paux, xp, h, a, yp, shared_out;
+    IntView idx, row_token, slot_row;
+  };
+  InferWork& infer_work(std::int64_t R) const {
+    if (work_.R >= R) return work_;
+    const std::int64_t N = R * k_;
+    work_.R = R;
+    work_.logits = make_float("moe::infer_logits", R * E_);
+    work_.probs = make_float("moe::infer_probs", N);
+    work_.lse = make_float("moe::infer_lse", R);
+    work_.ssum = make_float("moe::infer_ssum", R);
+    work_.paux = make_float("moe::infer_paux", E_);
+    work_.xp = make_float("moe::infer_xp", N * C_);
+    work_.h = make_float("moe::infer_h", N * blocks_ * Fe_);
+    work_.a = make_float("moe::infer_a", N * Fe_);
+    work_.yp = make_float("moe::infer_yp", N * C_);
+    work_.shared_out = make_float("moe::infer_shared", R * C_);
+    work_.idx = make_int("moe::infer_idx", N);
+    work_.row_token = make_int("moe::infer_row_token", N);
+    work_.slot_row = make_int("moe::infer_slot_row", N);
+    return work_;
+  }
+  mutable InferWork work_;
 
   TransformerShape s_;
   std::string prefix_;
