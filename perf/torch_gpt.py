@@ -15,6 +15,13 @@ Model FLOPs use Megatron's formula 72 B s l h^2 (1 + s/6h + V/12hl) with V = the
 FLOPs per token; PyTorch itself runs the unpadded 50257-row embedding/LM head (about 0.1% fewer
 real FLOPs).
 
+--arch llama --experts E --topk k --expert-ffn Fe replaces every layer's MLP by a mixture of experts
+as the reference implementations write it (Mixtral's sparse MoE block in Hugging Face): a linear
+router, softmax over the E experts, the top-k renormalised, then a Python loop over the experts,
+each running its tokens (index_select) through its own SwiGLU and adding them back weighted
+(index_add); the load-balancing loss (Switch, coefficient 0.01) joins the loss. FLOPs count the
+active parameters (Megatron's MoE form: k Fe in place of F).
+
 --arch llama is the Llama family's decoder as Meta and Hugging Face define it (LlamaForCausalLM):
 no positions added to the embeddings but rotary positions on each head's queries and keys (base
 --rotary-base, the half-split rotation of Hugging Face's rotate_half), RMSNorm (eps 1e-5) before
@@ -50,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--ffn", type=int, default=0, help="MLP hidden size (0: 4 * hidden; llama: the SwiGLU width F)")
+    p.add_argument("--experts", type=int, default=0,
+                   help="llama: a mixture of this many SwiGLU experts in every layer's MLP (0: dense)")
+    p.add_argument("--topk", type=int, default=2, help="llama MoE: experts per token")
+    p.add_argument("--expert-ffn", type=int, default=0, help="llama MoE: each expert's width (0: --ffn)")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary the model runs")
     p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU benchmark's peer)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
@@ -204,6 +215,41 @@ def main(argv=None):
         x1, x2 = x[..., : hs // 2], x[..., hs // 2:]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
+    E, K = a.experts, a.topk
+    Fe = a.expert_ffn or ffn
+    aux_terms = []
+
+    class SwiGLU(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.gate = nn.Linear(C, width, bias=False)
+            self.up = nn.Linear(C, width, bias=False)
+            self.down = nn.Linear(width, C, bias=False)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    class MoE(nn.Module):  # Mixtral's block: router, softmax, top-k renormalised, a loop over the experts
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(C, E, bias=False)
+            self.experts = nn.ModuleList(SwiGLU(Fe) for _ in range(E))
+
+        def forward(self, x):
+            shape = x.shape
+            x = x.reshape(-1, C)
+            probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32)
+            w, idx = torch.topk(probs, K, dim=-1)
+            w = (w / w.sum(dim=-1, keepdim=True)).to(x.dtype)
+            counts = torch.bincount(idx.reshape(-1), minlength=E).to(probs.dtype)
+            aux_terms.append(E / (K * x.shape[0] ** 2) * (probs.sum(0) * counts).sum())
+            out = torch.zeros_like(x)
+            for e in range(E):
+                tok, slot = (idx == e).nonzero(as_tuple=True)
+                if tok.numel():
+                    out = out.index_add(0, tok, self.experts[e](x.index_select(0, tok)) * w[tok, slot].unsqueeze(1))
+            return out.reshape(shape)
+
     class LlamaBlock(nn.Module):
         def __init__(self):
             super().__init__()
@@ -213,9 +259,12 @@ def main(argv=None):
             self.v = nn.Linear(C, G * hs, bias=False)
             self.proj = nn.Linear(H * hs, C, bias=False)
             self.norm2 = RMSNorm()
-            self.gate = nn.Linear(C, ffn, bias=False)
-            self.up = nn.Linear(C, ffn, bias=False)
-            self.down = nn.Linear(ffn, C, bias=False)
+            if E:
+                self.moe = MoE()
+            else:
+                self.gate = nn.Linear(C, ffn, bias=False)
+                self.up = nn.Linear(C, ffn, bias=False)
+                self.down = nn.Linear(ffn, C, bias=False)
 
         def attention(self, x):
             B = x.shape[0]
@@ -236,7 +285,8 @@ def main(argv=None):
         def forward(self, x):
             x = x + F.dropout(self.attention(self.norm1(x)), a.dropout, self.training)
             h2 = self.norm2(x)
-            return x + F.dropout(self.down(F.silu(self.gate(h2)) * self.up(h2)), a.dropout, self.training)
+            mlp = self.moe(h2) if E else self.down(F.silu(self.gate(h2)) * self.up(h2))
+            return x + F.dropout(mlp, a.dropout, self.training)
 
     class Llama(nn.Module):
         def __init__(self):
@@ -251,7 +301,7 @@ def main(argv=None):
             for name, p in self.named_parameters():
                 if "norm" in name:
                     continue  # ones
-                if name.endswith("proj.weight") or name.endswith("down.weight"):
+                if name.endswith("proj.weight") or name.endswith("down.weight"):  # experts' down too
                     nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
                 else:
                     nn.init.normal_(p, 0.0, 0.02)
@@ -261,7 +311,11 @@ def main(argv=None):
             for b in self.blocks:
                 x = b(x)
             logits = self.head(self.norm(x))
-            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            if aux_terms:
+                loss = loss + 0.01 * sum(aux_terms)
+                aux_terms.clear()
+            return loss
 
     model = (GPT() if a.arch == "gpt" else Llama()).to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -293,7 +347,7 @@ def main(argv=None):
     per_iter = statistics.median(timed)
     tokens = a.batch * T
     flops = (megatron_flops(a.batch, T, L, C, a.flops_vocab) if a.arch == "gpt"
-             else llama_flops(a.batch, T, L, C, H, G, ffn, a.flops_vocab))
+             else llama_flops(a.batch, T, L, C, H, G, K * Fe if E else ffn, a.flops_vocab))
     result = {
         "framework": "pytorch",
         "torch_version": torch.__version__,
@@ -303,7 +357,7 @@ def main(argv=None):
         "fused_attention": sdpa,
         "torch_num_threads": torch.get_num_threads(),
         "arch": a.arch, "groups": G,
-        "layers": L, "hidden": C, "heads": H, "ffn": ffn, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
+        "layers": L, "hidden": C, "heads": H, "ffn": ffn, "experts": E, "topk": K if E else 0, "expert_ffn": Fe if E else 0, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
         "batch": a.batch, "seq": T, "parameters": n_params,
         "openblas": blas,
         "steps": a.steps, "warmup": a.warmup,

@@ -3,6 +3,7 @@
 #include "layers/moe_mlp.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -16,6 +17,22 @@
 namespace trident {
 
 namespace {
+
+// Adds the wall time since the last lap to a part of MoeState::seconds, after a fence.
+class Lap {
+ public:
+  explicit Lap(MoeState& st) : st_(st), t_(std::chrono::steady_clock::now()) {}
+  void to(MoeState::Part part) {
+    Kokkos::fence();
+    const auto now = std::chrono::steady_clock::now();
+    st_.seconds[part] += std::chrono::duration<double>(now - t_).count();
+    t_ = now;
+  }
+
+ private:
+  MoeState& st_;
+  std::chrono::steady_clock::time_point t_;
+};
 
 Act act_part(const Act& a, std::int64_t offset, std::int64_t n) {
   return a.is_half() ? Act(a.dt, slice(a.h, offset, n)) : Act(slice(a.f, offset, n));
@@ -166,13 +183,16 @@ class MoeMlp final : public MlpModule {
   void forward(const FloatView& branch, const Act& in, MlpKept& kept, MlpScratch& scratch, const MlpWork& w) override {
     auto& k = static_cast<MoeKept&>(kept);
     auto& s = static_cast<MoeScratch&>(scratch);
+    Lap lap(*s_.moe_state);
     // the router: logits (R, E) = x W_r^T in fp32
     router_logits(k.logits, in, s);
     moe_route(k.idx, k.probs, k.lse, k.ssum, s.aux_grad /* paux */, k.logits, R_, route_);
+    lap.to(MoeState::kRouter);
     plan(k, s);
     // the experts over their rows
     const std::int64_t N = k.plan.rows();
     moe_gather(s.xp, in, k.row_token, N, C_);
+    lap.to(MoeState::kDispatch);
     const bool half = s_.dt != DType::F32;
     const FloatView y = half ? s.y32 : k.h.f;  // fc1's fp32 GEMM output
     grouped(Trans::N, Trans::T, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
@@ -199,13 +219,14 @@ class MoeMlp final : public MlpModule {
         if (rows > 0)
           moe_add_bias(slice(k.yp, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
       }
+    lap.to(MoeState::kExperts);
     moe_combine(branch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     if (shared_) {
       shared_->forward(s.shared_out, in, *k.shared, *s.shared, w);
       Kokkos::fence();
       accumulate(branch, s.shared_out, R_ * C_);
     }
-    Kokkos::fence();
+    lap.to(MoeState::kCombine);
   }
 
   Act output_bias() const override { return shared_ ? shared_->output_bias() : zeros_; }
@@ -216,8 +237,10 @@ class MoeMlp final : public MlpModule {
     auto& s = static_cast<MoeScratch&>(scratch);
     const std::int64_t N = k.plan.rows(), bF = blocks_ * Fe_;
     const bool half = s_.dt != DType::F32;
+    Lap lap(*s_.moe_state);
     // the combination: d yp and d probs
     moe_combine_backward(s.dyp, s.dprobs, dbranch, k.yp, k.probs, k.slot_row, R_, k_, C_);
+    lap.to(MoeState::kCombine);
     // fc2: d a = dyp W2, dW2 += dyp^T a (16-bit: dyp rounded first), db2 += column sums of dyp
     const GemmOperand dyp = half ? operand(s_.dt, s.dy16.data()) : operand(s.dyp.data());
     if (half) pack_half(s_.dt, s.dy16, s.dyp, N * C_);
@@ -241,7 +264,9 @@ class MoeMlp final : public MlpModule {
     });
     Kokkos::fence();
     // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again), db1 += column sums of dh
+    lap.to(MoeState::kExperts);
     moe_gather(s.xp, in, k.row_token, N, C_);
+    lap.to(MoeState::kDispatch);
     const GemmOperand dh = half ? operand(s_.dt, s.dy16.data()) : operand(s.dh.data());
     if (half) pack_half(s_.dt, s.dy16, s.dh, N * bF);
     Kokkos::fence();
@@ -260,17 +285,19 @@ class MoeMlp final : public MlpModule {
       const Expert& x = experts_[static_cast<size_t>(e)];
       if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
     });
-    Kokkos::fence();
+    lap.to(MoeState::kExperts);
     moe_scatter_add(din, s.dxp, k.slot_row, R_, k_, C_);  // d in from the experts (R, C)
+    lap.to(MoeState::kDispatch);
     // the router: d logits from d probs, the load-balancing loss and the z-loss
     router_backward(k, s, in);
     accumulate(din, s.dtmp, R_ * C_);
+    lap.to(MoeState::kRouter);
     if (shared_) {
       shared_->backward(s.dtmp, dbranch, in, *k.shared, *s.shared, w);
       Kokkos::fence();
       accumulate(din, s.dtmp, R_ * C_);
     }
-    Kokkos::fence();
+    lap.to(MoeState::kCombine);
     record(k);
   }
 

@@ -40,6 +40,12 @@ struct MoeState {
   // the last forward pass's unscaled (load-balancing, z) losses of this rank's part, by global
   // layer: what the gradient differentiates (tests)
   std::map<std::int64_t, std::pair<double, double>> last_forward;
+  // wall seconds of this rank's MoE layers since the start, forward and backward passes together
+  // (each part ends at a fence): router (logits, routing and its backward), dispatch (the plan,
+  // permutation and its inverse), experts (their GEMMs and activations), combine (the weighted
+  // sum, its backward, the shared expert)
+  enum Part { kRouter, kDispatch, kExperts, kCombine };
+  double seconds[4] = {0, 0, 0, 0};
   void reset() { layers.clear(); }
 };
 

@@ -32,7 +32,7 @@ KOKKOS_INLINE_FUNCTION std::int64_t next_best(const float* v, std::int64_t E, fl
   return best;
 }
 
-KOKKOS_INLINE_FUNCTION float sigmoidf(float x) { return 1.f / (1.f + dexp(-x)); }
+KOKKOS_INLINE_FUNCTION float moe_sigmoid(float x) { return 1.f / (1.f + dexp(-x)); }
 
 }  // namespace
 
@@ -53,7 +53,7 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
         float ss = 1.f;
         if (sigmoid) {
           ss = 0.f;
-          for (std::int64_t e = 0; e < E; ++e) ss += sigmoidf(l[e]);
+          for (std::int64_t e = 0; e < E; ++e) ss += moe_sigmoid(l[e]);
           ss += 1e-20f;
         }
         ssum(t) = ss;
@@ -65,7 +65,7 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
           pv = l[e];
           pe = e;
           idx(t * k + j) = static_cast<std::int32_t>(e);
-          const float w = sigmoid ? sigmoidf(pv) : pre ? dexp(pv - lt) : dexp(pv - l[idx(t * k)]);
+          const float w = sigmoid ? moe_sigmoid(pv) : pre ? dexp(pv - lt) : dexp(pv - l[idx(t * k)]);
           probs(t * k + j) = w;
           sel += w;
         }
@@ -78,7 +78,7 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
   // p_te = softmax(logits)_te, or sigmoid(logits)_te / ssum_t
   const auto score = KOKKOS_LAMBDA(std::int64_t t, std::int64_t e) {
     const float x = logits(t * E + e);
-    return sigmoid ? sigmoidf(x) / ssum(t) : dexp(x - lse(t));
+    return sigmoid ? moe_sigmoid(x) / ssum(t) : dexp(x - lse(t));
   };
   if constexpr (kDeviceKernels) {
     Kokkos::deep_copy(paux, 0.f);
@@ -110,14 +110,14 @@ void moe_route_backward(const FloatView& dlogits, const FloatView& dprobs, const
         // the load-balancing scores p and the z-loss: sum_e aux_grad_e p_te + z_grad lse_t^2
         float gp = 0.f;  // sum_f g_f p_tf
         for (std::int64_t e = 0; e < E; ++e) {
-          const float p = sigmoid ? sigmoidf(l[e]) / ss : dexp(l[e] - lt);
+          const float p = sigmoid ? moe_sigmoid(l[e]) / ss : dexp(l[e] - lt);
           gp += aux_grad(e) * p;
         }
         for (std::int64_t e = 0; e < E; ++e) {
           const float s = dexp(l[e] - lt);  // softmax
           float v = 2.f * z_grad * lt * s;
           if (sigmoid) {
-            const float sg = sigmoidf(l[e]);
+            const float sg = moe_sigmoid(l[e]);
             v += (aux_grad(e) - gp) / ss * sg * (1.f - sg);
           } else {
             v += s * (aux_grad(e) - gp);
@@ -129,18 +129,18 @@ void moe_route_backward(const FloatView& dlogits, const FloatView& dprobs, const
         if (sigmoid) {
           if (k == 1) {
             const std::int64_t e = idx(t);
-            const float sg = sigmoidf(l[e]);
+            const float sg = moe_sigmoid(l[e]);
             d[e] += dprobs(t) * sg * (1.f - sg);
           } else {
             float sel = 0.f;
             for (std::int64_t j = 0; j < k; ++j) {
-              sel += sigmoidf(l[idx(t * k + j)]);
+              sel += moe_sigmoid(l[idx(t * k + j)]);
               dot += dprobs(t * k + j) * probs(t * k + j);
             }
             sel += 1e-20f;
             for (std::int64_t j = 0; j < k; ++j) {
               const std::int64_t e = idx(t * k + j);
-              const float sg = sigmoidf(l[e]);
+              const float sg = moe_sigmoid(l[e]);
               d[e] += (dprobs(t * k + j) - dot) / sel * sg * (1.f - sg);
             }
           }

@@ -922,6 +922,14 @@ void TrainingRun::report_end_of_run() {
   }
   if (root_)
     print_run_totals(iteration_, consumed_, wall_seconds() - t_start_, iteration_ - first_iteration_, timers_, topo_);
+  if (root_ && cfg_.moe.on()) {  // rank 0's MoE layers, forward and backward passes
+    double sec[4] = {0, 0, 0, 0};
+    for (auto& chunk : chunks_)
+      if (const MoeState* m = chunk->moe_state())
+        for (int p = 0; p < 4; ++p) sec[p] += m->seconds[p];
+    std::cout << std::fixed << std::setprecision(2) << "MoE layers (rank 0, forward + backward): router " << sec[0]
+              << " s; dispatch " << sec[1] << " s; experts " << sec[2] << " s; combine " << sec[3] << " s" << std::endl;
+  }
 }
 
 }  // namespace
