@@ -736,6 +736,16 @@ class GPTReference(tr.Transformer):
 #     * SwiGLU: fc1's 2F outputs round(y [+ b]) kept, round(silu(gate) up) from them
 #     * grouped-query attention: as multi-head, query head h with its group's stored k and v
 #     * the untied output layer: the tied head's logits with model/output_layer/weight
+#   MoE layers (torch_reference.Transformer.moe; layers/moe_mlp.cpp), with no hook of their own:
+#     * the router: logits = x W_r^T of the stored 16-bit x and the 16-bit router weight in fp32,
+#       not rounded (moe_tokens' plain F.linear); routing, probabilities, aux and z losses and the
+#       router's backward (d x, d W_r) fp32
+#     * each expert is the dense MLP on its rows (Transformer.mlp under experts/<j>/, the hooks
+#       above): fc1 round(y [+ b]) kept, round(act(.)), fc2's output fp32 with its bias; the
+#       gradient entering fc2 (p * d out) and fc1's (d pre) rounded; d p = d out . y_j fp32
+#     * the weighted combination sum_j p y_j and the shared expert (a dense MLP) added in fp32
+#     * the MoE terms of the objective weighted by Trident's fp32 float(loss_scale / micro-batches)
+#       (Trainer._step16)
 #   backward (the gradient rounded before it enters a GEMM; identity forward)
 #     * d logits -> dlogits16                         models/gpt_model.cpp GptModel::head
 #     * d(GEMM output) of qkv, proj, fc1, fc2         parallel_linear.cpp *ParallelLinear::backward
@@ -837,7 +847,9 @@ class GPTReference16(GPTReference):
     """GPTReference with Trident's 16-bit rounding points (see above): torch_reference's layer with
     its hooks as Trident's 16-bit stores. Its leaf tensors hold the 16-bit model (float64 tensors
     of bf16 / fp16 values): their gradients are Trident's main gradients; MasterAdamW keeps the
-    fp32 masters and writes the rounded masters back."""
+    fp32 masters and writes the rounded masters back. MoE layers need no hook of their own: the
+    router is an fp32 linear of the stored input, each expert and the shared expert the dense
+    MLP's call (see above)."""
 
     def __init__(self, cfg, params_np, fmt, dtype=torch.float64):
         super().__init__(cfg, params_np, dtype)
@@ -1116,9 +1128,6 @@ class Trainer:
     def __init__(self, ckpt, dtype=torch.float64, tape=None, emulate=None):
         self.cfg = ckpt.config
         self.emulate = emulate  # None, or "bf16" / "fp16": Trident's 16-bit rounding points
-        if emulate is not None and is_moe(self.cfg):
-            raise InputError("the 16-bit emulation does not model MoE layers (Trident's 16-bit rounding points of the "
-                             "router and experts are not specified); compare with --emulate none and looser tolerances")
         self.iteration = ckpt.iteration
         self.initial = ckpt.params  # the model of the checkpoint (parameter changes are measured from it)
         self.matches_checkpoint = True
@@ -1140,6 +1149,7 @@ class Trainer:
                     print("note: the checkpoint's model/ differs from its rounded masters in %d tensors (%s, ...);"
                           " the reference starts from the rounded masters" % (len(off), off[0]))
             self.matches_checkpoint = ckpt.masters is not None and not off  # starts from Trident's own 16-bit model
+            self.initial.update({n: ckpt.params[n] for n in buffer_names(self.cfg)})  # MoE expert biases: as read
             self.model = GPTReference16(self.cfg, self.initial, emulate, dtype)
             self.opt = MasterAdamW(self.model.params, masters, self.cfg, emulate, step=ckpt.optimizer_steps,
                                    exp_avg=ckpt.exp_avg, exp_avg_sq=ckpt.exp_avg_sq)
@@ -1216,7 +1226,13 @@ class Trainer:
         """One step of the 16-bit emulation: as step(), with the loss gradient scaled as Trident
         scales it (dscale = float(loss_scale / tokens), the same fp32 factor), the gradients
         unscaled by float(1 / loss_scale), the step skipped when they are not finite (fp16
-        overflow), clipping by Trident's fp32 factor and MasterAdamW."""
+        overflow), clipping by Trident's fp32 factor and MasterAdamW. MoE models: as step(), one
+        micro-batch per chunk, the MoE terms of each micro-batch (sum over its MoE layers of
+        aux_loss_coeff aux + z_loss_coeff z) in the objective with the fp32 weight
+        float(loss_scale / micro-batches) (the loss-scaled form of step()'s 1 / micro-batches, as
+        Megatron's MoEAuxLossAutoScaler scales them), an expert without tokens a zero gradient,
+        the expert biases updated after the step, and "moe" / "objective" returned as step() does
+        (the objective unscaled)."""
         cfg, params = self.cfg, self.model.params
         self.iteration += 1
         it = self.iteration
@@ -1235,17 +1251,37 @@ class Trainer:
             rows = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows
             dscale_micro = float(np.float32((1.0 / n_micro) * loss_scale))
+        moe = MoEStats() if is_moe(cfg) else None
+        if moe is not None:  # the router statistics belong to micro-batches: one per chunk (as step())
+            rows = cfg.micro_batch_size
+            self.model.moe_take()
+            n_moe = windows.shape[0] // cfg.micro_batch_size
+            moe_scale = float(np.float32(loss_scale / n_moe))  # the MoE terms' weight, fp32 (unscaled: 1 / n_moe)
+            objective = 0.0
         total = 0.0
         for s in range(0, windows.shape[0], rows):
             chunk = windows[s:s + rows]
             loss = self.model.loss_sum(chunk)
             if cfg.eod_mask_loss or getattr(cfg, "sft", False):
                 count = max(self.model.loss_count(chunk), 1)
-                (loss * float(np.float32(dscale_micro * (1.0 / count)))).backward()
-                total += loss.item() / count / n_micro
+                scaled = loss * float(np.float32(dscale_micro * (1.0 / count)))
+                part = loss.item() / count / n_micro
             else:
-                (loss * dscale).backward()
-                total += loss.item() / n_tokens
+                scaled = loss * dscale
+                part = loss.item() / n_tokens
+            if moe is not None:
+                records = self.model.moe_take()
+                extra = moe_objective(cfg, records, 1)  # this micro-batch's MoE terms, summed over its MoE layers
+                if extra is not None:
+                    scaled = scaled + extra * moe_scale
+                moe.add(records)
+                objective += part + (0.0 if extra is None else extra.item() / n_moe)
+            scaled.backward()
+            total += part
+        if moe is not None:  # an expert that no token reached this iteration: a zero gradient (as step())
+            for p in params.values():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         with torch.no_grad():
             if loss_scale != 1.0:
                 unscale = float(np.float32(1.0 / loss_scale))
@@ -1264,8 +1300,12 @@ class Trainer:
                 if coeff < 1.0:
                     clip = float(np.float32(coeff))
             self.opt.step(lr, clip)
-        return {"iteration": it, "loss": total, "lr": lr, "grad_norm": gnorm if not skipped else float("nan"),
-                "grads": grads, "skipped": skipped}
+        out = {"iteration": it, "loss": total, "lr": lr, "grad_norm": gnorm if not skipped else float("nan"),
+               "grads": grads, "skipped": skipped}
+        if moe is not None:
+            moe.update_expert_bias(self.model.buffers, cfg.moe_router_bias_update_rate)
+            out.update({"moe": moe.metrics(), "objective": objective})
+        return out
 
 
 # --------------------------------------------------------------------------------------
@@ -1430,8 +1470,11 @@ def forced_forward(bf, fname, params_dir, metrics, cfg, emulate, first, last):
     """16-bit emulation, the forward pass alone: for every parameter dump of an iteration k in
     [first, last) with a logged iteration k + 1, the loss of batch k + 1 computed by the
     reference's forward from TRIDENT's 16-bit parameters after k (no trajectory of its own).
-    Returns [(k + 1, loss_ref, loss_trident, relative error)]."""
+    MoE models: each micro-batch routed on its own, as in training; with expert biases, only the
+    dumps that hold them (their values after k are Trident's state too). Returns [(k + 1,
+    loss_ref, loss_trident, relative error)]."""
     rows = []
+    buffers = buffer_names(cfg)
     for k in range(first, last):
         pf = params_file(params_dir, k)
         if not pf or (k + 1) not in metrics or metrics[k + 1].get("skipped", 0.0) != 0.0:
@@ -1440,6 +1483,11 @@ def forced_forward(bf, fname, params_dir, metrics, cfg, emulate, first, last):
         off = [n for n in P if not np.array_equal(P[n], round16(torch.from_numpy(P[n]), emulate).numpy())]
         if off:
             raise InputError("%s: %s holds values that are not %s (not a 16-bit model's dump)" % (pf, off[0], emulate))
+        if buffers:
+            with h5py.File(pf, "r") as f:
+                if not all(n in f for n in buffers):
+                    continue
+                P.update({n: np.asarray(f[n][...], dtype=np.float64) for n in buffers})
         model = GPTReference16(cfg, P, emulate)
         windows = torch.as_tensor(np.asarray(read_batch(bf, k + 1, cfg, fname), dtype=np.int64))
         n_tokens = windows.shape[0] * (windows.shape[1] - 1)
@@ -1449,12 +1497,15 @@ def forced_forward(bf, fname, params_dir, metrics, cfg, emulate, first, last):
         if cfg.eod_mask_loss or getattr(cfg, "sft", False):  # the mean over micro-batches of each one's mean (Trainer.step)
             rows_at_once = cfg.micro_batch_size
             n_micro = windows.shape[0] // rows_at_once
+        if is_moe(cfg):  # one micro-batch per call (the router's unit), as Trainer.step
+            rows_at_once = cfg.micro_batch_size
         total = 0.0
         with torch.no_grad():
             for s0 in range(0, windows.shape[0], rows_at_once):
                 chunk = windows[s0:s0 + rows_at_once]
                 norm = n_micro * max(model.loss_count(chunk), 1) if cfg.eod_mask_loss or getattr(cfg, "sft", False) else n_tokens
                 total += float(model.loss_sum(chunk)) / norm
+                model.moe_take()  # (the router statistics are not compared here)
         lt = metrics[k + 1]["loss"]
         rows.append((k + 1, total, lt, _rel(lt, total)))
     return rows
@@ -1650,6 +1701,9 @@ def cmd_compare(args):
     step_rows = []
     moe = is_moe(cfg)
     moe_present = []  # the moe_* columns Trident's CSV has (compared per step, as the loss)
+    moe_tol = {c: (args.loss_rtol if t is None else t) for c, t in
+               (("moe_aux_loss", args.moe_rtol), ("moe_z_loss", args.moe_rtol),
+                ("moe_max_load", args.moe_load_rtol), ("moe_dropped", args.moe_load_rtol))}
     if moe:
         moe_present = [c for c in MOE_METRICS if any(c in metrics[i] for i in compared)]
         print("MoE: layers %s, %d experts of width %d, top-%d %s%s, shared expert %d, capacity factor %g%s, "
@@ -1662,6 +1716,9 @@ def cmd_compare(args):
                  cfg.moe_aux_loss_coeff, cfg.moe_z_loss_coeff,
                  ", expert bias (update rate %g)" % cfg.moe_router_bias_update_rate
                  if cfg.moe_router_enable_expert_bias else "", cfg.micro_batch_size, cfg.seq_length))
+        if args.moe_rtol is not None or args.moe_load_rtol is not None:
+            print("MoE metrics: aux and z losses within %.1e, max load and dropped share within %.1e (relative)"
+                  % (moe_tol["moe_aux_loss"], moe_tol["moe_max_load"]))
         absent = [c for c in MOE_METRICS if c not in moe_present]
         if absent:
             print("note: Trident's metrics have no column %s: not compared (the reference's values are printed)"
@@ -1753,6 +1810,7 @@ def cmd_compare(args):
                      "ok" if not bad else "FAIL(" + ",".join(bad) + ")"))
             if moe:
                 # the unscaled aux and z losses, the max load and the dropped fraction: relative, as the loss
+                # (--moe-rtol, --moe-load-rtol when given)
                 parts, moe_bad = [], []
                 row["moe_ref"] = res["moe"]
                 row["moe_trident"] = {c: m[c] for c in MOE_METRICS if c in m}
@@ -1763,7 +1821,7 @@ def cmd_compare(args):
                     r_ = _rel(m[c], res["moe"][c])
                     row[c + "_rel"] = r_
                     parts.append("%s %.9g %.9g %.2e" % (c[4:], m[c], res["moe"][c], r_))
-                    if not (r_ <= args.loss_rtol):
+                    if not (r_ <= moe_tol[c]):
                         moe_bad.append(c)
                         failures.append("iteration %d: %s differs" % (i, c))
                 row["ok"] = row["ok"] and not moe_bad
@@ -1878,6 +1936,9 @@ def cmd_compare(args):
                                         "largest": forced_upd[2]}),
                "seconds": elapsed}
         if moe:
+            if args.moe_rtol is not None or args.moe_load_rtol is not None:
+                rep["tolerances"]["moe_rtol"] = moe_tol["moe_aux_loss"]
+                rep["tolerances"]["moe_load_rtol"] = moe_tol["moe_max_load"]
             rep["moe_columns_compared"] = moe_present
             rep["moe_columns_absent"] = [c for c in MOE_METRICS if c not in moe_present]
         with open(args.report, "w") as fh:
@@ -1951,6 +2012,11 @@ def build_parser():
                    help="per-tensor norm floor as a fraction of the global grad norm")
     c.add_argument("--gnorm-rtol", type=float, default=DEFAULT_GNORM_RTOL)
     c.add_argument("--lr-rtol", type=float, default=DEFAULT_LR_RTOL)
+    c.add_argument("--moe-rtol", type=float,
+                   help="MoE: relative tolerance of the metrics' moe_aux_loss and moe_z_loss (default: --loss-rtol)")
+    c.add_argument("--moe-load-rtol", type=float,
+                   help="MoE: relative tolerance of moe_max_load and moe_dropped, which count routing selections "
+                        "(default: --loss-rtol)")
     c.add_argument("--params", help="Trident's debug.dump_params directory: the parameters after the iterations "
                    "it holds are compared with the reference's")
     c.add_argument("--param-rtol", type=float, default=DEFAULT_PARAM_RTOL,

@@ -49,6 +49,25 @@ TOLERANCES_16 = {
 }
 
 
+# 16-bit MoE cases (moe_tiny in bf16 / fp16, 10 steps): the metrics' moe_* columns of the free-running
+# trajectories. Once the trajectories part, a token whose top-k router scores lie within their
+# difference of a tie is routed to another expert in Trident than in the reference: one selection
+# of an iteration's 512 per layer moves moe_max_load by 1/256 (measured: one such selection, 3.6e-3,
+# at steps 5-10 of the bf16 runs; none in fp16) and the aux loss with it (measured worst 1.8e-4,
+# z loss 1.4e-4). The sharp checks stay the forward from Trident's parameters and the update.
+MOE_TOLERANCES_16 = ["--moe-rtol", "1.8e-3", "--moe-load-rtol", "3.6e-2"]
+
+
+def deck_is_moe(case, overrides):
+    """The case's deck has MoE layers ([moe] num_experts > 0) after the --set overrides."""
+    cp = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
+    cp.read(os.path.join(case, "deck.ini"))
+    try:
+        return float(overrides.get("moe.num_experts", cp.get("moe", "num_experts", fallback="0"))) > 0
+    except ValueError:
+        return False  # (the reference reports the bad value)
+
+
 def deck_dtype(case, overrides):
     """precision.dtype of the case's deck after the --set overrides."""
     cp = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
@@ -152,6 +171,8 @@ def main():
             "--report", w("report.json")]
     dtype = deck_dtype(a.case, overrides)
     ref += TOLERANCES_16[dtype] if script == "gpt_reference.py" and dtype in TOLERANCES_16 else TOLERANCES
+    if script == "gpt_reference.py" and dtype in TOLERANCES_16 and deck_is_moe(a.case, overrides):
+        ref += MOE_TOLERANCES_16
     if a.dropout_tape:
         ref += ["--dropout-tape", w("dropout.h5")]
     if script == "gpt_reference.py" and a.shards:

@@ -47,6 +47,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import io  # noqa: E402
 import itertools  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -55,6 +56,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 from contextlib import redirect_stderr, redirect_stdout  # noqa: E402
+from fractions import Fraction  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -1134,31 +1136,40 @@ MOE_CASES = {
 }
 
 
-def write_fake_moe_run(g, torch, d, model, moe, columns=True, corrupt=False):
+def write_fake_moe_run(g, torch, d, model, moe, columns=True, corrupt=False, precision="fp32", loss_scale=1.0):
     """A fake fp32 "Trident" MoE run (the reference in float32) in directory d; its metrics with the moe_*
-    columns (optionally one moe_aux_loss off by 1e-3) or without them. Returns the compare argv."""
+    columns (optionally one moe_aux_loss off by 1e-3) or without them. Returns the compare argv. precision
+    bf16 / fp16: a 16-bit run, the emulation's own trajectory (16-bit parameters, fp32 masters in the
+    checkpoint; fp16 at the constant loss scale loss_scale), compared with zero tolerances."""
     import h5py
     os.makedirs(os.path.join(d, "params"))
-    deck = deck_text(model, "fp32", moe_deck(**moe))
-    cfg = moe_config(g, model, **moe)
+    deck = deck_text(model, precision, moe_deck(**moe))
+    cfg = moe_config(g, model, precision, **moe)
     p = random_params(g.expected_shapes(cfg), 19)
     for n in g.buffer_names(cfg):
         p[n] = np.zeros_like(p[n])
+    half = precision != "fp32"
+    if half:
+        p = {n: x if n in g.buffer_names(cfg) else g.round16(torch.from_numpy(x), precision).numpy() for n, x in p.items()}
     ck_path = os.path.join(d, "ck.h5")
     with h5py.File(ck_path, "w") as f:
         f.attrs.update({"format": "trident.checkpoint", "format_version": 1, "model": "gpt", "iteration": 0,
                         "consumed_samples": 0, "deck": deck})
         for n, x in p.items():
             f[n] = x.astype(np.float32)
+            if half and n not in g.buffer_names(cfg):
+                f["optimizer/master/" + n] = x.astype(np.float32)
     batches = [windows(200 + i, rows=cfg.global_batch_size) for i in range(3)]
     with h5py.File(os.path.join(d, "batches.h5"), "w") as f:
         for i, b_ in enumerate(batches, 1):
             f[g.batch_name(i)] = b_.astype(np.int32)
-    trainer = g.Trainer(g.Checkpoint(ck_path), torch.float32)
+    trainer = g.Trainer(g.Checkpoint(ck_path), torch.float32) if not half else \
+        g.Trainer(g.Checkpoint(ck_path), torch.float64, None, precision)
     rows, bias_moved = [], []
     for i, b_ in enumerate(batches, 1):
         before = {n: t.clone() for n, t in trainer.model.buffers.items()}
-        res = trainer.step(b_, keep_grads=(i == 1))
+        res = trainer.step(b_, keep_grads=(i == 1)) if not half else \
+            trainer.step(b_, keep_grads=(i == 1), loss_scale=loss_scale)
         bias_moved.append(all(bool((trainer.model.buffers[n] != before[n]).any()) for n in before))
         if i == 1:
             with h5py.File(os.path.join(d, "grads.h5"), "w") as f:
@@ -1167,11 +1178,12 @@ def write_fake_moe_run(g, torch, d, model, moe, columns=True, corrupt=False):
                     f[n] = x.astype(np.float32)
         with h5py.File(os.path.join(d, "params", "iter_%07d.h5" % i), "w") as f:
             for n, t in list(trainer.model.params.items()) + list(trainer.model.buffers.items()):
-                f[n] = t.detach().numpy().astype(np.float32)
+                # (16-bit: the expert biases as the emulation holds them, float64, for the zero tolerances)
+                f[n] = t.detach().numpy().astype(np.float64 if half and n in trainer.model.buffers else np.float32)
         m = res["moe"]
         aux = m["moe_aux_loss"] * (1.001 if corrupt and i == 2 else 1.0)
-        rows.append("%d,%d,%.17g,%.17g,%.17g,1,0,1,1,0,0" % (i, i * cfg.global_batch_size, res["loss"], res["lr"],
-                                                           res["grad_norm"])
+        rows.append("%d,%d,%.17g,%.17g,%.17g,%.17g,0,1,1,0,0" % (i, i * cfg.global_batch_size, res["loss"], res["lr"],
+                                                                res["grad_norm"], loss_scale if half else 1)
                     + (",%.17g,%.17g,%.17g,%.17g" % (aux, m["moe_z_loss"], m["moe_max_load"], m["moe_dropped"])
                        if columns else ""))
     with open(os.path.join(d, "metrics.csv"), "w") as fh:
@@ -1179,6 +1191,9 @@ def write_fake_moe_run(g, torch, d, model, moe, columns=True, corrupt=False):
     argv = ["compare", "--checkpoint", ck_path, "--batches", os.path.join(d, "batches.h5"),
             "--metrics", os.path.join(d, "metrics.csv"), "--grads", os.path.join(d, "grads.h5"),
             "--params", os.path.join(d, "params"), "--threads", "1", "--report", os.path.join(d, "report.json")]
+    if half:  # the gradients file holds fp32 values of the emulation's float64 gradients
+        argv += ["--loss-rtol", "0", "--gnorm-rtol", "0", "--grad-rtol", "1e-6", "--param-rtol", "0",
+                 "--forward-rtol", "0"]
     return argv, cfg, bias_moved, res["moe"]
 
 
@@ -1267,6 +1282,143 @@ def check_moe_compare(check, g, torch):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_moe_16bit(check, g, tr, torch):
+    """The 16-bit emulation of MoE layers (GPTReference16, Trainer._step16, compare): an expert is the dense
+    MLP's call at its rounding points and the router is not rounded; a model of E = 1, k = 1 MoE layers is
+    the dense 16-bit model bit for bit; the step's gradients (the MoE terms scaled with the loss) do not
+    depend on a power-of-two loss scale and agree with float64's; an idle expert; compare end to end."""
+    w = torch.as_tensor(windows(1, rows=B))
+    # a whole model whose layers are MoE layers of E = 1, k = 1 with the dense weights as expert 0
+    for name in ("gpt2", "llama"):
+        for fmt in ("bf16", "fp16"):
+            cfg_d = gpt_config(g, GPT_DECKS[name], fmt)
+            cfg_m = moe_config(g, GPT_DECKS[name], fmt, num_experts=1, router_topk=1, aux_loss_coeff=0.1)
+            pd = {n: g.round16(torch.from_numpy(x), fmt).numpy()
+                  for n, x in random_params(g.expected_shapes(cfg_d), 18).items()}
+            pm = {}
+            for n in g.expected_shapes(cfg_m):
+                src = n.replace("mlp/experts/0/", "mlp/")
+                pm[n] = pd[src] if src in pd else g.round16(torch.from_numpy(
+                    np.random.default_rng(3).standard_normal((1, C))), fmt).numpy()
+            ld, gd = loss_and_grads(g.GPTReference16(cfg_d, pd, fmt), w)
+            lm, gm = loss_and_grads(g.GPTReference16(cfg_m, pm, fmt), w)
+            same = ld == lm and all((gm[n] == gd[n.replace("mlp/experts/0/", "mlp/")]).all()
+                                    for n in gm if "router" not in n)
+            router_zero = all(not gm[n].any() for n in gm if "router" in n)
+            check("moe 16-bit: a %s model whose layers are MoE layers of E = 1, k = 1 is the dense %s emulation: loss and "
+                  "gradients bit for bit, the router's gradient 0" % (name, fmt), same and router_zero,
+                  "loss %r vs %r" % (lm, ld))
+    # the rounding points of an MoE layer: per expert with tokens (and the shared expert) the dense MLP's
+    # fc1 GEMM (its gradient rounded), fc1's stored output, the stored activation, fc2's GEMM (its gradient
+    # rounded); nothing else in the layer (the router, the combination) rounds
+    model, moe = MOE_CASES["GPT-2 layer with rope, sigmoid + expert bias, capacity 1.0, shared expert, layer_freq [1,0]"]
+    cfg = moe_config(g, model, "bf16", **moe)
+    p = {n: g.round16(torch.from_numpy(x), "bf16").numpy() for n, x in random_params(g.expected_shapes(cfg), 22).items()}
+    calls, stored = [], []
+
+    class Recorder(g.GPTReference16):
+        def store(self, x):
+            y = super().store(x)
+            calls.append(("store", sys._getframe(1).f_code.co_name, x.shape[-1]))
+            stored.append(y)
+            return y
+
+        def store_both(self, x):
+            calls.append(("store_both", sys._getframe(1).f_code.co_name, x.shape[-1]))
+            return super().store_both(x)
+
+        def grad_store(self, x):
+            calls.append(("grad_store", sys._getframe(1).f_code.co_name, x.shape[-1]))
+            return super().grad_store(x)
+
+        def moe_tokens(self, x, prefix):
+            calls.append(("moe", prefix))
+            return super().moe_tokens(x, prefix)
+
+    rec = Recorder(cfg, p, "bf16")
+    rec.loss_sum(torch.as_tensor(windows(2, rows=B)))
+    layer0 = rec.moe_take()[0][1]
+    Fe, S = cfg.moe_ffn_hidden_size, cfg.moe_shared_expert_intermediate_size
+    expert = lambda F_: [("grad_store", "linear", F_), ("store", "mlp", F_), ("store", "mlp", F_),  # noqa: E731
+                         ("grad_store", "linear", C)]
+    start = calls.index(("moe", "model/layers/0/mlp/"))
+    end = next(i for i in range(start, len(calls)) if calls[i] == ("store", "layer", C))  # layer 1's first norm
+    got = calls[start + 1:end]
+    want = expert(Fe) * (len(got) // 4 - 1) + expert(S)
+    check("moe 16-bit: the rounding points of an MoE layer are the dense MLP's, per expert with tokens and for the "
+          "shared expert; the router and the combination do not round; every stored value is a bf16 value",
+          got == want and len(got) // 4 - 1 >= 2 and layer0["dropped"] > 0
+          and all(bool((t == g.round16(t, "bf16")).all()) for t in stored),
+          "%d hook calls in layer 0's MoE layer (%d experts with tokens)" % (len(got), len(got) // 4 - 1))
+    # the step: a power-of-two loss scale changes nothing (the MoE terms are scaled with the loss), and the
+    # gradients agree with the float64 reference's to the format's precision
+    model, moe = MOE_CASES["Qwen 3 layer, softmax top-2 of 3, every layer, dropless"]
+    moe = dict(moe, aux_loss_coeff=0.1, z_loss_coeff=0.01)
+    cfg = moe_config(g, model, "bf16", **moe)
+    p = {n: g.round16(torch.from_numpy(x), "bf16").numpy() for n, x in random_params(g.expected_shapes(cfg), 23).items()}
+    ck = lambda: types.SimpleNamespace(config=cfg, params=p, masters=p, names=g.param_names(cfg), iteration=0,  # noqa: E731
+                                       optimizer_steps=0, exp_avg=None, exp_avg_sq=None)
+    batch = windows(500, rows=cfg.global_batch_size)
+    r1 = g.Trainer(ck(), torch.float64, None, "bf16").step(batch, keep_grads=True, loss_scale=1.0)
+    r2 = g.Trainer(ck(), torch.float64, None, "bf16").step(batch, keep_grads=True, loss_scale=4096.0)
+    r64 = g.Trainer(ck()).step(batch, keep_grads=True)
+    same = all((r1["grads"][n] == r2["grads"][n]).all() for n in r1["grads"]) and r1["moe"] == r2["moe"] \
+        and r1["objective"] == r2["objective"]
+    gl = math.sqrt(sum(float((x ** 2).sum()) for x in r64["grads"].values()))
+    glob = math.sqrt(sum(float(((r1["grads"][n] - r64["grads"][n]) ** 2).sum()) for n in r64["grads"])) / gl
+    router = max(rel(r1["grads"][n], r64["grads"][n]) for n in r64["grads"] if "router" in n)
+    check("moe 16-bit: the step's gradients and MoE metrics at loss scale 4096 equal those at 1 bit for bit (bf16), and "
+          "agree with float64's (aux 0.1, z 0.01: gradients within 5e-2, the routers' within 5e-2, objective within 1e-2)",
+          same and glob <= 5e-2 and router <= 5e-2 and abs(r1["objective"] - r64["objective"]) <= 1e-2 * r64["objective"],
+          "gradients %.1e globally, routers %.1e, objective %.2e relative"
+          % (glob, router, abs(r1["objective"] - r64["objective"]) / r64["objective"]))
+    # an expert no token reaches: a zero gradient, and MasterAdamW steps it (the weight decay alone)
+    cfg = moe_config(g, base_model(), "bf16", num_experts=4, router_topk=1, ffn_hidden_size=6,
+                     router_score_function="sigmoid", router_enable_expert_bias="true", aux_loss_coeff=0.01)
+    p = {n: g.round16(torch.from_numpy(x), "bf16").numpy() for n, x in random_params(g.expected_shapes(cfg), 21).items()}
+    for i in range(L):
+        p["model/layers/%d/mlp/router/expert_bias" % i] = np.array([0.0, 0.0, 0.0, -10.0])
+    ck = types.SimpleNamespace(config=cfg, params=p, masters=p, names=g.param_names(cfg), iteration=0, optimizer_steps=0,
+                               exp_avg=None, exp_avg_sq=None)
+    trainer = g.Trainer(ck, torch.float64, None, "bf16")
+    res = trainer.step(windows(400, rows=cfg.global_batch_size), keep_grads=True)
+    n = "model/layers/1/mlp/experts/3/fc1/weight"
+    decay = torch.tensor(float(Fraction(1) - Fraction(g.lr_at(cfg, 1)) * Fraction(cfg.weight_decay)), dtype=torch.float32)
+    check("moe 16-bit: an expert no token reaches gets a zero gradient and the step runs (its master decayed, rounded)",
+          not any(res["grads"][n.replace("fc1/weight", x)].any()
+                  for x in ("fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias"))
+          and bool((trainer.opt.master[n] == torch.from_numpy(p[n].astype(np.float32)) * decay).all())
+          and bool((trainer.model.params[n] == g.round16(trainer.opt.master[n].double(), "bf16")).all()),
+          "max load %.3g" % res["moe"]["moe_max_load"])
+    # compare end to end: the emulation's own trajectories pass with zero tolerances, the forward from the dumped
+    # parameters (with the expert biases) and the update of the step-1 gradients exact
+    tmp = tempfile.mkdtemp(prefix="torch_reference_selftest_moe16_")
+    try:
+        for k_, ((label, (model, moe)), precision, scale) in enumerate(zip(MOE_CASES.items(), ("fp16", "bf16"),
+                                                                            (1024.0, 1.0))):
+            d = os.path.join(tmp, str(k_))
+            argv, cfg, bias_moved, _ = write_fake_moe_run(g, torch, d, model, moe, precision=precision, loss_scale=scale)
+            buf = io.StringIO()
+            with redirect_stdout(buf), redirect_stderr(buf):
+                rc = g.main(argv)
+            text = buf.getvalue()
+            rep_ = {"update_from_trident": None, "forward_from_trident": []}
+            if os.path.exists(os.path.join(d, "report.json")):
+                with open(os.path.join(d, "report.json")) as fh:
+                    rep_ = json.load(fh)
+            upd, fwd = rep_["update_from_trident"], rep_["forward_from_trident"]
+            ok = rc == 0 and text.count(" moe (trident ref rel): ") == 3 and upd is not None and upd["differ"] == 0 \
+                and len(fwd) == 3 and all(r["loss_rel"] == 0 for r in fwd) \
+                and (all(bias_moved) and "expert biases after iteration" in text or not cfg.moe_router_enable_expert_bias)
+            check("compare: a fake %s MoE run (%s%s) passes with zero tolerances, the forward and update checks included"
+                  % (precision, label, ", loss scale %g" % scale if precision == "fp16" else ""), ok,
+                  (text.strip().splitlines() or ["(no output)"])[-1])
+            if not ok:
+                print(text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def check_moe(check, g, reference_loop, tr, torch):
     check_moe_routing(check, tr, torch)
     check_moe_capacity(check, tr, torch)
@@ -1277,6 +1429,7 @@ def check_moe(check, g, reference_loop, tr, torch):
     check_moe_objective(check, g, torch)
     check_moe_idle_expert(check, g, torch)
     check_moe_compare(check, g, torch)
+    check_moe_16bit(check, g, tr, torch)
 
 
 def main():
