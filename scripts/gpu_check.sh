@@ -25,6 +25,10 @@
 #              124M-class Llama of perf/bench_gpt.py --arch llama (12 x 768, 12 heads in 4 groups,
 #              F 2048) in bf16 at T = 1024, micro-batch 8, for 10 steps: tokens/s, TFLOP/s and MFU
 #              against the GPU's bf16 peak (GPU_CHECK_LLAMA_PEAK, 989 for an H100/H200)
+#   moe        at most 45 s: the mixture-of-experts deck (inputs/moe_tiny_ci.ini: llama_tiny_ci with 4
+#              SwiGLU experts per layer, top-2, load-balancing and z losses) for 50 iterations, fp32
+#              against the host's fp32 losses and bf16 against the GPU's fp32 within the bf16 band,
+#              and the MoE metrics (aux, z, max load) of fp32 against the host's within 1e-3
 #   hf         optional (skipped when $PYTHON has no transformers): a tiny GPT trained here for 40
 #              iterations, exported by convert_checkpoint; transformers' GPT2LMHeadModel
 #              (from_pretrained, float32, TF32 off, on the GPU) scores the evaluation mode's windows
@@ -47,7 +51,7 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,LLAMA,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 90, 45,
+# GPU_CHECK_{UNIT,TRAIN,LLAMA,MOE,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 45, 90, 45,
 # 400 s: a GPU's); GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -323,6 +327,52 @@ PY
   return $rc
 }
 
+# ---- mixture of experts: against the host and in the bf16 band ---------------------------------------------
+phase_moe() {
+  local dtype rc=0
+  for dtype in fp32 bf16; do
+    # shellcheck disable=SC2046
+    (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck inputs/moe_tiny_ci.ini \
+      $(gpu_band_args) --precision.dtype "$dtype" --model.flash_attention false \
+      --log.metrics_file "$work/moe_${dtype}_false.csv") >"$work/moe_${dtype}_false.log" 2>&1 ||
+      { echo "pretrain_gpt moe $dtype failed:"; tail -n 15 "$work/moe_${dtype}_false.log"; rc=1; }
+  done
+  "$PYTHON" - "$work" "$out/train.csv" "${GPU_CHECK_REFERENCE_DIR:-$work/data/reference}" <<'PY' || rc=1
+import csv, os, sys
+work, dst, ref = sys.argv[1], sys.argv[2], sys.argv[3]
+def rows_of(p):
+    return list(csv.DictReader(open(p))) if os.path.exists(p) else []
+def col(p, k):
+    return [float(r[k]) for r in rows_of(p)] or None
+tol_fp32 = float(os.environ.get("GPU_CHECK_FP32_TOL", "1e-4"))
+out, ok = [], True
+def compare(what, a, b, tol):
+    global ok
+    if a and b and len(a) == len(b):
+        w = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        out.append(("moe", what, len(a), f"{w:.3e}", f"{tol:.1e}", w <= tol))
+    else:
+        out.append(("moe", what, 0, "missing", f"{tol:.1e}", False))
+    ok = ok and out[-1][5]
+gpu, host = f"{work}/moe_fp32_false.csv", f"{ref}/moe_fp32_host.csv"
+compare("fp32 GPU vs fp32 host", col(gpu, "loss"), col(host, "loss"), tol_fp32)
+for k in ("moe_aux_loss", "moe_z_loss", "moe_max_load"):
+    compare(f"{k} fp32 GPU vs host", col(gpu, k), col(host, k), 1e-3)
+compare("bf16 vs fp32 GPU", col(f"{work}/moe_bf16_false.csv", "loss"), col(gpu, "loss"), 2.0 ** -9)
+new = not os.path.exists(dst)
+with open(dst, "a", newline="") as f:
+    w = csv.writer(f, lineterminator="\n")
+    if new:
+        w.writerow(["app", "comparison", "steps", "worst relative loss difference", "tolerance", "pass"])
+    w.writerows(out)
+for r in out:
+    print(" | ".join(str(x) for x in r))
+sys.exit(0 if ok else 1)
+PY
+  note="$(awk -F, '$1 == "moe" {n++; if ($6 == "True") p++} END {print p + 0 " of " n + 0 " MoE comparisons pass"}' "$out/train.csv" 2>/dev/null)"
+  return $rc
+}
+
 # ---- the Llama-family layer: against the host, in the bf16 band, and its speed ----------------------------
 phase_llama() {
   local dtype flash rc=0
@@ -480,6 +530,7 @@ run_phase gpu 20 phase_gpu || exit 1
 run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
 run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
+run_phase moe "${GPU_CHECK_MOE_LIMIT:-45}" phase_moe
 run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
 run_phase hf_llama "${GPU_CHECK_HF_LLAMA_LIMIT:-45}" phase_hf_llama
 run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench

@@ -154,9 +154,9 @@ gpu_configure() {
 # The short training runs repeated on the GPU and, for the reference, on the host (fp32): the tiny
 # CI decks, GPU_BAND_ITERS iterations (50; the host rehearsal of the script's logic,
 # tests/gpu_kit/gpu_check_logic.sh, runs fewer), dropout off, no evaluation.
-GPU_TRAIN_APPS=(gpt bert t5 llama)
-# the app of a band run (llama: pretrain_gpt with inputs/llama_tiny_ci.ini)
-gpu_train_app() { case $1 in llama) echo gpt ;; *) echo "$1" ;; esac; }
+GPU_TRAIN_APPS=(gpt bert t5 llama moe)
+# the app of a band run (llama, moe: pretrain_gpt with inputs/llama_tiny_ci.ini, inputs/moe_tiny_ci.ini)
+gpu_train_app() { case $1 in llama | moe) echo gpt ;; *) echo "$1" ;; esac; }
 gpu_band_args() {
   echo "--train.iters ${GPU_BAND_ITERS:-50} --model.hidden_dropout 0 --model.attention_dropout 0 --eval.interval 0" \
     "--log.interval 10"

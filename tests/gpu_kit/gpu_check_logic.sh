@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh's phases after the GPU boundary (unit, train, llama, bench), rehearsed on the host so
+# scripts/gpu_check.sh's phases after the GPU boundary (unit, train, llama, moe, bench), rehearsed on the host so
 # that a rare GPU run does not find the script's own mistakes: a stand-in nvidia-smi (one "GPU",
 # no device is used), the host build in place of the kit's CUDA build, the host's fp32 reference
 # losses made here. Asserts that every phase passes, that the fp32 runs equal the reference bit
@@ -31,7 +31,7 @@ gpu_host_reference "$root" "$build" "$work/reference"
 set +e
 PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
   GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
-  GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_LLAMA_LIMIT=300 GPU_CHECK_BENCH_LIMIT=600 \
+  GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_LLAMA_LIMIT=300 GPU_CHECK_MOE_LIMIT=300 GPU_CHECK_BENCH_LIMIT=600 \
   GPU_CHECK_LLAMA_SPEED_ARGS="--train.iters 5" \
   GPU_CHECK_BENCH_ARGS="--shapes smoke --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
   bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
@@ -40,13 +40,14 @@ set -e
 fail() { echo "gpu_check_logic: FAIL: $*"; tail -n 40 "$work/gpu_check.log"; exit 1; }
 [ $rc -eq 0 ] || fail "gpu_check.sh exited $rc"
 report=$work/out/report.md
-for ph in start gpu unit train llama bench; do
+for ph in start gpu unit train llama moe bench; do
   grep -q "^| $ph | ok |" "$report" || fail "phase $ph did not pass"
 done
 grep -q "Stopped" "$report" && fail "the run stopped early"
 grep -q "^| train | ok | [0-9]* | 7 of 7 comparisons pass |" "$report" || fail "the train phase's note does not say 7 of 7"
 grep -q "^| llama | ok | [0-9]* | 3 of 3 comparisons pass; speed: [0-9]* tok/s; " "$report" ||
   fail "the llama phase's note does not say 3 of 3 and the speed"
+grep -q "^| moe | ok | [0-9]* | 5 of 5 MoE comparisons pass |" "$report" || fail "the moe phase's note does not say 5 of 5"
 grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
 grep -q "^| bench | ok | [0-9]* | 2 rows |" "$report" || fail "the bench phase's note does not say 2 rows"
 n=$(ls "$work/out" | wc -l)
@@ -55,14 +56,18 @@ n=$(ls "$work/out" | wc -l)
 import csv, json, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(f"{out}/train.csv")))
-fp32 = [r for r in rows if r["comparison"] == "fp32 GPU vs fp32 host"]
+fp32 = [r for r in rows if r["comparison"] == "fp32 GPU vs fp32 host" and r["app"] != "moe"]
 assert sorted(r["app"] for r in fp32) == ["bert", "gpt", "t5"], fp32
 for r in fp32:  # the same executable on the same inputs: the same losses, digit for digit
     assert float(r["worst relative loss difference"]) == 0.0 and r["steps"] == "20", r
-band = [r for r in rows if r["comparison"].startswith("bf16")]
+band = [r for r in rows if r["comparison"].startswith("bf16") and r["app"] != "moe"]
 assert len(band) == 4 and all(r["pass"] == "True" for r in band), band
 for r in band:  # bf16 really ran: not equal to fp32
     assert 0.0 < float(r["worst relative loss difference"]) <= 2.0 ** -9, r
+moe = [r for r in rows if r["app"] == "moe"]  # fp32 loss and metrics equal the host's, bf16 in its band
+assert [r["comparison"] for r in moe][0] == "fp32 GPU vs fp32 host" and len(moe) == 5, moe
+assert all(float(r["worst relative loss difference"]) == 0.0 for r in moe[:4]) and moe[0]["steps"] == "20", moe
+assert 0.0 < float(moe[4]["worst relative loss difference"]) <= 2.0 ** -9, moe[4]
 bench = json.load(open(f"{out}/bench.json"))
 res = bench["results"]
 assert [r["attention"] for r in res] == ["flash", "unfused"], res
