@@ -236,26 +236,12 @@ class MoeMlp final : public MlpModule {
     auto& k = static_cast<MoeKept&>(kept);
     auto& s = static_cast<MoeScratch&>(scratch);
     const std::int64_t N = k.plan.rows(), bF = blocks_ * Fe_;
-    const bool half = s_.dt != DType::F32;
     Lap lap(*s_.moe_state);
     // the combination: d yp and d probs
     moe_combine_backward(s.dyp, s.dprobs, dbranch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     lap.to(MoeState::kCombine);
     // fc2: d a = dyp W2, dW2 += dyp^T a (16-bit: dyp rounded first), db2 += column sums of dyp
-    const GemmOperand dyp = half ? operand(s_.dt, s.dy16.data()) : operand(s.dyp.data());
-    if (half) pack_half(s_.dt, s.dy16, s.dyp, N * C_);
-    Kokkos::fence();
-    grouped(Trans::N, Trans::N, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
-      const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
-      return GemmGroup{rows, Fe_, C_, dyp.at(n0 * C_), C_, operand(w2), Fe_, s.da.data() + n0 * Fe_, Fe_};
-    });
-    grouped(Trans::T, Trans::N, 1.f, 1.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
-      return GemmGroup{C_,   Fe_,
-                       rows, dyp.at(n0 * C_),
-                       C_,   operand(k.a).at(n0 * Fe_),
-                       Fe_,  store_->grad(experts_[static_cast<size_t>(e)].w2).data(),
-                       Fe_};
-    });
+    experts_backward(k.plan, s.dyp, s.dy16, operand(k.a), s.da, C_, Fe_, &Expert::w2);
     for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
       if (x.b2 >= 0) bias_backward(store_->grad(x.b2), slice(s.dyp, n0 * C_, rows * C_), rows, C_);
@@ -267,20 +253,7 @@ class MoeMlp final : public MlpModule {
     lap.to(MoeState::kExperts);
     moe_gather(s.xp, in, k.row_token, N, C_);
     lap.to(MoeState::kDispatch);
-    const GemmOperand dh = half ? operand(s_.dt, s.dy16.data()) : operand(s.dh.data());
-    if (half) pack_half(s_.dt, s.dy16, s.dh, N * bF);
-    Kokkos::fence();
-    grouped(Trans::N, Trans::N, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
-      const Act w1 = store_->param(experts_[static_cast<size_t>(e)].w1);
-      return GemmGroup{rows, C_, bF, dh.at(n0 * bF), bF, operand(w1), C_, s.dxp.data() + n0 * C_, C_};
-    });
-    grouped(Trans::T, Trans::N, 1.f, 1.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
-      return GemmGroup{bF,   C_,
-                       rows, dh.at(n0 * bF),
-                       bF,   operand(s.xp).at(n0 * C_),
-                       C_,   store_->grad(experts_[static_cast<size_t>(e)].w1).data(),
-                       C_};
-    });
+    experts_backward(k.plan, s.dh, s.dy16, operand(s.xp), s.dxp, bF, C_, &Expert::w1);
     for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
       if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
@@ -382,6 +355,28 @@ class MoeMlp final : public MlpModule {
       g.push_back(make(e, p.offsets[static_cast<size_t>(e)], rows));
     }
     gemm_mixed_grouped(ta, tb, alpha, beta, g);
+  }
+
+  // The backward GEMMs of one linear of every expert over its rows (as the dense linears'):
+  // dx (N, n_in) = dy (N, n_out) W_e and dW_e (n_out, n_in) += dy^T x, W_e the expert's weight
+  // `weight`; 16-bit runs round dy into dy16 first.
+  void experts_backward(const MoePlan& p, const FloatView& dy, const HalfView& dy16, const GemmOperand& x,
+                        const FloatView& dx, std::int64_t n_out, std::int64_t n_in, ParamId Expert::*weight) const {
+    const bool half = s_.dt != DType::F32;
+    const GemmOperand g = half ? operand(s_.dt, dy16.data()) : operand(dy.data());
+    if (half) pack_half(s_.dt, dy16, dy, p.rows() * n_out);
+    Kokkos::fence();
+    grouped(Trans::N, Trans::N, 1.f, 0.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      const Act w = store_->param(experts_[static_cast<size_t>(e)].*weight);
+      return GemmGroup{rows, n_in, n_out, g.at(n0 * n_out), n_out, operand(w), n_in, dx.data() + n0 * n_in, n_in};
+    });
+    grouped(Trans::T, Trans::N, 1.f, 1.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+      return GemmGroup{n_out, n_in,
+                       rows,  g.at(n0 * n_out),
+                       n_out, x.at(n0 * n_in),
+                       n_in,  store_->grad(experts_[static_cast<size_t>(e)].*weight).data(),
+                       n_in};
+    });
   }
 
   template <class F>
