@@ -103,4 +103,11 @@ def assert_layout(cmd, out):
         setting = flag("optim.distributed", "auto")
         want["zero1"] = want["dp"] > 1 if setting == "auto" else setting in ("true", "1", "yes", "on")
         got["zero1"] = "distributed (ZeRO-1)" in out
+    if flag("parallel.ep", None) is not None:  # MoE: the experts' grid
+        want["ep"] = int(flag("parallel.ep", 1))
+        e = re.search(r"^experts: ep (\d+), expert_tp (\d+), expert_dp (\d+)", out, re.M)
+        assert e, "the run printed no 'experts:' line"
+        got["ep"] = int(e.group(1))
+        assert int(e.group(1)) * int(e.group(2)) * int(e.group(3)) == tp * want["dp"], \
+            f"the experts' grid {e.group(0)} does not cover the tp x dp = {tp * want['dp']} ranks of a stage"
     assert got == want, f"the run reports the layout {got}, not the requested {want}"

@@ -45,8 +45,21 @@ std::string shape_str(const std::vector<hsize_t>& d) {
   return os.str();
 }
 
-// Ranks that hold a unique copy of their slice write it: one replica per data-parallel group.
-bool writes_slice(const Topology& topo) { return topo.coords().dp == 0; }
+// Which slices a rank writes (and counts in the checksums): one replica of each. Dense tensors:
+// the ranks of data-parallel rank 0, replicated ones from tensor-parallel rank 0 only; MoE
+// experts: the ranks of expert-data-parallel rank 0 (every expert-parallel rank holds others).
+struct Owner {
+  bool dense = false, expert = false;
+  int tp = 0;
+  bool owns(const ParamInfo& p) const {
+    if (p.tied_copy) return false;
+    if (p.expert) return expert;
+    return dense && !(p.tp_replicated && tp != 0);
+  }
+};
+Owner owner_of(const Topology& topo) {
+  return Owner{topo.coords().dp == 0, topo.expert_coords().etp == 0 && topo.expert_coords().edp == 0, topo.coords().tp};
+}
 
 H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
   H5Handle fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
@@ -144,25 +157,21 @@ std::string hex64(std::uint64_t v) {
   return buf;
 }
 
-// The ranks that own a tensor's slice (one replica per data-parallel group, one tensor-parallel
-// copy of replicated tensors, no tied copies) partition it: their partial checksums add up to
-// the tensor's.
-bool owns_slice(const ParamInfo& p, bool writes, int tp_rank) {
-  return writes && !p.tied_copy && !(p.tp_replicated && tp_rank != 0);
-}
+// The ranks that own a tensor's slice (Owner: one replica per data-parallel group, one
+// tensor-parallel copy of replicated tensors, no tied copies) partition it: their partial
+// checksums add up to the tensor's.
 
 // The checksums of the datasets prefix + name for every name of `tensors` (sorted, the same on
 // every rank) from the slices this rank owns in `host` (laid out like the store). Collective over
 // comm: one all-reduce.
-std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host, bool writes, int tp_rank,
+std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host, const Owner& owner,
                                      const std::map<std::string, std::vector<hsize_t>>& tensors, MPI_Comm comm) {
   std::vector<std::uint64_t> part;  // (tensors.size()): this rank's partial sums
   part.reserve(tensors.size());
   for (const auto& entry : tensors) {
     const ParamId id = store.find(entry.first);
     std::uint64_t s = 0;
-    if (id >= 0 && owns_slice(store.info(id), writes, tp_rank))
-      s = partial_checksum(store.info(id), host + store.info(id).offset);
+    if (id >= 0 && owner.owns(store.info(id))) s = partial_checksum(store.info(id), host + store.info(id).offset);
     part.push_back(s);
   }
   Communicator::borrow(comm).allreduce_sum(part.data(), static_cast<std::int64_t>(part.size()));
@@ -204,8 +213,8 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
 // store) as global datasets prefix + name. Collective: every rank creates every dataset of
 // `tensors` (all_tensors), and writes the slices it owns.
 // `sums`: the datasets' checksums (checksums()), in the order of `tensors`, or empty for none.
-void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host, bool i_write,
-                   int tp_rank, const std::map<std::string, std::vector<hsize_t>>& tensors,
+void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host,
+                   const Owner& owner, const std::map<std::string, std::vector<hsize_t>>& tensors,
                    const std::vector<std::uint64_t>& sums) {
   std::size_t index = 0;
   for (const auto& [pname, gdims] : tensors) {
@@ -220,7 +229,7 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     const ParamId id = store.find(pname);
     if (id < 0) continue;
     const ParamInfo& p = store.info(id);
-    if (!i_write || p.tied_copy || (p.tp_replicated && tp_rank != 0)) continue;  // one copy of each tensor
+    if (!owner.owns(p)) continue;  // one copy of each tensor
     for_each_block(
         p,
         [&](hid_t mspace, hid_t fsel) {
@@ -278,20 +287,26 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 }
 
 // Full-size host copy of an optimizer moment; the distributed optimizer's shards are gathered
-// over the data-parallel group first (collective there).
+// first, the dense segment's over the data-parallel group, the experts' over the
+// expert-data-parallel group (collective there).
 HostFloatView full_state(const FloatView& part, const AdamW& opt, const ParamStore& store, const Topology& topo) {
   const std::int64_t N = store.padded_size();
-  if (opt.size() == N) return Kokkos::create_mirror_view_and_copy(HostSpace(), part);
   FloatView full = make_float("checkpoint::optimizer_state", N);  // (padded_size)
-  Kokkos::deep_copy(slice(full, opt.begin(), opt.size()), part);
-  topo.dp_group().allgather_in_place(full.data(), opt.size());
+  for (const AdamW::Segment& s : opt.segments()) {
+    Kokkos::deep_copy(slice(full, s.begin, s.n), slice(part, s.at, s.n));
+    const std::int64_t region = s.expert ? store.expert_begin() : 0;
+    const std::int64_t len = s.expert ? store.padded_size() - store.expert_begin() : store.dense_trainable_size();
+    if (s.n < len) (s.expert ? topo.edp_group() : topo.dp_group()).allgather_in_place(full.data() + region, s.n);
+  }
   return Kokkos::create_mirror_view_and_copy(HostSpace(), full);
 }
 
-// This optimizer's part [begin, begin + n) of a full-size host buffer, to the device.
+// This optimizer's segments of a full-size host buffer, to the device.
 void load_state(const FloatView& part, const HostFloatView& full, const AdamW& opt) {
   auto mirror = Kokkos::create_mirror_view(part);
-  Kokkos::deep_copy(mirror, Kokkos::subview(full, Kokkos::make_pair(opt.begin(), opt.begin() + opt.size())));
+  for (const AdamW::Segment& s : opt.segments())
+    Kokkos::deep_copy(Kokkos::subview(mirror, Kokkos::make_pair(s.at, s.at + s.n)),
+                      Kokkos::subview(full, Kokkos::make_pair(s.begin, s.begin + s.n)));
   Kokkos::deep_copy(part, mirror);
 }
 
@@ -372,12 +387,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     H5Handle file = open_parallel_create(tmp_path, world.get());
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
     agree_or_throw(world.get(), err);
-    const bool w = writes_slice(topo);
-    const int tp = topo.coords().tp;
+    const Owner w = owner_of(topo);
     const auto tensors = all_tensors(store, world.get(), store.has_adapters() ? TensorSet::adapters : TensorSet::all);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
-      write_tensors(file, prefix, store, buf.data(), w, tp, tensors,
-                    checksums(store, buf.data(), w, tp, tensors, world.get()));
+      write_tensors(file, prefix, store, buf.data(), w, tensors, checksums(store, buf.data(), w, tensors, world.get()));
     };
     put("", values);
     if (opt) {
@@ -556,11 +569,10 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   if (version >= 2) {
     // every rank computes the same sums and so reaches the same verdict
     std::string bad;
-    const bool w = writes_slice(topo);
-    const int tp = topo.coords().tp;
+    const Owner w = owner_of(topo);
     auto verify = [&](const std::string& prefix, const HostFloatView& buf) {
       if (!bad.empty()) return;
-      const auto sums = checksums(store, buf.data(), w, tp, tensors, world);
+      const auto sums = checksums(store, buf.data(), w, tensors, world);
       const auto& want = stored[prefix];
       std::size_t i = 0;
       for (const auto& entry : tensors) {
@@ -921,8 +933,7 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   H5Handle file = open_parallel_create(path, topo.world().get());
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
-  write_tensors(file, prefix, store, host.data(), writes_slice(topo), topo.coords().tp,
-                all_tensors(store, topo.world().get()), {});
+  write_tensors(file, prefix, store, host.data(), owner_of(topo), all_tensors(store, topo.world().get()), {});
   h5_write_attr(file, "iteration", iteration);
 }
 

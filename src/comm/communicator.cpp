@@ -287,6 +287,46 @@ std::int64_t Communicator::exscan_sum(std::int64_t v) const {
   return rank_ == 0 ? 0 : out;  // MPI leaves rank 0's result undefined
 }
 
+void Communicator::alltoall(const std::int64_t* send, std::int64_t* recv, std::int64_t n) const {
+  const progress::InComm in_comm("alltoall", name_.c_str(), size_);
+  TRIDENT_CHECK_MPI(MPI_Alltoall(send, as_int(n), MPI_INT64_T, recv, as_int(n), MPI_INT64_T, comm_));
+}
+
+void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
+                             const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes) const {
+  TRIDENT_REQUIRE(static_cast<int>(send_rows.size()) == size_ && static_cast<int>(recv_rows.size()) == size_,
+                  "internal: alltoallv over " << size_ << " ranks with " << send_rows.size() << " send and "
+                                              << recv_rows.size() << " receive counts");
+  const progress::InComm in_comm("alltoallv", name_.c_str(), size_);
+  std::int64_t sent = 0;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) sent += send_rows[static_cast<size_t>(r)];
+  count("alltoallv", static_cast<double>(sent * row_bytes));
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_alltoallv_bytes(*nccl_, send, send_rows, recv, recv_rows, row_bytes);
+    return;
+  }
+#endif
+  Kokkos::fence();
+  MPI_Datatype row;
+  TRIDENT_CHECK_MPI(MPI_Type_contiguous(as_int(row_bytes), MPI_BYTE, &row));
+  TRIDENT_CHECK_MPI(MPI_Type_commit(&row));
+  std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  std::int64_t so = 0, ro = 0;
+  for (size_t r = 0; r < sc.size(); ++r) {
+    sc[r] = as_int(send_rows[r]);
+    sd[r] = as_int(so);
+    rc[r] = as_int(recv_rows[r]);
+    rd[r] = as_int(ro);
+    so += send_rows[r];
+    ro += recv_rows[r];
+  }
+  const int rc_mpi = MPI_Alltoallv(send, sc.data(), sd.data(), row, recv, rc.data(), rd.data(), row, comm_);
+  MPI_Type_free(&row);
+  TRIDENT_CHECK_MPI(rc_mpi);
+}
+
 void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));

@@ -101,6 +101,16 @@ class Communicator {
   std::int64_t exscan_sum(std::int64_t v) const;
   // Gathers `n` ints from every rank into out (size n * size()) on every rank.
   void allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const;
+  // All-to-all of host integers: send (size() * n) holds n values for each rank in rank order;
+  // recv (size() * n) receives rank r's n values for this rank at [r * n, (r + 1) * n).
+  void alltoall(const std::int64_t* send, std::int64_t* recv, std::int64_t n) const;
+  // All-to-all of rows of `row_bytes` bytes in the default memory space (the MoE token
+  // dispatch): send holds send_rows[r] rows for rank r, rank after rank; recv receives
+  // recv_rows[r] rows from rank r, rank after rank. A rank may send or receive no rows. MPI
+  // (one contiguous datatype per row) in host builds; NCCL grouped send/receive on the Kokkos
+  // stream in CUDA builds.
+  void alltoallv(const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
+                 const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes) const;
   void barrier() const;
   // A barrier that gives up: true when every rank of the group entered it within `seconds`,
   // false otherwise (the barrier is then left pending; the caller is about to end the job).

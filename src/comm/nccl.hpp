@@ -23,6 +23,9 @@ void nccl_allreduce(const NcclComm& c, float* data, std::int64_t n, bool max);
 void nccl_allgather_bytes(const NcclComm& c, const void* in, void* out, std::int64_t bytes);
 // the sends and receives of one pipeline step, as one NCCL group
 void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& ops);
+// rows of `row_bytes` bytes to and from every rank (Communicator::alltoallv), as one NCCL group
+void nccl_alltoallv_bytes(const NcclComm& c, const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
+                          const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes);
 // data (n) on root = sum over ranks of data (in place)
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root);
 // out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)

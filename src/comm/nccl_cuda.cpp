@@ -11,15 +11,15 @@
 #include "comm/nccl.hpp"
 #include "common/error.hpp"
 
-#define TRIDENT_NCCL(call)                                                                                   \
-  do {                                                                                                       \
-    ncclResult_t trident_r_ = (call);                                                                        \
-    if (trident_r_ != ncclSuccess) {                                                                         \
-      std::ostringstream trident_os_;                                                                        \
-      trident_os_ << "NCCL call " #call " failed: " << ncclGetErrorString(trident_r_) << " at " << __FILE__ \
-                  << ":" << __LINE__;                                                                        \
-      throw ::trident::Error::one(trident_os_.str());                                                        \
-    }                                                                                                        \
+#define TRIDENT_NCCL(call)                                                                                         \
+  do {                                                                                                             \
+    ncclResult_t trident_r_ = (call);                                                                              \
+    if (trident_r_ != ncclSuccess) {                                                                               \
+      std::ostringstream trident_os_;                                                                              \
+      trident_os_ << "NCCL call " #call " failed: " << ncclGetErrorString(trident_r_) << " at " << __FILE__ << ":" \
+                  << __LINE__;                                                                                     \
+      throw ::trident::Error::one(trident_os_.str());                                                              \
+    }                                                                                                              \
   } while (0)
 
 namespace trident::detail {
@@ -59,6 +59,21 @@ void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& o
       TRIDENT_NCCL(ncclSend(o.buf, static_cast<size_t>(o.n), ncclFloat, o.peer, c.comm, stream()));
     else
       TRIDENT_NCCL(ncclRecv(o.buf, static_cast<size_t>(o.n), ncclFloat, o.peer, c.comm, stream()));
+  }
+  TRIDENT_NCCL(ncclGroupEnd());
+}
+
+void nccl_alltoallv_bytes(const NcclComm& c, const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
+                          const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes) {
+  const auto* in = static_cast<const std::uint8_t*>(send);
+  auto* out = static_cast<std::uint8_t*>(recv);
+  TRIDENT_NCCL(ncclGroupStart());
+  for (size_t r = 0; r < send_rows.size(); ++r) {
+    const size_t sb = static_cast<size_t>(send_rows[r] * row_bytes), rb = static_cast<size_t>(recv_rows[r] * row_bytes);
+    if (sb > 0) TRIDENT_NCCL(ncclSend(in, sb, ncclUint8, static_cast<int>(r), c.comm, stream()));
+    if (rb > 0) TRIDENT_NCCL(ncclRecv(out, rb, ncclUint8, static_cast<int>(r), c.comm, stream()));
+    in += sb;
+    out += rb;
   }
   TRIDENT_NCCL(ncclGroupEnd());
 }

@@ -20,6 +20,16 @@ namespace trident {
 struct RankCoords {
   int tp = 0, dp = 0, pp = 0;
 };
+// A rank's place in the experts' grid (Megatron's expert decomposition, order tp-ep-dp-pp): within
+// a pipeline stage the tp x dp ranks, numbered i = tp_rank + dp_rank * tp, are regrouped as
+//     etp_rank = i % etp, ep_rank = (i / etp) % ep, edp_rank = i / (etp * ep)
+// so that etp x ep x edp = tp x dp: expert parallelism is carved out of the data-parallel (and,
+// with etp < tp, the tensor-parallel) ranks. Example, tp = 2, dp = 2, ep = 2, etp = 1: ranks
+// {0, 1} and {2, 3} of a stage form the expert-parallel groups, {0, 2} and {1, 3} the
+// expert-data-parallel ones.
+struct ExpertCoords {
+  int etp = 0, ep = 0, edp = 0;
+};
 
 class Topology {
  public:
@@ -51,14 +61,32 @@ class Topology {
   // position_group() as {first, stage} (collective over the world).
   void set_decoder_stage(int stage);
 
+  // Expert parallelism (collective over the world): splits every stage's tp x dp ranks into the
+  // experts' grid above, ep x etp dividing tp x dp (Error::all naming the sizes otherwise).
+  void set_expert_parallel(int ep, int etp);
+  static ExpertCoords expert_coords_of(int global, int tp, int dp, int ep, int etp);
+  int ep_size() const { return ep_; }
+  int etp_size() const { return etp_; }
+  int edp_size() const { return edp_; }
+  const ExpertCoords& expert_coords() const { return ex_; }
+  // the ranks of a stage holding the other experts (same etp and edp rank); those holding the
+  // same experts (same etp and ep rank: the experts' gradients are summed over them, ZeRO-1
+  // shards their state over them); those splitting the same experts' matrices. Before
+  // set_expert_parallel: ep = etp = 1, the expert-data-parallel group spans the stage's tp x dp.
+  const Communicator& ep_group() const { return ep_group_; }
+  const Communicator& edp_group() const { return edp_group_; }
+  const Communicator& etp_group() const { return etp_group_; }
+
   // The table of all ranks and their groups (call on every rank; prints on world rank 0).
   void print(std::ostream& os) const;
 
  private:
   Communicator world_;
-  int tp_, pp_, dp_;
+  int tp_, pp_, dp_, ep_ = 1, etp_ = 1, edp_ = 1;
   RankCoords me_;
+  ExpertCoords ex_;
   Communicator tp_group_, dp_group_, pp_group_, embedding_group_, position_group_;
+  Communicator ep_group_, edp_group_, etp_group_;
 };
 
 }  // namespace trident

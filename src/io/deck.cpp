@@ -117,6 +117,9 @@ class Registry {
     add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
     add("parallel.pp", &d.parallel.pp, "pipeline-parallel size");
     add("parallel.vp", &d.parallel.vp, "virtual pipeline stages per rank");
+    add("parallel.ep", &d.parallel.ep,
+        "MoE: expert-parallel size (each rank holds moe.num_experts / ep experts; divides tp x dp)");
+    add("parallel.expert_tp", &d.parallel.expert_tp, "MoE: tensor-parallel size inside the experts");
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
     add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
         "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
@@ -390,7 +393,19 @@ void validate(const Deck& d, bool stored) {
     TRIDENT_REQUIRE(d.lora.rank == 0,
                     "deck: lora.rank > 0 with MoE layers is not supported (adapters cover dense "
                     "projections only)");
+    TRIDENT_REQUIRE(moe.num_experts % d.parallel.ep == 0,
+                    "deck: moe.num_experts (" << moe.num_experts << ") is not divisible by parallel.ep ("
+                                              << d.parallel.ep << ")");
   }
+  positive("parallel.ep", d.parallel.ep);
+  positive("parallel.expert_tp", d.parallel.expert_tp);
+  TRIDENT_REQUIRE(d.model.moe.num_experts > 0 || (d.parallel.ep == 1 && d.parallel.expert_tp == 1),
+                  "deck: parallel.ep and parallel.expert_tp spread MoE experts; this model has none "
+                  "(moe.num_experts = 0): leave them 1");
+  TRIDENT_REQUIRE(d.parallel.expert_tp == 1,
+                  "deck: parallel.expert_tp = " << d.parallel.expert_tp
+                                                << ": tensor parallelism inside the experts is not supported yet; "
+                                                   "each expert runs whole on one rank (expert_tp = 1)");
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);

@@ -27,6 +27,10 @@ struct Deck {
   } model;
   struct Parallel {
     std::int64_t tp = 1, pp = 1, vp = 1;
+    // MoE: expert parallelism (experts spread over ep ranks carved out of tp x dp) and the tensor
+    // parallelism inside the experts (Megatron's --expert-model-parallel-size and
+    // --expert-tensor-parallel-size)
+    std::int64_t ep = 1, expert_tp = 1;
     std::int64_t first_stage_layers = 0, last_stage_layers = 0;
     std::int64_t pipeline_split_rank = 0;  // T5: first decoder stage (Megatron's split rank); 0: one split
     bool sequence_parallel = false;

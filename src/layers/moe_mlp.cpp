@@ -45,15 +45,20 @@ struct MoeKept final : MlpKept {
   Act h, a;                            // (R k, blocks Fe): fc1's output with its bias; (R k, Fe): fc2's input
   FloatView yp;                        // (R k, C): the experts' outputs (fp32, with their fc2 bias)
   MoePlan plan;                        // the dispatch (host)
-  std::vector<double> paux;            // (E) sum over this rank's tokens of the load-balancing scores
-  std::vector<std::int64_t> routed;    // (E) selections per expert over the TP group (the aux loss's counts)
-  double aux = 0, z = 0;               // this rank's part of the load-balancing loss; its mean lse^2
-  std::shared_ptr<MlpKept> shared;     // the shared expert's
+  // expert parallelism (ep > 1): the exchange, the rows this rank's experts received in their
+  // (local expert, source) order, and their outputs; h and a then hold those rows too
+  MoeExchange ex;
+  Act xe;
+  FloatView ye;
+  std::vector<double> paux;          // (E) sum over this rank's tokens of the load-balancing scores
+  std::vector<std::int64_t> routed;  // (E) selections per expert over the TP group (the aux loss's counts)
+  double aux = 0, z = 0;             // this rank's part of the load-balancing loss; its mean lse^2
+  std::shared_ptr<MlpKept> shared;   // the shared expert's
   std::int64_t bytes() const override {
     std::int64_t n = 0;
-    for (const FloatView* v : {&logits, &lse, &ssum, &probs, &yp}) n += static_cast<std::int64_t>(v->span()) * 4;
+    for (const FloatView* v : {&logits, &lse, &ssum, &probs, &yp, &ye}) n += static_cast<std::int64_t>(v->span()) * 4;
     for (const IntView* v : {&idx, &slot_row, &row_token}) n += static_cast<std::int64_t>(v->span()) * 4;
-    n += h.bytes() + a.bytes();
+    n += h.bytes() + a.bytes() + xe.bytes();
     if (shared) n += shared->bytes();
     return n;
   }
@@ -68,11 +73,17 @@ struct MoeScratch final : MlpScratch {
   FloatView dtmp;                       // (R, C): the router's and the shared expert's input gradients
   FloatView shared_out;                 // (R, C): the shared expert's output
   HalfView dy16;                        // (R k, max(C, blocks Fe)): 16-bit copies of gradients entering GEMMs
+  // expert parallelism: the rows received before their regrouping (the input's type), and the
+  // fp32 rows in flight between the two orders; the expert side's gradient rows
+  Act xrecv;
+  FloatView xfer, dye, dxe;
+  IntView regroup, inverse;  // (M) the exchange's permutations on the device
   std::shared_ptr<MlpScratch> shared;
   std::int64_t bytes() const override {
-    std::int64_t n = xp.bytes() + static_cast<std::int64_t>(dy16.span()) * 2;
+    std::int64_t n = xp.bytes() + xrecv.bytes() + static_cast<std::int64_t>(dy16.span()) * 2 +
+                     static_cast<std::int64_t>(regroup.span() + inverse.span()) * 4;
     for (const FloatView* v :
-         {&x32, &wr32, &y32, &dyp, &da, &dh, &dxp, &dlogits, &dprobs, &aux_grad, &dtmp, &shared_out})
+         {&x32, &wr32, &y32, &dyp, &da, &dh, &dxp, &dlogits, &dprobs, &aux_grad, &dtmp, &shared_out, &xfer, &dye, &dxe})
       n += static_cast<std::int64_t>(v->span()) * 4;
     if (shared) n += shared->bytes();
     return n;
@@ -99,6 +110,11 @@ class MoeMlp final : public MlpModule {
     route_.sigmoid = m.router_score_function == "sigmoid";
     route_.pre_softmax = m.router_pre_softmax;
     TRIDENT_REQUIRE(s.moe_state, "internal: an MoE layer without its MoeState");
+    // expert parallelism: this rank holds experts e0 .. e0 + El - 1 of the E
+    ep_ = s.tp.ep ? s.tp.ep->size() : 1;
+    TRIDENT_REQUIRE(E_ % ep_ == 0, "moe.num_experts (" << E_ << ") is not divisible by parallel.ep (" << ep_ << ")");
+    El_ = E_ / ep_;
+    e0_ = (s.tp.ep ? s.tp.ep->rank() : 0) * El_;
     // training with tp > 1 needs sequence parallelism (the deck's check); generation at tp > 1 routes
     // every row on every TP rank alike (infer)
     ParamInfo r;
@@ -108,11 +124,11 @@ class MoeMlp final : public MlpModule {
     r.weight_decay = true;
     r.init_std = s.init_std();
     router_ = store.declare(r);
-    for (std::int64_t j = 0; j < E_; ++j) {
-      const std::string e = prefix + "/experts/" + std::to_string(j);
+    for (std::int64_t j = 0; j < El_; ++j) {
+      const std::string e = prefix + "/experts/" + std::to_string(e0_ + j);
       Expert x;
       x.w1 = declare_weight(store, e + "/fc1/weight", blocks_ * Fe_, C_, s.init_std());
-      if (s.add_bias_linear) x.b1 = store.declare(e + "/fc1/bias", {blocks_ * Fe_}, false, 0.f, 0.f);
+      if (s.add_bias_linear) x.b1 = declare_bias(store, e + "/fc1/bias", blocks_ * Fe_);
       experts_.push_back(x);
     }
     if (m.shared_expert_intermediate_size > 0) {
@@ -126,11 +142,11 @@ class MoeMlp final : public MlpModule {
   }
 
   void declare_output(ParamStore& store) override {
-    for (std::int64_t j = 0; j < E_; ++j) {
-      const std::string e = prefix_ + "/experts/" + std::to_string(j);
+    for (std::int64_t j = 0; j < El_; ++j) {
+      const std::string e = prefix_ + "/experts/" + std::to_string(e0_ + j);
       Expert& x = experts_[static_cast<size_t>(j)];
       x.w2 = declare_weight(store, e + "/fc2/weight", C_, Fe_, s_.out_init_std);
-      if (s_.add_bias_linear) x.b2 = store.declare(e + "/fc2/bias", {C_}, false, 0.f, 0.f);
+      if (s_.add_bias_linear) x.b2 = declare_bias(store, e + "/fc2/bias", C_);
     }
     if (shared_) shared_->declare_output(store);
   }
@@ -192,34 +208,39 @@ class MoeMlp final : public MlpModule {
     // the experts over their rows
     const std::int64_t N = k.plan.rows();
     moe_gather(s.xp, in, k.row_token, N, C_);
+    if (ep_ > 1) dispatch(k, s);  // the rows to the ranks holding their experts
     lap.to(MoeState::kDispatch);
+    const MoePlan& lp = local_plan(k);
+    const Act xe = ep_ > 1 ? k.xe : s.xp;        // the experts' input rows
+    const FloatView ye = ep_ > 1 ? k.ye : k.yp;  // and output rows
     const bool half = s_.dt != DType::F32;
     const FloatView y = half ? s.y32 : k.h.f;  // fc1's fp32 GEMM output
-    grouped(Trans::N, Trans::T, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+    grouped(Trans::N, Trans::T, 1.f, 0.f, lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Act w1 = store_->param(experts_[static_cast<size_t>(e)].w1);
-      return GemmGroup{rows,         blocks_ * Fe_, C_, operand(s.xp).at(n0 * C_),
+      return GemmGroup{rows,         blocks_ * Fe_, C_, operand(xe).at(n0 * C_),
                        C_,           operand(w1),   C_, y.data() + n0 * blocks_ * Fe_,
                        blocks_ * Fe_};
     });
-    for (std::int64_t e = 0; e < E_; ++e) {
-      const std::int64_t n0 = k.plan.offsets[static_cast<size_t>(e)], rows = k.plan.counts[static_cast<size_t>(e)];
-      if (rows == 0) continue;
+    for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const std::int64_t bF = blocks_ * Fe_;
       act_->forward(act_part(k.h, n0 * bF, rows * bF), act_part(k.a, n0 * Fe_, rows * Fe_),
                     slice(y, n0 * bF, rows * bF), bias_of(experts_[static_cast<size_t>(e)].b1), rows, Fe_);
-    }
+    });
     Kokkos::fence();
-    grouped(Trans::N, Trans::T, 1.f, 0.f, k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+    grouped(Trans::N, Trans::T, 1.f, 0.f, lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
-      return GemmGroup{rows, C_, Fe_, operand(k.a).at(n0 * Fe_), Fe_, operand(w2), Fe_, k.yp.data() + n0 * C_, C_};
+      return GemmGroup{rows, C_, Fe_, operand(k.a).at(n0 * Fe_), Fe_, operand(w2), Fe_, ye.data() + n0 * C_, C_};
     });
     if (s_.add_bias_linear)
-      for (std::int64_t e = 0; e < E_; ++e) {
-        const std::int64_t n0 = k.plan.offsets[static_cast<size_t>(e)], rows = k.plan.counts[static_cast<size_t>(e)];
-        if (rows > 0)
-          moe_add_bias(slice(k.yp, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
-      }
+      for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+        moe_add_bias(slice(ye, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
+      });
     lap.to(MoeState::kExperts);
+    if (ep_ > 1) {  // the outputs back to the ranks of their tokens
+      Kokkos::fence();
+      exchange_back(k.yp, ye, k.ex, s);
+      lap.to(MoeState::kDispatch);
+    }
     moe_combine(branch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     if (shared_) {
       shared_->forward(s.shared_out, in, *k.shared, *s.shared, w);
@@ -240,25 +261,42 @@ class MoeMlp final : public MlpModule {
     // the combination: d yp and d probs
     moe_combine_backward(s.dyp, s.dprobs, dbranch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     lap.to(MoeState::kCombine);
+    const MoePlan& lp = local_plan(k);
+    if (ep_ > 1) {  // the output gradients to the ranks of the experts
+      ensure_scratch(s, k.ex.rows());
+      upload_exchange(k.ex, s);
+      Kokkos::fence();
+      s_.tp.ep->alltoallv(s.dyp.data(), k.ex.send_rows, s.xfer.data(), k.ex.recv_rows, C_ * 4);
+      moe_gather(act(s.dye), act(s.xfer), s.regroup, k.ex.rows(), C_);
+      Kokkos::fence();
+      lap.to(MoeState::kDispatch);
+    }
+    const FloatView dye = ep_ > 1 ? s.dye : s.dyp, dxe = ep_ > 1 ? s.dxe : s.dxp;
     // fc2: d a = dyp W2, dW2 += dyp^T a (16-bit: dyp rounded first), db2 += column sums of dyp
-    experts_backward(k.plan, s.dyp, s.dy16, operand(k.a), s.da, C_, Fe_, &Expert::w2);
-    for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+    experts_backward(lp, dye, s.dy16, operand(k.a), s.da, C_, Fe_, &Expert::w2);
+    for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
-      if (x.b2 >= 0) bias_backward(store_->grad(x.b2), slice(s.dyp, n0 * C_, rows * C_), rows, C_);
+      if (x.b2 >= 0) bias_backward(store_->grad(x.b2), slice(dye, n0 * C_, rows * C_), rows, C_);
       act_->backward(slice(s.dh, n0 * bF, rows * bF), slice(s.da, n0 * Fe_, rows * Fe_),
                      act_part(k.h, n0 * bF, rows * bF), rows, Fe_);
     });
     Kokkos::fence();
-    // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again), db1 += column sums of dh
+    // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again; under ep > 1 the rows kept), db1 +=
+    // column sums of dh
     lap.to(MoeState::kExperts);
-    moe_gather(s.xp, in, k.row_token, N, C_);
+    if (ep_ == 1) moe_gather(s.xp, in, k.row_token, N, C_);
     lap.to(MoeState::kDispatch);
-    experts_backward(k.plan, s.dh, s.dy16, operand(s.xp), s.dxp, bF, C_, &Expert::w1);
-    for_experts(k.plan, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
+    experts_backward(lp, s.dh, s.dy16, operand(ep_ > 1 ? k.xe : s.xp), dxe, bF, C_, &Expert::w1);
+    for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
       if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
     });
     lap.to(MoeState::kExperts);
+    if (ep_ > 1) {  // the input gradients back to the ranks of their tokens
+      Kokkos::fence();
+      exchange_back(s.dxp, dxe, k.ex, s);
+      lap.to(MoeState::kDispatch);
+    }
     moe_scatter_add(din, s.dxp, k.slot_row, R_, k_, C_);  // d in from the experts (R, C)
     lap.to(MoeState::kDispatch);
     // the router: d logits from d probs, the load-balancing loss and the z-loss
@@ -278,6 +316,7 @@ class MoeMlp final : public MlpModule {
   // the training path's routing, plan and grouped GEMMs on workspaces grown to R rows.
   void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc_work,
              const FloatView& act_work) const override {
+    TRIDENT_REQUIRE(ep_ == 1, "internal: generation holds every expert (parallel.ep = 1)");
     InferWork& w = infer_work(R);
     const std::int64_t bF = blocks_ * Fe_;
     gemm(Trans::N, Trans::T, R, E_, C_, 1.f, in.data(), C_, store_->value(router_).data(), C_, 0.f, w.logits.data(),
@@ -341,15 +380,106 @@ class MoeMlp final : public MlpModule {
     p.global_offset = {0, 0};
     p.weight_decay = true;
     p.init_std = std;
+    p.expert = true;
+    return store.declare(p);
+  }
+  static ParamId declare_bias(ParamStore& store, const std::string& name, std::int64_t n) {
+    ParamInfo p;
+    p.name = name;
+    p.shape = p.global_shape = p.valid = {n};
+    p.global_offset = {0};
+    p.expert = true;
     return store.declare(p);
   }
 
   Act bias_of(ParamId b) const { return b >= 0 ? store_->param(b) : zero_fc1_; }
 
+  // The rows of this rank's experts: the plan (ep = 1), or the rows received (ep > 1), as a
+  // plan over the El local experts.
+  const MoePlan& local_plan(MoeKept& k) const {
+    if (ep_ == 1) return k.plan;
+    local_.counts = k.ex.counts;
+    local_.offsets = k.ex.offsets;
+    return local_;
+  }
+
+  // Grows a view to at least n elements (the expert side's rows under ep > 1 vary with the routing).
+  static void grow(FloatView& v, const char* label, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_float(label, n);
+  }
+  static void grow(Act& a, DType dt, const char* label, std::int64_t n) {
+    if (a.size() < n || a.dt != dt) a = make_act(dt, label, n);
+  }
+  static void grow(HalfView& v, const char* label, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_half(label, n);
+  }
+  static void grow(IntView& v, const char* label, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_int(label, n);
+  }
+  // room for M expert-side rows (and 5/4 of them, so that a routing a little more uneven does not
+  // reallocate again)
+  static std::int64_t room(std::int64_t M) { return std::max<std::int64_t>(1, M + M / 4); }
+  void ensure_scratch(MoeScratch& s, std::int64_t M) const {
+    const std::int64_t n = room(M), bF = blocks_ * Fe_;
+    grow(s.xrecv, s_.dt, "moe::xrecv", n * C_);
+    grow(s.xfer, "moe::xfer", n * std::max(C_, bF));
+    grow(s.dye, "moe::dye", n * C_);
+    grow(s.dxe, "moe::dxe", n * C_);
+    grow(s.da, "moe::da", n * Fe_);
+    grow(s.dh, "moe::dh", n * bF);
+    grow(s.regroup, "moe::regroup", n);
+    grow(s.inverse, "moe::inverse", n);
+    if (s_.dt != DType::F32) {
+      grow(s.y32, "moe::y32", n * bF);
+      grow(s.dy16, "moe::dy16", n * std::max(C_, bF));
+    }
+  }
+  void upload_exchange(const MoeExchange& x, MoeScratch& s) const {
+    const std::int64_t M = x.rows();
+    HostIntView rg("moe::regroup_host", static_cast<size_t>(M)), inv("moe::inverse_host", static_cast<size_t>(M));
+    for (std::int64_t m = 0; m < M; ++m) {
+      rg(m) = x.regroup[static_cast<size_t>(m)];
+      inv(m) = x.inverse[static_cast<size_t>(m)];
+    }
+    Kokkos::deep_copy(slice(s.regroup, 0, M), rg);
+    Kokkos::deep_copy(slice(s.inverse, 0, M), inv);
+  }
+
+  // ep > 1, forward: the permuted rows s.xp (grouped by expert) to the ranks holding their
+  // experts: the per-expert counts first (an all-to-all), then the rows (all-to-all-v), regrouped
+  // by local expert into k.xe.
+  void dispatch(MoeKept& k, MoeScratch& s) const {
+    const Communicator& ep = *s_.tp.ep;
+    std::vector<std::int64_t> received(static_cast<size_t>(E_), 0);
+    ep.alltoall(k.plan.counts.data(), received.data(), El_);
+    k.ex = moe_exchange(k.plan.counts, received, ep_);
+    const std::int64_t M = k.ex.rows();
+    ensure_scratch(s, M);
+    const std::int64_t n = room(M), bF = blocks_ * Fe_;
+    grow(k.xe, s_.dt, "moe::xe", n * C_);
+    grow(k.ye, "moe::ye", n * C_);
+    grow(k.h, s_.dt, "moe::h", n * bF);
+    grow(k.a, s_.dt, "moe::a", n * Fe_);
+    upload_exchange(k.ex, s);
+    Kokkos::fence();
+    ep.alltoallv(s.xp.data(), k.ex.send_rows, const_cast<void*>(s.xrecv.data()), k.ex.recv_rows,
+                 C_ * dtype_bytes(s_.dt));
+    moe_gather(k.xe, s.xrecv, s.regroup, M, C_);
+    Kokkos::fence();
+  }
+
+  // ep > 1: fp32 expert-side rows `from` (local expert order) back to the ranks of their tokens,
+  // into `to` (this rank's permuted rows, grouped by expert)
+  void exchange_back(const FloatView& to, const FloatView& from, const MoeExchange& x, MoeScratch& s) const {
+    moe_gather(act(s.xfer), act(from), s.inverse, x.rows(), C_);
+    Kokkos::fence();
+    s_.tp.ep->alltoallv(s.xfer.data(), x.recv_rows, to.data(), x.send_rows, C_ * 4);
+  }
+
   template <class Make>
   void grouped(Trans ta, Trans tb, float alpha, float beta, const MoePlan& p, const Make& make) const {
     std::vector<GemmGroup> g;
-    for (std::int64_t e = 0; e < E_; ++e) {
+    for (std::int64_t e = 0; e < El_; ++e) {
       const std::int64_t rows = p.counts[static_cast<size_t>(e)];
       if (rows == 0 && beta == 0.f) continue;  // nothing to write
       g.push_back(make(e, p.offsets[static_cast<size_t>(e)], rows));
@@ -381,7 +511,7 @@ class MoeMlp final : public MlpModule {
 
   template <class F>
   void for_experts(const MoePlan& p, const F& f) const {
-    for (std::int64_t e = 0; e < E_; ++e)
+    for (std::int64_t e = 0; e < El_; ++e)
       if (p.counts[static_cast<size_t>(e)] > 0)
         f(e, p.offsets[static_cast<size_t>(e)], p.counts[static_cast<size_t>(e)]);
   }
@@ -513,6 +643,8 @@ class MoeMlp final : public MlpModule {
   ParamStore* store_;
   std::shared_ptr<const MlpActivation> act_;
   std::int64_t E_ = 0, k_ = 0, Fe_ = 0, C_ = 0, blocks_ = 1, R_ = 0;
+  std::int64_t ep_ = 1, El_ = 0, e0_ = 0;  // expert parallelism: this rank's experts e0 .. e0 + El - 1
+  mutable MoePlan local_;                  // the expert side's rows as a plan (ep > 1)
   RouterSpec route_;
   ParamId router_ = -1;
   std::vector<Expert> experts_;

@@ -72,7 +72,7 @@ void ParamStore::mark_tp_partial_grad(const std::string& prefix) {
     }
 }
 
-void ParamStore::allocate(std::int64_t multiple) {
+void ParamStore::allocate(std::int64_t multiple, std::int64_t expert_multiple) {
   auto pad = [&](std::int64_t n) { return multiple > 1 ? (n + multiple - 1) / multiple * multiple : n; };
   std::int64_t off = 0;
   // LoRA adapters first (TP-sharded, then TP-replicated), their range padded like the buffer
@@ -95,7 +95,7 @@ void ParamStore::allocate(std::int64_t multiple) {
     for (const bool partial : {false, true}) {
       if (g == 2 && partial) tp_partial_begin_ = off;
       for (auto& p : params_) {
-        if (p.adapter || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
+        if (p.adapter || p.expert || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
         if ((p.tp_partial_grad && p.tp_replicated) != partial) continue;
         p.offset = off;
         off += p.numel();
@@ -104,8 +104,26 @@ void ParamStore::allocate(std::int64_t multiple) {
     if (g == 1) decay_total_ = off;
     if (g == 2) replicated_end_ = off;
   }
-  total_ = off;
-  const std::int64_t padded = pad(total_);
+  // the experts' range: decayed weights, then biases
+  const std::int64_t dense = off;
+  std::int64_t experts = 0;
+  for (const auto& p : params_) experts += p.expert ? p.numel() : 0;
+  expert_begin_ = pad(dense);  // the padded size without experts
+  off = expert_begin_;
+  for (const bool decay : {true, false}) {
+    for (auto& p : params_) {
+      if (!p.expert || p.weight_decay != decay) continue;
+      TRIDENT_REQUIRE(!p.adapter, "internal: " << p.name << ": an adapter of an expert");
+      p.offset = off;
+      off += p.numel();
+    }
+    if (decay) expert_decay_end_ = off;
+  }
+  total_ = experts > 0 ? off : dense;
+  const std::int64_t padded = experts > 0 ? expert_begin_ + (expert_multiple > 1 ? (experts + expert_multiple - 1) /
+                                                                                       expert_multiple * expert_multiple
+                                                                                 : experts)
+                                          : pad(total_);
   if (dtype_ == DType::F32)
     values_ = make_float("params::values", padded);
   else
@@ -160,7 +178,7 @@ FloatView ParamStore::grad(ParamId id) const { return slice(grads_, params_.at(i
 std::int64_t ParamStore::global_count() const {
   std::int64_t n = 0;
   for (auto& p : params_) {
-    std::int64_t g = 1;
+    std::int64_t g = p.expert ? ep_ : 1;
     for (auto d : p.global_shape) g *= d;
     n += g;
   }

@@ -49,6 +49,10 @@ struct ParamInfo {
   bool weight_decay = false;
   // A LoRA adapter (A or B of a projection): trained while the rest of the model is frozen.
   bool adapter = false;
+  // A parameter of one MoE expert (docs/DESIGN.md "Mixture of experts"): it lives in the expert
+  // range of the flat buffers, its gradient is summed over the expert-data-parallel group (not
+  // over TP and DP), and the ep ranks of an expert-parallel group hold other experts alike.
+  bool expert = false;
   float init_std = 0.f;  // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;
   std::int64_t offset = -1;  // into the flat buffers, set by allocate()
@@ -83,8 +87,21 @@ class ParamStore {
   void set_dtype(DType dt);
   DType dtype() const { return dtype_; }
   // Allocates the flat buffers, padded with zeros to a multiple of `multiple` elements (the
-  // distributed optimizer splits them into equal data-parallel shards).
-  void allocate(std::int64_t multiple = 1);
+  // distributed optimizer splits them into equal data-parallel shards). The experts' parameters
+  // (ParamInfo::expert) follow as a range of their own, [expert_begin(), padded_size()): those
+  // with weight decay first, padded to a multiple of `expert_multiple` (the expert-data-parallel
+  // shards).
+  void allocate(std::int64_t multiple = 1, std::int64_t expert_multiple = 1);
+  // The expert range and its weight-decay prefix [expert_begin(), expert_decay_end()); the dense
+  // parameters are [0, expert_begin()) (padded), which is all of the buffer without experts.
+  std::int64_t expert_begin() const { return expert_begin_; }
+  std::int64_t expert_decay_end() const { return expert_decay_end_; }
+  bool has_experts() const { return padded_size() > expert_begin_; }
+  // The dense part of the trainable range: [0, dense_trainable_size()) (the adapters with LoRA).
+  std::int64_t dense_trainable_size() const { return has_adapters() ? adapter_padded_ : expert_begin_; }
+  // The expert-parallel size: every expert parameter counts ep times in global_count() (the other
+  // ranks of its expert-parallel group hold as many other experts). Before allocate().
+  void set_expert_parallel(std::int64_t ep) { ep_ = ep; }
   bool allocated() const { return padded_size() > 0 || total_ == 0; }
 
   FloatView value(ParamId id) const;   // fp32 parameters only
@@ -142,6 +159,7 @@ class ParamStore {
   HalfView values16_;
   std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0, tp_partial_begin_ = 0;
   std::int64_t adapter_total_ = 0, adapter_padded_ = 0, adapter_replicated_begin_ = 0;
+  std::int64_t expert_begin_ = 0, expert_decay_end_ = 0, ep_ = 1;
   std::int64_t layer_ = -1;  // the open LayerScope's layer
 };
 

@@ -23,6 +23,8 @@ namespace trident {
 struct TensorParallel {
   const Communicator* comm = nullptr;  // the TP group
   bool sequence_parallel = false;
+  // The expert-parallel group of MoE layers (Topology::ep_group; null: every expert on this rank)
+  const Communicator* ep = nullptr;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };

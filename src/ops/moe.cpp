@@ -161,6 +161,46 @@ std::int64_t moe_capacity(std::int64_t tokens, std::int64_t k, std::int64_t E, d
       std::ceil(static_cast<double>(tokens) * static_cast<double>(k) / static_cast<double>(E) * factor));
 }
 
+MoeExchange moe_exchange(const std::vector<std::int64_t>& sent, const std::vector<std::int64_t>& received,
+                         std::int64_t ep) {
+  TRIDENT_REQUIRE(ep >= 1 && sent.size() == received.size() && sent.size() % static_cast<size_t>(ep) == 0,
+                  "internal: moe_exchange of " << sent.size() << " and " << received.size() << " counts over " << ep
+                                               << " ranks");
+  MoeExchange x;
+  x.ep = ep;
+  x.El = static_cast<std::int64_t>(sent.size()) / ep;
+  const auto at = [&](const std::vector<std::int64_t>& v, std::int64_t r, std::int64_t j) {
+    const std::int64_t n = v[static_cast<size_t>(r * x.El + j)];
+    TRIDENT_REQUIRE(n >= 0, "internal: a negative row count in the expert-parallel exchange");
+    return n;
+  };
+  x.send_rows.assign(static_cast<size_t>(ep), 0);
+  x.recv_rows.assign(static_cast<size_t>(ep), 0);
+  x.counts.assign(static_cast<size_t>(x.El), 0);
+  for (std::int64_t r = 0; r < ep; ++r)
+    for (std::int64_t j = 0; j < x.El; ++j) {
+      x.send_rows[static_cast<size_t>(r)] += at(sent, r, j);
+      x.recv_rows[static_cast<size_t>(r)] += at(received, r, j);
+      x.counts[static_cast<size_t>(j)] += at(received, r, j);
+    }
+  x.offsets.assign(static_cast<size_t>(x.El + 1), 0);
+  for (std::int64_t j = 0; j < x.El; ++j)
+    x.offsets[static_cast<size_t>(j + 1)] = x.offsets[static_cast<size_t>(j)] + x.counts[static_cast<size_t>(j)];
+  const std::int64_t M = x.rows();
+  x.regroup.assign(static_cast<size_t>(M), 0);
+  x.inverse.assign(static_cast<size_t>(M), 0);
+  std::vector<std::int64_t> next(x.offsets.begin(), x.offsets.end() - 1);  // (El) the next expert-side row
+  std::int64_t q = 0;                                                      // received row, in (source, expert) order
+  for (std::int64_t r = 0; r < ep; ++r)
+    for (std::int64_t j = 0; j < x.El; ++j)
+      for (std::int64_t n = 0; n < at(received, r, j); ++n, ++q) {
+        const std::int64_t m = next[static_cast<size_t>(j)]++;
+        x.regroup[static_cast<size_t>(m)] = static_cast<std::int32_t>(q);
+        x.inverse[static_cast<size_t>(q)] = static_cast<std::int32_t>(m);
+      }
+  return x;
+}
+
 MoePlan moe_plan(const std::int32_t* idx, const float* probs, std::int64_t R, std::int64_t k, std::int64_t E,
                  std::int64_t capacity, bool by_probs) {
   MoePlan p;

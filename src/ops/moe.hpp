@@ -67,6 +67,25 @@ MoePlan moe_plan(const std::int32_t* idx, const float* probs, std::int64_t R, st
 // Megatron's capacity: ceil(tokens k / E x factor).
 std::int64_t moe_capacity(std::int64_t tokens, std::int64_t k, std::int64_t E, double factor);
 
+// The expert-parallel exchange of one micro-batch's dispatch (host side), between the ep ranks of
+// an expert-parallel group, each holding El = E / ep experts (rank r: experts r El .. r El + El - 1).
+// A rank's permuted rows are grouped by expert, so the rows for rank r are contiguous; it receives
+// the rows for its own experts grouped by source rank, then by local expert, and regroups them
+// by local expert, then by source rank, before the experts run (Megatron's all-to-all dispatcher).
+struct MoeExchange {
+  std::int64_t ep = 1, El = 0;
+  std::vector<std::int64_t> send_rows, recv_rows;  // (ep) rows to / from each rank of the group
+  // the expert side: rows per local expert and their offsets in (local expert, source) order
+  std::vector<std::int64_t> counts, offsets;  // (El), (El + 1)
+  // (rows()) expert-side row m is received row regroup[m]; received row q is expert-side row inverse[q]
+  std::vector<std::int32_t> regroup, inverse;
+  std::int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
+};
+// sent (ep El): this rank's rows for each global expert (its plan's counts); received (ep El):
+// received[r El + j] rows from rank r for local expert j (the all-to-all of `sent`).
+MoeExchange moe_exchange(const std::vector<std::int64_t>& sent, const std::vector<std::int64_t>& received,
+                         std::int64_t ep);
+
 // xp (N, C) = x[row_token[n]] for n < N (x (R, C); one storage type).
 void moe_gather(const Act& xp, const Act& x, const IntView& row_token, std::int64_t N, std::int64_t C);
 // out (R, C) fp32 (overwritten) = sum_j probs[t, j] yp[slot_row[t, j]] over kept selections, in j order.

@@ -18,8 +18,16 @@
 namespace trident {
 
 AdamW::AdamW(const AdamWConfig& cfg, std::int64_t n, std::int64_t decay_size, std::int64_t begin)
-    : cfg_(cfg), n_(n), decay_size_(decay_size), begin_(begin), m_(make_float("adamw::exp_avg", n)),
-      v_(make_float("adamw::exp_avg_sq", n)) {}
+    : AdamW(cfg, std::vector<Segment>{Segment{begin, n, decay_size, false, 0}}) {}
+
+AdamW::AdamW(const AdamWConfig& cfg, std::vector<Segment> segments) : cfg_(cfg), seg_(std::move(segments)) {
+  for (Segment& s : seg_) {
+    s.at = n_;
+    n_ += s.n;
+  }
+  m_ = make_float("adamw::exp_avg", n_);
+  v_ = make_float("adamw::exp_avg_sq", n_);
+}
 
 namespace detail {
 // Where updated parameters go besides the fp32 buffer: nowhere (fp32 model), or rounded into
@@ -67,41 +75,46 @@ void adamw_kernel(float* p, float* g, float* m, float* v, Out out, std::int64_t 
 }  // namespace detail
 
 template <class Out>
-void AdamW::update(float* p, float* g, Out out, double lr, float grad_scale, GradsAfter after) {
-  ++step_;
+void AdamW::update(const Segment& s, float* p, float* g, Out out, double lr, float grad_scale, GradsAfter after) {
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
   const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(step_)));
   const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
   const float step_size = static_cast<float>(lr) / bc1;
   const float decay = static_cast<float>(1.0 - lr * cfg_.weight_decay);
-  // weight decay on the flat prefix [0, decay_size): local indices below nd
-  const std::int64_t nd = decay_size_ - begin_;
+  // weight decay on the segment's flat prefix below decay_end: local indices below nd
+  const std::int64_t nd = s.decay_end - s.begin;
+  float* m = m_.data() + s.at;
+  float* v = v_.data() + s.at;
   if (after == GradsAfter::zero)
-    detail::adamw_kernel<true>(p, g, m_.data(), v_.data(), out, n_, nd, b1, b2, eps, step_size, sqrt_bc2, decay,
-                               grad_scale);
+    detail::adamw_kernel<true>(p, g, m, v, out, s.n, nd, b1, b2, eps, step_size, sqrt_bc2, decay, grad_scale);
   else
-    detail::adamw_kernel<false>(p, g, m_.data(), v_.data(), out, n_, nd, b1, b2, eps, step_size, sqrt_bc2, decay,
-                                grad_scale);
+    detail::adamw_kernel<false>(p, g, m, v, out, s.n, nd, b1, b2, eps, step_size, sqrt_bc2, decay, grad_scale);
 }
 
 void AdamW::step(const FloatView& params, const FloatView& grads, double lr, float grad_scale, GradsAfter after) {
-  update(params.data() + begin_, grads.data() + begin_, detail::NoCopy{}, lr, grad_scale, after);
+  ++step_;
+  for (const Segment& s : seg_)
+    update(s, params.data() + s.begin, grads.data() + s.begin, detail::NoCopy{}, lr, grad_scale, after);
 }
 
 void AdamW::init_master(DType dt, const HalfView& model16) {
   dt_ = dt;
   master_ = make_float("adamw::master", n_);
-  unpack_half(dt, master_, slice(model16, begin_, n_), n_);
+  for (const Segment& s : seg_) unpack_half(dt, slice(master_, s.at, s.n), slice(model16, s.begin, s.n), s.n);
   Kokkos::fence();
 }
 
 void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale, GradsAfter after) {
-  std::uint16_t* out = model16.data() + begin_;
-  if (dt_ == DType::BF16)
-    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale, after);
-  else
-    update(master_.data(), grads.data() + begin_, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale, after);
+  ++step_;
+  for (const Segment& s : seg_) {
+    std::uint16_t* out = model16.data() + s.begin;
+    float* master = master_.data() + s.at;
+    if (dt_ == DType::BF16)
+      update(s, master, grads.data() + s.begin, detail::HalfCopy<Bf16Fmt>{out}, lr, grad_scale, after);
+    else
+      update(s, master, grads.data() + s.begin, detail::HalfCopy<Fp16Fmt>{out}, lr, grad_scale, after);
+  }
 }
 
 bool AdamW::fuses_multiply_add() { return dfma_fuses(); }

@@ -159,6 +159,7 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
   TensorParallel tp;
   tp.comm = &topo.tp_group();
   tp.sequence_parallel = deck.parallel.sequence_parallel && topo.tp_size() > 1;
+  if (topo.ep_size() > 1) tp.ep = &topo.ep_group();
   return tp;
 }
 
@@ -169,17 +170,27 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
 // partial sums are added over the DP group: the distributed optimizer holds only that shard of
 // the reduced gradient, and the plain optimizer computes the same sum the same way (so both
 // clip by the bitwise same factor).
-double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end) {
+// MoE experts: each expert-data-parallel rank sums its shard of the experts' range, the partial
+// sums are added over that group (this rank's experts) and then over the expert-parallel group
+// (every expert once), before the sum over the pipeline.
+double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end,
+                        std::int64_t expert_begin, std::int64_t expert_end) {
   double part[2] = {0, 0};  // sharded over TP, replicated over TP
   for (const auto& p : store.params()) {
-    if (p.tied_copy) continue;
+    if (p.tied_copy || p.expert) continue;
     const std::int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
     if (b >= e) continue;
     part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
   }
   double sharded = topo.dp_group().allreduce_sum(part[0]), replicated = topo.dp_group().allreduce_sum(part[1]);
   sharded = topo.tp_group().allreduce_sum(sharded);
-  return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated));
+  double experts = 0;
+  if (store.has_experts()) {
+    if (expert_end > expert_begin)
+      experts = sum_squares(slice(store.grads(), expert_begin, expert_end - expert_begin), expert_end - expert_begin);
+    experts = topo.ep_group().allreduce_sum(topo.edp_group().allreduce_sum(experts));
+  }
+  return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated + experts));
 }
 
 namespace {

@@ -56,8 +56,10 @@ std::vector<std::unique_ptr<LanguageModel>> build_chunks(ModelFamily fam, const 
                                                          const std::vector<ModelStage>& stages);
 std::vector<LanguageModel*> raw(const std::vector<std::unique_ptr<LanguageModel>>& v);
 
-// Global L2 norm of the gradients, this data-parallel rank summing its shard [begin, end).
-double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end);
+// Global L2 norm of the gradients, this data-parallel rank summing its shard [begin, end) of the
+// dense parameters and its expert-data-parallel shard [expert_begin, expert_end) of the experts'.
+double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end,
+                        std::int64_t expert_begin = 0, std::int64_t expert_end = 0);
 // The chunks' loss parts since the last call, summed over the pipeline and data-parallel groups.
 LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const Topology& topo);
 

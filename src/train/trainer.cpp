@@ -225,6 +225,9 @@ class TrainingRun {
   std::vector<std::unique_ptr<LanguageModel>> chunks_;
   bool zero_ = false, lora_ = false, half_ = false, fp16_ = false;
   std::int64_t trainable_ = 0, shard_ = 0, shard_begin_ = 0;
+  // MoE experts: their range [e_begin_, e_begin_ + e_len_) of the flat buffers, split into
+  // expert-data-parallel shards of e_shard_ (this rank's from e_shard_begin_)
+  std::int64_t e_begin_ = 0, e_len_ = 0, e_shard_ = 0, e_shard_begin_ = 0;
   std::unique_ptr<AdamW> adamw_;
   LossScalerConfig lsc_;
   LossScaler scaler_;
@@ -302,6 +305,7 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
   // ---- model and optimizer ----
   cfg_ = make_config(deck, vocab_, topo.tp_size(), fam);
   head_ = head_options(deck);
+  if (cfg_.moe.on()) store_.set_expert_parallel(topo.ep_size());  // (run_training set the experts' grid)
   tp_ = tensor_parallel(deck, topo);
   stages_ = chunks_of(deck, topo, cfg_);
   if (cfg_.encoder_decoder() && topo.pp_size() > 1) topo.set_decoder_stage(decoder_stage(deck, topo, cfg_));
@@ -309,18 +313,29 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
   chunks_ = build_chunks(fam, cfg_, head_, store_, mbs_, tp_, stages_);
   // Flat buffers padded to equal data-parallel shards of a multiple of 4096 elements (the
   // optimizer kernel's chunk), in both optimizer modes so that they update alike.
-  store_.allocate(static_cast<std::int64_t>(dp_) * 4096);
+  // The experts' range likewise, in expert-data-parallel shards.
+  store_.allocate(static_cast<std::int64_t>(dp_) * 4096, static_cast<std::int64_t>(topo.edp_size()) * 4096);
   store_.initialize(static_cast<std::uint64_t>(deck.train.seed));
   zero_ = distributed_optimizer(deck.optim.distributed, dp_);
   // LoRA: only the adapters train (store.trainable_size(): the front of the buffers); the
   // optimizer, the gradient reductions and ZeRO-1's shards cover that range alone
   lora_ = store_.has_adapters();
-  trainable_ = store_.trainable_size();
+  trainable_ = store_.dense_trainable_size();
   shard_ = trainable_ / dp_;
   shard_begin_ = shard_ * dp_rank_;
-  // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only.
-  adamw_ = std::make_unique<AdamW>(adamw_config(deck), zero_ ? shard_ : trainable_, store_.decay_size(),
-                                   zero_ ? shard_begin_ : 0);
+  // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only; the
+  // experts' range is a second segment, sharded over the expert-data-parallel group.
+  std::vector<AdamW::Segment> segments = {
+      AdamW::Segment{zero_ ? shard_begin_ : 0, zero_ ? shard_ : trainable_, store_.decay_size(), false, 0}};
+  if (store_.has_experts()) {
+    e_begin_ = store_.expert_begin();
+    e_len_ = store_.padded_size() - e_begin_;
+    e_shard_ = e_len_ / topo.edp_size();
+    e_shard_begin_ = e_begin_ + e_shard_ * topo.expert_coords().edp;
+    segments.push_back(AdamW::Segment{zero_ ? e_shard_begin_ : e_begin_, zero_ ? e_shard_ : e_len_,
+                                      store_.expert_decay_end(), true, 0});
+  }
+  adamw_ = std::make_unique<AdamW>(adamw_config(deck), segments);
   // Mixed precision: fp32 master weights of the optimizer's range, from the 16-bit model
   // (Megatron's Float16Optimizer); replaced by the checkpoint's masters on resume.
   half_ = cfg_.dt != DType::F32;
@@ -425,6 +440,12 @@ void TrainingRun::print_banner() const {
           : deck.parallel.vp > 1 ? " (interleaved 1F1B, vp " + std::to_string(deck.parallel.vp) + ")"
                                  : " (1F1B)")
       << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
+      << (cfg.moe.on() ? "experts: ep " + std::to_string(topo.ep_size()) + ", expert_tp " +
+                             std::to_string(topo.etp_size()) + ", expert_dp " + std::to_string(topo.edp_size()) + " (" +
+                             std::to_string(cfg.moe.num_experts / topo.ep_size()) + " of " +
+                             std::to_string(cfg.moe.num_experts) +
+                             " experts per rank; their gradients summed over expert_dp, tokens exchanged over ep)\n"
+                       : std::string())
       << (topo.pp_size() > 1 ? "stage 0 holds layers " +
                                    [&] {
                                      std::string r;
@@ -631,17 +652,27 @@ void TrainingRun::reduce_gradients() {
     topo_.dp_group().reduce_scatter_in_place(grads.data(), shard_);
     topo_.dp_group().allgather_in_place(grads.data(), shard_);
   }
+  if (e_len_ > 0) {  // the experts' gradients: summed over the ranks holding the same experts
+    float* g = grads.data() + e_begin_;
+    topo_.edp_group().reduce_scatter_in_place(g, e_shard_);
+    if (!zero_) topo_.edp_group().allgather_in_place(g, e_shard_);
+  }
 }
 
 bool TrainingRun::unscale_and_check(std::int64_t it, double loss_sum, double scale_used) {
   // Loss scaling (fp16): unscale the optimizer's range of the main gradients, check it for
   // inf/NaN, agree on the verdict over every rank, and skip the step on overflow.
-  const FloatView opt_grads = slice(grads_, adamw_->begin(), adamw_->size());
+  const auto& segments = adamw_->segments();
   if (std::find(force_overflow_.begin(), force_overflow_.end(), it) != force_overflow_.end() && world_.rank() == 0)
-    Kokkos::deep_copy(slice(opt_grads, 0, 1), std::numeric_limits<float>::infinity());
+    Kokkos::deep_copy(slice(grads_, segments.front().begin, 1), std::numeric_limits<float>::infinity());
   if (!fp16_) return false;
-  if (scale_used != 1.0) scale(opt_grads, static_cast<float>(1.0 / scale_used), adamw_->size());
-  const bool found_inf = world_.allreduce_max(has_nonfinite(opt_grads, adamw_->size()) ? 1.0 : 0.0) > 0;
+  bool nonfinite = false;
+  for (const AdamW::Segment& sg : segments) {
+    const FloatView opt_grads = slice(grads_, sg.begin, sg.n);
+    if (scale_used != 1.0) scale(opt_grads, static_cast<float>(1.0 / scale_used), sg.n);
+    nonfinite = has_nonfinite(opt_grads, sg.n) || nonfinite;
+  }
+  const bool found_inf = world_.allreduce_max(nonfinite ? 1.0 : 0.0) > 0;
   // a run that keeps overflowing has diverged: stop it rather than skip forever (and never
   // checkpoint its non-finite state); every rank decides alike from the agreed verdict
   TRIDENT_REQUIRE(!(found_inf && lsc_.dynamic && scaler_.scale() <= lsc_.min_scale),
@@ -664,13 +695,16 @@ void TrainingRun::update(bool skip, double lr, float clip) {
   } else if (half_) {
     adamw_->step_mixed(store_.values16(), grads_, lr, clip, AdamW::GradsAfter::zero);
     if (zero_) topo_.dp_group().allgather_in_place(store_.values16().data(), shard_);  // 16-bit shards to every rank
+    if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(store_.values16().data() + e_begin_, e_shard_);
   } else {
     adamw_->step(store_.values(), grads_, lr, clip, AdamW::GradsAfter::zero);
     if (zero_) topo_.dp_group().allgather_in_place(store_.values().data(), shard_);  // updated shards to every rank
+    if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(store_.values().data() + e_begin_, e_shard_);
   }
-  if (!skip) {  // the update zeroed the gradients it read: the next iteration zeroes only the rest
-    grads_zero_begin_ = adamw_->begin();
-    grads_zero_end_ = adamw_->begin() + adamw_->size();
+  if (!skip) {  // the update zeroed the gradients it read: the next iteration zeroes only the rest (of
+                // the dense segment; the experts' is zeroed twice)
+    grads_zero_begin_ = adamw_->segments().front().begin;
+    grads_zero_end_ = grads_zero_begin_ + adamw_->segments().front().n;
   }
 }
 
@@ -715,12 +749,15 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   progress::set_phase("optimizer");
   r.loss = loss_sum / loss_count_;
   r.skip = unscale_and_check(it, loss_sum, r.scale_used);
-  r.gnorm = r.skip ? std::nan("") : global_grad_norm(store_, topo_, shard_begin_, shard_begin_ + shard_);
+  r.gnorm = r.skip ? std::nan("")
+                   : global_grad_norm(store_, topo_, shard_begin_, shard_begin_ + shard_, e_shard_begin_,
+                                      e_shard_begin_ + e_shard_);
   TRIDENT_REQUIRE(r.skip || (std::isfinite(r.loss) && std::isfinite(r.gnorm)),
                   "iteration " << it << ": the loss or gradient is not finite (loss " << r.loss << ", grad norm "
                                << r.gnorm << "); lower optim.lr or check the data");
   if (it == 1 && !deck_.debug.dump_grads.empty()) {
     if (zero_) topo_.dp_group().allgather_in_place(grads_.data(), shard_);  // debug only: every shard
+    if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(grads_.data() + e_begin_, e_shard_);
     save_named_tensors(deck_.debug.dump_grads, "", store_, grads_, it, topo_);
   }
   if (tape_) tape_->flush();
@@ -936,6 +973,9 @@ void TrainingRun::report_end_of_run() {
 
 int run_training(const Deck& deck, ModelFamily fam) {
   Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp));
+  // MoE: the experts' grid (Megatron's expert decomposition), before any model is built
+  if (deck.model.moe.num_experts > 0)
+    topo.set_expert_parallel(static_cast<int>(deck.parallel.ep), static_cast<int>(deck.parallel.expert_tp));
   if (deck.eval.only) return run_evaluation(deck, topo, fam);
   // SIGUSR1 / SIGTERM (time limit, preemption): checkpoint at the next iteration boundary, exit 3
   StopSignal stop;
