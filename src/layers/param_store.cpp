@@ -119,7 +119,7 @@ void ParamStore::allocate(std::int64_t multiple, std::int64_t expert_multiple) {
     }
     if (decay) expert_decay_end_ = off;
   }
-  total_ = experts > 0 ? off : dense;
+  total_ = dense + experts;  // the parameters (without the padding between the two ranges)
   const std::int64_t padded = experts > 0 ? expert_begin_ + (expert_multiple > 1 ? (experts + expert_multiple - 1) /
                                                                                        expert_multiple * expert_multiple
                                                                                  : experts)

@@ -59,7 +59,8 @@ const char* const kFigureNames[] = {"params_bytes",
                                     "micro_batches_in_flight",
                                     "workspace_bytes",
                                     "layer_activation_bytes",
-                                    "korthikanti_layer_bytes"};
+                                    "korthikanti_layer_bytes",
+                                    "expert_params"};
 
 void write_memory_json(const std::string& path, const std::vector<double>& all, int K, const std::string& dtype,
                        bool distributed, const Topology& topo) {
@@ -91,29 +92,43 @@ void write_memory_json(const std::string& path, const std::vector<double>& all, 
 void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
                          bool distributed, const Topology& topo, const std::string& json_path) {
   const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
-  const double mega = megatron_bytes_per_param(dtype, distributed, topo.dp_size());
-  std::vector<double> mine_mem = {mf.params, mf.grads,     mf.optimizer,         bpp,    mega, mf.activations,
-                                  mf.slots,  mf.workspace, mf.layer_activations, formula};
+  // the experts' optimizer state is sharded over the expert-data-parallel group
+  const double dense = std::max(mf.local_params - mf.expert_params, 0.0);
+  const double mega = (dense * megatron_bytes_per_param(dtype, distributed, topo.dp_size()) +
+                       mf.expert_params * megatron_bytes_per_param(dtype, distributed, topo.edp_size())) /
+                      std::max(dense + mf.expert_params, 1.0);
+  std::vector<double> mine_mem = {
+      mf.params, mf.grads,        mf.optimizer, bpp, mega, mf.activations, mf.slots, mf.workspace, mf.layer_activations,
+      formula,   mf.expert_params};
   const int K = static_cast<int>(mine_mem.size());  // figures per rank (kFigureNames)
-  static_assert(sizeof(kFigureNames) / sizeof(kFigureNames[0]) == 10, "one name per figure");
+  static_assert(sizeof(kFigureNames) / sizeof(kFigureNames[0]) == 11, "one name per figure");
+  const bool experts = topo.ep_group().get() != MPI_COMM_NULL;
   const std::vector<double> all_mem = topo.world().gatherv_to_root(mine_mem);  // (world size, K) on rank 0
   if (topo.world().rank() == 0) {
     std::ostringstream os;
     os << "memory per rank (MiB, measured from the allocated buffers; bytes per parameter beside Megatron's " << dtype
        << (distributed ? " distributed-optimizer" : "") << " figure; activations per layer and "
        << "micro-batch beside Korthikanti et al. 2022 with " << am.e << "-byte values and 1-byte masks):\n"
-       << "  rank | pp tp dp |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
+       << (experts ? "  (MoE: ep and expert_dp coordinates, and the parameters of this rank's experts)\n" : "")
+       << "  rank | pp tp dp" << (experts ? " ep edp |  experts" : "")
+       << " |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
           "| workspace | per layer: measured KiB / formula KiB (ratio)\n";
     const double MiB = 1024.0 * 1024.0;
     for (int r = 0; r < topo.world_size(); ++r) {
       const double* v = &all_mem[static_cast<size_t>(r) * K];
       const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
-      os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp << " | " << std::fixed
-         << std::setprecision(2) << std::setw(8) << v[0] / MiB << " | " << std::setw(8) << v[1] / MiB << " | "
-         << std::setw(9) << v[2] / MiB << " | " << std::setw(8) << v[3] << " (" << std::setprecision(2) << v[4]
-         << ") | " << std::setw(10) << v[5] / MiB << " (" << std::setprecision(0) << v[6] << ") | "
-         << std::setprecision(2) << std::setw(9) << v[7] / MiB << " | " << std::setprecision(1) << v[8] / 1024.0
-         << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0) << ")\n";
+      os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp;
+      if (experts) {
+        const ExpertCoords x = Topology::expert_coords_of(r, topo.tp_size(), topo.dp_size(), topo.ep_size(),
+                                                          topo.etp_size());
+        os << "  " << x.ep << "   " << x.edp << " | " << std::setw(8) << static_cast<long long>(v[10]);
+      }
+      os << " | " << std::fixed << std::setprecision(2) << std::setw(8) << v[0] / MiB << " | " << std::setw(8)
+         << v[1] / MiB << " | " << std::setw(9) << v[2] / MiB << " | " << std::setw(8) << v[3] << " ("
+         << std::setprecision(2) << v[4] << ") | " << std::setw(10) << v[5] / MiB << " (" << std::setprecision(0)
+         << v[6] << ") | " << std::setprecision(2) << std::setw(9) << v[7] / MiB << " | " << std::setprecision(1)
+         << v[8] / 1024.0 << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0)
+         << ")\n";
     }
     std::cout << os.str() << std::flush;
     if (!json_path.empty()) write_memory_json(json_path, all_mem, K, dtype, distributed, topo);

@@ -54,14 +54,16 @@ struct MemoryFigures {
   double workspace = 0;                         // scratch shared by all micro-batches
   double layer_activations = 0;                 // bytes per transformer layer and micro-batch
   double local_params = 0;                      // parameters this rank holds
+  double expert_params = 0;                     // of those, its MoE experts' (state sharded over expert_dp)
   double slots = 0;                             // micro-batches in flight at the peak
 };
 
 // Rank 0 prints every rank's figures (MiB, bytes per parameter beside Megatron's figure for
-// dtype and the optimizer, activations per layer beside `formula`, Korthikanti et al.'s bytes
-// for am: 0 when it does not apply) and, when json_path is not empty, writes them in bytes to
-// that JSON file (log.memory_file; docs/DESIGN.md "Memory report": written to a temporary name
-// and renamed, so a reader never sees half a file). Collective over topo's world.
+// dtype and the optimizer -- with MoE experts the mean of the dense parameters' figure over dp and
+// the experts' over expert_dp, weighted by this rank's counts -- activations per layer beside `formula`, Korthikanti et
+// al.'s bytes for am: 0 when it does not apply) and, when json_path is not empty, writes them in bytes to that JSON
+// file (log.memory_file; docs/DESIGN.md "Memory report": written to a temporary name and renamed, so a reader never
+// sees half a file). Collective over topo's world.
 void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
                          bool distributed, const Topology& topo, const std::string& json_path = "");
 

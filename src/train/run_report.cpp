@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 namespace trident {
 
@@ -32,8 +33,13 @@ void print_run_totals(std::int64_t iteration, std::int64_t consumed, double seco
   for (auto& [name, sec] : timers.totals()) os << " " << name << " " << std::setprecision(2) << sec << " s;";
   const double n = static_cast<double>(std::max<std::int64_t>(iterations_run, 1));
   os << "\ncommunication per iteration (rank 0, evaluations included):";
-  for (const auto* g : {&topo.tp_group(), &topo.dp_group()}) {
-    os << (g == &topo.tp_group() ? " tp" : " | dp");
+  std::vector<const Communicator*> groups = {&topo.tp_group(), &topo.dp_group()};
+  if (topo.ep_group().get() != MPI_COMM_NULL) {  // MoE: the token exchange and the experts' reduction
+    groups.push_back(&topo.ep_group());
+    groups.push_back(&topo.edp_group());
+  }
+  for (const Communicator* g : groups) {
+    os << (g == &topo.tp_group() ? " tp" : " | " + g->name());
     if (g->all_stats().empty()) os << " none";
     for (auto& [kind, st] : g->all_stats())
       os << " " << kind << " " << std::setprecision(1) << st.calls / n << " calls " << std::setprecision(3)

@@ -460,7 +460,11 @@ void TrainingRun::print_banner() const {
       << iters << "; GEMM: " << gemm_backend_name() << "\n"
       << "optimizer: AdamW"
       << (zero ? ", distributed (ZeRO-1): each of the " + std::to_string(dp) + " data-parallel ranks keeps " +
-                     std::to_string(shard) + " of " + std::to_string(trainable) + " elements' state"
+                     std::to_string(shard) + " of " + std::to_string(trainable) + " elements' state" +
+                     (e_len_ > 0
+                          ? ", and each of the " + std::to_string(topo.edp_size()) + " expert-data-parallel ranks " +
+                                std::to_string(e_shard_) + " of its experts' " + std::to_string(e_len_)
+                          : std::string())
                : std::string())
       << "; precision: " << deck.precision.dtype
       << (half ? " (16-bit parameters and GEMM inputs, fp32 master weights, gradients, residual stream, "
@@ -838,6 +842,10 @@ int TrainingRun::train() {
   set_up_loop();
   topo_.tp_group().reset_stats();
   topo_.dp_group().reset_stats();
+  if (topo_.ep_group().get() != MPI_COMM_NULL) {
+    topo_.ep_group().reset_stats();
+    topo_.edp_group().reset_stats();
+  }
   first_iteration_ = iteration_;
   t_start_ = wall_seconds();
   t_last_ = t_start_;
@@ -901,6 +909,7 @@ void TrainingRun::report_end_of_run() {
     mf.grads = 4.0 * static_cast<double>(store_.padded_size());
     mf.optimizer = static_cast<double>(adamw_->state_bytes());
     mf.local_params = static_cast<double>(store_.size());
+    for (const auto& p : store_.params()) mf.expert_params += p.expert ? static_cast<double>(p.numel()) : 0.0;
     for (auto& chunk : chunks_) {
       mf.activations += static_cast<double>(chunk->num_slots()) *
                         static_cast<double>(chunk->activation_bytes_per_slot());
@@ -934,6 +943,10 @@ void TrainingRun::report_end_of_run() {
                              h;
       am.mlp = (1 - share) * am.mlp + share * moe_mlp;
       am.moe_fp32 = share * (k * h + static_cast<double>(m.num_experts) + 2 + 4 * k) / h;
+      if (topo.ep_size() > 1) {  // the expert side keeps its received rows (e bytes) and their fp32
+        am.mlp += share * k;     // outputs, k rows per token under balanced routing
+        am.moe_fp32 += share * k;
+      }
     }
     am.qkv = static_cast<double>(cfg.qkv_width()) / static_cast<double>(cfg.hidden_size);
     am.proj = static_cast<double>(cfg.q_width()) / static_cast<double>(cfg.hidden_size);
