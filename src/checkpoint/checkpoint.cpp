@@ -185,11 +185,12 @@ bool in_set(const ParamInfo& p, TensorSet set) {
   return set == TensorSet::all || (set == TensorSet::adapters) == p.adapter;
 }
 
+// With states false, the model's states (ParamInfo::state: no optimizer state) are left out.
 std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store, MPI_Comm comm,
-                                                        TensorSet set = TensorSet::all) {
+                                                        TensorSet set = TensorSet::all, bool states = true) {
   std::string mine;
   for (const auto& p : store.params()) {
-    if (p.tied_copy || !in_set(p, set)) continue;
+    if (p.tied_copy || !in_set(p, set) || (p.state && !states)) continue;
     mine += p.name;
     for (auto d : p.global_shape) mine += " " + std::to_string(d);
     mine += "\n";
@@ -243,7 +244,7 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
 void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store, float* host, const std::string& where,
                   TensorSet set) {
   for (const auto& p : store.params()) {
-    if (!in_set(p, set)) continue;
+    if (!in_set(p, set) || (p.state && !prefix.empty())) continue;  // states: no optimizer state
     const std::string name = prefix + p.name;
     TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
                         H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
@@ -315,6 +316,7 @@ void load_state(const FloatView& part, const HostFloatView& full, const AdamW& o
 std::string first_nonfinite(const ParamStore& store, const HostFloatView& host, const std::string& prefix) {
   if (host.extent(0) == 0) return "";
   for (const auto& p : store.params()) {
+    if (p.state && static_cast<std::int64_t>(host.extent(0)) < store.host_size()) continue;  // optimizer state
     const std::int64_t n = p.numel();
     const float* x = host.data() + p.offset;
     for (std::int64_t i = 0; i < n; ++i)
@@ -388,8 +390,11 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
     agree_or_throw(world.get(), err);
     const Owner w = owner_of(topo);
-    const auto tensors = all_tensors(store, world.get(), store.has_adapters() ? TensorSet::adapters : TensorSet::all);
+    const TensorSet set = store.has_adapters() ? TensorSet::adapters : TensorSet::all;
+    const auto model_tensors = all_tensors(store, world.get(), set),
+               opt_tensors = all_tensors(store, world.get(), set, false);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
+      const auto& tensors = prefix.empty() ? model_tensors : opt_tensors;
       write_tensors(file, prefix, store, buf.data(), w, tensors, checksums(store, buf.data(), w, tensors, world.get()));
     };
     put("", values);
@@ -490,11 +495,11 @@ std::string read_checkpoint_deck(const std::string& path, const std::string& exp
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
                                 AdamW* opt, const Topology& topo, TensorSet set) {
   CheckpointState st;
-  // (padded_size): the model, laid out like the store (reading a part of it: the other tensors
-  // keep their values)
-  HostFloatView values = set == TensorSet::all ? HostFloatView(std::string("checkpoint::values"),
-                                                               static_cast<size_t>(store.padded_size()))
-                                               : store.model_to_host();
+  // (host_size): the model and its states, laid out like the store (reading a part of it: the
+  // other tensors keep their values)
+  HostFloatView values = set == TensorSet::all
+                             ? HostFloatView(std::string("checkpoint::values"), static_cast<size_t>(store.host_size()))
+                             : store.model_to_host();
   HostFloatView m, v, master;  // (padded_size) each, when allocated
   bool has_master = false;
   if (opt) {
@@ -502,7 +507,10 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
   }
   const MPI_Comm world = topo.world().get();
-  const auto tensors = all_tensors(store, world, set);
+  const auto model_tensors = all_tensors(store, world, set), opt_tensors = all_tensors(store, world, set, false);
+  const auto tensors_of = [&](const std::string& prefix) -> const std::map<std::string, std::vector<hsize_t>>& {
+    return prefix.empty() ? model_tensors : opt_tensors;
+  };
   std::int64_t version = 0;
   // the stored checksums of every dataset read, by prefix, in the order of `tensors`
   std::map<std::string, std::vector<std::string>> stored;
@@ -535,7 +543,7 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       read_tensors(file, prefix, store, host, path, set);
       if (version < 2) return;
       auto& sums = stored[prefix];
-      for (const auto& entry : tensors) {
+      for (const auto& entry : tensors_of(prefix)) {
         const std::string name = prefix + entry.first;
         TRIDENT_REQUIRE(H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
                         "checkpoint " << path << " has no tensor '" << name << "'");
@@ -572,6 +580,7 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     const Owner w = owner_of(topo);
     auto verify = [&](const std::string& prefix, const HostFloatView& buf) {
       if (!bad.empty()) return;
+      const auto& tensors = tensors_of(prefix);
       const auto sums = checksums(store, buf.data(), w, tensors, world);
       const auto& want = stored[prefix];
       std::size_t i = 0;
@@ -933,7 +942,10 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   H5Handle file = open_parallel_create(path, topo.world().get());
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
-  write_tensors(file, prefix, store, host.data(), owner_of(topo), all_tensors(store, topo.world().get()), {});
+  // the states only from a buffer that holds them (a model_to_host copy; not gradients)
+  const bool states = static_cast<std::int64_t>(buffer.extent(0)) >= store.host_size();
+  write_tensors(file, prefix, store, host.data(), owner_of(topo),
+                all_tensors(store, topo.world().get(), TensorSet::all, states), {});
   h5_write_attr(file, "iteration", iteration);
 }
 

@@ -33,6 +33,10 @@ Topology::Topology(MPI_Comm world, int tp, int pp) : world_(world), tp_(tp), pp_
                                                         << tp << " x " << pp << " = " << tp * pp);
   dp_ = n / (tp * pp);
   me_ = coords_of(world_.rank(), tp_, dp_, pp_);
+  // the experts' grid before set_expert_parallel: ep = etp = 1, every expert on every rank, one
+  // replica per stage's tp x dp ranks (what checkpoints of MoE models count as the experts' owner)
+  edp_ = tp_ * dp_;
+  ex_ = expert_coords_of(world_.rank(), tp_, dp_, 1, 1);
   MPI_Comm c;
   // tp group: same (dp, pp); key = tp rank
   MPI_Comm_split(world, me_.dp + me_.pp * dp_, me_.tp, &c);

@@ -27,6 +27,11 @@ struct MoeArch {
   double aux_loss_coeff = 0.0, z_loss_coeff = 0.0;
   double expert_capacity_factor = 0.0;      // 0: dropless
   std::string token_drop_policy = "probs";  // probs | position
+  // aux-loss-free load balancing (DeepSeek-V3; Megatron's --moe-router-enable-expert-bias): a
+  // per-expert bias added to the sigmoid scores for the top-k selection only, updated after every
+  // iteration by rate x sign(mean load - load of the expert)
+  bool router_enable_expert_bias = false;
+  double router_bias_update_rate = 1e-3;
   // the MoE flags of each global layer (from layer_freq; resolved by the deck)
   std::vector<char> layers;
   bool on() const { return num_experts > 0; }

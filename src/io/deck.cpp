@@ -112,6 +112,10 @@ class Registry {
     add("moe.z_loss_coeff", &d.model.moe.z_loss_coeff, "router z-loss coefficient");
     add("moe.expert_capacity_factor", &d.model.moe.expert_capacity_factor,
         "expert capacity ceil(tokens k / E x factor) per rank's tokens (0: dropless)");
+    add("moe.router_enable_expert_bias", &d.model.moe.router_enable_expert_bias,
+        "aux-loss-free balancing: a per-expert bias on the sigmoid scores for the selection (sigmoid routing)");
+    add("moe.router_bias_update_rate", &d.model.moe.router_bias_update_rate,
+        "the expert bias's step per iteration: bias += rate x sign(mean load - expert's load)");
     add("moe.token_drop_policy", &d.model.moe.token_drop_policy,
         "over capacity, an expert drops: probs (the lowest probabilities) | position (the last tokens)");
     add("parallel.tp", &d.parallel.tp, "tensor-parallel size");
@@ -382,6 +386,9 @@ void validate(const Deck& d, bool stored) {
     nonneg("moe.aux_loss_coeff", moe.aux_loss_coeff);
     nonneg("moe.z_loss_coeff", moe.z_loss_coeff);
     nonneg("moe.expert_capacity_factor", moe.expert_capacity_factor);
+    nonneg("moe.router_bias_update_rate", moe.router_bias_update_rate);
+    TRIDENT_REQUIRE(!moe.router_enable_expert_bias || moe.router_score_function == "sigmoid",
+                    "deck: moe.router_enable_expert_bias needs moe.router_score_function = sigmoid (as Megatron)");
     TRIDENT_REQUIRE(d.parallel.tp == 1 || d.parallel.sequence_parallel,
                     "deck: MoE layers with parallel.tp = " << d.parallel.tp
                                                            << " need parallel.sequence_parallel = true (as Megatron)");

@@ -124,6 +124,13 @@ class MoeMlp final : public MlpModule {
     r.weight_decay = true;
     r.init_std = s.init_std();
     router_ = store.declare(r);
+    if (m.router_enable_expert_bias) {  // aux-loss-free balancing: fp32 state, not trained
+      ParamInfo b;
+      b.name = prefix + "/router/expert_bias";
+      b.shape = b.global_shape = b.valid = {E_};
+      b.global_offset = {0};
+      bias_ = store.declare_state(b);
+    }
     for (std::int64_t j = 0; j < El_; ++j) {
       const std::string e = prefix + "/experts/" + std::to_string(e0_ + j);
       Expert x;
@@ -202,7 +209,7 @@ class MoeMlp final : public MlpModule {
     Lap lap(*s_.moe_state);
     // the router: logits (R, E) = x W_r^T in fp32
     router_logits(k.logits, in, s);
-    moe_route(k.idx, k.probs, k.lse, k.ssum, s.aux_grad /* paux */, k.logits, R_, route_);
+    moe_route(k.idx, k.probs, k.lse, k.ssum, s.aux_grad /* paux */, k.logits, R_, route_, expert_bias());
     lap.to(MoeState::kRouter);
     plan(k, s);
     // the experts over their rows
@@ -322,7 +329,7 @@ class MoeMlp final : public MlpModule {
     gemm(Trans::N, Trans::T, R, E_, C_, 1.f, in.data(), C_, store_->value(router_).data(), C_, 0.f, w.logits.data(),
          E_);
     Kokkos::fence();
-    moe_route(w.idx, w.probs, w.lse, w.ssum, w.paux, w.logits, R, route_);
+    moe_route(w.idx, w.probs, w.lse, w.ssum, w.paux, w.logits, R, route_, expert_bias());
     auto idx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.idx);
     auto probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.probs);
     const MoePlan p = moe_plan(idx.data(), probs.data(), R, k_, E_, 0, true);
@@ -544,6 +551,18 @@ class MoeMlp final : public MlpModule {
     k.plan = moe_plan(idx.data(), probs.data(), R_, k_, E_, capacity, m.token_drop_policy == "probs");
     k.paux.assign(paux.data(), paux.data() + E_);
     k.routed = k.plan.routed;
+    if (bias_ >= 0) {  // the load-balancing counts: the top-k without the bias (of the logits: the
+                       // same order as the normalised sigmoid scores; ties to the lower expert)
+      auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), k.logits);
+      std::fill(k.routed.begin(), k.routed.end(), 0);
+      std::vector<std::int64_t> order(static_cast<size_t>(E_));
+      for (std::int64_t t = 0; t < R_; ++t) {
+        const float* l = logits.data() + t * E_;
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return l[a] > l[b]; });
+        for (std::int64_t j = 0; j < k_; ++j) ++k.routed[static_cast<size_t>(order[static_cast<size_t>(j)])];
+      }
+    }
     if (s_.tp.size() > 1) s_.tp.comm->allreduce_sum(k.routed.data(), E_);
     double lse2 = 0;
     for (std::int64_t t = 0; t < R_; ++t) lse2 += static_cast<double>(lse(t)) * static_cast<double>(lse(t));
@@ -563,6 +582,14 @@ class MoeMlp final : public MlpModule {
     Kokkos::deep_copy(k.row_token, rt);
     Kokkos::deep_copy(k.slot_row, sr);
     Kokkos::fence();
+  }
+
+  // the expert bias (empty without one), registered in the chunk's MoeState for the trainer's update
+  FloatView expert_bias() const {
+    if (bias_ < 0) return FloatView();
+    const FloatView b = store_->state(bias_);
+    s_.moe_state->expert_bias[layer_] = b;
+    return b;
   }
 
   // T: the tokens the load-balancing counts span (this rank's, over the TP group)
@@ -646,7 +673,7 @@ class MoeMlp final : public MlpModule {
   std::int64_t ep_ = 1, El_ = 0, e0_ = 0;  // expert parallelism: this rank's experts e0 .. e0 + El - 1
   mutable MoePlan local_;                  // the expert side's rows as a plan (ep > 1)
   RouterSpec route_;
-  ParamId router_ = -1;
+  ParamId router_ = -1, bias_ = -1;
   std::vector<Expert> experts_;
   std::unique_ptr<MlpModule> shared_;
   Act zeros_, zero_fc1_;  // the absent biases: fc2's for the fused consumer, fc1's for the activation

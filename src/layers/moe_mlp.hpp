@@ -45,6 +45,9 @@ struct MoeState {
   // permutation and its inverse), experts (their GEMMs and activations), combine (the weighted
   // sum, its backward, the shared expert)
   enum Part { kRouter, kDispatch, kExperts, kCombine };
+  // the expert biases of the chunk's MoE layers (router_enable_expert_bias), by global layer:
+  // fp32 model state, updated by the trainer after each iteration (update_expert_bias)
+  std::map<std::int64_t, FloatView> expert_bias;
   double seconds[4] = {0, 0, 0, 0};
   void reset() { layers.clear(); }
 };

@@ -61,6 +61,19 @@ ParamId ParamStore::declare(ParamInfo info) {
   return static_cast<ParamId>(params_.size() - 1);
 }
 
+ParamId ParamStore::declare_state(ParamInfo info) {
+  info.state = true;
+  TRIDENT_REQUIRE(!info.adapter && !info.expert,
+                  "internal: state '" << info.name << "' cannot be an adapter or expert");
+  return declare(std::move(info));
+}
+
+FloatView ParamStore::state(ParamId id) const {
+  const ParamInfo& p = params_.at(id);
+  TRIDENT_REQUIRE(p.state, "internal: '" << p.name << "' is a parameter, not a state");
+  return slice(states_, p.offset - padded_size(), p.numel());
+}
+
 void ParamStore::mark_tp_partial_grad(const std::string& prefix) {
   TRIDENT_REQUIRE(values_.extent(0) == 0 && values16_.extent(0) == 0,
                   "ParamStore: mark_tp_partial_grad('" << prefix << "') after allocate()");
@@ -79,7 +92,7 @@ void ParamStore::allocate(std::int64_t multiple, std::int64_t expert_multiple) {
   for (const bool replicated : {false, true}) {
     if (replicated) adapter_replicated_begin_ = off;
     for (auto& p : params_) {
-      if (!p.adapter || p.tp_replicated != replicated) continue;
+      if (!p.adapter || p.state || p.tp_replicated != replicated) continue;
       p.offset = off;
       off += p.numel();
     }
@@ -95,7 +108,8 @@ void ParamStore::allocate(std::int64_t multiple, std::int64_t expert_multiple) {
     for (const bool partial : {false, true}) {
       if (g == 2 && partial) tp_partial_begin_ = off;
       for (auto& p : params_) {
-        if (p.adapter || p.expert || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1]) continue;
+        if (p.adapter || p.expert || p.state || p.weight_decay != groups[g][0] || p.tp_replicated != groups[g][1])
+          continue;
         if ((p.tp_partial_grad && p.tp_replicated) != partial) continue;
         p.offset = off;
         off += p.numel();
@@ -129,6 +143,13 @@ void ParamStore::allocate(std::int64_t multiple, std::int64_t expert_multiple) {
   else
     values16_ = make_half("params::values16", padded);
   grads_ = make_float("params::grads", padded);
+  std::int64_t states = 0;  // after the padded flat buffer, in the host copies
+  for (auto& p : params_)
+    if (p.state) {
+      p.offset = padded + states;
+      states += p.numel();
+    }
+  if (states > 0) states_ = make_float("params::states", states);
 }
 
 void ParamStore::set_dtype(DType dt) {
@@ -155,17 +176,26 @@ Act ParamStore::param(ParamId id) const {
 }
 
 HostFloatView ParamStore::model_to_host() const {
-  if (dtype_ == DType::F32) return Kokkos::create_mirror_view_and_copy(HostSpace(), values_);
-  auto h16 = Kokkos::create_mirror_view_and_copy(HostSpace(), values16_);
-  HostFloatView host(std::string("params::host"), h16.extent(0));  // (padded_size)
-  for (size_t i = 0; i < h16.extent(0); ++i)
-    host(i) = dtype_ == DType::BF16 ? bf16_to_float(h16(i)) : fp16_to_float(h16(i));
+  const std::int64_t N = padded_size();
+  HostFloatView host(std::string("params::host"), static_cast<size_t>(host_size()));  // (host_size)
+  if (dtype_ == DType::F32) {
+    Kokkos::deep_copy(Kokkos::subview(host, Kokkos::make_pair<std::int64_t>(0, N)), values_);
+  } else {
+    auto h16 = Kokkos::create_mirror_view_and_copy(HostSpace(), values16_);
+    for (size_t i = 0; i < h16.extent(0); ++i)
+      host(i) = dtype_ == DType::BF16 ? bf16_to_float(h16(i)) : fp16_to_float(h16(i));
+  }
+  if (has_states()) Kokkos::deep_copy(Kokkos::subview(host, Kokkos::make_pair(N, host_size())), states_);
   return host;
 }
 
 void ParamStore::model_from_host(const HostFloatView& host) {
+  const std::int64_t N = padded_size();
+  TRIDENT_REQUIRE(static_cast<std::int64_t>(host.extent(0)) >= host_size(),
+                  "internal: model_from_host of " << host.extent(0) << " values, " << host_size() << " needed");
+  if (has_states()) Kokkos::deep_copy(states_, Kokkos::subview(host, Kokkos::make_pair(N, host_size())));
   if (dtype_ == DType::F32) {
-    Kokkos::deep_copy(values_, host);
+    Kokkos::deep_copy(values_, Kokkos::subview(host, Kokkos::make_pair<std::int64_t>(0, N)));
     return;
   }
   auto h16 = Kokkos::create_mirror_view(values16_);  // (padded_size) 16-bit words
@@ -178,6 +208,7 @@ FloatView ParamStore::grad(ParamId id) const { return slice(grads_, params_.at(i
 std::int64_t ParamStore::global_count() const {
   std::int64_t n = 0;
   for (auto& p : params_) {
+    if (p.state) continue;
     std::int64_t g = p.expert ? ep_ : 1;
     for (auto d : p.global_shape) g *= d;
     n += g;
@@ -221,7 +252,7 @@ void ParamStore::zero_grads(std::int64_t keep_begin, std::int64_t keep_end) {
 }
 
 void ParamStore::initialize(std::uint64_t seed) {
-  HostFloatView host(std::string("params::init"), static_cast<size_t>(padded_size()));  // (padded_size)
+  HostFloatView host(std::string("params::init"), static_cast<size_t>(host_size()));  // (host_size)
   for (auto& p : params_) {
     const std::int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
     const std::int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;

@@ -53,6 +53,11 @@ struct ParamInfo {
   // range of the flat buffers, its gradient is summed over the expert-data-parallel group (not
   // over TP and DP), and the ep ranks of an expert-parallel group hold other experts alike.
   bool expert = false;
+  // Model state that is not trained (an MoE router's expert bias): fp32 whatever the parameters'
+  // type, outside the flat buffers (no gradient, no optimizer state), checkpointed by name as
+  // the parameters are. Its offset is into the host copies of model_to_host(): after the
+  // padded flat buffer.
+  bool state = false;
   float init_std = 0.f;  // normal(0, init_std); 0 means constant init_value
   float init_value = 0.f;
   std::int64_t offset = -1;  // into the flat buffers, set by allocate()
@@ -70,6 +75,10 @@ class ParamStore {
   ParamId declare(const std::string& name, std::vector<std::int64_t> shape, bool weight_decay, float init_std,
                   float init_value = 0.f);
   ParamId declare(ParamInfo info);
+  // A state (ParamInfo::state): declared like a parameter, read and written with state().
+  ParamId declare_state(ParamInfo info);
+  FloatView state(ParamId id) const;  // (numel) fp32, in the default memory space
+  bool has_states() const { return states_.extent(0) > 0; }
   // While a LayerScope lives, declared parameters belong to global transformer layer `layer`.
   class LayerScope {
    public:
@@ -113,9 +122,10 @@ class ParamStore {
   const FloatView& values() const { return values_; }     // fp32 model (empty with 16-bit parameters)
   const HalfView& values16() const { return values16_; }  // 16-bit model (empty with fp32 parameters)
   // The model's parameters as fp32 on the host (widened from 16 bits), and back (rounded to
-  // nearest even into 16 bits).
+  // nearest even into 16 bits); followed by the states (host_size() values in all).
   HostFloatView model_to_host() const;
   void model_from_host(const HostFloatView& host);
+  std::int64_t host_size() const { return padded_size() + static_cast<std::int64_t>(states_.extent(0)); }
   std::int64_t model_bytes() const { return padded_size() * dtype_bytes(dtype_); }
   const FloatView& grads() const { return grads_; }
   std::int64_t size() const { return total_; }
@@ -157,6 +167,7 @@ class ParamStore {
   DType dtype_ = DType::F32;
   FloatView values_, grads_;
   HalfView values16_;
+  FloatView states_;  // the states, in declaration order
   std::int64_t total_ = 0, decay_total_ = 0, replicated_begin_ = 0, replicated_end_ = 0, tp_partial_begin_ = 0;
   std::int64_t adapter_total_ = 0, adapter_padded_ = 0, adapter_replicated_begin_ = 0;
   std::int64_t expert_begin_ = 0, expert_decay_end_ = 0, ep_ = 1;

@@ -18,11 +18,12 @@ namespace {
 
 // The next entry after (pv, pe) in the order (value descending, index ascending) among v[0, E):
 // the top-k without marks, one pass per rank.
-KOKKOS_INLINE_FUNCTION std::int64_t next_best(const float* v, std::int64_t E, float pv, std::int64_t pe, bool first) {
+template <class V>
+KOKKOS_INLINE_FUNCTION std::int64_t next_best(const V& v, std::int64_t E, float pv, std::int64_t pe, bool first) {
   std::int64_t best = -1;
   float bv = 0.f;
   for (std::int64_t e = 0; e < E; ++e) {
-    const float x = v[e];
+    const float x = v(e);
     if (!first && !(x < pv || (x == pv && e > pe))) continue;  // at or before the previous pick
     if (best < 0 || x > bv) {
       best = e;
@@ -37,9 +38,12 @@ KOKKOS_INLINE_FUNCTION float moe_sigmoid(float x) { return 1.f / (1.f + dexp(-x)
 }  // namespace
 
 void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse, const FloatView& ssum,
-               const FloatView& paux, const FloatView& logits, std::int64_t R, const RouterSpec& r) {
+               const FloatView& paux, const FloatView& logits, std::int64_t R, const RouterSpec& r,
+               const FloatView& bias) {
   const std::int64_t E = r.E, k = r.k;
-  const bool sigmoid = r.sigmoid, pre = r.pre_softmax;
+  const bool sigmoid = r.sigmoid, pre = r.pre_softmax, biased = bias.extent(0) > 0;
+  TRIDENT_REQUIRE(!biased || (sigmoid && static_cast<std::int64_t>(bias.extent(0)) == E),
+                  "internal: an expert bias needs sigmoid routing and E values");
   TRIDENT_REQUIRE(k >= 1 && k <= E, "internal: moe_route with k = " << k << " of " << E << " experts");
   for_each_index(
       "ops::moe_route", R, KOKKOS_LAMBDA(std::int64_t t) {
@@ -57,15 +61,17 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
           ss += 1e-20f;
         }
         ssum(t) = ss;
-        // the top-k of the logits (sigmoid and softmax are increasing: the same order)
+        // the top-k of the logits (sigmoid and softmax are increasing: the same order), or of the
+        // sigmoid scores plus the expert bias
+        const auto key = [&](std::int64_t e) { return biased ? moe_sigmoid(l[e]) + bias(e) : l[e]; };
         float pv = 0.f, sel = 0.f;
         std::int64_t pe = -1;
         for (std::int64_t j = 0; j < k; ++j) {
-          const std::int64_t e = next_best(l, E, pv, pe, j == 0);
-          pv = l[e];
+          const std::int64_t e = next_best(key, E, pv, pe, j == 0);
+          pv = key(e);
           pe = e;
           idx(t * k + j) = static_cast<std::int32_t>(e);
-          const float w = sigmoid ? moe_sigmoid(pv) : pre ? dexp(pv - lt) : dexp(pv - l[idx(t * k)]);
+          const float w = sigmoid ? moe_sigmoid(l[e]) : pre ? dexp(l[e] - lt) : dexp(l[e] - l[idx(t * k)]);
           probs(t * k + j) = w;
           sel += w;
         }

@@ -32,12 +32,15 @@ struct RouterSpec {
 //   softmax, pre       s = softmax(logits); top-k of s, probs = the chosen s
 //   sigmoid            s = sigmoid(logits); top-k of s, probs = s / (sum of the chosen s + 1e-20)
 //                      for k > 1, s for k = 1
+// With an expert bias (E; sigmoid only; empty view: none) the top-k is that of s + bias, the
+// probabilities still the chosen s normalised (the bias only selects; aux-loss-free balancing).
 // lse (R): log-sum-exp of each token's logits (the z-loss); ssum (R): under sigmoid the sum of
 // the token's E sigmoids + 1e-20 (the load-balancing scores' normaliser; 1 under softmax);
 // paux (E): sum over the R tokens of the load-balancing scores p (softmax(logits), or
 // sigmoid(logits) / ssum), added in token order (host; on a device in parts, device_parallel).
 void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse, const FloatView& ssum,
-               const FloatView& paux, const FloatView& logits, std::int64_t R, const RouterSpec& r);
+               const FloatView& paux, const FloatView& logits, std::int64_t R, const RouterSpec& r,
+               const FloatView& bias = FloatView());
 
 // Backward routing: dlogits (R, E) (overwritten) = d/d logits of
 //   sum_tj dprobs[t, j] probs[t, j]  +  sum_te aux_grad[e] p_te  +  z_grad sum_t lse_t^2

@@ -15,7 +15,7 @@ GradReducer::GradReducer(const ParamStore& store, const Communicator& dp, std::i
   // One bucket per global transformer layer, as each parameter recorded when its layer declared
   // it (ParamInfo::layer); the rest (embeddings, final LayerNorms, heads) goes in reduce_rest.
   for (const auto& p : store.params()) {
-    if (p.tied_copy || p.layer < 0 || p.expert) continue;  // experts: reduced over their own group
+    if (p.tied_copy || p.layer < 0 || p.expert || p.state) continue;  // experts: reduced over their own group
     layer_ranges_[p.layer].push_back({p.offset, p.offset + p.numel()});
   }
   for (auto& [layer, ranges] : layer_ranges_) {  // merge touching ranges: fewer, larger messages

@@ -105,7 +105,8 @@ std::string model_differences(const std::string& file, const char* family, Model
   std::vector<Row> rows = {{"model.num_layers", num(got.num_layers), num(want.num_layers)},
                            {"model.max_position_embeddings", num(got.max_positions), num(want.max_positions)}};
   static const std::set<std::string> run_time = {"model.hidden_dropout", "model.attention_dropout",
-                                                 "model.flash_attention", "model.init_method_std"};
+                                                 "model.flash_attention", "model.init_method_std",
+                                                 "moe.router_bias_update_rate"};
   const auto saved_arch = model_arch_keys(got), run_arch = model_arch_keys(want);
   for (size_t i = 0; i < saved_arch.size(); ++i)
     if (!run_time.count(saved_arch[i].first))
@@ -177,7 +178,7 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
                         std::int64_t expert_begin, std::int64_t expert_end) {
   double part[2] = {0, 0};  // sharded over TP, replicated over TP
   for (const auto& p : store.params()) {
-    if (p.tied_copy || p.expert) continue;
+    if (p.tied_copy || p.expert || p.state) continue;
     const std::int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
     if (b >= e) continue;
     part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
@@ -344,6 +345,7 @@ MoeReport reduce_moe_report(const std::vector<std::unique_ptr<LanguageModel>>& c
       sum += row[4 + e];
       mx = std::max(mx, row[4 + e]);
     }
+    r.counts.emplace_back(row + 4, row + 4 + E);
     std::vector<double> share(static_cast<size_t>(E), 0.0);
     for (std::int64_t e = 0; e < E; ++e) share[static_cast<size_t>(e)] = sum > 0 ? row[4 + e] / sum : 0.0;
     r.load.push_back(share);
@@ -358,6 +360,28 @@ MoeReport reduce_moe_report(const std::vector<std::unique_ptr<LanguageModel>>& c
   }
   r.dropped = selected > 0 ? dropped / selected : 0.0;
   return r;
+}
+
+void update_expert_bias(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const MoeReport& report,
+                        double rate) {
+  for (auto& chunk : chunks) {
+    MoeState* m = chunk->moe_state();
+    if (!m) continue;
+    for (const auto& [layer, bias] : m->expert_bias) {
+      const auto at = std::find(report.layers.begin(), report.layers.end(), layer);
+      TRIDENT_REQUIRE(at != report.layers.end(), "internal: no MoE report of layer " << layer);
+      const std::vector<double>& c = report.counts[static_cast<size_t>(at - report.layers.begin())];
+      double mean = 0;
+      for (double x : c) mean += x;
+      mean /= static_cast<double>(c.size());
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bias);
+      for (size_t e = 0; e < c.size(); ++e) {
+        const double d = mean - c[e];
+        h(e) += static_cast<float>(rate * static_cast<double>((d > 0) - (d < 0)));
+      }
+      Kokkos::deep_copy(bias, h);
+    }
+  }
 }
 
 TransformerConfig gpt_config_from_deck(const Deck& d, std::int64_t vocab, std::int64_t tp) {

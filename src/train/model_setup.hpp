@@ -70,12 +70,18 @@ LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& c
 // and the fraction of selections dropped by capacity.
 struct MoeReport {
   double aux = 0, z = 0, max_load = 0, dropped = 0;
-  std::vector<std::int64_t> layers;       // the MoE layers (global index)
-  std::vector<std::vector<double>> load;  // per MoE layer: each expert's share of the selections
+  std::vector<std::int64_t> layers;         // the MoE layers (global index)
+  std::vector<std::vector<double>> load;    // per MoE layer: each expert's share of the selections
+  std::vector<std::vector<double>> counts;  // per MoE layer: each expert's selections over the job
 };
 // Sets every chunk's MoE gradient scale (d objective / d one micro-batch's aux loss) and clears
 // its figures; before an iteration's passes.
 void start_moe_iteration(const std::vector<std::unique_ptr<LanguageModel>>& chunks, float aux_grad_scale);
+// Aux-loss-free balancing (router_enable_expert_bias): each MoE layer's expert bias, on every
+// rank holding it, += rate x sign(mean_e c_e - c_e), c the iteration's selections over the job
+// (the report's counts: the routing with the bias, before capacity drops).
+void update_expert_bias(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const MoeReport& report,
+                        double rate);
 // The figures of the iteration's passes, reduced over the job (collective over the world).
 MoeReport reduce_moe_report(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const ModelArch& arch,
                             const Topology& topo);

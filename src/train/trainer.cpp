@@ -719,7 +719,7 @@ void TrainingRun::dump_params(std::int64_t it) {
   // the updated parameters (16-bit runs: the 16-bit model widened, as in a checkpoint)
   std::ostringstream name;
   name << "iter_" << std::setw(7) << std::setfill('0') << it << ".h5";
-  const FloatView values = half_
+  const FloatView values = half_ || store_.has_states()  // (with the states, e.g. MoE expert biases)
                                ? Kokkos::create_mirror_view_and_copy(FloatView::memory_space(), store_.model_to_host())
                                : store_.values();
   save_named_tensors((std::filesystem::path(deck_.debug.dump_params) / name.str()).string(), "", store_, values, it,
@@ -777,6 +777,9 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   }
   r.lr = sched_.at(it);
   update(r.skip, r.lr, clip);
+  // aux-loss-free balancing: every expert bias steps towards the mean load (skipped or not, as Megatron)
+  if (cfg_.moe.on() && cfg_.moe.router_enable_expert_bias)
+    update_expert_bias(chunks_, r.moe, cfg_.moe.router_bias_update_rate);
   timers_.stop("optimizer");
   dump_params(it);
   return r;

@@ -99,6 +99,41 @@ TEST(MoeRouting, MatchesBruteForceTopKWithTiesToTheLowerExpert) {
   }
 }
 
+TEST(MoeRouting, ExpertBiasSelectsButDoesNotWeigh) {
+  // sigmoid routing with an expert bias: the top-k of sigmoid(logit) + bias (ties to the lower
+  // expert), the probabilities the chosen sigmoids normalised without the bias
+  const std::int64_t R = 30, E = 5, k = 2;
+  const auto logits = random_vector(R * E, 37, 1.5f);
+  const std::vector<float> bias = {0.3f, -0.2f, 0.f, 0.45f, -0.1f};
+  IntView idx = make_int("idx", R * k);
+  FloatView probs = make_float("probs", R * k), lse = make_float("lse", R), ssum = make_float("ssum", R),
+            paux = make_float("paux", E);
+  moe_route(idx, probs, lse, ssum, paux, to_device(logits), R, {E, k, true, false}, to_device(bias));
+  const auto got_idx = to_host_int(idx);
+  const auto got_probs = as_double(to_host(probs));
+  std::int64_t changed = 0;  // tokens whose choice the bias changed (the test must exercise it)
+  for (std::int64_t t = 0; t < R; ++t) {
+    const float* l = logits.data() + t * E;
+    std::vector<std::int32_t> order(static_cast<size_t>(E)), plain(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::iota(plain.begin(), plain.end(), 0);
+    const auto key = [&](std::int32_t e) {
+      return static_cast<float>(1.f / (1.f + std::exp(-l[e]))) + bias[static_cast<size_t>(e)];
+    };
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return key(a) > key(b); });
+    std::stable_sort(plain.begin(), plain.end(), [&](std::int32_t a, std::int32_t b) { return l[a] > l[b]; });
+    double sum = 0;
+    for (std::int64_t j = 0; j < k; ++j) sum += sigmoid(l[order[static_cast<size_t>(j)]]);
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int32_t e = order[static_cast<size_t>(j)];
+      EXPECT_EQ(got_idx[static_cast<size_t>(t * k + j)], e) << "token " << t;
+      EXPECT_NEAR(got_probs[static_cast<size_t>(t * k + j)], sigmoid(l[e]) / (sum + 1e-20), 1e-6);
+    }
+    changed += (order[0] != plain[0] || order[1] != plain[1]) ? 1 : 0;
+  }
+  EXPECT_GT(changed, 3);
+}
+
 TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
   const std::int64_t R = 5, E = 5;
   auto logits = random_vector(R * E, 41, 1.f);
