@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Analytic model of a Trident / Megatron-style GPT training step: time and memory per GPU for any
-model, tensor (tp), pipeline (pp, vp), data (dp) parallel layout, micro-batch, recomputation and
-precision on a named GPU and network; an advisor that ranks the layouts that fit by predicted
-throughput; and checks of the model against measured runs (published Megatron-LM throughputs, and
-Trident runs on this machine).
+model (dense or a mixture of experts), tensor (tp), pipeline (pp, vp), data (dp) and expert (ep) parallel
+layout, micro-batch, recomputation and precision on a named GPU and network; an advisor that ranks the
+layouts that fit by predicted throughput; and checks of the model against measured runs (published
+Megatron-LM throughputs, and Trident runs on this machine).
 
-One file of about 1200 lines: the formulas, the device and network tables and the commands share
+One file of about 1600 lines: the formulas, the device and network tables and the commands share
 one set of definitions, read next to the papers they come from; it imports nothing
 from the project, so a user can copy it to a login node alone.
 
@@ -19,6 +19,10 @@ from the project, so a user can copy it to a login node alone.
   perf_model.py local --build build  # Trident runs here (1 and 2 ranks): measured vs predicted
   perf_model.py deck inputs/llama3_8b.ini --gpus 8 [--gpu h100-sxm] [--check]
                                      # a Trident deck: memory per GPU, step time, MFU, rank among the advisor's
+  perf_model.py advise --gpu h100-sxm --gpus 32 --layers 32 --hidden 4096 --heads 32 --query-groups 8 \
+                       --seq 4096 --vocab 32000 --ffn 14336 --swiglu --untied --experts 8 --topk 2 \
+                       --global 256 --flash --top 10 --check-layout tp=1,pp=4,ep=8
+                                     # Mixtral 8x7B: Megatron's published layout against the advisor's
 
 Inputs: vendor figures (GPUS below, each with its published source), and four constants that no
 datasheet gives, FITTED by `fit` on the rows of model/published.csv whose `set` is `fit` and read
@@ -66,6 +70,51 @@ channels per head, h / a and ng = a unless given):
   memory      parameters + gradients + optimizer state at Megatron's bytes per parameter, activations by
               Korthikanti et al. 2022 on the first stage (p micro-batches in flight of l/p layers, x(1 +
               (p-1)/(p v)) when interleaved), the last stage's logits, and the framework's reserve
+
+Mixture of experts (Megatron-core's MoELayer; E experts of width Fe, gated as the dense MLP, top-k routing,
+an optional shared expert of width Fs, in the layers moe_layer_freq names, n_moe of the l; E = 0 is the
+dense model above, number for number). The MoE layers are taken as spread evenly over the stages.
+Expert parallelism ep (dividing E and t d) is carved out of the t d ranks of a stage, Megatron's order
+tp-ep-dp-pp with expert_tp 1 (an expert runs whole on one GPU): E / ep experts per GPU and MoE layer,
+the expert-data-parallel group edp = t d / ep holds the same experts. Per MoE layer and micro-batch,
+R = T / t the tokens a rank routes (sequence parallelism is required under tp > 1), rows = R k x
+moe_imbalance the rows its experts receive (balanced dropless routing: each rank receives its own
+share of all selections; the factor, default 1, stands for the busiest rank, which the others wait for):
+  parameters  total: the dense layers + per MoE layer attention, norms, the router E h, the shared expert
+              and E experts (h Fe1 + Fe h, Fe1 = 2 Fe gated); active: k experts instead of E (Mixtral
+              8x7B: 46.70B and 12.88B, the published counts)
+  FLOPs       Megatron's count on the active parameters: the MLP term of an MoE layer is (k Fe + Fs) / h
+              (x 3/2 gated) instead of F / h; the router's 2 T h E per layer is left out (as Megatron
+              leaves it out: 0.03% for Mixtral 8x7B), but timed below
+  GEMMs       attention as a dense layer; the router (R x E, K = h); the experts' fc1 and fc2 on all rows
+              of the rank's E / ep experts together (same K: h and Fe, so batching them changes nothing in
+              eff(K)), their input gradients alike, and their weight gradients per expert with K = rows /
+              (E / ep), the rows one expert gets: few rows per expert lower the efficiency only there (the
+              curve has no term for a small M or N, so the forward GEMMs of a small expert batch, and the
+              router's N = E, are counted at eff(K)); the shared expert as a dense MLP split over tp;
+              forward, backward and recomputation as for the dense MLP
+  memory ops  the dense layer's, with the experts' activation on rows (Fe1 + Fe) values and the token
+              permutation and combination (2 passes over rows x h each way, twice more around the
+              all-to-alls when ep > 1)
+  tp comm     attention's pair only (and the shared expert's): with expert_tp 1 the routed experts take
+              the rank's sequence-parallel rows and need no all-gather or reduce-scatter
+  ep comm     per MoE layer and micro-batch 2 all-to-alls forward (dispatch, combine), 2 backward, 2 more
+              with full recomputation, each of rows h bytes-per-value; Trident sends the dispatch in the
+              activation type and the other three in fp32 (`moe_fp32_comm`; Megatron: all four in the
+              activation type); cost (ep-1)/ep bytes / (link_eff NVLink) + (ep-1) latencies when the ep
+              group (ep contiguous ranks) lies within a node, else (ep - node)/ep of the bytes over the
+              NIC while (node-1)/ep go over NVLink; on the critical path (no overlap)
+  dp comm     the dense gradients and parameters over dp as above; the experts' over edp (ranks ep apart:
+              node / ep of them on a node), after them on the same links and behind the same passes
+  optimizer   the dense parameters / dp, the experts' / edp when sharded
+  memory      states: the dense part at Megatron's bytes per parameter over dp, the experts' (E / ep per
+              MoE layer of the stage, whole) over edp; activations of an MoE layer: the dense layer's
+              without its MLP (the shared expert's in its place), + per received row its input h, fc1
+              output and fc2 input Fe1 + Fe in the activation type and the expert output h kept for the
+              combination (fp32 in Trident), with ep > 1 also the received row h and the expert side's
+              output h (fp32 in Trident; with ep 1 Trident gathers the rows again from the kept input),
+              + the router's logits and the routing, E + 2 + 4 k fp32 values per token (the terms of
+              Trident's own memory report)
 """
 import argparse
 import csv
@@ -176,7 +225,8 @@ class Model:
     learned positions) without swiglu and the Llama family's (none, RMSNorm, rope) with it."""
 
     def __init__(self, layers, hidden, heads, seq, vocab, ffn=None, swiglu=False, untied=False, groups=None,
-                 kv_channels=None, qk_layernorm=False, bias=None, qkv_bias=False, rmsnorm=None, learned_pos=None):
+                 kv_channels=None, qk_layernorm=False, bias=None, qkv_bias=False, rmsnorm=None, learned_pos=None,
+                 experts=0, topk=2, expert_ffn=None, shared_expert_ffn=0, moe_layer_freq=1):
         self.l, self.h, self.a, self.s, self.V = layers, hidden, heads, seq, vocab
         self.swiglu, self.untied = swiglu, untied
         self.F = ffn or ((8 * hidden // 3) // 64 * 64 if swiglu else 4 * hidden)
@@ -190,12 +240,31 @@ class Model:
         self.learned_pos = (not swiglu) if learned_pos is None else learned_pos
         self.q = self.a * self.d  # query width: proj's input
         self.qkv = (self.a + 2 * self.ng) * self.d  # qkv's output columns
+        # mixture of experts (Megatron-core's MoELayer): E experts of width Fe (gated as the dense MLP is) in
+        # the layers moe_layer_freq names (N: layers 0, N, 2N, ...; or one 0/1 per layer), top-k routing, an
+        # optional shared expert of width Fs; E = 0: every MLP dense
+        self.E, self.k = experts, (topk if experts else 0)
+        self.Fe = (expert_ffn or self.F) if experts else 0
+        self.Fe1 = 2 * self.Fe if swiglu else self.Fe  # an expert's fc1 rows
+        self.Fs = shared_expert_ffn if experts else 0
+        self.Fs1 = 2 * self.Fs if swiglu else self.Fs
+        if not experts:
+            self.moe_flags = [0] * layers
+        elif isinstance(moe_layer_freq, int):
+            self.moe_flags = [1 if i % moe_layer_freq == 0 else 0 for i in range(layers)]
+        else:
+            self.moe_flags = [int(bool(x)) for x in moe_layer_freq]
+            if len(self.moe_flags) != layers:
+                raise InputError(f"moe layer_freq lists {len(self.moe_flags)} layers, the model has {layers}")
+        if experts and not (0 < self.k <= experts):
+            raise InputError(f"router top-k {topk} is not in 1..{experts} experts")
+        self.n_moe = sum(self.moe_flags)  # MoE layers
 
     def gpt2_attention(self):
         return self.ng == self.a and self.q == self.h
 
     def gpt2_mlp(self):
-        return not self.swiglu and self.F == 4 * self.h
+        return not self.swiglu and self.F == 4 * self.h and not self.E
 
     def layer_params(self):  # GPT-2: 4h^2 + 2hF + 9h + F; the Llama family: 4h^2 + 3hF + 2h (with ng = a)
         h, norm = self.h, (1 if self.rmsnorm else 2)  # parameters per normalised channel
@@ -203,10 +272,30 @@ class Model:
         n += (self.qkv if self.qkv_bias else 0) + ((h + self.F1 + h) if self.bias else 0)
         return n + 2 * norm * h + (2 * norm * self.d if self.qk_layernorm else 0)
 
+    def mlp_params(self, width):  # a dense MLP of this width (F, or gate and up 2F rows under swiglu), biases
+        f1 = 2 * width if self.swiglu else width
+        return self.h * f1 + width * self.h + ((f1 + self.h) if self.bias else 0)
+
+    def expert_params(self):  # one routed expert
+        return self.mlp_params(self.Fe)
+
+    def moe_layer_dense_params(self):
+        """An MoE layer without its routed experts: attention, norms, the router E h, the shared expert."""
+        return (self.layer_params() - self.mlp_params(self.F) + self.E * self.h
+                + (self.mlp_params(self.Fs) if self.Fs else 0))
+
     def params(self):
         h = self.h
-        return (self.l * self.layer_params() + self.V * h * (2 if self.untied else 1)
+        if self.E:  # every expert of every MoE layer
+            layers = ((self.l - self.n_moe) * self.layer_params()
+                      + self.n_moe * (self.moe_layer_dense_params() + self.E * self.expert_params()))
+        else:
+            layers = self.l * self.layer_params()
+        return (layers + self.V * h * (2 if self.untied else 1)
                 + (self.s * h if self.learned_pos else 0) + (1 if self.rmsnorm else 2) * h)
+
+    def active_params(self):  # what one token sees: k routed experts per MoE layer (+ the shared one, router)
+        return self.params() - self.n_moe * (self.E - self.k) * self.expert_params()
 
     def model_flops(self, B):  # Megatron's count for one iteration of B sequences (no recomputation)
         s, h, l, V = self.s, self.h, self.l, self.V
@@ -216,6 +305,10 @@ class Model:
         # MLP F/h (x 3/2 gated), logits V / (2 l h), all x 12 B s l h^2
         gated = 1.5 if self.swiglu else 1.0
         attention = (1 + self.ng / self.a + s / h) * (self.q / h)
+        if self.E:  # MoE layers: the active experts k Fe + Fs in place of F (Megatron's moe_layer_flops); the
+            # router's 2 T h E per layer is left out, as Megatron leaves it out (0.03% for Mixtral 8x7B)
+            width = ((self.l - self.n_moe) * self.F + self.n_moe * (self.k * self.Fe + self.Fs)) / l
+            return 12.0 * B * s * l * h * h * (attention + width / h * gated + V / (2.0 * l * h))
         return 12.0 * B * s * l * h * h * (attention + self.F / h * gated + V / (2.0 * l * h))
 
     def hardware_flops(self, B, recompute, flash=False):
@@ -234,8 +327,16 @@ class Model:
 class Layout:
     def __init__(self, tp=1, pp=1, vp=1, dp=1, micro=1, global_batch=1, recompute="none", dtype="bf16",
                  sp=None, distributed=True, flash=False, tp_overlap=0.0, dp_overlap=True, scatter_gather=True,
-                 grad_bytes=None, tp_async_bwd=False, pp_overlap=False):
+                 grad_bytes=None, tp_async_bwd=False, pp_overlap=False, ep=None, moe_imbalance=1.0,
+                 moe_fp32_comm=True):
         self.tp, self.pp, self.vp, self.dp, self.b, self.B = tp, pp, vp, dp, micro, global_batch
+        # expert parallelism (MoE models): ep ranks share each MoE layer's experts, E / ep each, carved out of
+        # the tp x dp ranks of a stage (expert_tp 1); None: a dense model's layout (ep 1, not printed).
+        # moe_imbalance: the busiest rank's routed rows over the balanced share (1: balanced, dropless).
+        # moe_fp32_comm: Trident keeps the experts' outputs and sends the combine and both backward
+        # all-to-alls in fp32 (Megatron: all four in the activation type)
+        self.ep, self.show_ep = ep or 1, ep is not None
+        self.moe_imbalance, self.moe_fp32_comm = moe_imbalance, moe_fp32_comm
         self.recompute, self.dtype, self.distributed, self.flash = recompute, dtype, distributed, flash
         self.sp = (tp > 1) if sp is None else sp
         self.tp_overlap, self.dp_overlap, self.scatter_gather = tp_overlap, dp_overlap, scatter_gather
@@ -257,8 +358,13 @@ class Layout:
     def m(self):
         return self.B / (self.b * self.dp)
 
+    @property
+    def edp(self):  # expert-data-parallel ranks: those holding the same experts (expert_tp 1)
+        return self.tp * self.dp // self.ep
+
     def describe(self):
-        return (f"tp {self.tp} pp {self.pp} vp {self.vp} dp {self.dp} b {self.b} m {self.m:g} recompute "
+        return (f"tp {self.tp} pp {self.pp} vp {self.vp} dp {self.dp}{f' ep {self.ep}' if self.show_ep else ''} "
+                f"b {self.b} m {self.m:g} recompute "
                 f"{self.recompute}{' sp' if self.sp else ''}{' zero1' if self.distributed else ''}")
 
 
@@ -270,19 +376,43 @@ def bytes_per_param(dtype, distributed, d):  # Megatron's table (the same as Tri
     return 8 + 8 / d if distributed else 16
 
 
-def activation_layer_bytes(M, L, e):
-    """Korthikanti et al. 2022 per layer and micro-batch, e bytes per stored value, 1-byte masks."""
+def activation_layer_bytes(M, L, e, moe=False):
+    """Korthikanti et al. 2022 per layer and micro-batch, e bytes per stored value, 1-byte masks; moe: an
+    MoE layer, whose MLP part is the shared expert's (split over tp as the dense MLP) and, for the rows this
+    rank's experts receive (R k under balance, R = s b / t its sequence-parallel tokens, x moe_imbalance),
+    each row's fc1 output and fc2 input (Fe1 + Fe) in the activation type and the expert's output kept for
+    the combination (h, fp32 in Trident); with ep > 1 the expert side also keeps the rows it received (h)
+    and its outputs (h, fp32 in Trident) (with ep 1 Trident gathers the rows again from the layer's kept
+    input); per token the router's fp32 logits and the routing, E + 2 + 4 k fp32 values (Trident's memory
+    report counts the same)."""
     s, b, h, a, t = M.s, L.b, M.h, M.a, L.tp
     sbh, as2b = s * b * h, a * s * s * b
     if L.recompute == "full":
         return e * sbh / (t if L.sp else 1)
     mlp = (M.F1 + M.F) / h  # fc1's output and fc2's input over h (GPT-2: 8)
+    if moe:
+        mlp = (M.Fs1 + M.Fs) / h
     att = (2 * M.q + 2 * M.ng * M.d) / h  # q, k, v and proj's input over h (GPT-2: 4; GQA: k and v shrink)
     if M.qk_layernorm:
         att += (M.q + M.ng * M.d) / h  # the norms' inputs (their outputs feed QK^T)
     values = sbh * ((4 + att + mlp) * e + 2) / t if L.sp else sbh * (4 * e + 2 + (att + mlp) * e / t)
     attention = 0 if (L.recompute == "selective" or L.flash) else as2b * (2 * e + 1) / t
+    if moe:
+        R = s * b / t  # this rank's tokens (the MoE layers need sequence parallelism under tp > 1)
+        rows = R * M.k * L.moe_imbalance
+        cb = 4 if L.moe_fp32_comm else e  # bytes of a kept expert output
+        values += rows * ((M.Fe1 + M.Fe) * e + h * cb) + R * (M.E + 2 + 4 * M.k) * 4
+        if L.ep > 1:
+            values += rows * h * (e + cb)
     return values + attention
+
+
+def activation_stage_bytes(M, L, e):
+    """One layer's activations averaged over the model's dense and MoE layers (the MoE layers taken as
+    spread evenly over the stages)."""
+    if not M.E:
+        return activation_layer_bytes(M, L, e)
+    return ((M.l - M.n_moe) * activation_layer_bytes(M, L, e) + M.n_moe * activation_layer_bytes(M, L, e, True)) / M.l
 
 
 def ring(n, nbytes, bw, lat):
@@ -303,6 +433,14 @@ def predict(M, L, gpu, fitted=None):
     T = b * s  # tokens per micro-batch
     dh = M.d  # head dimension (kv_channels)
     heads = b * a / t  # attention matrices (query heads) per tensor-parallel rank
+    ep = L.ep
+    if M.E or ep > 1:
+        if not M.E:
+            raise InputError(f"ep {ep}: the model has no experts")
+        if (t * d) % ep or M.E % ep:
+            raise InputError(f"ep {ep} must divide tp x dp = {t * d} and the experts {M.E}")
+        if t > 1 and not L.sp:
+            raise InputError("an MoE model with tp > 1 needs sequence parallelism (Megatron and Trident require it)")
 
     def gemm(Mm, Nn, Kk, batch=1.0):  # seconds for 2 M N K FLOPs at the efficiency of reduction length K:
         # t = 2 M N K / (peak eff_max) (1 + k0 / K), i.e. a fixed cost per output element worth k0 steps
@@ -362,6 +500,11 @@ def predict(M, L, gpu, fitted=None):
         tp_b = (n_b - 2) * one + max(0.0, 2 * one - wgrad_col)
     layer_f, layer_b = gemm_f + mem_f + tp_f, gemm_b + mem_b + tp_b
     T_f, T_b = layer_f * l / p, layer_b * l / p  # one micro-batch through one stage
+    if M.E:  # an MoE layer: attention as above, the MLP replaced (experts, router, shared expert, all-to-alls)
+        moe = moe_layer(M, L, gemm, e, hbm, att_f, att_b, exposed, node, lat, bw_nv, bw_net)
+        n_d, n_m = l - M.n_moe, M.n_moe  # dense and MoE layers, spread evenly over the stages
+        T_f = (layer_f * n_d + moe["layer_f"] * n_m) / p
+        T_b = (layer_b * n_d + moe["layer_b"] * n_m) / p
     T_stage = T_f + T_b
     # the last stage: logits (vocabulary split over tp) and the fp32 cross entropy: ~5 passes over the
     # fp32 logits in memory on a GPU (separate kernels for the cast, max, exp-sum, loss and gradient)
@@ -387,6 +530,12 @@ def predict(M, L, gpu, fitted=None):
     # both on one stage without pipelining when untied)
     emb = M.V * h / t * (2 if (M.untied and p == 1) else 1)
     local_params = (l / p) * M.layer_params() / t + (emb + (s * h if M.learned_pos else 0) if p == 1 else emb)
+    expert_params = 0.0
+    if M.E:  # the dense part split over tp (an MoE layer's attention, norms, router, shared expert); the
+        # routed experts whole (expert_tp 1), E / ep of them per MoE layer of the stage
+        local_params = (((l - M.n_moe) * M.layer_params() + M.n_moe * M.moe_layer_dense_params()) / p / t
+                        + (emb + (s * h if M.learned_pos else 0) if p == 1 else emb))
+        expert_params = M.n_moe / p * (M.E // ep) * M.expert_params()
     members = min(d, max(1, node // t))  # ranks of one data-parallel group on a node
     bw_dp = bw_nv if t * d <= node else min(bw_nv, members * bw_net)
     if L.distributed:
@@ -394,6 +543,17 @@ def predict(M, L, gpu, fitted=None):
         t_params = 0.0 if d == 1 else (d - 1) / d * e * local_params / bw_dp + (d - 1) * lat
     else:
         t_grads, t_params = ring(d, L.grad_bytes * local_params, bw_dp, lat), 0.0
+    edp = L.edp
+    if M.E and edp > 1:
+        # the experts' gradients over the expert-data-parallel group (ranks ep apart in the tp-ep-dp order:
+        # node // ep of them share a node), after the dense ones on the same links
+        members_e = min(edp, max(1, node // ep))
+        bw_edp = bw_nv if t * d <= node else min(bw_nv, members_e * bw_net)
+        if L.distributed:
+            t_grads += (edp - 1) / edp * L.grad_bytes * expert_params / bw_edp + (edp - 1) * lat
+            t_params += (edp - 1) / edp * e * expert_params / bw_edp + (edp - 1) * lat
+        else:
+            t_grads += ring(edp, L.grad_bytes * expert_params, bw_edp, lat)
     if L.dp_overlap and v > 1:
         # the interleaved schedule (Megatron's schedules.py) launches each model chunk's gradient
         # reduction when that chunk's last backward pass is done: the chunks finish p chunk steps apart
@@ -409,25 +569,117 @@ def predict(M, L, gpu, fitted=None):
     else:
         t_dp = t_grads + t_params
     t_opt = local_params * 34 / (d if L.distributed else 1) / hbm
+    if M.E:
+        t_opt += expert_params * 34 / (edp if L.distributed else 1) / hbm
     total = t_compute + t_bubble + t_pp + t_dp + t_opt
     flops = M.hardware_flops(L.B, L.recompute, L.flash)
     gemm_time = m * ((gemm_f + gemm_b) * l / p + logit_gemms)
+    parts = dict(gemm=gemm_time, elementwise=m * ((mem_f + mem_b) * l / p + cross_entropy),
+                 tp=m * (tp_f + tp_b) * l / p, bubble=t_bubble, pp=t_pp, dp=t_dp, optimizer=t_opt)
+    if M.E:
+        parts["gemm"] = m * (((gemm_f + gemm_b) * n_d + moe["gemm"] * n_m) / p + logit_gemms)
+        parts["elementwise"] = m * (((mem_f + mem_b) * n_d + moe["mem"] * n_m) / p + cross_entropy)
+        parts["tp"] = m * ((tp_f + tp_b) * n_d + moe["tp"] * n_m) / p
+        parts["ep"] = m * moe["a2a"] * n_m / p  # the token all-to-alls, on the critical path
+        gemm_time = parts["gemm"]
     # memory: the first stage (its p micro-batches in flight) or the last (logits), whichever is larger
     states = local_params * bytes_per_param(L.dtype, L.distributed, d)
+    if M.E:  # the experts' state sharded over the expert-data-parallel group
+        states += expert_params * bytes_per_param(L.dtype, L.distributed, edp)
     in_flight = l * (1 + ((p - 1) / (p * v) if v > 1 else 0))  # layers' activations held on stage 0
-    acts = activation_layer_bytes(M, L, e) * in_flight
+    acts = activation_stage_bytes(M, L, e) * in_flight
     logits = 4 * s * b * M.V / t * 2  # fp32 logits and their gradient on the last stage
-    memory = states + max(acts, activation_layer_bytes(M, L, e) * l / p + logits) + 2.0 * 2**30
+    memory = states + max(acts, activation_stage_bytes(M, L, e) * l / p + logits) + 2.0 * 2**30
     return dict(time=total, tflops=M.model_flops(L.B) / total / N / 1e12, hw_tflops=flops / total / N / 1e12,
                 tokens_per_s=L.B * s / total, memory=memory, fits=memory <= g["hbm_gb"] * 1e9 * 0.95,
-                parts=dict(gemm=gemm_time, elementwise=m * ((mem_f + mem_b) * l / p + cross_entropy),
-                           tp=m * (tp_f + tp_b) * l / p, bubble=t_bubble, pp=t_pp, dp=t_dp, optimizer=t_opt),
-                eff=flops / N / max(gemm_time, 1e-30) / peak, states=states, activations=acts, params=local_params,
-                activations_last=activation_layer_bytes(M, L, e) * l / p, logits=logits, reserve=2.0 * 2**30)
+                parts=parts, eff=flops / N / max(gemm_time, 1e-30) / peak, states=states, activations=acts,
+                params=local_params + expert_params, params_expert=expert_params,
+                activations_last=activation_stage_bytes(M, L, e) * l / p, logits=logits, reserve=2.0 * 2**30)
+
+
+def alltoall(n, nbytes, node, bw_nv, bw_net, lat):
+    """All-to-all among n ranks, each sending nbytes spread evenly over the n (its own share stays): (n-1)/n
+    of the bytes over the links + (n-1) latencies. A group within a node (n contiguous ranks, n dividing
+    the node) uses NVLink; a larger one sends (n - node)/n of its bytes over its NIC while (node - 1)/n go
+    over NVLink at the same time."""
+    if n <= 1:
+        return 0.0
+    if n <= node and node % n == 0:
+        return (n - 1) / n * nbytes / bw_nv + (n - 1) * lat
+    inside = min(n, node)
+    return max((n - inside) / n * nbytes / bw_net, (inside - 1) / n * nbytes / bw_nv) + (n - 1) * lat
+
+
+def moe_layer(M, L, gemm, e, hbm, att_f, att_b, exposed, node, lat, bw_nv, bw_net):
+    """One MoE layer and micro-batch on one GPU (forward and backward seconds, and their parts): the dense
+    layer's attention; the router (R tokens x E, R = T / t the rank's sequence-parallel tokens); the experts'
+    GEMMs on the R k rows the rank receives under balanced routing (x moe_imbalance), R k ep / E per local
+    expert, whose weight gradients reduce over those rows; the shared expert as a dense MLP split over tp;
+    the dispatch and combine all-to-alls over the ep group, 2 forward and 2 backward (+2 with full
+    recomputation); tp collectives only around attention (and the shared expert): with expert_tp 1 the
+    routed experts need none."""
+    t, ep, h, s, b = L.tp, L.ep, M.h, M.s, L.b
+    T = b * s
+    R = T / t  # tokens this rank routes (sequence-parallel rows under tp > 1)
+    rows = R * M.k * L.moe_imbalance  # rows this rank's experts receive
+    local = M.E // ep  # experts per rank
+    qkv, q, Fe, Fe1, Fs, Fs1, E = M.qkv, M.q, M.Fe, M.Fe1, M.Fs, M.Fs1, M.E
+    lin_f = gemm(T, qkv / t, h) + gemm(T, h, q / t) + gemm(R, E, h)  # attention projections, router
+    lin_f += gemm(rows, Fe1, h) + gemm(rows, h, Fe)  # experts: the local experts' rows together (same K)
+    wgrad_col = gemm(qkv / t, h, T)
+    lin_b = (gemm(T, h, qkv / t) + gemm(T, q / t, h) + wgrad_col + gemm(h, q / t, T)
+             + gemm(R, h, E) + gemm(E, h, R)  # router input and weight gradients
+             + gemm(rows, h, Fe1) + gemm(rows, Fe, h)  # experts' input gradients
+             + gemm(Fe1, h, rows / local, local) + gemm(h, Fe, rows / local, local))  # weight grads: K = rows/expert
+    if Fs:  # the shared expert: a dense MLP over all T tokens, split over tp
+        lin_f += gemm(T, Fs1 / t, h) + gemm(T, h, Fs / t)
+        wgrad_col += gemm(Fs1 / t, h, T)
+        lin_b += gemm(T, h, Fs1 / t) + gemm(T, Fs / t, h) + gemm(Fs1 / t, h, T) + gemm(h, Fs / t, T)
+    gemm_f, gemm_b = lin_f + att_f, lin_b + att_b
+    if L.recompute == "full":
+        gemm_b += gemm_f
+    elif L.recompute == "selective" and not L.flash:
+        gemm_b += att_f
+    # element-wise: as the dense layer, with the expert rows' activation (R k (Fe1 + Fe) values) and the
+    # permutations: gather into expert order and the weighted combination back (2 passes over R k h each
+    # way), twice more for the regrouping around the all-to-alls when ep > 1
+    cb = 4 if L.moe_fp32_comm else e  # bytes of the experts' outputs and the combine / backward messages
+    rep = T * h / (t if L.sp else 1)
+    perm = rows * h * (2 * e + 2 * cb) * (2 if ep > 1 else 1)
+    mem_f = rep * (10 * e + 2) + rows * (Fe1 + Fe) * e + perm + T * (Fs1 + Fs) / t * e
+    mem_b = rep * (20 * e + 2) + rows * (Fe1 + Fe) * 1.5 * e + perm + T * (Fs1 + Fs) / t * 1.5 * e
+    heads = b * M.a / t
+    if M.qk_layernorm:
+        mem_f += 2 * e * T * (q + M.ng * M.d) / t
+        mem_b += 3 * e * T * (q + M.ng * M.d) / t
+    if not L.flash:
+        mem_f += 4 * e * heads * s * s
+        mem_b += 5 * e * heads * s * s
+    if L.recompute == "full":
+        mem_b += mem_f
+    elif L.recompute == "selective" and not L.flash:
+        mem_b += 4 * e * heads * s * s
+    mem_f, mem_b = mem_f / hbm, mem_b / hbm
+    # tensor-parallel collectives: attention's pair (and the shared expert's); none around the routed experts
+    one = ring(t, T * h * e, bw_nv if t <= node else bw_net, lat)
+    n_f = 1 + (1 if Fs else 0)
+    n_b = n_f * (2 if L.recompute == "full" else 1)
+    tp_f = exposed(n_f * one, lin_f) if t > 1 else 0.0
+    tp_b = exposed(n_b * one, lin_b) if t > 1 else 0.0
+    if t > 1 and L.tp_async_bwd and L.tp_overlap == 0:
+        tp_b = (n_b - n_f) * one + max(0.0, n_f * one - wgrad_col)
+    # the token all-to-alls over the ep group (contiguous ranks in the tp-ep-dp order): dispatch in the
+    # activation type, combine and the two backward ones in cb bytes; full recomputation repeats the forward
+    a2a = lambda nbytes: alltoall(ep, rows * h * nbytes, node, bw_nv, bw_net, lat)  # noqa: E731
+    a2a_f = a2a(e) + a2a(cb)
+    a2a_b = 2 * a2a(cb) + (a2a_f if L.recompute == "full" else 0.0)
+    return dict(layer_f=gemm_f + mem_f + tp_f + a2a_f, layer_b=gemm_b + mem_b + tp_b + a2a_b,
+                gemm=gemm_f + gemm_b, mem=mem_f + mem_b, tp=tp_f + tp_b, a2a=a2a_f + a2a_b)
 
 
 def print_prediction(M, L, gpu, r):
-    print(f"{gpu}: {M.params() / 1e9:.2f}B parameters on {L.gpus} GPUs ({L.describe()})")
+    active = f" ({M.active_params() / 1e9:.2f}B active: {M.E} experts, top-{M.k})" if M.E else ""
+    print(f"{gpu}: {M.params() / 1e9:.2f}B parameters{active} on {L.gpus} GPUs ({L.describe()})")
     print(f"  step {r['time']:.3f} s | {r['tokens_per_s']:.0f} tokens/s | model {r['tflops']:.1f} TFLOP/s per GPU "
           f"(hardware {r['hw_tflops']:.1f}) | GEMM efficiency {r['eff']:.2f}")
     print("  parts (s): " + ", ".join(f"{k} {v:.4f}" for k, v in r["parts"].items()))
@@ -439,14 +691,18 @@ def divisors(n):
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None):
+def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None, eps=None):
     """Every layout of gpus GPUs that fits (tp in 1, 2, 4, 8 within a node, dividing the heads and the
     key/value groups; pp any divisor of the layers; vp 1, 2, 4; micro-batch 1, 2, 4, 8; each
-    recomputation), with its prediction, fastest first. layout_kw: further Layout settings for all."""
+    recomputation; with experts, ep any divisor of E that divides tp x dp, or those of eps), with its
+    prediction, fastest first. layout_kw: further Layout settings for all."""
     rows = []
     for t in [k for k in (1, 2, 4, 8) if k <= g["per_node"] and M.a % k == 0 and M.ng % k == 0 and gpus % k == 0]:
         for p in [k for k in divisors(M.l) if gpus % (t * k) == 0]:
             d = gpus // (t * p)
+            ep_list = [None]
+            if M.E:
+                ep_list = [k for k in divisors(M.E) if (t * d) % k == 0 and (not eps or k in eps)]
             for v in [k for k in (1, 2, 4) if (k == 1 or (p > 1 and M.l % (p * k) == 0))]:
                 for b in (1, 2, 4, 8):
                     if B % (b * d):
@@ -454,27 +710,127 @@ def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None):
                     if v > 1 and (B // (b * d)) % p:
                         continue
                     for rc in ("none", "selective", "full"):
-                        L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash, **(layout_kw or {}))
-                        r = predict(M, L, g)
-                        if r["fits"]:
-                            rows.append((r["tokens_per_s"], L, r))
+                        for ep in ep_list:
+                            L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash, ep=ep, **(layout_kw or {}))
+                            r = predict(M, L, g)
+                            if r["fits"]:
+                                rows.append((r["tokens_per_s"], L, r))
     rows.sort(key=lambda x: -x[0])
     return rows
 
 
 def print_advice(M, gpu, gpus, B, dtype, rows, top):
     g = GPUS[gpu]
-    print(f"advisor: {M.params() / 1e9:.2f}B parameters, {gpus} x {gpu}, global batch {B}, {dtype}: "
+    what = (f"{M.params() / 1e9:.2f}B parameters ({M.active_params() / 1e9:.2f}B active: {M.E} experts, top-{M.k})"
+            if M.E else f"{M.params() / 1e9:.2f}B parameters")
+    print(f"advisor: {what}, {gpus} x {gpu}, global batch {B}, {dtype}: "
           f"{len(rows)} layouts fit in {g['hbm_gb']} GB; the best by predicted throughput:")
-    print(f"  {'rank':>4}  {'layout':<58} {'tokens/s':>11} {'TFLOP/s/GPU':>12} {'GiB/GPU':>8}")
+    w = 63 if M.E else 58  # the layout column (' ep N' with experts)
+    print(f"  {'rank':>4}  {'layout':<{w}} {'tokens/s':>11} {'TFLOP/s/GPU':>12} {'GiB/GPU':>8}")
     for i, (tps, L, r) in enumerate(rows[:top]):
-        print(f"  {i + 1:>4}  {L.describe():<58} {tps:>11.0f} {r['tflops']:>12.1f} {r['memory'] / 2**30:>8.1f}")
+        print(f"  {i + 1:>4}  {L.describe():<{w}} {tps:>11.0f} {r['tflops']:>12.1f} {r['memory'] / 2**30:>8.1f}")
 
 
-def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False):
-    rows = advise_rows(M, GPUS[gpu], gpus, B, dtype, flash)
+def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False, layout_kw=None, eps=None):
+    rows = advise_rows(M, GPUS[gpu], gpus, B, dtype, flash, layout_kw, eps)
     print_advice(M, gpu, gpus, B, dtype, rows, top)
     return rows
+
+
+def parse_layout_spec(spec):
+    """'tp=1,pp=4,ep=8[,vp=1,micro=1,recompute=none]' -> dict; vp, micro and recompute default to
+    Megatron's defaults (1, 1, none), the values a script that does not set them runs with."""
+    out = dict(vp=1, micro=1, recompute="none", ep=1)
+    for item in spec.split(","):
+        key, _, val = item.partition("=")
+        key = key.strip()
+        if key not in ("tp", "pp", "ep", "vp", "micro", "recompute") or not val:
+            raise InputError(f"--check-layout {spec!r}: {item!r} (keys tp, pp, ep, vp, micro, recompute)")
+        try:
+            out[key] = val.strip() if key == "recompute" else int(val)
+        except ValueError:
+            raise InputError(f"--check-layout {spec!r}: {item!r} is not a whole number")
+    if "tp" not in out or "pp" not in out:
+        raise InputError(f"--check-layout {spec!r}: tp and pp are required")
+    if out["recompute"] not in ("none", "selective", "full"):
+        raise InputError(f"--check-layout {spec!r}: recompute none, selective or full")
+    return out
+
+
+def check_layout(M, gpu, gpus, B, dtype, flash, rows, spec, top, within, layout_kw=None):
+    """A given layout (a published one) against the advisor's rows: its prediction, its rank by predicted
+    throughput among the layouts that fit, what the faster ones gain, part by part. True when it fits,
+    ranks among the best top and (with within) is at least (1 - within) x the best's throughput."""
+    c = parse_layout_spec(spec)
+    t, p = c["tp"], c["pp"]
+    if gpus % (t * p):
+        raise InputError(f"--check-layout: {gpus} GPUs are not a multiple of tp x pp = {t * p}")
+    d = gpus // (t * p)
+    L = Layout(t, p, c["vp"], d, c["micro"], B, c["recompute"], dtype, flash=flash,
+               ep=c["ep"] if M.E else None, **(layout_kw or {}))
+    r = predict(M, L, gpu)
+    GiB = 2**30
+    print(f"\nchecked layout: {L.describe()}")
+    print(f"  step {r['time']:.3f} s | {r['tokens_per_s']:.0f} tokens/s | model {r['tflops']:.1f} TFLOP/s per GPU | "
+          f"MFU {100 * r['tflops'] / GPUS[gpu]['peak'][dtype]:.1f}%")
+    print("  parts (s): " + ", ".join(f"{k} {v:.4f}" for k, v in r["parts"].items()))
+    print(f"  memory per GPU {r['memory'] / GiB:.1f} GiB: states {r['states'] / GiB:.1f} "
+          f"({r['params'] / 1e9:.2f}B local parameters, {r['params_expert'] / 1e9:.2f}B of them experts), "
+          f"activations {r['activations'] / GiB:.1f} "
+          f"(first stage), last stage activations + logits {(r['activations_last'] + r['logits']) / GiB:.1f}, reserve "
+          f"{r['reserve'] / GiB:.1f}; limit {0.95 * GPUS[gpu]['hbm_gb'] * 1e9 / GiB:.1f} GiB: "
+          f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
+    if not rows:
+        print("no advisor layout fits")
+        return False
+    best_tps, best_L, best_r = rows[0]
+    rank = 1 + sum(1 for tps, _, _ in rows if tps > r["tokens_per_s"])
+    # distinct layouts: with flash attention, selective recomputation (of the attention core, which flash
+    # does not store) is the run without recomputation; such twins (same layout and prediction) count once
+    seen, distinct = set(), []
+    for tps, A, ra in rows:
+        key = (A.tp, A.pp, A.vp, A.dp, A.ep, A.b, round(ra["time"], 12), round(ra["memory"]))
+        if key not in seen:
+            seen.add(key)
+            distinct.append((tps, A, ra))
+    rank_d = 1 + sum(1 for tps, _, _ in distinct if tps > r["tokens_per_s"])
+    ratio = r["tokens_per_s"] / best_tps
+    twins = (f" (row {rank} of the advisor's {len(rows)}: {len(rows) - len(distinct)} rows repeat another's layout "
+             "and prediction, selective recomputation under flash attention)" if len(rows) > len(distinct) else "")
+    print(f"  rank {rank_d} of {len(distinct)} distinct layouts that fit{twins}; {ratio:.3f} x the best's predicted "
+          f"throughput ({best_L.describe()}: {best_tps:.0f} tokens/s)")
+    print(f"  the best {top} distinct layouts:")
+    for i, (tps, A, ra) in enumerate(distinct[:top]):
+        mark = "  <- checked" if tps == r["tokens_per_s"] and (A.tp, A.pp, A.vp, A.ep, A.b) == (
+            L.tp, L.pp, L.vp, L.ep, L.b) else ""
+        print(f"  {i + 1:>4}  {A.describe():<63} {tps:>9.0f} tok/s {ra['tflops']:>6.1f} TFLOP/s "
+              f"{ra['memory'] / GiB:>5.1f} GiB{mark}")
+    rank = rank_d
+    if rank > 1:
+        diff = ", ".join(f"{k} {best_r['parts'].get(k, 0.0) - v:+.3f}" for k, v in r["parts"].items())
+        print(f"  the best's parts minus the checked layout's (s per step): {diff}")
+        delta = {k: best_r["parts"].get(k, 0.0) - v for k, v in r["parts"].items()}
+        gains = ", ".join(f"{k} {-v:.3f} s" for k, v in sorted(delta.items(), key=lambda kv: kv[1]) if v < -0.01)
+        costs = ", ".join(f"{k} {v:.3f} s" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0.01)
+        print(f"  the model prefers {best_L.describe()} by {100 * (1 / ratio - 1):.1f}%: it saves {gains or 'nothing'}"
+              f" and spends {costs or 'nothing'} more per step")
+        faster = [(tps, A) for tps, A, _ in distinct if tps > r["tokens_per_s"]]
+        changes = {}
+        for _, A in faster:
+            for name, a_v, l_v in (("tp", A.tp, L.tp), ("pp", A.pp, L.pp), ("vp", A.vp, L.vp), ("ep", A.ep, L.ep),
+                                   ("b", A.b, L.b), ("recompute", A.recompute, L.recompute)):
+                if a_v != l_v:
+                    changes.setdefault(name, set()).add(a_v)
+        print("  the faster layouts differ in: " + "; ".join(f"{k} {sorted(v, key=str)}" for k, v in changes.items()))
+        same = [(tps, A) for tps, A, _ in distinct if (A.vp, A.b, A.recompute) == (L.vp, L.b, L.recompute)]
+        listed = any((A.tp, A.pp, A.ep) == (L.tp, L.pp, L.ep) for _, A in same)
+        print(f"  among the layouts at its vp {L.vp}, micro-batch {L.b} and recomputation {L.recompute}: rank "
+              f"{1 + sum(1 for tps, _ in same if tps > r['tokens_per_s'])} of {len(same) + (0 if listed else 1)}")
+    ok = r["fits"] and rank <= top and (within is None or ratio >= 1 - within)
+    print(("PASS" if ok else "FAIL") + f": the checked layout {'fits' if r['fits'] else 'does not fit'}, "
+          f"{'ranks' if r['fits'] else 'would rank'} {rank} of the distinct layouts (gate: among the best {top})"
+          + (f", {ratio:.3f} x the best (gate: >= {1 - within:.2f})" if within else ""))
+    return ok
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -910,10 +1266,28 @@ def read_deck(path, vocab_override=0):
         raise InputError(f"{path}: normalization {norm!r} (LayerNorm or RMSNorm)")
     pos = get("model", "position_embedding_type", "learned_absolute")
     bias = get("model", "add_bias_linear", True, bool)
+    # [moe] (inputs/README.md): experts, top-k, expert width, shared expert, which layers
+    experts = get("moe", "num_experts", 0, int)
+    topk = get("moe", "router_topk", 2, int)
+    freq_raw = get("moe", "layer_freq", "1").strip()
+    try:
+        freq = ([int(x) for x in freq_raw.strip("[]").split(",") if x.strip()] if freq_raw.startswith("[")
+                else int(freq_raw))
+        if isinstance(freq, int) and freq < 1:
+            raise ValueError(freq_raw)
+    except ValueError:
+        raise InputError(f"{path}: [moe] layer_freq = {freq_raw!r} (N >= 1 or a list of 0/1 per layer)")
+    if experts and not 0 < topk <= experts:
+        raise InputError(f"{path}: [moe] router_topk {topk} is not in 1..num_experts {experts}")
+    if experts and get("moe", "expert_capacity_factor", 0.0, float) > 0:
+        notes.append("expert_capacity_factor > 0 modelled as dropless balanced routing (the rows an expert gets "
+                     "under balance are within its capacity)")
     M = Model(l, h, a, s, padded, ffn or None, swiglu, get("model", "untie_embeddings_and_output_weights", False, bool),
               groups or None, kv or None, get("model", "qk_layernorm", False, bool), bias=bias,
               qkv_bias=get("model", "add_qkv_bias", False, bool), rmsnorm=norm == "RMSNorm",
-              learned_pos=pos == "learned_absolute")
+              learned_pos=pos == "learned_absolute", experts=experts, topk=topk,
+              expert_ffn=get("moe", "ffn_hidden_size", 0, int) or None,
+              shared_expert_ffn=get("moe", "shared_expert_intermediate_size", 0, int), moe_layer_freq=freq)
     dtype = get("precision", "dtype", "fp32")
     if dtype not in ("fp32", "bf16", "fp16"):
         raise InputError(f"{path}: dtype {dtype!r}")
@@ -928,7 +1302,12 @@ def read_deck(path, vocab_override=0):
                micro=get("train", "micro_batch_size", 1, int), global_batch=get("train", "global_batch_size", kind=int),
                recompute=recompute, dtype=dtype, sp=get("parallel", "sequence_parallel", False, bool),
                distributed=get("optim", "distributed", "auto"), flash=get("model", "flash_attention", False, bool),
-               dp_overlap=get("parallel", "overlap_grad_reduce", False, bool), vocab=vocab)
+               dp_overlap=get("parallel", "overlap_grad_reduce", False, bool), vocab=vocab,
+               ep=get("parallel", "ep", 1, int))
+    if get("parallel", "expert_tp", 1, int) != 1:
+        raise InputError(f"{path}: [parallel] expert_tp > 1 (Trident refuses it; the model has expert_tp 1)")
+    if lay["ep"] > 1 and not experts:
+        raise InputError(f"{path}: [parallel] ep = {lay['ep']} without [moe] num_experts")
     if lay["distributed"] not in ("auto", "true", "false"):
         raise InputError(f"{path}: [optim] distributed = {lay['distributed']!r} (auto, true or false)")
     return M, lay, notes
@@ -944,13 +1323,16 @@ def deck_layout(M, lay, gpus, distributed=None):
         (M.a % t or M.ng % t, f"tp {t} does not divide the heads {M.a} and the key/value groups {M.ng}"),
         (M.l % (p * v), f"the layers {M.l} do not split over pp {p} x vp {v}"),
         (v > 1 and (B // max(1, b * d)) % p, f"interleaving needs the micro-batches per iteration to be a multiple "
-                                             f"of pp {p}")) if bad]
+                                             f"of pp {p}"),
+        (M.E and ((t * d) % lay["ep"] or M.E % lay["ep"]), f"ep {lay['ep']} must divide tp x dp = {t * d} and the "
+                                                           f"experts {M.E}"),
+        (M.E and t > 1 and not lay["sp"], "an MoE model with tp > 1 needs parallel.sequence_parallel")) if bad]
     if problems:
         raise InputError("; ".join(problems))
     if distributed is None:
         distributed = d > 1 if lay["distributed"] == "auto" else lay["distributed"] == "true"
     return Layout(t, p, v, d, b, B, lay["recompute"], lay["dtype"], sp=lay["sp"] and t > 1, distributed=distributed,
-                  flash=lay["flash"], dp_overlap=lay["dp_overlap"])
+                  flash=lay["flash"], dp_overlap=lay["dp_overlap"], ep=lay["ep"] if M.E else None)
 
 
 def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=0):
@@ -970,20 +1352,28 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
           f"{M.ng} key/value groups of {M.d} channels, ffn {M.F}{' swiglu' if M.swiglu else ''}, "
           f"vocabulary {lay['vocab']}"
           f"{', untied' if M.untied else ''}{', qk-layernorm' if M.qk_layernorm else ''}), sequence {M.s}")
+    if M.E:
+        active = M.active_params() - (M.V - lay["vocab"]) * M.h * (2 if M.untied else 1)
+        print(f"  mixture of experts: {M.n_moe} MoE layers of {M.E} experts of width {M.Fe}, top-{M.k}"
+              f"{f', a shared expert of width {M.Fs}' if M.Fs else ''}; {active:,} active parameters per token; "
+              f"ep {L.ep}: {M.E // L.ep} experts per GPU and MoE layer, expert-data-parallel {L.edp}")
     for n in notes:
         print(f"  note: {n}")
     print(f"layout: {L.describe()} on {gpus} x {gpu}, {L.dtype}{', flash attention' if L.flash else ''}"
           f"{', overlapped gradient reduction' if L.dp_overlap else ''}")
     print(f"memory per GPU (GiB; {N / 1e9:.3f}B local parameters on the first/last stage):")
     rows = []
+    Ne = r["params_expert"]
     for dist in (True, False):
         bpp = bytes_per_param(L.dtype, dist, L.dp)
-        rows.append((dist, e * N, gb * N, (bpp - e - gb) * N))
+        bpp_e = bytes_per_param(L.dtype, dist, L.edp)
+        rows.append((dist, e * N, gb * N, (bpp - e - gb) * (N - Ne) + (bpp_e - e - gb) * Ne))
     (_, p_b, g_b, o_dist), (_, _, _, o_full) = rows
-    print(f"  parameters          {p_b / GiB:8.2f}   ({e} B each)")
+    print(f"  parameters          {p_b / GiB:8.2f}   ({e} B each"
+          + (f"; {Ne / 1e9:.3f}B of them the GPU's experts)" if M.E else ")"))
     print(f"  gradients           {g_b / GiB:8.2f}   ({gb} B each, main gradients)")
-    print(f"  optimizer           {o_dist / GiB:8.2f}   with the distributed optimizer (/ dp {L.dp}); "
-          f"{o_full / GiB:.2f} without")
+    print(f"  optimizer           {o_dist / GiB:8.2f}   with the distributed optimizer (/ dp {L.dp}"
+          + (f"; the experts' / expert-data-parallel {L.edp}" if M.E else "") + f"); {o_full / GiB:.2f} without")
     print(f"  activations         {r['activations'] / GiB:8.2f}   first stage, recompute {L.recompute} "
           f"(Korthikanti et al. 2022; {M.l} layers' worth in flight)")
     if L.pp > 1:
@@ -1005,7 +1395,8 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
     print("  parts (s): " + ", ".join(f"{k} {v:.4f}" for k, v in r["parts"].items()))
     adv = advise_rows(M, g, gpus, L.B, L.dtype, L.flash, dict(dp_overlap=L.dp_overlap))
     faster = sum(1 for tps, _, _ in adv if tps > r["tokens_per_s"])
-    among = any((A.tp, A.pp, A.vp, A.b, A.recompute) == (L.tp, L.pp, L.vp, L.b, L.recompute) for _, A, _ in adv)
+    among = any((A.tp, A.pp, A.vp, A.b, A.recompute, A.ep) == (L.tp, L.pp, L.vp, L.b, L.recompute, L.ep)
+                for _, A, _ in adv)
     if not r["fits"]:
         rank_line = f"the deck's layout does not fit; {len(adv)} of the advisor's layouts do"
     else:
@@ -1132,8 +1523,19 @@ def main():
         q.add_argument("--global", dest="global_batch", type=int, required=True)
         q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
         q.add_argument("--flash", action="store_true")
+        q.add_argument("--experts", type=int, default=0, help="routed experts per MoE layer (0: a dense model)")
+        q.add_argument("--topk", type=int, default=2, help="experts each token is routed to")
+        q.add_argument("--expert-ffn", type=int, default=0, help="each expert's MLP width (0: --ffn's)")
+        q.add_argument("--shared-expert-ffn", type=int, default=0, help="a shared expert's width (0: none)")
+        q.add_argument("--moe-layer-freq", type=int, default=1,
+                       help="every N-th layer is an MoE layer (layers 0, N, ...)")
+        q.add_argument("--moe-imbalance", type=float, default=1.0,
+                       help="the busiest rank's routed rows over the balanced share (1: balanced dropless routing)")
+        q.add_argument("--a2a-16bit", action="store_true",
+                       help="keep the experts' outputs and send every all-to-all in the activation type (Megatron); "
+                            "default: Trident, the combine and the backward all-to-alls in fp32")
         if name == "predict":
-            for k, dflt in (("tp", 1), ("pp", 1), ("vp", 1), ("dp", 1), ("micro", 1)):
+            for k, dflt in (("tp", 1), ("pp", 1), ("vp", 1), ("dp", 1), ("micro", 1), ("ep", 1)):
                 q.add_argument("--" + k, type=int, default=dflt)
             q.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
             q.add_argument("--no-sp", action="store_true")
@@ -1146,6 +1548,13 @@ def main():
             q.add_argument("--top", type=int, default=10)
             q.add_argument("--expect", metavar="TP,PP",
                            help="exit 1 unless a layout with this tensor- and pipeline-parallel size is among the best --top")
+            q.add_argument("--ep", type=int, default=0, help="consider only this expert-parallel size (0: every one)")
+            q.add_argument("--check-layout", metavar="SPEC",
+                           help="a layout 'tp=1,pp=4,ep=8[,vp=1,micro=1,recompute=none]' (unset keys: Megatron's "
+                                "defaults): print its prediction and rank; exit 1 unless it fits and ranks among the "
+                                "best --top (and, with --within, is within that fraction of the best's throughput)")
+            q.add_argument("--within", type=float, default=None,
+                           help="with --check-layout: also require at least (1 - WITHIN) x the best's throughput")
     q = sub.add_parser("fit", help="fit the non-vendor constants on the fit rows; writes model/fitted.json")
     q.add_argument("--data", default=DATA)
     q.add_argument("--out", default=FITTED)
@@ -1210,10 +1619,22 @@ def run(a):
         raise InputError(f"--heads {a.heads} is not a multiple of --query-groups {a.query_groups}")
     if not a.kv_channels and a.hidden % a.heads:
         raise InputError(f"--hidden {a.hidden} is not divisible by --heads {a.heads}: give --kv-channels")
+    if a.experts < 0 or (a.experts and not 0 < a.topk <= a.experts) or a.moe_layer_freq < 1 or a.moe_imbalance < 1:
+        raise InputError("--experts >= 0, --topk in 1..experts, --moe-layer-freq >= 1, --moe-imbalance >= 1")
     M = Model(a.layers, a.hidden, a.heads, a.seq, a.vocab, a.ffn or None, a.swiglu, a.untied, a.query_groups or None,
-              a.kv_channels or None, a.qk_layernorm)
+              a.kv_channels or None, a.qk_layernorm, experts=a.experts, topk=a.topk, expert_ffn=a.expert_ffn or None,
+              shared_expert_ffn=a.shared_expert_ffn, moe_layer_freq=a.moe_layer_freq)
+    moe_kw = dict(moe_imbalance=a.moe_imbalance, moe_fp32_comm=not a.a2a_16bit) if a.experts else {}
     if a.cmd == "advise":
-        rows = advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash)
+        if a.check_layout:
+            parse_layout_spec(a.check_layout)  # bad input before the advice
+        if a.ep and (not a.experts or a.experts % a.ep):
+            raise InputError(f"--ep {a.ep} must divide --experts {a.experts}")
+        rows = advise(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.top, a.flash, moe_kw, [a.ep] if a.ep else None)
+        if a.check_layout:
+            ok = check_layout(M, a.gpu, a.gpus, a.global_batch, a.dtype, a.flash, rows, a.check_layout, a.top,
+                              a.within, moe_kw)
+            return 0 if ok else 1
         if not rows:
             print("FAIL: no layout fits")
             return 1
@@ -1226,7 +1647,8 @@ def run(a):
             print(f"expected layout tp {tp} pp {pp}: rank {ranks[0]} of the best {a.top}")
         return 0
     L = Layout(a.tp, a.pp, a.vp, a.dp, a.micro, a.global_batch, a.recompute, a.dtype, sp=not a.no_sp and a.tp > 1,
-               distributed=not a.no_distributed, flash=a.flash, tp_overlap=a.tp_overlap, dp_overlap=not a.no_dp_overlap)
+               distributed=not a.no_distributed, flash=a.flash, tp_overlap=a.tp_overlap, dp_overlap=not a.no_dp_overlap,
+               ep=a.ep if a.experts else (a.ep if a.ep > 1 else None), **moe_kw)
     print_prediction(M, L, a.gpu, predict(M, L, a.gpu))
     return 0
 
