@@ -14,7 +14,6 @@ usage: hf_convert_memory.py --build BUILD --work DIR [--report FILE] [--keep]
 Exit: 0 within both bounds, 1 over it or wrong bytes, 77 (skipped) with less than 14 GB free in --work.
 """
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ BOUND = int(1.5 * LARGEST_FP32 + FIXED)
 # what hf_convert.hpp claims: the memory of the parts it converts (2^24 values, 64 MiB in fp32, a few
 # at a time) over the program's own (MPI, Kokkos, HDF5)
 PARTS = 384 * 2**20
+CMP_BYTES = 1 << 26  # the export is compared with the input in parts of 64 MiB
 NEEDED = 14e9  # the bf16 input (3.0 GB), the fp32 checkpoint (6.0 GB) and the bf16 export (3.0 GB), and room
 
 
@@ -67,27 +67,51 @@ def run_sampled(cmd):
     return p.returncode, out, time.time() - t0, peak[0]
 
 
-def tensor_hashes(d):
-    """{name: (dtype, shape, sha256 of the bytes)} of a Hugging Face directory's shards."""
+def tensor_index(d):
+    """{name: (dtype, shape, bytes, shard path, offset of the bytes)} of a Hugging Face directory's shards."""
     index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
     out = {}
     for f in sorted(set(index["weight_map"].values())):
-        with open(os.path.join(d, f), "rb") as fh:
+        path = os.path.join(d, f)
+        with open(path, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
-            base = 8 + n
-            for name, e in header.items():
-                if name == "__metadata__":
-                    continue
+        for name, e in header.items():
+            if name != "__metadata__":
                 b, end = e["data_offsets"]
-                fh.seek(base + b)
-                h, left = hashlib.sha256(), end - b
-                while left:
-                    chunk = fh.read(min(left, 1 << 26))
-                    h.update(chunk)
-                    left -= len(chunk)
-                out[name] = (e["dtype"], e["shape"], h.hexdigest())
+                out[name] = (e["dtype"], e["shape"], end - b, path, 8 + n + b)
     return out
+
+
+def same_tensors(a, b):
+    """(tensors in directory b, whether a and b hold the same tensors: names, dtypes, shapes and bytes).
+    The bytes are compared directly, in parts read into two arrays kept for the whole comparison: new
+    memory for each part (f.read) costs, in page faults, several times the reading and comparing."""
+    ta, tb = tensor_index(a), tensor_index(b)
+    if {k: v[:3] for k, v in ta.items()} != {k: v[:3] for k, v in tb.items()}:
+        return len(tb), False
+    bufs = bytearray(CMP_BYTES), bytearray(CMP_BYTES)
+    views = [memoryview(x) for x in bufs]
+    files = {}
+    try:
+        for name, (_, _, n, path_a, at_a) in sorted(ta.items(), key=lambda kv: kv[1][3:]):
+            at_b, path_b = tb[name][4], tb[name][3]
+            while n:
+                k = min(n, CMP_BYTES)
+                for view, path, at in ((views[0], path_a, at_a), (views[1], path_b, at_b)):
+                    fh = files.get(path) or files.setdefault(path, open(path, "rb"))
+                    fh.seek(at)
+                    if fh.readinto(view[:k]) != k:
+                        return len(tb), False
+                # both arrays get the same number of bytes at the same places, and this stops at the first
+                # difference: past the k bytes just read they are equal, so the whole arrays compare as those
+                if bufs[0] != bufs[1]:
+                    return len(tb), False
+                n, at_a, at_b = n - k, at_a + k, at_b + k
+    finally:
+        for fh in files.values():
+            fh.close()
+    return len(tb), True
 
 
 def main():
@@ -129,9 +153,8 @@ def main():
                 return 1
             rows.append((what, wall, peak))
             print(f"{what}: {wall:.1f} s, peak RssAnon {peak / 2**20:.0f} MiB (bound {BOUND / 2**20:.0f} MiB)")
-        a_hash, b_hash = tensor_hashes(src), tensor_hashes(exp)
-        same = a_hash == b_hash
-        print(f"export == imported directory: {len(b_hash)} tensors, byte for byte: {same}")
+        count, same = same_tensors(src, exp)
+        print(f"export == imported directory: {count} tensors, byte for byte: {same}")
         ok = same and all(peak <= min(BOUND, PARTS) for _, _, peak in rows)
         ck_bytes = os.path.getsize(os.path.join(ck, "iter_0000000", "checkpoint.h5"))
         lines = [
@@ -153,7 +176,7 @@ def main():
         for what, wall, peak in rows:
             lines.append(f"| {what} | {wall:.1f} | {peak / 2**20:.0f} | {peak / LARGEST_FP32:.3f} | "
                          f"{'yes' if peak <= min(BOUND, PARTS) else 'NO'} |")
-        lines += ["", f"The export holds the imported directory's {len(b_hash)} tensors byte for byte: {same}."]
+        lines += ["", f"The export holds the imported directory's {count} tensors byte for byte: {same}."]
         text = "\n".join(lines) + "\n"
         print(text)
         if a.report:

@@ -177,30 +177,42 @@ def make_config(a):
 
 # ---------------------------------------------------------------- the safetensors writer
 
-def bf16_bits(x):
+def bf16_bits(x, work=None):
     """bfloat16 bit patterns of float32 values: the upper 16 bits rounded to nearest, ties to even
     (adding 0x7FFF plus the lowest kept bit carries into the kept bits exactly when the dropped half
-    exceeds half an ulp, or equals it and the kept part is odd); NaNs stay (quiet) NaNs."""
-    u = np.ascontiguousarray(x, dtype="<f4").view("<u4")
-    r = u >> np.uint32(16)  # in place from here on: this runs over every value of a large model
-    r &= np.uint32(1)
+    exceeds half an ulp, or equals it and the kept part is odd); NaNs stay (quiet) NaNs. work: None
+    (a new array is returned, of x's shape) or (uint32, uint16) arrays of at least x.size values,
+    reused from call to call (flat: a view of the uint16 one is returned, valid until the next call
+    with them), which spares the page faults of new memory for each chunk of a large model."""
+    f = np.ascontiguousarray(x, dtype="<f4")
+    u = f.view("<u4")
+    if work is None:
+        r = u >> np.uint32(16)
+    else:
+        u = u.reshape(-1)
+        r = np.right_shift(u, np.uint32(16), out=work[0][:u.size])
+    r &= np.uint32(1)  # in place from here on: this runs over every value of a large model
     r += np.uint32(0x7FFF)
     r += u
     r >>= np.uint32(16)
-    nan = np.isnan(x)
-    if nan.any():
+    if f.size and np.isnan(f.max()):  # max is NaN exactly when a value is
+        nan = np.isnan(f.reshape(r.shape))
         r[nan] = (u[nan] >> np.uint32(16)) | np.uint32(0x40)
-    return r.astype("<u2")
+    if work is None:
+        return r.astype("<u2")
+    out = work[1][:u.size]
+    np.copyto(out, r, casting="unsafe")
+    return out
 
 
-def encode(x, dtype):
-    """Little-endian bytes of float32 values in a safetensors dtype."""
+def encode(x, dtype, work=None):
+    """Little-endian bytes of float32 values in a safetensors dtype (work: bf16_bits')."""
     if dtype == "F32":
         return np.ascontiguousarray(x, dtype="<f4")
     if dtype == "F16":
         with np.errstate(over="ignore"):
             return x.astype("<f2")
-    return bf16_bits(x)
+    return bf16_bits(x, work)
 
 
 def write_safetensors(path, entries, dtype, values):
@@ -214,12 +226,15 @@ def write_safetensors(path, entries, dtype, values):
         offset += n
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
+    work = None  # bf16_bits' arrays, as large as the largest chunk so far
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for name, shape in entries:
             for chunk in values(name, shape):
-                f.write(encode(chunk, dtype).data)
+                if dtype == "BF16" and (work is None or work[0].size < chunk.size):
+                    work = (np.empty(chunk.size, "<u4"), np.empty(chunk.size, "<u2"))
+                f.write(encode(chunk, dtype, work).data)
     return offset
 
 
@@ -251,16 +266,23 @@ def meta_to_hf_rows(w, heads):
     return w.reshape(heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def random_values(seed, init_std, chunk=CHUNK):
+def random_values(seed, init_std, chunk=CHUNK, reuse=False):
     """values(name, shape) for write_safetensors: one numpy Generator per tensor, seeded by (seed,
-    crc32 of the name), so a tensor's values do not depend on which other tensors exist."""
+    crc32 of the name), so a tensor's values do not depend on which other tensors exist (nor on
+    chunk or reuse). reuse: every chunk is drawn into one array, valid only until the next chunk is
+    asked for (for a consumer that writes each chunk before the next, as write_safetensors does;
+    new memory for each chunk costs, in page faults, about as much as drawing its values)."""
+    buf = np.empty(chunk, np.float32) if reuse else None
+
     def values(name, shape):
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         mean, std = (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.02) if name.endswith(".bias") \
             else (0.0, init_std)
         n = math.prod(shape)
         for b in range(0, n, chunk):
-            x = rng.standard_normal(min(chunk, n - b), dtype=np.float32)
+            k = min(chunk, n - b)
+            x = rng.standard_normal(k, dtype=np.float32) if buf is None else \
+                rng.standard_normal(dtype=np.float32, out=buf[:k])
             x *= np.float32(std)
             x += np.float32(mean)
             yield x
@@ -274,7 +296,7 @@ def meta_permuted(values, spec):
         if not heads:
             yield from values(name, shape)
             return
-        w = np.concatenate(list(values(name, shape))).reshape(shape)
+        w = np.concatenate([np.array(c) for c in values(name, shape)]).reshape(shape)  # chunks may share an array
         yield hf_to_meta_rows(w, heads).ravel()
     return permuted
 
@@ -336,7 +358,7 @@ def cmd_write(a):
         a.rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": lo,
                           "high_freq_factor": hi, "original_max_position_embeddings": int(orig)}
     cfg = make_config(a)
-    values = random_values(a.seed, a.init_std)
+    values = random_values(a.seed, a.init_std, reuse=True)
     if a.permute_qk == "meta":
         values = meta_permuted(values, Spec(cfg))
     n, nbytes, files = write_model(a.out, cfg, DTYPES[a.dtype][0], a.shard_size, values)

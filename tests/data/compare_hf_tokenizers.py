@@ -2,7 +2,7 @@
 """Trident's Hugging Face tokenizer against the JavaScript implementation of the library.
 
 usage: compare_hf_tokenizers.py --tool BIN --sample DIR --work DIR [--node node] [--tokenizers llama2,llama3,qwen3]
-                                [--report FILE]
+                                [--rates] [--gpt2-tool BIN] [--report FILE]
 
 BIN is tests/data's hf_tokenize (trident::HfTokenizer); the reference is @huggingface/tokenizers
 (DIR/hf-js/tokenizers.mjs, an npm package written independently of Trident) run by node
@@ -15,9 +15,11 @@ words, empty and white-space-only documents, invalid UTF-8 (lone continuation by
 overlong sequences, encoded surrogates, bytes above U+10FFFF, FE/FF), and seeded random Unicode.
 For each tokenizer, both sides encode every document (with the post-processor's special tokens, the
 library's default) and decode the ids; the ids and the decoded text must be identical: 0 mismatches.
-Also prints each side's rate over these documents (tokens/s on one core, after a warm-up pass) and,
-for scale, that of Trident's GPT-2 BPE on the KJV (tests/data/encode_file, when --gpt2-tool is
-given).
+With --rates (the measurement of perf/results/hf_tokenizers_*.md), also prints each side's rate over
+these documents (tokens/s on one core, after a warm-up pass over them) and, for scale, that of
+Trident's GPT-2 BPE on the KJV (tests/data/encode_file, when --gpt2-tool is given). Without it (CTest
+tokenizers_hf_vs_js: the rates are no assertion) the JavaScript side encodes each document once,
+which halves its time, the most of this comparison's, and --gpt2-tool is not run.
 Exit status 0 when every document agrees.
 """
 import argparse
@@ -112,7 +114,9 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--node", default="node")
     ap.add_argument("--tokenizers", default="llama2,llama3,qwen3")
-    ap.add_argument("--gpt2-tool", help="tests/data's encode_file, for Trident's GPT-2 BPE rate on the KJV")
+    ap.add_argument("--rates", action="store_true",
+                    help="also measure each side's rate (a warm-up pass, then a timed one) and the GPT-2 BPE's")
+    ap.add_argument("--gpt2-tool", help="tests/data's encode_file, for Trident's GPT-2 BPE rate on the KJV (--rates)")
     ap.add_argument("--report")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
@@ -137,7 +141,8 @@ def main():
         if p.returncode != 0:
             print(p.stdout, p.stderr)
             return 1
-        q = subprocess.run([a.node, os.path.join(HERE, "hf_tokenize_js.mjs"), lib, d, docs_path, theirs],
+        q = subprocess.run([a.node, os.path.join(HERE, "hf_tokenize_js.mjs"), lib, d, docs_path, theirs] +
+                           (["--rate"] if a.rates else []),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if q.returncode != 0:
             print(q.stdout, q.stderr)
@@ -151,8 +156,10 @@ def main():
         ok = not id_bad and not text_bad
         failures += 0 if ok else 1
         line = (f"{name}: {len(docs)} documents, {tokens} tokens: {len(id_bad)} id mismatches, {len(text_bad)} decode "
-                f"mismatches; rate (one core, warm) Trident {r_ours[0]} tokens/s ({r_ours[1]} MB/s), JS {r_js[0]} tokens/s "
-                f"({r_js[1]} MB/s), ratio {r_ours[0] / r_js[0] if r_ours[0] and r_js[0] else float('nan'):.2f}")
+                "mismatches")
+        if a.rates:
+            line += (f"; rate (one core, warm) Trident {r_ours[0]} tokens/s ({r_ours[1]} MB/s), JS {r_js[0]} tokens/s "
+                     f"({r_js[1]} MB/s), ratio {r_ours[0] / r_js[0] if r_ours[0] and r_js[0] else float('nan'):.2f}")
         print(line)
         lines.append(line)
         for k in (id_bad + [k for k in text_bad if k not in id_bad])[:6]:
@@ -162,7 +169,7 @@ def main():
                   f"JS {y[max(0, first - 3):first + 6]} (lengths {len(x)}, {len(y)})")
             if A[k]["decoded"] != B[k]["decoded"]:
                 print(f"    decoded: Trident {A[k]['decoded'][:160]!r}\n             JS      {B[k]['decoded'][:160]!r}")
-    if a.gpt2_tool:
+    if a.rates and a.gpt2_tool:
         p = subprocess.run([a.gpt2_tool, os.path.join(a.sample, "gpt2", "encoder.json"),
                             os.path.join(a.sample, "gpt2", "vocab.bpe"), os.path.join(a.sample, "kjv.txt"),
                             os.path.join(a.work, "gpt2_ids.txt")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
