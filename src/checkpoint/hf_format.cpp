@@ -1,5 +1,6 @@
 #include "checkpoint/hf_format.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -26,7 +27,10 @@ constexpr FamilyInfo kFamilies[] = {
     {HfFamily::Mistral, "mistral", "MistralForCausalLM", "gpt"},
     {HfFamily::Qwen2, "qwen2", "Qwen2ForCausalLM", "gpt"},
     {HfFamily::Qwen3, "qwen3", "Qwen3ForCausalLM", "gpt"},
+    {HfFamily::Mixtral, "mixtral", "MixtralForCausalLM", "gpt"},
+    {HfFamily::Qwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", "gpt"},
 };
+bool is_moe_family(HfFamily f) { return f == HfFamily::Mixtral || f == HfFamily::Qwen3Moe; }
 const FamilyInfo& info(HfFamily f) {
   for (const auto& i : kFamilies)
     if (i.family == f) return i;
@@ -68,7 +72,8 @@ std::int64_t HfTensor::row0(size_t i) const {
 const char* hf_model_type(HfFamily f) { return info(f).model_type; }
 const char* hf_trident_model(HfFamily f) { return info(f).trident_model; }
 bool hf_is_llama_family(HfFamily f) {
-  return f == HfFamily::Llama || f == HfFamily::Mistral || f == HfFamily::Qwen2 || f == HfFamily::Qwen3;
+  return f == HfFamily::Llama || f == HfFamily::Mistral || f == HfFamily::Qwen2 || f == HfFamily::Qwen3 ||
+         is_moe_family(f);
 }
 
 HfFamily hf_family_of(const std::string& model_type, const std::string& where) {
@@ -98,6 +103,8 @@ HfFamily hf_export_family(const std::string& model, const Deck& d, const std::st
     TRIDENT_REQUIRE(f != HfFamily::MegatronBert, "a GPT checkpoint does not export as megatron-bert");
   } else if (!llama_layer) {
     f = HfFamily::Gpt2;
+  } else if (m.moe.on()) {
+    f = m.qk_layernorm ? HfFamily::Qwen3Moe : HfFamily::Mixtral;
   } else if (m.qk_layernorm) {
     f = HfFamily::Qwen3;
   } else if (m.add_qkv_bias && !m.add_bias_linear) {
@@ -119,6 +126,16 @@ HfFamily hf_export_family(const std::string& model, const Deck& d, const std::st
   }
   if (const std::string gap = llama_layer_gap(d); !gap.empty()) refuse(gap);
   const bool qkv_only = m.add_qkv_bias && !m.add_bias_linear;
+  if (m.moe.on() && !is_moe_family(f))
+    refuse("it has MoE layers (moe.num_experts = " + str(m.moe.num_experts) + "): mixtral and qwen3_moe hold them");
+  if (is_moe_family(f)) {
+    if (!m.moe.on()) refuse("it has no MoE layers (moe.num_experts = 0)");
+    if (m.moe.router_score_function != "softmax")
+      refuse("moe.router_score_function = sigmoid (" + name + " routes by softmax)");
+    if (m.moe.shared_expert_intermediate_size > 0) refuse("a shared expert (" + name + " has none)");
+    if (m.moe.router_enable_expert_bias) refuse("an expert bias (" + name + " has none)");
+    if (m.qkv_bias()) refuse("linear biases (" + name + " has none)");
+  }
   switch (f) {
     case HfFamily::Llama:
       if (m.qk_layernorm) refuse("model.qk_layernorm (Llama has no q/k norms: qwen3 has)");
@@ -141,6 +158,15 @@ HfFamily hf_export_family(const std::string& model, const Deck& d, const std::st
         refuse(
             "linear biases (Qwen 3's attention_bias biases q, k, v and o without the MLP, which "
             "model.add_bias_linear and add_qkv_bias cannot express)");
+      break;
+    case HfFamily::Mixtral:
+      if (m.qk_layernorm) refuse("model.qk_layernorm (Mixtral has no q/k norms: qwen3_moe has)");
+      if (m.moe.router_pre_softmax) refuse("moe.router_pre_softmax (Mixtral renormalises the top-k weights)");
+      for (std::int64_t i = 0; i < m.num_layers; ++i)
+        if (!m.moe.layer(i)) refuse("layer " + str(i) + " is dense (every Mixtral layer is MoE)");
+      break;
+    case HfFamily::Qwen3Moe:
+      if (!m.qk_layernorm) refuse("Qwen 3 MoE has q/k norms (model.qk_layernorm = true)");
       break;
     default: break;
   }
@@ -228,6 +254,25 @@ std::vector<HfTensor> hf_tensor_map(HfFamily f, const Deck& d, std::int64_t voca
     if (md.qk_layernorm) {
       add(t + "self_attention/q_layernorm/weight", {hd}, a + "q_norm.weight");
       add(t + "self_attention/k_layernorm/weight", {hd}, a + "k_norm.weight");
+    }
+    if (is_moe_family(f) && md.moe.layer(i)) {  // the router and the experts
+      const std::int64_t E = md.moe.num_experts, Fe = md.moe.ffn_hidden_size;
+      const bool mixtral = f == HfFamily::Mixtral;
+      const std::string b = h + (mixtral ? "block_sparse_moe." : "mlp.");
+      add(t + "mlp/router/weight", {E, C}, b + "gate.weight");
+      for (std::int64_t j = 0; j < E; ++j) {
+        const std::string te = t + "mlp/experts/" + str(j) + "/", he = b + "experts." + str(j) + ".";
+        m.push_back(
+            {te + "fc1/weight",
+             {2 * Fe, C},
+             {he + (mixtral ? "w1.weight" : "gate_proj.weight"), he + (mixtral ? "w3.weight" : "up_proj.weight")},
+             HfLayout::RowBlocks,
+             {Fe, Fe}});
+        add(te + "fc2/weight", {C, Fe}, he + (mixtral ? "w2.weight" : "down_proj.weight"));
+      }
+      add(t + "input_layernorm/weight", {C}, h + "input_layernorm.weight");
+      add(t + "post_attention_layernorm/weight", {C}, h + "post_attention_layernorm.weight");
+      continue;
     }
     m.push_back({t + "mlp/fc1/weight",
                  {2 * F, C},
@@ -325,8 +370,30 @@ std::string hf_config_json(HfFamily f, const Deck& d, std::int64_t vocab, std::i
     } else if (f == HfFamily::Qwen3) {
       c["attention_bias"] = false;
     }
-    if (f == HfFamily::Mistral) c["sliding_window"] = nullptr;
-    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3) {
+    if (f == HfFamily::Mistral || f == HfFamily::Mixtral) c["sliding_window"] = nullptr;
+    if (f == HfFamily::Mixtral) {
+      c["intermediate_size"] = md.moe.ffn_hidden_size;
+      c["num_local_experts"] = md.moe.num_experts;
+      c["num_experts_per_tok"] = md.moe.router_topk;
+      c["router_aux_loss_coef"] = md.moe.aux_loss_coeff;
+      c["router_jitter_noise"] = 0.0;
+      c["output_router_logits"] = false;
+    }
+    if (f == HfFamily::Qwen3Moe) {
+      c["attention_bias"] = false;
+      c["num_experts"] = md.moe.num_experts;
+      c["num_experts_per_tok"] = md.moe.router_topk;
+      c["moe_intermediate_size"] = md.moe.ffn_hidden_size;
+      c["norm_topk_prob"] = !md.moe.router_pre_softmax;
+      c["decoder_sparse_step"] = 1;
+      std::vector<std::int64_t> dense;
+      for (std::int64_t i = 0; i < md.num_layers; ++i)
+        if (!md.moe.layer(i)) dense.push_back(i);
+      c["mlp_only_layers"] = dense;
+      c["router_aux_loss_coef"] = md.moe.aux_loss_coeff;
+      c["output_router_logits"] = false;
+    }
+    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3 || f == HfFamily::Qwen3Moe) {
       c["use_sliding_window"] = false;
       c["sliding_window"] = nullptr;
       c["max_window_layers"] = md.num_layers;
@@ -401,6 +468,8 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
   double eps = 1e-5, std_init = 0.02, hd = 0.1, ad = 0.1;
   std::ostringstream extra;  // the Llama family's further keys
   extra << std::setprecision(17);
+  std::ostringstream moe_ini;  // MoE families: the [moe] section
+  moe_ini << std::setprecision(17);
   if (facts.family == HfFamily::Gpt2) {
     TRIDENT_REQUIRE(flag("tie_word_embeddings", true),
                     where << ": 'tie_word_embeddings' is false: GPT-2's output layer is the word embeddings (tied)");
@@ -455,11 +524,11 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
                     where << ": 'partial_rotary_factor' is " << c["partial_rotary_factor"].dump()
                           << ": the converter turns whole heads");
     // sliding-window attention: Mistral's sliding_window (on when set), Qwen's use_sliding_window
-    if (f == HfFamily::Mistral && has("sliding_window"))
+    if ((f == HfFamily::Mistral || f == HfFamily::Mixtral) && has("sliding_window"))
       TRIDENT_REQUIRE(integer("sliding_window") >= positions,
                       where << ": 'sliding_window' is " << c["sliding_window"].dump()
                             << ": sliding-window attention (Mistral 7B v0.1) is not implemented");
-    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3)
+    if (f == HfFamily::Qwen2 || f == HfFamily::Qwen3 || f == HfFamily::Qwen3Moe)
       TRIDENT_REQUIRE(!flag("use_sliding_window", false),
                       where << ": 'use_sliding_window' is true: sliding-window attention is not implemented");
     // the biases each family has
@@ -472,7 +541,7 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
       bias_linear = attn;
     } else if (f == HfFamily::Qwen2) {
       qkv_bias = true;  // Qwen 2 always biases q, k and v (and nothing else)
-    } else if (f == HfFamily::Qwen3) {
+    } else if (f == HfFamily::Qwen3 || f == HfFamily::Qwen3Moe) {
       TRIDENT_REQUIRE(!flag("attention_bias", false),
                       where << ": 'attention_bias' is true: biases on q, k, v and o without the MLP cannot be "
                                "expressed by model.add_bias_linear and add_qkv_bias");
@@ -510,8 +579,38 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
       TRIDENT_REQUIRE(hidden % heads == 0,
                       where << ": the hidden size " << hidden << " is not divisible by the " << heads << " heads");
     }
-    if (f == HfFamily::Qwen3) extra << "qk_layernorm = true\n";
+    if (f == HfFamily::Qwen3 || f == HfFamily::Qwen3Moe) extra << "qk_layernorm = true\n";
     facts.eod = eos();
+    if (is_moe_family(f)) {  // the [moe] section
+      const bool mixtral = f == HfFamily::Mixtral;
+      const std::int64_t E = integer(mixtral ? "num_local_experts" : "num_experts");
+      const std::int64_t k = integer("num_experts_per_tok");
+      TRIDENT_REQUIRE(k <= E, where << ": 'num_experts_per_tok' " << k << " exceeds the " << E << " experts");
+      const std::int64_t Fe = mixtral ? ffn : integer("moe_intermediate_size");
+      std::string freq = "1";
+      if (!mixtral) {  // Hugging Face's Qwen3MoeDecoderLayer: MoE unless listed in mlp_only_layers
+                       // or off the decoder_sparse_step
+        const std::int64_t step = has("decoder_sparse_step") ? integer("decoder_sparse_step") : 1;
+        std::vector<std::int64_t> dense;
+        if (has("mlp_only_layers")) {
+          TRIDENT_REQUIRE(c["mlp_only_layers"].is_array(), where << ": 'mlp_only_layers' must be a list of layers");
+          for (const auto& x : c["mlp_only_layers"]) {
+            TRIDENT_REQUIRE(x.is_number_integer(), where << ": 'mlp_only_layers' must hold layer numbers");
+            dense.push_back(x.get<std::int64_t>());
+          }
+        }
+        freq = "[";
+        for (std::int64_t i = 0; i < layers; ++i) {
+          const bool moe = std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+          freq += (i ? "," : "") + std::string(moe ? "1" : "0");
+        }
+        freq += "]";
+      }
+      moe_ini << "[moe]\nnum_experts = " << E << "\nrouter_topk = " << k << "\nffn_hidden_size = " << Fe
+              << "\nlayer_freq = " << freq
+              << "\nrouter_pre_softmax = " << (!mixtral && !flag("norm_topk_prob", true) ? "true" : "false")
+              << "\naux_loss_coeff = " << number("router_aux_loss_coef", 0.0) << "\n";
+    }
   }
   if (!hf_is_llama_family(facts.family))
     TRIDENT_REQUIRE(hidden % heads == 0,
@@ -530,6 +629,7 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
       << "\nhidden_dropout = " << hd << "\nattention_dropout = " << ad << "\n"
       << extra.str();
   if (facts.model == "bert") ini << "[bert]\nbinary_head = " << (facts.binary_head ? "true" : "false") << "\n";
+  ini << moe_ini.str();
   return ini.str();
 }
 

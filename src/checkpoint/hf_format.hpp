@@ -18,6 +18,12 @@
 //           which Trident expresses together (add_bias_linear); Qwen 2's q/k/v biases alone
 //           (add_qkv_bias); none for Mistral and Qwen 3 (Qwen 3's attention_bias would bias o
 //           without the MLP, which Trident's keys cannot say: refused).
+//   GPT with MoE layers ([moe]) -> MixtralForCausalLM ("mixtral": every layer MoE, the router
+//           block_sparse_moe.gate, expert j's w1 | w3 = fc1's gate | up rows and w2 = fc2; softmax
+//           over all experts, top-k, renormalised: Trident's default routing) or
+//           Qwen3MoeForCausalLM ("qwen3_moe": Qwen 3's attention; the router mlp.gate, expert j's
+//           gate_proj | up_proj and down_proj; norm_topk_prob false is moe.router_pre_softmax;
+//           mlp_only_layers / decoder_sparse_step are moe.layer_freq's dense layers).
 // Checkpoints keep the unpadded vocabulary, so nothing is cut or padded on the way.
 #pragma once
 #include <cstdint>
@@ -47,7 +53,7 @@ struct HfTensor {
 };
 
 // The Hugging Face architectures converted, by config.json's model_type.
-enum class HfFamily { Gpt2, MegatronBert, Llama, Mistral, Qwen2, Qwen3 };
+enum class HfFamily { Gpt2, MegatronBert, Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3Moe };
 
 const char* hf_model_type(HfFamily f);     // "gpt2", "megatron-bert", "llama", ...
 const char* hf_trident_model(HfFamily f);  // "gpt" or "bert"
