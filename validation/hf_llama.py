@@ -2,10 +2,18 @@
 """Writes and scores Hugging Face Llama-family model directories, independently of Trident.
 
 Llama, Mistral, Qwen2 and Qwen3 causal LMs (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM) written here in PyTorch float64 from the published architecture (transformers'
-modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3 and their config.json
-conventions): RMSNorm, rotate-half rotary embeddings (with Llama 3's frequency scaling), grouped-query
-causal attention (Qwen3: per-head RMSNorm of q and k before the rotation), the SiLU-gated MLP.
+Qwen3ForCausalLM) and the mixtures of experts Mixtral and Qwen3-MoE (MixtralForCausalLM,
+Qwen3MoeForCausalLM) written here in PyTorch float64 from the published architecture (transformers'
+modeling_llama / modeling_mistral / modeling_qwen2 / modeling_qwen3 / modeling_mixtral /
+modeling_qwen3_moe and their config.json conventions): RMSNorm, rotate-half rotary embeddings (with
+Llama 3's frequency scaling), grouped-query causal attention (Qwen3, Qwen3-MoE: per-head RMSNorm of
+q and k before the rotation), the SiLU-gated MLP; the sparse MoE block (MixtralSparseMoeBlock,
+Qwen3MoeSparseMoeBlock): router logits x W_gate^T, softmax over all experts, the top k of those
+probabilities (equal ones: the lower expert index first), renormalised over the k (Mixtral always,
+Qwen3-MoE when norm_topk_prob), each token's output the sum of its k experts' SiLU-gated MLPs
+weighted by them (Mixtral expert: w2(silu(w1 x) * w3 x); Qwen3-MoE: down(silu(gate x) * up x)).
+Qwen3-MoE layers in mlp_only_layers, or with (i + 1) % decoder_sparse_step != 0, have a dense MLP
+of intermediate_size; the experts' width is moe_intermediate_size (Mixtral: intermediate_size).
 Nothing here comes from Trident's C++ sources or from gpt_reference.py / torch_reference.py; from
 hf_models.py it takes the safetensors parser and the scoring of a shard's windows. The writer of
 the safetensors format (8-byte little-endian header length, JSON header padded with spaces to a
@@ -13,21 +21,31 @@ multiple of 8, raw little-endian data; bf16 rounded to nearest even by integer a
 file's own.
 
 usage:
-  hf_llama.py write --family {llama,mistral,qwen2,qwen3} --out DIR --seed N [--layers 2] [--hidden 64]
-        [--heads 4] [--kv-heads 2] [--head-dim 0] [--ffn 96] [--vocab 50257] [--max-pos 64]
-        [--rope-theta 10000] [--rms-eps 1e-5] [--rope-scaling none|llama3:FACTOR,LOW,HIGH,ORIGMAX]
+  hf_llama.py write --family {llama,mistral,qwen2,qwen3,mixtral,qwen3_moe} --out DIR --seed N
+        [--layers 2] [--hidden 64] [--heads 4] [--kv-heads 2] [--head-dim 0] [--ffn 96] [--vocab 50257]
+        [--max-pos 64] [--rope-theta 10000 (mixtral, qwen3_moe: 1e6)] [--rms-eps 1e-5]
+        [--rope-scaling none|llama3:FACTOR,LOW,HIGH,ORIGMAX]
         [--tie|--no-tie] [--attention-bias] [--mlp-bias] [--dtype f32|bf16|f16] [--init-std 0.02]
         [--shard-size BYTES] [--permute-qk none|meta]
+        mixtral, qwen3_moe: [--experts 4] [--topk 2] [--expert-ffn 0]
+        qwen3_moe only: [--norm-topk-prob|--no-norm-topk-prob] [--mlp-only-layers I,J,..]
+        [--decoder-sparse-step 1]
       a random model directory laid out as save_pretrained lays it out: config.json (indent 2, sorted
       keys) and model.safetensors, or with --shard-size > 0 and more than one shard
       model-0000i-of-0000K.safetensors plus model.safetensors.index.json. Tensors are generated and
       written one at a time in float32 chunks from numpy Generators seeded by (seed, crc32 of the
       name): matrices N(0, init-std), norm weights 1 + N(0, 0.1), biases N(0, 0.02). --head-dim 0 is
-      hidden / heads. --attention-bias: llama and qwen3 only (q, k, v, o biases; qwen2 always has
-      q, k, v biases); --mlp-bias: llama only; --rope-scaling: not mistral. --permute-qk meta stores
-      q_proj and k_proj (weights and biases) in Meta's interleaved rotary row order, the inverse of
-      convert_llama_weights_to_hf's permute: within each head of d rows, Meta row 2j + c holds the
-      Hugging Face row c*d/2 + j (j < d/2, c in {0, 1}); a model loaded from it scores differently.
+      hidden / heads. --attention-bias: llama, qwen3 and qwen3_moe only (q, k, v, o biases; qwen2
+      always has q, k, v biases); --mlp-bias: llama only; --rope-scaling: not mistral or mixtral.
+      --permute-qk meta stores q_proj and k_proj (weights and biases) in Meta's interleaved rotary
+      row order, the inverse of convert_llama_weights_to_hf's permute: within each head of d rows,
+      Meta row 2j + c holds the Hugging Face row c*d/2 + j (j < d/2, c in {0, 1}); a model loaded
+      from it scores differently.
+      MoE families: --experts E experts in each sparse layer, the top --topk of them per token, each
+      of width --expert-ffn (0: --ffn); Mixtral's intermediate_size is that width, Qwen3-MoE's is
+      --ffn, the width of its dense layers (those in --mlp-only-layers, and every layer i with
+      (i + 1) % --decoder-sparse-step != 0); --norm-topk-prob (the default, as released)
+      renormalises the k probabilities. Router weights are matrices like the others, N(0, init-std).
       Prints `wrote DIR: <family>, <n> tensors, <tensor bytes> bytes in <k> file(s)`
   hf_llama.py eval --model DIR --shard FILE --windows N --seq S [--stride s] [--transformers] [--device D]
       hf_models.py gpt-eval's score of a token shard (windows tokens[k*s : k*s + S + 1], k < N; s = S
@@ -38,7 +56,8 @@ usage:
   hf_llama.py generate --model DIR --prompt 5,17,42 --tokens N [--transformers] [--device D]
       greedy decoding; prints `tokens: <id> ...`, the N generated ids
   hf_llama.py selftest
-      checks of this file's pieces (RoPE, Llama 3 scaling, GQA, the safetensors writer, --permute-qk)
+      checks of this file's pieces (RoPE, Llama 3 scaling, GQA, the safetensors writer, --permute-qk,
+      the MoE block: top-k = E is the dense mixture, renormalisation, ties, Qwen3-MoE's dense layers)
   --transformers  load DIR with transformers' AutoModelForCausalLM in float32 instead (exit 77 when
                   transformers is not installed); --device cuda runs on a GPU (TF32 off)
 Not implemented (exit 2): rope_scaling types other than llama3, an active sliding window, hidden_act
@@ -67,7 +86,12 @@ FAMILIES = {
     "mistral": ("MistralForCausalLM", 1, 2),
     "qwen2": ("Qwen2ForCausalLM", 151643, 151643),
     "qwen3": ("Qwen3ForCausalLM", 151643, 151645),
+    "mixtral": ("MixtralForCausalLM", 1, 2),  # Mixtral 8x7B v0.1
+    "qwen3_moe": ("Qwen3MoeForCausalLM", 151643, 151645),  # Qwen3-30B-A3B
 }
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
+# router_aux_loss_coef of the released configs (training only: it does not change the forward)
+AUX_LOSS_COEF = {"mixtral": 0.02, "qwen3_moe": 0.001}
 # --dtype: (safetensors dtype, config.json torch_dtype)
 DTYPES = {"f32": ("F32", "float32"), "bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16")}
 ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
@@ -85,8 +109,8 @@ class Spec:
             raise InputError(f"model_type {self.family!r}: not one of {', '.join(FAMILIES)}")
         if cfg.get("hidden_act", "silu") != "silu":
             raise InputError(f"hidden_act {cfg['hidden_act']!r}: only silu is implemented")
-        if (self.family == "mistral" and cfg.get("sliding_window") is not None) or \
-                (self.family in ("qwen2", "qwen3") and cfg.get("use_sliding_window")):
+        if (self.family in ("mistral", "mixtral") and cfg.get("sliding_window") is not None) or \
+                (self.family in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window")):
             raise InputError("an active sliding window: not implemented")
         self.hidden = cfg["hidden_size"]
         self.layers = cfg["num_hidden_layers"]
@@ -113,10 +137,30 @@ class Spec:
             raise InputError("config.json: sizes must be positive, heads a multiple of num_key_value_heads, "
                              "head_dim even")
         bias = cfg.get("attention_bias", False)
-        self.qkv_bias = {"llama": bias, "mistral": False, "qwen2": True, "qwen3": bias}[self.family]
+        self.qkv_bias = {"llama": bias, "mistral": False, "qwen2": True, "qwen3": bias, "mixtral": False,
+                         "qwen3_moe": bias}[self.family]
         self.o_bias = self.qkv_bias and self.family != "qwen2"
         self.mlp_bias = self.family == "llama" and cfg.get("mlp_bias", False)
-        self.qk_norm = self.family == "qwen3"
+        self.qk_norm = self.family in ("qwen3", "qwen3_moe")
+        # mixtures of experts: E experts of width expert_ffn in the layers of moe_layers, top-k routing
+        self.experts, self.topk, self.expert_ffn, self.norm_topk, self.moe_layers = 0, 0, 0, False, ()
+        # (a key left out: the default of transformers' MixtralConfig / Qwen3MoeConfig)
+        if self.family == "mixtral":  # every layer sparse; intermediate_size is the experts' width
+            self.experts, self.topk = cfg.get("num_local_experts", 8), cfg.get("num_experts_per_tok", 2)
+            self.expert_ffn, self.norm_topk = self.ffn, True
+            self.moe_layers = tuple(range(self.layers))
+        elif self.family == "qwen3_moe":  # Qwen3MoeDecoderLayer's choice of Qwen3MoeSparseMoeBlock
+            self.experts, self.topk = cfg.get("num_experts", 128), cfg.get("num_experts_per_tok", 8)
+            self.expert_ffn = cfg.get("moe_intermediate_size", 768)
+            self.norm_topk = cfg.get("norm_topk_prob", False)  # not renormalised unless asked for
+            step, dense = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+            if not isinstance(step, int) or step < 1 or not all(isinstance(i, int) for i in dense):
+                raise InputError("config.json: decoder_sparse_step must be a positive integer, mlp_only_layers "
+                                 "a list of layer indices")
+            self.moe_layers = tuple(i for i in range(self.layers)
+                                    if i not in dense and self.experts > 0 and (i + 1) % step == 0)
+        if self.moe_layers and not (1 <= self.topk <= self.experts and self.expert_ffn >= 1):
+            raise InputError("config.json: the experts per token must lie in 1 .. the experts, their width positive")
 
     def tensors(self):
         """[(name, shape)] in Hugging Face's state_dict order (the modules' registration order)."""
@@ -135,14 +179,28 @@ class Spec:
             out += linear(a + "o_proj", H, self.heads * d, self.o_bias)
             if self.qk_norm:
                 out += [(a + "q_norm.weight", (d,)), (a + "k_norm.weight", (d,))]
-            out += linear(p + "mlp.gate_proj", F, H, self.mlp_bias)
-            out += linear(p + "mlp.up_proj", F, H, self.mlp_bias)
-            out += linear(p + "mlp.down_proj", H, F, self.mlp_bias)
+            if i in self.moe_layers:  # the router (gate), then the experts
+                m, (g, u, dn) = self.moe_names(i)
+                out.append((m + "gate.weight", (self.experts, H)))
+                for j in range(self.experts):
+                    e = f"{m}experts.{j}."
+                    for name in (g, u, dn) if self.family == "qwen3_moe" else (g, dn, u):  # registration order
+                        out.append((e + name + ".weight", (H, self.expert_ffn) if name == dn else (self.expert_ffn, H)))
+            else:
+                out += linear(p + "mlp.gate_proj", F, H, self.mlp_bias)
+                out += linear(p + "mlp.up_proj", F, H, self.mlp_bias)
+                out += linear(p + "mlp.down_proj", H, F, self.mlp_bias)
             out += [(p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
         out.append(("model.norm.weight", (H,)))
         if not self.tie:
             out.append(("lm_head.weight", (self.vocab, H)))
         return out
+
+    def moe_names(self, i):
+        """(prefix of layer i's sparse MoE block, its experts' (gated, up, down) projection names)."""
+        if self.family == "mixtral":  # MixtralBlockSparseTop2MLP: w2(silu(w1 x) * w3 x)
+            return f"model.layers.{i}.block_sparse_moe.", ("w1", "w3", "w2")
+        return f"model.layers.{i}.mlp.", ("gate_proj", "up_proj", "down_proj")
 
 
 def make_config(a):
@@ -150,7 +208,8 @@ def make_config(a):
     arch, bos, eos = FAMILIES[a.family]
     d = a.head_dim or a.hidden // a.heads
     cfg = {
-        "architectures": [arch], "model_type": a.family, "hidden_size": a.hidden, "intermediate_size": a.ffn,
+        "architectures": [arch], "model_type": a.family, "hidden_size": a.hidden,
+        "intermediate_size": a.expert_ffn if a.family == "mixtral" else a.ffn,
         "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
         "hidden_act": "silu", "max_position_embeddings": a.max_pos, "rms_norm_eps": a.rms_eps,
         "rope_theta": a.rope_theta, "tie_word_embeddings": a.tie, "vocab_size": a.vocab,
@@ -159,9 +218,9 @@ def make_config(a):
         # the family's own ids where the vocabulary holds them, else its last id (GPT-2's <|endoftext|>)
         "bos_token_id": bos if bos < a.vocab else a.vocab - 1, "eos_token_id": eos if eos < a.vocab else a.vocab - 1,
     }
-    if a.family != "mistral":
+    if a.family not in ("mistral", "mixtral"):
         cfg["rope_scaling"] = a.rope_scaling
-    if a.family == "qwen3" or d != a.hidden // a.heads or a.hidden % a.heads:
+    if a.family in ("qwen3", "qwen3_moe") or d != a.hidden // a.heads or a.hidden % a.heads:
         cfg["head_dim"] = d
     if a.family == "llama":
         cfg.update(attention_bias=a.attention_bias, mlp_bias=a.mlp_bias, pretraining_tp=1)
@@ -169,9 +228,17 @@ def make_config(a):
         cfg["sliding_window"] = None
     elif a.family == "qwen2":
         cfg.update(use_sliding_window=False, sliding_window=4096, max_window_layers=a.layers)
+    elif a.family == "mixtral":  # Mixtral 8x7B v0.1's keys (router_jitter_noise: later transformers)
+        cfg.update(num_local_experts=a.experts, num_experts_per_tok=a.topk, sliding_window=None,
+                   router_aux_loss_coef=AUX_LOSS_COEF["mixtral"], output_router_logits=False, router_jitter_noise=0.0)
     else:
         cfg.update(attention_bias=a.attention_bias, use_sliding_window=False, sliding_window=None,
                    max_window_layers=a.layers)
+        if a.family == "qwen3_moe":  # Qwen3-30B-A3B's keys
+            cfg.update(num_experts=a.experts, num_experts_per_tok=a.topk, moe_intermediate_size=a.expert_ffn,
+                       norm_topk_prob=a.norm_topk_prob, decoder_sparse_step=a.decoder_sparse_step,
+                       mlp_only_layers=a.mlp_only_layers, router_aux_loss_coef=AUX_LOSS_COEF["qwen3_moe"],
+                       output_router_logits=False)
     return cfg
 
 
@@ -328,6 +395,20 @@ def write_model(out, cfg, dtype, shard_size, values):
 
 
 def cmd_write(a):
+    moe = a.family in MOE_FAMILIES
+    moe_given = a.experts is not None or a.topk is not None or a.expert_ffn != 0
+    qwen_moe_given = not a.norm_topk_prob or a.mlp_only_layers.strip() != "" or a.decoder_sparse_step is not None
+    if a.rope_theta is None:  # the released configs': Mixtral 8x7B and Qwen3-MoE 1e6
+        a.rope_theta = 1e6 if moe else 10000.0
+    if moe:
+        a.experts = 4 if a.experts is None else a.experts
+        a.topk = 2 if a.topk is None else a.topk
+        a.expert_ffn = a.expert_ffn or a.ffn
+        a.decoder_sparse_step = 1 if a.decoder_sparse_step is None else a.decoder_sparse_step
+        try:
+            a.mlp_only_layers = sorted({int(v) for v in a.mlp_only_layers.split(",") if v.strip()})
+        except ValueError:
+            raise InputError(f"--mlp-only-layers {a.mlp_only_layers!r}: expected comma-separated layer indices")
     checks = [(a.seed >= 0, "--seed must be >= 0"),
               (min(a.layers, a.hidden, a.heads, a.kv_heads, a.ffn, a.vocab, a.max_pos) >= 1,
                "sizes must be positive"),
@@ -337,10 +418,20 @@ def cmd_write(a):
               ((a.head_dim or a.hidden // a.heads) % 2 == 0, "the head dimension must be even"),
               (a.rope_theta > 0 and a.rms_eps > 0 and a.init_std >= 0 and a.shard_size >= 0,
                "--rope-theta and --rms-eps must be positive, --init-std and --shard-size not negative"),
-              (not a.attention_bias or a.family in ("llama", "qwen3"),
-               "--attention-bias: llama and qwen3 only (qwen2 always has q, k, v biases)"),
+              (not a.attention_bias or a.family in ("llama", "qwen3", "qwen3_moe"),
+               "--attention-bias: llama, qwen3 and qwen3_moe only (qwen2 always has q, k, v biases)"),
               (not a.mlp_bias or a.family == "llama", "--mlp-bias: llama only"),
-              (a.rope_scaling == "none" or a.family != "mistral", "--rope-scaling: Mistral configs have none")]
+              (a.rope_scaling == "none" or a.family not in ("mistral", "mixtral"),
+               "--rope-scaling: Mistral and Mixtral configs have none"),
+              (moe or not moe_given, "--experts, --topk, --expert-ffn: mixtral and qwen3_moe only"),
+              (a.family == "qwen3_moe" or not qwen_moe_given,
+               "--no-norm-topk-prob, --mlp-only-layers, --decoder-sparse-step: qwen3_moe only (Mixtral "
+               "renormalises, every layer sparse)")]
+    if moe:
+        checks += [(a.experts >= 1 and 1 <= a.topk <= a.experts, "--topk must lie in 1 .. --experts"),
+                   (a.expert_ffn >= 1 and a.decoder_sparse_step >= 1,
+                    "--expert-ffn and --decoder-sparse-step must be positive"),
+                   (all(0 <= i < a.layers for i in a.mlp_only_layers), "--mlp-only-layers: indices of layers")]
     for ok, message in checks:
         if not ok:
             raise InputError(message)
@@ -455,9 +546,44 @@ def linear(x, w, name):
     return y + w[name + ".bias"] if name + ".bias" in w else y
 
 
+def gated_mlp(x, w, prefix, names):
+    """The SiLU-gated MLP down(silu(gate x) * up x) of the projections prefix + names (gate, up,
+    down): LlamaMLP, Qwen3MoeMLP, MixtralBlockSparseTop2MLP with (w1, w3, w2)."""
+    import torch
+    g, u, dn = (prefix + n for n in names)
+    return linear(torch.nn.functional.silu(linear(x, w, g)) * linear(x, w, u), w, dn)
+
+
+def route(router_logits, k, renormalise):
+    """(experts [N, k], weights [N, k]) of each row: softmax over all experts, the k largest
+    probabilities (a stable descending sort: of equal ones the lower expert index first),
+    renormalised to sum 1 over the k when asked (Mixtral; Qwen3-MoE's norm_topk_prob)."""
+    import torch
+    probs = torch.softmax(router_logits, -1)
+    top, idx = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, idx = top[:, :k], idx[:, :k]
+    if renormalise:
+        top = top / top.sum(-1, keepdim=True)
+    return idx, top
+
+
+def sparse_moe(h, w, prefix, names, experts, k, renormalise):
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock on h [..., C]: each token's k experts (route of
+    its router logits h W_gate^T), their SiLU-gated MLPs on the token, summed with the routing weights."""
+    import torch
+    x = h.reshape(-1, h.shape[-1])
+    idx, weight = route(x @ w[prefix + "gate.weight"].T, k, renormalise)
+    out = torch.zeros_like(x)
+    for j in range(experts):
+        rows, slot = (idx == j).nonzero(as_tuple=True)
+        if rows.numel():  # an expert no token chose contributes nothing
+            y = gated_mlp(x[rows], w, f"{prefix}experts.{j}.", names)
+            out.index_add_(0, rows, weight[rows, slot, None] * y)
+    return out.reshape(h.shape)
+
+
 def logits(spec, w, ids):
     """The causal LM's logits [B, T, V] of token ids [B, T] (positions 0 .. T-1)."""
-    import torch
     B, T = ids.shape
     nh, ng, d = spec.heads, spec.kv_heads, spec.head_dim
     cos, sin = (t.to(w["model.norm.weight"].device) for t in
@@ -476,8 +602,11 @@ def logits(spec, w, ids):
         y = gqa_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
         x = x + linear(y.transpose(1, 2).reshape(B, T, nh * d), w, a + "o_proj")
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], spec.eps)
-        m = torch.nn.functional.silu(linear(h, w, p + "mlp.gate_proj")) * linear(h, w, p + "mlp.up_proj")
-        x = x + linear(m, w, p + "mlp.down_proj")
+        if i in spec.moe_layers:
+            prefix, names = spec.moe_names(i)
+            x = x + sparse_moe(h, w, prefix, names, spec.experts, spec.topk, spec.norm_topk)
+        else:
+            x = x + gated_mlp(h, w, p + "mlp.", ("gate_proj", "up_proj", "down_proj"))
     x = rms_norm(x, w["model.norm.weight"], spec.eps)
     return x @ w["model.embed_tokens.weight" if spec.tie else "lm_head.weight"].T
 
@@ -640,6 +769,71 @@ def cmd_selftest():
         w = w1["model.layers.0.self_attn.q_proj.weight"]
         check(np.array_equal(wm["model.layers.0.self_attn.q_proj.weight"][hd + 2 * 1 + 1], w[hd + hd // 2 + 1]),
               "Meta row 2j + c of a head holds HF row c*d/2 + j")
+
+        # a Mixtral of one expert, top-1, is the Mistral whose gate_proj, up_proj, down_proj are w1, w3, w2
+        moe = dict(base, family="mixtral", vocab=97, experts=1, topk=1, expert_ffn=24, attention_bias=False)
+        cfg = make_config(argparse.Namespace(**moe))
+        write_model(os.path.join(tmp, "mixtral1"), cfg, "F32", 0, random_values(5, 0.2))
+        spec_m, wmix = load_model(os.path.join(tmp, "mixtral1"))
+        spec_d = Spec(dict(cfg, model_type="mistral"))
+        rename = {"block_sparse_moe.experts.0.w1.": "mlp.gate_proj.", "block_sparse_moe.experts.0.w3.": "mlp.up_proj.",
+                  "block_sparse_moe.experts.0.w2.": "mlp.down_proj."}
+        wd = {}
+        for name, v in wmix.items():
+            for old, new in rename.items():
+                name = name.replace(old, new)
+            if not name.endswith("block_sparse_moe.gate.weight"):
+                wd[name] = torch.from_numpy(v)
+        ids = torch.randint(0, 97, (2, 9))
+        check(sorted(wd) == sorted(n for n, _ in spec_d.tensors()) and spec_m.moe_layers == (0, 1) and
+              torch.allclose(logits(spec_m, {k: torch.from_numpy(v) for k, v in wmix.items()}, ids),
+                             logits(spec_d, wd, ids), rtol=0, atol=1e-12),
+              "a written Mixtral of one expert (top-1) scores as the Mistral of its w1, w3, w2")
+
+    # the MoE block on random experts: top-k = E (renormalised or not) is the dense mixture
+    # sum_j softmax(x W_gate^T)_j expert_j(x)
+    E, C, F, N = 4, 8, 6, 40
+    names = ("gate_proj", "up_proj", "down_proj")
+    wm = {"m.gate.weight": torch.randn(E, C)}
+    for j in range(E):
+        for n, shape in zip(names, ((F, C), (F, C), (C, F))):
+            wm[f"m.experts.{j}.{n}.weight"] = torch.randn(*shape) * 0.5
+    x = torch.randn(N, C)
+    probs = torch.softmax(x @ wm["m.gate.weight"].T, -1)
+    ys = [gated_mlp(x, wm, f"m.experts.{j}.", names) for j in range(E)]
+    mixture = sum(probs[:, j, None] * ys[j] for j in range(E))
+    check(all(torch.allclose(sparse_moe(x, wm, "m.", names, E, E, r), mixture, rtol=0, atol=1e-13)
+              for r in (True, False)), "top-k = E is the dense mixture of all experts (renormalised or not)")
+    # top-2: each token's two most probable experts, by an explicit loop over the tokens
+    top = probs.argsort(-1, descending=True)[:, :2]
+    explicit = torch.stack([sum(probs[t, e] * ys[e][t] for e in top[t].tolist()) for t in range(N)])
+    s = probs.gather(1, top).sum(-1, keepdim=True)
+    plain, renormalised = (sparse_moe(x, wm, "m.", names, E, 2, r) for r in (False, True))
+    check(torch.allclose(plain, explicit, rtol=0, atol=1e-13) and
+          torch.allclose(renormalised, explicit / s, rtol=0, atol=1e-13),
+          "top-2: the two most probable experts weighted by their probabilities (renormalised: divided by their sum)")
+    idx, wt = route(x @ wm["m.gate.weight"].T, 2, True)
+    check(torch.allclose(wt, torch.softmax((x @ wm["m.gate.weight"].T).gather(1, idx), -1), rtol=0, atol=1e-15),
+          "renormalised top-k probabilities = the softmax over the k largest logits (Megatron's top-k then softmax)")
+    check(len(set(idx[:, 0].tolist())) > 1 and not torch.equal(plain, renormalised),
+          "the random routing uses several experts and renormalisation changes the output")
+    # equal probabilities: the lower expert index first
+    tie = torch.tensor([[0.5, 2.0, -1.0, 2.0], [3.0, 3.0, 3.0, 3.0], [-1.0, 0.0, 0.0, 0.0]])
+    check(route(tie, 1, True)[0].tolist() == [[1], [0], [1]] and
+          route(tie, 3, False)[0].tolist() == [[1, 3, 0], [0, 1, 2], [1, 2, 3]],
+          "routing ties go to the lower expert index")
+    # Qwen3-MoE's dense layers: mlp_only_layers and (i + 1) % decoder_sparse_step
+    q = dict(base, family="qwen3_moe", layers=6, experts=4, topk=2, expert_ffn=16, norm_topk_prob=False,
+             decoder_sparse_step=2, mlp_only_layers=[3], attention_bias=False)
+    spec_q = Spec(make_config(argparse.Namespace(**q)))
+    shapes = dict(spec_q.tensors())
+    check(spec_q.moe_layers == (1, 5) and not spec_q.norm_topk and
+          shapes["model.layers.0.mlp.gate_proj.weight"] == (24, 32) and
+          "model.layers.3.mlp.up_proj.weight" in shapes and
+          shapes["model.layers.1.mlp.gate.weight"] == (4, 32) and
+          shapes["model.layers.5.mlp.experts.3.down_proj.weight"] == (32, 16) and
+          "model.layers.1.mlp.gate_proj.weight" not in shapes and "model.layers.3.mlp.gate.weight" not in shapes,
+          "Qwen3-MoE: layers in mlp_only_layers or off the decoder_sparse_step are dense (intermediate_size)")
     print(f"selftest: {len(checks)} checks passed")
     return 0
 
@@ -656,8 +850,13 @@ def main(argv=None):
     for name, default in (("layers", 2), ("hidden", 64), ("heads", 4), ("kv-heads", 2), ("head-dim", 0),
                           ("ffn", 96), ("vocab", 50257), ("max-pos", 64), ("shard-size", 0)):
         w.add_argument("--" + name, type=int, default=default)
-    for name, default in (("rope-theta", 10000.0), ("rms-eps", 1e-5), ("init-std", 0.02)):
+    for name, default in (("rope-theta", None), ("rms-eps", 1e-5), ("init-std", 0.02)):
         w.add_argument("--" + name, type=float, default=default)
+    for name in ("experts", "topk", "decoder-sparse-step"):  # None: the family's default (MoE only)
+        w.add_argument("--" + name, type=int, default=None)
+    w.add_argument("--expert-ffn", type=int, default=0, help="each expert's width (0: --ffn)")
+    w.add_argument("--norm-topk-prob", action=argparse.BooleanOptionalAction, default=True)
+    w.add_argument("--mlp-only-layers", default="", help="qwen3_moe: comma-separated dense layers")
     w.add_argument("--rope-scaling", default="none", help="none or llama3:FACTOR,LOW,HIGH,ORIGMAX")
     w.add_argument("--tie", action=argparse.BooleanOptionalAction, default=False)
     w.add_argument("--attention-bias", action="store_true")

@@ -608,7 +608,7 @@ std::string deck_from_hf_config(const std::string& text, const std::string& wher
       }
       moe_ini << "[moe]\nnum_experts = " << E << "\nrouter_topk = " << k << "\nffn_hidden_size = " << Fe
               << "\nlayer_freq = " << freq
-              << "\nrouter_pre_softmax = " << (!mixtral && !flag("norm_topk_prob", true) ? "true" : "false")
+              << "\nrouter_pre_softmax = " << (!mixtral && !flag("norm_topk_prob", false) ? "true" : "false")
               << "\naux_loss_coeff = " << number("router_aux_loss_coef", 0.0) << "\n";
     }
   }

@@ -35,6 +35,14 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           permuted them would fail); with transformers installed, AutoModelForCausalLM scores the
           export too
   qwen    the same for Qwen 2 (q/k/v biases) and Qwen 3 (q/k norms, head_dim 24, bf16)
+  moe     the same for the mixtures of experts: Mixtral (4 experts, top-2, bf16 shards) at one rank and
+          tp=2 with sequence parallelism; Qwen 3 MoE (q/k norms, head_dim 24, norm_topk_prob false,
+          so Trident's router_pre_softmax; layer 0 dense of intermediate_size via mlp_only_layers) at
+          one rank and dp=2 with expert parallelism 2; Qwen 3 MoE as released (norm_topk_prob true,
+          top-3 of 8, decoder_sparse_step 2 over 4 layers, bf16) at one rank and pp=2. Also the
+          imported deck's [moe] keys, greedy generation of each, the config's MoE keys and meaning
+          on export (Qwen 3 MoE's dense layers may be spelled otherwise); each Qwen 3 MoE scored by
+          the reference with norm_topk_prob flipped differs by far more than the tolerance
 """
 import argparse
 import hashlib
@@ -448,14 +456,67 @@ LLAMA_CASES = {
         ("qwen2 (q/k/v biases)", "qwen2", ["--shard-size", "100000"], ("tp2", "pp2")),
         ("qwen3 (q/k norms, head_dim 24, bf16)", "qwen3", ["--head-dim", "24", "--dtype", "bf16"], ("tp2", "pp2")),
     ],
+    # mixtures of experts (MoE at tp > 1 needs sequence parallelism; ep 2 at dp 2)
+    "moe": [
+        ("mixtral (4 experts of width 48, top-2 renormalised, bf16 shards)", "mixtral",
+         ["--experts", "4", "--topk", "2", "--expert-ffn", "48", "--dtype", "bf16", "--shard-size", "60000"],
+         ("tp2sp",)),
+        ("qwen3_moe (q/k norms, head_dim 24, 4 experts top-2 without renormalisation, layer 0 dense)", "qwen3_moe",
+         ["--experts", "4", "--topk", "2", "--expert-ffn", "48", "--no-norm-topk-prob", "--mlp-only-layers", "0",
+          "--head-dim", "24", "--shard-size", "100000"], ("dp2ep2",)),
+        ("qwen3_moe as released (top-3 of 8 experts renormalised, decoder_sparse_step 2 of 4 layers, bf16)",
+         "qwen3_moe", ["--layers", "4", "--experts", "8", "--topk", "3", "--expert-ffn", "32", "--decoder-sparse-step",
+                       "2", "--dtype", "bf16"], ("pp2",)),
+    ],
 }
+# the config.json keys an export must give back, beyond the dense ones
+MOE_KEYS = {"mixtral": ["num_local_experts", "num_experts_per_tok", "sliding_window"],
+            "qwen3_moe": ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "head_dim",
+                          "use_sliding_window"]}
 
 
-def check_llama_family(c, cases):
+def hf_spec(cfg):
+    """What validation/hf_llama.py reads from a config.json (its Spec's fields): the model it means."""
+    if os.path.join(ROOT, "validation") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "validation"))
+    import hf_llama
+    return vars(hf_llama.Spec(cfg))
+
+
+def moe_deck(imp):
+    """The [moe] section of an import's model.ini, as {key: value string}."""
+    import configparser
+    ini = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
+    ini.read(os.path.join(imp, "model.ini"))
+    return dict(ini["moe"]) if ini.has_section("moe") else {}
+
+
+def check_moe_deck(imp, src):
+    """The import's deck asks for the mixture the config.json describes (docs/DESIGN.md "Mixture of experts")."""
+    spec, deck = hf_spec(json.load(open(os.path.join(src, "config.json")))), moe_deck(imp)
+    truth = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    freq = deck.get("layer_freq", "1").strip()
+    if freq.startswith("["):
+        sparse = tuple(i for i, v in enumerate(freq.strip("[]").split(",")) if int(v) == 1)
+    else:
+        sparse = tuple(i for i in range(spec["layers"]) if i % int(freq) == 0)
+    got = (int(deck.get("num_experts", 0)), int(deck.get("router_topk", 2)), int(deck.get("ffn_hidden_size", 0)),
+           truth[deck.get("router_pre_softmax", "false").lower()], deck.get("router_score_function", "softmax"),
+           float(deck.get("expert_capacity_factor", 0)), int(deck.get("shared_expert_intermediate_size", 0)), sparse)
+    want = (spec["experts"], spec["topk"], spec["expert_ffn"], not spec["norm_topk"], "softmax", 0.0, 0,
+            spec["moe_layers"])
+    print(f"  model.ini [moe]: {deck}")
+    assert got == want, f"the imported deck's [moe] (experts, topk, width, pre-softmax, score, capacity, " \
+                        f"shared, sparse layers) {got}, the config's {want}"
+
+
+def check_llama_family(c, cases, moe=False):
     """Hugging Face directories written by validation/hf_llama.py import into Trident, which scores them as
-    the reference does (1e-6) at one rank and at tp=2 / pp=2; export writes back the same tensors
-    (names, shapes, bytes at the written dtype) and config, and re-imports bitwise; greedy generation
-    follows the reference token for token; q/k rows in Meta's interleaved order would be detected."""
+    the reference does (1e-6) at one rank and at tp=2 / pp=2 (MoE: also tp=2 with sequence parallelism
+    and dp=2 with ep=2); export writes back the same tensors (names, shapes, bytes at the written dtype) and
+    config, and re-imports bitwise; greedy generation follows the reference token for token (the first
+    case; MoE: each); q/k rows in Meta's interleaved order would be detected (not MoE); MoE: the
+    imported deck's [moe] keys, and Qwen 3 MoE's norm_topk_prob flipped would be detected."""
     shutil.rmtree(c.a.work, ignore_errors=True)
     os.makedirs(c.a.work)
     shard = os.path.join(c.sample, "kjv_gpt2_00001.h5")
@@ -469,12 +530,16 @@ def check_llama_family(c, cases):
             "--train.micro_batch_size", "4", "--train.global_batch_size", "4"] + data + list(extra))
         return eval_loss(out)
 
-    layouts = {"tp2": ["--parallel.tp", "2"], "pp2": ["--parallel.pp", "2"]}
+    layouts = {"tp2": ["--parallel.tp", "2"], "pp2": ["--parallel.pp", "2"],
+               "tp2sp": ["--parallel.tp", "2", "--parallel.sequence_parallel", "true"],
+               "dp2ep2": ["--parallel.ep", "2", "--train.micro_batch_size", "2"]}
     for k, (what, family, opts, lays) in enumerate(cases):
         print(f"== {what}")
         src = c.path(f"hf_{k}")
         hf_llama(["write", "--family", family, "--out", src, "--seed", str(11 + k), "--init-std", "0.2"] + opts)
         imp = c.import_(src, c.path(f"imported_{k}"))
+        if moe:
+            check_moe_deck(imp, src)
         one = evaluate(imp, 1)
         _, out = hf_llama(["eval", "--model", src, "--shard", shard, "--windows", str(windows), "--seq", str(seq)])
         ref = float(eval_loss(out))
@@ -494,14 +559,19 @@ def check_llama_family(c, cases):
         keys = ["model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
                 "tie_word_embeddings", "vocab_size", "max_position_embeddings", "attention_bias", "mlp_bias"]
+        keys += MOE_KEYS.get(family, [])
         diff = {key: (ca.get(key), cb.get(key)) for key in keys if ca.get(key) != cb.get(key)}
         assert not diff, f"config.json differs: {diff}"
         assert ca.get("head_dim", ca["hidden_size"] // ca["num_attention_heads"]) == \
             cb.get("head_dim", cb["hidden_size"] // cb["num_attention_heads"])
+        # and the same model by the reference's reading (Qwen 3 MoE's dense layers: decoder_sparse_step and
+        # mlp_only_layers may be spelled otherwise)
+        sa, sb = hf_spec(ca), hf_spec(cb)
+        assert sa == sb, f"config.json means another model: {({k: (sa[k], sb[k]) for k in sa if sa[k] != sb[k]})}"
         print(f"  export ({dt}, {len(files)} shards): {len(b)} tensors byte for byte the imported directory's; "
-              f"config.json equal on {len(keys)} keys")
+              f"config.json equal on {len(keys)} keys and in meaning")
         same_model("  export -> import", imp, c.import_(exp, c.path(f"reimported_{k}")))
-        if k == 0:
+        if k == 0 or moe:
             # greedy generation from the import: the reference's tokens
             enc = json.load(open(c.gpt_vocab[0]))
             prompt = [enc[t] for t in ("In", "\u0120the", "\u0120beginning", "\u0120God")]
@@ -514,6 +584,7 @@ def check_llama_family(c, cases):
             theirs = [l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("tokens:")][0]
             print(f"  greedy generation after {prompt}: Trident {ours}, reference {theirs}")
             assert ours == theirs, "greedy generation differs from the reference"
+        if k == 0 and not moe:
             # Meta's interleaved q/k rows (what a converter that forgot, or doubled, the rotate-half
             # permutation would read): the import scores them, but not as the reference scores the
             # model, by far more than the tolerance
@@ -525,6 +596,20 @@ def check_llama_family(c, cases):
             print(f"  q/k rows in Meta's interleaved order: {wrong} against the reference's {ref:.8g}, relative "
                   f"difference {rel:.1e} (the check above would fail: tolerance {EVAL_REL:g})")
             assert rel > 100 * EVAL_REL, "a wrong q/k row order went unnoticed"
+        if moe and family == "qwen3_moe":
+            # the other routing (renormalised over the top k, Trident's default softmax; or, for a converter
+            # that dropped norm_topk_prob, the reverse): the reference scores it apart by far more than the
+            # tolerance, so the comparison above shows that the import routes as norm_topk_prob says
+            flip = c.path(f"hf_{k}_flipped")
+            shutil.copytree(src, flip)
+            cf = json.load(open(os.path.join(src, "config.json")))
+            json.dump(dict(cf, norm_topk_prob=not cf["norm_topk_prob"]), open(os.path.join(flip, "config.json"), "w"))
+            _, out = hf_llama(["eval", "--model", flip, "--shard", shard, "--windows", str(windows), "--seq", str(seq)])
+            other = float(eval_loss(out))
+            rel = abs(other - float(one)) / float(one)
+            print(f"  norm_topk_prob {not cf['norm_topk_prob']}: the reference scores {other:.8g} against Trident's "
+                  f"{one}, relative difference {rel:.1e} (the check above would fail: tolerance {EVAL_REL:g})")
+            assert rel > 100 * EVAL_REL, "the routing's renormalisation went unnoticed"
         rc, out = hf_llama(["eval", "--model", exp, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
                             "--transformers"])
         if rc == 77:
@@ -536,7 +621,8 @@ def check_llama_family(c, cases):
 
 CHECKS = {"gpt": check_gpt, "bert": check_bert, "errors": check_errors,
           "llama": lambda c: check_llama_family(c, LLAMA_CASES["llama"]),
-          "qwen": lambda c: check_llama_family(c, LLAMA_CASES["qwen"])}
+          "qwen": lambda c: check_llama_family(c, LLAMA_CASES["qwen"]),
+          "moe": lambda c: check_llama_family(c, LLAMA_CASES["moe"], moe=True)}
 
 
 def main():
