@@ -108,6 +108,9 @@ def assert_layout(cmd, out):
         e = re.search(r"^experts: ep (\d+), expert_tp (\d+), expert_dp (\d+)", out, re.M)
         assert e, "the run printed no 'experts:' line"
         got["ep"] = int(e.group(1))
+        if flag("parallel.expert_tp", None) is not None:
+            want["expert_tp"] = int(flag("parallel.expert_tp", 1))
+            got["expert_tp"] = int(e.group(2))
         assert int(e.group(1)) * int(e.group(2)) * int(e.group(3)) == tp * want["dp"], \
             f"the experts' grid {e.group(0)} does not cover the tp x dp = {tp * want['dp']} ranks of a stage"
     assert got == want, f"the run reports the layout {got}, not the requested {want}"

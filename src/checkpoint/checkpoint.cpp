@@ -49,16 +49,16 @@ std::string shape_str(const std::vector<hsize_t>& d) {
 // the ranks of data-parallel rank 0, replicated ones from tensor-parallel rank 0 only; MoE
 // experts: the ranks of expert-data-parallel rank 0 (every expert-parallel rank holds others).
 struct Owner {
-  bool dense = false, expert = false;
-  int tp = 0;
+  bool dense = false, expert = false;  // data-parallel rank 0; expert-data-parallel rank 0
+  int tp = 0, etp = 0;
   bool owns(const ParamInfo& p) const {
     if (p.tied_copy) return false;
-    if (p.expert) return expert;
+    if (p.expert) return expert && !(p.tp_replicated && etp != 0);  // tp_replicated: over expert_tp
     return dense && !(p.tp_replicated && tp != 0);
   }
 };
 Owner owner_of(const Topology& topo) {
-  return Owner{topo.coords().dp == 0, topo.expert_coords().etp == 0 && topo.expert_coords().edp == 0, topo.coords().tp};
+  return Owner{topo.coords().dp == 0, topo.expert_coords().edp == 0, topo.coords().tp, topo.expert_coords().etp};
 }
 
 H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {

@@ -327,6 +327,55 @@ void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& 
   TRIDENT_CHECK_MPI(rc_mpi);
 }
 
+void Communicator::allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& rows,
+                              std::int64_t row_bytes) const {
+  TRIDENT_REQUIRE(static_cast<int>(rows.size()) == size_,
+                  "internal: allgatherv over " << size_ << " ranks with " << rows.size() << " counts");
+  const progress::InComm in_comm("allgatherv", name_.c_str(), size_);
+  std::int64_t total = 0;
+  for (auto r : rows) total += r;
+  count("allgatherv", static_cast<double>((total - rows[static_cast<size_t>(rank_)]) * row_bytes));
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_allgatherv_bytes(*nccl_, send, recv, rows, row_bytes);
+    return;
+  }
+#endif
+  Kokkos::fence();
+  MPI_Datatype row;
+  TRIDENT_CHECK_MPI(MPI_Type_contiguous(as_int(row_bytes), MPI_BYTE, &row));
+  TRIDENT_CHECK_MPI(MPI_Type_commit(&row));
+  std::vector<int> rc(rows.size()), rd(rows.size());
+  std::int64_t at = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    rc[r] = as_int(rows[r]);
+    rd[r] = as_int(at);
+    at += rows[r];
+  }
+  const int rc_mpi = MPI_Allgatherv(send, rc[static_cast<size_t>(rank_)], row, recv, rc.data(), rd.data(), row, comm_);
+  MPI_Type_free(&row);
+  TRIDENT_CHECK_MPI(rc_mpi);
+}
+
+void Communicator::reduce_scatter_v(const float* in, float* out, const std::vector<std::int64_t>& counts) const {
+  TRIDENT_REQUIRE(static_cast<int>(counts.size()) == size_,
+                  "internal: reduce_scatter_v over " << size_ << " ranks with " << counts.size() << " counts");
+  const progress::InComm in_comm("reduce_scatter_v", name_.c_str(), size_);
+  std::int64_t total = 0;
+  for (auto c : counts) total += c;
+  count("reduce_scatter_v", 4.0 * static_cast<double>(total - counts[static_cast<size_t>(rank_)]));
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_reduce_scatter_v(*nccl_, in, out, counts);
+    return;
+  }
+#endif
+  Kokkos::fence();
+  std::vector<int> rc(counts.size());
+  for (size_t r = 0; r < counts.size(); ++r) rc[r] = as_int(counts[r]);
+  TRIDENT_CHECK_MPI(MPI_Reduce_scatter(in, out, rc.data(), MPI_FLOAT, MPI_SUM, comm_));
+}
+
 void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));

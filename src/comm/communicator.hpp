@@ -111,6 +111,14 @@ class Communicator {
   // stream in CUDA builds.
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
                  const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes) const;
+  // All-gather of rows of `row_bytes` bytes, rows[r] from rank r (this rank's: rows[rank()]),
+  // into recv rank after rank (expert tensor parallelism). MPI_Allgatherv on the host; NCCL
+  // broadcasts from every rank as one group in CUDA builds.
+  void allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& rows, std::int64_t row_bytes) const;
+  // Reduce-scatter of floats in blocks of unequal sizes: in holds counts[r] floats for each rank r,
+  // rank after rank; out (counts[rank()]) receives the sum over ranks of this rank's block.
+  // MPI_Reduce_scatter on the host; NCCL reduces to every rank as one group in CUDA builds.
+  void reduce_scatter_v(const float* in, float* out, const std::vector<std::int64_t>& counts) const;
   void barrier() const;
   // A barrier that gives up: true when every rank of the group entered it within `seconds`,
   // false otherwise (the barrier is then left pending; the caller is about to end the job).

@@ -26,6 +26,11 @@ void nccl_p2p_group(const NcclComm& c, const std::vector<Communicator::P2POp>& o
 // rows of `row_bytes` bytes to and from every rank (Communicator::alltoallv), as one NCCL group
 void nccl_alltoallv_bytes(const NcclComm& c, const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
                           const std::vector<std::int64_t>& recv_rows, std::int64_t row_bytes);
+// rows[r] rows of `row_bytes` bytes from every rank r, rank after rank (Communicator::allgatherv)
+void nccl_allgatherv_bytes(const NcclComm& c, const void* send, void* recv, const std::vector<std::int64_t>& rows,
+                           std::int64_t row_bytes);
+// out (counts[rank]) = sum over ranks of their block `rank` of in (Communicator::reduce_scatter_v)
+void nccl_reduce_scatter_v(const NcclComm& c, const float* in, float* out, const std::vector<std::int64_t>& counts);
 // data (n) on root = sum over ranks of data (in place)
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root);
 // out (n) = sum over ranks of in[rank * n, (rank + 1) * n); out may be in + rank * n (in place)

@@ -78,6 +78,29 @@ void nccl_alltoallv_bytes(const NcclComm& c, const void* send, const std::vector
   TRIDENT_NCCL(ncclGroupEnd());
 }
 
+void nccl_allgatherv_bytes(const NcclComm& c, const void* send, void* recv, const std::vector<std::int64_t>& rows,
+                           std::int64_t row_bytes) {
+  auto* out = static_cast<std::uint8_t*>(recv);
+  TRIDENT_NCCL(ncclGroupStart());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const size_t bytes = static_cast<size_t>(rows[r] * row_bytes);
+    if (bytes > 0) TRIDENT_NCCL(ncclBroadcast(send, out, bytes, ncclUint8, static_cast<int>(r), c.comm, stream()));
+    out += bytes;
+  }
+  TRIDENT_NCCL(ncclGroupEnd());
+}
+
+void nccl_reduce_scatter_v(const NcclComm& c, const float* in, float* out, const std::vector<std::int64_t>& counts) {
+  TRIDENT_NCCL(ncclGroupStart());
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] > 0)
+      TRIDENT_NCCL(ncclReduce(in, out, static_cast<size_t>(counts[r]), ncclFloat, ncclSum, static_cast<int>(r), c.comm,
+                              stream()));
+    in += counts[r];
+  }
+  TRIDENT_NCCL(ncclGroupEnd());
+}
+
 void nccl_reduce(const NcclComm& c, float* data, std::int64_t n, int root) {
   TRIDENT_NCCL(ncclReduce(data, data, static_cast<size_t>(n), ncclFloat, ncclSum, root, c.comm, stream()));
 }

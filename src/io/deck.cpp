@@ -409,10 +409,10 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.model.moe.num_experts > 0 || (d.parallel.ep == 1 && d.parallel.expert_tp == 1),
                   "deck: parallel.ep and parallel.expert_tp spread MoE experts; this model has none "
                   "(moe.num_experts = 0): leave them 1");
-  TRIDENT_REQUIRE(d.parallel.expert_tp == 1,
-                  "deck: parallel.expert_tp = " << d.parallel.expert_tp
-                                                << ": tensor parallelism inside the experts is not supported yet; "
-                                                   "each expert runs whole on one rank (expert_tp = 1)");
+  TRIDENT_REQUIRE(d.model.moe.num_experts == 0 || d.model.moe.ffn_hidden_size % d.parallel.expert_tp == 0,
+                  "deck: moe.ffn_hidden_size (" << d.model.moe.ffn_hidden_size
+                                                << ") is not divisible by parallel.expert_tp (" << d.parallel.expert_tp
+                                                << ")");
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);

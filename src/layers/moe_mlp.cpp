@@ -50,6 +50,10 @@ struct MoeKept final : MlpKept {
   MoeExchange ex;
   Act xe;
   FloatView ye;
+  // expert tensor parallelism (etp > 1): the etp ranks' rows of this rank's experts gathered, in
+  // (local expert, etp rank) order (exg: that regrouping); h and a then hold those rows
+  MoeExchange exg;
+  Act xg;
   std::vector<double> paux;          // (E) sum over this rank's tokens of the load-balancing scores
   std::vector<std::int64_t> routed;  // (E) selections per expert over the TP group (the aux loss's counts)
   double aux = 0, z = 0;             // this rank's part of the load-balancing loss; its mean lse^2
@@ -58,7 +62,7 @@ struct MoeKept final : MlpKept {
     std::int64_t n = 0;
     for (const FloatView* v : {&logits, &lse, &ssum, &probs, &yp, &ye}) n += static_cast<std::int64_t>(v->span()) * 4;
     for (const IntView* v : {&idx, &slot_row, &row_token}) n += static_cast<std::int64_t>(v->span()) * 4;
-    n += h.bytes() + a.bytes() + xe.bytes();
+    n += h.bytes() + a.bytes() + xe.bytes() + xg.bytes();
     if (shared) n += shared->bytes();
     return n;
   }
@@ -78,12 +82,18 @@ struct MoeScratch final : MlpScratch {
   Act xrecv;
   FloatView xfer, dye, dxe;
   IntView regroup, inverse;  // (M) the exchange's permutations on the device
+  // expert tensor parallelism: the gathered rows before their regrouping, the fp32 partial outputs,
+  // rows in flight, the gathered output gradients and the partial input gradients
+  Act xgrecv;
+  FloatView yg, xfer_g, dyg, dxg;
+  IntView regroup_g, inverse_g;
   std::shared_ptr<MlpScratch> shared;
   std::int64_t bytes() const override {
-    std::int64_t n = xp.bytes() + xrecv.bytes() + static_cast<std::int64_t>(dy16.span()) * 2 +
-                     static_cast<std::int64_t>(regroup.span() + inverse.span()) * 4;
-    for (const FloatView* v :
-         {&x32, &wr32, &y32, &dyp, &da, &dh, &dxp, &dlogits, &dprobs, &aux_grad, &dtmp, &shared_out, &xfer, &dye, &dxe})
+    std::int64_t n = xp.bytes() + xrecv.bytes() + xgrecv.bytes() + static_cast<std::int64_t>(dy16.span()) * 2 +
+                     static_cast<std::int64_t>(regroup.span() + inverse.span() + regroup_g.span() + inverse_g.span()) *
+                         4;
+    for (const FloatView* v : {&x32, &wr32, &y32, &dyp, &da, &dh, &dxp, &dlogits, &dprobs, &aux_grad, &dtmp,
+                               &shared_out, &xfer, &dye, &dxe, &yg, &xfer_g, &dyg, &dxg})
       n += static_cast<std::int64_t>(v->span()) * 4;
     if (shared) n += shared->bytes();
     return n;
@@ -101,7 +111,6 @@ class MoeMlp final : public MlpModule {
     const MoeArch& m = s.moe;
     E_ = m.num_experts;
     k_ = m.router_topk;
-    Fe_ = m.ffn_hidden_size;
     C_ = s.hidden_size;
     blocks_ = act_->blocks();
     R_ = s.local_rows();
@@ -115,6 +124,15 @@ class MoeMlp final : public MlpModule {
     TRIDENT_REQUIRE(E_ % ep_ == 0, "moe.num_experts (" << E_ << ") is not divisible by parallel.ep (" << ep_ << ")");
     El_ = E_ / ep_;
     e0_ = (s.tp.ep ? s.tp.ep->rank() : 0) * El_;
+    // expert tensor parallelism: each expert's fc1 rows (gate and up alike) and fc2 columns split
+    // over etp ranks, Fe = Fg / etp of them here (Megatron's --expert-tensor-parallel-size)
+    etp_ = s.tp.etp ? s.tp.etp->size() : 1;
+    etp_rank_ = s.tp.etp ? s.tp.etp->rank() : 0;
+    Fg_ = m.ffn_hidden_size;
+    TRIDENT_REQUIRE(Fg_ % etp_ == 0,
+                    "moe.ffn_hidden_size (" << Fg_ << ") is not divisible by parallel.expert_tp (" << etp_ << ")");
+    Fe_ = Fg_ / etp_;
+    exchange_ = ep_ > 1 || etp_ > 1;
     // training with tp > 1 needs sequence parallelism (the deck's check); generation at tp > 1 routes
     // every row on every TP rank alike (infer)
     ParamInfo r;
@@ -134,8 +152,8 @@ class MoeMlp final : public MlpModule {
     for (std::int64_t j = 0; j < El_; ++j) {
       const std::string e = prefix + "/experts/" + std::to_string(e0_ + j);
       Expert x;
-      x.w1 = declare_weight(store, e + "/fc1/weight", blocks_ * Fe_, C_, s.init_std());
-      if (s.add_bias_linear) x.b1 = declare_bias(store, e + "/fc1/bias", blocks_ * Fe_);
+      x.w1 = declare_sharded(store, e + "/fc1/weight", true, s.init_std(), true);
+      if (s.add_bias_linear) x.b1 = declare_sharded(store, e + "/fc1/bias", true, 0.f, false);
       experts_.push_back(x);
     }
     if (m.shared_expert_intermediate_size > 0) {
@@ -152,8 +170,8 @@ class MoeMlp final : public MlpModule {
     for (std::int64_t j = 0; j < El_; ++j) {
       const std::string e = prefix_ + "/experts/" + std::to_string(e0_ + j);
       Expert& x = experts_[static_cast<size_t>(j)];
-      x.w2 = declare_weight(store, e + "/fc2/weight", C_, Fe_, s_.out_init_std);
-      if (s_.add_bias_linear) x.b2 = declare_bias(store, e + "/fc2/bias", C_);
+      x.w2 = declare_sharded(store, e + "/fc2/weight", false, s_.out_init_std, true);
+      if (s_.add_bias_linear) x.b2 = declare_bias(store, e + "/fc2/bias", C_);  // replicated over etp
     }
     if (shared_) shared_->declare_output(store);
   }
@@ -215,11 +233,12 @@ class MoeMlp final : public MlpModule {
     // the experts over their rows
     const std::int64_t N = k.plan.rows();
     moe_gather(s.xp, in, k.row_token, N, C_);
-    if (ep_ > 1) dispatch(k, s);  // the rows to the ranks holding their experts
+    if (exchange_) dispatch(k, s);   // the rows to the ranks holding their experts
+    if (etp_ > 1) gather_etp(k, s);  // every row of those experts to each of their etp ranks
     lap.to(MoeState::kDispatch);
     const MoePlan& lp = local_plan(k);
-    const Act xe = ep_ > 1 ? k.xe : s.xp;        // the experts' input rows
-    const FloatView ye = ep_ > 1 ? k.ye : k.yp;  // and output rows
+    const Act xe = etp_ > 1 ? k.xg : exchange_ ? k.xe : s.xp;        // the experts' input rows
+    const FloatView ye = etp_ > 1 ? s.yg : exchange_ ? k.ye : k.yp;  // and output rows (etp: partial)
     const bool half = s_.dt != DType::F32;
     const FloatView y = half ? s.y32 : k.h.f;  // fc1's fp32 GEMM output
     grouped(Trans::N, Trans::T, 1.f, 0.f, lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
@@ -238,14 +257,25 @@ class MoeMlp final : public MlpModule {
       const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
       return GemmGroup{rows, C_, Fe_, operand(k.a).at(n0 * Fe_), Fe_, operand(w2), Fe_, ye.data() + n0 * C_, C_};
     });
-    if (s_.add_bias_linear)
+    if (s_.add_bias_linear && etp_ == 1)
       for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
         moe_add_bias(slice(ye, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
       });
     lap.to(MoeState::kExperts);
-    if (ep_ > 1) {  // the outputs back to the ranks of their tokens
+    if (etp_ > 1) {  // the partial outputs summed over the etp ranks, each keeping its own rows
       Kokkos::fence();
-      exchange_back(k.yp, ye, k.ex, s);
+      scatter_etp(k.ye, s.yg, k, s);
+      if (s_.add_bias_linear)  // fc2's bias once, on the summed rows
+        for (std::int64_t e = 0; e < El_; ++e) {
+          const std::int64_t n0 = k.ex.offsets[static_cast<size_t>(e)], rows = k.ex.counts[static_cast<size_t>(e)];
+          if (rows > 0)
+            moe_add_bias(slice(k.ye, n0 * C_, rows * C_), store_->param(experts_[static_cast<size_t>(e)].b2), rows, C_);
+        }
+      lap.to(MoeState::kDispatch);
+    }
+    if (exchange_) {  // the outputs back to the ranks of their tokens
+      Kokkos::fence();
+      exchange_back(k.yp, k.ye, k.ex, s);
       lap.to(MoeState::kDispatch);
     }
     moe_combine(branch, k.yp, k.probs, k.slot_row, R_, k_, C_);
@@ -269,16 +299,28 @@ class MoeMlp final : public MlpModule {
     moe_combine_backward(s.dyp, s.dprobs, dbranch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     lap.to(MoeState::kCombine);
     const MoePlan& lp = local_plan(k);
-    if (ep_ > 1) {  // the output gradients to the ranks of the experts
-      ensure_scratch(s, k.ex.rows());
-      upload_exchange(k.ex, s);
+    if (exchange_) {  // the output gradients to the ranks of the experts
+      // room for both orders first (growing a view later would drop what it holds)
+      ensure_scratch(s, std::max(k.ex.rows(), etp_ > 1 ? k.exg.rows() : 0));
+      if (etp_ > 1) ensure_etp_scratch(s, k.exg.rows());
+      upload_exchange(k.ex, s.regroup, s.inverse);
       Kokkos::fence();
       s_.tp.ep->alltoallv(s.dyp.data(), k.ex.send_rows, s.xfer.data(), k.ex.recv_rows, C_ * 4);
       moe_gather(act(s.dye), act(s.xfer), s.regroup, k.ex.rows(), C_);
       Kokkos::fence();
       lap.to(MoeState::kDispatch);
     }
-    const FloatView dye = ep_ > 1 ? s.dye : s.dyp, dxe = ep_ > 1 ? s.dxe : s.dxp;
+    if (etp_ > 1) {  // and every output gradient of the experts' rows to each of their etp ranks
+      const std::int64_t Mg = k.exg.rows();
+      upload_exchange(k.exg, s.regroup_g, s.inverse_g);
+      Kokkos::fence();
+      s_.tp.etp->allgatherv(s.dye.data(), s.xfer_g.data(), k.exg.recv_rows, C_ * 4);
+      moe_gather(act(s.dyg), act(s.xfer_g), s.regroup_g, Mg, C_);
+      Kokkos::fence();
+      lap.to(MoeState::kDispatch);
+    }
+    const FloatView dye = etp_ > 1 ? s.dyg : exchange_ ? s.dye : s.dyp;
+    const FloatView dxe = etp_ > 1 ? s.dxg : exchange_ ? s.dxe : s.dxp;
     // fc2: d a = dyp W2, dW2 += dyp^T a (16-bit: dyp rounded first), db2 += column sums of dyp
     experts_backward(lp, dye, s.dy16, operand(k.a), s.da, C_, Fe_, &Expert::w2);
     for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
@@ -291,17 +333,22 @@ class MoeMlp final : public MlpModule {
     // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again; under ep > 1 the rows kept), db1 +=
     // column sums of dh
     lap.to(MoeState::kExperts);
-    if (ep_ == 1) moe_gather(s.xp, in, k.row_token, N, C_);
+    if (!exchange_) moe_gather(s.xp, in, k.row_token, N, C_);
     lap.to(MoeState::kDispatch);
-    experts_backward(lp, s.dh, s.dy16, operand(ep_ > 1 ? k.xe : s.xp), dxe, bF, C_, &Expert::w1);
+    experts_backward(lp, s.dh, s.dy16, operand(etp_ > 1 ? k.xg : exchange_ ? k.xe : s.xp), dxe, bF, C_, &Expert::w1);
     for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
       if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
     });
     lap.to(MoeState::kExperts);
-    if (ep_ > 1) {  // the input gradients back to the ranks of their tokens
+    if (etp_ > 1) {  // the partial input gradients summed over the etp ranks, each keeping its rows
       Kokkos::fence();
-      exchange_back(s.dxp, dxe, k.ex, s);
+      scatter_etp(s.dxe, s.dxg, k, s);
+      lap.to(MoeState::kDispatch);
+    }
+    if (exchange_) {  // the input gradients back to the ranks of their tokens
+      Kokkos::fence();
+      exchange_back(s.dxp, s.dxe, k.ex, s);
       lap.to(MoeState::kDispatch);
     }
     moe_scatter_add(din, s.dxp, k.slot_row, R_, k_, C_);  // d in from the experts (R, C)
@@ -323,7 +370,7 @@ class MoeMlp final : public MlpModule {
   // the training path's routing, plan and grouped GEMMs on workspaces grown to R rows.
   void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc_work,
              const FloatView& act_work) const override {
-    TRIDENT_REQUIRE(ep_ == 1, "internal: generation holds every expert (parallel.ep = 1)");
+    TRIDENT_REQUIRE(!exchange_, "internal: generation holds every expert whole (parallel.ep = expert_tp = 1)");
     InferWork& w = infer_work(R);
     const std::int64_t bF = blocks_ * Fe_;
     gemm(Trans::N, Trans::T, R, E_, C_, 1.f, in.data(), C_, store_->value(router_).data(), C_, 0.f, w.logits.data(),
@@ -379,15 +426,29 @@ class MoeMlp final : public MlpModule {
   }
 
  private:
-  static ParamId declare_weight(ParamStore& store, const std::string& name, std::int64_t out, std::int64_t in,
-                                float std) {
+  // An expert's fc1 weight or bias (column-parallel: blocks of Fg rows, gate and up, each split
+  // over etp) or fc2 weight (row-parallel: Fg columns split over etp); replicated over TP ranks
+  // (ParamInfo::tp_replicated means "over etp" for experts) only at etp 1.
+  ParamId declare_sharded(ParamStore& store, const std::string& name, bool fc1, float std, bool weight) const {
     ParamInfo p;
     p.name = name;
-    p.shape = p.global_shape = p.valid = {out, in};
-    p.global_offset = {0, 0};
-    p.weight_decay = true;
+    if (fc1) {
+      p.shape = weight ? std::vector<std::int64_t>{blocks_ * Fe_, C_} : std::vector<std::int64_t>{blocks_ * Fe_};
+      p.global_shape = weight ? std::vector<std::int64_t>{blocks_ * Fg_, C_} : std::vector<std::int64_t>{blocks_ * Fg_};
+      p.global_offset = weight ? std::vector<std::int64_t>{etp_rank_ * Fe_, 0}
+                               : std::vector<std::int64_t>{etp_rank_ * Fe_};
+      p.valid = weight ? std::vector<std::int64_t>{Fe_, C_} : std::vector<std::int64_t>{Fe_};
+      p.row_blocks = blocks_;
+    } else {
+      p.shape = {C_, Fe_};
+      p.global_shape = {C_, Fg_};
+      p.global_offset = {0, etp_rank_ * Fe_};
+      p.valid = {C_, Fe_};
+    }
+    p.weight_decay = weight;
     p.init_std = std;
     p.expert = true;
+    p.tp_replicated = etp_ == 1;
     return store.declare(p);
   }
   static ParamId declare_bias(ParamStore& store, const std::string& name, std::int64_t n) {
@@ -404,9 +465,10 @@ class MoeMlp final : public MlpModule {
   // The rows of this rank's experts: the plan (ep = 1), or the rows received (ep > 1), as a
   // plan over the El local experts.
   const MoePlan& local_plan(MoeKept& k) const {
-    if (ep_ == 1) return k.plan;
-    local_.counts = k.ex.counts;
-    local_.offsets = k.ex.offsets;
+    if (!exchange_) return k.plan;
+    const MoeExchange& x = etp_ > 1 ? k.exg : k.ex;
+    local_.counts = x.counts;
+    local_.offsets = x.offsets;
     return local_;
   }
 
@@ -441,15 +503,61 @@ class MoeMlp final : public MlpModule {
       grow(s.dy16, "moe::dy16", n * std::max(C_, bF));
     }
   }
-  void upload_exchange(const MoeExchange& x, MoeScratch& s) const {
+  void upload_exchange(const MoeExchange& x, const IntView& regroup, const IntView& inverse) const {
     const std::int64_t M = x.rows();
     HostIntView rg("moe::regroup_host", static_cast<size_t>(M)), inv("moe::inverse_host", static_cast<size_t>(M));
     for (std::int64_t m = 0; m < M; ++m) {
       rg(m) = x.regroup[static_cast<size_t>(m)];
       inv(m) = x.inverse[static_cast<size_t>(m)];
     }
-    Kokkos::deep_copy(slice(s.regroup, 0, M), rg);
-    Kokkos::deep_copy(slice(s.inverse, 0, M), inv);
+    Kokkos::deep_copy(slice(regroup, 0, M), rg);
+    Kokkos::deep_copy(slice(inverse, 0, M), inv);
+  }
+  void ensure_etp_scratch(MoeScratch& s, std::int64_t Mg) const {
+    const std::int64_t n = room(Mg);
+    grow(s.xgrecv, s_.dt, "moe::xgrecv", n * C_);
+    grow(s.yg, "moe::yg", n * C_);
+    grow(s.xfer_g, "moe::xfer_g", n * C_);
+    grow(s.dyg, "moe::dyg", n * C_);
+    grow(s.dxg, "moe::dxg", n * C_);
+    grow(s.regroup_g, "moe::regroup_g", n);
+    grow(s.inverse_g, "moe::inverse_g", n);
+  }
+
+  // etp > 1, forward: this rank's expert-side rows k.xe (M, by local expert then source) to every
+  // rank of its expert-tensor-parallel group, and theirs here: the per-expert counts first (an
+  // all-gather), then the rows (all-gather-v), regrouped by (local expert, etp rank) into k.xg.
+  void gather_etp(MoeKept& k, MoeScratch& s) const {
+    const Communicator& g = *s_.tp.etp;
+    std::vector<std::int32_t> mine(static_cast<size_t>(El_)), all(static_cast<size_t>(El_ * etp_));
+    for (std::int64_t j = 0; j < El_; ++j)
+      mine[static_cast<size_t>(j)] = static_cast<std::int32_t>(k.ex.counts[static_cast<size_t>(j)]);
+    g.allgather(mine.data(), all.data(), El_);
+    const std::vector<std::int64_t> rows(all.begin(), all.end());  // (etp El): rank r's rows of expert j
+    k.exg = moe_exchange(rows, rows, etp_);
+    const std::int64_t Mg = k.exg.rows(), n = room(Mg), bF = blocks_ * Fe_;
+    ensure_scratch(s, Mg);
+    ensure_etp_scratch(s, Mg);
+    grow(k.xg, s_.dt, "moe::xg", n * C_);
+    grow(k.h, s_.dt, "moe::h", n * bF);
+    grow(k.a, s_.dt, "moe::a", n * Fe_);
+    upload_exchange(k.exg, s.regroup_g, s.inverse_g);
+    Kokkos::fence();
+    g.allgatherv(k.xe.data(), const_cast<void*>(s.xgrecv.data()), k.exg.recv_rows, C_ * dtype_bytes(s_.dt));
+    moe_gather(k.xg, s.xgrecv, s.regroup_g, Mg, C_);
+    Kokkos::fence();
+  }
+
+  // etp > 1: fp32 partial rows `from` (Mg, by local expert then etp rank) summed over the etp
+  // group, each rank receiving its own M rows into `to` (by local expert then source)
+  void scatter_etp(const FloatView& to, const FloatView& from, MoeKept& k, MoeScratch& s) const {
+    const std::int64_t Mg = k.exg.rows();
+    upload_exchange(k.exg, s.regroup_g, s.inverse_g);
+    moe_gather(act(s.xfer_g), act(from), s.inverse_g, Mg, C_);
+    Kokkos::fence();
+    std::vector<std::int64_t> counts(k.exg.recv_rows);
+    for (auto& c : counts) c *= C_;
+    s_.tp.etp->reduce_scatter_v(s.xfer_g.data(), to.data(), counts);
   }
 
   // ep > 1, forward: the permuted rows s.xp (grouped by expert) to the ranks holding their
@@ -467,7 +575,7 @@ class MoeMlp final : public MlpModule {
     grow(k.ye, "moe::ye", n * C_);
     grow(k.h, s_.dt, "moe::h", n * bF);
     grow(k.a, s_.dt, "moe::a", n * Fe_);
-    upload_exchange(k.ex, s);
+    upload_exchange(k.ex, s.regroup, s.inverse);
     Kokkos::fence();
     ep.alltoallv(s.xp.data(), k.ex.send_rows, const_cast<void*>(s.xrecv.data()), k.ex.recv_rows,
                  C_ * dtype_bytes(s_.dt));
@@ -478,6 +586,7 @@ class MoeMlp final : public MlpModule {
   // ep > 1: fp32 expert-side rows `from` (local expert order) back to the ranks of their tokens,
   // into `to` (this rank's permuted rows, grouped by expert)
   void exchange_back(const FloatView& to, const FloatView& from, const MoeExchange& x, MoeScratch& s) const {
+    upload_exchange(x, s.regroup, s.inverse);  // (the scratch may have grown since the dispatch)
     moe_gather(act(s.xfer), act(from), s.inverse, x.rows(), C_);
     Kokkos::fence();
     s_.tp.ep->alltoallv(s.xfer.data(), x.recv_rows, to.data(), x.send_rows, C_ * 4);
@@ -670,8 +779,10 @@ class MoeMlp final : public MlpModule {
   ParamStore* store_;
   std::shared_ptr<const MlpActivation> act_;
   std::int64_t E_ = 0, k_ = 0, Fe_ = 0, C_ = 0, blocks_ = 1, R_ = 0;
-  std::int64_t ep_ = 1, El_ = 0, e0_ = 0;  // expert parallelism: this rank's experts e0 .. e0 + El - 1
-  mutable MoePlan local_;                  // the expert side's rows as a plan (ep > 1)
+  std::int64_t ep_ = 1, El_ = 0, e0_ = 0;         // expert parallelism: this rank's experts e0 .. e0 + El - 1
+  std::int64_t etp_ = 1, etp_rank_ = 0, Fg_ = 0;  // expert tensor parallelism: Fe_ = Fg_ / etp_ local
+  bool exchange_ = false;                         // ep > 1 or etp > 1: the rows leave the rank
+  mutable MoePlan local_;                         // the expert side's rows as a plan (ep > 1)
   RouterSpec route_;
   ParamId router_ = -1, bias_ = -1;
   std::vector<Expert> experts_;

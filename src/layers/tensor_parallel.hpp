@@ -25,6 +25,8 @@ struct TensorParallel {
   bool sequence_parallel = false;
   // The expert-parallel group of MoE layers (Topology::ep_group; null: every expert on this rank)
   const Communicator* ep = nullptr;
+  // The expert-tensor-parallel group (Topology::etp_group; null: every expert whole on this rank)
+  const Communicator* etp = nullptr;
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };

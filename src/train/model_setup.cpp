@@ -160,7 +160,10 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
   TensorParallel tp;
   tp.comm = &topo.tp_group();
   tp.sequence_parallel = deck.parallel.sequence_parallel && topo.tp_size() > 1;
-  if (topo.ep_size() > 1) tp.ep = &topo.ep_group();
+  // MoE: the experts' groups whenever they split the experts (ep 1 with expert_tp > 1 too: the
+  // exchange then runs over a group of one)
+  if (topo.ep_size() > 1 || topo.etp_size() > 1) tp.ep = &topo.ep_group();
+  if (topo.etp_size() > 1) tp.etp = &topo.etp_group();
   return tp;
 }
 
@@ -187,9 +190,16 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
   sharded = topo.tp_group().allreduce_sum(sharded);
   double experts = 0;
   if (store.has_experts()) {
-    if (expert_end > expert_begin)
-      experts = sum_squares(slice(store.grads(), expert_begin, expert_end - expert_begin), expert_end - expert_begin);
-    experts = topo.ep_group().allreduce_sum(topo.edp_group().allreduce_sum(experts));
+    // the experts' matrices split over expert_tp (summed over that group too) and their fc2 biases,
+    // replicated over it (counted once)
+    double e[2] = {0, 0};  // split over etp, replicated over etp
+    for (const auto& p : store.params()) {
+      if (!p.expert) continue;
+      const std::int64_t b = std::max(expert_begin, p.offset), en = std::min(expert_end, p.offset + p.numel());
+      if (b < en) e[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, en - b), en - b);
+    }
+    for (double& x : e) x = topo.ep_group().allreduce_sum(topo.edp_group().allreduce_sum(x));
+    experts = topo.etp_group().allreduce_sum(e[0]) + e[1];
   }
   return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated + experts));
 }
