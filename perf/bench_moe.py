@@ -14,7 +14,9 @@ E = 8, k = 2, Fe = 512, batch 4 x 64 tokens, dropout 0, fp32, the same threads o
   2. PyTorch   perf/torch_gpt.py --arch llama --experts E --topk k --expert-ffn Fe, same shapes.
 
 Prints tokens/s of both, their ratio and Trident's MoE breakdown (shares of the step), and with
---out writes the figures as JSON. Expert parallelism (ep = 2) is not in Trident yet.
+--out writes the figures as JSON. --ranks R runs Trident on R MPI ranks (data parallel, the batch
+split over them, --threads / R threads each) and --ep E spreads the experts over E of them (expert
+parallelism); PyTorch keeps one rank with --threads threads (--skip-torch leaves it out).
 
   /usr/bin/python3 perf/bench_moe.py [--build-dir build] [--threads 2] [--iters 8] [--out FILE]
   /usr/bin/python3 perf/bench_moe.py --smoke        # a tiny shape, 3 steps (a check that it runs)
@@ -48,6 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=1, help="Trident's MPI ranks (data parallel)")
+    p.add_argument("--ep", type=int, default=1, help="Trident's expert-parallel size (divides --ranks)")
+    p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--smoke", action="store_true", help="2 layers x 64, 4 experts of 48, 3 steps")
     p.add_argument("--out", default="", help="write the figures as JSON here")
     a = p.parse_args(argv)
@@ -66,22 +72,26 @@ def run(cmd, env):
 def main(argv=None):
     a = parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
+    per_rank = max(1, a.threads // a.ranks)
+    env = dict(os.environ, OMP_NUM_THREADS=str(per_rank), OPENBLAS_NUM_THREADS=str(per_rank))
     metrics = os.path.join(a.work, "metrics.csv")
     for f in (metrics, os.path.join(a.work, "metrics.moe.csv")):
         if os.path.exists(f):
             os.remove(f)
     ffn = a.topk * a.expert_ffn  # the dense twin's width (not run: the MoE's active MLP)
-    cmd = [os.path.join(a.build_dir, "apps", "pretrain_gpt"), "--deck", os.path.join(REPO, "perf", "decks", "llama_bench.ini"),
+    launch = [a.mpiexec, "-n", str(a.ranks)] if a.ranks > 1 else []
+    cmd = launch + [os.path.join(a.build_dir, "apps", "pretrain_gpt"), "--deck", os.path.join(REPO, "perf", "decks", "llama_bench.ini"),
            "--model.num_layers", str(a.layers), "--model.hidden_size", str(a.hidden), "--model.num_heads", str(a.heads),
            "--model.num_query_groups", str(a.groups), "--model.ffn_hidden_size", str(ffn),
            "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),
            "--model.hidden_dropout", "0", "--model.attention_dropout", "0",
            "--moe.num_experts", str(a.experts), "--moe.router_topk", str(a.topk),
            "--moe.ffn_hidden_size", str(a.expert_ffn), "--moe.aux_loss_coeff", "0.01",
-           "--train.micro_batch_size", str(a.batch), "--train.global_batch_size", str(a.batch),
+           "--train.micro_batch_size", str(a.batch // a.ranks), "--train.global_batch_size", str(a.batch),
+           "--parallel.ep", str(a.ep),
            "--train.iters", str(a.iters), "--log.metrics_file", metrics, "--data.train_shards", a.shards]
     out = run(cmd, env)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
     rows = list(csv.DictReader(open(metrics)))
     ms = statistics.median(float(r["ms_per_iter"]) for r in rows[a.warmup:])
     m = re.search(r"MoE layers \(rank 0, forward \+ backward\): router (\S+) s; dispatch (\S+) s; experts (\S+) s; "
@@ -90,6 +100,18 @@ def main(argv=None):
     parts = dict(zip(("router", "dispatch", "experts", "combine"), (float(x) for x in m.groups()))) if m else {}
     trident = {"ms_per_iter": ms, "tokens_per_s": a.batch * a.seq / (ms / 1e3), "moe_seconds": parts,
                "run_seconds": float(total.group(2)) if total else None, "iterations": a.iters}
+    print("Trident on %d rank(s), ep %d, %d thread(s) each: %.0f tok/s (%.1f ms/it)"
+          % (a.ranks, a.ep, per_rank, trident["tokens_per_s"], ms))
+    if parts and trident["run_seconds"]:
+        moe = sum(parts.values())
+        print("Trident's MoE layers on rank 0, forward + backward over the run (%.2f s of %.2f s): "
+              % (moe, trident["run_seconds"])
+              + "; ".join("%s %.2f s (%.0f%%)" % (k, v, 100 * v / moe if moe else 0) for k, v in parts.items()))
+    if a.skip_torch:
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"shape": vars(a), "trident": trident}, f, indent=1)
+        return 0
     torch_out = run(["/usr/bin/python3", os.path.join(REPO, "perf", "torch_gpt.py"), "--arch", "llama",
                      "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads", str(a.heads),
                      "--groups", str(a.groups), "--ffn", str(ffn), "--experts", str(a.experts), "--topk", str(a.topk),
@@ -102,10 +124,6 @@ def main(argv=None):
           % (a.layers, a.hidden, a.heads, a.groups, a.experts, a.expert_ffn, a.topk, a.batch, a.seq, a.threads))
     print("Trident %.0f tok/s (%.1f ms/it) | PyTorch loop over experts %.0f tok/s (%.1f ms/it) | ratio %.2fx"
           % (trident["tokens_per_s"], ms, torch["tokens_per_s"], torch["ms_per_iter"], ratio))
-    if parts and trident["run_seconds"]:
-        moe = sum(parts.values())
-        print("Trident's MoE layers, forward + backward over the run (%.2f s of %.2f s): " % (moe, trident["run_seconds"])
-              + "; ".join("%s %.2f s (%.0f%%)" % (k, v, 100 * v / moe if moe else 0) for k, v in parts.items()))
     res = {"shape": vars(a), "trident": trident, "pytorch": {k: torch[k] for k in ("ms_per_iter", "tokens_per_s", "torch_version")},
            "ratio": ratio}
     if a.out:
