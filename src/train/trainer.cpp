@@ -946,9 +946,13 @@ void TrainingRun::report_end_of_run() {
                              h;
       am.mlp = (1 - share) * am.mlp + share * moe_mlp;
       am.moe_fp32 = share * (k * h + static_cast<double>(m.num_experts) + 2 + 4 * k) / h;
-      if (topo.ep_size() > 1) {  // the expert side keeps its received rows (e bytes) and their fp32
-        am.mlp += share * k;     // outputs, k rows per token under balanced routing
+      // the expert side keeps its received rows (e bytes) and their fp32 outputs, k rows per token
+      // under balanced routing; under expert_tp also the expert_tp ranks' rows gathered (fc1's and
+      // the activation's outputs are split alike, so they stay as they are)
+      if (topo.ep_size() > 1 || topo.etp_size() > 1) {
+        am.mlp += share * k;
         am.moe_fp32 += share * k;
+        if (topo.etp_size() > 1) am.mlp += share * k * static_cast<double>(topo.etp_size());
       }
     }
     am.qkv = static_cast<double>(cfg.qkv_width()) / static_cast<double>(cfg.hidden_size);
