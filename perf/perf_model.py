@@ -420,6 +420,25 @@ def ring(n, nbytes, bw, lat):
     return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
 
 
+def attention_memory_seconds(M, L, e, T, q, t, heads, s, hbm, mem_f, mem_b):
+    """A layer's memory-bound seconds forward and backward: the bytes mem_f / mem_b moved by its
+    norms, bias-dropout-adds and MLP activation (the caller's), plus the per-head norms of q and k
+    (read + write forward, 2 reads + 1 write backward), the softmax and dropout on the scores
+    without flash attention (4 passes forward, 5 backward), and recomputation (full: the forward
+    again; selective: the scores' passes again), at the HBM bandwidth hbm."""
+    if M.qk_layernorm:
+        mem_f += 2 * e * T * (q + M.ng * M.d) / t
+        mem_b += 3 * e * T * (q + M.ng * M.d) / t
+    if not L.flash:
+        mem_f += 4 * e * heads * s * s
+        mem_b += 5 * e * heads * s * s
+    if L.recompute == "full":
+        mem_b += mem_f
+    elif L.recompute == "selective" and not L.flash:
+        mem_b += 4 * e * heads * s * s
+    return mem_f / hbm, mem_b / hbm
+
+
 def predict(M, L, gpu, fitted=None):
     """Time (s) and memory (bytes) per iteration and GPU, with their parts."""
     g = GPUS[gpu] if isinstance(gpu, str) else gpu
@@ -472,17 +491,7 @@ def predict(M, L, gpu, fitted=None):
     rep = T * h / (t if L.sp else 1)
     mem_f = rep * (10 * e + 2) + T * (F1 + F) / t * e  # the activation reads fc1's output, writes fc2's input
     mem_b = rep * (20 * e + 2) + T * (F1 + F) / t * 1.5 * e
-    if M.qk_layernorm:  # the per-head norms of q and k: read + write forward, 2 reads + 1 write backward
-        mem_f += 2 * e * T * (q + M.ng * dh) / t
-        mem_b += 3 * e * T * (q + M.ng * dh) / t
-    if not L.flash:
-        mem_f += 4 * e * heads * s * s
-        mem_b += 5 * e * heads * s * s
-    if L.recompute == "full":
-        mem_b += mem_f
-    elif L.recompute == "selective" and not L.flash:
-        mem_b += 4 * e * heads * s * s
-    mem_f, mem_b = mem_f / hbm, mem_b / hbm
+    mem_f, mem_b = attention_memory_seconds(M, L, e, T, q, t, heads, s, hbm, mem_f, mem_b)
     # tensor-parallel collectives of T h values
     node = g["per_node"]
     lat = c["latency_us"] * 1e-6
@@ -649,17 +658,7 @@ def moe_layer(M, L, gemm, e, hbm, att_f, att_b, exposed, node, lat, bw_nv, bw_ne
     mem_f = rep * (10 * e + 2) + rows * (Fe1 + Fe) * e + perm + T * (Fs1 + Fs) / t * e
     mem_b = rep * (20 * e + 2) + rows * (Fe1 + Fe) * 1.5 * e + perm + T * (Fs1 + Fs) / t * 1.5 * e
     heads = b * M.a / t
-    if M.qk_layernorm:
-        mem_f += 2 * e * T * (q + M.ng * M.d) / t
-        mem_b += 3 * e * T * (q + M.ng * M.d) / t
-    if not L.flash:
-        mem_f += 4 * e * heads * s * s
-        mem_b += 5 * e * heads * s * s
-    if L.recompute == "full":
-        mem_b += mem_f
-    elif L.recompute == "selective" and not L.flash:
-        mem_b += 4 * e * heads * s * s
-    mem_f, mem_b = mem_f / hbm, mem_b / hbm
+    mem_f, mem_b = attention_memory_seconds(M, L, e, T, q, t, heads, s, hbm, mem_f, mem_b)
     # tensor-parallel collectives: attention's pair (and the shared expert's); none around the routed experts
     one = ring(t, T * h * e, bw_nv if t <= node else bw_net, lat)
     n_f = 1 + (1 if Fs else 0)

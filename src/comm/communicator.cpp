@@ -99,6 +99,33 @@ int as_int(std::int64_t n) {
   if (n > 0x7fffffff) throw Error::one("collective of " + std::to_string(n) + " elements exceeds MPI's int count");
   return static_cast<int>(n);
 }
+// The MPI datatype of one row of `bytes` bytes (the v-collectives count rows), freed with the object.
+class RowType {
+ public:
+  explicit RowType(std::int64_t bytes) {
+    TRIDENT_CHECK_MPI(MPI_Type_contiguous(as_int(bytes), MPI_BYTE, &type_));
+    TRIDENT_CHECK_MPI(MPI_Type_commit(&type_));
+  }
+  ~RowType() { MPI_Type_free(&type_); }
+  RowType(const RowType&) = delete;
+  RowType& operator=(const RowType&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+// MPI's int counts of `rows` per rank, and their displacements (rank after rank).
+void counts_and_displacements(const std::vector<std::int64_t>& rows, std::vector<int>& counts,
+                              std::vector<int>& displs) {
+  counts.resize(rows.size());
+  displs.resize(rows.size());
+  std::int64_t at = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    counts[r] = as_int(rows[r]);
+    displs[r] = as_int(at);
+    at += rows[r];
+  }
+}
 }  // namespace
 
 void Communicator::allreduce_sum(float* data, std::int64_t n) const {
@@ -309,22 +336,11 @@ void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& 
   }
 #endif
   Kokkos::fence();
-  MPI_Datatype row;
-  TRIDENT_CHECK_MPI(MPI_Type_contiguous(as_int(row_bytes), MPI_BYTE, &row));
-  TRIDENT_CHECK_MPI(MPI_Type_commit(&row));
-  std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
-  std::int64_t so = 0, ro = 0;
-  for (size_t r = 0; r < sc.size(); ++r) {
-    sc[r] = as_int(send_rows[r]);
-    sd[r] = as_int(so);
-    rc[r] = as_int(recv_rows[r]);
-    rd[r] = as_int(ro);
-    so += send_rows[r];
-    ro += recv_rows[r];
-  }
-  const int rc_mpi = MPI_Alltoallv(send, sc.data(), sd.data(), row, recv, rc.data(), rd.data(), row, comm_);
-  MPI_Type_free(&row);
-  TRIDENT_CHECK_MPI(rc_mpi);
+  const RowType row(row_bytes);
+  std::vector<int> sc, sd, rc, rd;
+  counts_and_displacements(send_rows, sc, sd);
+  counts_and_displacements(recv_rows, rc, rd);
+  TRIDENT_CHECK_MPI(MPI_Alltoallv(send, sc.data(), sd.data(), row.get(), recv, rc.data(), rd.data(), row.get(), comm_));
 }
 
 void Communicator::allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& rows,
@@ -342,19 +358,11 @@ void Communicator::allgatherv(const void* send, void* recv, const std::vector<st
   }
 #endif
   Kokkos::fence();
-  MPI_Datatype row;
-  TRIDENT_CHECK_MPI(MPI_Type_contiguous(as_int(row_bytes), MPI_BYTE, &row));
-  TRIDENT_CHECK_MPI(MPI_Type_commit(&row));
-  std::vector<int> rc(rows.size()), rd(rows.size());
-  std::int64_t at = 0;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    rc[r] = as_int(rows[r]);
-    rd[r] = as_int(at);
-    at += rows[r];
-  }
-  const int rc_mpi = MPI_Allgatherv(send, rc[static_cast<size_t>(rank_)], row, recv, rc.data(), rd.data(), row, comm_);
-  MPI_Type_free(&row);
-  TRIDENT_CHECK_MPI(rc_mpi);
+  const RowType row(row_bytes);
+  std::vector<int> rc, rd;
+  counts_and_displacements(rows, rc, rd);
+  TRIDENT_CHECK_MPI(
+      MPI_Allgatherv(send, rc[static_cast<size_t>(rank_)], row.get(), recv, rc.data(), rd.data(), row.get(), comm_));
 }
 
 void Communicator::reduce_scatter_v(const float* in, float* out, const std::vector<std::int64_t>& counts) const {
