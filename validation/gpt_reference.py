@@ -1619,6 +1619,87 @@ def resolve_emulate(choice, cfg):
     return choice
 
 
+
+# --------------------------------------------------------------------------------------
+# Trajectory cache (compare --cache DIR)
+# --------------------------------------------------------------------------------------
+
+def _reference_sources():
+    """The bytes of this reference's code: a change to it is a change of every trajectory."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [open(os.path.join(here, n), "rb").read() for n in ("gpt_reference.py", "torch_reference.py")]
+
+
+def trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters, dtype):
+    """sha256 over everything the reference's fp32 trajectory depends on: its code, the
+    configuration it read from the deck (no parallel layout enters it), the checkpoint's tensors
+    and counters, the batches of the compared iterations, the iteration of the kept gradients
+    and the iterations whose parameters are compared. Two runs with one key train the same
+    reference on the same numbers."""
+    import hashlib
+    h = hashlib.sha256()
+
+    def add(tag, data):
+        h.update(tag.encode() + b"\0" + (data if isinstance(data, bytes) else str(data).encode()) + b"\0")
+
+    for src in _reference_sources():
+        add("source", src)
+    add("config", repr(sorted((k, repr(v)) for k, v in vars(cfg).items())))
+    add("counters", (ckpt.iteration, ckpt.consumed_samples, ckpt.optimizer_steps, start, steps, grads_it,
+                     tuple(param_iters), str(dtype)))
+    for group, tensors in (("params", ckpt.params), ("exp_avg", ckpt.exp_avg), ("exp_avg_sq", ckpt.exp_avg_sq)):
+        for n in sorted(tensors or {}):
+            add(group + "/" + n, np.ascontiguousarray(tensors[n]).tobytes())
+    for i in range(start + 1, start + steps + 1):
+        add(batch_name(i), np.ascontiguousarray(np.asarray(bf[batch_name(i)][...])).tobytes())
+    return h.hexdigest()
+
+
+class TrajectoryCache:
+    """The reference's steps (loss, lr, grad norm, MoE metrics, the kept gradients) and its
+    parameters after the compared iterations, recorded under the inputs' trajectory_key and
+    replayed by a later compare with the same key: the layouts of one case train the reference
+    once. Only the reference's own numbers are stored, never Trident's; the comparison runs
+    afresh every time. Written whole to a temporary file and renamed, so that concurrent runs
+    (CTest in parallel) see a complete record or none."""
+
+    def __init__(self, directory, key):
+        self.path = os.path.join(directory, key + ".pt")
+        self.directory = directory
+        self.steps, self.params = {}, {}
+
+    def load(self):
+        if not os.path.exists(self.path):
+            return False
+        try:
+            rec = torch.load(self.path, weights_only=False)
+            self.steps, self.params = rec["steps"], rec["params"]
+            return True
+        except Exception as e:  # a damaged record is recomputed
+            print("note: %s unreadable (%s): the reference trains" % (self.path, e))
+            self.steps, self.params = {}, {}
+            return False
+
+    def record(self, i, res, model, keep_params):
+        self.steps[i] = res
+        if keep_params:
+            self.params[i] = {n: t.detach().clone() for n, t in list(model.params.items()) + list(model.buffers.items())}
+
+    def replay(self, i, model):
+        """The recorded step i; its parameters (when recorded) are put into model."""
+        if i in self.params:
+            with torch.no_grad():
+                for n, t in list(model.params.items()) + list(model.buffers.items()):
+                    t.copy_(self.params[i][n])
+        return self.steps[i]
+
+    def save(self):
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = "%s.%d.tmp" % (self.path, os.getpid())
+        torch.save({"steps": self.steps, "params": self.params}, tmp)
+        os.replace(tmp, self.path)
+
+
 def cmd_compare(args):
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
@@ -1697,6 +1778,13 @@ def cmd_compare(args):
              args.threads, start + 1, start + steps))
 
     trainer = Trainer(ckpt, dtype, tape, emulate)
+    cache, replaying = None, False
+    if args.cache and emulate is None and tape is None:
+        param_iters = [i for i in range(start + 1, start + steps + 1) if params_file(args.params, i)]
+        cache = TrajectoryCache(args.cache, trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters,
+                                                           dtype))
+        replaying = cache.load()
+        print("reference trajectory: %s %s" % ("replayed from" if replaying else "trained, recorded in", cache.path))
     failures = []
     step_rows = []
     moe = is_moe(cfg)
@@ -1737,8 +1825,12 @@ def cmd_compare(args):
     t0 = time.time()
     for i in range(start + 1, start + steps + 1):
         batch = read_batch(bf, i, cfg, args.batches)
-        if emulate is None:
+        if replaying:
+            res = cache.replay(i, trainer.model)
+        elif emulate is None:
             res = trainer.step(batch, keep_grads=(i == grads_it))
+            if cache is not None:
+                cache.record(i, res, trainer.model, keep_params=params_file(args.params, i) is not None)
         else:
             res = trainer.step(batch, keep_grads=(i == grads_it), loss_scale=loss_scales.get(i, 1.0))
         if i == grads_it:
@@ -1837,6 +1929,8 @@ def cmd_compare(args):
                 print("%6s moe (ref): %s | objective %.9g" % ("", " | ".join("%s %.9g" % (c[4:], res["moe"][c])
                                                                             for c in MOE_METRICS), res["objective"]))
         step_rows.append(row)
+    if cache is not None and not replaying:
+        cache.save()
     forced_upd = None
     if emulate is not None and args.params:
         # the forward pass and the optimizer alone, each from Trident's own state (no trajectory)
@@ -2035,6 +2129,10 @@ def build_parser():
                    help="round to 16 bits where Trident's mixed precision does (bf16 / fp16; fp32 masters); "
                         "auto (default): as the checkpoint's deck precision.dtype says; none: the plain reference")
     c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--cache", metavar="DIR",
+                   help="fp32 runs without dropout: replay the reference's trajectory recorded in DIR by an earlier "
+                        "compare of the same inputs (code, deck configuration, checkpoint, batches), else train it "
+                        "and record it there (the layouts of one validation case train the reference once)")
     c.add_argument("--report", help="write a JSON report here")
 
     e = sub.add_parser("eval", help="recompute Trident's eval mode on a token shard")

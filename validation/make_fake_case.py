@@ -286,6 +286,33 @@ def selftest(a):
         _run(base + ["--metrics", met, "--grads", bad, "--steps", "1"],
              "one row of a qkv gradient zeroed -> fail", 1, log)
 
+        # The trajectory cache (compare --cache): the first run trains and records, the second
+        # replays the reference's numbers and must judge Trident's afresh: the clean case passes,
+        # the corrupted gradient still fails; other batches are another key (trained again).
+        cache = os.path.join(tmp, "cache")
+        cached = base + ["--metrics", met, "--grads", grads, "--cache", cache]
+        out1 = _run(cached, "trajectory cache: clean case recorded", 0, log)
+        out2 = _run(cached, "trajectory cache: clean case replayed", 0, log)
+        ok = "recorded in" in out1 and "replayed from" in out2 and len(os.listdir(cache)) == 1
+        log.append(("trajectory cache: one record, replayed", ok))
+        print("%-62s %s" % ("trajectory cache: one record, replayed by the second run", "ok" if ok else "WRONG"))
+        out3 = _run(base + ["--metrics", met, "--grads", bad, "--cache", cache],
+                    "trajectory cache: replayed, qkv gradient row zeroed -> fail", 1, log)  # (bad: above)
+        ok = "replayed from" in out3
+        log.append(("trajectory cache: the corrupted run replayed", ok))
+        other = os.path.join(tmp, "batches_other.h5")
+        shutil.copy(os.path.join(tmp, "batches.h5"), other)
+        with h5py.File(other, "r+") as f:
+            d = f["iter_%07d" % 1]
+            b = d[()]
+            b[0, :] = b[0, ::-1]  # one window's tokens reversed: iteration 1's loss moves
+            d[...] = b
+        out4 = _run(["compare", "--checkpoint", ck0, "--batches", other, "--threads", str(a.threads),
+                     "--metrics", met, "--cache", cache], "trajectory cache: other batches -> trained again", 1, log)
+        ok = "recorded in" in out4 and len(os.listdir(cache)) == 2
+        log.append(("trajectory cache: other batches are another record", ok))
+        print("%-62s %s" % ("trajectory cache: other batches are another record", "ok" if ok else "WRONG"))
+
         def corrupt_csv(col, it, factor, name):
             lines = open(met).read().splitlines()
             hdr = lines[0].split(",")

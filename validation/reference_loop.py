@@ -98,8 +98,68 @@ def arguments(description):
     ap.add_argument("--params", help="Trident's debug.dump_params directory (parameters after some iterations)")
     ap.add_argument("--dropout-tape", help="Trident's debug.dump_dropout file: the masks of a run with dropout")
     ap.add_argument("--param-rtol", type=float, default=g.DEFAULT_PARAM_RTOL)
+    ap.add_argument("--cache", metavar="DIR",
+                    help="runs without dropout: replay the reference's trajectory recorded in DIR by an earlier run "
+                         "on the same inputs, else train it and record it there (gpt_reference.py compare --cache)")
     ap.add_argument("--report")
     return ap.parse_args()
+
+
+def trajectory_key(a, ck, fb, rows, param_iters):
+    """gpt_reference.trajectory_key's counterpart for these references: their code (this loop, the
+    calling reference, the shared math), the configuration, the checkpoint's tensors, the batches
+    of the iterations to train and the iterations whose parameters are compared."""
+    import hashlib
+    import sys
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.abspath(sys.argv[0]), os.path.join(here, "reference_loop.py"),
+                 os.path.join(here, "gpt_reference.py"), os.path.join(here, "torch_reference.py")):
+        h.update(open(path, "rb").read() + b"\0")
+    h.update(repr(sorted((k, repr(v)) for k, v in vars(ck.config).items())).encode() + b"\0")
+    h.update(repr((ck.iteration, tuple(param_iters), bool(a.grads))).encode() + b"\0")
+    for n in sorted(ck.params):
+        h.update(n.encode() + b"\0" + np.ascontiguousarray(ck.params[n]).tobytes())
+    it = ck.iteration
+    while g.batch_name(it + 1) in fb and it + 1 in rows:
+        it += 1
+        h.update(g.batch_name(it).encode() + b"\0" + np.ascontiguousarray(np.asarray(fb[g.batch_name(it)][...])).tobytes())
+    return h.hexdigest()
+
+
+class _Holder:
+    """The parameters as gpt_reference.TrajectoryCache records and replays a model's."""
+
+    def __init__(self, params):
+        self.params, self.buffers = params, {}
+
+
+def _train_step(cfg, params, opt, batch, it, mbs, parts, micro_loss, dropout):
+    """One reference iteration: the micro-batches' mean loss (and parts), the global gradient
+    norm, the step-1 gradients, clipping, the schedule's lr and the AdamW update."""
+    for t in params.values():
+        t.grad = None
+    if dropout is not None and dropout.tape is not None:
+        dropout.tape.iteration = it
+    nmb = cfg.global_batch_size // mbs
+    tot = dict.fromkeys(("loss",) + tuple(parts), 0.0)
+    for k in range(nmb):
+        loss, part_values = micro_loss(batch[k * mbs:(k + 1) * mbs])
+        (loss / nmb).backward()
+        tot["loss"] += loss.item() / nmb
+        for name in parts:
+            tot[name] += part_values[name] / nmb
+    grads = None
+    with torch.no_grad():
+        gnorm = math.sqrt(sum(float((t.grad ** 2).sum()) for t in params.values()))
+        if it == 1:
+            grads = {n: t.grad.numpy().copy() for n, t in params.items()}
+        if cfg.clip_grad > 0 and cfg.clip_grad / (gnorm + 1e-6) < 1:
+            for t in params.values():
+                t.grad.mul_(cfg.clip_grad / (gnorm + 1e-6))
+    lr = g.lr_at(cfg, it)
+    opt.step(lr)
+    return {"tot": tot, "grad_norm": gnorm, "lr": lr, "grads": grads}
 
 
 def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
@@ -131,6 +191,12 @@ def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
     failures = []
     it = ck.iteration
     with h5py.File(a.batches, "r") as fb:
+        cache, replaying = None, False
+        if getattr(a, "cache", None) and (dropout is None or dropout.tape is None):
+            dumped = [i for i in rows if i > ck.iteration and g.params_file(a.params, i)]
+            cache = g.TrajectoryCache(a.cache, trajectory_key(a, ck, fb, rows, dumped))
+            replaying = cache.load()
+            print("reference trajectory: %s %s" % ("replayed from" if replaying else "trained, recorded in", cache.path))
         while g.batch_name(it + 1) in fb and it + 1 in rows:
             it += 1
             batch = torch.as_tensor(np.asarray(fb[g.batch_name(it)][...], dtype=np.int64))
@@ -138,37 +204,25 @@ def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
                 print("bad input: %s has shape %s, expected (%d, %d)" % (g.batch_name(it), tuple(batch.shape),
                                                                         cfg.global_batch_size, width))
                 return 2
-            for t in params.values():
-                t.grad = None
-            if dropout is not None and dropout.tape is not None:
-                dropout.tape.iteration = it
-            nmb = cfg.global_batch_size // mbs
-            tot = dict.fromkeys(("loss",) + tuple(parts), 0.0)
-            for k in range(nmb):
-                loss, part_values = micro_loss(batch[k * mbs:(k + 1) * mbs])
-                (loss / nmb).backward()
-                tot["loss"] += loss.item() / nmb
-                for name in parts:
-                    tot[name] += part_values[name] / nmb
-            with torch.no_grad():
-                gnorm = math.sqrt(sum(float((t.grad ** 2).sum()) for t in params.values()))
-                if it == 1 and ref_grads is not None:
-                    for n, t in params.items():
-                        if n not in ref_grads:
-                            failures.append("step-1 gradient of %s missing from grads.h5" % n)
-                            continue
-                        ref = t.grad.numpy()
-                        err = np.linalg.norm(ref_grads[n] - ref) / max(np.linalg.norm(ref),
-                                                                        g.DEFAULT_GRAD_FLOOR_FRAC * gnorm)
-                        worst["grad"] = max(worst["grad"], err)
-                        if err > a.grad_rtol:
-                            failures.append("step-1 gradient of %s: relative L2 error %.2e" % (n, err))
-                if cfg.clip_grad > 0 and cfg.clip_grad / (gnorm + 1e-6) < 1:
-                    for t in params.values():
-                        t.grad.mul_(cfg.clip_grad / (gnorm + 1e-6))
-            lr = g.lr_at(cfg, it)
-            opt.step(lr)
             pf = g.params_file(a.params, it)
+            if replaying:
+                res = cache.replay(it, _Holder(params))
+            else:
+                res = _train_step(cfg, params, opt, batch, it, mbs, parts, micro_loss, dropout)
+                if cache is not None:
+                    cache.record(it, res, _Holder(params), keep_params=pf is not None)
+            tot, gnorm, lr = res["tot"], res["grad_norm"], res["lr"]
+            if it == 1 and ref_grads is not None:
+                for n in params:
+                    if n not in ref_grads:
+                        failures.append("step-1 gradient of %s missing from grads.h5" % n)
+                        continue
+                    ref = res["grads"][n]
+                    err = np.linalg.norm(ref_grads[n] - ref) / max(np.linalg.norm(ref),
+                                                                    g.DEFAULT_GRAD_FLOOR_FRAC * gnorm)
+                    worst["grad"] = max(worst["grad"], err)
+                    if err > a.grad_rtol:
+                        failures.append("step-1 gradient of %s: relative L2 error %.2e" % (n, err))
             if pf:
                 w, rows_p, bad_p = g.compare_params(pf, params, ck.params, a.param_rtol)
                 worst["param"] = max(worst["param"], w) if w == w else w
@@ -188,6 +242,8 @@ def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
             print("step %3d | loss %.6f (Trident %.6f)%s | gnorm %.5f (Trident %.5f)"
                   % (it, tot["loss"], row["loss"], "".join(" | %s %.6f" % (k, tot[k]) for k in parts), gnorm,
                      row["grad_norm"]))
+        if cache is not None and not replaying:
+            cache.save()
     steps = it - ck.iteration
     if steps == 0:
         print("bad input: no batch matches a metrics row")

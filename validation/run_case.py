@@ -108,6 +108,9 @@ def main():
                    help="record Trident's dropout masks (debug.dump_dropout; one rank) for the reference to apply")
     p.add_argument("--resume-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a deck key in the resumed job only (e.g. another layout)")
+    p.add_argument("--reference-cache", metavar="DIR",
+                   help="the reference's trajectory cache (gpt_reference.py compare --cache, reference_loop.py --cache): "
+                        "the layouts of one case train the reference once")
     a = p.parse_args()
 
     def pairs(items, flag):
@@ -175,6 +178,8 @@ def main():
         ref += MOE_TOLERANCES_16
     if a.dropout_tape:
         ref += ["--dropout-tape", w("dropout.h5")]
+    if a.reference_cache:
+        ref += ["--cache", a.reference_cache]
     if script == "gpt_reference.py" and a.shards:
         # the corpus's end-of-document id, for runs that pack documents (read from the shards)
         import glob
