@@ -358,6 +358,85 @@ void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   gemm(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
 }
 
+#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
+namespace {
+// The groups of a grouped GEMM shared out over this rank's threads, each GEMM whole on one thread
+// (as the batched GEMMs share their batch): the longest-processing-time rule in products
+// M·N·K, ties to the lower group and the lower thread, so the assignment is a function of the
+// shapes. Used when it balances the threads within 25% of an even split, or when no group is
+// large enough for gemm()'s own split into slabs (then the groups would run one thread at a
+// time). fp32 and bf16 operands; fp16 (widened to fp32 per call) keeps one GEMM after another.
+// Empty when the groups are better left to run one after another.
+std::vector<std::vector<const GemmGroup*>> share_groups(Trans tb, const std::vector<const GemmGroup*>& work) {
+  const std::int64_t threads = omp_get_max_threads();
+  if (threads < 2 || omp_in_parallel() || work.size() < 2) return {};
+  for (const GemmGroup* g : work)
+    if (g->A.dt == DType::F16 || g->A.dt != g->B.dt) return {};
+  const auto cost = [](const GemmGroup* g) { return static_cast<double>(g->M) * g->N * g->K; };
+  std::vector<size_t> order(work.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost(work[a]) > cost(work[b]); });
+  std::vector<std::vector<const GemmGroup*>> per_thread(static_cast<size_t>(threads));
+  std::vector<double> load(static_cast<size_t>(threads), 0.0);
+  double total = 0.0;
+  bool any_slabs = false;
+  for (size_t i : order) {
+    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    per_thread[t].push_back(work[i]);
+    load[t] += cost(work[i]);
+    total += cost(work[i]);
+    any_slabs = any_slabs ||
+                (work[i]->A.dt == DType::F32 && gemm_slabs(tb, work[i]->M, work[i]->N, work[i]->K).count > 1);
+  }
+  const double makespan = *std::max_element(load.begin(), load.end());
+  if (any_slabs && makespan > 1.25 * total / static_cast<double>(threads)) return {};
+  return per_thread;
+}
+}  // namespace
+#endif
+
+void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::vector<GemmGroup>& groups) {
+  std::vector<const GemmGroup*> work;
+  for (const GemmGroup& g : groups) {
+    check_dims(g.M, g.N, g.K);
+    if (g.M == 0 || g.N == 0) continue;
+    if (g.K == 0) {
+      gemm_grouped_scale(beta, g);
+      continue;
+    }
+    work.push_back(&g);
+  }
+#if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
+  if (const auto per_thread = share_groups(tb, work); !per_thread.empty()) {
+    struct NoState {};
+    const std::string error = run_batch_on_threads(
+        "ops::gemm_grouped", static_cast<std::int64_t>(per_thread.size()), [] { return NoState{}; },
+        [&](std::int64_t t, NoState&) {
+          for (const GemmGroup* g : per_thread[static_cast<size_t>(t)]) {
+            if (g->A.dt == DType::F32) {
+              const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), g->M, g->N, g->K, alpha,
+                                                  static_cast<const float*>(g->A.p), g->lda,
+                                                  static_cast<const float*>(g->B.p), g->ldb, beta, g->C, g->ldc);
+              if (st != dnnl_success) dnnl_failed(st, g->M, g->N, g->K, " (grouped)");
+            } else {  // bf16: a concurrent primitive (its own scratchpad), as the batched GEMM runs it
+              const Bf16Gemm b{ta, tb, g->M, g->N, g->K, alpha, g->lda, g->ldb, beta, g->ldc};
+              try {
+                Bf16Executor(b, bf16_matmul(b, true))(static_cast<const std::uint16_t*>(g->A.p),
+                                                      static_cast<const std::uint16_t*>(g->B.p), g->C);
+              } catch (const dnnl::error& e) {
+                bf16_failed(e.what(), b, 1);
+              }
+            }
+          }
+        });
+    if (!error.empty()) throw Error::one(error);
+    return;
+  }
+#endif
+  for (const GemmGroup* g : work)
+    gemm_mixed(ta, tb, g->M, g->N, g->K, alpha, g->A, g->lda, g->B, g->ldb, beta, g->C, g->ldc);
+}
+
 void gemm_set_tf32(bool) {}
 
 const char* gemm_backend_name() {

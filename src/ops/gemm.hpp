@@ -76,11 +76,20 @@ struct GemmGroup {
   std::int64_t ldc = 0;
 };
 // Independent GEMMs of different shapes with one transposition, alpha and beta (the experts of a
-// mixture-of-experts layer: one per expert, its tokens' rows). Each group gives the bits of
-// gemm_mixed on its operands: the groups run one after another, each GEMM threaded as gemm_mixed
-// threads it (host) or on the one stream (CUDA). A group of M = 0 or N = 0 does nothing; one of
-// K = 0 scales C by beta.
+// mixture-of-experts layer: one per expert, its tokens' rows). A group of M = 0 or N = 0 does
+// nothing; one of K = 0 scales C by beta.
+// - Host (gemm.cpp): the groups are shared out over the rank's threads, each GEMM whole on one
+//   thread (fp32, bf16; as the batched GEMMs share their batch), unless one group large enough
+//   for gemm()'s own split would leave the threads unbalanced; then, and for fp16, one GEMM after
+//   another, each threaded as gemm_mixed threads it. Each group has the bits of gemm_mixed on its
+//   operands at one thread (unit GemmGrouped.*).
+// - CUDA (gemm_cuda.cpp): one cuBLAS grouped call for all groups (cublasSgemmGroupedBatched;
+//   cublasGemmGroupedBatchedEx with 16-bit A, B and fp32 C), or one cublasGemmEx per group where
+//   cuBLAS refuses the types; the grouped kernels' summation order may differ from the single
+//   GEMMs', so its results equal gemm_mixed's to rounding, not to the bit.
 void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::vector<GemmGroup>& groups);
+// C = beta C over a group's M x N (its K = 0 case; on the device, fenced): gemm_mixed_grouped's helper.
+void gemm_grouped_scale(float beta, const GemmGroup& g);
 
 // fp32 GEMMs on TF32 tensor cores (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH; deck precision.tf32).
 // Host builds: ignored (no TF32 on CPUs), fp32 stays fp32.

@@ -5,7 +5,9 @@
 #include <cublas_v2.h>
 
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 #include <sstream>
+#include <vector>
 
 #include "common/error.hpp"
 #include "ops/gemm.hpp"
@@ -109,6 +111,94 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
 void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
                std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_16bit(CUDA_R_16F, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+namespace {
+// The device copies of a grouped call's pointer arrays (cuBLAS reads A, B and C's addresses from
+// device memory), grown as needed and reused: deep_copy fences, so a reuse never overwrites
+// the pointers of a call still queued.
+Kokkos::View<std::uintptr_t*, Kokkos::LayoutRight, Kokkos::CudaSpace>& grouped_pointers(std::size_t n) {
+  static Kokkos::View<std::uintptr_t*, Kokkos::LayoutRight, Kokkos::CudaSpace> v;
+  if (v.extent(0) < n)
+    v = Kokkos::View<std::uintptr_t*, Kokkos::LayoutRight, Kokkos::CudaSpace>("ops::gemm_grouped_ptrs", n);
+  return v;
+}
+
+// One cuBLAS grouped call for `work` (each a group of one GEMM): cublasSgemmGroupedBatched for
+// fp32, cublasGemmGroupedBatchedEx (16-bit A and B, fp32 C, fp32 compute) for bf16 / fp16.
+// Returns false, having computed nothing, when cuBLAS refuses the call's types
+// (CUBLAS_STATUS_NOT_SUPPORTED / INVALID_VALUE): the caller then runs one GEMM per group.
+bool gemm_grouped_cublas(Trans ta, Trans tb, float alpha, float beta, const std::vector<const GemmGroup*>& work) {
+  const int n = static_cast<int>(work.size());
+  const DType dt = work[0]->A.dt;
+  // row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T (see gemm())
+  std::vector<cublasOperation_t> opa(n, op(tb)), opb(n, op(ta));
+  std::vector<int> m(n), nn(n), k(n), lda(n), ldb(n), ldc(n), size(n, 1);
+  std::vector<float> alphas(n, alpha), betas(n, beta);
+  auto& ptrs = grouped_pointers(3 * static_cast<std::size_t>(n));
+  auto host = Kokkos::create_mirror_view(ptrs);
+  for (int i = 0; i < n; ++i) {
+    const GemmGroup& g = *work[i];
+    m[i] = static_cast<int>(g.N);
+    nn[i] = static_cast<int>(g.M);
+    k[i] = static_cast<int>(g.K);
+    lda[i] = static_cast<int>(g.ldb);
+    ldb[i] = static_cast<int>(g.lda);
+    ldc[i] = static_cast<int>(g.ldc);
+    host(i) = reinterpret_cast<std::uintptr_t>(g.B.p);
+    host(n + i) = reinterpret_cast<std::uintptr_t>(g.A.p);
+    host(2 * n + i) = reinterpret_cast<std::uintptr_t>(g.C);
+  }
+  Kokkos::deep_copy(ptrs, host);
+  const auto* a = reinterpret_cast<const void* const*>(ptrs.data());
+  const auto* b = reinterpret_cast<const void* const*>(ptrs.data() + n);
+  void* const* c = reinterpret_cast<void* const*>(ptrs.data() + 2 * n);
+  cublasStatus_t st;
+  if (dt == DType::F32) {
+    const GemmRegion region("ops::gemm_grouped");
+    st = cublasSgemmGroupedBatched(handle(), opa.data(), opb.data(), m.data(), nn.data(), k.data(), alphas.data(),
+                                   reinterpret_cast<const float* const*>(a), lda.data(),
+                                   reinterpret_cast<const float* const*>(b), ldb.data(), betas.data(),
+                                   reinterpret_cast<float* const*>(c), ldc.data(), n, size.data());
+  } else {
+    const cudaDataType type = dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const GemmRegion region(dt == DType::BF16 ? "ops::gemm_bf16_grouped" : "ops::gemm_fp16_grouped");
+    st = cublasGemmGroupedBatchedEx(handle(), opa.data(), opb.data(), m.data(), nn.data(), k.data(), alphas.data(), a,
+                                    type, lda.data(), b, type, ldb.data(), betas.data(), c, CUDA_R_32F, ldc.data(), n,
+                                    size.data(), CUBLAS_COMPUTE_32F);
+  }
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
+  TRIDENT_CUBLAS(st);
+  return true;
+}
+}  // namespace
+
+void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::vector<GemmGroup>& groups) {
+  std::vector<const GemmGroup*> work;
+  bool one_type = true;
+  for (const GemmGroup& g : groups) {
+    if (g.M < 0 || g.N < 0 || g.K < 0) {
+      std::ostringstream os;
+      os << "gemm: negative dimension M=" << g.M << " N=" << g.N << " K=" << g.K;
+      throw Error::one(os.str());
+    }
+    if (g.M == 0 || g.N == 0) continue;
+    if (g.K == 0) {
+      gemm_grouped_scale(beta, g);
+      continue;
+    }
+    one_type = one_type && g.A.dt == g.B.dt && g.A.dt == groups.front().A.dt;
+    work.push_back(&g);
+  }
+  // Types cuBLAS refused once are not tried again (a 16-bit grouped call without fp32 output).
+  static bool refused[3] = {false, false, false};
+  if (work.size() > 1 && one_type) {
+    bool& no = refused[static_cast<int>(work[0]->A.dt)];
+    if (!no && gemm_grouped_cublas(ta, tb, alpha, beta, work)) return;
+    no = true;
+  }
+  for (const GemmGroup* g : work)
+    gemm_mixed(ta, tb, g->M, g->N, g->K, alpha, g->A, g->lda, g->B, g->ldb, beta, g->C, g->ldc);
 }
 
 void gemm_set_tf32(bool on) {

@@ -52,22 +52,15 @@ void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t
     gemm_mixed(ta, tb, M, N, K, alpha, A.at(b * strideA), lda, B.at(b * strideB), ldb, beta, C + b * strideC, ldc);
 }
 
-void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::vector<GemmGroup>& groups) {
-  for (const GemmGroup& g : groups) {
-    if (g.M <= 0 || g.N <= 0) continue;
-    if (g.K <= 0) {  // no products: C = beta C
-      if (beta == 1.f) continue;
-      float* c = g.C;
-      const std::int64_t N = g.N, ldc = g.ldc;
-      Kokkos::parallel_for(
-          "ops::gemm_grouped_scale", range(g.M * N), KOKKOS_LAMBDA(std::int64_t i) {
-            c[(i / N) * ldc + i % N] = beta == 0.f ? 0.f : beta * c[(i / N) * ldc + i % N];
-          });
-      Kokkos::fence();
-      continue;
-    }
-    gemm_mixed(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc);
-  }
+void gemm_grouped_scale(float beta, const GemmGroup& g) {
+  if (beta == 1.f || g.M <= 0 || g.N <= 0) return;
+  float* c = g.C;
+  const std::int64_t N = g.N, ldc = g.ldc;
+  Kokkos::parallel_for(
+      "ops::gemm_grouped_scale", range(g.M * N), KOKKOS_LAMBDA(std::int64_t i) {
+        c[(i / N) * ldc + i % N] = beta == 0.f ? 0.f : beta * c[(i / N) * ldc + i % N];
+      });
+  Kokkos::fence();
 }
 
 }  // namespace trident

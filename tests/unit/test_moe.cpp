@@ -225,40 +225,63 @@ TEST(MoePlan, PermutationThenItsInverseIsTheIdentity) {
   EXPECT_EQ(to_host(dx), twice);
 }
 
-TEST(GemmGrouped, EachGroupHasTheBitsOfItsOwnGemm) {
-  const std::int64_t K = 24, N = 16;
-  const std::vector<std::int64_t> rows = {5, 0, 17, 1, 9};
-  const std::int64_t M = std::accumulate(rows.begin(), rows.end(), std::int64_t{0});
-  for (DType dt : {DType::F32, DType::BF16}) {
-    auto a = random_vector(M * K, 71), w = random_vector(rows.size() * N * K, 72);
-    Act A, W;
-    if (dt == DType::F32) {
-      A = act(to_device(a));
-      W = act(to_device(w));
-    } else {
-      std::vector<std::uint16_t> ah(a.size()), wh(w.size());
-      for (size_t i = 0; i < a.size(); ++i) ah[i] = float_to_bf16(a[i]);
-      for (size_t i = 0; i < w.size(); ++i) wh[i] = float_to_bf16(w[i]);
-      A = Act(dt, to_device(ah));
-      W = Act(dt, to_device(wh));
-    }
-    FloatView grouped = make_float("g", M * N), single = make_float("s", M * N);
-    std::vector<GemmGroup> g;
-    std::int64_t m0 = 0;
-    for (size_t e = 0; e < rows.size(); ++e) {
-      g.push_back({rows[e], N, K, operand(A).at(m0 * K), K, operand(W).at(static_cast<std::int64_t>(e) * N * K), K,
-                   grouped.data() + m0 * N, N});
-      m0 += rows[e];
-    }
-    gemm_mixed_grouped(Trans::N, Trans::T, 1.f, 0.f, g);
-    for (const GemmGroup& x : g)
-      if (x.M > 0)
-        gemm_mixed(Trans::N, Trans::T, x.M, x.N, x.K, 1.f, x.A, x.lda, x.B, x.ldb, 0.f,
-                   single.data() + (x.C - grouped.data()), x.ldc);
-    Kokkos::fence();
-    const auto gv = to_host(grouped), sv = to_host(single);
-    EXPECT_EQ(0, std::memcmp(gv.data(), sv.data(), gv.size() * sizeof(float))) << dtype_name(dt);
-  }
+// The experts' grouped GEMM against one gemm_mixed per group at one thread, bit for bit: at 1 and
+// 2 threads (at 2 the groups are shared out over the threads, or, with one group large enough for
+// gemm()'s own split into slabs, run one after another), forward (N x T) and weight-gradient
+// (T x N, beta 1, a group of K = 0 kept by beta) shapes, fp32, bf16 and fp16 operands.
+TEST(GemmGrouped, EachGroupHasTheBitsOfItsOwnGemmAtOneThread) {
+  struct Case {
+    std::int64_t K, N;
+    std::vector<std::int64_t> rows;
+  };
+  int checked = 0;
+  for (const Case& c : {Case{24, 16, {5, 0, 17, 1, 9}}, Case{64, 48, {3, 40, 2, 7, 0, 11, 29, 1}},
+                        Case{256, 768, {700, 3, 9}}})  // the last: one group split into slabs at 2 threads
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (int weight_grad = 0; weight_grad < 2; ++weight_grad)
+        for (int threads : {1, 2}) {
+          const std::int64_t K = c.K, N = c.N, E = static_cast<std::int64_t>(c.rows.size());
+          const std::int64_t M = std::accumulate(c.rows.begin(), c.rows.end(), std::int64_t{0});
+          auto a = random_vector(M * K, 71), w = random_vector(E * N * K, 72), dy = random_vector(M * N, 73);
+          const auto operands = [&](const std::vector<float>& v) {
+            if (dt == DType::F32) return act(to_device(v));
+            std::vector<std::uint16_t> h(v.size());
+            for (size_t i = 0; i < v.size(); ++i) h[i] = dt == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+            return Act(dt, to_device(h));
+          };
+          const Act A = operands(a), W = operands(w), DY = operands(dy);
+          // forward: y_e (rows, N) = x_e W_e^T; weight gradient: dW_e (N, K) += dy_e^T x_e
+          const std::int64_t out = weight_grad ? E * N * K : M * N;
+          const auto init = random_vector(out, 74);
+          FloatView grouped = to_device(init), single = to_device(init);
+          std::vector<GemmGroup> g;
+          std::int64_t m0 = 0;
+          for (std::int64_t e = 0; e < E; ++e) {
+            const std::int64_t r = c.rows[static_cast<size_t>(e)];
+            if (weight_grad)
+              g.push_back(
+                  {N, K, r, operand(DY).at(m0 * N), N, operand(A).at(m0 * K), K, grouped.data() + e * N * K, K});
+            else
+              g.push_back({r, N, K, operand(A).at(m0 * K), K, operand(W).at(e * N * K), K, grouped.data() + m0 * N, N});
+            m0 += r;
+          }
+          const Trans ta = weight_grad ? Trans::T : Trans::N, tb = weight_grad ? Trans::N : Trans::T;
+          const float beta = weight_grad ? 1.f : 0.f;
+          at_threads(threads, [&] { gemm_mixed_grouped(ta, tb, 1.f, beta, g); });
+          at_threads(1, [&] {
+            for (const GemmGroup& x : g)
+              if (x.M > 0 && x.N > 0 && x.K > 0)
+                gemm_mixed(ta, tb, x.M, x.N, x.K, 1.f, x.A, x.lda, x.B, x.ldb, beta,
+                           single.data() + (x.C - grouped.data()), x.ldc);
+          });
+          Kokkos::fence();
+          const auto gv = to_host(grouped), sv = to_host(single);
+          ASSERT_EQ(0, std::memcmp(gv.data(), sv.data(), gv.size() * sizeof(float)))
+              << dtype_name(dt) << " K " << K << " N " << N << " weight_grad " << weight_grad << " threads " << threads;
+          ASSERT_NE(float_bits(gv.back()), float_bits(init.back()));  // the last group really ran
+          ++checked;
+        }
+  EXPECT_EQ(checked, 36);
 }
 
 namespace {
