@@ -397,9 +397,9 @@ void validate(const Deck& d, bool stored) {
                     "deck: moe.shared_expert_intermediate_size ("
                         << moe.shared_expert_intermediate_size << ") is not divisible by parallel.tp (" << d.parallel.tp
                         << ")");
-    TRIDENT_REQUIRE(d.lora.rank == 0,
-                    "deck: lora.rank > 0 with MoE layers is not supported (adapters cover dense "
-                    "projections only)");
+    TRIDENT_REQUIRE(d.lora.rank == 0 || !moe.router_enable_expert_bias,
+                    "deck: lora.rank > 0 with moe.router_enable_expert_bias: the expert bias is part of the "
+                    "frozen base model under LoRA (leave the bias off, or fine-tune without adapters)");
     TRIDENT_REQUIRE(moe.num_experts % d.parallel.ep == 0,
                     "deck: moe.num_experts (" << moe.num_experts << ") is not divisible by parallel.ep ("
                                               << d.parallel.ep << ")");

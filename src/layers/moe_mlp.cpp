@@ -325,7 +325,7 @@ class MoeMlp final : public MlpModule {
     experts_backward(lp, dye, s.dy16, operand(k.a), s.da, C_, Fe_, &Expert::w2);
     for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
-      if (x.b2 >= 0) bias_backward(store_->grad(x.b2), slice(dye, n0 * C_, rows * C_), rows, C_);
+      if (x.b2 >= 0 && !frozen()) bias_backward(store_->grad(x.b2), slice(dye, n0 * C_, rows * C_), rows, C_);
       act_->backward(slice(s.dh, n0 * bF, rows * bF), slice(s.da, n0 * Fe_, rows * Fe_),
                      act_part(k.h, n0 * bF, rows * bF), rows, Fe_);
     });
@@ -338,7 +338,7 @@ class MoeMlp final : public MlpModule {
     experts_backward(lp, s.dh, s.dy16, operand(etp_ > 1 ? k.xg : exchange_ ? k.xe : s.xp), dxe, bF, C_, &Expert::w1);
     for_experts(lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Expert& x = experts_[static_cast<size_t>(e)];
-      if (x.b1 >= 0) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
+      if (x.b1 >= 0 && !frozen()) bias_backward(store_->grad(x.b1), slice(s.dh, n0 * bF, rows * bF), rows, bF);
     });
     lap.to(MoeState::kExperts);
     if (etp_ > 1) {  // the partial input gradients summed over the etp ranks, each keeping its rows
@@ -616,6 +616,7 @@ class MoeMlp final : public MlpModule {
       const Act w = store_->param(experts_[static_cast<size_t>(e)].*weight);
       return GemmGroup{rows, n_in, n_out, g.at(n0 * n_out), n_out, operand(w), n_in, dx.data() + n0 * n_in, n_in};
     });
+    if (frozen()) return;  // LoRA: no weight gradients of the frozen experts
     grouped(Trans::T, Trans::N, 1.f, 1.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       return GemmGroup{n_out, n_in,
                        rows,  g.at(n0 * n_out),
@@ -624,6 +625,10 @@ class MoeMlp final : public MlpModule {
                        n_in};
     });
   }
+
+  // LoRA (adapters declared): the routed experts and the router are part of the frozen base, their
+  // weight gradients never computed (the shared expert's projections take adapters as the dense MLP's)
+  bool frozen() const { return store_->has_adapters(); }
 
   template <class F>
   void for_experts(const MoePlan& p, const F& f) const {
@@ -729,7 +734,8 @@ class MoeMlp final : public MlpModule {
     const float* x = in.is_half() ? s.x32.data() : in.f.data();
     const float* w = wr.is_half() ? s.wr32.data() : wr.f.data();
     gemm(Trans::N, Trans::N, R_, C_, E_, 1.f, s.dlogits.data(), E_, w, C_, 0.f, s.dtmp.data(), C_);
-    gemm(Trans::T, Trans::N, E_, C_, R_, 1.f, s.dlogits.data(), E_, x, C_, 1.f, store_->grad(router_).data(), C_);
+    if (!frozen())  // (LoRA: the router is part of the frozen base)
+      gemm(Trans::T, Trans::N, E_, C_, R_, 1.f, s.dlogits.data(), E_, x, C_, 1.f, store_->grad(router_).data(), C_);
     Kokkos::fence();
   }
 

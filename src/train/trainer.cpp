@@ -324,10 +324,11 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
   shard_ = trainable_ / dp_;
   shard_begin_ = shard_ * dp_rank_;
   // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only; the
-  // experts' range is a second segment, sharded over the expert-data-parallel group.
+  // experts' range is a second segment, sharded over the expert-data-parallel group (LoRA: the
+  // experts are part of the frozen base, no segment, no reduction).
   std::vector<AdamW::Segment> segments = {
       AdamW::Segment{zero_ ? shard_begin_ : 0, zero_ ? shard_ : trainable_, store_.decay_size(), false, 0}};
-  if (store_.has_experts()) {
+  if (store_.has_experts() && !lora_) {
     e_begin_ = store_.expert_begin();
     e_len_ = store_.padded_size() - e_begin_;
     e_shard_ = e_len_ / topo.edp_size();

@@ -43,7 +43,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from testlib import run, single_error_failures  # noqa: E402
+from testlib import assert_layout, run, single_error_failures  # noqa: E402
 from hf_checks import latest_file  # noqa: E402 (tests/e2e: the checkpoint file a save directory's latest names)
 
 MERGE_REL = 1e-6   # merged plain weights against the adapters (fp32 rounding of W + s B A)
@@ -373,6 +373,70 @@ def check_llama(c):
            float(l_lora), MERGE_REL)
 
 
+def check_moe(c):
+    """LoRA on a mixture-of-experts model (inputs/moe_tiny_ci.ini: 2 layers of 4 SwiGLU experts,
+    top-2): adapters on the attention projections of every layer (and on fc1 / fc2 of dense
+    layers and shared experts, none in this deck); the routed experts and the router belong to
+    the frozen base. At initialisation the loss is the base model's; after training every base
+    tensor (experts and router included) is bitwise unchanged; dp 2 x ep 2 and tp 2 + SP x ep 2
+    give one rank's losses; the merge scores as the adapters."""
+    import h5py
+    import numpy as np
+    c.deck = os.path.join(ROOT, "inputs", "moe_tiny_ci.ini")
+    base = c.base("base", 20)
+    quiet = ["--model.hidden_dropout", "0", "--model.attention_dropout", "0", "--log.interval", "1",
+             "--optim.lr", "1e-2", "--optim.warmup_iters", "1"]
+    lora, ref_csv = c.path("lora"), c.path("ref.csv")
+    _, out, _ = c.lora(base, lora, 6, quiet + ["--log.metrics_file", ref_csv, "--debug.dump_params", c.path("dump"),
+                                               "--debug.dump_params_iters", "6"])
+    print([l for l in out.splitlines() if l.startswith("LoRA: rank")][0])
+    c.gpt(["--checkpoint.load", base, "--checkpoint.finetune", "true", "--train.iters", "1", "--eval.interval", "0",
+           "--log.metrics_file", c.path("plain.csv")] + quiet)
+    ref, plain = losses(ref_csv), losses(c.path("plain.csv"))
+    print(f"iteration 1 training loss: LoRA {ref[0]!r}, plain fine-tuning {plain[0]!r}")
+    assert ref[0] == plain[0], "adapters at initialisation do not give the base model's loss exactly"
+    with h5py.File(latest_file(lora), "r") as f:
+        names = []
+        f["model"].visititems(lambda n, o: names.append("model/" + n) if isinstance(o, h5py.Dataset) else None)
+    want = sorted(f"model/layers/{i}/self_attention/{t}/{ab}" for i in (0, 1) for t in ("qkv", "proj")
+                  for ab in ("lora_a", "lora_b"))
+    assert sorted(names) == want, f"the LoRA checkpoint holds {sorted(names)}, expected the attention adapters {want}"
+    print(f"LoRA checkpoint: {len(names)} tensors, the attention adapters of both MoE layers only")
+    dump = os.path.join(c.path("dump"), "iter_0000006.h5")
+    with h5py.File(dump, "r") as dd, h5py.File(latest_file(base), "r") as b:
+        base_names = []
+        b["model"].visititems(lambda n, o: base_names.append("model/" + n) if isinstance(o, h5py.Dataset) else None)
+        experts = [n for n in base_names if "/mlp/experts/" in n or "/mlp/router/" in n]
+        assert len(experts) == 2 * (4 * 2 + 1), f"the base's experts and routers: {experts}"
+        changed = [n for n in base_names if dd[n][()].tobytes() != b[n][()].tobytes()]
+        assert not changed, f"base tensors changed by LoRA training: {changed[:5]}"
+        b_norm = sum(float(np.abs(dd[n][()]).sum()) for n in want if n.endswith("lora_b"))
+        assert b_norm > 0, "the adapters' B stayed zero: nothing trained"
+        print(f"frozen base: {len(base_names)} base tensors ({len(experts)} experts' and routers') bitwise unchanged; "
+              f"sum |B| = {b_norm:.4g}")
+    assert any(l.startswith(" iter") and "moe aux" in l for l in out.splitlines()), "no MoE metrics in the log"
+    for name, extra in (("dp=2, ep=2", ["--parallel.ep", "2"]),
+                        ("tp=2 + SP, ep=2", ["--parallel.tp", "2", "--parallel.sequence_parallel", "true",
+                                             "--parallel.ep", "2"])):
+        m = c.path(f"layout_{len(os.listdir(c.a.work))}.csv")
+        _, lout, _ = c.lora(base, None, 6, quiet + extra + ["--log.metrics_file", m], np_=2)
+        assert_layout(c.app("pretrain_gpt", 2) + extra, lout)
+        got = losses(m)
+        worst = max(abs(g - r) / r for g, r in zip(got, ref))
+        print(f"MoE LoRA at {name}: losses {['%.6f' % x for x in got]} vs one rank, worst relative {worst:.2e}")
+        assert len(got) == len(ref) and worst <= LAYOUT_REL, f"MoE LoRA at {name} departs from one rank"
+    held = c.path("held_out.txt")
+    shutil.copy(os.path.join(ROOT, HELD_OUT), held)
+    merged = c.path("merged")
+    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", lora, "--output", merged])
+    l_base, l_lora = c.evaluate(base, held), c.evaluate(lora, held)
+    assert l_lora != l_base, "the adapters changed nothing"
+    within("MoE merged checkpoint vs adapters (--eval.only)", float(c.evaluate(merged, held)), float(l_lora),
+           MERGE_REL)
+    within("  the merged checkpoint at ep=2", float(c.evaluate(merged, held, np_=2, extra=["--parallel.ep", "2"])),
+           float(l_lora), MERGE_REL)
+
+
 def check_errors(c):
     base = c.base("base", 2)
     lora = c.path("lora")
@@ -407,6 +471,10 @@ def check_errors(c):
                                                "--eval.windows", "4"], "which has changed since"),
         ("merge of plain weights", c.app("convert_checkpoint") + ["--to", "merged", "--input", base, "--output",
                                                                   c.path("no_merge")], "no LoRA adapters to merge"),
+        ("LoRA with the MoE expert bias", [exe, "--deck", os.path.join(ROOT, "inputs", "moe_tiny_ci.ini"),
+                                           "--data.train_shards", os.path.join(c.sample, "kjv_gpt2_*.h5")] + fin +
+         ["--lora.rank", "4", "--moe.router_score_function", "sigmoid", "--moe.router_enable_expert_bias", "true"],
+         "the expert bias is part of the frozen base"),
     ]
     failures = single_error_failures(cases)
     assert not os.path.exists(c.path("no_merge")), "a refused merge wrote its output"
@@ -417,7 +485,7 @@ def check_errors(c):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["gpt", "layouts", "llama", "errors"])
+    p.add_argument("check", choices=["gpt", "layouts", "llama", "moe", "errors"])
     p.add_argument("--build", required=True)
     p.add_argument("--sample", required=True)
     p.add_argument("--work", required=True)
@@ -426,7 +494,8 @@ def main():
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     c = Ctx(a)
-    {"gpt": check_gpt, "layouts": check_layouts, "llama": check_llama, "errors": check_errors}[a.check](c)
+    {"gpt": check_gpt, "layouts": check_layouts, "llama": check_llama, "moe": check_moe,
+     "errors": check_errors}[a.check](c)
     print(f"lora_{a.check}: PASS")
 
 
