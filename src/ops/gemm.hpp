@@ -79,9 +79,9 @@ struct GemmGroup {
 // mixture-of-experts layer: one per expert, its tokens' rows). A group of M = 0 or N = 0 does
 // nothing; one of K = 0 scales C by beta.
 // - Host (gemm.cpp): the groups are shared out over the rank's threads, each GEMM whole on one
-//   thread (fp32, bf16; as the batched GEMMs share their batch), unless one group large enough
-//   for gemm()'s own split would leave the threads unbalanced; then, and for fp16, one GEMM after
-//   another, each threaded as gemm_mixed threads it. Each group has the bits of gemm_mixed on its
+//   thread (fp32, bf16; as the batched GEMMs share their batch), unless (fp32) one group large
+//   enough for gemm()'s own split would leave the threads unbalanced; then, and for fp16, one GEMM
+//   after another, each threaded as gemm_mixed threads it. Each group has the bits of gemm_mixed on its
 //   operands at one thread (unit GemmGrouped.*).
 // - CUDA (gemm_cuda.cpp): one cuBLAS grouped call for all groups (cublasSgemmGroupedBatched;
 //   cublasGemmGroupedBatchedEx with 16-bit A, B and fp32 C), or one cublasGemmEx per group where
