@@ -24,9 +24,9 @@ set_tests_properties(fuzz_build PROPERTIES LABELS "fuzz" TIMEOUT 900 SKIP_RETURN
 set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 # fixed-seed regression runs sized so that the whole suite stays under 30 minutes on 2 cores
 # (longer fuzzing: run_fuzzer.sh by hand with more runs)
-set(fuzz_runs_deck 5000)
-set(fuzz_runs_jsonl 5000)
-set(fuzz_runs_tokenizers 6000)  # about 3 ms each: GPT-2, WordPiece and three tokenizer.json models per input
+set(fuzz_runs_deck 2500)
+set(fuzz_runs_jsonl 2500)
+set(fuzz_runs_tokenizers 3000)  # about 3 ms each: GPT-2, WordPiece and three tokenizer.json models per input
 set(fuzz_runs_shard 1500)  # about 10 ms each (an HDF5 file per input)
 set(fuzz_runs_checkpoint 1000)  # the same
 set(fuzz_seeds_deck ${PROJECT_SOURCE_DIR}/inputs ${corpus}/deck)

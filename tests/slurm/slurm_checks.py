@@ -11,7 +11,7 @@ or the packages; fails when they are there but Slurm does not come up), then:
            warning the way `#SBATCH --signal=B:USR1@300` delivers it (`scancel --signal=USR1
            --batch`: to the batch shell, which passes it on to the ranks); the job ends with exit
            code 3 after a checkpoint, resubmits itself, and the new job resumes with
-           --checkpoint.load auto and ends with exit code 0 and the same 300 losses as an
+           --checkpoint.load auto and ends with exit code 0 and the same 150 losses as an
            uninterrupted run (bitwise)
 """
 import argparse
@@ -88,7 +88,7 @@ def main():
               "checkpoint written")
 
         # ---- preempt: the time-limit warning, checkpoint, exit 3, resubmission, exact resume
-        iters = "--train.iters 300 --optim.decay_iters 300 --eval.interval 0 --log.interval 50"
+        iters = "--train.iters 150 --optim.decay_iters 150 --eval.interval 0 --log.interval 50"
         subprocess.run([a.mpiexec, "-n", "2", os.path.join(a.build, "apps", "pretrain_gpt"), "--deck", env["DECK"],
                         "--data.train_shards", a.shards, *iters.split(), "--log.metrics_file", w("ref.csv")],
                        check=True, capture_output=True, timeout=600)
@@ -120,11 +120,11 @@ def main():
         assert code == 0, f"resubmitted job {second}: {state}, exit code {code}\n{out2}"
         assert f"at iteration {stopped}" in out2, out2
         got = rows(w("pre.csv"))
-        assert [x["iteration"] for x in got] == [str(i) for i in range(1, 301)], "metrics rows not continuous"
+        assert [x["iteration"] for x in got] == [str(i) for i in range(1, 151)], "metrics rows not continuous"
         assert [x["loss"] for x in got] == want, "the resumed losses differ from the uninterrupted run"
         print(f"preempt: job {first} got USR1 in its batch shell, checkpointed after iteration {stopped} and exited 3; "
               f"it resubmitted itself as job {second}, which resumed (--checkpoint.load auto) and finished with exit "
-              f"code 0 and all 300 losses equal to an uninterrupted run")
+              f"code 0 and all 150 losses equal to an uninterrupted run")
     finally:
         subprocess.run(["bash", os.path.join(HERE, "slurm_cluster.sh"), "stop", state_dir])
     return 0
