@@ -306,6 +306,33 @@ def check_layouts(c):
     within("  BERT merged vs adapters", l_merged, l_lora, MERGE_REL)
 
 
+def lora_at_layout(c, model, name, base, quiet, extra, ref, check_layout=False):
+    """6 LoRA steps from `base` on 2 ranks at the layout `extra`: one rank's losses `ref` within LAYOUT_REL."""
+    m = c.path(f"layout_{len(os.listdir(c.a.work))}.csv")
+    _, out, _ = c.lora(base, None, 6, quiet + extra + ["--log.metrics_file", m], np_=2)
+    if check_layout:
+        assert_layout(c.app("pretrain_gpt", 2) + extra, out)
+    got = losses(m)
+    worst = max(abs(g - r) / r for g, r in zip(got, ref))
+    print(f"{model} LoRA at {name}: losses {['%.6f' % x for x in got]} vs one rank, worst relative {worst:.2e}")
+    assert len(got) == len(ref) and worst <= LAYOUT_REL, f"{model} LoRA at {name} departs from one rank"
+
+
+def merge_scores_as_adapters(c, model, base, lora, layout):
+    """convert_checkpoint --to merged of `lora`: the held-out loss (--eval.only) of the merged plain
+    weights equals the adapters' (MERGE_REL), on one rank and at `layout` (name, flags) on two."""
+    held = c.path("held_out.txt")
+    shutil.copy(os.path.join(ROOT, HELD_OUT), held)
+    merged = c.path("merged")
+    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", lora, "--output", merged])
+    l_base, l_lora = c.evaluate(base, held), c.evaluate(lora, held)
+    assert l_lora != l_base, "the adapters changed nothing"
+    within(f"{model} merged checkpoint vs adapters (--eval.only)", float(c.evaluate(merged, held)), float(l_lora),
+           MERGE_REL)
+    within(f"  the merged checkpoint at {layout[0]}", float(c.evaluate(merged, held, np_=2, extra=layout[1])),
+           float(l_lora), MERGE_REL)
+
+
 def check_llama(c):
     import h5py
     import numpy as np
@@ -355,22 +382,8 @@ def check_llama(c):
                         ("tp=2 with sequence parallelism", ["--parallel.tp", "2", "--parallel.sequence_parallel",
                                                             "true"]),
                         ("pp=2", ["--parallel.pp", "2"])):
-        m = c.path(f"layout_{len(os.listdir(c.a.work))}.csv")
-        c.lora(base, None, 6, quiet + extra + ["--log.metrics_file", m], np_=2)
-        got = losses(m)
-        worst = max(abs(g - r) / r for g, r in zip(got, ref))
-        print(f"Llama LoRA at {name}: losses {['%.6f' % x for x in got]} vs one rank, worst relative {worst:.2e}")
-        assert len(got) == len(ref) and worst <= LAYOUT_REL, f"Llama LoRA at {name} departs from one rank"
-    held = c.path("held_out.txt")
-    shutil.copy(os.path.join(ROOT, HELD_OUT), held)
-    merged = c.path("merged")
-    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", lora, "--output", merged])
-    l_base, l_lora = c.evaluate(base, held), c.evaluate(lora, held)
-    assert l_lora != l_base, "the adapters changed nothing"
-    within("Llama merged checkpoint vs adapters (--eval.only)", float(c.evaluate(merged, held)), float(l_lora),
-           MERGE_REL)
-    within("  the merged checkpoint at tp=2", float(c.evaluate(merged, held, np_=2, extra=["--parallel.tp", "2"])),
-           float(l_lora), MERGE_REL)
+        lora_at_layout(c, "Llama", name, base, quiet, extra, ref)
+    merge_scores_as_adapters(c, "Llama", base, lora, ("tp=2", ["--parallel.tp", "2"]))
 
 
 def check_moe(c):
@@ -418,23 +431,8 @@ def check_moe(c):
     for name, extra in (("dp=2, ep=2", ["--parallel.ep", "2"]),
                         ("tp=2 + SP, ep=2", ["--parallel.tp", "2", "--parallel.sequence_parallel", "true",
                                              "--parallel.ep", "2"])):
-        m = c.path(f"layout_{len(os.listdir(c.a.work))}.csv")
-        _, lout, _ = c.lora(base, None, 6, quiet + extra + ["--log.metrics_file", m], np_=2)
-        assert_layout(c.app("pretrain_gpt", 2) + extra, lout)
-        got = losses(m)
-        worst = max(abs(g - r) / r for g, r in zip(got, ref))
-        print(f"MoE LoRA at {name}: losses {['%.6f' % x for x in got]} vs one rank, worst relative {worst:.2e}")
-        assert len(got) == len(ref) and worst <= LAYOUT_REL, f"MoE LoRA at {name} departs from one rank"
-    held = c.path("held_out.txt")
-    shutil.copy(os.path.join(ROOT, HELD_OUT), held)
-    merged = c.path("merged")
-    run(c.app("convert_checkpoint") + ["--to", "merged", "--input", lora, "--output", merged])
-    l_base, l_lora = c.evaluate(base, held), c.evaluate(lora, held)
-    assert l_lora != l_base, "the adapters changed nothing"
-    within("MoE merged checkpoint vs adapters (--eval.only)", float(c.evaluate(merged, held)), float(l_lora),
-           MERGE_REL)
-    within("  the merged checkpoint at ep=2", float(c.evaluate(merged, held, np_=2, extra=["--parallel.ep", "2"])),
-           float(l_lora), MERGE_REL)
+        lora_at_layout(c, "MoE", name, base, quiet, extra, ref, check_layout=True)
+    merge_scores_as_adapters(c, "MoE", base, lora, ("ep=2", ["--parallel.ep", "2"]))
 
 
 def check_errors(c):
