@@ -1624,10 +1624,28 @@ def resolve_emulate(choice, cfg):
 # Trajectory cache (compare --cache DIR)
 # --------------------------------------------------------------------------------------
 
-def _reference_sources():
-    """The bytes of this reference's code: a change to it is a change of every trajectory."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return [open(os.path.join(here, n), "rb").read() for n in ("gpt_reference.py", "torch_reference.py")]
+class TrajectoryDigest:
+    """The sha256 a TrajectoryCache key is: tagged parts (bytes, text or arrays) added in order,
+    starting with the reference's code (this file, torch_reference.py and `sources`), so that a
+    change to the code is a change of every trajectory."""
+
+    def __init__(self, sources=()):
+        import hashlib
+        self.h = hashlib.sha256()
+        here = os.path.dirname(os.path.abspath(__file__))
+        for path in [os.path.join(here, n) for n in ("gpt_reference.py", "torch_reference.py")] + list(sources):
+            self.add("source", open(path, "rb").read())
+
+    def add(self, tag, data):
+        if isinstance(data, np.ndarray):
+            data = np.ascontiguousarray(data).tobytes()
+        self.h.update(tag.encode() + b"\0" + (data if isinstance(data, bytes) else str(data).encode()) + b"\0")
+
+    def add_config(self, cfg):
+        self.add("config", repr(sorted((k, repr(v)) for k, v in vars(cfg).items())))
+
+    def hexdigest(self):
+        return self.h.hexdigest()
 
 
 def trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters, dtype):
@@ -1636,23 +1654,16 @@ def trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters, dtype):
     and counters, the batches of the compared iterations, the iteration of the kept gradients
     and the iterations whose parameters are compared. Two runs with one key train the same
     reference on the same numbers."""
-    import hashlib
-    h = hashlib.sha256()
-
-    def add(tag, data):
-        h.update(tag.encode() + b"\0" + (data if isinstance(data, bytes) else str(data).encode()) + b"\0")
-
-    for src in _reference_sources():
-        add("source", src)
-    add("config", repr(sorted((k, repr(v)) for k, v in vars(cfg).items())))
-    add("counters", (ckpt.iteration, ckpt.consumed_samples, ckpt.optimizer_steps, start, steps, grads_it,
-                     tuple(param_iters), str(dtype)))
+    d = TrajectoryDigest()
+    d.add_config(cfg)
+    d.add("counters", (ckpt.iteration, ckpt.consumed_samples, ckpt.optimizer_steps, start, steps, grads_it,
+                       tuple(param_iters), str(dtype)))
     for group, tensors in (("params", ckpt.params), ("exp_avg", ckpt.exp_avg), ("exp_avg_sq", ckpt.exp_avg_sq)):
         for n in sorted(tensors or {}):
-            add(group + "/" + n, np.ascontiguousarray(tensors[n]).tobytes())
+            d.add(group + "/" + n, tensors[n])
     for i in range(start + 1, start + steps + 1):
-        add(batch_name(i), np.ascontiguousarray(np.asarray(bf[batch_name(i)][...])).tobytes())
-    return h.hexdigest()
+        d.add(batch_name(i), np.asarray(bf[batch_name(i)][...]))
+    return d.hexdigest()
 
 
 class TrajectoryCache:

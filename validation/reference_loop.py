@@ -109,22 +109,18 @@ def trajectory_key(a, ck, fb, rows, param_iters):
     """gpt_reference.trajectory_key's counterpart for these references: their code (this loop, the
     calling reference, the shared math), the configuration, the checkpoint's tensors, the batches
     of the iterations to train and the iterations whose parameters are compared."""
-    import hashlib
     import sys
-    h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for path in (os.path.abspath(sys.argv[0]), os.path.join(here, "reference_loop.py"),
-                 os.path.join(here, "gpt_reference.py"), os.path.join(here, "torch_reference.py")):
-        h.update(open(path, "rb").read() + b"\0")
-    h.update(repr(sorted((k, repr(v)) for k, v in vars(ck.config).items())).encode() + b"\0")
-    h.update(repr((ck.iteration, tuple(param_iters), bool(a.grads))).encode() + b"\0")
+    d = g.TrajectoryDigest(sources=(os.path.abspath(sys.argv[0]), os.path.join(here, "reference_loop.py")))
+    d.add_config(ck.config)
+    d.add("counters", (ck.iteration, tuple(param_iters), bool(a.grads)))
     for n in sorted(ck.params):
-        h.update(n.encode() + b"\0" + np.ascontiguousarray(ck.params[n]).tobytes())
+        d.add(n, ck.params[n])
     it = ck.iteration
     while g.batch_name(it + 1) in fb and it + 1 in rows:
         it += 1
-        h.update(g.batch_name(it).encode() + b"\0" + np.ascontiguousarray(np.asarray(fb[g.batch_name(it)][...])).tobytes())
-    return h.hexdigest()
+        d.add(g.batch_name(it), np.asarray(fb[g.batch_name(it)][...]))
+    return d.hexdigest()
 
 
 class _Holder:
