@@ -58,7 +58,8 @@ struct Owner {
   }
 };
 Owner owner_of(const Topology& topo) {
-  return Owner{topo.coords().dp == 0, topo.expert_coords().edp == 0, topo.coords().tp, topo.expert_coords().etp};
+  return Owner{topo.coords().dp == 0 && topo.coords().cp == 0, topo.expert_coords().edp == 0, topo.coords().tp,
+               topo.expert_coords().etp};
 }
 
 H5Handle open_parallel_create(const std::string& path, MPI_Comm comm) {
@@ -297,7 +298,7 @@ HostFloatView full_state(const FloatView& part, const AdamW& opt, const ParamSto
     Kokkos::deep_copy(slice(full, s.begin, s.n), slice(part, s.at, s.n));
     const std::int64_t region = s.expert ? store.expert_begin() : 0;
     const std::int64_t len = s.expert ? store.padded_size() - store.expert_begin() : store.dense_trainable_size();
-    if (s.n < len) (s.expert ? topo.edp_group() : topo.dp_group()).allgather_in_place(full.data() + region, s.n);
+    if (s.n < len) (s.expert ? topo.edp_group() : topo.dp_cp_group()).allgather_in_place(full.data() + region, s.n);
   }
   return Kokkos::create_mirror_view_and_copy(HostSpace(), full);
 }
@@ -406,7 +407,8 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     // Attributes are written collectively (same values on every rank).
     write_root_attributes(file, st, opt != nullptr, store.has_adapters(),
                           "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
-                              " dp=" + std::to_string(topo.dp_size()));
+                              " dp=" + std::to_string(topo.dp_size()) +
+                              (topo.cp_size() > 1 ? " cp=" + std::to_string(topo.cp_size()) : std::string()));
     if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
   }
   agree_or_throw(world.get(), err);

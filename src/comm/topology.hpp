@@ -1,7 +1,10 @@
-// Topology: the world split into tensor-, pipeline- and data-parallel groups, Megatron's order
-// (tp varies fastest, then dp, then pp):
-//     global = tp_rank + dp_rank * tp + pp_rank * tp * dp
-// Example, world = 8, tp = 2, pp = 2, dp = 2:
+// Topology: the world split into tensor-, context-, data- and pipeline-parallel groups, Megatron's
+// order (tp varies fastest, then cp, then dp, then pp):
+//     global = tp_rank + cp_rank * tp + dp_rank * tp * cp + pp_rank * tp * cp * dp
+// so that dp = world / (tp * cp * pp). The context-parallel ranks of a group hold different parts
+// of the same sequences (parallel.cp); gradients are reduced, and ZeRO-1 shards, over the
+// data-parallel x context-parallel group (dp_cp_group: the ranks with the same tp and pp rank).
+// Example, world = 8, tp = 2, pp = 2, dp = 2 (cp = 1):
 //     rank:     0 1 2 3 4 5 6 7
 //     tp_rank:  0 1 0 1 0 1 0 1
 //     dp_rank:  0 0 1 1 0 0 1 1
@@ -18,13 +21,14 @@
 namespace trident {
 
 struct RankCoords {
-  int tp = 0, dp = 0, pp = 0;
+  int tp = 0, dp = 0, pp = 0, cp = 0;
 };
 // A rank's place in the experts' grid (Megatron's expert decomposition, order tp-ep-dp-pp): within
-// a pipeline stage the tp x dp ranks, numbered i = tp_rank + dp_rank * tp, are regrouped as
+// a pipeline stage the tp x cp x dp ranks, numbered i = tp_rank + cp_rank * tp + dp_rank * tp * cp,
+// are regrouped as
 //     etp_rank = i % etp, ep_rank = (i / etp) % ep, edp_rank = i / (etp * ep)
-// so that etp x ep x edp = tp x dp: expert parallelism is carved out of the data-parallel (and,
-// with etp < tp, the tensor-parallel) ranks. Example, tp = 2, dp = 2, ep = 2, etp = 1: ranks
+// so that etp x ep x edp = tp x cp x dp: expert parallelism is carved out of the data-parallel
+// (and, with etp < tp, the tensor-parallel) ranks. Example, tp = 2, dp = 2, ep = 2, etp = 1: ranks
 // {0, 1} and {2, 3} of a stage form the expert-parallel groups, {0, 2} and {1, 3} the
 // expert-data-parallel ones.
 struct ExpertCoords {
@@ -33,24 +37,33 @@ struct ExpertCoords {
 
 class Topology {
  public:
-  // dp = world / (tp * pp); throws Error::all naming the sizes when they do not divide.
-  Topology(MPI_Comm world, int tp, int pp);
+  // dp = world / (tp * cp * pp); throws Error::all naming the sizes when they do not divide.
+  Topology(MPI_Comm world, int tp, int pp, int cp = 1);
 
-  static RankCoords coords_of(int global, int tp, int dp, int pp);
-  static int global_of(const RankCoords& c, int tp, int dp, int pp);
+  static RankCoords coords_of(int global, int tp, int dp, int pp, int cp = 1);
+  static int global_of(const RankCoords& c, int tp, int dp, int pp, int cp = 1);
+  // coords_of for this topology's sizes
+  RankCoords coords_of_rank(int global) const { return coords_of(global, tp_, dp_, pp_, cp_); }
 
   int world_size() const { return world_.size(); }
   int world_rank() const { return world_.rank(); }
   int tp_size() const { return tp_; }
   int pp_size() const { return pp_; }
   int dp_size() const { return dp_; }
+  int cp_size() const { return cp_; }
   const RankCoords& coords() const { return me_; }
   bool is_first_stage() const { return me_.pp == 0; }
   bool is_last_stage() const { return me_.pp == pp_ - 1; }
 
   const Communicator& world() const { return world_; }
   const Communicator& tp_group() const { return tp_group_; }
+  // the ranks reading other samples (same tp, cp and pp rank)
   const Communicator& dp_group() const { return dp_group_; }
+  // the ranks holding the other parts of this rank's sequences (same tp, dp and pp rank)
+  const Communicator& cp_group() const { return cp_group_; }
+  // the ranks holding the same parameters (same tp and pp rank): dp x cp ranks, over which the
+  // gradients are reduced, ZeRO-1 shards, and the loss is summed (dp_group() when cp = 1)
+  const Communicator& dp_cp_group() const { return cp_ > 1 ? dp_cp_group_ : dp_group_; }
   const Communicator& pp_group() const { return pp_group_; }
   // First and last pipeline stage of this rank's pp group (null communicator elsewhere).
   const Communicator& embedding_group() const { return embedding_group_; }
@@ -61,10 +74,12 @@ class Topology {
   // position_group() as {first, stage} (collective over the world).
   void set_decoder_stage(int stage);
 
-  // Expert parallelism (collective over the world): splits every stage's tp x dp ranks into the
-  // experts' grid above, ep x etp dividing tp x dp (Error::all naming the sizes otherwise).
+  // Expert parallelism (collective over the world): splits every stage's tp x cp x dp ranks into
+  // the experts' grid above, ep x etp dividing tp x cp x dp (Error::all naming the sizes otherwise).
   void set_expert_parallel(int ep, int etp);
-  static ExpertCoords expert_coords_of(int global, int tp, int dp, int ep, int etp);
+  // `stage_ranks` = tp x cp x dp
+  static ExpertCoords expert_coords_of(int global, int stage_ranks, int ep, int etp);
+  ExpertCoords expert_coords_of_rank(int global) const { return expert_coords_of(global, tp_ * cp_ * dp_, ep_, etp_); }
   int ep_size() const { return ep_; }
   int etp_size() const { return etp_; }
   int edp_size() const { return edp_; }
@@ -72,7 +87,7 @@ class Topology {
   // the ranks of a stage holding the other experts (same etp and edp rank); those holding the
   // same experts (same etp and ep rank: the experts' gradients are summed over them, ZeRO-1
   // shards their state over them); those splitting the same experts' matrices. Before
-  // set_expert_parallel: ep = etp = 1, the expert-data-parallel group spans the stage's tp x dp.
+  // set_expert_parallel: ep = etp = 1, the expert-data-parallel group spans the stage's tp x cp x dp.
   const Communicator& ep_group() const { return ep_group_; }
   const Communicator& edp_group() const { return edp_group_; }
   const Communicator& etp_group() const { return etp_group_; }
@@ -82,10 +97,10 @@ class Topology {
 
  private:
   Communicator world_;
-  int tp_, pp_, dp_, ep_ = 1, etp_ = 1, edp_ = 1;
+  int tp_, pp_, cp_, dp_, ep_ = 1, etp_ = 1, edp_ = 1;
   RankCoords me_;
   ExpertCoords ex_;
-  Communicator tp_group_, dp_group_, pp_group_, embedding_group_, position_group_;
+  Communicator tp_group_, dp_group_, cp_group_, dp_cp_group_, pp_group_, embedding_group_, position_group_;
   Communicator ep_group_, edp_group_, etp_group_;
 };
 

@@ -68,9 +68,10 @@ void write_memory_json(const std::string& path, const std::vector<double>& all, 
   os << std::setprecision(17) << "{\"dtype\": \"" << dtype
      << "\", \"distributed_optimizer\": " << (distributed ? "true" : "false") << ", \"ranks\": [";
   for (int r = 0; r < topo.world_size(); ++r) {
-    const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+    const RankCoords c = topo.coords_of_rank(r);
     os << (r ? ",\n  " : "\n  ") << "{\"rank\": " << r << ", \"pp\": " << c.pp << ", \"tp\": " << c.tp
        << ", \"dp\": " << c.dp;
+    if (topo.cp_size() > 1) os << ", \"cp\": " << c.cp;
     for (int k = 0; k < K; ++k) os << ", \"" << kFigureNames[k] << "\": " << all[static_cast<size_t>(r) * K + k];
     os << "}";
   }
@@ -94,7 +95,7 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
   const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
   // the experts' optimizer state is sharded over the expert-data-parallel group
   const double dense = std::max(mf.local_params - mf.expert_params, 0.0);
-  const double mega = (dense * megatron_bytes_per_param(dtype, distributed, topo.dp_size()) +
+  const double mega = (dense * megatron_bytes_per_param(dtype, distributed, topo.dp_cp_group().size()) +
                        mf.expert_params * megatron_bytes_per_param(dtype, distributed, topo.edp_size())) /
                       std::max(dense + mf.expert_params, 1.0);
   std::vector<double> mine_mem = {
@@ -116,11 +117,10 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
     const double MiB = 1024.0 * 1024.0;
     for (int r = 0; r < topo.world_size(); ++r) {
       const double* v = &all_mem[static_cast<size_t>(r) * K];
-      const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+      const RankCoords c = topo.coords_of_rank(r);
       os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp;
       if (experts) {
-        const ExpertCoords x = Topology::expert_coords_of(r, topo.tp_size(), topo.dp_size(), topo.ep_size(),
-                                                          topo.etp_size());
+        const ExpertCoords x = topo.expert_coords_of_rank(r);
         os << "  " << x.ep << "   " << x.edp << " | " << std::setw(8) << static_cast<long long>(v[10]);
       }
       os << " | " << std::fixed << std::setprecision(2) << std::setw(8) << v[0] / MiB << " | " << std::setw(8)

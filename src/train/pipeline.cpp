@@ -204,7 +204,7 @@ void write_timeline(const std::string& path, const std::vector<TimelineEvent>& e
   out << "{\"traceEvents\": [\n";
   bool first = true;
   for (int r = 0, at = 0; r < size; at += lens[r], ++r) {
-    const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+    const RankCoords c = topo.coords_of_rank(r);
     out << (first ? "" : ",\n") << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << r
         << ", \"args\": {\"name\": \"rank " << r << " (pp " << c.pp << ", tp " << c.tp << ", dp " << c.dp << ")\"}}";
     first = false;

@@ -15,7 +15,7 @@ void print_rank_timers(const std::vector<double>& mine, const Topology& topo) {
     std::ostringstream os;
     os << "timers per rank (s): rank | pp tp dp | forward | backward | p2p wait | grad reduction | optimizer\n";
     for (int r = 0; r < topo.world_size(); ++r) {
-      const RankCoords c = Topology::coords_of(r, topo.tp_size(), topo.dp_size(), topo.pp_size());
+      const RankCoords c = topo.coords_of_rank(r);
       os << "  " << std::setw(4) << r << " | " << c.pp << " " << c.tp << " " << c.dp << std::fixed
          << std::setprecision(3);
       for (int k = 0; k < 5; ++k) os << " | " << std::setw(8) << all[5 * r + k];
@@ -34,6 +34,10 @@ void print_run_totals(std::int64_t iteration, std::int64_t consumed, double seco
   const double n = static_cast<double>(std::max<std::int64_t>(iterations_run, 1));
   os << "\ncommunication per iteration (rank 0, evaluations included):";
   std::vector<const Communicator*> groups = {&topo.tp_group(), &topo.dp_group()};
+  if (topo.cp_size() > 1) {  // the ring's key/value blocks, and the gradients' reduction over dp x cp
+    groups.push_back(&topo.cp_group());
+    groups.push_back(&topo.dp_cp_group());
+  }
   if (topo.ep_group().get() != MPI_COMM_NULL) {  // MoE: the token exchange and the experts' reduction
     groups.push_back(&topo.ep_group());
     groups.push_back(&topo.edp_group());

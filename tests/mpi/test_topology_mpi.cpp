@@ -1,5 +1,6 @@
 // Topology and collective error agreement under MPI (run with np = 2 and 4): Megatron's rank
-// order on the worked example of topology.hpp, group sizes and members against the formula for
+// order on the worked example of topology.hpp, the context-parallel order tp-cp-dp-pp and its
+// groups (cp, dp, dp x cp, tp, pp) against the formula, group sizes and members against the formula for
 // every (tp, pp) that divides the world, an error on every rank for sizes that do not divide,
 // and one rank's exception turned into the same Error::all on every rank (collectively). The
 // experts' grid (Megatron's order tp-ep-dp-pp) against its formula for every (tp, pp, ep, etp),
@@ -60,13 +61,62 @@ TEST(Topology, GroupsMatchTheFormula) {
     }
 }
 
+TEST(Topology, ContextParallelRankOrderAndGroups) {
+  // Megatron's order tp-cp-dp-pp: world 8 = tp 2 x cp 2 x dp 2 (pp 1)
+  for (int g = 0; g < 8; ++g) {
+    const RankCoords c = Topology::coords_of(g, 2, 2, 1, 2);
+    EXPECT_EQ(c.tp, g % 2);
+    EXPECT_EQ(c.cp, (g / 2) % 2);
+    EXPECT_EQ(c.dp, g / 4);
+    EXPECT_EQ(Topology::global_of(c, 2, 2, 1, 2), g);
+  }
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (int tp = 1; tp <= world; ++tp)
+    for (int cp = 2; tp * cp <= world; ++cp)
+      for (int pp = 1; tp * cp * pp <= world; ++pp) {
+        if (world % (tp * cp * pp)) continue;
+        Topology t(MPI_COMM_WORLD, tp, pp, cp);
+        const int dp = world / (tp * cp * pp);
+        EXPECT_EQ(t.dp_size(), dp);
+        EXPECT_EQ(t.cp_size(), cp);
+        const RankCoords me = t.coords();
+        EXPECT_EQ(Topology::global_of(me, tp, dp, pp, cp), rank);
+        EXPECT_EQ(t.cp_group().size(), cp);
+        EXPECT_EQ(t.cp_group().rank(), me.cp);
+        EXPECT_EQ(t.dp_group().size(), dp);
+        EXPECT_EQ(t.dp_group().rank(), me.dp);
+        EXPECT_EQ(t.dp_cp_group().size(), dp * cp);
+        EXPECT_EQ(t.dp_cp_group().rank(), me.cp + me.dp * cp);
+        // members: the sum of the global ranks whose other coordinates match mine
+        auto want = [&](auto same) {
+          double w = 0;
+          for (int g = 0; g < world; ++g)
+            if (same(Topology::coords_of(g, tp, dp, pp, cp))) w += g;
+          return w;
+        };
+        const double r = rank;
+        EXPECT_EQ(t.cp_group().allreduce_sum(r),
+                  want([&](const RankCoords& c) { return c.tp == me.tp && c.dp == me.dp && c.pp == me.pp; }));
+        EXPECT_EQ(t.dp_group().allreduce_sum(r),
+                  want([&](const RankCoords& c) { return c.tp == me.tp && c.cp == me.cp && c.pp == me.pp; }));
+        EXPECT_EQ(t.dp_cp_group().allreduce_sum(r),
+                  want([&](const RankCoords& c) { return c.tp == me.tp && c.pp == me.pp; }));
+        EXPECT_EQ(t.tp_group().allreduce_sum(r),
+                  want([&](const RankCoords& c) { return c.cp == me.cp && c.dp == me.dp && c.pp == me.pp; }));
+        EXPECT_EQ(t.pp_group().allreduce_sum(r),
+                  want([&](const RankCoords& c) { return c.tp == me.tp && c.cp == me.cp && c.dp == me.dp; }));
+      }
+}
+
 TEST(Topology, ExpertGridMatchesTheFormula) {
   int world = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // the worked example of topology.hpp: tp 2, dp 2, ep 2, etp 1
   for (int g = 0; g < 4; ++g) {
-    const ExpertCoords c = Topology::expert_coords_of(g, 2, 2, 2, 1);
+    const ExpertCoords c = Topology::expert_coords_of(g, 4, 2, 1);
     EXPECT_EQ(c.ep, g % 2);
     EXPECT_EQ(c.edp, g / 2);
     EXPECT_EQ(c.etp, 0);
@@ -91,7 +141,7 @@ TEST(Topology, ExpertGridMatchesTheFormula) {
             double w = 0;
             for (int g = 0; g < world; ++g)
               if (Topology::coords_of(g, tp, dp, pp).pp == t.coords().pp &&
-                  same(Topology::expert_coords_of(g, tp, dp, ep, etp)))
+                  same(Topology::expert_coords_of(g, tp * dp, ep, etp)))
                 w += g;
             return w;
           };
