@@ -72,7 +72,7 @@ def trident_checksum(values):
 
 def assert_layout(cmd, out):
     """The layout a pretraining run reports (its 'parallel:' and 'optimizer:' lines) is the one its
-    command line asks for: tp, pp, dp (ranks / (tp x pp)), sequence parallelism, vp and the
+    command line asks for: tp, pp, cp, dp (ranks / (tp x pp x cp)), sequence parallelism, vp and the
     distributed optimizer, each checked when given on the command line (dp always). A run that fell
     back to another layout fails here instead of passing its comparison by accident."""
     import re
@@ -87,12 +87,15 @@ def assert_layout(cmd, out):
         return v
 
     np_ = int(cmd[cmd.index("-n") + 1]) if "-n" in cmd else 1
-    tp, pp = int(flag("parallel.tp", 1)), int(flag("parallel.pp", 1))
-    want = dict(tp=tp, pp=pp, dp=np_ // (tp * pp))
+    tp, pp, cp = int(flag("parallel.tp", 1)), int(flag("parallel.pp", 1)), int(flag("parallel.cp", 1))
+    want = dict(tp=tp, pp=pp, dp=np_ // (tp * pp * cp), cp=cp)
     m = re.search(r"^parallel: tp (\d+)( with sequence parallelism)?, pp (\d+)(?: \((?:interleaved 1F1B, vp (\d+)|1F1B)\))?"
-                  r", dp (\d+);", out, re.M)
+                  r", dp (\d+)(?:, cp (\d+) \(([^)]*)\))?;", out, re.M)
     assert m, "the run printed no 'parallel:' line"
-    got = dict(tp=int(m.group(1)), pp=int(m.group(3)), dp=int(m.group(5)))
+    got = dict(tp=int(m.group(1)), pp=int(m.group(3)), dp=int(m.group(5)), cp=int(m.group(6) or 1))
+    if flag("parallel.cp_comm_type", None) is not None and cp > 1:
+        want["cp_comm_type"] = flag("parallel.cp_comm_type", "p2p")
+        got["cp_comm_type"] = m.group(7).rsplit(", ", 1)[-1]
     if flag("parallel.sequence_parallel", None) is not None:
         want["sp"] = flag("parallel.sequence_parallel", "false") == "true" and tp > 1
         got["sp"] = m.group(2) is not None

@@ -190,6 +190,32 @@ void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
   wait_all(requests);
 }
 
+std::vector<MPI_Request> Communicator::p2p_start(const std::vector<P2POp>& ops) const {
+  std::vector<MPI_Request> requests;
+  if (ops.empty()) return requests;
+  double sent = 0;
+  for (const P2POp& o : ops)
+    if (o.send) sent += 4.0 * static_cast<double>(o.n);
+  count("p2p", sent);
+  const progress::InComm in_comm("p2p start", name_.c_str(), size_, ops[0].peer);
+#if defined(TRIDENT_ENABLE_CUDA)
+  if (nccl_) {
+    detail::nccl_p2p_group(*nccl_, ops);
+    return requests;
+  }
+#endif
+  Kokkos::fence();
+  requests.assign(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& o = ops[i];
+    if (o.send)
+      TRIDENT_CHECK_MPI(MPI_Isend(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
+    else
+      TRIDENT_CHECK_MPI(MPI_Irecv(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
+  }
+  return requests;
+}
+
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {
   const progress::InComm in_comm("waitall (non-blocking reductions)", "started", 0);
   if (!requests.empty())

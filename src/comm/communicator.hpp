@@ -82,6 +82,12 @@ class Communicator {
     int peer, tag;
   };
   void p2p_group(const std::vector<P2POp>& ops) const;
+  // The same messages started and not waited for: the caller computes meanwhile and completes
+  // them with wait_all(returned requests) before it touches the buffers. Host builds: MPI_Isend /
+  // MPI_Irecv after a fence (the buffers are complete when posted). CUDA builds with NCCL: one
+  // group enqueued on the Kokkos stream (ordered with the kernels before and after it), and no
+  // request to wait for. Counted as "p2p" traffic (the bytes this rank sends).
+  std::vector<MPI_Request> p2p_start(const std::vector<P2POp>& ops) const;
   // Single point-to-point messages of float buffers over MPI (the pipeline's ungrouped
   // schedules). wait completes an isend's request (nothing for MPI_REQUEST_NULL).
   void send(const float* buf, std::int64_t n, int peer, int tag) const;

@@ -124,6 +124,10 @@ class Registry {
     add("parallel.ep", &d.parallel.ep,
         "MoE: expert-parallel size (each rank holds moe.num_experts / ep experts; divides tp x dp)");
     add("parallel.expert_tp", &d.parallel.expert_tp, "MoE: tensor-parallel size inside the experts");
+    add("parallel.cp", &d.parallel.cp,
+        "context-parallel size: each of cp ranks holds model.seq_length / cp tokens of every sample");
+    add("parallel.cp_comm_type", &d.parallel.cp_comm_type,
+        "context parallelism's attention: p2p (ring attention) | a2a (all-to-all over heads, Ulysses)");
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
     add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
         "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
@@ -416,6 +420,35 @@ void validate(const Deck& d, bool stored) {
   positive("parallel.tp", d.parallel.tp);
   positive("parallel.pp", d.parallel.pp);
   positive("parallel.vp", d.parallel.vp);
+  positive("parallel.cp", d.parallel.cp);
+  check_choice("parallel.cp_comm_type", d.parallel.cp_comm_type, {"p2p", "a2a"});
+  if (d.parallel.cp > 1) {
+    const std::int64_t cp = d.parallel.cp;
+    TRIDENT_REQUIRE(d.model.moe.num_experts == 0,
+                    "deck: parallel.cp > 1 with MoE layers is not supported (the routers' token counts and the "
+                    "load-balancing loss would have to span the context-parallel group)");
+    if (d.parallel.cp_comm_type == "p2p") {
+      TRIDENT_REQUIRE(d.model.seq_length % (2 * cp) == 0,
+                      "deck: model.seq_length (" << d.model.seq_length
+                                                 << ") is not divisible by 2 x parallel.cp = " << 2 * cp
+                                                 << " (ring attention splits each sequence into 2 cp chunks, "
+                                                    "two per rank, to balance the causal mask)");
+      TRIDENT_REQUIRE(d.model.flash_attention,
+                      "deck: parallel.cp > 1 with parallel.cp_comm_type = p2p needs model.flash_attention = true "
+                      "(ring attention merges the fused kernel's per-row log-sum-exp)");
+    } else {
+      TRIDENT_REQUIRE(d.model.seq_length % cp == 0, "deck: model.seq_length (" << d.model.seq_length
+                                                                               << ") is not divisible by parallel.cp ("
+                                                                               << cp << ")");
+      const std::int64_t heads = d.model.num_heads / d.parallel.tp;
+      const std::int64_t groups = (d.model.num_query_groups > 0 ? d.model.num_query_groups : d.model.num_heads) /
+                                  d.parallel.tp;
+      TRIDENT_REQUIRE(heads % cp == 0 && groups % cp == 0,
+                      "deck: parallel.cp_comm_type = a2a splits each tensor-parallel rank's "
+                          << heads << " heads and " << groups << " key/value groups over parallel.cp = " << cp
+                          << ": not divisible");
+    }
+  }
   TRIDENT_REQUIRE(d.parallel.first_stage_layers >= 0 && d.parallel.last_stage_layers >= 0,
                   "deck: parallel.first_stage_layers / last_stage_layers must be >= 0");
   TRIDENT_REQUIRE(d.parallel.pipeline_split_rank >= 0, "deck: parallel.pipeline_split_rank must be >= 0");
@@ -429,10 +462,12 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.model.ffn_hidden_size % d.parallel.tp == 0,
                   "deck: model.ffn_hidden_size (" << d.model.ffn_hidden_size << ") is not divisible by parallel.tp ("
                                                   << d.parallel.tp << ")");
-  TRIDENT_REQUIRE(!d.parallel.sequence_parallel || (d.train.micro_batch_size * d.model.seq_length) % d.parallel.tp == 0,
-                  "deck: parallel.sequence_parallel splits train.micro_batch_size x model.seq_length = "
-                      << d.train.micro_batch_size * d.model.seq_length << " tokens over parallel.tp = " << d.parallel.tp
-                      << ": not divisible");
+  TRIDENT_REQUIRE(!d.parallel.sequence_parallel ||
+                      (d.train.micro_batch_size * d.model.seq_length / d.parallel.cp) % d.parallel.tp == 0,
+                  "deck: parallel.sequence_parallel splits train.micro_batch_size x model.seq_length"
+                      << (d.parallel.cp > 1 ? " / parallel.cp" : "") << " = "
+                      << d.train.micro_batch_size * d.model.seq_length / d.parallel.cp
+                      << " tokens over parallel.tp = " << d.parallel.tp << ": not divisible");
   TRIDENT_REQUIRE(d.model.hidden_dropout >= 0 && d.model.hidden_dropout < 1,
                   "deck: model.hidden_dropout must be in [0, 1)");
   TRIDENT_REQUIRE(d.model.attention_dropout >= 0 && d.model.attention_dropout < 1,

@@ -31,6 +31,11 @@ struct Deck {
     // parallelism inside the experts (Megatron's --expert-model-parallel-size and
     // --expert-tensor-parallel-size)
     std::int64_t ep = 1, expert_tp = 1;
+    // Context parallelism (Megatron's --context-parallel-size, --cp-comm-type): each of cp ranks
+    // holds seq_length / cp tokens of every sample; attention exchanges keys and values around a
+    // ring (p2p) or turns sequence shards into head shards (a2a)
+    std::int64_t cp = 1;
+    std::string cp_comm_type = "p2p";
     std::int64_t first_stage_layers = 0, last_stage_layers = 0;
     std::int64_t pipeline_split_rank = 0;  // T5: first decoder stage (Megatron's split rank); 0: one split
     bool sequence_parallel = false;

@@ -27,6 +27,11 @@ struct TensorParallel {
   const Communicator* ep = nullptr;
   // The expert-tensor-parallel group (Topology::etp_group; null: every expert whole on this rank)
   const Communicator* etp = nullptr;
+  // The context-parallel group (Topology::cp_group; null or of size 1: every rank holds whole
+  // sequences) and its attention (false: ring attention, p2p; true: all-to-all over heads, a2a)
+  const Communicator* cp = nullptr;
+  bool cp_a2a = false;
+  int cp_size() const { return cp ? cp->size() : 1; }
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }
 };

@@ -35,8 +35,10 @@ std::int64_t LayerActivations::bytes() const {
 
 TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
+  // the (T, T) scores and probabilities: none for the fused kernel, whose self-attention keeps no
+  // score matrix (cross-attention, which always takes the GEMM path, still needs (T, Tk))
   const std::int64_t Cl = s.hidden_size / p, Ql = s.q_width() / p, Wl = s.qkv_width() / p,
-                     A = s.B * (s.num_heads / p) * s.T * std::max(s.T, s.Tk);
+                     A = s.B * (s.num_heads / p) * s.T * (s.flash_attention ? s.Tk : std::max(s.T, s.Tk));
   const std::int64_t Ax = s.B * (s.num_heads / p) * s.T * s.Tk;
   dln = make_float("scratch::dln", R * s.hidden_size);
   dqkv = make_float("scratch::dqkv", BT * Wl);
@@ -46,7 +48,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
   datt = make_float("scratch::datt", A);
   branch = make_float("scratch::branch", R * s.hidden_size);
   if (s.tp.sequence_parallel) gathered = make_act(s.dt, "scratch::gathered", BT * s.hidden_size);
-  if (selective) {
+  if (selective && !s.flash_attention) {  // (the fused kernel recomputes nothing it kept)
     const std::int64_t As = s.B * (s.num_heads / p) * s.T * s.T;
     att = make_act(s.dt, "scratch::att", As);
     if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", As);
@@ -62,6 +64,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
     }
   }
   if (s.flash_attention) delta = make_float("scratch::delta", s.B * (s.num_heads / p) * s.T);
+  if (s.tp.cp_size() > 1 && !s.tp.cp_a2a) ring = RingScratch(s.dt, BT, Ql, Wl - Ql);
   if (s.qk_layernorm) {
     const std::int64_t n = BT * (s.num_heads + s.groups()) / p * s.head_dim();
     qk_out = make_act(s.dt, "scratch::qk_out", n);
@@ -83,6 +86,7 @@ std::int64_t TransformerScratch::bytes() const {
   for (const auto& m : mlp) n += m.second->bytes();
   for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
+  n += ring.bytes();
   return n;
 }
 
@@ -114,6 +118,13 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
   attend_ = s.flash_attention ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
   attend_backward_ = s.flash_attention ? &TransformerLayer::fused_attend_backward
                                        : &TransformerLayer::gemm_attend_backward;
+  if (s.tp.cp_size() > 1) {
+    TRIDENT_REQUIRE(s.causal && s.Tk == 0 && s.flash_attention,
+                    "context parallelism (parallel.cp > 1) serves causal self-attention on the fused kernel "
+                    "(model.flash_attention = true)");
+    attend_ = &TransformerLayer::ring_attend;
+    attend_backward_ = &TransformerLayer::ring_attend_backward;
+  }
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
     normx_ = Norm(store, p + "/cross_attention_layernorm", s.hidden_size, s);
@@ -195,6 +206,13 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
   if (!rng.training || p <= 0.f) return d;
   d.p = p;
   d.key = dropout_key(tp_region ? rng.tp_local : rng.shared, rng.step, static_cast<std::uint64_t>(index_), site);
+  if (s_.tp.cp_size() > 1 && site != kAttentionProbs) {  // rows of whole sequences (ops/dropout.hpp);
+                                                         // the attention kernels count globally
+    d.cp = s_.tp.cp_size();
+    d.cp_rank = s_.tp.cp->rank();
+    d.Tl = s_.T;
+    d.row0 = s_.tp.sequence_parallel ? s_.tp.rank() * s_.local_rows() : 0;
+  }
   return d;
 }
 
@@ -206,6 +224,16 @@ void TransformerLayer::fused_attend(LayerActivations& a, TransformerScratch&, co
 void TransformerLayer::fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                                              const DropoutSpec& drop) const {
   flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask);
+}
+
+void TransformerLayer::ring_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                   const DropoutSpec& drop) const {
+  ring_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask, *s_.tp.cp, s.ring);
+}
+
+void TransformerLayer::ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                            const DropoutSpec& drop) const {
+  ring_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask, *s_.tp.cp, s.ring);
 }
 
 void TransformerLayer::gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
@@ -317,7 +345,7 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
   const AttentionShape as = cross_shape();
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kCrossProbs, true);
   const AttentionMask mask{false, a.enc_valid};
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp), C);
   Kokkos::fence();
   cproj_.backward(s.datty, s.dbranch, a.catty, s.dy16);
   if (!a.attention_kept) cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
@@ -340,14 +368,14 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp), C);
   Kokkos::fence();
   mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16});  // d ln2 (R, C)
   Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp));
+  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp), C);
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   (this->*attend_backward_)(a, s, as, att_spec);

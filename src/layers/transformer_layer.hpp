@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "layers/context_parallel.hpp"
 #include "layers/layer_modules.hpp"
 #include "layers/mlp.hpp"
 #include "layers/parallel_linear.hpp"
@@ -139,10 +140,11 @@ struct TransformerScratch {
   Act att, att_drop;  // (B, nh/tp, T, T) under selective recomputation
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
-  FloatView att32;  // (B, nh/tp, T, max(T, Tk))
-  FloatView delta;  // (B, nh/tp, T): fused attention backward
-  HalfView dy16;    // (max(BT, E), max(W_l, F/tp, C))
-  HalfView ds16;    // (B, nh/tp, T, max(T, Tk))
+  FloatView att32;   // (B, nh/tp, T, max(T, Tk))
+  FloatView delta;   // (B, nh/tp, T): fused attention backward
+  RingScratch ring;  // context parallelism's ring attention (cp > 1, p2p)
+  HalfView dy16;     // (max(BT, E), max(W_l, F/tp, C))
+  HalfView ds16;     // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
   // The core attention's view of the above (fp32 scores in datt, the fp32 output in datty).
   AttentionScratch attention() const { return {datt, att32, datty, dy16, ds16}; }
@@ -196,8 +198,9 @@ class TransformerLayer {
 
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
-  // The core self-attention (qkv -> atty and back), one of two algorithms fixed when the layer is
-  // built (ModelArch::flash_attention): the fused kernel, or probabilities and context by GEMMs.
+  // The core self-attention (qkv -> atty and back), one of three algorithms fixed when the layer is
+  // built: the fused kernel (ModelArch::flash_attention), probabilities and context by GEMMs, or,
+  // with context parallelism, the fused kernel's ring over the context-parallel group.
   using AttendForward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
                                                    const DropoutSpec&) const;
   using AttendBackward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
@@ -206,6 +209,9 @@ class TransformerLayer {
                     const DropoutSpec& drop) const;
   void fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                              const DropoutSpec& drop) const;
+  void ring_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
+  void ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                            const DropoutSpec& drop) const;
   void gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
   void gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                             const DropoutSpec& drop) const;

@@ -319,6 +319,12 @@ DropoutSpec LanguageModel::embedding_dropout(const DropoutStreams& rng) const {
   d.p = cfg_.hidden_dropout;
   d.key = dropout_key(tp_.sequence_parallel ? rng.tp_local : rng.shared, rng.step,
                       static_cast<std::uint64_t>(cfg_.total_layers()), kEmbeddingSite);
+  if (tp_.cp_size() > 1) {  // rows of whole sequences (ops/dropout.hpp)
+    d.cp = tp_.cp_size();
+    d.cp_rank = tp_.cp->rank();
+    d.Tl = cfg_.seq_length;
+    d.row0 = tp_.sequence_parallel ? tp_.rank() * (local_rows_) : 0;
+  }
   return d;
 }
 
@@ -348,7 +354,7 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
   DropoutSpec d = training ? embedding_dropout(rng) : DropoutSpec{};
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);  // the decoder's own mask
   record_dropout(which ? "decoder_embedding" : "embedding", -1, d, {R, C});
-  dropout_forward(out, out, R * C, d);
+  dropout_forward(out, out, R * C, d, C);
   Kokkos::fence();
 }
 
@@ -359,7 +365,7 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   DropoutSpec d = embedding_dropout(rng);
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
-  dropout_backward(dout, dout, R * C, d);
+  dropout_backward(dout, dout, R * C, d, C);
   if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C, positions);
   Kokkos::fence();
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's

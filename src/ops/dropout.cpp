@@ -5,19 +5,29 @@
 // debug.dump_dropout, and dropout_key: splitmix64 mixing of stream, step and layer * 16 + site.
 #include "ops/dropout.hpp"
 
+#include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "common/rng.hpp"
 
 namespace trident {
 
 namespace {
-void apply(const char* label, const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d) {
+void apply(const char* label, const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d,
+           std::int64_t cols) {
   if (!d.active()) {
     if (out.data() != in.data()) Kokkos::deep_copy(slice(out, 0, n), slice(in, 0, n));
     return;
   }
   const float p = d.p, scale = 1.f / (1.f - d.p);
   const std::uint64_t key = d.key;
+  if (d.mapped()) {  // context parallelism: the counters of the elements' places in whole sequences
+    TRIDENT_REQUIRE(cols > 0, "internal: a context-parallel dropout call without its row length");
+    const DropoutSpec m = d;
+    for_each_index(
+        label, n,
+        KOKKOS_LAMBDA(std::int64_t i) { out(i) = dropout_uniform(key, m.counter(i, cols)) >= p ? in(i)*scale : 0.f; });
+    return;
+  }
   for_each_index(
       label, n, KOKKOS_LAMBDA(std::int64_t i) {
         out(i) = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p ? in(i)*scale : 0.f;
@@ -25,12 +35,14 @@ void apply(const char* label, const FloatView& out, const FloatView& in, std::in
 }
 }  // namespace
 
-void dropout_forward(const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d) {
-  apply("ops::dropout_forward", out, in, n, d);
+void dropout_forward(const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d,
+                     std::int64_t cols) {
+  apply("ops::dropout_forward", out, in, n, d, cols);
 }
 
-void dropout_backward(const FloatView& din, const FloatView& dout, std::int64_t n, const DropoutSpec& d) {
-  apply("ops::dropout_backward", din, dout, n, d);
+void dropout_backward(const FloatView& din, const FloatView& dout, std::int64_t n, const DropoutSpec& d,
+                      std::int64_t cols) {
+  apply("ops::dropout_backward", din, dout, n, d, cols);
 }
 
 namespace {

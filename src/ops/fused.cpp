@@ -42,6 +42,17 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
     return;
   }
   constexpr bool fused = !std::is_same_v<F, Fp16Fmt>;
+  if (d.mapped()) {  // context parallelism: the counters of the elements' places in whole sequences
+    const DropoutSpec m = d;
+    for_each_element(
+        "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+          const float v = branch(i) + F::load(bias(c));
+          const bool keep = dropout_uniform(key, m.counter(i, cols)) >= p;
+          const float r = residual(i);
+          out(i) = keep ? (fused ? dfma(v, scale, r) : dmul(v, scale) + r) : r + 0.f;
+        });
+    return;
+  }
   for_each_element(
       "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
         const float v = branch(i) + F::load(bias(c));

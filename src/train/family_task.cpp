@@ -97,6 +97,23 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
       if (w[4 * S] >= 0) ++ordered;
     }
   }
+  if (!bert && cp > 1) {
+    const std::int64_t Sl = S / cp, c = Sl / 2;
+    for (std::int64_t j = 0; j < B; ++j)
+      for (std::int64_t t = 0; t < Sl; ++t) {
+        const std::int64_t g = t < c ? cp_rank * c + t : (2 * cp - 1 - cp_rank) * c + (t - c);
+        l_tokens(j * Sl + t) = h_tokens(j * S + g);
+        l_targets(j * Sl + t) = h_targets(j * S + g);
+        l_positions(j * Sl + t) = pk.reset_position_ids ? h_positions(j * S + g) : static_cast<std::int32_t>(g);
+        if (pk.reset_attention_mask) l_doc_start(j * Sl + t) = h_doc_start(j * S + g);
+      }
+    Kokkos::deep_copy(mb.tokens, l_tokens);
+    Kokkos::deep_copy(mb.targets, l_targets);
+    Kokkos::deep_copy(mb.positions, l_positions);
+    if (pk.reset_attention_mask) Kokkos::deep_copy(mb.doc_start, l_doc_start);
+    mb.num_targets = labelled;  // the whole samples' (see set_context_parallel)
+    return;
+  }
   Kokkos::deep_copy(mb.tokens, h_tokens);
   Kokkos::deep_copy(mb.targets, h_targets);
   if (!bert) {
@@ -120,6 +137,18 @@ void Batch::set_packing(bool reset_position_ids, bool reset_attention_mask, bool
   packing = Packing{reset_position_ids, reset_attention_mask, eod_mask_loss, static_cast<std::int32_t>(eod)};
   if (reset_position_ids) h_positions = IntView::HostMirror("batch::h_positions", B * S);
   if (reset_attention_mask) h_doc_start = IntView::HostMirror("batch::h_doc_start", B * S);
+}
+
+void Batch::set_context_parallel(int cp_size, int rank) {
+  TRIDENT_REQUIRE(!bert && !t5, "internal: context parallelism serves GPT");
+  TRIDENT_REQUIRE(S % (2 * cp_size) == 0, "internal: seq_length " << S << " over 2 x cp = " << 2 * cp_size);
+  cp = cp_size;
+  cp_rank = rank;
+  const std::int64_t rows = B * S / cp;
+  l_tokens = IntView::HostMirror("batch::l_tokens", rows);
+  l_targets = IntView::HostMirror("batch::l_targets", rows);
+  l_positions = IntView::HostMirror("batch::l_positions", rows);
+  if (packing.reset_attention_mask) l_doc_start = IntView::HostMirror("batch::l_doc_start", rows);
 }
 
 namespace {

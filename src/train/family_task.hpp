@@ -62,6 +62,16 @@ struct Batch {
   // Sets `packing` (GPT) and its host staging; eod: the corpus's end-of-document id (unused by
   // instruction fine-tuning, whose records mark the conversations).
   void set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod);
+  // GPT under context parallelism (cp > 1): finish() reads whole samples as before and hands the
+  // model only this context-parallel rank's rows (the zig-zag chunks rank and 2 cp - 1 - rank of
+  // ops/ring_attention.hpp), with every row's position (its global position, or its position in
+  // its document with data.reset_position_ids) and, with data.reset_attention_mask, its
+  // document's first global position. The label count stays the whole samples' (every
+  // context-parallel rank reads them whole), so a per-micro-batch loss is normalised alike on
+  // every rank and the ranks' sums add up to the one-rank loss.
+  void set_context_parallel(int cp, int rank);
+  int cp = 1, cp_rank = 0;
+  IntView::HostMirror l_tokens, l_targets, l_positions, l_doc_start;  // this rank's rows (cp > 1)
   IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
 };
 

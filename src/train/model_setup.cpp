@@ -164,6 +164,10 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
   // exchange then runs over a group of one)
   if (topo.ep_size() > 1 || topo.etp_size() > 1) tp.ep = &topo.ep_group();
   if (topo.etp_size() > 1) tp.etp = &topo.etp_group();
+  if (topo.cp_size() > 1) {
+    tp.cp = &topo.cp_group();
+    tp.cp_a2a = deck.parallel.cp_comm_type == "a2a";
+  }
   return tp;
 }
 
@@ -186,7 +190,7 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
     if (b >= e) continue;
     part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
   }
-  double sharded = topo.dp_group().allreduce_sum(part[0]), replicated = topo.dp_group().allreduce_sum(part[1]);
+  double sharded = topo.dp_cp_group().allreduce_sum(part[0]), replicated = topo.dp_cp_group().allreduce_sum(part[1]);
   sharded = topo.tp_group().allreduce_sum(sharded);
   double experts = 0;
   if (store.has_experts()) {
@@ -303,7 +307,7 @@ LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& c
   LossParts l;
   for (auto& chunk : chunks) l.add(chunk->take_loss_parts());
   double v[6] = {l.lm, l.sop, l.lm_sum, l.lm_count, l.sop_sum, l.sop_count};
-  for (double& x : v) x = topo.dp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
+  for (double& x : v) x = topo.dp_cp_group().allreduce_sum(topo.pp_group().allreduce_sum(x));
   return LossParts{v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 

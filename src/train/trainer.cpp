@@ -206,7 +206,9 @@ class TrainingRun {
   StopSignal& stop_;
   const Communicator& world_;
   const bool root_;
-  const int dp_, dp_rank_;
+  // data-parallel size and rank (which samples this rank reads); the gradients' group dp x cp
+  // (reduction and ZeRO-1 shards: dp_cp_group, the data-parallel group when cp = 1)
+  const int dp_, dp_rank_, gdp_, gdp_rank_;
   const std::int64_t S_, mbs_, GB_;
   std::int64_t acc_ = 0;
   const std::int64_t iters_;
@@ -274,8 +276,9 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
       per_micro_batch_(task_.loss_per_micro_batch ||
                        (fam == ModelFamily::Gpt && (deck.data.eod_mask_loss || deck.sft.enabled()))),
       topo_(topo), stop_(stop), world_(topo.world()), root_(topo.world().rank() == 0), dp_(topo.dp_size()),
-      dp_rank_(topo.coords().dp), S_(deck.model.seq_length), mbs_(deck.train.micro_batch_size),
-      GB_(deck.train.global_batch_size), iters_(deck.train.iters) {
+      dp_rank_(topo.coords().dp), gdp_(topo.dp_cp_group().size()), gdp_rank_(topo.dp_cp_group().rank()),
+      S_(deck.model.seq_length), mbs_(deck.train.micro_batch_size), GB_(deck.train.global_batch_size),
+      iters_(deck.train.iters) {
   TRIDENT_REQUIRE(GB_ % (mbs_ * dp_) == 0, "deck: train.global_batch_size ("
                                                << GB_ << ") is not divisible by "
                                                << "train.micro_batch_size x data-parallel size (" << mbs_ << " x "
@@ -304,6 +307,11 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
 
   // ---- model and optimizer ----
   cfg_ = make_config(deck, vocab_, topo.tp_size(), fam);
+  if (topo.cp_size() > 1) {  // context parallelism: the model holds seq_length / cp rows of every
+                             // sample, each with its explicit position (Batch::set_context_parallel)
+    cfg_.seq_length /= topo.cp_size();
+    cfg_.reset_position_ids = true;
+  }
   head_ = head_options(deck);
   if (cfg_.moe.on()) store_.set_expert_parallel(topo.ep_size());  // (run_training set the experts' grid)
   tp_ = tensor_parallel(deck, topo);
@@ -314,15 +322,15 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
   // Flat buffers padded to equal data-parallel shards of a multiple of 4096 elements (the
   // optimizer kernel's chunk), in both optimizer modes so that they update alike.
   // The experts' range likewise, in expert-data-parallel shards.
-  store_.allocate(static_cast<std::int64_t>(dp_) * 4096, static_cast<std::int64_t>(topo.edp_size()) * 4096);
+  store_.allocate(static_cast<std::int64_t>(gdp_) * 4096, static_cast<std::int64_t>(topo.edp_size()) * 4096);
   store_.initialize(static_cast<std::uint64_t>(deck.train.seed));
-  zero_ = distributed_optimizer(deck.optim.distributed, dp_);
+  zero_ = distributed_optimizer(deck.optim.distributed, gdp_);
   // LoRA: only the adapters train (store.trainable_size(): the front of the buffers); the
   // optimizer, the gradient reductions and ZeRO-1's shards cover that range alone
   lora_ = store_.has_adapters();
   trainable_ = store_.dense_trainable_size();
-  shard_ = trainable_ / dp_;
-  shard_begin_ = shard_ * dp_rank_;
+  shard_ = trainable_ / gdp_;
+  shard_begin_ = shard_ * gdp_rank_;
   // ZeRO-1: this DP rank's optimizer updates (and keeps moments for) its shard only; the
   // experts' range is a second segment, sharded over the expert-data-parallel group (LoRA: the
   // experts are part of the frozen base, no segment, no reduction).
@@ -440,7 +448,12 @@ void TrainingRun::print_banner() const {
       << (topo.pp_size() == 1    ? ""
           : deck.parallel.vp > 1 ? " (interleaved 1F1B, vp " + std::to_string(deck.parallel.vp) + ")"
                                  : " (1F1B)")
-      << ", dp " << dp << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
+      << ", dp " << dp
+      << (topo.cp_size() > 1
+              ? ", cp " + std::to_string(topo.cp_size()) +
+                    (deck.parallel.cp_comm_type == "a2a" ? " (all-to-all over heads, a2a)" : " (ring attention, p2p)")
+              : std::string())
+      << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
       << (cfg.moe.on() ? "experts: ep " + std::to_string(topo.ep_size()) + ", expert_tp " +
                              std::to_string(topo.etp_size()) + ", expert_dp " + std::to_string(topo.edp_size()) + " (" +
                              std::to_string(cfg.moe.num_experts / topo.ep_size()) + " of " +
@@ -523,6 +536,7 @@ void TrainingRun::set_up_loop() {
   if (fam_ == ModelFamily::Gpt)
     batch_->set_packing(deck_.data.reset_position_ids, deck_.data.reset_attention_mask, deck_.data.eod_mask_loss,
                         data_.eod);
+  if (topo_.cp_size() > 1) batch_->set_context_parallel(topo_.cp_size(), topo_.coords().cp);
   // GPT: the loss is the mean over the iteration's tokens (with data.eod_mask_loss: the mean over
   // its micro-batches of each one's mean over its counted tokens); BERT: the mean over its
   // micro-batches of each micro-batch's MLM (mean over its labelled positions) + sentence-order
@@ -537,7 +551,7 @@ void TrainingRun::set_up_loop() {
   // Overlapped, bucketed data-parallel reduction (one bucket per layer, started by the backward
   // pass of the iteration's last micro-batch).
   overlap_ = deck_.parallel.overlap_grad_reduce && dp_ > 1;
-  reducer_ = std::make_unique<GradReducer>(store_, topo_.dp_group(), zero_ ? shard_ : 0);
+  reducer_ = std::make_unique<GradReducer>(store_, topo_.dp_cp_group(), zero_ ? shard_ : 0);
   if (overlap_)
     for (auto& chunk : chunks_) chunk->on_layer_grads_ready = [this](std::int64_t l) { reducer_->layer_ready(l); };
   // A read of this rank's samples can fail on this rank alone (a shard truncated under the job:
@@ -569,7 +583,7 @@ void TrainingRun::evaluate(std::int64_t it) {
       },
       [&](std::int64_t) { return mbs_; });
   agree_or_throw(world_.get(), read_error_.take_or(TokenShardReader::check_touched_shards()));
-  sum = topo_.dp_group().allreduce_sum(topo_.pp_group().allreduce_sum(sum));
+  sum = topo_.dp_cp_group().allreduce_sum(topo_.pp_group().allreduce_sum(sum));
   const double n = per_micro_batch_ ? static_cast<double>(deck_.eval.iters * dp_)
                                     : static_cast<double>(deck_.eval.iters * mbs_ * dp_ * S_);
   const double loss = sum / n;
@@ -650,12 +664,12 @@ void TrainingRun::reduce_gradients() {
   if (overlap_)
     reducer_->reduce_rest();  // what no layer bucket covered (to the shards' owners with ZeRO-1)
   else if (zero_)             // each DP rank receives the sum of its shard only
-    topo_.dp_group().reduce_scatter_in_place(grads.data(), shard_);
+    topo_.dp_cp_group().reduce_scatter_in_place(grads.data(), shard_);
   else {  // the same reduce-scatter, then every shard to every rank: the sums (and so the
           // updates) are bitwise those of ZeRO-1 at any dp, which a library all-reduce, free
           // to add in another order, is not beyond dp = 2
-    topo_.dp_group().reduce_scatter_in_place(grads.data(), shard_);
-    topo_.dp_group().allgather_in_place(grads.data(), shard_);
+    topo_.dp_cp_group().reduce_scatter_in_place(grads.data(), shard_);
+    topo_.dp_cp_group().allgather_in_place(grads.data(), shard_);
   }
   if (e_len_ > 0) {  // the experts' gradients: summed over the ranks holding the same experts
     float* g = grads.data() + e_begin_;
@@ -699,11 +713,11 @@ void TrainingRun::update(bool skip, double lr, float clip) {
     // overflow: no update (Megatron's skipped iteration); the schedule still advances
   } else if (half_) {
     adamw_->step_mixed(store_.values16(), grads_, lr, clip, AdamW::GradsAfter::zero);
-    if (zero_) topo_.dp_group().allgather_in_place(store_.values16().data(), shard_);  // 16-bit shards to every rank
+    if (zero_) topo_.dp_cp_group().allgather_in_place(store_.values16().data(), shard_);  // 16-bit shards to every rank
     if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(store_.values16().data() + e_begin_, e_shard_);
   } else {
     adamw_->step(store_.values(), grads_, lr, clip, AdamW::GradsAfter::zero);
-    if (zero_) topo_.dp_group().allgather_in_place(store_.values().data(), shard_);  // updated shards to every rank
+    if (zero_) topo_.dp_cp_group().allgather_in_place(store_.values().data(), shard_);  // updated shards to every rank
     if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(store_.values().data() + e_begin_, e_shard_);
   }
   if (!skip) {  // the update zeroed the gradients it read: the next iteration zeroes only the rest (of
@@ -746,7 +760,7 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   timers_.start("grad-allreduce");
   progress::set_phase("grad-allreduce");
   reduce_gradients();
-  loss_sum = topo_.dp_group().allreduce_sum(topo_.pp_group().allreduce_sum(loss_sum));
+  loss_sum = topo_.dp_cp_group().allreduce_sum(topo_.pp_group().allreduce_sum(loss_sum));
   r.parts = per_micro_batch_ ? reduce_loss_parts(chunks_, topo_) : LossParts{};  // (T5: resets the model's sums)
   timers_.stop("grad-allreduce");
 
@@ -761,7 +775,7 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
                   "iteration " << it << ": the loss or gradient is not finite (loss " << r.loss << ", grad norm "
                                << r.gnorm << "); lower optim.lr or check the data");
   if (it == 1 && !deck_.debug.dump_grads.empty()) {
-    if (zero_) topo_.dp_group().allgather_in_place(grads_.data(), shard_);  // debug only: every shard
+    if (zero_) topo_.dp_cp_group().allgather_in_place(grads_.data(), shard_);  // debug only: every shard
     if (zero_ && e_len_ > 0) topo_.edp_group().allgather_in_place(grads_.data() + e_begin_, e_shard_);
     save_named_tensors(deck_.debug.dump_grads, "", store_, grads_, it, topo_);
   }
@@ -846,6 +860,10 @@ int TrainingRun::train() {
   set_up_loop();
   topo_.tp_group().reset_stats();
   topo_.dp_group().reset_stats();
+  if (topo_.cp_size() > 1) {
+    topo_.cp_group().reset_stats();
+    topo_.dp_cp_group().reset_stats();
+  }
   if (topo_.ep_group().get() != MPI_COMM_NULL) {
     topo_.ep_group().reset_stats();
     topo_.edp_group().reset_stats();
@@ -993,7 +1011,14 @@ void TrainingRun::report_end_of_run() {
 }  // namespace
 
 int run_training(const Deck& deck, ModelFamily fam) {
-  Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp));
+  TRIDENT_REQUIRE(deck.parallel.cp == 1 || fam == ModelFamily::Gpt,
+                  "deck: parallel.cp > 1 (context parallelism) is supported by pretrain_gpt only (causal "
+                  "self-attention); "
+                      << family_name(fam) << " runs at parallel.cp = 1");
+  TRIDENT_REQUIRE(deck.parallel.cp == 1 || !deck.eval.only,
+                  "deck: evaluation mode (eval.only) runs at parallel.cp = 1 (got " << deck.parallel.cp << ")");
+  Topology topo(MPI_COMM_WORLD, static_cast<int>(deck.parallel.tp), static_cast<int>(deck.parallel.pp),
+                static_cast<int>(deck.parallel.cp));
   // MoE: the experts' grid (Megatron's expert decomposition), before any model is built
   if (deck.model.moe.num_experts > 0)
     topo.set_expert_parallel(static_cast<int>(deck.parallel.ep), static_cast<int>(deck.parallel.expert_tp));
