@@ -427,19 +427,15 @@ void validate(const Deck& d, bool stored) {
     TRIDENT_REQUIRE(d.model.moe.num_experts == 0,
                     "deck: parallel.cp > 1 with MoE layers is not supported (the routers' token counts and the "
                     "load-balancing loss would have to span the context-parallel group)");
-    if (d.parallel.cp_comm_type == "p2p") {
-      TRIDENT_REQUIRE(d.model.seq_length % (2 * cp) == 0,
-                      "deck: model.seq_length (" << d.model.seq_length
-                                                 << ") is not divisible by 2 x parallel.cp = " << 2 * cp
-                                                 << " (ring attention splits each sequence into 2 cp chunks, "
-                                                    "two per rank, to balance the causal mask)");
-      TRIDENT_REQUIRE(d.model.flash_attention,
-                      "deck: parallel.cp > 1 with parallel.cp_comm_type = p2p needs model.flash_attention = true "
-                      "(ring attention merges the fused kernel's per-row log-sum-exp)");
-    } else {
-      TRIDENT_REQUIRE(d.model.seq_length % cp == 0, "deck: model.seq_length (" << d.model.seq_length
-                                                                               << ") is not divisible by parallel.cp ("
-                                                                               << cp << ")");
+    TRIDENT_REQUIRE(d.model.flash_attention,
+                    "deck: parallel.cp > 1 needs model.flash_attention = true (ring attention merges the fused "
+                    "kernel's per-row log-sum-exp; the all-to-all runs the fused kernel over whole sequences)");
+    TRIDENT_REQUIRE(d.model.seq_length % (2 * cp) == 0,
+                    "deck: model.seq_length (" << d.model.seq_length << ") is not divisible by 2 x parallel.cp = "
+                                               << 2 * cp
+                                               << " (each sequence is split into 2 cp chunks, two per rank, to "
+                                                  "balance the causal mask)");
+    if (d.parallel.cp_comm_type == "a2a") {
       const std::int64_t heads = d.model.num_heads / d.parallel.tp;
       const std::int64_t groups = (d.model.num_query_groups > 0 ? d.model.num_query_groups : d.model.num_heads) /
                                   d.parallel.tp;

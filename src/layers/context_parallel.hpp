@@ -38,4 +38,29 @@ void ring_attention_backward(const FloatView& dqkv, const FloatView& dy, const A
                              const DropoutSpec& drop, const AttentionMask& mask, const Communicator& cp,
                              RingScratch& w);
 
+// All-to-all over heads (cp_comm_type = a2a, DeepSpeed-Ulysses): qkv's rows of this rank become
+// the whole sequences' rows of 1/cp of the heads (its query heads and key/value groups
+// [rank/cp, (rank+1)/cp) of this tensor-parallel rank's), the fused kernel attends over the whole
+// sequences, and the outputs go back the same way; the backward pass exchanges qkv, y and dy
+// again (nothing of the exchanged layout is kept between the passes) and returns dqkv. The query
+// heads and the key/value groups of a tensor-parallel rank must be divisible by cp (the deck checks).
+struct UlyssesScratch {
+  Act send, recv;             // (B Tl W) words of the activations' type: qkv and y messages
+  FloatView send32, recv32;   // (B Tl W) fp32: dy and dqkv messages
+  Act qkv_sub, y_sub;         // (B, T, W / cp), (B, T, C / cp)
+  FloatView dy_sub, dqkv_sub;
+  IntView docs_local, docs_all, doc_full;  // packed documents' starts: (B Tl), (cp B Tl), (B T)
+  UlyssesScratch() = default;
+  UlyssesScratch(DType dt, std::int64_t rows, std::int64_t q_cols, std::int64_t qkv_cols, int cp);
+  std::int64_t bytes() const;
+};
+
+void ulysses_attention_forward(const Act& y, const FloatView& lse, const Act& qkv, const AttentionShape& s,
+                               const DropoutSpec& drop, const AttentionMask& mask, const Communicator& cp,
+                               UlyssesScratch& w);
+void ulysses_attention_backward(const FloatView& dqkv, const FloatView& dy, const Act& qkv, const Act& y,
+                                const FloatView& lse, const FloatView& delta, const AttentionShape& s,
+                                const DropoutSpec& drop, const AttentionMask& mask, const Communicator& cp,
+                                UlyssesScratch& w);
+
 }  // namespace trident

@@ -65,6 +65,7 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
   }
   if (s.flash_attention) delta = make_float("scratch::delta", s.B * (s.num_heads / p) * s.T);
   if (s.tp.cp_size() > 1 && !s.tp.cp_a2a) ring = RingScratch(s.dt, BT, Ql, Wl - Ql);
+  if (s.tp.cp_size() > 1 && s.tp.cp_a2a) a2a = UlyssesScratch(s.dt, BT, Ql, Wl, s.tp.cp_size());
   if (s.qk_layernorm) {
     const std::int64_t n = BT * (s.num_heads + s.groups()) / p * s.head_dim();
     qk_out = make_act(s.dt, "scratch::qk_out", n);
@@ -86,7 +87,7 @@ std::int64_t TransformerScratch::bytes() const {
   for (const auto& m : mlp) n += m.second->bytes();
   for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
-  n += ring.bytes();
+  n += ring.bytes() + a2a.bytes();
   return n;
 }
 
@@ -122,8 +123,8 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
     TRIDENT_REQUIRE(s.causal && s.Tk == 0 && s.flash_attention,
                     "context parallelism (parallel.cp > 1) serves causal self-attention on the fused kernel "
                     "(model.flash_attention = true)");
-    attend_ = &TransformerLayer::ring_attend;
-    attend_backward_ = &TransformerLayer::ring_attend_backward;
+    attend_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend : &TransformerLayer::ring_attend;
+    attend_backward_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend_backward : &TransformerLayer::ring_attend_backward;
   }
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
@@ -234,6 +235,16 @@ void TransformerLayer::ring_attend(LayerActivations& a, TransformerScratch& s, c
 void TransformerLayer::ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                                             const DropoutSpec& drop) const {
   ring_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask, *s_.tp.cp, s.ring);
+}
+
+void TransformerLayer::ulysses_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                      const DropoutSpec& drop) const {
+  ulysses_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask, *s_.tp.cp, s.a2a);
+}
+
+void TransformerLayer::ulysses_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                                               const DropoutSpec& drop) const {
+  ulysses_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask, *s_.tp.cp, s.a2a);
 }
 
 void TransformerLayer::gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,

@@ -142,7 +142,8 @@ struct TransformerScratch {
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
   FloatView att32;   // (B, nh/tp, T, max(T, Tk))
   FloatView delta;   // (B, nh/tp, T): fused attention backward
-  RingScratch ring;  // context parallelism's ring attention (cp > 1, p2p)
+  RingScratch ring;      // context parallelism's ring attention (cp > 1, p2p)
+  UlyssesScratch a2a;    // context parallelism's all-to-all over heads (cp > 1, a2a)
   HalfView dy16;     // (max(BT, E), max(W_l, F/tp, C))
   HalfView ds16;     // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
@@ -212,6 +213,10 @@ class TransformerLayer {
   void ring_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
   void ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                             const DropoutSpec& drop) const;
+  void ulysses_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                      const DropoutSpec& drop) const;
+  void ulysses_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
+                               const DropoutSpec& drop) const;
   void gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
   void gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
                             const DropoutSpec& drop) const;

@@ -21,6 +21,10 @@ struct DropoutSpec {
   // depend on cp. cp = 1: the counter is the element index.
   std::int64_t cp = 1, cp_rank = 0, Tl = 0, row0 = 0;
   bool mapped() const { return cp > 1; }
+  // The fused attention kernel's probabilities under context parallelism over heads (a2a): the
+  // call's heads are heads [head0, head0 + nh) of `heads` (0: the call's own nh), and each mask
+  // element is that of its head among all of them (ops/flash_attention.cpp).
+  std::int64_t head0 = 0, heads = 0;
   // the counter of element (i / cols, i % cols) of the call
   KOKKOS_INLINE_FUNCTION std::uint64_t counter(std::int64_t i, std::int64_t cols) const {
     const std::int64_t row = row0 + i / cols, c = i - (i / cols) * cols;

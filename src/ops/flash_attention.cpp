@@ -21,7 +21,8 @@ struct FlashParams {
       : T(s.T), C(s.C), nh(s.nh), hs(s.hs()), rep(s.rep()), ld(s.C + 2 * s.kv_C()), voff(s.C + s.kv_C()),
         scale(1.f / dsqrt(static_cast<float>(s.hs()))), causal(mask.causal), has_mask(mask.key_valid.extent(0) > 0),
         dropping(drop.active()), docs(mask.doc_start.extent(0) > 0), valid(mask.key_valid), doc(mask.doc_start),
-        pdrop(drop.p), keep_scale(drop.active() ? 1.f / (1.f - drop.p) : 1.f), key(drop.key) {}
+        pdrop(drop.p), keep_scale(drop.active() ? 1.f / (1.f - drop.p) : 1.f), key(drop.key),
+        head_extra(drop.heads > 0 ? (drop.heads - s.nh) * s.T : 0), head_off(drop.head0 * s.T) {}
   std::int64_t T, C, nh, hs;  // sequence, channels of this rank's heads, heads, head size
   // query heads per key/value group; a qkv row's length; where its values start (its keys at C)
   std::int64_t rep, ld, voff;
@@ -43,6 +44,15 @@ struct FlashParams {
   }
   float pdrop, keep_scale;  // dropout probability, 1 / (1 - p)
   std::uint64_t key;        // dropout stream
+  // Context parallelism over heads (DropoutSpec::head0 / heads): this call's heads are heads
+  // [head0, head0 + nh) of `heads`, and the mask of element (b, h, i, j) is that of element
+  // (b, head0 + h, i, j) of all of them; else the element's own index.
+  std::int64_t head_extra = 0, head_off = 0;  // (heads - nh) T and head0 T
+  // the dropout counter of element j of probability row r = (b nh + h) T + i
+  KOKKOS_INLINE_FUNCTION std::uint64_t drop_at(std::int64_t r, std::int64_t j) const {
+    if (head_extra == 0 && head_off == 0) return static_cast<std::uint64_t>(r * T + j);
+    return static_cast<std::uint64_t>((r + (r / (nh * T)) * head_extra + head_off) * T + j);
+  }
 };
 
 // ---- the device layout (common/device_parallel.hpp) ------------------------------------------------
@@ -98,7 +108,7 @@ void device_forward(const FlashParams& P, const V& y, const FloatView& lse, cons
           l += p;
           float pd = p;
           if (P.dropping)
-            pd = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? p * P.keep_scale : 0.f;
+            pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
           if (pd != 0.f)
             for (std::int64_t c = 0; c < hs; ++c) o[c] += pd * F::load(qkv(vo + c));
         }
@@ -135,7 +145,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
           }
           const float p = fast_exp(sc - L);
           if (P.dropping)
-            dp = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
+            dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
           const float ds = p * (dp - D) * P.scale;
           for (std::int64_t c = 0; c < hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
         }
@@ -168,7 +178,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
             const float p = fast_exp(sc - L);
             float z = 1.f;
             if (P.dropping)
-              z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
+              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             for (std::int64_t c = 0; c < hs; ++c) dv[c] += z * p * dy(yo + c);
           }
         for (std::int64_t c = 0; c < hs; ++c) dqkv(vo + c) = dv[c];
@@ -203,7 +213,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
             const float p = fast_exp(sc - L);
             float z = 1.f;
             if (P.dropping)
-              z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
+              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             const float ds = p * (z * dp - delta(row)) * P.scale;
             for (std::int64_t c = 0; c < hs; ++c) dk[c] += ds * F::load(qkv(qo + c));
           }
@@ -258,7 +268,7 @@ void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShap
           l += p;
           float pd = p;
           if (P.dropping)
-            pd = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? p * P.keep_scale : 0.f;
+            pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
           if (pd != 0.f)
             for (std::int64_t c = 0; c < P.hs; ++c) o[c] += pd * F::load(qkv(vo + c));
         }
@@ -309,7 +319,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
           }
           const float p = fast_exp(sc - L);
           if (P.dropping)
-            dp = dropout_uniform(P.key, static_cast<std::uint64_t>(r * P.T + j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
+            dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
           const float ds = p * (dp - D) * P.scale;
           for (std::int64_t c = 0; c < P.hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
         }
@@ -345,7 +355,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
             const float p = fast_exp(sc - L);
             float z = 1.f;
             if (P.dropping)
-              z = dropout_uniform(P.key, static_cast<std::uint64_t>(row * P.T + j)) >= P.pdrop ? P.keep_scale : 0.f;
+              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             const float ds = p * (z * dp - delta(row)) * P.scale;
             for (std::int64_t c = 0; c < P.hs; ++c) {
               dv[c] += z * p * dy(yo + c);

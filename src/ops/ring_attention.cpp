@@ -314,4 +314,99 @@ void ring_backward_end(const FloatView& dqkv, const FloatView& dkv, const Attent
       KOKKOS_LAMBDA(std::int64_t e, std::int64_t c) { dqkv((e / W) * ld + C + c) = dkv(e); });
 }
 
+namespace {
+template <class V>
+void split_heads(const V& send, const V& src, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                 std::int64_t cp) {
+  const std::int64_t W = hs.width();
+  const HeadSplit h = hs;
+  for_each_index(
+      "ops::cp_split_heads", cp * rows * W, KOKKOS_LAMBDA(std::int64_t e) {
+        const std::int64_t k = e / (rows * W), row = (e / W) % rows;
+        std::int64_t c = e % W, seg = 0;
+        while (c >= h.len[seg]) c -= h.len[seg++];
+        send(e) = src(row * ld + h.off[seg] + k * h.len[seg] + c);
+      });
+}
+template <class V>
+void merge_heads(const V& dst, const V& recv, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                 std::int64_t cp) {
+  const std::int64_t W = hs.width();
+  const HeadSplit h = hs;
+  for_each_index(
+      "ops::cp_merge_heads", cp * rows * W, KOKKOS_LAMBDA(std::int64_t e) {
+        const std::int64_t k = e / (rows * W), row = (e / W) % rows;
+        std::int64_t c = e % W, seg = 0;
+        while (c >= h.len[seg]) c -= h.len[seg++];
+        dst(row * ld + h.off[seg] + k * h.len[seg] + c) = recv(e);
+      });
+}
+// element e of the (cp, B Tl, W) blocks and its place in the (B, T, W) sequence
+KOKKOS_INLINE_FUNCTION std::int64_t sequence_place(std::int64_t e, std::int64_t B, const CpChunks& cc,
+                                                   std::int64_t W) {
+  const std::int64_t k = e / (B * cc.Tl * W), row = (e / W) % (B * cc.Tl), c = e % W;
+  const std::int64_t b = row / cc.Tl, t = row % cc.Tl;
+  return (b * cc.T() + cc.global(k, t)) * W + c;
+}
+template <class V>
+void gather_sequence(const V& full, const V& recv, std::int64_t B, const CpChunks& cc, std::int64_t W) {
+  for_each_index(
+      "ops::cp_gather_sequence", B * cc.T() * W,
+      KOKKOS_LAMBDA(std::int64_t e) { full(sequence_place(e, B, cc, W)) = recv(e); });
+}
+template <class V>
+void scatter_sequence(const V& send, const V& full, std::int64_t B, const CpChunks& cc, std::int64_t W) {
+  for_each_index(
+      "ops::cp_scatter_sequence", B * cc.T() * W,
+      KOKKOS_LAMBDA(std::int64_t e) { send(e) = full(sequence_place(e, B, cc, W)); });
+}
+}  // namespace
+
+void cp_split_heads(const Act& send, const Act& src, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                    std::int64_t cp) {
+  if (src.is_half())
+    split_heads(send.h, src.h, rows, ld, hs, cp);
+  else
+    split_heads(send.f, src.f, rows, ld, hs, cp);
+}
+void cp_split_heads(const FloatView& send, const FloatView& src, std::int64_t rows, std::int64_t ld,
+                    const HeadSplit& hs, std::int64_t cp) {
+  split_heads(send, src, rows, ld, hs, cp);
+}
+void cp_merge_heads(const Act& dst, const Act& recv, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                    std::int64_t cp) {
+  if (dst.is_half())
+    merge_heads(dst.h, recv.h, rows, ld, hs, cp);
+  else
+    merge_heads(dst.f, recv.f, rows, ld, hs, cp);
+}
+void cp_merge_heads(const FloatView& dst, const FloatView& recv, std::int64_t rows, std::int64_t ld,
+                    const HeadSplit& hs, std::int64_t cp) {
+  merge_heads(dst, recv, rows, ld, hs, cp);
+}
+void cp_gather_sequence(const Act& full, const Act& recv, std::int64_t B, const CpChunks& cc, std::int64_t width) {
+  if (full.is_half())
+    gather_sequence(full.h, recv.h, B, cc, width);
+  else
+    gather_sequence(full.f, recv.f, B, cc, width);
+}
+void cp_gather_sequence(const FloatView& full, const FloatView& recv, std::int64_t B, const CpChunks& cc,
+                        std::int64_t width) {
+  gather_sequence(full, recv, B, cc, width);
+}
+void cp_gather_sequence(const IntView& full, const IntView& recv, std::int64_t B, const CpChunks& cc,
+                        std::int64_t width) {
+  gather_sequence(full, recv, B, cc, width);
+}
+void cp_scatter_sequence(const Act& send, const Act& full, std::int64_t B, const CpChunks& cc, std::int64_t width) {
+  if (full.is_half())
+    scatter_sequence(send.h, full.h, B, cc, width);
+  else
+    scatter_sequence(send.f, full.f, B, cc, width);
+}
+void cp_scatter_sequence(const FloatView& send, const FloatView& full, std::int64_t B, const CpChunks& cc,
+                         std::int64_t width) {
+  scatter_sequence(send, full, B, cc, width);
+}
+
 }  // namespace trident

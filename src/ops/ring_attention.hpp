@@ -75,4 +75,37 @@ void ring_backward_block(const FloatView& dqkv, const FloatView& dkv, const Floa
 // The key and value columns of dqkv = dkv (this rank's block's gradients, home again).
 void ring_backward_end(const FloatView& dqkv, const FloatView& dkv, const AttentionShape& s);
 
+// ---- all-to-all over heads (cp_comm_type = a2a, DeepSpeed-Ulysses) -------------------------------
+// The all-to-all turns this rank's Tl rows of every head into the whole sequence's T rows of
+// 1/cp of the heads. A row of width `ld` is split into head groups by HeadSplit: group k (the
+// part going to, or coming from, context-parallel rank k) is the columns [off[s] + k len[s],
+// off[s] + (k + 1) len[s]) of each segment s, side by side (width(): the sum of len).
+// qkv: segments q (off 0, len nh/cp hs), k (off C, len ng/cp hs), v (off C + Ckv, len ng/cp hs);
+// the attention output and its gradient: one segment (off 0, len C/cp).
+struct HeadSplit {
+  int n = 0;
+  std::int64_t off[3] = {0, 0, 0}, len[3] = {0, 0, 0};
+  std::int64_t width() const { return len[0] + len[1] + len[2]; }
+};
+// send (cp, rows, width) <- src (rows, ld): group k of every row into block k (for rank k).
+void cp_split_heads(const Act& send, const Act& src, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                    std::int64_t cp);
+void cp_split_heads(const FloatView& send, const FloatView& src, std::int64_t rows, std::int64_t ld,
+                    const HeadSplit& hs, std::int64_t cp);
+// dst (rows, ld) <- recv (cp, rows, width): block k (from rank k) into group k of every row.
+void cp_merge_heads(const Act& dst, const Act& recv, std::int64_t rows, std::int64_t ld, const HeadSplit& hs,
+                    std::int64_t cp);
+void cp_merge_heads(const FloatView& dst, const FloatView& recv, std::int64_t rows, std::int64_t ld,
+                    const HeadSplit& hs, std::int64_t cp);
+// full (B, T, width) <- recv (cp, B Tl, width): rank k's local rows to their global positions.
+void cp_gather_sequence(const Act& full, const Act& recv, std::int64_t B, const CpChunks& cc, std::int64_t width);
+void cp_gather_sequence(const FloatView& full, const FloatView& recv, std::int64_t B, const CpChunks& cc,
+                        std::int64_t width);
+void cp_gather_sequence(const IntView& full, const IntView& recv, std::int64_t B, const CpChunks& cc,
+                        std::int64_t width);
+// send (cp, B Tl, width) <- full (B, T, width): the rows of rank k's positions into block k.
+void cp_scatter_sequence(const Act& send, const Act& full, std::int64_t B, const CpChunks& cc, std::int64_t width);
+void cp_scatter_sequence(const FloatView& send, const FloatView& full, std::int64_t B, const CpChunks& cc,
+                         std::int64_t width);
+
 }  // namespace trident
