@@ -431,8 +431,8 @@ void validate(const Deck& d, bool stored) {
                     "deck: parallel.cp > 1 needs model.flash_attention = true (ring attention merges the fused "
                     "kernel's per-row log-sum-exp; the all-to-all runs the fused kernel over whole sequences)");
     TRIDENT_REQUIRE(d.model.seq_length % (2 * cp) == 0,
-                    "deck: model.seq_length (" << d.model.seq_length << ") is not divisible by 2 x parallel.cp = "
-                                               << 2 * cp
+                    "deck: model.seq_length (" << d.model.seq_length
+                                               << ") is not divisible by 2 x parallel.cp = " << 2 * cp
                                                << " (each sequence is split into 2 cp chunks, two per rank, to "
                                                   "balance the causal mask)");
     if (d.parallel.cp_comm_type == "a2a") {

@@ -45,9 +45,9 @@ void ring_attention_backward(const FloatView& dqkv, const FloatView& dy, const A
 // again (nothing of the exchanged layout is kept between the passes) and returns dqkv. The query
 // heads and the key/value groups of a tensor-parallel rank must be divisible by cp (the deck checks).
 struct UlyssesScratch {
-  Act send, recv;             // (B Tl W) words of the activations' type: qkv and y messages
-  FloatView send32, recv32;   // (B Tl W) fp32: dy and dqkv messages
-  Act qkv_sub, y_sub;         // (B, T, W / cp), (B, T, C / cp)
+  Act send, recv;            // (B Tl W) words of the activations' type: qkv and y messages
+  FloatView send32, recv32;  // (B Tl W) fp32: dy and dqkv messages
+  Act qkv_sub, y_sub;        // (B, T, W / cp), (B, T, C / cp)
   FloatView dy_sub, dqkv_sub;
   IntView docs_local, docs_all, doc_full;  // packed documents' starts: (B Tl), (cp B Tl), (B T)
   UlyssesScratch() = default;

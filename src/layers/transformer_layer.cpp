@@ -124,7 +124,8 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                     "context parallelism (parallel.cp > 1) serves causal self-attention on the fused kernel "
                     "(model.flash_attention = true)");
     attend_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend : &TransformerLayer::ring_attend;
-    attend_backward_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend_backward : &TransformerLayer::ring_attend_backward;
+    attend_backward_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend_backward
+                                   : &TransformerLayer::ring_attend_backward;
   }
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)

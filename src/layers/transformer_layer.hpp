@@ -140,12 +140,12 @@ struct TransformerScratch {
   Act att, att_drop;  // (B, nh/tp, T, T) under selective recomputation
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
-  FloatView att32;   // (B, nh/tp, T, max(T, Tk))
-  FloatView delta;   // (B, nh/tp, T): fused attention backward
-  RingScratch ring;      // context parallelism's ring attention (cp > 1, p2p)
-  UlyssesScratch a2a;    // context parallelism's all-to-all over heads (cp > 1, a2a)
-  HalfView dy16;     // (max(BT, E), max(W_l, F/tp, C))
-  HalfView ds16;     // (B, nh/tp, T, max(T, Tk))
+  FloatView att32;     // (B, nh/tp, T, max(T, Tk))
+  FloatView delta;     // (B, nh/tp, T): fused attention backward
+  RingScratch ring;    // context parallelism's ring attention (cp > 1, p2p)
+  UlyssesScratch a2a;  // context parallelism's all-to-all over heads (cp > 1, a2a)
+  HalfView dy16;       // (max(BT, E), max(W_l, F/tp, C))
+  HalfView ds16;       // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
   // The core attention's view of the above (fp32 scores in datt, the fp32 output in datty).
   AttentionScratch attention() const { return {datt, att32, datty, dy16, ds16}; }

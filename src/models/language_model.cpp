@@ -540,9 +540,10 @@ std::string LanguageModel::flops_formula() const {
          std::string(cfg_.swiglu ? "3/2" : "1") + " + V/2lh)";
 }
 
-double LanguageModel::flops_per_step(std::int64_t tokens_batch) const {
-  const double s = static_cast<double>(cfg_.seq_length), h = static_cast<double>(cfg_.hidden_size),
-               l = static_cast<double>(cfg_.num_layers), V = static_cast<double>(cfg_.padded_vocab);
+double LanguageModel::flops_per_step(std::int64_t tokens_batch, std::int64_t seq_length) const {
+  const double s = static_cast<double>(seq_length > 0 ? seq_length : cfg_.seq_length),
+               h = static_cast<double>(cfg_.hidden_size), l = static_cast<double>(cfg_.num_layers),
+               V = static_cast<double>(cfg_.padded_vocab);
   const double B = static_cast<double>(tokens_batch) / s;
   if (cfg_.encoder_decoder()) {  // forward GEMM FLOPs per sample, x3 for forward + backward
     const double sd = static_cast<double>(cfg_.decoder_seq_length), ld = static_cast<double>(cfg_.decoder_layers);

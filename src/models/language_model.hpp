@@ -120,7 +120,8 @@ class LanguageModel {
   // gated MLP or grouped-query attention num_floating_point_operations' general form (language_model.cpp);
   // encoder-decoder: the same count of GEMM FLOPs for the encoder, the decoder (with
   // cross-attention) and the LM head. flops_formula() names the one that applies.
-  double flops_per_step(std::int64_t tokens_batch) const;
+  // seq_length: the sequences' length when the model holds part of each (context parallelism; 0: its own)
+  double flops_per_step(std::int64_t tokens_batch, std::int64_t seq_length = 0) const;
   std::string flops_formula() const;
   // The chunk's MoE state (null without MoE layers): the aux losses' gradient scale the trainer
   // sets, and the losses and loads its layers collect over an iteration.

@@ -107,8 +107,7 @@ void device_forward(const FlashParams& P, const V& y, const FloatView& lse, cons
           const float p = fast_exp(sc - m);
           l += p;
           float pd = p;
-          if (P.dropping)
-            pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
+          if (P.dropping) pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
           if (pd != 0.f)
             for (std::int64_t c = 0; c < hs; ++c) o[c] += pd * F::load(qkv(vo + c));
         }
@@ -144,8 +143,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
             dp += g[c] * F::load(qkv(vo + c));
           }
           const float p = fast_exp(sc - L);
-          if (P.dropping)
-            dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
+          if (P.dropping) dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
           const float ds = p * (dp - D) * P.scale;
           for (std::int64_t c = 0; c < hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
         }
@@ -177,8 +175,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
             for (std::int64_t c = 0; c < hs; ++c) sc += F::load(qkv(qo + c)) * P.scale * k[c];
             const float p = fast_exp(sc - L);
             float z = 1.f;
-            if (P.dropping)
-              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
+            if (P.dropping) z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             for (std::int64_t c = 0; c < hs; ++c) dv[c] += z * p * dy(yo + c);
           }
         for (std::int64_t c = 0; c < hs; ++c) dqkv(vo + c) = dv[c];
@@ -212,8 +209,7 @@ void device_backward(const FlashParams& P, const FloatView& dqkv, const FloatVie
             }
             const float p = fast_exp(sc - L);
             float z = 1.f;
-            if (P.dropping)
-              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
+            if (P.dropping) z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             const float ds = p * (z * dp - delta(row)) * P.scale;
             for (std::int64_t c = 0; c < hs; ++c) dk[c] += ds * F::load(qkv(qo + c));
           }
@@ -267,8 +263,7 @@ void flash_forward(const V& y, const FloatView& lse, const V& qkv, AttentionShap
           const float p = fast_exp(sc - m);
           l += p;
           float pd = p;
-          if (P.dropping)
-            pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
+          if (P.dropping) pd = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? p * P.keep_scale : 0.f;
           if (pd != 0.f)
             for (std::int64_t c = 0; c < P.hs; ++c) o[c] += pd * F::load(qkv(vo + c));
         }
@@ -318,8 +313,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
             dp += g[c] * F::load(qkv(vo + c));
           }
           const float p = fast_exp(sc - L);
-          if (P.dropping)
-            dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
+          if (P.dropping) dp = dropout_uniform(P.key, P.drop_at(r, j)) >= P.pdrop ? dp * P.keep_scale : 0.f;
           const float ds = p * (dp - D) * P.scale;
           for (std::int64_t c = 0; c < P.hs; ++c) dq[c] += ds * F::load(qkv(ko + c));
         }
@@ -354,8 +348,7 @@ void flash_backward(const FloatView& dqkv, const FloatView& dy, const V& qkv, co
             }
             const float p = fast_exp(sc - L);
             float z = 1.f;
-            if (P.dropping)
-              z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
+            if (P.dropping) z = dropout_uniform(P.key, P.drop_at(row, j)) >= P.pdrop ? P.keep_scale : 0.f;
             const float ds = p * (z * dp - delta(row)) * P.scale;
             for (std::int64_t c = 0; c < P.hs; ++c) {
               dv[c] += z * p * dy(yo + c);

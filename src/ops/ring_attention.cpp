@@ -342,8 +342,7 @@ void merge_heads(const V& dst, const V& recv, std::int64_t rows, std::int64_t ld
       });
 }
 // element e of the (cp, B Tl, W) blocks and its place in the (B, T, W) sequence
-KOKKOS_INLINE_FUNCTION std::int64_t sequence_place(std::int64_t e, std::int64_t B, const CpChunks& cc,
-                                                   std::int64_t W) {
+KOKKOS_INLINE_FUNCTION std::int64_t sequence_place(std::int64_t e, std::int64_t B, const CpChunks& cc, std::int64_t W) {
   const std::int64_t k = e / (B * cc.Tl * W), row = (e / W) % (B * cc.Tl), c = e % W;
   const std::int64_t b = row / cc.Tl, t = row % cc.Tl;
   return (b * cc.T() + cc.global(k, t)) * W + c;

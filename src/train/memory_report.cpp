@@ -26,7 +26,10 @@ double megatron_bytes_per_param(const std::string& dtype, bool distributed, int 
 }
 
 double korthikanti_layer_bytes(const ActivationModel& m) {
-  const double sbh = m.s * m.b * m.h, as2b = m.a * m.s * m.s * m.b, e = m.e, t = m.t;
+  // context parallelism: every term of a layer is per token of the rank's s / c (the fused kernel's
+  // ring keeps no score matrix; the term below applies to the unfused path, which cp refuses)
+  const double s_local = m.s / (m.c > 0 ? m.c : 1);
+  const double sbh = s_local * m.b * m.h, as2b = m.a * s_local * s_local * m.b, e = m.e, t = m.t;
   const double split = m.sp ? t : 1;
   auto kept = [&] {
     const double values = m.sp ? sbh * ((4 + m.qkv + m.proj + m.mlp) * e + 2) / t
@@ -111,7 +114,7 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
        << (distributed ? " distributed-optimizer" : "") << " figure; activations per layer and "
        << "micro-batch beside Korthikanti et al. 2022 with " << am.e << "-byte values and 1-byte masks):\n"
        << (experts ? "  (MoE: ep and expert_dp coordinates, and the parameters of this rank's experts)\n" : "")
-       << "  rank | pp tp dp" << (experts ? " ep edp |  experts" : "")
+       << "  rank | pp tp dp" << (topo.cp_size() > 1 ? " cp" : "") << (experts ? " ep edp |  experts" : "")
        << " |   params |    grads | optimizer | bytes/param (Megatron) | activations (micro-batches) "
           "| workspace | per layer: measured KiB / formula KiB (ratio)\n";
     const double MiB = 1024.0 * 1024.0;
@@ -119,6 +122,7 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
       const double* v = &all_mem[static_cast<size_t>(r) * K];
       const RankCoords c = topo.coords_of_rank(r);
       os << "  " << std::setw(4) << r << " | " << c.pp << "  " << c.tp << "  " << c.dp;
+      if (topo.cp_size() > 1) os << "  " << c.cp;
       if (experts) {
         const ExpertCoords x = topo.expert_coords_of_rank(r);
         os << "  " << x.ep << "   " << x.edp << " | " << std::setw(8) << static_cast<long long>(v[10]);

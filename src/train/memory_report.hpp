@@ -19,6 +19,7 @@ double megatron_bytes_per_param(const std::string& dtype, bool distributed, int 
 struct ActivationModel {
   double s = 0, b = 0, h = 0, a = 0;  // sequence, micro-batch, hidden, heads
   double t = 1;                       // tensor-parallel size
+  double c = 1;                       // context-parallel size: a rank holds s / c tokens of a sequence
   bool sp = false;                    // sequence parallelism
   double e = 2;                       // bytes per stored activation value (2: 16-bit; 4: fp32)
   std::string recompute = "none";     // none | selective | full

@@ -375,7 +375,8 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
   watchdog_ = std::make_unique<Watchdog>(deck.watchdog, world_.rank());
   // tokens of an iteration (T5: encoder and decoder tokens)
   tokens_per_iter_ = static_cast<double>(GB_ * (S_ + (cfg_.encoder_decoder() ? cfg_.decoder_seq_length : 0)));
-  flops_per_iter_ = chunks_.front()->flops_per_step(GB_ * S_);
+  // (the whole sequences' length: under context parallelism the model holds S / cp rows of each)
+  flops_per_iter_ = chunks_.front()->flops_per_step(GB_ * S_, S_);
 }
 
 void TrainingRun::save(std::int64_t it) {
@@ -945,6 +946,7 @@ void TrainingRun::report_end_of_run() {
     am.h = static_cast<double>(cfg.hidden_size);
     am.a = static_cast<double>(cfg.num_heads);
     am.t = static_cast<double>(topo.tp_size());
+    am.c = static_cast<double>(topo.cp_size());
     am.sp = tp_.sequence_parallel;
     am.e = static_cast<double>(dtype_bytes(cfg.dt));  // bytes of a stored activation value
     am.recompute = deck.precision.recompute;
