@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Analytic model of a Trident / Megatron-style GPT training step: time and memory per GPU for any
-model (dense or a mixture of experts), tensor (tp), pipeline (pp, vp), data (dp) and expert (ep) parallel
-layout, micro-batch, recomputation and precision on a named GPU and network; an advisor that ranks the
+model (dense or a mixture of experts), tensor (tp), pipeline (pp, vp), context (cp), data (dp) and expert
+(ep) parallel layout, micro-batch, recomputation and precision on a named GPU and network; an advisor that ranks the
 layouts that fit by predicted throughput; and checks of the model against measured runs (published
 Megatron-LM throughputs, and Trident runs on this machine).
 
@@ -70,6 +70,20 @@ channels per head, h / a and ng = a unless given):
   memory      parameters + gradients + optimizer state at Megatron's bytes per parameter, activations by
               Korthikanti et al. 2022 on the first stage (p micro-batches in flight of l/p layers, x(1 +
               (p-1)/(p v)) when interleaved), the last stage's logits, and the framework's reserve
+
+Context parallelism cp (Megatron's order tp-cp-dp-pp; dense models with flash attention, as Trident
+requires): a rank holds T = b s / cp tokens of each sequence, and every per-token term above (GEMMs,
+memory ops, tp collectives, pipeline messages, activations, logits) takes that T. The attention core:
+p2p (ring attention) attends the rank's s / cp queries to cp key blocks of s / cp, the causal half of
+each (the zig-zag split balances the mask); a2a (all-to-all over heads) attends all s queries of
+heads / cp. cp comm, per layer and micro-batch: p2p sends cp - 1 key/value blocks of T 2 ng d / t values
+forward, each behind the attention of the block before it (exposed: what the transfer lasts beyond
+that), and backward the blocks again (overlapped the same way) and cp blocks of their fp32 gradients,
+sent after each block's attention (exposed, as Trident does it); a2a runs all-to-alls of qkv and the
+output forward and of qkv, the output, dy and dqkv (fp32) backward, on the critical path; the cp
+group's ranks are t apart (NVLink while t cp fits a node). The gradients are reduced, and the
+distributed optimizer shards, over the dp x cp ranks holding the same parameters. The advisor
+enumerates cp in 1, 2, ..., 32 dividing s / 2.
 
 Mixture of experts (Megatron-core's MoELayer; E experts of width Fe, gated as the dense MLP, top-k routing,
 an optional shared expert of width Fs, in the layers moe_layer_freq names, n_moe of the l; E = 0 is the
@@ -328,8 +342,11 @@ class Layout:
     def __init__(self, tp=1, pp=1, vp=1, dp=1, micro=1, global_batch=1, recompute="none", dtype="bf16",
                  sp=None, distributed=True, flash=False, tp_overlap=0.0, dp_overlap=True, scatter_gather=True,
                  grad_bytes=None, tp_async_bwd=False, pp_overlap=False, ep=None, moe_imbalance=1.0,
-                 moe_fp32_comm=True):
+                 moe_fp32_comm=True, cp=1, cp_comm="p2p"):
         self.tp, self.pp, self.vp, self.dp, self.b, self.B = tp, pp, vp, dp, micro, global_batch
+        # context parallelism (Megatron's rank order tp-cp-dp-pp): cp ranks hold s / cp tokens of each
+        # sequence; cp_comm p2p (ring attention) or a2a (all-to-all over heads)
+        self.cp, self.cp_comm = cp, cp_comm
         # expert parallelism (MoE models): ep ranks share each MoE layer's experts, E / ep each, carved out of
         # the tp x dp ranks of a stage (expert_tp 1); None: a dense model's layout (ep 1, not printed).
         # moe_imbalance: the busiest rank's routed rows over the balanced share (1: balanced, dropless).
@@ -352,7 +369,7 @@ class Layout:
 
     @property
     def gpus(self):
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
 
     @property
     def m(self):
@@ -360,10 +377,11 @@ class Layout:
 
     @property
     def edp(self):  # expert-data-parallel ranks: those holding the same experts (expert_tp 1)
-        return self.tp * self.dp // self.ep
+        return self.tp * self.cp * self.dp // self.ep
 
     def describe(self):
-        return (f"tp {self.tp} pp {self.pp} vp {self.vp} dp {self.dp}{f' ep {self.ep}' if self.show_ep else ''} "
+        cp = f" cp {self.cp}{' a2a' if self.cp_comm == 'a2a' else ''}" if self.cp > 1 else ""
+        return (f"tp {self.tp} pp {self.pp} vp {self.vp}{cp} dp {self.dp}{f' ep {self.ep}' if self.show_ep else ''} "
                 f"b {self.b} m {self.m:g} recompute "
                 f"{self.recompute}{' sp' if self.sp else ''}{' zero1' if self.distributed else ''}")
 
@@ -385,7 +403,7 @@ def activation_layer_bytes(M, L, e, moe=False):
     and its outputs (h, fp32 in Trident) (with ep 1 Trident gathers the rows again from the layer's kept
     input); per token the router's fp32 logits and the routing, E + 2 + 4 k fp32 values (Trident's memory
     report counts the same)."""
-    s, b, h, a, t = M.s, L.b, M.h, M.a, L.tp
+    s, b, h, a, t = M.s / L.cp, L.b, M.h, M.a, L.tp  # (context parallelism: the rank's s / cp tokens)
     sbh, as2b = s * b * h, a * s * s * b
     if L.recompute == "full":
         return e * sbh / (t if L.sp else 1)
@@ -449,7 +467,8 @@ def predict(M, L, gpu, fitted=None):
     t, p, v, d, b, m = L.tp, L.pp, L.vp, L.dp, L.b, L.m
     s, h, l, a, V, F = M.s, M.h, M.l, M.a, M.V, M.F
     N = L.gpus
-    T = b * s  # tokens per micro-batch
+    cp = L.cp
+    T = b * s / cp  # tokens per micro-batch on a rank (s / cp of each sequence under context parallelism)
     dh = M.d  # head dimension (kv_channels)
     heads = b * a / t  # attention matrices (query heads) per tensor-parallel rank
     ep = L.ep
@@ -460,6 +479,15 @@ def predict(M, L, gpu, fitted=None):
             raise InputError(f"ep {ep} must divide tp x dp = {t * d} and the experts {M.E}")
         if t > 1 and not L.sp:
             raise InputError("an MoE model with tp > 1 needs sequence parallelism (Megatron and Trident require it)")
+    if cp > 1:
+        if M.E:
+            raise InputError("cp > 1 with experts: Trident refuses context parallelism with MoE layers")
+        if not L.flash:
+            raise InputError("cp > 1 needs flash attention (Trident's ring merges the fused kernel's log-sum-exp)")
+        if s % (2 * cp):
+            raise InputError(f"cp {cp}: the sequence {s} is not divisible by 2 cp")
+        if L.cp_comm == "a2a" and ((a // t) % cp or (M.ng // t) % cp):
+            raise InputError(f"cp {cp} a2a: the heads {a} and groups {M.ng} per tp rank must divide by cp")
 
     def gemm(Mm, Nn, Kk, batch=1.0):  # seconds for 2 M N K FLOPs at the efficiency of reduction length K:
         # t = 2 M N K / (peak eff_max) (1 + k0 / K), i.e. a fixed cost per output element worth k0 steps
@@ -476,10 +504,17 @@ def predict(M, L, gpu, fitted=None):
     # gets the softmax (the per-output-element cost k0 stands for); PV, dV, dQ, dK reduce over the
     # sequence. Batched GEMMs without flash; one fused kernel with it, which skips the masked (causal)
     # half of the tiles and recomputes S in the backward pass.
-    att_f = gemm(s, s, dh, heads) + gemm(s, dh, s, heads)
-    att_b = gemm(s, s, dh, heads) + 3 * gemm(s, dh, s, heads)
+    # Context parallelism: p2p attends the rank's s / cp queries to cp key blocks of s / cp (the
+    # zig-zag split gives every rank the same causal half); a2a attends all s queries of heads / cp.
+    sq, sk, nb, hh = s, s, 1, heads
+    if cp > 1 and L.cp_comm == "a2a":
+        hh = heads / cp
+    elif cp > 1:
+        sq, sk, nb = s / cp, s / cp, cp
+    att_f = nb * (gemm(sq, sk, dh, hh) + gemm(sq, dh, sk, hh))
+    att_b = nb * (gemm(sq, sk, dh, hh) + 3 * gemm(sq, dh, sk, hh))
     if L.flash:
-        att_f, att_b = 0.5 * att_f, 0.5 * (att_b + gemm(s, s, dh, heads))
+        att_f, att_b = 0.5 * att_f, 0.5 * (att_b + nb * gemm(sq, sk, dh, hh))
     gemm_f, gemm_b = lin_f + att_f, lin_b + att_b
     if L.recompute == "full":
         gemm_b += gemm_f
@@ -507,7 +542,29 @@ def predict(M, L, gpu, fitted=None):
     tp_b = exposed(n_b * one, lin_b) if t > 1 else 0.0
     if t > 1 and L.tp_async_bwd and L.tp_overlap == 0:
         tp_b = (n_b - 2) * one + max(0.0, 2 * one - wgrad_col)
-    layer_f, layer_b = gemm_f + mem_f + tp_f, gemm_b + mem_b + tp_b
+    # context parallelism's exchange per layer (the cp group's ranks are t apart: NVLink while t cp
+    # fits a node). p2p: cp - 1 key/value blocks (b s / cp tokens x 2 ng d / t values) travel forward,
+    # each behind the attention of the block before it; backward the blocks again and their gradients
+    # (fp32 in Trident), which leave after the block's attention (exposed). a2a: all-to-alls of qkv and
+    # the output forward, and of qkv, the output, dy and dqkv (fp32) backward (Trident exchanges qkv
+    # and y again rather than keeping them), on the critical path.
+    cp_f = cp_b = 0.0
+    if cp > 1:
+        bw_cp = bw_nv if t * cp <= node else bw_net
+        if L.cp_comm == "a2a":
+            qkv_b, out_b = T * qkv / t * e, T * q / t * e
+            cp_f = (alltoall(cp, qkv_b, max(1, node // t), bw_cp, bw_net, lat)
+                    + alltoall(cp, out_b, max(1, node // t), bw_cp, bw_net, lat))
+            cp_b = (cp_f + alltoall(cp, out_b * 4 / e, max(1, node // t), bw_cp, bw_net, lat)
+                    + alltoall(cp, qkv_b * 4 / e, max(1, node // t), bw_cp, bw_net, lat))
+        else:
+            kv = T * 2 * M.ng * dh / t * e  # one block
+            step = kv / bw_cp + lat
+            cp_f = (cp - 1) * max(0.0, step - att_f / cp)
+            cp_b = (cp - 1) * max(0.0, step - att_b / cp) + cp * (kv * 4 / e / bw_cp + lat)
+        if L.recompute == "full":
+            cp_b += cp_f
+    layer_f, layer_b = gemm_f + mem_f + tp_f + cp_f, gemm_b + mem_b + tp_b + cp_b
     T_f, T_b = layer_f * l / p, layer_b * l / p  # one micro-batch through one stage
     if M.E:  # an MoE layer: attention as above, the MLP replaced (experts, router, shared expert, all-to-alls)
         moe = moe_layer(M, L, gemm, e, hbm, att_f, att_b, exposed, node, lat, bw_nv, bw_net)
@@ -545,13 +602,15 @@ def predict(M, L, gpu, fitted=None):
         local_params = (((l - M.n_moe) * M.layer_params() + M.n_moe * M.moe_layer_dense_params()) / p / t
                         + (emb + (s * h if M.learned_pos else 0) if p == 1 else emb))
         expert_params = M.n_moe / p * (M.E // ep) * M.expert_params()
-    members = min(d, max(1, node // t))  # ranks of one data-parallel group on a node
-    bw_dp = bw_nv if t * d <= node else min(bw_nv, members * bw_net)
+    # the gradients' group: dp x cp ranks (t apart), over which ZeRO-1 shards too
+    dc = d * cp
+    members = min(dc, max(1, node // t))  # ranks of one data-parallel group on a node
+    bw_dp = bw_nv if t * dc <= node else min(bw_nv, members * bw_net)
     if L.distributed:
-        t_grads = 0.0 if d == 1 else (d - 1) / d * L.grad_bytes * local_params / bw_dp + (d - 1) * lat
-        t_params = 0.0 if d == 1 else (d - 1) / d * e * local_params / bw_dp + (d - 1) * lat
+        t_grads = 0.0 if dc == 1 else (dc - 1) / dc * L.grad_bytes * local_params / bw_dp + (dc - 1) * lat
+        t_params = 0.0 if dc == 1 else (dc - 1) / dc * e * local_params / bw_dp + (dc - 1) * lat
     else:
-        t_grads, t_params = ring(d, L.grad_bytes * local_params, bw_dp, lat), 0.0
+        t_grads, t_params = ring(dc, L.grad_bytes * local_params, bw_dp, lat), 0.0
     edp = L.edp
     if M.E and edp > 1:
         # the experts' gradients over the expert-data-parallel group (ranks ep apart in the tp-ep-dp order:
@@ -577,7 +636,7 @@ def predict(M, L, gpu, fitted=None):
         t_dp = max(0.0, t_grads - T_b) + max(0.0, t_params - T_f)
     else:
         t_dp = t_grads + t_params
-    t_opt = local_params * 34 / (d if L.distributed else 1) / hbm
+    t_opt = local_params * 34 / (dc if L.distributed else 1) / hbm
     if M.E:
         t_opt += expert_params * 34 / (edp if L.distributed else 1) / hbm
     total = t_compute + t_bubble + t_pp + t_dp + t_opt
@@ -585,6 +644,8 @@ def predict(M, L, gpu, fitted=None):
     gemm_time = m * ((gemm_f + gemm_b) * l / p + logit_gemms)
     parts = dict(gemm=gemm_time, elementwise=m * ((mem_f + mem_b) * l / p + cross_entropy),
                  tp=m * (tp_f + tp_b) * l / p, bubble=t_bubble, pp=t_pp, dp=t_dp, optimizer=t_opt)
+    if cp > 1:
+        parts["cp"] = m * (cp_f + cp_b) * l / p
     if M.E:
         parts["gemm"] = m * (((gemm_f + gemm_b) * n_d + moe["gemm"] * n_m) / p + logit_gemms)
         parts["elementwise"] = m * (((mem_f + mem_b) * n_d + moe["mem"] * n_m) / p + cross_entropy)
@@ -592,12 +653,12 @@ def predict(M, L, gpu, fitted=None):
         parts["ep"] = m * moe["a2a"] * n_m / p  # the token all-to-alls, on the critical path
         gemm_time = parts["gemm"]
     # memory: the first stage (its p micro-batches in flight) or the last (logits), whichever is larger
-    states = local_params * bytes_per_param(L.dtype, L.distributed, d)
+    states = local_params * bytes_per_param(L.dtype, L.distributed, dc)
     if M.E:  # the experts' state sharded over the expert-data-parallel group
         states += expert_params * bytes_per_param(L.dtype, L.distributed, edp)
     in_flight = l * (1 + ((p - 1) / (p * v) if v > 1 else 0))  # layers' activations held on stage 0
     acts = activation_stage_bytes(M, L, e) * in_flight
-    logits = 4 * s * b * M.V / t * 2  # fp32 logits and their gradient on the last stage
+    logits = 4 * T * M.V / t * 2  # fp32 logits and their gradient on the last stage (the rank's tokens)
     memory = states + max(acts, activation_stage_bytes(M, L, e) * l / p + logits) + 2.0 * 2**30
     return dict(time=total, tflops=M.model_flops(L.B) / total / N / 1e12, hw_tflops=flops / total / N / 1e12,
                 tokens_per_s=L.B * s / total, memory=memory, fits=memory <= g["hbm_gb"] * 1e9 * 0.95,
@@ -692,13 +753,18 @@ def divisors(n):
 
 def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None, eps=None):
     """Every layout of gpus GPUs that fits (tp in 1, 2, 4, 8 within a node, dividing the heads and the
-    key/value groups; pp any divisor of the layers; vp 1, 2, 4; micro-batch 1, 2, 4, 8; each
+    key/value groups; with flash attention and no experts, cp in 1, 2, ..., 32 dividing s / 2 (ring
+    attention); pp any divisor of the layers; vp 1, 2, 4; micro-batch 1, 2, 4, 8; each
     recomputation; with experts, ep any divisor of E that divides tp x dp, or those of eps), with its
     prediction, fastest first. layout_kw: further Layout settings for all."""
     rows = []
-    for t in [k for k in (1, 2, 4, 8) if k <= g["per_node"] and M.a % k == 0 and M.ng % k == 0 and gpus % k == 0]:
-        for p in [k for k in divisors(M.l) if gpus % (t * k) == 0]:
-            d = gpus // (t * p)
+    cps = [1]
+    if flash and not M.E:  # context parallelism: ring attention on the fused kernel (dense models)
+        cps = [k for k in (1, 2, 4, 8, 16, 32) if M.s % (2 * k) == 0]
+    for t, cp in [(k, c) for k in (1, 2, 4, 8) if k <= g["per_node"] and M.a % k == 0 and M.ng % k == 0
+                  and gpus % k == 0 for c in cps if gpus % (k * c) == 0]:
+        for p in [k for k in divisors(M.l) if gpus % (t * cp * k) == 0]:
+            d = gpus // (t * cp * p)
             ep_list = [None]
             if M.E:
                 ep_list = [k for k in divisors(M.E) if (t * d) % k == 0 and (not eps or k in eps)]
@@ -710,7 +776,8 @@ def advise_rows(M, g, gpus, B, dtype="bf16", flash=False, layout_kw=None, eps=No
                         continue
                     for rc in ("none", "selective", "full"):
                         for ep in ep_list:
-                            L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash, ep=ep, **(layout_kw or {}))
+                            L = Layout(t, p, v, d, b, B, rc, dtype, flash=flash, ep=ep, cp=cp,
+                                       **(layout_kw or {}))
                             r = predict(M, L, g)
                             if r["fits"]:
                                 rows.append((r["tokens_per_s"], L, r))
@@ -739,12 +806,12 @@ def advise(M, gpu, gpus, B, dtype="bf16", top=10, flash=False, layout_kw=None, e
 def parse_layout_spec(spec):
     """'tp=1,pp=4,ep=8[,vp=1,micro=1,recompute=none]' -> dict; vp, micro and recompute default to
     Megatron's defaults (1, 1, none), the values a script that does not set them runs with."""
-    out = dict(vp=1, micro=1, recompute="none", ep=1)
+    out = dict(vp=1, micro=1, recompute="none", ep=1, cp=1)
     for item in spec.split(","):
         key, _, val = item.partition("=")
         key = key.strip()
-        if key not in ("tp", "pp", "ep", "vp", "micro", "recompute") or not val:
-            raise InputError(f"--check-layout {spec!r}: {item!r} (keys tp, pp, ep, vp, micro, recompute)")
+        if key not in ("tp", "pp", "ep", "cp", "vp", "micro", "recompute") or not val:
+            raise InputError(f"--check-layout {spec!r}: {item!r} (keys tp, pp, cp, ep, vp, micro, recompute)")
         try:
             out[key] = val.strip() if key == "recompute" else int(val)
         except ValueError:
@@ -761,12 +828,12 @@ def check_layout(M, gpu, gpus, B, dtype, flash, rows, spec, top, within, layout_
     throughput among the layouts that fit, what the faster ones gain, part by part. True when it fits,
     ranks among the best top and (with within) is at least (1 - within) x the best's throughput."""
     c = parse_layout_spec(spec)
-    t, p = c["tp"], c["pp"]
-    if gpus % (t * p):
-        raise InputError(f"--check-layout: {gpus} GPUs are not a multiple of tp x pp = {t * p}")
-    d = gpus // (t * p)
+    t, p, cpn = c["tp"], c["pp"], c["cp"]
+    if gpus % (t * p * cpn):
+        raise InputError(f"--check-layout: {gpus} GPUs are not a multiple of tp x pp x cp = {t * p * cpn}")
+    d = gpus // (t * p * cpn)
     L = Layout(t, p, c["vp"], d, c["micro"], B, c["recompute"], dtype, flash=flash,
-               ep=c["ep"] if M.E else None, **(layout_kw or {}))
+               ep=c["ep"] if M.E else None, cp=cpn, **(layout_kw or {}))
     r = predict(M, L, gpu)
     GiB = 2**30
     print(f"\nchecked layout: {L.describe()}")
@@ -1302,7 +1369,8 @@ def read_deck(path, vocab_override=0):
                recompute=recompute, dtype=dtype, sp=get("parallel", "sequence_parallel", False, bool),
                distributed=get("optim", "distributed", "auto"), flash=get("model", "flash_attention", False, bool),
                dp_overlap=get("parallel", "overlap_grad_reduce", False, bool), vocab=vocab,
-               ep=get("parallel", "ep", 1, int))
+               ep=get("parallel", "ep", 1, int), cp=get("parallel", "cp", 1, int),
+               cp_comm=get("parallel", "cp_comm_type", "p2p"))
     if get("parallel", "expert_tp", 1, int) != 1:
         raise InputError(f"{path}: [parallel] expert_tp > 1 (Trident refuses it; the model has expert_tp 1)")
     if lay["ep"] > 1 and not experts:
@@ -1314,9 +1382,10 @@ def read_deck(path, vocab_override=0):
 
 def deck_layout(M, lay, gpus, distributed=None):
     t, p, v, b, B = lay["tp"], lay["pp"], lay["vp"], lay["micro"], lay["global_batch"]
-    if gpus % (t * p):
-        raise InputError(f"--gpus {gpus} is not a multiple of tp x pp = {t * p}")
-    d = gpus // (t * p)
+    cpn = lay.get("cp", 1)
+    if gpus % (t * p * cpn):
+        raise InputError(f"--gpus {gpus} is not a multiple of tp x pp x cp = {t * p * cpn}")
+    d = gpus // (t * p * cpn)
     problems = [why for bad, why in (
         (B % (b * d), f"global batch {B} is not a multiple of micro-batch {b} x dp {d}"),
         (M.a % t or M.ng % t, f"tp {t} does not divide the heads {M.a} and the key/value groups {M.ng}"),
@@ -1328,10 +1397,11 @@ def deck_layout(M, lay, gpus, distributed=None):
         (M.E and t > 1 and not lay["sp"], "an MoE model with tp > 1 needs parallel.sequence_parallel")) if bad]
     if problems:
         raise InputError("; ".join(problems))
-    if distributed is None:
-        distributed = d > 1 if lay["distributed"] == "auto" else lay["distributed"] == "true"
+    if distributed is None:  # auto: on when the gradients' group (dp x cp) has more than one rank
+        distributed = d * cpn > 1 if lay["distributed"] == "auto" else lay["distributed"] == "true"
     return Layout(t, p, v, d, b, B, lay["recompute"], lay["dtype"], sp=lay["sp"] and t > 1, distributed=distributed,
-                  flash=lay["flash"], dp_overlap=lay["dp_overlap"], ep=lay["ep"] if M.E else None)
+                  flash=lay["flash"], dp_overlap=lay["dp_overlap"], ep=lay["ep"] if M.E else None, cp=cpn,
+                  cp_comm=lay.get("cp_comm", "p2p"))
 
 
 def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=0):
@@ -1364,7 +1434,7 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
     rows = []
     Ne = r["params_expert"]
     for dist in (True, False):
-        bpp = bytes_per_param(L.dtype, dist, L.dp)
+        bpp = bytes_per_param(L.dtype, dist, L.dp * L.cp)  # sharded over dp x cp
         bpp_e = bytes_per_param(L.dtype, dist, L.edp)
         rows.append((dist, e * N, gb * N, (bpp - e - gb) * (N - Ne) + (bpp_e - e - gb) * Ne))
     (_, p_b, g_b, o_dist), (_, _, _, o_full) = rows
@@ -1372,6 +1442,7 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
           + (f"; {Ne / 1e9:.3f}B of them the GPU's experts)" if M.E else ")"))
     print(f"  gradients           {g_b / GiB:8.2f}   ({gb} B each, main gradients)")
     print(f"  optimizer           {o_dist / GiB:8.2f}   with the distributed optimizer (/ dp {L.dp}"
+          + (f" x cp {L.cp}" if L.cp > 1 else "")
           + (f"; the experts' / expert-data-parallel {L.edp}" if M.E else "") + f"); {o_full / GiB:.2f} without")
     print(f"  activations         {r['activations'] / GiB:8.2f}   first stage, recompute {L.recompute} "
           f"(Korthikanti et al. 2022; {M.l} layers' worth in flight)")
@@ -1394,7 +1465,7 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
     print("  parts (s): " + ", ".join(f"{k} {v:.4f}" for k, v in r["parts"].items()))
     adv = advise_rows(M, g, gpus, L.B, L.dtype, L.flash, dict(dp_overlap=L.dp_overlap))
     faster = sum(1 for tps, _, _ in adv if tps > r["tokens_per_s"])
-    among = any((A.tp, A.pp, A.vp, A.b, A.recompute, A.ep) == (L.tp, L.pp, L.vp, L.b, L.recompute, L.ep)
+    among = any((A.tp, A.pp, A.vp, A.b, A.recompute, A.ep, A.cp) == (L.tp, L.pp, L.vp, L.b, L.recompute, L.ep, L.cp)
                 for _, A, _ in adv)
     if not r["fits"]:
         rank_line = f"the deck's layout does not fit; {len(adv)} of the advisor's layouts do"

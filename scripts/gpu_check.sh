@@ -29,6 +29,10 @@
 #              SwiGLU experts per layer, top-2, load-balancing and z losses) for 50 iterations, fp32
 #              against the host's fp32 losses and bf16 against the GPU's fp32 within the bf16 band,
 #              and the MoE metrics (aux, z, max load) of fp32 against the host's within 1e-3
+#   long       at most 45 s: long sequences on one GPU (cp = 1): inputs/llama_long_ci.ini at 32768 tokens
+#              (GPU_CHECK_LONG_SEQ), micro-batch 1, fused attention, 4 iterations in fp32 and in bf16:
+#              bf16 against fp32 within the bf16 band, and tokens/s and ms per iteration of each (the
+#              median after the first), appended to llama.csv
 #   hf         optional (skipped when $PYTHON has no transformers): a tiny GPT trained here for 40
 #              iterations, exported by convert_checkpoint; transformers' GPT2LMHeadModel
 #              (from_pretrained, float32, TF32 off, on the GPU) scores the evaluation mode's windows
@@ -51,8 +55,8 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,LLAMA,MOE,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 45, 90, 45,
-# 400 s: a GPU's); GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
+# GPU_CHECK_{UNIT,TRAIN,LLAMA,MOE,LONG,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 45, 45,
+# 90, 45, 400 s: a GPU's); GPU_CHECK_LONG_SEQ the long phase's sequence length; GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -435,6 +439,46 @@ PY
   return $rc
 }
 
+# ---- long sequences: attention over 32k tokens on one GPU (cp = 1) -------------------------------------------
+phase_long() {
+  local dtype rc=0 seq=${GPU_CHECK_LONG_SEQ:-32768}
+  for dtype in fp32 bf16; do
+    (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck inputs/llama_long_ci.ini \
+      --parallel.cp 1 --model.seq_length "$seq" --model.max_position_embeddings "$seq" --precision.dtype "$dtype" \
+      --train.micro_batch_size 1 --train.global_batch_size 1 --train.iters 4 --optim.warmup_iters 0 \
+      --eval.interval 0 --checkpoint.save "" --log.interval 1 --log.metrics_file "$work/long_${dtype}.csv") \
+      >"$work/long_${dtype}.log" 2>&1 ||
+      { echo "pretrain_gpt long $dtype failed:"; tail -n 15 "$work/long_${dtype}.log"; rc=1; }
+  done
+  "$PYTHON" - "$work" "$out/llama.csv" "$seq" <<'PY' || rc=1
+import csv, os, statistics, sys
+work, dst, seq = sys.argv[1], sys.argv[2], sys.argv[3]
+def rows_of(p):
+    return list(csv.DictReader(open(p))) if os.path.exists(p) else []
+out = []
+a, b = rows_of(f"{work}/long_bf16.csv"), rows_of(f"{work}/long_fp32.csv")
+if a and b and len(a) == len(b):
+    w = max(abs(float(x["loss"]) - float(y["loss"])) / abs(float(y["loss"])) for x, y in zip(a, b))
+    out.append(("long", f"{seq} tokens: bf16 vs fp32 GPU", len(a), f"{w:.3e}", f"{2.0 ** -9:.1e}", w <= 2.0 ** -9))
+else:
+    out.append(("long", f"{seq} tokens: bf16 vs fp32 GPU", 0, "missing", f"{2.0 ** -9:.1e}", False))
+for name, rows in (("fp32", b), ("bf16", a)):
+    timed = rows[1:] if len(rows) > 1 else rows  # the first iteration allocates and warms up
+    if timed:
+        tok = statistics.median(float(r["tokens_per_s"]) for r in timed)
+        ms = statistics.median(float(r["ms_per_iter"]) for r in timed)
+        out.append(("long", f"speed {name}: {tok:.0f} tok/s; {ms:.0f} ms/iteration", len(rows), f"{tok:.1f}", "-", True))
+with open(dst, "a", newline="") as f:
+    csv.writer(f, lineterminator="\n").writerows(out)
+for r in out:
+    print(" | ".join(str(x) for x in r))
+sys.exit(0 if all(r[5] for r in out) else 1)
+PY
+  note="$(awk -F, '$1 == "long" && $2 ~ /vs/ {n++; if ($6 == "True") p++} END {print p + 0 " of " n + 0 " comparisons pass"}' \
+    "$out/llama.csv" 2>/dev/null); $(sed -n 's/^long,speed \([^,]*\),.*/\1/p' "$out/llama.csv" 2>/dev/null | paste -sd ';' -)"
+  return $rc
+}
+
 # ---- Hugging Face export loaded by transformers -----------------------------------------------------------
 phase_hf() {
   if ! "$PYTHON" -c "import transformers" >/dev/null 2>&1; then
@@ -531,6 +575,7 @@ run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
 run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
 run_phase moe "${GPU_CHECK_MOE_LIMIT:-45}" phase_moe
+run_phase long "${GPU_CHECK_LONG_LIMIT:-45}" phase_long
 run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
 run_phase hf_llama "${GPU_CHECK_HF_LLAMA_LIMIT:-45}" phase_hf_llama
 run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench

@@ -26,7 +26,6 @@ reports is asserted (tests/testlib.assert_layout).
 """
 import argparse
 import csv
-import glob
 import os
 import shutil
 import sys

@@ -32,6 +32,7 @@ set +e
 PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
   GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
   GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_LLAMA_LIMIT=300 GPU_CHECK_MOE_LIMIT=300 GPU_CHECK_BENCH_LIMIT=600 \
+  GPU_CHECK_LONG_SEQ=1024 GPU_CHECK_LONG_LIMIT=300 \
   GPU_CHECK_LLAMA_SPEED_ARGS="--train.iters 5" \
   GPU_CHECK_BENCH_ARGS="--shapes smoke --seq 64 --max-micro-batch 2 --iters 3 --warmup 1 --no-torch" \
   bash "$root/scripts/gpu_check.sh" "$work/out" >"$work/gpu_check.log" 2>&1
@@ -40,7 +41,7 @@ set -e
 fail() { echo "gpu_check_logic: FAIL: $*"; tail -n 40 "$work/gpu_check.log"; exit 1; }
 [ $rc -eq 0 ] || fail "gpu_check.sh exited $rc"
 report=$work/out/report.md
-for ph in start gpu unit train llama moe bench; do
+for ph in start gpu unit train llama moe long bench; do
   grep -q "^| $ph | ok |" "$report" || fail "phase $ph did not pass"
 done
 grep -q "Stopped" "$report" && fail "the run stopped early"
@@ -48,6 +49,8 @@ grep -q "^| train | ok | [0-9]* | 7 of 7 comparisons pass |" "$report" || fail "
 grep -q "^| llama | ok | [0-9]* | 3 of 3 comparisons pass; speed: [0-9]* tok/s; " "$report" ||
   fail "the llama phase's note does not say 3 of 3 and the speed"
 grep -q "^| moe | ok | [0-9]* | 5 of 5 MoE comparisons pass |" "$report" || fail "the moe phase's note does not say 5 of 5"
+grep -q "^| long | ok | [0-9]* | 1 of 1 comparisons pass; fp32: [0-9]* tok/s; [0-9]* ms/iteration;bf16: " "$report" ||
+  fail "the long phase's note does not say 1 of 1 and the speeds"
 grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
 grep -q "^| bench | ok | [0-9]* | 2 rows |" "$report" || fail "the bench phase's note does not say 2 rows"
 n=$(ls "$work/out" | wc -l)
@@ -80,6 +83,9 @@ assert float(llama[0]["worst relative loss difference"]) == 0.0 and llama[0]["st
 for r in llama[1:3]:
     assert 0.0 < float(r["worst relative loss difference"]) <= 2.0 ** -9, r
 assert llama[3]["comparison"].startswith("speed: ") and llama[3]["steps"] == "5", llama[3]
+long = [r for r in llama if r["model"] == "long"]  # the long-sequence phase's rows, after the Llama phase's
+assert [r["comparison"] for r in long][0] == "1024 tokens: bf16 vs fp32 GPU" and len(long) == 3, long
+assert 0.0 < float(long[0]["worst relative loss difference"]) <= 2.0 ** -9 and long[0]["steps"] == "4", long[0]
 unit = open(f"{out}/unit.txt").read()
 assert "failed    0" in unit and "passed" in unit, unit
 print("gpu_check_logic: every phase passed; fp32 equal to the reference on gpt, bert, t5; bf16 within 2^-9:",
