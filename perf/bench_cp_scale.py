@@ -39,19 +39,25 @@ MiB = 1024.0 * 1024.0
 
 def run_one(a, seq, cp, work):
     w = os.path.join(work, f"s{seq}_cp{cp}")
+    if a.reuse and os.path.exists(os.path.join(w, "memory.json")):
+        return read_one(w, seq, cp)
     shutil.rmtree(w, ignore_errors=True)
     os.makedirs(w)
     cmd = [a.mpiexec, "-n", str(cp), os.path.join(a.build, "apps", "pretrain_gpt"), "--deck", DECK,
            "--data.train_shards", os.path.join(a.sample, "kjv_gpt2_*.h5"), "--model.seq_length", str(seq),
            "--model.max_position_embeddings", str(seq), "--parallel.cp", str(cp), "--parallel.cp_comm_type",
            a.comm, "--train.micro_batch_size", "1", "--train.global_batch_size", "1", "--train.iters",
-           str(a.iters), "--optim.warmup_iters", "0", "--eval.interval", "100000", "--checkpoint.save", "",
+           str(a.iters), "--optim.warmup_iters", "0", "--eval.interval", "0", "--checkpoint.save", "",
            "--log.interval", "1", "--log.metrics_file", os.path.join(w, "metrics.csv"), "--log.memory_file",
-           os.path.join(w, "memory.json")]
+           os.path.join(w, "memory.json"), "--data.split", "100,0,0"]  # (no validation windows: 32k > the split's)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         print(p.stdout[-3000:])
         raise SystemExit(f"FAILED ({p.returncode}): {' '.join(cmd)}")
+    return read_one(w, seq, cp)
+
+
+def read_one(w, seq, cp):
     with open(os.path.join(w, "memory.json")) as f:
         rank0 = json.load(f)["ranks"][0]
     with open(os.path.join(w, "metrics.csv")) as f:
@@ -75,6 +81,7 @@ def main():
     p.add_argument("--out")
     p.add_argument("--plot")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--reuse", action="store_true", help="read the runs already in --work instead of training again")
     a = p.parse_args()
     seqs = [int(x) for x in a.seqs.split(",")]
     cps = [int(x) for x in a.cps.split(",")]
