@@ -169,35 +169,10 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
   return r;
 }
 
-void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
-  if (ops.empty()) return;
-  const progress::InComm in_comm(ops[0].send ? "p2p send/recv" : "p2p recv/send", name_.c_str(), size_, ops[0].peer);
-#if defined(TRIDENT_ENABLE_CUDA)
-  if (nccl_) {
-    detail::nccl_p2p_group(*nccl_, ops);
-    return;
-  }
-#endif
-  Kokkos::fence();
-  std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const P2POp& o = ops[i];
-    if (o.send)
-      TRIDENT_CHECK_MPI(MPI_Isend(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
-    else
-      TRIDENT_CHECK_MPI(MPI_Irecv(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
-  }
-  wait_all(requests);
-}
-
-std::vector<MPI_Request> Communicator::p2p_start(const std::vector<P2POp>& ops) const {
+// Posts ops: one NCCL group on the Kokkos stream (CUDA builds with NCCL; no requests), else
+// MPI_Isend / MPI_Irecv after a fence, their requests returned.
+std::vector<MPI_Request> Communicator::post_p2p(const std::vector<P2POp>& ops) const {
   std::vector<MPI_Request> requests;
-  if (ops.empty()) return requests;
-  double sent = 0;
-  for (const P2POp& o : ops)
-    if (o.send) sent += 4.0 * static_cast<double>(o.n);
-  count("p2p", sent);
-  const progress::InComm in_comm("p2p start", name_.c_str(), size_, ops[0].peer);
 #if defined(TRIDENT_ENABLE_CUDA)
   if (nccl_) {
     detail::nccl_p2p_group(*nccl_, ops);
@@ -214,6 +189,23 @@ std::vector<MPI_Request> Communicator::p2p_start(const std::vector<P2POp>& ops) 
       TRIDENT_CHECK_MPI(MPI_Irecv(o.buf, as_int(o.n), MPI_FLOAT, o.peer, o.tag, comm_, &requests[i]));
   }
   return requests;
+}
+
+void Communicator::p2p_group(const std::vector<P2POp>& ops) const {
+  if (ops.empty()) return;
+  const progress::InComm in_comm(ops[0].send ? "p2p send/recv" : "p2p recv/send", name_.c_str(), size_, ops[0].peer);
+  std::vector<MPI_Request> requests = post_p2p(ops);
+  wait_all(requests);
+}
+
+std::vector<MPI_Request> Communicator::p2p_start(const std::vector<P2POp>& ops) const {
+  if (ops.empty()) return {};
+  double sent = 0;
+  for (const P2POp& o : ops)
+    if (o.send) sent += 4.0 * static_cast<double>(o.n);
+  count("p2p", sent);
+  const progress::InComm in_comm("p2p start", name_.c_str(), size_, ops[0].peer);
+  return post_p2p(ops);
 }
 
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {

@@ -154,6 +154,7 @@ class Communicator {
     ++s.calls;
     s.bytes += bytes;
   }
+  std::vector<MPI_Request> post_p2p(const std::vector<P2POp>& ops) const;
   mutable std::map<std::string, Stats> stats_;
   std::shared_ptr<detail::NcclComm> nccl_;
   void release();
