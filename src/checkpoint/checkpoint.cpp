@@ -215,8 +215,8 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
 // store) as global datasets prefix + name. Collective: every rank creates every dataset of
 // `tensors` (all_tensors), and writes the slices it owns.
 // `sums`: the datasets' checksums (checksums()), in the order of `tensors`, or empty for none.
-void write_tensors(hid_t file, const std::string& prefix, const ParamStore& store, const float* host,
-                   const Owner& owner, const std::map<std::string, std::vector<hsize_t>>& tensors,
+void write_tensors(hid_t file, const std::string& where, const std::string& prefix, const ParamStore& store,
+                   const float* host, const Owner& owner, const std::map<std::string, std::vector<hsize_t>>& tensors,
                    const std::vector<std::uint64_t>& sums) {
   std::size_t index = 0;
   for (const auto& [pname, gdims] : tensors) {
@@ -225,7 +225,7 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
     H5Handle fspace = h5_space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr));
     H5Handle dset = h5_dataset(
         H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    if (!dset.valid()) throw Error::one("checkpoint: cannot create dataset '" + name + "'");
+    if (!dset.valid()) throw Error::one("'" + where + "': cannot create dataset '" + name + "'");
     if (!sums.empty()) h5_write_attr(dset, "checksum", hex64(sums[index]));  // collective: same value everywhere
     ++index;
     const ParamId id = store.find(pname);
@@ -236,7 +236,7 @@ void write_tensors(hid_t file, const std::string& prefix, const ParamStore& stor
         p,
         [&](hid_t mspace, hid_t fsel) {
           if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
-            throw Error::one("checkpoint: writing '" + name + "' failed");
+            throw Error::one("'" + where + "': writing '" + name + "' failed (disk full?)");
         },
         fspace);
   }
@@ -386,6 +386,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
                                    store, values, m, v, master));
   std::string err;
   {
+    H5CollectiveScope collective;  // a write failing on some ranks ends the job, not hangs it
     H5QuietErrors quiet;
     H5Handle file = open_parallel_create(tmp_path, world.get());
     if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
@@ -396,7 +397,8 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
                opt_tensors = all_tensors(store, world.get(), set, false);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
       const auto& tensors = prefix.empty() ? model_tensors : opt_tensors;
-      write_tensors(file, prefix, store, buf.data(), w, tensors, checksums(store, buf.data(), w, tensors, world.get()));
+      write_tensors(file, tmp_path, prefix, store, buf.data(), w, tensors,
+                    checksums(store, buf.data(), w, tensors, world.get()));
     };
     put("", values);
     if (opt) {
@@ -940,13 +942,14 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
                         const FloatView& buffer, std::int64_t iteration, const Topology& topo) {
   auto host = Kokkos::create_mirror_view_and_copy(HostSpace(), buffer);
   std::string err;
+  H5CollectiveScope collective;  // a write failing on some ranks ends the job, not hangs it
   H5QuietErrors quiet;
   H5Handle file = open_parallel_create(path, topo.world().get());
   if (!file.valid()) err = "cannot create '" + path + "'";
   agree_or_throw(topo.world().get(), err);
   // the states only from a buffer that holds them (a model_to_host copy; not gradients)
   const bool states = static_cast<std::int64_t>(buffer.extent(0)) >= store.host_size();
-  write_tensors(file, prefix, store, host.data(), owner_of(topo),
+  write_tensors(file, path, prefix, store, host.data(), owner_of(topo),
                 all_tensors(store, topo.world().get(), TensorSet::all, states), {});
   h5_write_attr(file, "iteration", iteration);
 }

@@ -5,9 +5,23 @@
 // writes those).
 #include "io/hdf5_handle.hpp"
 
+#include <exception>
+
 #include "common/error.hpp"
 
 namespace trident {
+
+namespace {
+thread_local H5CollectiveScope* innermost_scope = nullptr;
+}  // namespace
+
+H5CollectiveScope::H5CollectiveScope() : exceptions_at_entry_(std::uncaught_exceptions()), outer_(innermost_scope) {
+  innermost_scope = this;
+}
+H5CollectiveScope::~H5CollectiveScope() { innermost_scope = outer_; }
+bool H5CollectiveScope::unwinding() {
+  return innermost_scope && std::uncaught_exceptions() > innermost_scope->exceptions_at_entry_;
+}
 
 H5QuietErrors::H5QuietErrors() {
   H5Eget_auto2(H5E_DEFAULT, &func_, &data_);

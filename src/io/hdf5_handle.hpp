@@ -13,7 +13,30 @@
 
 namespace trident {
 
-// Owns one hid_t and closes it with the matching H5?close.
+// Marks code in which every rank makes the same HDF5 calls on a file opened with MPI-IO, where
+// creating and closing objects and the file are collective. An error met there by some ranks only
+// (a write that fails on a full disk on one rank) must not close their handles on the way out:
+// the close would wait in a collective that the other ranks, already in the next one, never join,
+// and the job would hang instead of ending with the error (app_driver's abort). While an
+// exception raised inside the innermost scope unwinds it, H5Handle's destructor leaves its
+// identifier open; the job ends, or, for an error every rank met at the same point, HDF5 closes
+// what is left, on every rank alike, at MPI_Finalize.
+class H5CollectiveScope {
+ public:
+  H5CollectiveScope();
+  ~H5CollectiveScope();
+  H5CollectiveScope(const H5CollectiveScope&) = delete;
+  H5CollectiveScope& operator=(const H5CollectiveScope&) = delete;
+  // An exception raised inside the innermost scope of this thread is unwinding it.
+  static bool unwinding();
+
+ private:
+  int exceptions_at_entry_;
+  H5CollectiveScope* outer_;
+};
+
+// Owns one hid_t and closes it with the matching H5?close (left open when an exception unwinds
+// an H5CollectiveScope).
 class H5Handle {
  public:
   using Closer = herr_t (*)(hid_t);
@@ -30,7 +53,10 @@ class H5Handle {
     }
     return *this;
   }
-  ~H5Handle() { reset(); }
+  ~H5Handle() {
+    if (H5CollectiveScope::unwinding()) id_ = -1;  // see H5CollectiveScope
+    reset();
+  }
   void reset() {
     if (id_ >= 0 && closer_) closer_(id_);
     id_ = -1;

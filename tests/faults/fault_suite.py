@@ -15,7 +15,8 @@ asserts four things:
   4. no pre-existing file the case protects has changed (sha256 before and after).
 Groups:
   inputs      bad decks, shards, checkpoints and tokenizer files: one error at start-up
-  outputs     output paths checked before training; disk full at np=2 and np=4 (tmpfs, root);
+  outputs     output paths checked before training; disk full at np=2 and np=4 and during a
+              collective dump at np=4 (tmpfs, root);
               no silent overwrite of checkpoints, metrics or shards
   corruption  a corrupted checkpoint (checksums; checkpoint.load auto falls back), a shard
               truncated or replaced under a running job, stale temporary files
@@ -467,6 +468,22 @@ def group_outputs(s):
                     "--train.global_batch_size", str(2 * np_)),
                     1, "disk full", protect=keep, after=loadable)
                 shutil.rmtree(ck2, ignore_errors=True)
+            # the disk fills while the ranks write a file together (the step-1 gradients, parallel
+            # HDF5, pp 2 x dp 2): the ranks whose writes fail must end the job, not wait in the
+            # file's collective close for ranks already in the next dataset (a hang before)
+            subprocess.run(["umount", tmpfs])
+            mount("45m")
+            ck3 = os.path.join(tmpfs, "ck_dump")
+            def initial_kept(out):
+                if open(os.path.join(ck3, "latest")).read().strip() != "0":
+                    return ["the initial checkpoint is not the latest one"]
+                run(s.cmd(1, *QUICK, "--train.iters", "1", "--checkpoint.load", ck3))
+                return []
+            s.case("disk fills during a collective dump, np=4 (pp 2)", s.cmd(
+                4, *QUICK, "--train.iters", "2", "--parallel.pp", "2", "--checkpoint.save", ck3,
+                "--checkpoint.save_initial", "true", "--debug.dump_grads", os.path.join(tmpfs, "grads.h5"),
+                "--train.global_batch_size", "4"),
+                1, "disk full", bound=30, protect=keep, after=initial_kept)
         finally:
             subprocess.run(["umount", tmpfs])
     else:
