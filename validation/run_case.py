@@ -111,6 +111,8 @@ def main():
     p.add_argument("--reference-cache", metavar="DIR",
                    help="the reference's trajectory cache (gpt_reference.py compare --cache, reference_loop.py --cache): "
                         "the layouts of one case train the reference once")
+    p.add_argument("--keep", action="store_true", default=os.environ.get("TRIDENT_KEEP_RUN_FILES", "") not in ("", "0"),
+                   help="keep the checkpoints and dumps of a passed case (default: removed; a failed case keeps them)")
     a = p.parse_args()
 
     def pairs(items, flag):
@@ -190,7 +192,23 @@ def main():
                 if "eod_id" in f.attrs:
                     ref += ["--eod-id", str(int(f.attrs["eod_id"]))]
     print("+", " ".join(ref), flush=True)
-    sys.exit(subprocess.run(ref).returncode)
+    rc = subprocess.run(ref).returncode
+    if rc == 0 and not a.keep:
+        # a passed case leaves its metrics and report; its checkpoints and dumps (tens of MB a
+        # case, gigabytes over the suite) go, so the suite's disk use stays that of a few cases
+        freed = 0
+        for name in ("ck", "params", "batches.h5", "grads.h5", "dropout.h5"):
+            path = w(name)
+            if os.path.isdir(path):
+                for root, _, files in os.walk(path):
+                    freed += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                freed += os.path.getsize(path)
+                os.remove(path)
+        print(f"passed: removed {freed / 2**20:.1f} MiB of checkpoints and dumps from {a.work} "
+              f"(--keep or TRIDENT_KEEP_RUN_FILES=1 keeps them)", flush=True)
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
