@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <boost/program_options.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,11 +26,15 @@ namespace trident {
 
 namespace {
 
+// The shortest text that reads back as the same double (0.1, 1e-05): the --help defaults and the
+// deck stored in checkpoints, which parses back exactly.
 std::string fmt(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
+  char buf[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
 }
 std::string fmt(std::int64_t v) { return std::to_string(v); }
 std::string fmt(bool v) { return v ? "true" : "false"; }
@@ -742,7 +748,11 @@ bool parse_deck(int argc, const char* const* argv, Deck& deck, std::string* help
   if (help) {
     if (help_out) {
       std::ostringstream os;
-      os << "usage: " << (argc > 0 ? argv[0] : "app") << " --deck FILE [--section.key value ...]\n\n" << reg.desc();
+      std::string app = argc > 0 ? argv[0] : "app";
+      if (const auto slash = app.rfind('/'); slash != std::string::npos) app = app.substr(slash + 1);
+      os << app << ": pretraining from an input deck (inputs/README.md; every key below, docs/DESIGN.md)\n"
+         << "usage: mpiexec -n N " << app << " --deck FILE [--section.key value ...]\n\n"
+         << reg.desc();
       *help_out = os.str();
     }
     return false;

@@ -14,6 +14,7 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <exception>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -38,11 +39,24 @@ namespace trident {
 
 namespace {
 
-bool asks_version(int argc, char** argv) {
+bool asks(int argc, char** argv, std::initializer_list<const char*> flags) {
   for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--version") return true;
+    for (const char* f : flags)
+      if (std::string(argv[i]) == f) return true;
   return false;
 }
+bool asks_version(int argc, char** argv) { return asks(argc, argv, {"--version"}); }
+
+// What every app's --help ends with, after the app's own usage and options: the exit codes
+// (docs/DESIGN.md "Exit codes") and where Kokkos's own options are.
+const char* kHelpFooter =
+    "\nExit codes:\n"
+    "  0  done (all iterations, evaluation or generation done; --help, --version)\n"
+    "  1  an error (one line naming it; the whole job ends)\n"
+    "  3  stopped by SIGUSR1 or SIGTERM after writing a checkpoint: resubmit to continue\n"
+    "  4  stopped by a signal with nothing to resume (no checkpoint.save, or outside training)\n"
+    "  5  the watchdog ended a stuck job: resubmit to continue\n"
+    "\nKokkos's own options (--kokkos-num-threads, --kokkos-device-id, ...): --kokkos-help lists them.\n";
 
 // --version: what this executable was built with and runs on, printed by rank 0 after MPI has
 // started and before Kokkos does: it proves that the executable loads its libraries and that MPI
@@ -145,8 +159,13 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     }
   }
 #endif
+  // --help is the app's: Kokkos does not see it (it would print its own banner first); its own
+  // options are listed by --kokkos-help, which runs nothing else
+  const bool help = asks(argc, argv, {"--help", "-h"});
+  const bool kokkos_help = asks(argc, argv, {"--kokkos-help"});
   std::vector<char*> kargv;  // (kargc + 1): args, then nullptr
-  for (auto& a : args) kargv.push_back(a.data());
+  for (auto& a : args)
+    if (a != "--help" && a != "-h" && (a != "--kokkos-help" || rank == 0)) kargv.push_back(a.data());
   int kargc = static_cast<int>(kargv.size());
   kargv.push_back(nullptr);
   int rc = 0;
@@ -154,7 +173,8 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     const Communicator agree = Communicator::duplicate(MPI_COMM_WORLD);
     Kokkos::ScopeGuard kokkos(kargc, kargv.data());
     try {
-      rc = body(argc, argv);
+      if (!kokkos_help) rc = body(argc, argv);
+      if (help && !kokkos_help && rank == 0) std::cout << kHelpFooter << std::flush;
     } catch (const Error& e) {
       if (e.scope() == Error::Scope::all_ranks)
         rc = leave_after_error(agree, rank, e.what());
