@@ -56,7 +56,7 @@ def check_main(checks, make_context, mpiexec_default="mpiexec"):
 
 
 def trident_checksum(values):
-    """The `checksum` attribute Trident writes on a checkpoint dataset (README "Checkpoints"), computed
+    """The `checksum` attribute Trident writes on a checkpoint dataset (docs/checkpoints.md), computed
     independently of the C++ code: the sum mod 2^64 over the elements, in row-major order, of
     splitmix64(index * 0x9e3779b97f4a7c15 + the element's fp32 bits), as 16 hex digits."""
     import numpy as np

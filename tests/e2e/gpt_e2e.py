@@ -208,6 +208,8 @@ def check_finetune(c):
     run(c.cmd(2, "--parallel.tp", "2", "--train.iters", "60", "--eval.interval", "0", "--checkpoint.save", pre))
     docs = [os.path.join(ROOT, p) for p in ("README.md", "data/README.md", "inputs/README.md", "validation/README.md",
                                             "perf/README.md", "jobscripts/README.md")]
+    docs += [os.path.join(ROOT, "docs", p) for p in ("training.md", "data.md", "checkpoints.md", "cluster.md",
+                                                     "reliability.md", "building.md", "testing.md", "code-map.md")]
     vocab = os.path.join(os.path.dirname(c.shards), "gpt2")
     prep = os.path.join(os.path.dirname(c.app), "preprocess_data")
     run([prep, "--input", *docs, "--output-prefix", c.path("docs"), "--tokenizer-type", "GPT2BPETokenizer",

@@ -23,7 +23,7 @@ Groups:
   numerics    fp16 divergence; NaN checkpoints refused by training and generation
   signals     kill -9 of a rank mid-step and mid-checkpoint, SIGSTOP of a rank (the watchdog),
               SIGTERM during start-up
-The summary line of each group gives its count of cases and outcomes (README "Reliability").
+The summary line of each group gives its count of cases and outcomes (docs/reliability.md).
 """
 import argparse
 import glob

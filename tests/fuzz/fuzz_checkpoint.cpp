@@ -40,7 +40,7 @@ std::string file_path() {
   return p;
 }
 
-// The checksum of README "Checkpoints", written out independently of src/io/checkpoint.cpp.
+// The checksum of docs/checkpoints.md "Integrity", written out independently of src/io/checkpoint.cpp.
 std::string reference_checksum(const std::vector<float>& v) {
   std::uint64_t sum = 0;
   for (std::size_t i = 0; i < v.size(); ++i) {
