@@ -215,9 +215,11 @@ std::map<std::string, std::vector<hsize_t>> all_tensors(const ParamStore& store,
 // store) as global datasets prefix + name. Collective: every rank creates every dataset of
 // `tensors` (all_tensors), and writes the slices it owns.
 // `sums`: the datasets' checksums (checksums()), in the order of `tensors`, or empty for none.
-void write_tensors(hid_t file, const std::string& where, const std::string& prefix, const ParamStore& store,
-                   const float* host, const Owner& owner, const std::map<std::string, std::vector<hsize_t>>& tensors,
-                   const std::vector<std::uint64_t>& sums) {
+// A slice whose write fails (a full disk fails some ranks' writes and not others') is agreed on
+// before the next tensor's collective creation: every rank throws the same Error::all there.
+void write_tensors(hid_t file, MPI_Comm comm, const std::string& where, const std::string& prefix,
+                   const ParamStore& store, const float* host, const Owner& owner,
+                   const std::map<std::string, std::vector<hsize_t>>& tensors, const std::vector<std::uint64_t>& sums) {
   std::size_t index = 0;
   for (const auto& [pname, gdims] : tensors) {
     const std::string name = prefix + pname;
@@ -229,16 +231,18 @@ void write_tensors(hid_t file, const std::string& where, const std::string& pref
     if (!sums.empty()) h5_write_attr(dset, "checksum", hex64(sums[index]));  // collective: same value everywhere
     ++index;
     const ParamId id = store.find(pname);
-    if (id < 0) continue;
-    const ParamInfo& p = store.info(id);
-    if (!owner.owns(p)) continue;  // one copy of each tensor
-    for_each_block(
-        p,
-        [&](hid_t mspace, hid_t fsel) {
-          if (H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
-            throw Error::one("'" + where + "': writing '" + name + "' failed (disk full?)");
-        },
-        fspace);
+    std::string err;
+    if (id >= 0 && owner.owns(store.info(id))) {  // one copy of each tensor
+      const ParamInfo& p = store.info(id);
+      for_each_block(
+          p,
+          [&](hid_t mspace, hid_t fsel) {
+            if (err.empty() && H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) < 0)
+              err = "'" + where + "': writing '" + name + "' failed (disk full?)";
+          },
+          fspace);
+    }
+    agree_or_throw(comm, err);
   }
 }
 
@@ -397,7 +401,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
                opt_tensors = all_tensors(store, world.get(), set, false);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
       const auto& tensors = prefix.empty() ? model_tensors : opt_tensors;
-      write_tensors(file, tmp_path, prefix, store, buf.data(), w, tensors,
+      write_tensors(file, world.get(), tmp_path, prefix, store, buf.data(), w, tensors,
                     checksums(store, buf.data(), w, tensors, world.get()));
     };
     put("", values);
@@ -949,7 +953,7 @@ void save_named_tensors(const std::string& path, const std::string& prefix, cons
   agree_or_throw(topo.world().get(), err);
   // the states only from a buffer that holds them (a model_to_host copy; not gradients)
   const bool states = static_cast<std::int64_t>(buffer.extent(0)) >= store.host_size();
-  write_tensors(file, path, prefix, store, host.data(), owner_of(topo),
+  write_tensors(file, topo.world().get(), path, prefix, store, host.data(), owner_of(topo),
                 all_tensors(store, topo.world().get(), TensorSet::all, states), {});
   h5_write_attr(file, "iteration", iteration);
 }

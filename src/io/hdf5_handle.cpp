@@ -5,6 +5,7 @@
 // writes those).
 #include "io/hdf5_handle.hpp"
 
+#include <atomic>
 #include <exception>
 
 #include "common/error.hpp"
@@ -13,12 +14,15 @@ namespace trident {
 
 namespace {
 thread_local H5CollectiveScope* innermost_scope = nullptr;
+std::atomic<bool> handles_left_open{false};
 }  // namespace
 
 H5CollectiveScope::H5CollectiveScope() : exceptions_at_entry_(std::uncaught_exceptions()), outer_(innermost_scope) {
   innermost_scope = this;
 }
 H5CollectiveScope::~H5CollectiveScope() { innermost_scope = outer_; }
+bool H5CollectiveScope::left_open() { return handles_left_open.load(); }
+void H5CollectiveScope::note_left_open() { handles_left_open.store(true); }
 bool H5CollectiveScope::unwinding() {
   return innermost_scope && std::uncaught_exceptions() > innermost_scope->exceptions_at_entry_;
 }

@@ -19,8 +19,9 @@ namespace trident {
 // the close would wait in a collective that the other ranks, already in the next one, never join,
 // and the job would hang instead of ending with the error (app_driver's abort). While an
 // exception raised inside the innermost scope unwinds it, H5Handle's destructor leaves its
-// identifier open; the job ends, or, for an error every rank met at the same point, HDF5 closes
-// what is left, on every rank alike, at MPI_Finalize.
+// identifier open, and the job then ends without closing it: closing at MPI_Finalize would flush
+// the file again, which on a full disk fails on some ranks and not others (the same hang), so
+// run_app ends such a job through MPI_Abort once the error is printed.
 class H5CollectiveScope {
  public:
   H5CollectiveScope();
@@ -29,6 +30,9 @@ class H5CollectiveScope {
   H5CollectiveScope& operator=(const H5CollectiveScope&) = delete;
   // An exception raised inside the innermost scope of this thread is unwinding it.
   static bool unwinding();
+  // Some handle was left open by such an exception (the process must not finalize HDF5).
+  static bool left_open();
+  static void note_left_open();
 
  private:
   int exceptions_at_entry_;
@@ -54,7 +58,10 @@ class H5Handle {
     return *this;
   }
   ~H5Handle() {
-    if (H5CollectiveScope::unwinding()) id_ = -1;  // see H5CollectiveScope
+    if (id_ >= 0 && H5CollectiveScope::unwinding()) {  // see H5CollectiveScope
+      H5CollectiveScope::note_left_open();
+      id_ = -1;
+    }
     reset();
   }
   void reset() {

@@ -176,9 +176,12 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
       if (!kokkos_help) rc = body(argc, argv);
       if (help && !kokkos_help && rank == 0) std::cout << kHelpFooter << std::flush;
     } catch (const Error& e) {
-      if (e.scope() == Error::Scope::all_ranks)
+      if (e.scope() == Error::Scope::all_ranks) {
         rc = leave_after_error(agree, rank, e.what());
-      else
+        // an agreed error inside a parallel HDF5 file left it open (io/hdf5_handle.hpp): the job
+        // ends here, since HDF5 would flush and close it at MPI_Finalize, rank by rank
+        if (H5CollectiveScope::left_open()) mpi_job::abort_job(rc);
+      } else
         abort_after_error(rank, e.what());
     } catch (const std::exception& e) {
       abort_after_error(rank, e.what());
