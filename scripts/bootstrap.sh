@@ -28,6 +28,9 @@ packages+=(procps)
 [ "$mode" = test ] && packages+=(zstd gzip xz-utils)
 # the SentencePiece checks (tests/data): spm_train and spm_encode, the library's own command line
 [ "$mode" = test ] && packages+=(sentencepiece)
+# the independent reader of the TensorBoard files (tests/e2e/tensorboard_checks.py): protoc and
+# Python's protobuf runtime
+[ "$mode" = test ] && packages+=(protobuf-compiler python3-protobuf)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

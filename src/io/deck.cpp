@@ -240,6 +240,10 @@ class Registry {
     add("log.metrics_file", &d.log.metrics_file, "metrics file (.csv or .jsonl)");
     add("log.timeline_file", &d.log.timeline_file, "Chrome-trace JSON of the pipeline schedule (one row per rank)");
     add("log.memory_file", &d.log.memory_file, "JSON of every rank's memory figures at the end of the run");
+    add("log.tensorboard_dir", &d.log.tensorboard_dir,
+        "directory of TensorBoard event files (metrics, evaluation, per-layer norms, memory, the deck)");
+    add("log.histogram_interval", &d.log.histogram_interval,
+        "iterations between the per-layer parameter and gradient norms of the TensorBoard file (0: none)");
     add("perf.peak_tflops", &d.perf.peak_tflops, "peak TFLOP/s per rank for MFU (0: no MFU)");
     add("perf.peak_name", &d.perf.peak_name, "what the peak is (for logs)");
     add("watchdog.enable", &d.watchdog.enable,
@@ -527,6 +531,7 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.eval.interval >= 0, "deck: eval.interval must be >= 0");
   TRIDENT_REQUIRE(d.eval.iters >= 0, "deck: eval.iters must be >= 0");
   TRIDENT_REQUIRE(d.log.interval > 0, "deck: log.interval must be > 0");
+  TRIDENT_REQUIRE(d.log.histogram_interval >= 0, "deck: log.histogram_interval must be >= 0");
   TRIDENT_REQUIRE(d.watchdog.factor >= 0, "deck: watchdog.factor must be >= 0");
   TRIDENT_REQUIRE(d.watchdog.min_s > 0, "deck: watchdog.min_s must be > 0");
   TRIDENT_REQUIRE(d.watchdog.startup_s > 0, "deck: watchdog.startup_s must be > 0");

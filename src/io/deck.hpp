@@ -130,6 +130,8 @@ struct Deck {
   struct Log {
     std::int64_t interval = 1;
     std::string metrics_file, timeline_file, memory_file;
+    std::string tensorboard_dir;            // TensorBoard event files (io/tensorboard.hpp)
+    std::int64_t histogram_interval = 100;  // iterations between per-layer norm records (0: none)
   } log;
   struct Perf {
     double peak_tflops = 0.0;

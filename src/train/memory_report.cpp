@@ -93,8 +93,14 @@ void write_memory_json(const std::string& path, const std::vector<double>& all, 
 
 }  // namespace
 
-void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
-                         bool distributed, const Topology& topo, const std::string& json_path) {
+const std::vector<std::string>& memory_figure_names() {
+  static const std::vector<std::string> names(std::begin(kFigureNames), std::end(kFigureNames));
+  return names;
+}
+
+std::vector<double> print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula,
+                                        const std::string& dtype, bool distributed, const Topology& topo,
+                                        const std::string& json_path) {
   const double bpp = (mf.params + mf.grads + mf.optimizer) / std::max(mf.local_params, 1.0);
   // the experts' optimizer state is sharded over the expert-data-parallel group
   const double dense = std::max(mf.local_params - mf.expert_params, 0.0);
@@ -137,6 +143,7 @@ void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, dou
     std::cout << os.str() << std::flush;
     if (!json_path.empty()) write_memory_json(json_path, all_mem, K, dtype, distributed, topo);
   }
+  return all_mem;
 }
 
 }  // namespace trident

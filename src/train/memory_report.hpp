@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "comm/topology.hpp"
 
@@ -49,6 +50,9 @@ struct ActivationModel {
 // over the chunk's layers.
 double korthikanti_layer_bytes(const ActivationModel& m);
 
+// The names of a rank's figures in the memory report's JSON, in order ("params_bytes", ...).
+const std::vector<std::string>& memory_figure_names();
+
 struct MemoryFigures {
   double params = 0, grads = 0, optimizer = 0;  // bytes
   double activations = 0;                       // peak bytes kept for micro-batches in flight
@@ -64,8 +68,10 @@ struct MemoryFigures {
 // the experts' over expert_dp, weighted by this rank's counts -- activations per layer beside `formula`, Korthikanti et
 // al.'s bytes for am: 0 when it does not apply) and, when json_path is not empty, writes them in bytes to that JSON
 // file (log.memory_file; docs/DESIGN.md "Memory report": written to a temporary name and renamed, so a reader never
-// sees half a file). Collective over topo's world.
-void print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula, const std::string& dtype,
-                         bool distributed, const Topology& topo, const std::string& json_path = "");
+// sees half a file). Collective over topo's world. Returns, on rank 0, every rank's figures in rank
+// order (memory_figure_names() per rank; empty elsewhere).
+std::vector<double> print_memory_report(const MemoryFigures& mf, const ActivationModel& am, double formula,
+                                        const std::string& dtype, bool distributed, const Topology& topo,
+                                        const std::string& json_path = "");
 
 }  // namespace trident

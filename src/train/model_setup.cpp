@@ -208,6 +208,37 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
   return std::sqrt(topo.pp_group().allreduce_sum(sharded + replicated + experts));
 }
 
+std::vector<double> layer_sum_squares(const ParamStore& store, const Topology& topo, std::int64_t layers,
+                                      const FloatView& values, bool grads, std::int64_t begin, std::int64_t end,
+                                      std::int64_t expert_begin, std::int64_t expert_end) {
+  const std::int64_t G = layers + 1;
+  // [dense sharded over TP | dense replicated | experts split over expert TP | experts replicated] x G
+  std::vector<double> part(static_cast<size_t>(4 * G), 0.0);
+  for (const auto& p : store.params()) {
+    if (p.tied_copy || p.state) continue;
+    const std::int64_t lo = p.expert ? expert_begin : begin, hi = p.expert ? expert_end : end;
+    const std::int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel());
+    if (b >= e) continue;
+    const std::int64_t g = p.layer >= 0 && p.layer < layers ? p.layer + 1 : 0;
+    const std::int64_t kind = (p.expert ? 2 : 0) + (p.tp_replicated ? 1 : 0);
+    part[static_cast<size_t>(kind * G + g)] += sum_squares(slice(values, b, e - b), e - b);
+  }
+  double* dense = part.data();
+  double* experts = part.data() + 2 * G;
+  if (grads) topo.dp_cp_group().allreduce_sum(dense, 2 * G);  // the shards of the data-parallel ranks
+  topo.tp_group().allreduce_sum(dense, G);                    // the TP-sharded parameters' slices
+  if (store.has_experts()) {
+    if (grads) topo.edp_group().allreduce_sum(experts, 2 * G);
+    topo.ep_group().allreduce_sum(experts, 2 * G);  // the other experts
+    topo.etp_group().allreduce_sum(experts, G);
+  }
+  std::vector<double> out(static_cast<size_t>(G));
+  for (std::int64_t g = 0; g < G; ++g)
+    out[static_cast<size_t>(g)] = dense[g] + dense[G + g] + experts[g] + experts[G + g];
+  topo.pp_group().allreduce_sum(out.data(), G);  // each layer lives on one stage
+  return out;
+}
+
 namespace {
 
 // Layers (first, count) of each pipeline stage without interleaving. T5 with

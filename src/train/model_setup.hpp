@@ -60,6 +60,15 @@ std::vector<LanguageModel*> raw(const std::vector<std::unique_ptr<LanguageModel>
 // dense parameters and its expert-data-parallel shard [expert_begin, expert_end) of the experts'.
 double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end,
                         std::int64_t expert_begin = 0, std::int64_t expert_end = 0);
+// The squared L2 norms of the parameters by transformer layer: element 0 the parameters outside the
+// layers (embeddings, final norm, output layer; a tied copy left out), element l + 1 global layer
+// l, for `layers` layers; the same on every rank. `values` is the flat buffer to measure: the
+// gradients (grads = true: this rank sums its data-parallel shards [begin, end) and
+// [expert_begin, expert_end) as global_grad_norm does) or the fp32 parameters (grads = false: the
+// ranges are the whole buffer, replicated over data parallelism). Collective over the world.
+std::vector<double> layer_sum_squares(const ParamStore& store, const Topology& topo, std::int64_t layers,
+                                      const FloatView& values, bool grads, std::int64_t begin, std::int64_t end,
+                                      std::int64_t expert_begin, std::int64_t expert_end);
 // The chunks' loss parts since the last call, summed over the pipeline and data-parallel groups.
 LossParts reduce_loss_parts(const std::vector<std::unique_ptr<LanguageModel>>& chunks, const Topology& topo);
 

@@ -1,9 +1,9 @@
 // Start-up checks of the run's outputs (output_checks.hpp; docs/DESIGN.md "Before the first
 // iteration"). Rank 0 makes the output directories, checks that the metrics, timeline and dropout
-// dump files can be written (a new file is created and removed again), refuses in a run from
-// scratch a non-empty metrics file or a save directory holding checkpoints unless
-// checkpoint.overwrite, and checks free space for one checkpoint + 5%; then every rank creates
-// and removes a file in checkpoint.save. Each verdict is agreed over the world.
+// dump files and the TensorBoard directory can be written (a new file is created and removed again), refuses in a run
+// from scratch a non-empty metrics file or a save directory holding checkpoints unless checkpoint.overwrite, and checks
+// free space for one checkpoint + 5%; then every rank creates and removes a file in checkpoint.save. Each verdict is
+// agreed over the world.
 #include "train/output_checks.hpp"
 
 #include <sys/statvfs.h>
@@ -140,6 +140,10 @@ void check_outputs(const Deck& deck, const OutputPlan& plan, const Communicator&
     if (err.empty()) err = check_output_file("log.memory_file", deck.log.memory_file, false, true);
     if (err.empty()) err = check_output_file("debug.dump_dropout", deck.debug.dump_dropout, false, true);
     if (err.empty() && !deck.debug.dump_params.empty()) err = ensure_dir("debug.dump_params", deck.debug.dump_params);
+    if (err.empty() && !deck.log.tensorboard_dir.empty())
+      err = ensure_dir("log.tensorboard_dir", deck.log.tensorboard_dir);
+    if (err.empty() && !deck.log.tensorboard_dir.empty())
+      err = probe_dir("log.tensorboard_dir", deck.log.tensorboard_dir, 0);
     if (err.empty() && !save.empty()) err = ensure_dir("checkpoint.save", save);
     if (err.empty() && !save.empty() && fresh && !overwrite) {
       const std::int64_t latest = latest_checkpoint_iteration(save);

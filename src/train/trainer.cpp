@@ -35,6 +35,7 @@
 #include "data/token_shard.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "io/metrics.hpp"
+#include "io/tensorboard.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
 #include "optim/adamw.hpp"
@@ -180,6 +181,9 @@ class TrainingRun {
   void open_outputs();
   void set_up_loop();
   void evaluate(std::int64_t it);
+  // log.histogram_interval: the per-layer norms of the gradients (before the update) or the
+  // parameters (after it) to the TensorBoard file. Collective.
+  void record_layer_norms(std::int64_t it, bool grads);
   // One iteration (it = iteration + 1): everything but the log, evaluation and checkpoints.
   StepResult step(std::int64_t it);
   // The iteration's micro-batches through the pipeline schedule; returns this rank's loss sum.
@@ -247,6 +251,8 @@ class TrainingRun {
 
   // the loop's objects (set_up_loop)
   MetricsWriter metrics_, eval_metrics_, moe_metrics_;
+  TensorBoardWriter tb_;  // log.tensorboard_dir, on rank 0
+  std::vector<std::string> tb_train_tags_;
   std::unique_ptr<BatchDumper> dumper_;
   std::int64_t tape_iteration_ = 0;  // the iteration the dropout tape's masks belong to
   std::unique_ptr<DropoutTape> tape_;
@@ -521,6 +527,14 @@ void TrainingRun::open_outputs() {
       eval_metrics_ = MetricsWriter(sibling_metrics_path(deck_.log.metrics_file, "eval"), task_.eval_columns(),
                                     start_.resuming ? iteration_ : -1);
   }
+  if (root_ && !deck_.log.tensorboard_dir.empty()) {
+    tb_ = TensorBoardWriter(deck_.log.tensorboard_dir, iteration_ + 1, deck_text_);
+    std::vector<std::string> columns = task_.train_columns();
+    if (cfg_.moe.on()) columns.insert(columns.end(), {"moe_aux_loss", "moe_z_loss", "moe_max_load", "moe_dropped"});
+    for (size_t i = 1; i < columns.size(); ++i) tb_train_tags_.push_back("train/" + columns[i]);
+    std::cout << "TensorBoard: " << tb_.path() << " (tensorboard --logdir " << deck_.log.tensorboard_dir << ")"
+              << std::endl;
+  }
   if (root_ && !deck_.debug.dump_batches.empty())
     dumper_ = std::make_unique<BatchDumper>(deck_.debug.dump_batches, start_.resuming);
   if (!deck_.debug.dump_dropout.empty()) {
@@ -595,9 +609,17 @@ void TrainingRun::evaluate(std::int64_t it) {
       std::cout << " | lm loss " << parts.lm / n << " | sop loss " << parts.sop / n << std::endl;
     else
       std::cout << " | ppl " << std::exp(loss) << std::endl;
-    eval_metrics_.write(task_.reports_loss_parts
-                            ? std::vector<double>{static_cast<double>(it), loss, parts.lm / n, parts.sop / n}
-                            : std::vector<double>{static_cast<double>(it), loss, std::exp(loss)});
+    const std::vector<double> row = task_.reports_loss_parts
+                                        ? std::vector<double>{static_cast<double>(it), loss, parts.lm / n,
+                                                              parts.sop / n}
+                                        : std::vector<double>{static_cast<double>(it), loss, std::exp(loss)};
+    eval_metrics_.write(row);
+    if (tb_.active()) {
+      const std::vector<std::string> columns = task_.eval_columns();
+      TbSummary s;
+      for (size_t i = 1; i < columns.size(); ++i) s.scalar("eval/" + columns[i], row[i]);
+      tb_.write(it, s);
+    }
   }
 }
 
@@ -742,6 +764,34 @@ void TrainingRun::dump_params(std::int64_t it) {
                      topo_);
 }
 
+void TrainingRun::record_layer_norms(std::int64_t it, bool grads) {
+  const std::int64_t layers = cfg_.total_layers();
+  std::vector<double> sq;
+  if (grads) {
+    sq = layer_sum_squares(store_, topo_, layers, grads_, true, shard_begin_, shard_begin_ + shard_, e_shard_begin_,
+                           e_shard_begin_ + e_shard_);
+  } else {
+    // 16-bit parameters (and the states) widened to fp32, as dump_params reads them
+    const FloatView values = half_ ? Kokkos::create_mirror_view_and_copy(FloatView::memory_space(),
+                                                                         store_.model_to_host())
+                                   : store_.values();
+    sq = layer_sum_squares(store_, topo_, layers, values, false, 0, store_.padded_size(), 0, store_.padded_size());
+  }
+  if (!tb_.active()) return;
+  const std::string kind = grads ? "grad_norm/" : "param_norm/";
+  TbSummary s;
+  std::vector<double> norms;
+  s.scalar(kind + "outside_layers", std::sqrt(sq[0]));
+  for (std::int64_t l = 0; l < layers; ++l) {
+    std::ostringstream tag;
+    tag << kind << "layer_" << std::setw(3) << std::setfill('0') << l;
+    norms.push_back(std::sqrt(sq[static_cast<size_t>(l + 1)]));
+    s.scalar(tag.str(), norms.back());
+  }
+  s.histogram(kind + "by_layer", norms);
+  tb_.write(it, s);
+}
+
 TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   StepResult r;
   store_.zero_grads(grads_zero_begin_, grads_zero_end_);  // all but what the last update zeroed
@@ -792,7 +842,11 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
     if (c < 1.0) clip = static_cast<float>(c);
   }
   r.lr = sched_.at(it);
+  const bool norms = deck_.log.histogram_interval > 0 && it % deck_.log.histogram_interval == 0 &&
+                     !deck_.log.tensorboard_dir.empty();
+  if (norms && !r.skip) record_layer_norms(it, true);
   update(r.skip, r.lr, clip);
+  if (norms) record_layer_norms(it, false);
   // aux-loss-free balancing: every expert bias steps towards the mean load (skipped or not, as Megatron)
   if (cfg_.moe.on() && cfg_.moe.router_enable_expert_bias)
     update_expert_bias(chunks_, r.moe, cfg_.moe.router_bias_update_rate);
@@ -821,6 +875,18 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
   if (task_.reports_loss_parts) row.insert(row.begin() + 3, {r.parts.lm / loss_count_, r.parts.sop / loss_count_});
   if (cfg_.moe.on()) row.insert(row.end(), {r.moe.aux, r.moe.z, r.moe.max_load, r.moe.dropped});
   metrics_.write(row);
+  if (tb_.active()) {
+    TbSummary s;
+    for (size_t i = 1; i < row.size() && i - 1 < tb_train_tags_.size(); ++i) s.scalar(tb_train_tags_[i - 1], row[i]);
+    for (size_t i = 0; i < r.moe.load.size(); ++i) {
+      const std::vector<double>& share = r.moe.load[i];
+      const std::string layer = "moe/layer_" + std::to_string(r.moe.layers[i]) + "/";
+      s.scalar(layer + "max_load",
+               share.empty() ? 0.0 : *std::max_element(share.begin(), share.end()) * static_cast<double>(share.size()));
+      for (size_t e = 0; e < share.size(); ++e) s.scalar(layer + "expert_" + std::to_string(e), share[e]);
+    }
+    tb_.write(it, s);
+  }
   for (size_t i = 0; i < r.moe.load.size() && moe_metrics_.active(); ++i) {
     const std::vector<double>& share = r.moe.load[i];
     std::vector<double> v = {static_cast<double>(it), static_cast<double>(r.moe.layers[i]),
@@ -910,6 +976,7 @@ int TrainingRun::train() {
   }
   watchdog_->idle();
   report_end_of_run();
+  tb_.close();
   return 0;
 }
 
@@ -985,7 +1052,15 @@ void TrainingRun::report_end_of_run() {
     am.layers = static_cast<double>(model.num_layers());
     // (T5: encoder and decoder layers differ in shape; the formula is for one kind of layer)
     const double formula = !cfg.encoder_decoder() && model.num_layers() > 0 ? korthikanti_layer_bytes(am) : 0.0;
-    print_memory_report(mf, am, formula, deck.precision.dtype, zero_, topo, deck.log.memory_file);
+    const std::vector<double> all_mem = print_memory_report(mf, am, formula, deck.precision.dtype, zero_, topo,
+                                                            deck.log.memory_file);
+    if (tb_.active()) {
+      const std::vector<std::string>& names = memory_figure_names();
+      TbSummary s;
+      for (size_t k = 0; k < all_mem.size(); ++k)
+        s.scalar("memory/rank_" + std::to_string(k / names.size()) + "/" + names[k % names.size()], all_mem[k]);
+      tb_.write(iteration_, s);
+    }
   }
   if (!deck.log.timeline_file.empty()) write_timeline(deck.log.timeline_file, runner_->events(), topo, t_start_);
   if (root_ && topo.pp_size() > 1) {

@@ -16,7 +16,8 @@ asserts four things:
 Groups:
   inputs      bad decks, shards, checkpoints and tokenizer files: one error at start-up
   outputs     output paths checked before training; disk full at np=2 and np=4 and during a
-              collective dump at np=4 (tmpfs, root);
+              collective dump at np=4 (tmpfs, root); a full disk under the TensorBoard files
+              (a warning, training goes on);
               no silent overwrite of checkpoints, metrics or shards
   corruption  a corrupted checkpoint (checksums; checkpoint.load auto falls back), a shard
               truncated or replaced under a running job, stale temporary files
@@ -433,6 +434,8 @@ def group_outputs(s):
         ("memory file cannot be made", 2, ["--log.memory_file", os.path.join(blocker, "m.json")],
          "log.memory_file"),
         ("metrics file is a directory", 2, ["--log.metrics_file", ck], "is a directory"),
+        ("TensorBoard directory cannot be made", 2, ["--log.tensorboard_dir", os.path.join(blocker, "tb")],
+         "log.tensorboard_dir"),
     ]
     for name, np_, extra, needle in cases:
         s.case(name, s.cmd(np_, *fresh, *extra), 1, needle, protect=keep, after=not_started)
@@ -453,6 +456,24 @@ def group_outputs(s):
                                                                  "--checkpoint.save",
                                                                  os.path.join(tmpfs, f"ck{np_}")),
                        1, "disk full", protect=keep, after=not_started)
+            # the TensorBoard directory's disk fills during the run: reported once, training goes on
+            filler = os.path.join(tmpfs, "filler")
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            os.truncate(filler, max(0, os.path.getsize(filler) - 8192))  # 8 KiB left: the deck and a few steps
+            m_tb = s.path("m_tb.csv")
+            def trained_on(out):
+                rows = metric_rows(m_tb)
+                return [] if rows == 20 else [f"the metrics file has {rows} rows, not 20"]
+            s.case("TensorBoard disk fills mid-run: a warning, training goes on", s.cmd(
+                1, *QUICK, "--train.iters", "20", "--log.tensorboard_dir", os.path.join(tmpfs, "tb"),
+                "--log.histogram_interval", "1", "--log.metrics_file", m_tb),
+                0, "warning: log.tensorboard_dir: writing", errors=0, protect=keep, after=trained_on)
             subprocess.run(["umount", tmpfs])
             mount("60m")
             for np_ in (2, 4):
