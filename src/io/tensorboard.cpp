@@ -198,7 +198,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, std::int64_t first_
   enqueue(tfrecord(ev.data()));
   pb::Message start;
   start.varint(1, 1);  // SessionLog.START
-  enqueue(tfrecord(event(first_step, start, 6)));
+  enqueue(tfrecord(event(first_step, start, 7)));
   if (!deck_text.empty()) {
     std::string md;  // a Markdown code block: each line indented by four spaces
     std::istringstream in(deck_text);

@@ -149,6 +149,8 @@ TEST(TensorBoardWriter, NewFilePerRunEveryRecordFramed) {
   const auto recs = records(first);
   ASSERT_EQ(recs.size(), 3u + 3u);  // version, session start, deck, three iterations
   EXPECT_NE(recs[0].find("brain.Event:2"), std::string::npos);
+  // Event.session_log (field 7, length-delimited: key 0x3a) holding SessionLog.status START (1)
+  EXPECT_NE(recs[1].find(std::string("\x3a\x02\x08\x01", 4)), std::string::npos) << hex(recs[1]);
   EXPECT_NE(recs[2].find("    [train]\n    iters = 3\n"), std::string::npos);
   std::ifstream a(first, std::ios::binary);
   const std::string before((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
