@@ -19,6 +19,9 @@
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
+#   tensorboard  optional (skipped when $PYTHON has no tensorboard), at most 20 s: TensorBoard's own
+#              EventAccumulator reads the fp32 GPT run's log.tensorboard_dir; every train/loss step
+#              equals float32 of the metrics file's loss
 #   llama      at most 45 s: the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU,
 #              4 heads in 2 groups, untied) for 50 iterations, fp32 against the host's fp32 losses,
 #              bf16 and bf16 + flash attention against the GPU's fp32 within the bf16 band; then the
@@ -290,7 +293,9 @@ phase_train() {
     read -r app dtype flash <<<"$run"
     (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_$app" --deck "inputs/${app}_tiny_ci.ini" \
       $(gpu_band_args) --precision.dtype "$dtype" --model.flash_attention "$flash" \
-      --log.metrics_file "$work/${app}_${dtype}_${flash}.csv") >"$work/${app}_${dtype}_${flash}.log" 2>&1 ||
+      --log.metrics_file "$work/${app}_${dtype}_${flash}.csv" \
+      $([ "$app $dtype $flash" = "gpt fp32 false" ] && echo --log.tensorboard_dir "$work/tb_gpt")) \
+      >"$work/${app}_${dtype}_${flash}.log" 2>&1 ||
       { echo "pretrain_$app $dtype flash=$flash failed:"; tail -n 15 "$work/${app}_${dtype}_${flash}.log"; rc=1; }
   done
   "$PYTHON" - "$work" "$out/train.csv" "${GPU_CHECK_REFERENCE_DIR:-$work/data/reference}" <<'PY' || rc=1
@@ -332,6 +337,27 @@ PY
 }
 
 # ---- mixture of experts: against the host and in the bf16 band ---------------------------------------------
+# TensorBoard's own reader (the machine's python3 has the tensorboard package) on the event file of
+# the GPU's fp32 GPT run: every train/loss step equals float32 of the metrics file's loss
+phase_tensorboard() {
+  "$PYTHON" - "$work/tb_gpt" "$work/gpt_fp32_false.csv" <<'PY'
+import csv, struct, sys
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+except ImportError:
+    print("the tensorboard package is not present: its reader was not run")
+    sys.exit(0)
+ea = EventAccumulator(sys.argv[1])
+ea.Reload()
+f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
+got = {e.step: e.value for e in ea.Scalars("train/loss")}
+rows = list(csv.DictReader(open(sys.argv[2])))
+bad = [r["iteration"] for r in rows if got.get(int(r["iteration"])) != f32(float(r["loss"]))]
+print(f"TensorBoard's EventAccumulator: {len(got)} train/loss steps, {len(rows)} metrics rows, mismatches {bad}")
+sys.exit(1 if bad or len(got) != len(rows) else 0)
+PY
+}
+
 phase_moe() {
   local dtype rc=0
   for dtype in fp32 bf16; do
@@ -573,6 +599,7 @@ run_phase gpu 20 phase_gpu || exit 1
 [ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
 run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
 run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
+run_phase tensorboard 20 phase_tensorboard
 run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
 run_phase moe "${GPU_CHECK_MOE_LIMIT:-45}" phase_moe
 run_phase long "${GPU_CHECK_LONG_LIMIT:-45}" phase_long
