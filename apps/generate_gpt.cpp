@@ -35,8 +35,9 @@
 #include "io/deck.hpp"
 #include "io/hdf5_handle.hpp"
 #include "models/gpt_generator.hpp"
+#include "models/sampling.hpp"
 #include "runtime/app_driver.hpp"
-#include "train/model_setup.hpp"
+#include "train/inference_model.hpp"
 
 namespace po = boost::program_options;
 using namespace trident;
@@ -51,86 +52,6 @@ struct Options {
   std::uint64_t seed = 1234;
   bool greedy = false, no_cache = false, print_ids = false, ignore_eod = false;
 };
-
-// Rows of the checkpoint's word embeddings: the true vocabulary size.
-std::int64_t checkpoint_vocab(const std::string& file, MPI_Comm world) {
-  std::int64_t v = 0;
-  collectively(world, [&] {
-    H5QuietErrors quiet;
-    H5Handle f = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    H5Handle d = h5_dataset(H5Dopen2(f, "model/embedding/word_embeddings", H5P_DEFAULT));
-    TRIDENT_REQUIRE(d.valid(), "checkpoint '" << file << "' has no model/embedding/word_embeddings");
-    H5Handle sp = h5_space(H5Dget_space(d));
-    hsize_t dims[2] = {0, 0};
-    H5Sget_simple_extent_dims(sp, dims, nullptr);
-    v = static_cast<std::int64_t>(dims[0]);
-  });
-  return v;
-}
-
-// The vocabulary in decreasing logit order, ties by increasing id (std::stable_sort's order for the
-// comparison logits[a] > logits[b]), by two stable 16-bit radix passes over an order-preserving
-// integer key: O(V) where an indirect comparison sort of 50257 floats took about 5 ms per token.
-// -0.0 sorts as +0.0, as the comparison does.
-void order_by_logit(const float* logits, std::int64_t V, std::vector<std::int32_t>& ids) {
-  thread_local std::vector<std::uint32_t> key, key2;
-  thread_local std::vector<std::int32_t> tmp;
-  thread_local std::vector<std::uint32_t> count;
-  const auto n = static_cast<size_t>(V);
-  key.resize(n);
-  key2.resize(n);
-  ids.resize(n);
-  tmp.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    std::uint32_t b = 0;
-    const float x = logits[i] == 0.0f ? 0.0f : logits[i];
-    std::memcpy(&b, &x, sizeof b);
-    const std::uint32_t ascending = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    key[i] = ~ascending;  // the largest logit gets the smallest key
-    ids[i] = static_cast<std::int32_t>(i);
-  }
-  for (int shift : {0, 16}) {
-    count.assign(65537, 0);
-    for (size_t i = 0; i < n; ++i) ++count[((key[i] >> shift) & 0xFFFFu) + 1];
-    for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
-    for (size_t i = 0; i < n; ++i) {
-      const std::uint32_t slot = count[(key[i] >> shift) & 0xFFFFu]++;
-      key2[slot] = key[i];
-      tmp[slot] = ids[i];
-    }
-    key.swap(key2);
-    ids.swap(tmp);
-  }
-}
-
-// The next token from one row of logits (see the file header).
-std::int32_t pick(const float* logits, std::int64_t V, const Options& o, std::uint64_t key) {
-  if (o.greedy) return static_cast<std::int32_t>(std::max_element(logits, logits + V) - logits);
-  thread_local std::vector<std::int32_t> ids;
-  order_by_logit(logits, V, ids);
-  std::int64_t keep = o.top_k > 0 ? std::min(o.top_k, V) : V;
-  thread_local std::vector<double> p;
-  p.resize(static_cast<size_t>(keep));
-  const double mx = logits[ids[0]];
-  double z = 0;
-  for (std::int64_t i = 0; i < keep; ++i) z += (p[i] = std::exp((logits[ids[i]] - mx) / o.temperature));
-  double cum = 0;
-  for (std::int64_t i = 0; i < keep; ++i) {
-    cum += p[i] / z;
-    if (cum >= o.top_p) {
-      keep = i + 1;
-      break;
-    }
-  }
-  double total = 0;
-  for (std::int64_t i = 0; i < keep; ++i) total += p[i];
-  double u = static_cast<double>(splitmix64(key) >> 11) * 0x1.0p-53 * total;
-  for (std::int64_t i = 0; i < keep; ++i) {
-    u -= p[i];
-    if (u < 0) return ids[i];
-  }
-  return ids[keep - 1];
-}
 
 int run(int argc, char** argv) {
   Options o;
@@ -189,35 +110,19 @@ int run(int argc, char** argv) {
   }
   TRIDENT_REQUIRE(!o.prompts.empty(), "generate_gpt: no prompt (--prompt or --prompt-file)");
 
-  Topology topo(MPI_COMM_WORLD, world_size, 1);
-  const std::string file = resolve_checkpoint(o.checkpoint);
-  const std::string lora_base = checkpoint_lora_base(file, MPI_COMM_WORLD);
-  TRIDENT_REQUIRE(lora_base.empty(), "generate_gpt: checkpoint " << file << " holds LoRA adapters only (trained on "
-                                                                 << lora_base
-                                                                 << "): merge them into plain weights first "
-                                                                    "(convert_checkpoint --to merged)");
-  const Deck deck = parse_stored_deck(read_checkpoint_deck(file, "gpt", MPI_COMM_WORLD));
-  TransformerConfig cfg = gpt_config_from_deck(deck, checkpoint_vocab(file, MPI_COMM_WORLD), world_size);
-  cfg.dt = DType::F32;  // inference in fp32 whatever the training precision (checkpoints hold fp32)
-  cfg.recompute = TransformerConfig::Recompute::None;
-  cfg.hidden_dropout = cfg.attention_dropout = 0.f;
-  cfg.lora_rank = 0;  // plain weights (checked above)
-  TensorParallel tp;
-  tp.comm = &topo.tp_group();
-  ParamStore store;  // fp32 whatever the training precision: the checkpoint holds fp32 tensors
-  GptModel model(cfg, store, 1, tp);
-  store.allocate();
-  const CheckpointState st = load_checkpoint(file, "gpt", store, nullptr, topo);
-
-  std::unique_ptr<Tokenizer> tok;
-  collectively(MPI_COMM_WORLD,
-               [&] { tok = make_tokenizer(o.tokenizer_type, o.vocab, o.merges, 0, o.tokenizer_model); });
-  // GPT-2's BPE is the whole vocabulary; an open model's embedding may have more rows than its
-  // tokenizer has tokens (Qwen: 151936 rows, 151669 tokens)
-  TRIDENT_REQUIRE(gpt2 ? tok->vocab_size() == cfg.vocab_size : tok->vocab_size() <= cfg.vocab_size,
-                  "generate_gpt: the tokenizer has " << tok->vocab_size() << " tokens but the model "
-                                                     << cfg.vocab_size);
-  const auto* hf = dynamic_cast<const HfTokenizer*>(tok.get());
+  TokenizerOptions topt;
+  topt.type = o.tokenizer_type;
+  topt.vocab = o.vocab;
+  topt.merges = o.merges;
+  topt.model = o.tokenizer_model;
+  InferenceModel im("generate_gpt", o.checkpoint, topt);
+  const std::string& file = im.file;
+  const TransformerConfig& cfg = im.cfg;
+  const GptModel& model = *im.model;
+  const CheckpointState& st = im.state;
+  const Tokenizer* tok = im.tokenizer.get();
+  const SamplingParams sp{o.greedy, o.temperature, o.top_p, o.top_k};
+  const auto* hf = dynamic_cast<const HfTokenizer*>(tok);
   const std::int64_t L = o.max_length > 0 ? std::min(o.max_length, cfg.max_positions) : cfg.max_positions;
   std::vector<std::vector<std::int32_t>> ids;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
@@ -249,7 +154,7 @@ int run(int argc, char** argv) {
     for (size_t b = 0; b < B; ++b) {
       seq[b] = ids[first + b];
       const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-      next[b] = pick(lg.data(), Vtok, o, key(first + b, 0));
+      next[b] = sample_token(lg.data(), Vtok, sp, key(first + b, 0));
     }
     for (std::int64_t step = 0;; ++step) {
       bool any = false;
@@ -268,7 +173,7 @@ int run(int argc, char** argv) {
         for (size_t b = 0; b < B; ++b)
           if (!done[b]) {
             const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-            next[b] = pick(lg.data(), Vtok, o, key(first + b, step + 1));
+            next[b] = sample_token(lg.data(), Vtok, sp, key(first + b, step + 1));
           }
         continue;
       }
@@ -280,7 +185,7 @@ int run(int argc, char** argv) {
       }
       const std::vector<float> lg = gen.decode(in, pos);
       for (size_t b = 0; b < B; ++b)
-        if (!done[b]) next[b] = pick(lg.data() + b * V, Vtok, o, key(first + b, step + 1));
+        if (!done[b]) next[b] = sample_token(lg.data() + b * V, Vtok, sp, key(first + b, step + 1));
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
