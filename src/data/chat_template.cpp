@@ -138,6 +138,19 @@ ChatTemplate ChatTemplate::from_config(const std::string& path) {
   return ChatTemplate(c["chat_template"].get<std::string>(), token("bos_token"), token("eos_token"), p.string());
 }
 
+std::string ChatTemplate::end_of_turn() const {
+  switch (kind_) {
+    case Kind::Llama3:
+    case Kind::Llama3Gen:
+      return "<|eot_id|>";
+    case Kind::MistralV3:
+      return eos_;
+    case Kind::Qwen3:
+      return "<|im_end|>";
+  }
+  return eos_;
+}
+
 const char* ChatTemplate::name() const {
   for (const auto& k : kKnown)
     if (k.kind == kind_) return k.name;

@@ -48,6 +48,9 @@ class ChatTemplate {
 
   Kind kind() const { return kind_; }
   const char* name() const;
+  // The text that ends an assistant turn (Llama 3: <|eot_id|>; Qwen 3: <|im_end|>; Mistral: its
+  // eos_token): where a reply ends when the model generates it.
+  std::string end_of_turn() const;
   // Throws Error::one with the template's own message when it refuses the messages (roles out of
   // order, an unknown role).
   RenderedChat render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = false) const;

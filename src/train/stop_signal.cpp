@@ -79,6 +79,8 @@ int StopSignal::agreed(const Communicator& world) const {
   return static_cast<int>(world.allreduce_max(static_cast<double>(g_signal.load())));
 }
 
+int StopSignal::seen() const { return g_signal.load(); }
+
 std::string StopSignal::name(int signal) {
   return signal == SIGUSR1 ? "SIGUSR1" : signal == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signal);
 }

@@ -37,6 +37,8 @@ class StopSignal {
   StopSignal& operator=(const StopSignal&) = delete;
   // Collective over `world`: the signal any rank has received since the start (0: none).
   int agreed(const Communicator& world) const;
+  // The signal this process has received since the start (0: none); not collective.
+  int seen() const;
   static std::string name(int signal);  // "SIGUSR1", "SIGTERM"
 };
 
