@@ -8,8 +8,8 @@
 // output does not depend on the batch size or tp. Generation stops at the end-of-document token
 // (unless --ignore-eod), after --max-new-tokens, or at the model's context. --no-cache recomputes
 // the whole prefix at every step (the reference for the cache). Prints, per prompt, the prompt and
-// its continuation decoded back through the tokenizer (byte-exact), and with --print-ids the
-// generated ids.
+// its continuation decoded back through the tokenizer (byte-exact), with --print-ids the
+// generated ids and with --print-logprobs their log-probabilities (log-softmax of the logits).
 #include <hdf5.h>
 #include <mpi.h>
 
@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <numeric>
 #include <sstream>
@@ -50,7 +51,7 @@ struct Options {
   std::int64_t max_new = 32, batch = 8, max_length = 0, top_k = 0;
   double temperature = 1.0, top_p = 1.0;
   std::uint64_t seed = 1234;
-  bool greedy = false, no_cache = false, print_ids = false, ignore_eod = false;
+  bool greedy = false, no_cache = false, print_ids = false, ignore_eod = false, print_logprobs = false;
 };
 
 int run(int argc, char** argv) {
@@ -79,7 +80,9 @@ int run(int argc, char** argv) {
       "no-cache", po::bool_switch(&o.no_cache), "recompute the whole prefix at every step (no key-value cache)")(
       "ignore-eod", po::bool_switch(&o.ignore_eod),
       "do not stop at the end-of-document token")("print-ids", po::bool_switch(&o.print_ids),
-                                                  "also print the generated token ids");
+                                                  "also print the generated token ids")(
+      "print-logprobs", po::bool_switch(&o.print_logprobs),
+      "also print each generated token's log-probability (log-softmax of the model's logits, 17 digits)");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -146,6 +149,13 @@ int run(int argc, char** argv) {
   auto key = [&](size_t prompt, std::int64_t step) {
     return o.seed * 0x9E3779B97F4A7C15ull ^ splitmix64(prompt * 1000003ull + static_cast<std::uint64_t>(step));
   };
+  std::vector<std::vector<double>> logprobs(ids.size());
+  // the next token of prompt `prompt` from its row of logits (and its log-probability, when asked)
+  auto choose = [&](const float* row, size_t prompt, std::int64_t step) {
+    const std::int32_t t = sample_token(row, Vtok, sp, key(prompt, step));
+    if (o.print_logprobs) logprobs[prompt].push_back(token_logprob(row, Vtok, t));
+    return t;
+  };
   for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(slots)) {
     const size_t B = std::min(ids.size() - first, static_cast<size_t>(slots));
     std::vector<std::vector<std::int32_t>> seq(B);
@@ -154,7 +164,7 @@ int run(int argc, char** argv) {
     for (size_t b = 0; b < B; ++b) {
       seq[b] = ids[first + b];
       const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-      next[b] = sample_token(lg.data(), Vtok, sp, key(first + b, 0));
+      next[b] = choose(lg.data(), first + b, 0);
     }
     for (std::int64_t step = 0;; ++step) {
       bool any = false;
@@ -173,7 +183,7 @@ int run(int argc, char** argv) {
         for (size_t b = 0; b < B; ++b)
           if (!done[b]) {
             const std::vector<float> lg = gen.prefill(static_cast<std::int64_t>(b), seq[b]);
-            next[b] = sample_token(lg.data(), Vtok, sp, key(first + b, step + 1));
+            next[b] = choose(lg.data(), first + b, step + 1);
           }
         continue;
       }
@@ -185,7 +195,7 @@ int run(int argc, char** argv) {
       }
       const std::vector<float> lg = gen.decode(in, pos);
       for (size_t b = 0; b < B; ++b)
-        if (!done[b]) next[b] = sample_token(lg.data() + b * V, Vtok, sp, key(first + b, step + 1));
+        if (!done[b]) next[b] = choose(lg.data() + b * V, first + b, step + 1);
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -205,6 +215,12 @@ int run(int argc, char** argv) {
         std::cout << "ids[" << i + 1 << "]:";
         for (auto t : out[i]) std::cout << " " << t;
         std::cout << "\n";
+      }
+      if (o.print_logprobs) {
+        std::ostringstream lp;
+        lp << std::setprecision(17);
+        for (double x : logprobs[i]) lp << " " << x;
+        std::cout << "logprobs[" << i + 1 << "]:" << lp.str() << "\n";
       }
     }
     std::cout << "generated " << generated << " tokens in " << secs << " s: " << generated / secs << " tokens/s"
