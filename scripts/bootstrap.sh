@@ -14,7 +14,7 @@ np=${NP:-2}
 
 packages=(cmake g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libboost-program-options-dev
           libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libicu-dev libgtest-dev nlohmann-json3-dev
-          zlib1g-dev liblzma-dev libzstd-dev libsentencepiece-dev
+          zlib1g-dev liblzma-dev libzstd-dev libsentencepiece-dev libcpp-httplib-dev
           python3-torch python3-numpy python3-h5py python3-matplotlib bible-kjv bible-kjv-text)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 packages+=(procps)

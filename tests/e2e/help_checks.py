@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 APPS = ["pretrain_gpt", "pretrain_bert", "pretrain_t5", "preprocess_data", "generate_gpt", "convert_dataset",
-        "convert_checkpoint"]
+        "convert_checkpoint", "serve_gpt"]
 KOKKOS_BANNER = "Kokkos command line arguments"
 # a default printed with more digits than the number it stands for (0.10000000000000001)
 LONG_DEFAULT = re.compile(r"\(=-?\d*\.\d*(0000000|9999999)\d*(e[-+]\d+)?\)")
