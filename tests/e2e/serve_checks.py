@@ -25,6 +25,8 @@ limit. Checks:
   slow      a client that sends half a request and stalls is cut off after --timeout while
             other requests are served
   drain     SIGTERM during a streaming request: the request completes ([DONE]), the server exits 0
+  families  a Llama-family (llama_tiny_ci) and an MoE (moe_tiny_ci) checkpoint served at one rank:
+            greedy completions equal generate_gpt's
 """
 import argparse
 import glob
@@ -208,6 +210,27 @@ def check_client(a, s, ck, work):
     return None
 
 
+def check_families(a):
+    """A Llama-family and a mixture-of-experts checkpoint served at one rank: greedy completions equal
+    generate_gpt's."""
+    for deck in ("llama_tiny_ci", "moe_tiny_ci"):
+        ck = os.path.join(a.work, "ck_" + deck)
+        run([os.path.join(a.build, "apps", "pretrain_gpt"), "--deck", os.path.join(ROOT, "inputs", deck + ".ini"),
+             "--data.train_shards", a.shards, "--train.iters", "10", "--eval.interval", "0", "--checkpoint.save", ck],
+            timeout=300)
+        s = Server([os.path.join(a.build, "apps", "serve_gpt"), "--checkpoint", ck, *GPT2, "--port", "0"],
+                   os.path.join(a.work, f"server_{deck}.log"))
+        try:
+            st, body, _ = s.request("POST", "/v1/completions", {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS,
+                                                                "temperature": 0}, key=None)
+            texts, _ = generate_reference(a, ck, [PROMPTS[1]], "--greedy")
+            check(st == 200 and body["choices"][0]["text"] == texts[0],
+                  f"families: {deck}'s greedy completion equals generate_gpt's ({st})")
+        finally:
+            os.killpg(s.proc.pid, signal.SIGTERM)
+            s.proc.wait(timeout=30)
+
+
 def check_megatron(a, s, ck):
     st, body, _ = s.request("PUT", "/api", {"prompts": [PROMPTS[0]], "tokens_to_generate": MAX_TOKENS,
                                             "temperature": 1.0, "top_k": 1})
@@ -350,6 +373,7 @@ def main():
         check_disconnect(s)
         check_slow(s)
         check_drain(s)
+        check_families(a)
     finally:
         if s.proc.poll() is None:
             os.killpg(s.proc.pid, signal.SIGKILL)
