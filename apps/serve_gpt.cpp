@@ -64,7 +64,7 @@ int stop_requested() { return g_sigint.load() != 0 ? g_sigint.load() : g_stop ? 
 struct Options {
   std::string checkpoint, host = "127.0.0.1", api_key, model_name, chat_template;
   TokenizerOptions tok;
-  int port = 8000, threads = 64;
+  int port = 8000, threads = 0;
   std::int64_t max_batch = 8, max_queue = 64, max_length = 0, max_body = 1 << 20;
   double kv_cache_mib = 0, timeout_s = 30;
 };
@@ -132,7 +132,8 @@ struct Job {
 class Engine {
  public:
   Engine(const InferenceModel& im, GptGenerator& gen, std::int64_t slots, std::int64_t max_len, std::int64_t max_queue)
-      : im_(im), gen_(gen), slots_(slots), L_(max_len), max_queue_(max_queue), seqs_(static_cast<size_t>(slots)) {
+      : im_(im), gen_(gen), slots_(slots), L_(max_len), max_queue_(max_queue), free_slots_(slots),
+        seqs_(static_cast<size_t>(slots)) {
     rank_ = mpi_job::world_rank();
     V_ = im.cfg.vocab_size;
     Vtok_ = im.tokenizer->vocab_size();
@@ -144,7 +145,8 @@ class Engine {
   // HTTP threads. false: the queue is full or the server drains (503).
   bool submit(const std::shared_ptr<Job>& job) {
     std::lock_guard<std::mutex> lk(m_);
-    if (draining_ || static_cast<std::int64_t>(queue_.size()) >= max_queue_) return false;
+    // room: the free slots (as of the last step) and --max-queue waiting requests beyond them
+    if (draining_ || static_cast<std::int64_t>(queue_.size()) >= max_queue_ + free_slots_) return false;
     job->t_submit = now_s();
     job->choices.resize(static_cast<size_t>(job->req.n));
     queue_.push_back(job);
@@ -194,6 +196,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::int64_t in_flight_ = 0;
+  std::int64_t free_slots_ = 0;  // after the last step's admissions (under m_)
   bool draining_ = false;
   std::vector<Seq> seqs_;  // by slot (rank 0)
 };
@@ -232,6 +235,7 @@ std::vector<std::int64_t> Engine::plan() {
       free -= j->req.n;
       admitted.push_back(j);
     }
+    free_slots_ = free;
     if (draining_ && queue_.empty() && admitted.empty() && !running() && in_flight_ == 0) return {1};
   }
   std::vector<std::int64_t> p = {0, 0};
@@ -842,13 +846,13 @@ int run(int argc, char** argv) {
       "memory budget of the key-value cache per rank in MiB: fewer slots when --max-batch does not fit (0: none)")(
       "max-queue", po::value(&o.max_queue)->default_value(64),
       "requests waiting for a slot; beyond them a 503 with Retry-After")(
-      "max-length", po::value(&o.max_length)->default_value(0),
-      "positions per sequence (0: the model's context)")("max-body-bytes",
-                                                         po::value(&o.max_body)->default_value(1 << 20),
-                                                         "largest request body (413 beyond)")(
-      "timeout", po::value(&o.timeout_s)->default_value(30),
-      "seconds a client may take to send or receive")("threads", po::value(&o.threads)->default_value(64),
-                                                      "HTTP connections served at once");
+      "max-length", po::value(&o.max_length)->default_value(0), "positions per sequence (0: the model's context)")(
+      "max-body-bytes", po::value(&o.max_body)->default_value(1 << 20),
+      "largest request body (413 beyond)")("timeout", po::value(&o.timeout_s)->default_value(30),
+                                           "seconds a client may take to send or receive")(
+      "http-threads", po::value(&o.threads)->default_value(0),
+      "HTTP connections served at once (0: --max-batch + --max-queue + 16, so that a request beyond the queue is "
+      "answered with a 503 rather than left unread)");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -867,9 +871,10 @@ int run(int argc, char** argv) {
                   "serve_gpt: --vocab-file and --merge-file are required (GPT-2's BPE; or --tokenizer-type and "
                   "--tokenizer-model)");
   TRIDENT_REQUIRE(gpt2 || !o.tok.model.empty(), "serve_gpt: " << o.tok.type << " needs --tokenizer-model");
-  TRIDENT_REQUIRE(o.max_batch >= 1 && o.max_queue >= 0 && o.threads >= 1 && o.max_body >= 1024 && o.timeout_s > 0,
-                  "serve_gpt: --max-batch, --threads must be >= 1, --max-queue >= 0, --max-body-bytes >= 1024, "
-                  "--timeout > 0");
+  TRIDENT_REQUIRE(o.max_batch >= 1 && o.max_queue >= 0 && o.threads >= 0 && o.max_body >= 1024 && o.timeout_s > 0,
+                  "serve_gpt: --max-batch must be >= 1, --max-queue and --http-threads >= 0, --max-body-bytes >= "
+                  "1024, --timeout > 0");
+  if (o.threads == 0) o.threads = static_cast<int>(std::min<std::int64_t>(o.max_batch + o.max_queue + 16, 4096));
   TRIDENT_REQUIRE(o.port >= 0 && o.port <= 65535, "serve_gpt: --port must be in [0, 65535]");
   // SIGTERM or SIGINT drains the server (rank 0); the other ranks follow rank 0's plans until it quits
   StopSignal stop;
