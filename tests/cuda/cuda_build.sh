@@ -80,46 +80,7 @@ fi
 echo "cuda_build: nvcc $nvcc_version ($nvcc), sm_$arch, Kokkos $(gpu_kokkos_install_version "$kokkos") ($kokkos)${cuda_flags:+, CUDA 13 compat header}, $jobs jobs"
 
 # ---- the mirror ----------------------------------------------------------------------------------
-"$python" - "$root" "$work/src" <<'PY' || fail "mirroring $root into $work/src failed"
-import os, shutil, subprocess, sys
-root, dst = sys.argv[1], sys.argv[2]
-out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard", "-z"],
-                     check=True, capture_output=True).stdout.decode()
-files = [f for f in out.split("\0") if f]
-want = set()
-changed = 0
-for f in files:
-    src = os.path.join(root, f)
-    if not os.path.isfile(src) or os.path.islink(src):  # deleted in the work tree, or a link
-        continue
-    want.add(f)
-    out_path = os.path.join(dst, f)
-    with open(src, "rb") as fh:
-        data = fh.read()
-    try:
-        with open(out_path, "rb") as fh:
-            same = fh.read() == data
-    except OSError:
-        same = False
-    if not same:
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        tmp = out_path + ".mirror-tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        shutil.copymode(src, tmp)
-        os.replace(tmp, out_path)
-        changed += 1
-removed = 0
-for d, _, names in os.walk(dst, topdown=False):
-    for n in names:
-        rel = os.path.relpath(os.path.join(d, n), dst)
-        if rel not in want:
-            os.remove(os.path.join(d, n))
-            removed += 1
-    if d != dst and not os.listdir(d):
-        os.rmdir(d)
-print(f"cuda_build: mirror {dst}: {len(want)} files, {changed} written, {removed} removed")
-PY
+"$python" "$root/tests/mirror_tree.py" "$root" "$work/src" cuda_build || fail "mirroring $root into $work/src failed"
 
 # ---- configure and build -------------------------------------------------------------------------
 log=$work/build.log
