@@ -141,12 +141,9 @@ ChatTemplate ChatTemplate::from_config(const std::string& path) {
 std::string ChatTemplate::end_of_turn() const {
   switch (kind_) {
     case Kind::Llama3:
-    case Kind::Llama3Gen:
-      return "<|eot_id|>";
-    case Kind::MistralV3:
-      return eos_;
-    case Kind::Qwen3:
-      return "<|im_end|>";
+    case Kind::Llama3Gen: return "<|eot_id|>";
+    case Kind::MistralV3: return eos_;
+    case Kind::Qwen3: return "<|im_end|>";
   }
   return eos_;
 }

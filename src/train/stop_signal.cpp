@@ -52,7 +52,9 @@ void install_stop_signal_watcher() {
                                       "trident: received %s outside the training loop (during start-up or "
                                       "shut-down): nothing is trained that a checkpoint could keep; stopping now "
                                       "with exit code %d\n",
-                                      sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : "a signal",
+                                      sig == SIGUSR1   ? "SIGUSR1"
+                                      : sig == SIGTERM ? "SIGTERM"
+                                                       : "a signal",
                                       kExitStoppedNoCheckpoint);
           if (n > 0) (void)!::write(2, msg, static_cast<std::size_t>(std::min<int>(n, sizeof msg - 1)));
         }
