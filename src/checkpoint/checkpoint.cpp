@@ -2,12 +2,15 @@
 // and fp32 masters (ZeRO-1 shards gathered over DP first), is a float32 dataset of its global
 // shape. Saving writes checkpoint.h5.tmp through MPI-IO: every rank creates every dataset in
 // sorted order, DP rank 0 writes the slices it owns, each dataset gets its order-independent
-// checksum; rank 0 then renames it and rewrites `latest`. Loading reads each rank's slices with
-// independent reads, checks format, model, shapes, checksums and finiteness on every rank, and
-// changes the store and the optimizer only after all of that passed ("Save and load").
+// checksum; every rank flushes the file to the disk (fsync), rank 0 renames it, flushes the
+// directories and rewrites `latest` (written, flushed, renamed, its directory flushed). Loading
+// reads each rank's slices with independent reads, checks format, model, shapes, checksums and finiteness on every
+// rank, and changes the store and the optimizer only after all of that passed ("Save and load").
 #include "checkpoint/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -280,6 +283,25 @@ void make_dirs(const std::string& d) {
   TRIDENT_REQUIRE(!ec, "cannot create directory '" << d << "': " << ec.message());
 }
 
+// Flushes a file's data, or a directory's entries (a rename in it), to the disk: "" or why not.
+std::string sync_to_disk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot open '" + path + "' to flush it to the disk: " + std::strerror(errno);
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0)
+    return "flushing '" + path + "' to the disk failed: " + std::strerror(e) + (e == ENOSPC ? " (disk full)" : "");
+  return "";
+}
+
+std::string parent_dir(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+// Writes `text` to path.tmp, flushes it, renames it over `path` and flushes the directory: a
+// crash leaves the old file or the new one, whole and on the disk.
 void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
@@ -288,8 +310,10 @@ void write_text_atomically(const std::string& path, const std::string& text) {
     out.flush();
     if (!out) throw Error::one("cannot write '" + tmp + "'");
   }
+  if (const std::string e = sync_to_disk(tmp); !e.empty()) throw Error::one(e);
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw Error::one("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  if (const std::string e = sync_to_disk(parent_dir(path)); !e.empty()) throw Error::one(e);
 }
 
 // Full-size host copy of an optimizer moment; the distributed optimizer's shards are gathered
@@ -418,10 +442,15 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
   }
   agree_or_throw(world.get(), err);
+  // every rank flushes what it wrote (on a parallel file system each node holds its own part)
+  // before the file is renamed into place and `latest` names it
+  agree_or_throw(world.get(), sync_to_disk(tmp_path));
   collectively(world.get(), [&] {
     if (world.rank() != 0) return;
     if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
       throw Error::one("cannot rename '" + tmp_path + "': " + std::strerror(errno));
+    if (const std::string e = sync_to_disk(dir); !e.empty()) throw Error::one(e);
+    if (const std::string e = sync_to_disk(save_dir); !e.empty()) throw Error::one(e);  // the iter_ directory
     write_text_atomically(save_dir + "/latest", std::to_string(st.iteration) + "\n");
     if (const int n = remove_stale_tmp_files(save_dir))
       std::printf("removed %d temporary file(s) of earlier checkpoint saves that did not finish\n", n);
@@ -826,8 +855,10 @@ std::string CheckpointFileWriter::commit() {
     write_root_attributes(m.file, m.st, false, false, "tp=1 pp=1 dp=1");
     TRIDENT_REQUIRE(H5Fclose(m.file.release()) >= 0, "closing checkpoint file '" << m.tmp_path << "' failed");
   }
+  if (const std::string e = sync_to_disk(m.tmp_path); !e.empty()) throw Error::one(e);
   TRIDENT_REQUIRE(std::rename(m.tmp_path.c_str(), m.final_path.c_str()) == 0,
                   "cannot rename '" << m.tmp_path << "': " << std::strerror(errno));
+  if (const std::string e = sync_to_disk(parent_dir(m.final_path)); !e.empty()) throw Error::one(e);
   m.committed = true;
   write_text_atomically(m.save_dir + "/latest", std::to_string(m.st.iteration) + "\n");
   return m.final_path;

@@ -272,6 +272,9 @@ class TrainingRun {
   std::int64_t first_iteration_ = 0;
   double t_start_ = 0, t_last_ = 0;
   std::int64_t iters_since_log_ = 0;
+  // wall time since the last progress line spent outside the iterations: checkpoint saves (also
+  // reported on their own) and evaluations; left out of ms/it and tok/s
+  double save_s_ = 0, eval_s_ = 0;
   // [begin, end) of the gradients already zero: the optimizer's range after an update that
   // zeroed it in the same sweep (AdamW::GradsAfter::zero), nothing before the first iteration
   std::int64_t grads_zero_begin_ = 0, grads_zero_end_ = 0;
@@ -402,9 +405,14 @@ void TrainingRun::save(std::int64_t it) {
   st.deck = deck_text_;
   st.lora_base = start_.lora_base;
   st.lora_base_digest = start_.lora_base_digest;
+  const double t0 = wall_seconds();
   check_room_for_checkpoint(deck_.checkpoint.save, checkpoint_bytes_, world_);
   const std::string f = save_checkpoint(deck_.checkpoint.save, st, store_, adamw_.get(), topo_);
-  if (root_) std::cout << "saved checkpoint " << f << std::endl;
+  const double dt = wall_seconds() - t0;
+  save_s_ += dt;
+  if (root_)
+    std::cout << "saved checkpoint " << f << " in " << std::fixed << std::setprecision(2) << dt
+              << " s (training waited)" << std::defaultfloat << std::endl;
 }
 
 void TrainingRun::print_banner() const {
@@ -897,7 +905,8 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
     moe_metrics_.write(v);
   }
   if (it % deck_.log.interval == 0 || it == iters_) {
-    const double per_iter = (t1 - t_last_) / static_cast<double>(iters_since_log_);
+    // the iterations' own time: saves and evaluations since the last line are reported apart
+    const double per_iter = std::max(t1 - t_last_ - save_s_ - eval_s_, 0.0) / static_cast<double>(iters_since_log_);
     std::ostringstream os;
     os << " iter " << std::setw(6) << it << "/" << iters_ << " | loss " << std::fixed << std::setprecision(4) << r.loss;
     if (task_.reports_loss_parts)
@@ -914,10 +923,12 @@ void TrainingRun::log_iteration(std::int64_t it, const StepResult& r, double t0,
     if (fp16_)
       os << " | loss scale " << std::defaultfloat << std::setprecision(6) << r.scale_used << std::fixed << " | skipped "
          << scaler_.skipped();
+    if (save_s_ > 0) os << " | checkpoint save " << std::setprecision(2) << save_s_ << " s";
     os << " | ETA " << hms(per_iter * static_cast<double>(iters_ - it));
     std::cout << os.str() << std::endl;
     t_last_ = t1;
     iters_since_log_ = 0;
+    save_s_ = eval_s_ = 0;
   }
 }
 
@@ -953,7 +964,9 @@ int TrainingRun::train() {
     log_iteration(it, r, t0, t1);
     if (deck_.eval.interval > 0 && (it % deck_.eval.interval == 0 || it == iters_)) {
       watchdog_->slow_phase("evaluation", it);
+      const double te = wall_seconds();
       evaluate(it);
+      eval_s_ += wall_seconds() - te;
     }
     if (!deck_.checkpoint.save.empty() &&
         ((deck_.checkpoint.interval > 0 && it % deck_.checkpoint.interval == 0) || it == iters_))

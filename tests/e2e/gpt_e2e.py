@@ -4,7 +4,8 @@
 usage: gpt_e2e.py CHECK --app PRETRAIN_GPT --deck DECK --shards GLOB --work DIR [--mpiexec M]
 
 Checks:
-  train        20 iterations learn (loss falls), metrics file complete, checkpoint + latest written
+  train        20 iterations learn (loss falls), metrics file complete, checkpoint + latest written,
+               each save's stall printed and shown apart on the next progress line
   resume       10 iterations straight vs 5 + resume 5: identical losses (bitwise) and final weights
   dp2          np=2 (dp=2) equals np=1 at the same global batch: per-step loss rel. diff <= 1e-5
   eval         evaluation mode prints 'eval loss:' and agrees with the windows' loss recomputed
@@ -59,7 +60,7 @@ class Ctx:
 def check_train(c):
     m = c.path("m.csv")
     _, out, dt = run(c.cmd(1, "--train.iters", "20", "--log.metrics_file", m, "--checkpoint.save", c.path("ck"),
-                           "--eval.interval", "10"))
+                           "--eval.interval", "10", "--checkpoint.interval", "5"))
     rows = read_metrics(m)
     assert len(rows) == 20, f"{len(rows)} metric rows"
     cols = "iteration,consumed_samples,loss,lr,grad_norm,loss_scale,skipped,ms_per_iter,tokens_per_s,tflops_per_rank,mfu"
@@ -73,6 +74,12 @@ def check_train(c):
     assert "validation at iteration 20" in out, out
     assert os.path.exists(c.path("m.eval.csv"))
     assert "ETA" in out
+    # each save reports its stall, and the next progress line shows it apart from ms/it (saves after
+    # iterations 5, 10, 15: the lines of iterations 10, 15, 20; log.interval 5)
+    import re
+    stalls = re.findall(r"saved checkpoint \S+ in ([0-9.]+) s \(training waited\)", out)
+    shown = re.findall(r" iter +\d+/20 .*\| checkpoint save ([0-9.]+) s \| ETA", out)
+    assert len(stalls) == 4 and shown == stalls[:3], (stalls, shown)
 
 
 def check_resume(c):
