@@ -3,11 +3,13 @@
 // checkpoints that load.
 #include "train/resume.hpp"
 
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/timer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "train/model_setup.hpp"
 #include "train/stop_signal.hpp"
@@ -133,7 +135,11 @@ StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfi
           }
           if (diff.empty()) break;
         } else if (diff.empty()) {
+          const double t0 = wall_seconds();
           st = load_checkpoint(file, family, store, &adamw, topo);
+          if (root)
+            std::cout << "loaded checkpoint " << file << " in " << std::fixed << std::setprecision(2)
+                      << wall_seconds() - t0 << " s" << std::defaultfloat << std::endl;
           break;
         }
       } catch (const Error& e) {
