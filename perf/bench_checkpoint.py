@@ -2,7 +2,7 @@
 """Checkpoint save and load against the disk's own speed, in one run: for each target directory
 (a tmpfs and a directory on the disk by default) and each rank count, pretrain_gpt trains a deck
 (GPT-2 345M at sequence 64 by default) for a few iterations with a checkpoint after each, and
-this script reads each save's stall from the log ("saved checkpoint F in S s (training waited)")
+this script reads each save's stall from the log ("saved checkpoint F in S s (training waited; its phases)")
 and the file's size; then the same checkpoint is loaded with a cold page cache (as root: sync and
 drop_caches before the load; "loaded checkpoint F in S s"). `dd` writes the same number of bytes
 to the same directory with conv=fdatasync, and reads them back cold, as the disk's own rate.
@@ -86,6 +86,10 @@ def main():
                 print(p.stdout[-3000:], p.stderr[-2000:])
                 sys.exit(f"training at np={np_} in {directory} failed")
             stalls = [float(x) for x in re.findall(r"saved checkpoint \S+ in ([0-9.]+) s", p.stdout)]
+            phases = [[float(x) for x in g] for g in re.findall(
+                r"copy ([0-9.]+), gather ([0-9.]+), finiteness ([0-9.]+), checksums ([0-9.]+), write ([0-9.]+), "
+                r"fsync ([0-9.]+), publish ([0-9.]+)\)", p.stdout)]
+            breakdown = [statistics.median(col) for col in zip(*phases)] if phases else [float("nan")] * 7
             steps = [float(l.split(",")[7]) / 1e3 for l in open(metrics).read().splitlines()[1:]]
             files = sorted(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5")))
             size = os.path.getsize(files[-1])
@@ -102,7 +106,7 @@ def main():
             save = statistics.median(stalls)
             rows.append((label, np_, size / 1e9, statistics.median(steps), save, size / save / 1e9, dd_w,
                          size / save / 1e9 / dd_w, load, size / load / 1e9, dd_r, size / load / 1e9 / dd_r,
-                         "cold" if cold and dd_cold else "warm"))
+                         "cold" if cold and dd_cold else "warm", breakdown))
             print(f"{label} np={np_}: {size / 1e9:.2f} GB, step {statistics.median(steps):.2f} s, save stall "
                   f"{save:.2f} s ({size / save / 1e9:.3f} GB/s = {size / save / 1e9 / dd_w:.2f} x dd {dd_w:.3f}), load "
                   f"{load:.2f} s ({size / load / 1e9:.3f} GB/s = {size / load / 1e9 / dd_r:.2f} x dd read {dd_r:.3f})",
@@ -113,6 +117,11 @@ def main():
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.2f} "
                      f"| {r[8]:.2f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]:.2f} | {r[12]} |")
+    lines += ["", "Where the save's time goes (rank 0, seconds, median over the saves):", "",
+              "| target | ranks | copy | gather | finiteness | checksums | create + write + close | fsync | publish |",
+              "|" + "---|" * 9]
+    for r in rows:
+        lines.append(f"| {r[0]} | {r[1]} | " + " | ".join(f"{x:.2f}" for x in r[13]) + " |")
     table = "\n".join(lines)
     print(table)
     if a.out:

@@ -26,6 +26,7 @@
 #include "comm/agreement.hpp"
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
+#include "common/timer.hpp"
 #include "io/hdf5_handle.hpp"
 
 namespace fs = std::filesystem;
@@ -393,25 +394,37 @@ void write_root_attributes(hid_t file, const CheckpointState& st, bool has_optim
 }  // namespace
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
-                            const AdamW* opt, const Topology& topo) {
+                            const AdamW* opt, const Topology& topo, SaveTimes* times) {
   const Communicator& world = topo.world();
+  SaveTimes local;
+  SaveTimes& t = times ? *times : local;
+  t = SaveTimes{};
+  double mark = wall_seconds();
+  auto lap = [&mark](double& into) {
+    const double now = wall_seconds();
+    into += now - mark;
+    mark = now;
+  };
   const std::string dir = save_dir + "/" + iter_dir_name(st.iteration);
   const std::string final_path = dir + "/checkpoint.h5", tmp_path = final_path + ".tmp";
   collectively(world.get(), [&] {
     if (world.rank() == 0) make_dirs(dir);
   });
   auto values = store.model_to_host();  // 16-bit parameters widened: stored as fp32 tensors
-  HostFloatView m, v, master;           // (padded_size) each, with an optimizer
+  lap(t.copy);
+  HostFloatView m, v, master;  // (padded_size) each, with an optimizer
   if (opt) {
     m = full_state(opt->exp_avg(), *opt, store, topo);
     v = full_state(opt->exp_avg_sq(), *opt, store, topo);
     if (opt->has_master()) master = full_state(opt->master(), *opt, store, topo);
   }
+  lap(t.gather);
   // a diverged run never writes a checkpoint (the earlier ones, and `latest`, stay as they are)
   agree_or_throw(world.get(),
                  nonfinite_tensors("refusing to write the checkpoint of iteration " + std::to_string(st.iteration) +
                                        " (the run has diverged; earlier checkpoints are kept)",
                                    store, values, m, v, master));
+  lap(t.check);
   std::string err;
   {
     H5CollectiveScope collective;  // a write failing on some ranks ends the job, not hangs it
@@ -425,8 +438,10 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
                opt_tensors = all_tensors(store, world.get(), set, false);
     auto put = [&](const std::string& prefix, const HostFloatView& buf) {
       const auto& tensors = prefix.empty() ? model_tensors : opt_tensors;
-      write_tensors(file, world.get(), tmp_path, prefix, store, buf.data(), w, tensors,
-                    checksums(store, buf.data(), w, tensors, world.get()));
+      lap(t.write);
+      const std::vector<std::uint64_t> sums = checksums(store, buf.data(), w, tensors, world.get());
+      lap(t.checksum);
+      write_tensors(file, world.get(), tmp_path, prefix, store, buf.data(), w, tensors, sums);
     };
     put("", values);
     if (opt) {
@@ -442,9 +457,11 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
   }
   agree_or_throw(world.get(), err);
+  lap(t.write);
   // every rank flushes what it wrote (on a parallel file system each node holds its own part)
   // before the file is renamed into place and `latest` names it
   agree_or_throw(world.get(), sync_to_disk(tmp_path));
+  lap(t.fsync);
   collectively(world.get(), [&] {
     if (world.rank() != 0) return;
     if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
@@ -455,6 +472,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     if (const int n = remove_stale_tmp_files(save_dir))
       std::printf("removed %d temporary file(s) of earlier checkpoint saves that did not finish\n", n);
   });
+  lap(t.publish);
   return final_path;
 }
 

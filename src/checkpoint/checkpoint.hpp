@@ -41,11 +41,20 @@ struct CheckpointState {
 // adapters alone (what its checkpoints hold); or all but the adapters (its frozen base model).
 enum class TensorSet { all, adapters, base };
 
+// Where a save's wall time went on world rank 0 (seconds): the host copy of the parameters, the
+// gathers of the optimizer state, the finiteness check, the checksums, the dataset creation and
+// writes (through the file's close), the flush to the disk (fsync of the file on every rank) and
+// the rename, directory flushes and `latest`.
+struct SaveTimes {
+  double copy = 0, gather = 0, check = 0, checksum = 0, write = 0, fsync = 0, publish = 0;
+  double total() const { return copy + gather + check + checksum + write + fsync + publish; }
+};
+
 // Collective over topo.world(). Returns the path of the file written. A store with LoRA adapters
 // writes the adapters alone (and their optimizer state), with the attributes lora_base and
 // lora_base_digest of `state`.
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state, const ParamStore& store,
-                            const AdamW* optimizer, const Topology& topo);
+                            const AdamW* optimizer, const Topology& topo, SaveTimes* times = nullptr);
 
 // `load` is a save directory (uses its 'latest'), an iter_* directory, or a checkpoint.h5.
 // Throws Error::all naming the problem when nothing usable is there.

@@ -407,12 +407,15 @@ void TrainingRun::save(std::int64_t it) {
   st.lora_base_digest = start_.lora_base_digest;
   const double t0 = wall_seconds();
   check_room_for_checkpoint(deck_.checkpoint.save, checkpoint_bytes_, world_);
-  const std::string f = save_checkpoint(deck_.checkpoint.save, st, store_, adamw_.get(), topo_);
+  SaveTimes times;
+  const std::string f = save_checkpoint(deck_.checkpoint.save, st, store_, adamw_.get(), topo_, &times);
   const double dt = wall_seconds() - t0;
   save_s_ += dt;
   if (root_)
     std::cout << "saved checkpoint " << f << " in " << std::fixed << std::setprecision(2) << dt
-              << " s (training waited)" << std::defaultfloat << std::endl;
+              << " s (training waited; copy " << times.copy << ", gather " << times.gather << ", finiteness "
+              << times.check << ", checksums " << times.checksum << ", write " << times.write << ", fsync "
+              << times.fsync << ", publish " << times.publish << ")" << std::defaultfloat << std::endl;
 }
 
 void TrainingRun::print_banner() const {

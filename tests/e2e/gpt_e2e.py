@@ -77,7 +77,7 @@ def check_train(c):
     # each save reports its stall, and the next progress line shows it apart from ms/it (saves after
     # iterations 5, 10, 15: the lines of iterations 10, 15, 20; log.interval 5)
     import re
-    stalls = re.findall(r"saved checkpoint \S+ in ([0-9.]+) s \(training waited\)", out)
+    stalls = re.findall(r"saved checkpoint \S+ in ([0-9.]+) s \(training waited; ", out)
     shown = re.findall(r" iter +\d+/20 .*\| checkpoint save ([0-9.]+) s \| ETA", out)
     assert len(stalls) == 4 and shown == stalls[:3], (stalls, shown)
 
