@@ -11,7 +11,6 @@
 // sequence together; sequences leave the batch as they finish. Rank 0 broadcasts each step's plan
 // (prefills and the decode batch) so that the tensor-parallel ranks run the same forwards; only
 // rank 0 samples. SIGTERM or SIGINT: new requests get 503, the running ones finish, exit 0.
-#include <mpi.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -383,28 +382,15 @@ void Engine::after_token(std::int64_t slot, const float* logits) {
 }
 
 void Engine::run() {
-  const MPI_Comm world = MPI_COMM_WORLD;
-  const int size = mpi_job::world_size();
+  const Communicator& world = im_.topo.world();
+  const int size = world.size();
   for (;;) {
     std::vector<std::int64_t> p;
     if (rank_ == 0) {
       p = plan();
-      if (p.size() == 2 && p[0] == 0 && p[1] == 0) continue;  // nothing to run
-      if (p.size() == 3 && p[0] == 0 && p[1] == 0 && p[2] == 0) continue;
+      if (p.size() == 3 && p[0] == 0 && p[1] == 0 && p[2] == 0) continue;  // nothing to run
     }
-    if (size > 1) {
-      // the plan's length, then the plan; the other ranks wait without spinning a core
-      std::int64_t n = static_cast<std::int64_t>(p.size());
-      MPI_Request req;
-      MPI_Ibcast(&n, 1, MPI_INT64_T, 0, world, &req);
-      for (int done = 0;;) {
-        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (done) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      p.resize(static_cast<size_t>(n));
-      MPI_Bcast(p.data(), static_cast<int>(n), MPI_INT64_T, 0, world);
-    }
+    if (size > 1) world.broadcast_waiting(p);  // the other ranks wait for a plan without spinning a core
     if (p[0] == 1) return;
     execute(p);
   }

@@ -478,6 +478,21 @@ std::string Communicator::broadcast_text(const std::string& text, int root) cons
   return out;
 }
 
+void Communicator::broadcast_waiting(std::vector<std::int64_t>& values, int root, int poll_us) const {
+  std::int64_t n = static_cast<std::int64_t>(values.size());
+  MPI_Request req;
+  TRIDENT_CHECK_MPI(MPI_Ibcast(&n, 1, MPI_INT64_T, root, comm_, &req));
+  for (int done = 0;;) {
+    TRIDENT_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+  }
+  if (n > 0x7fffffff) throw Error::one("broadcast of " + std::to_string(n) + " values: more than MPI's int count");
+  values.resize(static_cast<std::size_t>(n));
+  const progress::InComm in_comm("broadcast", name_.c_str(), size_);
+  TRIDENT_CHECK_MPI(MPI_Bcast(values.data(), static_cast<int>(n), MPI_INT64_T, root, comm_));
+}
+
 std::vector<std::string> Communicator::allgather_text(const std::string& mine) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   const int len = static_cast<int>(mine.size());

@@ -136,6 +136,10 @@ class Communicator {
   std::string broadcast_text(const std::string& text, int root = 0) const;
   // Every rank's text, in rank order, on every rank.
   std::vector<std::string> allgather_text(const std::string& mine) const;
+  // Rank root's `values` (of any length) on every rank. The other ranks wait for it without
+  // spinning a core: a nonblocking broadcast of the length, tested every poll_us microseconds
+  // (a server's ranks waiting for the next request: serve_gpt).
+  void broadcast_waiting(std::vector<std::int64_t>& values, int root = 0, int poll_us = 200) const;
 
   // Traffic accounting, per collective kind: calls and the bytes each rank sends with ring
   // algorithms -- all-reduce of n bytes: 2 (p-1)/p n; all-gather / reduce-scatter of a total of
