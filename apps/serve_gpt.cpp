@@ -422,6 +422,15 @@ std::int64_t integer(const json& j, const char* key, std::int64_t def, std::int6
   return v;
 }
 
+// A request body as JSON (a 400 naming the parse error otherwise).
+json parse_body(const std::string& body) {
+  try {
+    return json::parse(body);
+  } catch (const json::exception& e) {
+    bad(std::string("the body is not valid JSON: ") + e.what());
+  }
+}
+
 bool boolean(const json& j, const char* key, bool def) {
   if (!j.contains(key) || j[key].is_null()) return def;
   if (!j[key].is_boolean()) bad(std::string("'") + key + "' must be true or false", key);
@@ -926,12 +935,7 @@ int run(int argc, char** argv) {
   auto endpoint = [&](bool is_chat) {
     return [&, is_chat](const httplib::Request& req, httplib::Response& res) {
       try {
-        json j;
-        try {
-          j = json::parse(req.body);
-        } catch (const json::exception& e) {
-          bad(std::string("the body is not valid JSON: ") + e.what());
-        }
+        const json j = parse_body(req.body);
         GenRequest r = is_chat ? api.chat(j) : api.completion(j);
         generate(engine, api, std::move(r), is_chat, res);
       } catch (const HttpError& e) {
@@ -949,12 +953,7 @@ int run(int argc, char** argv) {
   // {"text": [prompt + continuation], "segments": [[token strings]], "logprobs": [[...]]}
   svr.Put("/api", [&](const httplib::Request& req, httplib::Response& res) {
     try {
-      json j;
-      try {
-        j = json::parse(req.body);
-      } catch (const json::exception& e) {
-        bad(std::string("the body is not valid JSON: ") + e.what());
-      }
+      const json j = parse_body(req.body);
       if (!j.is_object()) bad("the body must be a JSON object");
       only_known(j, {"prompts", "tokens_to_generate", "temperature", "top_k", "top_p", "logprobs", "random_seed"});
       if (!j.contains("prompts") || !j["prompts"].is_array() || j["prompts"].empty())
