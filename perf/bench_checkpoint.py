@@ -1,16 +1,29 @@
 #!/usr/bin/python3
-"""Checkpoint save and load against the disk's own speed, in one run: for each target directory
-(a tmpfs and a directory on the disk by default) and each rank count, pretrain_gpt trains a deck
-(GPT-2 345M at sequence 64 by default) for a few iterations with a checkpoint after each, and
-this script reads each save's stall from the log ("saved checkpoint F in S s (training waited; its phases)")
-and the file's size; then the same checkpoint is loaded with a cold page cache (as root: sync and
-drop_caches before the load; "loaded checkpoint F in S s"). `dd` writes the same number of bytes
-to the same directory with conv=fdatasync, and reads them back cold, as the disk's own rate.
-Prints, per directory and rank count: checkpoint GB, step time, save stall (median over the saves),
-write GB/s and its ratio to dd's, load time, read GB/s and its ratio to dd's read.
+"""Checkpoint save and load against the disk's own speed, in one run.
+
+Two kinds of rows, per target directory (a tmpfs and a directory on the disk by default) and rank
+count, each beside `dd`'s rate on the same directory (the same number of bytes written with
+conv=fdatasync, then read back with a cold page cache):
+
+  345M   pretrain_gpt trains a deck (GPT-2 345M at sequence 64 by default) for a few iterations
+         with a checkpoint after each, synchronous and then asynchronous (checkpoint.async_save);
+         this script reads each save's stall from the log ("saved checkpoint F in S s (training
+         waited; ...)", "checkpoint of iteration N: training waited S s"), and the step time from
+         the metrics file; the checkpoint is then loaded with a cold page cache ("loaded
+         checkpoint F in S s").
+  synth  bench_checkpoint_io (perf/bench_checkpoint_io.cpp) saves and loads a synthetic state of
+         --synth-params parameters (12 bytes each: the model and two moments) without training,
+         split over the ranks by tensor parallelism, so that a state larger than the 345M deck's
+         fits this machine; its load checks every value.
+
+Write GB/s is the checkpoint's bytes over the whole synchronous save (including the fsync of the
+file, its directory and `latest`), read GB/s over the load (cold page cache: as root, sync and
+drop_caches before it). The ratios to dd are the issue's measure (>= 0.7). The save's phases
+(rank 0) and the peak resident memory per rank are printed too.
 
   /usr/bin/python3 perf/bench_checkpoint.py [--build build] [--deck inputs/gpt2_345m.ini] [--ranks 1,2]
-      [--dirs tmpfs=/dev/shm/trident_ckbench,disk=build/perf/ckbench] [--iters 3] [--out FILE.md]
+      [--synth-ranks 1,2,4] [--synth-params 600000000] [--dirs tmpfs=/dev/shm/trident_ckbench,disk=build/perf/ckbench]
+      [--iters 3] [--skip-345m] [--skip-synth] [--out FILE.md]
 """
 import argparse
 import glob
@@ -53,46 +66,42 @@ def dd_rates(directory, nbytes):
     return w, r, cold
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--deck", default=os.path.join(ROOT, "inputs", "gpt2_345m.ini"))
-    ap.add_argument("--shards", default=os.path.join(ROOT, "data", "sample", "kjv_gpt2_*.h5"))
-    ap.add_argument("--ranks", default="1,2")
-    ap.add_argument("--dirs", default=f"tmpfs=/dev/shm/trident_ckbench,disk={os.path.join(ROOT, 'build', 'perf', 'ckbench')}")
-    ap.add_argument("--iters", type=int, default=3, help="iterations, a checkpoint after each")
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--mpiexec", default="mpiexec")
-    ap.add_argument("--out", help="write the table (markdown) here too")
-    a = ap.parse_args()
+PHASES = ("copy", "create", "checksums", "write", "fsync", "publish")
+
+
+def phases_of(text):
+    """rank 0's phases of each synchronous save in a log"""
+    pat = r"copy ([0-9.]+), create ([0-9.]+), checksums ([0-9.]+), write ([0-9.]+), fsync ([0-9.]+), publish ([0-9.]+)\)"
+    return [[float(x) for x in g] for g in re.findall(pat, text)]
+
+
+def run_345m(a, label, directory, np_):
     app = os.path.join(a.build, "apps", "pretrain_gpt")
-    rows = []
-    for spec in a.dirs.split(","):
-        label, directory = spec.split("=", 1)
-        for np_ in [int(x) for x in a.ranks.split(",")]:
-            ck = os.path.join(directory, f"ck_np{np_}")
-            shutil.rmtree(ck, ignore_errors=True)
-            os.makedirs(directory, exist_ok=True)
-            metrics = os.path.join(directory, f"m_np{np_}.csv")
-            if os.path.exists(metrics):
-                os.remove(metrics)
-            base = [a.mpiexec, "-n", str(np_), app, "--deck", a.deck, "--data.train_shards", a.shards,
-                    "--model.seq_length", str(a.seq), "--train.micro_batch_size", "1",
-                    "--train.global_batch_size", str(np_), "--eval.interval", "0", "--log.interval", "1",
-                    "--checkpoint.save", ck, "--checkpoint.interval", "1", "--watchdog.enable", "false"]
-            p = subprocess.run(base + ["--train.iters", str(a.iters), "--log.metrics_file", metrics],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                print(p.stdout[-3000:], p.stderr[-2000:])
-                sys.exit(f"training at np={np_} in {directory} failed")
-            stalls = [float(x) for x in re.findall(r"saved checkpoint \S+ in ([0-9.]+) s", p.stdout)]
-            phases = [[float(x) for x in g] for g in re.findall(
-                r"copy ([0-9.]+), gather ([0-9.]+), finiteness ([0-9.]+), checksums ([0-9.]+), write ([0-9.]+), "
-                r"fsync ([0-9.]+), publish ([0-9.]+)\)", p.stdout)]
-            breakdown = [statistics.median(col) for col in zip(*phases)] if phases else [float("nan")] * 7
-            steps = [float(l.split(",")[7]) / 1e3 for l in open(metrics).read().splitlines()[1:]]
-            files = sorted(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5")))
-            size = os.path.getsize(files[-1])
+    out = {}
+    for mode in ("sync", "async"):
+        ck = os.path.join(directory, f"ck_np{np_}_{mode}")
+        shutil.rmtree(ck, ignore_errors=True)
+        os.makedirs(directory, exist_ok=True)
+        metrics = os.path.join(directory, f"m_np{np_}_{mode}.csv")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        base = [a.mpiexec, "-n", str(np_), app, "--deck", a.deck, "--data.train_shards", a.shards,
+                "--model.seq_length", str(a.seq), "--train.micro_batch_size", "1",
+                "--train.global_batch_size", str(np_), "--eval.interval", "0", "--log.interval", "1",
+                "--checkpoint.save", ck, "--checkpoint.interval", "1", "--watchdog.enable", "false",
+                "--checkpoint.async_save", "true" if mode == "async" else "false"]
+        p = subprocess.run(base + ["--train.iters", str(a.iters), "--log.metrics_file", metrics],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(p.stdout[-3000:], p.stderr[-2000:])
+            sys.exit(f"training at np={np_} ({mode}) in {directory} failed")
+        steps = [float(l.split(",")[7]) / 1e3 for l in open(metrics).read().splitlines()[1:]]
+        files = sorted(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5")))
+        size = os.path.getsize(files[-1])
+        if mode == "sync":
+            stalls = [float(x) for x in re.findall(r"saved checkpoint \S+ in ([0-9.]+) s \(training waited", p.stdout)]
+            out.update(size=size, step=statistics.median(steps), sync=statistics.median(stalls),
+                       phases=[statistics.median(c) for c in zip(*phases_of(p.stdout))])
             cold = drop_caches()
             q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck, "--log.metrics_file="],
                                capture_output=True, text=True)
@@ -100,28 +109,105 @@ def main():
             if q.returncode != 0 or not m:
                 print(q.stdout[-3000:], q.stderr[-2000:])
                 sys.exit(f"loading at np={np_} from {directory} failed")
-            load = float(m.group(1))
-            shutil.rmtree(ck, ignore_errors=True)
-            dd_w, dd_r, dd_cold = dd_rates(directory, size)
-            save = statistics.median(stalls)
-            rows.append((label, np_, size / 1e9, statistics.median(steps), save, size / save / 1e9, dd_w,
-                         size / save / 1e9 / dd_w, load, size / load / 1e9, dd_r, size / load / 1e9 / dd_r,
-                         "cold" if cold and dd_cold else "warm", breakdown))
-            print(f"{label} np={np_}: {size / 1e9:.2f} GB, step {statistics.median(steps):.2f} s, save stall "
-                  f"{save:.2f} s ({size / save / 1e9:.3f} GB/s = {size / save / 1e9 / dd_w:.2f} x dd {dd_w:.3f}), load "
-                  f"{load:.2f} s ({size / load / 1e9:.3f} GB/s = {size / load / 1e9 / dd_r:.2f} x dd read {dd_r:.3f})",
-                  flush=True)
-    head = ("| target | ranks | checkpoint GB | step s | save stall s (median) | write GB/s | dd write GB/s | ratio "
-            "| load s | read GB/s | dd read GB/s | ratio | page cache at load |")
-    lines = [head, "|" + "---|" * 13]
+            out.update(load=float(m.group(1)), cold=cold)
+        else:
+            # what training waited per save: the copy at the save, and at its publication the wait and publish
+            begins = [float(x) for x in re.findall(r"checkpoint of iteration \d+: training waited ([0-9.]+) s", p.stdout)]
+            ends = [float(w) + float(pb) for w, pb in re.findall(r"wait ([0-9.]+), publish ([0-9.]+);", p.stdout)]
+            out.update(async_stall=statistics.median([b + e for b, e in zip(begins, ends)]),
+                       async_step=statistics.median(steps))
+        shutil.rmtree(ck, ignore_errors=True)
+    return out
+
+
+def synth_tool(a, np_, directory, mode, extra=()):
+    tool = os.path.join(a.build, "perf", "bench_checkpoint_io")
+    cmd = [a.mpiexec, "-n", str(np_), tool, "--dir", directory, "--params", str(a.synth_params),
+           "--hidden", str(a.synth_hidden), "--tp", str(np_), "--mode", mode] + list(extra)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stdout[-3000:], p.stderr[-2000:])
+        sys.exit(f"bench_checkpoint_io {mode} at np={np_} in {directory} failed")
+    line = [l for l in p.stdout.splitlines() if "=" in l][-1]
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split())}
+
+
+def run_synth(a, label, directory, np_):
+    ck = os.path.join(directory, f"synth_np{np_}")
+    shutil.rmtree(ck, ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+    s = synth_tool(a, np_, ck, "save")
+    drop_caches()
+    cold = drop_caches()
+    ld = synth_tool(a, np_, ck, "load")
+    out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[0]), sync=s["save_s"],
+               phases=[s["copy_s"], s["create_s"], s["checksum_s"], s["write_s"], s["fsync_s"], s["publish_s"]],
+               load=ld["load_s"], cold=cold, rss=s["peak_rss_mb_max"], step=float("nan"))
+    shutil.rmtree(ck, ignore_errors=True)
+    if not a.no_async_synth:
+        s2 = synth_tool(a, np_, ck, "save", ["--async"])
+        out.update(async_stall=s2["stall_s"], async_total=s2["save_s"], async_rss=s2["peak_rss_mb_max"])
+        shutil.rmtree(ck, ignore_errors=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--deck", default=os.path.join(ROOT, "inputs", "gpt2_345m.ini"))
+    ap.add_argument("--shards", default=os.path.join(ROOT, "data", "sample", "kjv_gpt2_*.h5"))
+    ap.add_argument("--ranks", default="1,2", help="rank counts of the 345M rows")
+    ap.add_argument("--synth-ranks", default="1,2,4", help="rank counts of the synthetic rows")
+    ap.add_argument("--synth-params", type=int, default=600000000)
+    ap.add_argument("--synth-hidden", type=int, default=4096)
+    ap.add_argument("--no-async-synth", action="store_true", help="no asynchronous synthetic saves (memory)")
+    ap.add_argument("--dirs", default=f"tmpfs=/dev/shm/trident_ckbench,disk={os.path.join(ROOT, 'build', 'perf', 'ckbench')}")
+    ap.add_argument("--synth-dirs", help="directories of the synthetic rows (default: --dirs)")
+    ap.add_argument("--iters", type=int, default=3, help="iterations, a checkpoint after each")
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--skip-345m", action="store_true")
+    ap.add_argument("--skip-synth", action="store_true")
+    ap.add_argument("--out", help="write the tables (markdown) here too")
+    a = ap.parse_args()
+    rows = []
+    work = []
+    if not a.skip_345m:
+        work += [("345M", spec, int(n)) for spec in a.dirs.split(",") for n in a.ranks.split(",")]
+    if not a.skip_synth:
+        work += [("synth", spec, int(n)) for spec in (a.synth_dirs or a.dirs).split(",")
+                 for n in a.synth_ranks.split(",")]
+    for kind, spec, np_ in work:
+        label, directory = spec.split("=", 1)
+        r = run_345m(a, label, directory, np_) if kind == "345M" else run_synth(a, label, directory, np_)
+        dd_w, dd_r, dd_cold = dd_rates(directory, r["size"])
+        r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r,
+                 cache="cold" if r["cold"] and dd_cold else "warm")
+        gb = r["size"] / 1e9
+        print(f"{kind} {label} np={np_}: {gb:.2f} GB, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
+              f"{gb / r['sync'] / dd_w:.2f} x dd {dd_w:.3f}), async stall {r.get('async_stall', float('nan')):.2f} s, "
+              f"load {r['load']:.2f} s ({gb / r['load']:.3f} GB/s = {gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f})",
+              flush=True)
+        rows.append(r)
+    lines = ["| state | target | ranks | checkpoint GB | step s | sync save s | write GB/s | dd write GB/s | ratio "
+             "| async stall s | load s | read GB/s | dd read GB/s | ratio | page cache at load |", "|" + "---|" * 15]
     for r in rows:
-        lines.append(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.2f} "
-                     f"| {r[8]:.2f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]:.2f} | {r[12]} |")
-    lines += ["", "Where the save's time goes (rank 0, seconds, median over the saves):", "",
-              "| target | ranks | copy | gather | finiteness | checksums | create + write + close | fsync | publish |",
-              "|" + "---|" * 9]
+        gb = r["size"] / 1e9
+        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | {gb:.2f} | {r['step']:.2f} | {r['sync']:.2f} "
+                     f"| {gb / r['sync']:.3f} | {r['dd_w']:.3f} | {gb / r['sync'] / r['dd_w']:.2f} "
+                     f"| {r.get('async_stall', float('nan')):.2f} | {r['load']:.2f} | {gb / r['load']:.3f} "
+                     f"| {r['dd_r']:.3f} | {gb / r['load'] / r['dd_r']:.2f} | {r['cache']} |")
+    lines += ["", "Where a synchronous save's time goes (rank 0, seconds; 345M: median over the saves):", "",
+              "| state | target | ranks | " + " | ".join(PHASES) + " |", "|" + "---|" * (3 + len(PHASES))]
     for r in rows:
-        lines.append(f"| {r[0]} | {r[1]} | " + " | ".join(f"{x:.2f}" for x in r[13]) + " |")
+        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | " + " | ".join(f"{x:.2f}" for x in r["phases"]) + " |")
+    synth = [r for r in rows if r["kind"] == "synth"]
+    if synth:
+        lines += ["", "Synthetic state: peak resident memory of the largest rank (MiB) and the asynchronous save:", "",
+                  "| target | ranks | peak RSS sync | peak RSS async | async stall s | async total s |", "|" + "---|" * 6]
+        for r in synth:
+            lines.append(f"| {r['label']} | {r['np']} | {r['rss']:.0f} | {r.get('async_rss', float('nan')):.0f} "
+                         f"| {r.get('async_stall', float('nan')):.2f} | {r.get('async_total', float('nan')):.2f} |")
     table = "\n".join(lines)
     print(table)
     if a.out:

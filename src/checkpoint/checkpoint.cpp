@@ -1,11 +1,14 @@
 // Checkpoint save and load (docs/DESIGN.md "Checkpoints"). Every parameter, and the AdamW moments
-// and fp32 masters (ZeRO-1 shards gathered over DP first), is a float32 dataset of its global
-// shape. Saving writes checkpoint.h5.tmp through MPI-IO: every rank creates every dataset in
-// sorted order, DP rank 0 writes the slices it owns, each dataset gets its order-independent
-// checksum; every rank flushes the file to the disk (fsync), rank 0 renames it, flushes the
-// directories and rewrites `latest` (written, flushed, renamed, its directory flushed). Loading
-// reads each rank's slices with independent reads, checks format, model, shapes, checksums and finiteness on every
-// rank, and changes the store and the optimizer only after all of that passed ("Save and load").
+// and fp32 masters, is a contiguous float32 dataset of its global shape. Saving (CheckpointSaver):
+// rank 0 creates checkpoint.h5.tmp with every dataset allocated; every rank writes the runs of
+// elements it owns (the distributed optimizer's shards as they are, never gathered) into the
+// datasets' bytes with pwrite, checksumming each part as it goes (order-independent sums, so the
+// ranks' parts add up with one all-reduce) and flushes it (fsync); rank 0 writes the checksum
+// attributes, renames the file and rewrites `latest` (written, flushed, renamed, its directory
+// flushed). Loading reads each rank's slices and optimizer shards from the datasets' bytes with
+// pread (through HDF5 for a file repacked with chunks or filters), checks format, model, shapes,
+// checksums and finiteness on every rank, and changes the store and the optimizer only after all
+// of that passed ("Save and load").
 #include "checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -22,11 +26,13 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "comm/agreement.hpp"
 #include "comm/communicator.hpp"
 #include "common/error.hpp"
 #include "common/timer.hpp"
+#include "checkpoint/tensor_runs.hpp"
 #include "io/hdf5_handle.hpp"
 
 namespace fs = std::filesystem;
@@ -121,66 +127,10 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// This rank's part of the checksum of p's global tensor: the sum over its row blocks of `base`
-// (the local tensor, row-major with p.shape).
-std::uint64_t partial_checksum(const ParamInfo& p, const float* base) {
-  const int nd = static_cast<int>(p.shape.size());
-  std::uint64_t sum = 0;
-  for (const Block& k : blocks_of(p)) {
-    // rows of the box: all dimensions but the last one, walked as an odometer
-    std::vector<hsize_t> idx(nd, 0);  // (nd)
-    const hsize_t inner = k.count[nd - 1];
-    bool empty = false;
-    for (int d = 0; d < nd; ++d) empty = empty || k.count[d] == 0;
-    if (empty) continue;
-    while (true) {
-      std::uint64_t loff = 0, goff = 0;
-      for (int d = 0; d < nd; ++d) {
-        loff = loff * static_cast<std::uint64_t>(p.shape[d]) + k.mstart[d] + idx[d];
-        goff = goff * static_cast<std::uint64_t>(p.global_shape[d]) + k.fstart[d] + idx[d];
-      }
-      const float* x = base + loff;
-      for (hsize_t j = 0; j < inner; ++j) {
-        std::uint32_t bits;
-        std::memcpy(&bits, x + j, sizeof bits);
-        sum += splitmix64((goff + j) * 0x9e3779b97f4a7c15ULL + bits);
-      }
-      int d = nd - 2;
-      for (; d >= 0; --d) {
-        if (++idx[d] < k.count[d]) break;
-        idx[d] = 0;
-      }
-      if (d < 0) break;
-    }
-  }
-  return sum;
-}
-
 std::string hex64(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
-}
-
-// The ranks that own a tensor's slice (Owner: one replica per data-parallel group, one
-// tensor-parallel copy of replicated tensors, no tied copies) partition it: their partial
-// checksums add up to the tensor's.
-
-// The checksums of the datasets prefix + name for every name of `tensors` (sorted, the same on
-// every rank) from the slices this rank owns in `host` (laid out like the store). Collective over
-// comm: one all-reduce.
-std::vector<std::uint64_t> checksums(const ParamStore& store, const float* host, const Owner& owner,
-                                     const std::map<std::string, std::vector<hsize_t>>& tensors, MPI_Comm comm) {
-  std::vector<std::uint64_t> part;  // (tensors.size()): this rank's partial sums
-  part.reserve(tensors.size());
-  for (const auto& entry : tensors) {
-    const ParamId id = store.find(entry.first);
-    std::uint64_t s = 0;
-    if (id >= 0 && owner.owns(store.info(id))) s = partial_checksum(store.info(id), host + store.info(id).offset);
-    part.push_back(s);
-  }
-  Communicator::borrow(comm).allreduce_sum(part.data(), static_cast<std::int64_t>(part.size()));
-  return part;  // now the sums over all ranks
 }
 
 // The union over all ranks of (name, global shape) of the tensors they hold: with pipeline
@@ -250,34 +200,6 @@ void write_tensors(hid_t file, MPI_Comm comm, const std::string& where, const st
   }
 }
 
-void read_tensors(hid_t file, const std::string& prefix, const ParamStore& store, float* host, const std::string& where,
-                  TensorSet set) {
-  for (const auto& p : store.params()) {
-    if (!in_set(p, set) || (p.state && !prefix.empty())) continue;  // states: no optimizer state
-    const std::string name = prefix + p.name;
-    TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
-                        H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
-                    "checkpoint " << where << " has no tensor '" << name
-                                  << "' (not a checkpoint of this model, or the file is corrupt)");
-    H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
-    TRIDENT_REQUIRE(dset.valid(),
-                    "checkpoint " << where << ": tensor '" << name << "' cannot be opened (the file is corrupt)");
-    const auto dims = h5_dims(dset);
-    std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());  // (ndims)
-    TRIDENT_REQUIRE(dims == want, "checkpoint " << where << ": tensor '" << name << "' has shape " << shape_str(dims)
-                                                << " but this model needs " << shape_str(want));
-    H5Handle fspace = h5_space(H5Dget_space(dset));
-    for_each_block(
-        p,
-        [&](hid_t mspace, hid_t fsel) {
-          TRIDENT_REQUIRE(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fsel, H5P_DEFAULT, host + p.offset) >= 0,
-                          "checkpoint " << where << ": reading '" << name
-                                        << "' failed (the file is corrupt or truncated)");
-        },
-        fspace);
-  }
-}
-
 void make_dirs(const std::string& d) {
   std::error_code ec;
   fs::create_directories(d, ec);
@@ -317,21 +239,6 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   if (const std::string e = sync_to_disk(parent_dir(path)); !e.empty()) throw Error::one(e);
 }
 
-// Full-size host copy of an optimizer moment; the distributed optimizer's shards are gathered
-// first, the dense segment's over the data-parallel group, the experts' over the
-// expert-data-parallel group (collective there).
-HostFloatView full_state(const FloatView& part, const AdamW& opt, const ParamStore& store, const Topology& topo) {
-  const std::int64_t N = store.padded_size();
-  FloatView full = make_float("checkpoint::optimizer_state", N);  // (padded_size)
-  for (const AdamW::Segment& s : opt.segments()) {
-    Kokkos::deep_copy(slice(full, s.begin, s.n), slice(part, s.at, s.n));
-    const std::int64_t region = s.expert ? store.expert_begin() : 0;
-    const std::int64_t len = s.expert ? store.padded_size() - store.expert_begin() : store.dense_trainable_size();
-    if (s.n < len) (s.expert ? topo.edp_group() : topo.dp_cp_group()).allgather_in_place(full.data() + region, s.n);
-  }
-  return Kokkos::create_mirror_view_and_copy(HostSpace(), full);
-}
-
 // This optimizer's segments of a full-size host buffer, to the device.
 void load_state(const FloatView& part, const HostFloatView& full, const AdamW& opt) {
   auto mirror = Kokkos::create_mirror_view(part);
@@ -339,31 +246,6 @@ void load_state(const FloatView& part, const HostFloatView& full, const AdamW& o
     Kokkos::deep_copy(Kokkos::subview(mirror, Kokkos::make_pair(s.at, s.at + s.n)),
                       Kokkos::subview(full, Kokkos::make_pair(s.begin, s.begin + s.n)));
   Kokkos::deep_copy(part, mirror);
-}
-
-// The first tensor of `store` with a NaN or an infinity in `host` (laid out like the store) as
-// "<prefix><name>", or "" when every element is finite.
-std::string first_nonfinite(const ParamStore& store, const HostFloatView& host, const std::string& prefix) {
-  if (host.extent(0) == 0) return "";
-  for (const auto& p : store.params()) {
-    if (p.state && static_cast<std::int64_t>(host.extent(0)) < store.host_size()) continue;  // optimizer state
-    const std::int64_t n = p.numel();
-    const float* x = host.data() + p.offset;
-    for (std::int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(x[i])) return prefix + p.name;
-  }
-  return "";
-}
-
-// The weights, moments and masters of a checkpoint, checked for non-finite values: `what` and the
-// first offending tensor, or "".
-std::string nonfinite_tensors(const std::string& what, const ParamStore& store, const HostFloatView& values,
-                              const HostFloatView& m, const HostFloatView& v, const HostFloatView& master) {
-  std::string t = first_nonfinite(store, values, "");
-  if (t.empty()) t = first_nonfinite(store, m, "optimizer/exp_avg/");
-  if (t.empty()) t = first_nonfinite(store, v, "optimizer/exp_avg_sq/");
-  if (t.empty()) t = first_nonfinite(store, master, "optimizer/master/");
-  return t.empty() ? std::string() : what + ": tensor '" + t + "' holds non-finite values (NaN or inf)";
 }
 
 // The root attributes of a checkpoint ("Root attributes"), lora_base and its digest with adapters.
@@ -391,89 +273,437 @@ void write_root_attributes(hid_t file, const CheckpointState& st, bool has_optim
   h5_write_attr(file, "parallel_layout", layout);
 }
 
+// A range [begin, end) of the flat buffers, whose optimizer state sits from `at` on in
+// AdamW::exp_avg() and the others (the flat index i at at + i - begin).
+struct FlatRange {
+  std::int64_t begin = 0, end = 0, at = 0;
+};
+
+// The ranges whose optimizer state this rank holds: its optimizer's segments (all of the buffers
+// without one).
+std::vector<FlatRange> held_ranges(const ParamStore& store, const AdamW* opt) {
+  if (!opt) return {FlatRange{0, store.padded_size(), 0}};
+  std::vector<FlatRange> out;
+  for (const AdamW::Segment& s : opt->segments()) out.push_back(FlatRange{s.begin, s.begin + s.n, s.at});
+  return out;
+}
+
+// The ranges whose elements this rank writes and checksums, so that the ranks' ranges partition
+// every tensor: the distributed optimizer's shards (of the parameters too: every data-parallel
+// rank holds them, so each writes the part its shard covers), and without sharding the ranges of
+// data-parallel rank 0 (expert-data-parallel rank 0 for the experts).
+std::vector<FlatRange> owned_ranges(const ParamStore& store, const AdamW* opt, const Owner& w) {
+  std::vector<FlatRange> out;
+  if (!opt) {
+    if (w.dense) out.push_back(FlatRange{0, store.expert_begin(), 0});
+    if (w.expert && store.has_experts())
+      out.push_back(FlatRange{store.expert_begin(), store.padded_size(), store.expert_begin()});
+    return out;
+  }
+  for (const AdamW::Segment& s : opt->segments()) {
+    const std::int64_t len = s.expert ? store.padded_size() - store.expert_begin() : store.dense_trainable_size();
+    if (s.n < len || (s.expert ? w.expert : w.dense)) out.push_back(FlatRange{s.begin, s.begin + s.n, s.at});
+  }
+  return out;
+}
+
+// Whether this rank writes (a part of) p under the tensor-parallel rule: no tied copies, and a
+// tensor replicated over tp (expert tp for experts) from tp rank 0 only.
+bool tp_owns(const ParamInfo& p, const Owner& w) {
+  if (p.tied_copy) return false;
+  return !(p.tp_replicated && (p.expert ? w.etp : w.tp) != 0);
+}
+
+// Calls f(range, flat, global, n) for p's runs clipped to `ranges`: n elements from flat index
+// `flat` of the buffers on, the global tensor's from `global` on.
+template <class F>
+void for_each_piece(const ParamInfo& p, const std::vector<TensorRun>& runs, const std::vector<FlatRange>& ranges,
+                    F&& f) {
+  for (const TensorRun& r : runs) {
+    const std::int64_t a = p.offset + r.local, b = a + r.n;
+    for (const FlatRange& g : ranges) {
+      const std::int64_t lo = std::max(a, g.begin), hi = std::min(b, g.end);
+      if (lo < hi) f(g, lo, r.global + (lo - a), hi - lo);
+    }
+  }
+}
+
+// The datasets of a checkpoint in file order: model/..., then each optimizer prefix.
+struct DatasetList {
+  std::vector<std::string> names;  // full dataset names
+  std::vector<std::vector<hsize_t>> dims;
+  std::map<std::string, int> index;  // full name -> position
+  void add(const std::string& prefix, const std::map<std::string, std::vector<hsize_t>>& tensors) {
+    for (const auto& [name, d] : tensors) {
+      index[prefix + name] = static_cast<int>(names.size());
+      names.push_back(prefix + name);
+      dims.push_back(d);
+    }
+  }
+  std::uint64_t numel(int i) const {
+    std::uint64_t n = 1;
+    for (auto d : dims[static_cast<size_t>(i)]) n *= d;
+    return n;
+  }
+};
+
+// Where the elements of each owned range (FlatRange i) sit, for a save's writes or a load's
+// checks: flat index f of range i at values[i] + (f - begin) (the model as fp32), and likewise in
+// m, v and master (the optimizer state): the model's and optimizer's own memory, host copies laid
+// out like them, or the ranges packed one after another (an asynchronous save's copies).
+struct StateBuffers {
+  std::vector<const float*> values, m, v, master;  // (ranges) each; m, v, master empty when absent
+  const float* states = nullptr;                   // (host_size - padded_size) the model's states
+};
+
+// The pieces of a checkpoint's tensors this rank writes (or verifies on load), as FileRuns with
+// their sources in `b`: the model's tensors (prefix "") and the optimizer's, clipped to `owned`.
+std::vector<FileRun> owned_pieces(const ParamStore& store, const DatasetList& ds, const StateBuffers& b,
+                                  const std::vector<FlatRange>& owned, const Owner& w,
+                                  const std::map<std::string, std::vector<hsize_t>>& model_tensors,
+                                  const std::map<std::string, std::vector<hsize_t>>& opt_tensors) {
+  std::vector<FileRun> out;
+  const std::int64_t N = store.padded_size();
+  auto index_of = [&owned](const FlatRange& g) { return static_cast<size_t>(&g - owned.data()); };
+  for (const auto& entry : model_tensors) {
+    const ParamId id = store.find(entry.first);
+    if (id < 0 || !tp_owns(store.info(id), w)) continue;
+    const ParamInfo& p = store.info(id);
+    const int d = ds.index.at(entry.first);
+    const auto runs = tensor_runs(p);
+    if (p.state) {  // outside the flat buffers: data-parallel rank 0's
+      if (!w.dense) continue;
+      for (const TensorRun& r : runs) out.push_back(FileRun{b.states + (p.offset - N) + r.local, r.n, r.global, d});
+      continue;
+    }
+    for_each_piece(p, runs, owned, [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
+      out.push_back(FileRun{b.values[index_of(g)] + (flat - g.begin), n, global, d});
+    });
+  }
+  const std::pair<const char*, const std::vector<const float*>*> moments[] = {{"optimizer/exp_avg/", &b.m},
+                                                                              {"optimizer/exp_avg_sq/", &b.v},
+                                                                              {"optimizer/master/", &b.master}};
+  for (const auto& [prefix, base] : moments) {
+    if (base->empty()) continue;
+    for (const auto& entry : opt_tensors) {
+      const ParamId id = store.find(entry.first);
+      if (id < 0 || !tp_owns(store.info(id), w) || store.info(id).state) continue;
+      const ParamInfo& p = store.info(id);
+      const int d = ds.index.at(prefix + entry.first);
+      for_each_piece(p, tensor_runs(p), owned,
+                     [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
+                       out.push_back(FileRun{(*base)[index_of(g)] + (flat - g.begin), n, global, d});
+                     });
+    }
+  }
+  return out;
+}
+
+// The elements of `owned` in all (a packed copy's length).
+std::int64_t owned_elements(const std::vector<FlatRange>& owned) {
+  std::int64_t n = 0;
+  for (const FlatRange& g : owned) n += g.end - g.begin;
+  return n;
+}
+
+// Rank 0 of a save: creates checkpoint.h5.tmp (serial HDF5) with every dataset, contiguous and
+// allocated at creation but never filled, and the root attributes; returns the byte offset of
+// each dataset's raw data, which the ranks then write with positional writes.
+std::vector<std::uint64_t> create_checkpoint_file(const std::string& path, const DatasetList& ds,
+                                                  const CheckpointState& st, bool has_optimizer, bool adapters,
+                                                  const std::string& layout) {
+  H5QuietErrors quiet;
+  H5Handle file = h5_file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  TRIDENT_REQUIRE(file.valid(), "cannot create checkpoint file '" << path << "'");
+  H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  std::vector<std::uint64_t> offsets(ds.names.size(), 0);
+  for (size_t i = 0; i < ds.names.size(); ++i) {
+    const std::string& name = ds.names[i];
+    h5_make_parents(file, name);
+    H5Handle space = h5_space(H5Screate_simple(static_cast<int>(ds.dims[i].size()), ds.dims[i].data(), nullptr));
+    H5Handle dset = h5_dataset(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    TRIDENT_REQUIRE(dset.valid(), "'" << path << "': cannot create dataset '" << name << "' (disk full?)");
+    const haddr_t at = H5Dget_offset(dset);
+    TRIDENT_REQUIRE(at != HADDR_UNDEF || ds.numel(static_cast<int>(i)) == 0,
+                    "'" << path << "': no storage was allocated for dataset '" << name << "' (disk full?)");
+    offsets[i] = at == HADDR_UNDEF ? 0 : static_cast<std::uint64_t>(at);
+  }
+  write_root_attributes(file, st, has_optimizer, adapters, layout);
+  TRIDENT_REQUIRE(H5Fclose(file.release()) >= 0, "closing checkpoint file '" << path << "' failed (disk full?)");
+  return offsets;
+}
+
+// Host buffers of `n` floats, without zero-filling them.
+HostFloatView host_buffer(const char* label, std::int64_t n) {
+  return HostFloatView(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<size_t>(n));
+}
+
+constexpr bool kHostAccessible = Kokkos::SpaceAccessibility<HostSpace, MemSpace>::accessible;
+
 }  // namespace
 
-std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
-                            const AdamW* opt, const Topology& topo, SaveTimes* times) {
+struct CheckpointSaver::Impl {
+  // the save in flight
+  bool pending = false, async = false;
+  std::string save_dir, dir, tmp_path, final_path;
+  std::int64_t iteration = 0;
+  DatasetList ds;
+  std::vector<FileRun> runs;
+  std::vector<std::uint64_t> offsets;
+  SaveTimes times;
+  double begin_mark = 0;
+  // the background writer
+  std::thread writer;
+  std::atomic<bool> done{false}, stop{false};
+  double pause_s = 0;  // debug.checkpoint_write_pause_s
+  RunWriteResult result;
+  // host copies (kept between saves): the flat model, its states, this rank's optimizer state;
+  // the sync path on a host backend reads the model's and optimizer's own memory instead
+  HostFloatView values, states, m, v, master;
+  void join() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+CheckpointSaver::CheckpointSaver() : impl_(std::make_unique<Impl>()) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  // a save still in flight is abandoned where it is (its .tmp file stays; `latest` names the
+  // previous checkpoint): an error is ending the job
+  if (!impl_) return;
+  impl_->stop = true;
+  impl_->join();
+}
+
+bool CheckpointSaver::pending() const { return impl_->pending; }
+void CheckpointSaver::set_write_pause(double seconds) { impl_->pause_s = seconds; }
+const SaveTimes& CheckpointSaver::times() const { return impl_->times; }
+std::int64_t CheckpointSaver::iteration() const { return impl_->iteration; }
+
+std::int64_t CheckpointSaver::host_buffer_bytes(const ParamStore& store, const AdamW* opt, const Topology& topo) {
+  const std::int64_t P = owned_elements(owned_ranges(store, opt, owner_of(topo)));
+  const std::int64_t n = P * (1 + (opt ? (opt->has_master() ? 3 : 2) : 0)) + store.host_size() - store.padded_size();
+  return n * static_cast<std::int64_t>(sizeof(float));
+}
+
+void CheckpointSaver::begin(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
+                            const AdamW* opt, const Topology& topo, bool async) {
+  Impl& s = *impl_;
+  TRIDENT_REQUIRE(!s.pending, "internal: a checkpoint save began while another one is pending");
   const Communicator& world = topo.world();
-  SaveTimes local;
-  SaveTimes& t = times ? *times : local;
-  t = SaveTimes{};
-  double mark = wall_seconds();
+  s.times = SaveTimes{};
+  s.async = async;
+  s.begin_mark = wall_seconds();
+  double mark = s.begin_mark;
   auto lap = [&mark](double& into) {
     const double now = wall_seconds();
     into += now - mark;
     mark = now;
   };
-  const std::string dir = save_dir + "/" + iter_dir_name(st.iteration);
-  const std::string final_path = dir + "/checkpoint.h5", tmp_path = final_path + ".tmp";
+  s.save_dir = save_dir;
+  s.iteration = st.iteration;
+  s.dir = save_dir + "/" + iter_dir_name(st.iteration);
+  s.final_path = s.dir + "/checkpoint.h5";
+  s.tmp_path = s.final_path + ".tmp";
   collectively(world.get(), [&] {
-    if (world.rank() == 0) make_dirs(dir);
+    if (world.rank() == 0) make_dirs(s.dir);
   });
-  auto values = store.model_to_host();  // 16-bit parameters widened: stored as fp32 tensors
-  lap(t.copy);
-  HostFloatView m, v, master;  // (padded_size) each, with an optimizer
-  if (opt) {
-    m = full_state(opt->exp_avg(), *opt, store, topo);
-    v = full_state(opt->exp_avg_sq(), *opt, store, topo);
-    if (opt->has_master()) master = full_state(opt->master(), *opt, store, topo);
-  }
-  lap(t.gather);
-  // a diverged run never writes a checkpoint (the earlier ones, and `latest`, stay as they are)
-  agree_or_throw(world.get(),
-                 nonfinite_tensors("refusing to write the checkpoint of iteration " + std::to_string(st.iteration) +
-                                       " (the run has diverged; earlier checkpoints are kept)",
-                                   store, values, m, v, master));
-  lap(t.check);
-  std::string err;
-  {
-    H5CollectiveScope collective;  // a write failing on some ranks ends the job, not hangs it
-    H5QuietErrors quiet;
-    H5Handle file = open_parallel_create(tmp_path, world.get());
-    if (!file.valid()) err = "cannot create checkpoint file '" + tmp_path + "'";
-    agree_or_throw(world.get(), err);
-    const Owner w = owner_of(topo);
-    const TensorSet set = store.has_adapters() ? TensorSet::adapters : TensorSet::all;
-    const auto model_tensors = all_tensors(store, world.get(), set),
-               opt_tensors = all_tensors(store, world.get(), set, false);
-    auto put = [&](const std::string& prefix, const HostFloatView& buf) {
-      const auto& tensors = prefix.empty() ? model_tensors : opt_tensors;
-      lap(t.write);
-      const std::vector<std::uint64_t> sums = checksums(store, buf.data(), w, tensors, world.get());
-      lap(t.checksum);
-      write_tensors(file, world.get(), tmp_path, prefix, store, buf.data(), w, tensors, sums);
-    };
-    put("", values);
-    if (opt) {
-      put("optimizer/exp_avg/", m);
-      put("optimizer/exp_avg_sq/", v);
-      if (opt->has_master()) put("optimizer/master/", master);
+  // 1. the state, where the writes read it: the model's and optimizer's own host memory (a
+  // synchronous save on a host backend), or a host copy of the ranges this rank writes, packed
+  // (an asynchronous save; a device's memory; 16-bit parameters, widened)
+  const Owner w = owner_of(topo);
+  const std::vector<FlatRange> owned = owned_ranges(store, opt, w);
+  const std::int64_t P = owned_elements(owned);
+  const std::int64_t N = store.padded_size();
+  StateBuffers b;
+  auto stage = [&](HostFloatView& keep, const char* label, const FloatView& from, bool model,
+                   std::vector<const float*>& out) {
+    out.clear();
+    if (!async && kHostAccessible) {
+      for (const FlatRange& g : owned) out.push_back(from.data() + (model ? g.begin : g.at));
+      return;
     }
-    // Attributes are written collectively (same values on every rank).
-    write_root_attributes(file, st, opt != nullptr, store.has_adapters(),
-                          "tp=" + std::to_string(topo.tp_size()) + " pp=" + std::to_string(topo.pp_size()) +
-                              " dp=" + std::to_string(topo.dp_size()) +
-                              (topo.cp_size() > 1 ? " cp=" + std::to_string(topo.cp_size()) : std::string()));
-    if (H5Fclose(file.release()) < 0) err = "closing checkpoint file '" + tmp_path + "' failed";
+    if (keep.extent(0) != static_cast<size_t>(P)) keep = host_buffer(label, P);
+    std::int64_t pos = 0;
+    for (const FlatRange& g : owned) {
+      const std::int64_t at = model ? g.begin : g.at, len = g.end - g.begin;
+      Kokkos::deep_copy(slice(keep, pos, len), slice(from, at, len));  // on a host backend a memcpy
+      out.push_back(keep.data() + pos);
+      pos += len;
+    }
+  };
+  if (store.dtype() == DType::F32) {
+    stage(s.values, "checkpoint::values", store.values(), true, b.values);
+  } else {
+    if (s.values.extent(0) != static_cast<size_t>(P)) s.values = host_buffer("checkpoint::values", P);
+    const bool bf16 = store.dtype() == DType::BF16;
+    std::int64_t pos = 0;
+    for (const FlatRange& g : owned) {
+      const std::int64_t len = g.end - g.begin;
+      auto h16 = Kokkos::create_mirror_view_and_copy(HostSpace(), slice(store.values16(), g.begin, len));
+      float* out = s.values.data() + pos;
+      const std::uint16_t* in = h16.data();
+      for (std::int64_t i = 0; i < len; ++i) out[i] = bf16 ? bf16_to_float(in[i]) : fp16_to_float(in[i]);
+      b.values.push_back(out);
+      pos += len;
+    }
   }
-  agree_or_throw(world.get(), err);
-  lap(t.write);
-  // every rank flushes what it wrote (on a parallel file system each node holds its own part)
-  // before the file is renamed into place and `latest` names it
-  agree_or_throw(world.get(), sync_to_disk(tmp_path));
-  lap(t.fsync);
+  if (store.has_states()) {
+    const std::int64_t ns = store.host_size() - N;
+    if (s.states.extent(0) != static_cast<size_t>(ns)) s.states = host_buffer("checkpoint::states", ns);
+    Kokkos::deep_copy(s.states, store.states());
+    b.states = s.states.data();
+  }
+  if (opt) {
+    stage(s.m, "checkpoint::exp_avg", opt->exp_avg(), false, b.m);
+    stage(s.v, "checkpoint::exp_avg_sq", opt->exp_avg_sq(), false, b.v);
+    if (opt->has_master()) stage(s.master, "checkpoint::master", opt->master(), false, b.master);
+  }
+  lap(s.times.copy);
+  // 2. the datasets, and this rank's pieces of them
+  const TensorSet set = store.has_adapters() ? TensorSet::adapters : TensorSet::all;
+  const auto model_tensors = all_tensors(store, world.get(), set),
+             opt_tensors = all_tensors(store, world.get(), set, false);
+  s.ds = DatasetList{};
+  s.ds.add("", model_tensors);
+  if (opt) {
+    s.ds.add("optimizer/exp_avg/", opt_tensors);
+    s.ds.add("optimizer/exp_avg_sq/", opt_tensors);
+    if (opt->has_master()) s.ds.add("optimizer/master/", opt_tensors);
+  }
+  s.runs = owned_pieces(store, s.ds, b, owned, w, model_tensors, opt_tensors);
+  // 3. rank 0 creates the file; every rank learns where each dataset's bytes go
+  std::string offsets_text;
   collectively(world.get(), [&] {
     if (world.rank() != 0) return;
-    if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
-      throw Error::one("cannot rename '" + tmp_path + "': " + std::strerror(errno));
-    if (const std::string e = sync_to_disk(dir); !e.empty()) throw Error::one(e);
-    if (const std::string e = sync_to_disk(save_dir); !e.empty()) throw Error::one(e);  // the iter_ directory
-    write_text_atomically(save_dir + "/latest", std::to_string(st.iteration) + "\n");
-    if (const int n = remove_stale_tmp_files(save_dir))
-      std::printf("removed %d temporary file(s) of earlier checkpoint saves that did not finish\n", n);
+    const auto offsets = create_checkpoint_file(s.tmp_path, s.ds, st, opt != nullptr, store.has_adapters(),
+                                                "tp=" + std::to_string(topo.tp_size()) +
+                                                    " pp=" + std::to_string(topo.pp_size()) +
+                                                    " dp=" + std::to_string(topo.dp_size()) +
+                                                    (topo.cp_size() > 1 ? " cp=" + std::to_string(topo.cp_size())
+                                                                        : std::string()));
+    std::ostringstream os;
+    for (auto o : offsets) os << o << ' ';
+    offsets_text = os.str();
   });
-  lap(t.publish);
-  return final_path;
+  offsets_text = world.broadcast_text(offsets_text);
+  s.offsets.clear();
+  {
+    std::istringstream in(offsets_text);
+    for (std::uint64_t o; in >> o;) s.offsets.push_back(o);
+  }
+  TRIDENT_REQUIRE(s.offsets.size() == s.ds.names.size(), "internal: checkpoint dataset offsets do not match");
+  lap(s.times.create);
+  // 4. the writes: here, or on a thread of their own (POSIX writes only: no MPI, no HDF5)
+  s.pending = true;
+  s.done = false;
+  s.result = RunWriteResult{};
+  s.stop = false;
+  const RunWriteControl control{&s.stop, s.pause_s};
+  if (!async) {
+    s.result = write_runs(s.tmp_path, s.runs, s.offsets, s.ds.names.size(), control);
+    s.done = true;
+    return;
+  }
+  s.writer = std::thread([&s, control] {
+    s.result = write_runs(s.tmp_path, s.runs, s.offsets, s.ds.names.size(), control);
+    s.done = true;
+  });
+}
+
+bool CheckpointSaver::ready(const Topology& topo) {
+  if (!impl_->pending) return true;
+  return topo.world().allreduce_min(static_cast<std::int64_t>(impl_->done.load() ? 1 : 0)) == 1;
+}
+
+std::string CheckpointSaver::finish(const Topology& topo) {
+  Impl& s = *impl_;
+  TRIDENT_REQUIRE(s.pending, "internal: no checkpoint save to finish");
+  const Communicator& world = topo.world();
+  double mark = wall_seconds();
+  s.join();
+  s.pending = false;
+  struct Release {  // a synchronous save keeps no host copies
+    Impl& s;
+    ~Release() {
+      if (!s.async) s.values = s.states = s.m = s.v = s.master = HostFloatView();
+    }
+  } release{s};
+  s.times.wait = wall_seconds() - mark;
+  mark = wall_seconds();
+  s.times.checksum = s.result.checksum_s;
+  s.times.write = s.result.write_s;
+  s.times.fsync = s.result.fsync_s;
+  const size_t D = s.ds.names.size();
+  // a failed save leaves no .tmp file behind (a full disk gets its room back)
+  auto fail = [&](const std::string& why) {
+    if (world.rank() == 0) std::remove(s.tmp_path.c_str());
+    throw Error::all(why);
+  };
+  try {
+    agree_or_throw(world.get(), s.result.error);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
+  // one all-reduce: per dataset the checksum, the elements written and whether one was not finite
+  std::vector<std::uint64_t> acc(3 * D);  // (3, datasets)
+  std::copy(s.result.sums.begin(), s.result.sums.end(), acc.begin());
+  std::copy(s.result.elements.begin(), s.result.elements.end(), acc.begin() + static_cast<std::ptrdiff_t>(D));
+  for (size_t i = 0; i < D; ++i) acc[2 * D + i] = s.result.nonfinite[i];
+  world.allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
+  for (size_t i = 0; i < D; ++i)
+    if (acc[2 * D + i] != 0)  // a diverged run never writes a checkpoint (the earlier ones stay)
+      fail("refusing to write the checkpoint of iteration " + std::to_string(s.iteration) +
+           " (the run has diverged; earlier checkpoints are kept): tensor '" + s.ds.names[i] +
+           "' holds non-finite values (NaN or inf)");
+  for (size_t i = 0; i < D; ++i)
+    if (acc[D + i] != s.ds.numel(static_cast<int>(i)))
+      fail("internal: the ranks wrote " + std::to_string(acc[D + i]) + " of the " +
+           std::to_string(s.ds.numel(static_cast<int>(i))) + " elements of checkpoint tensor '" + s.ds.names[i] + "'");
+  std::string err;
+  if (world.rank() == 0) {
+    try {
+      H5QuietErrors quiet;
+      H5Handle file = h5_file(H5Fopen(s.tmp_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+      TRIDENT_REQUIRE(file.valid(), "cannot reopen checkpoint file '" << s.tmp_path << "'");
+      for (size_t i = 0; i < D; ++i) {
+        H5Handle dset = h5_dataset(H5Dopen2(file, s.ds.names[i].c_str(), H5P_DEFAULT));
+        TRIDENT_REQUIRE(dset.valid(), "'" << s.tmp_path << "': cannot reopen dataset '" << s.ds.names[i] << "'");
+        h5_write_attr(dset, "checksum", hex64(acc[i]));
+      }
+      TRIDENT_REQUIRE(H5Fclose(file.release()) >= 0,
+                      "closing checkpoint file '" << s.tmp_path << "' failed (disk full?)");
+      if (const std::string e = sync_to_disk(s.tmp_path); !e.empty()) throw Error::one(e);
+      if (std::rename(s.tmp_path.c_str(), s.final_path.c_str()) != 0)
+        throw Error::one("cannot rename '" + s.tmp_path + "': " + std::strerror(errno));
+      if (const std::string e = sync_to_disk(s.dir); !e.empty()) throw Error::one(e);
+      if (const std::string e = sync_to_disk(s.save_dir); !e.empty()) throw Error::one(e);  // the iter_ directory
+      write_text_atomically(s.save_dir + "/latest", std::to_string(s.iteration) + "\n");
+      if (const int n = remove_stale_tmp_files(s.save_dir))
+        std::printf("removed %d temporary file(s) of earlier checkpoint saves that did not finish\n", n);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  try {
+    agree_or_throw(world.get(), err);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
+  s.times.publish = wall_seconds() - mark;
+  return s.final_path;
+}
+
+std::string save_checkpoint(const std::string& save_dir, const CheckpointState& st, const ParamStore& store,
+                            const AdamW* opt, const Topology& topo, SaveTimes* times) {
+  CheckpointSaver saver;
+  saver.begin(save_dir, st, store, opt, topo, false);
+  const std::string f = saver.finish(topo);
+  if (times) *times = saver.times();
+  return f;
 }
 
 std::string resolve_checkpoint(const std::string& load) {
@@ -547,6 +777,65 @@ std::string read_checkpoint_deck(const std::string& path, const std::string& exp
   return deck;
 }
 
+namespace {
+// Reads parts of one float32 dataset of an open checkpoint: straight from the file's bytes (pread)
+// when the dataset is contiguous, unfiltered, little-endian fp32 with its storage allocated (every
+// checkpoint Trident writes), and otherwise through HDF5, the whole dataset once (a file repacked
+// with chunks or filters).
+class TensorReader {
+ public:
+  TensorReader(hid_t file, int fd, const std::string& name, const std::string& where)
+      : fd_(fd), name_(name), where_(where) {
+    dset_ = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+    TRIDENT_REQUIRE(dset_.valid(),
+                    "checkpoint " << where << ": tensor '" << name << "' cannot be opened (the file is corrupt)");
+    H5Handle dcpl = h5_plist(H5Dget_create_plist(dset_));
+    H5Handle type = h5_type(H5Dget_type(dset_));
+    const haddr_t at = H5Dget_offset(dset_);
+    raw_ = fd >= 0 && dcpl.valid() && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
+           type.valid() && H5Tequal(type, H5T_IEEE_F32LE) > 0 && at != HADDR_UNDEF;
+    offset_ = raw_ ? static_cast<std::uint64_t>(at) : 0;
+  }
+  std::vector<hsize_t> dims() const { return h5_dims(dset_); }
+  hid_t dataset() const { return dset_; }
+  // n elements from global row-major index `global` on, into dst
+  void read(std::int64_t global, std::int64_t n, float* dst) {
+    if (raw_) {
+      const std::string e = read_floats(fd_, offset_ + static_cast<std::uint64_t>(global) * sizeof(float), dst, n);
+      TRIDENT_REQUIRE(e.empty(), "checkpoint " << where_ << ": reading '" << name_ << "' failed: " << e
+                                               << " (the file is corrupt or truncated)");
+      return;
+    }
+    if (whole_.empty()) {
+      std::size_t total = 1;
+      for (auto d : dims()) total *= d;
+      whole_.resize(total);
+      TRIDENT_REQUIRE(total == 0 || H5Dread(dset_, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, whole_.data()) >= 0,
+                      "checkpoint " << where_ << ": reading '" << name_
+                                    << "' failed (the file is corrupt or truncated)");
+    }
+    std::memcpy(dst, whole_.data() + global, static_cast<size_t>(n) * sizeof(float));
+  }
+
+ private:
+  int fd_;
+  std::string name_, where_;
+  H5Handle dset_;
+  bool raw_ = false;
+  std::uint64_t offset_ = 0;
+  std::vector<float> whole_;
+};
+
+// The POSIX descriptor of a checkpoint for the raw reads (closed on destruction; -1: HDF5 reads).
+struct ReadFd {
+  int fd = -1;
+  explicit ReadFd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~ReadFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
                                 AdamW* opt, const Topology& topo, TensorSet set) {
   CheckpointState st;
@@ -555,23 +844,27 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   HostFloatView values = set == TensorSet::all
                              ? HostFloatView(std::string("checkpoint::values"), static_cast<size_t>(store.host_size()))
                              : store.model_to_host();
-  HostFloatView m, v, master;  // (padded_size) each, when allocated
+  // this rank's optimizer state only (its segments: a shard under the distributed optimizer)
+  const std::int64_t L = opt ? static_cast<std::int64_t>(opt->exp_avg().extent(0)) : 0;
+  HostFloatView m, v, master;  // (L) each, when allocated
   bool has_master = false;
   if (opt) {
-    m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(store.padded_size()));
-    v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(store.padded_size()));
+    m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(L));
+    v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(L));
   }
   const MPI_Comm world = topo.world().get();
   const auto model_tensors = all_tensors(store, world, set), opt_tensors = all_tensors(store, world, set, false);
   const auto tensors_of = [&](const std::string& prefix) -> const std::map<std::string, std::vector<hsize_t>>& {
     return prefix.empty() ? model_tensors : opt_tensors;
   };
+  const std::vector<FlatRange> held = held_ranges(store, opt);
   std::int64_t version = 0;
   // the stored checksums of every dataset read, by prefix, in the order of `tensors`
   std::map<std::string, std::vector<std::string>> stored;
   collectively(world, [&] {
     H5QuietErrors quiet;
     H5Handle file = open_checkpoint(path, expected_model);
+    const ReadFd fd(path);
     version = h5_read_attr_int(file, "format_version", path);
     st.model = expected_model;
     st.iteration = h5_read_attr_int(file, "iteration", path);
@@ -594,8 +887,21 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     TRIDENT_REQUIRE(set != TensorSet::adapters || !st.lora_base.empty(),
                     "checkpoint " << path
                                   << " holds no LoRA adapters (it is not a checkpoint of a run with lora.rank > 0)");
-    auto get = [&](const std::string& prefix, float* host) {
-      read_tensors(file, prefix, store, host, path, set);
+    // the reader of dataset prefix + p.name, after checking that it exists with p's global shape
+    auto open_tensor = [&](const std::string& prefix, const ParamInfo& p) {
+      const std::string name = prefix + p.name;
+      TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+                          H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
+                      "checkpoint " << path << " has no tensor '" << name
+                                    << "' (not a checkpoint of this model, or the file is corrupt)");
+      TensorReader r(file, fd.fd, name, path);
+      const auto dims = r.dims();
+      std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());  // (ndims)
+      TRIDENT_REQUIRE(dims == want, "checkpoint " << path << ": tensor '" << name << "' has shape " << shape_str(dims)
+                                                  << " but this model needs " << shape_str(want));
+      return r;
+    };
+    auto checksums_of = [&](const std::string& prefix) {
       if (version < 2) return;
       auto& sums = stored[prefix];
       for (const auto& entry : tensors_of(prefix)) {
@@ -609,18 +915,36 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
         sums.push_back(h5_read_attr_string(dset, "checksum", path + ": " + name));
       }
     };
-    get("", values.data());
+    // the model: every element of this rank's tensors (tied copies too)
+    for (const auto& p : store.params()) {
+      if (!in_set(p, set)) continue;
+      TensorReader r = open_tensor("", p);
+      for (const TensorRun& run : tensor_runs(p)) r.read(run.global, run.n, values.data() + p.offset + run.local);
+    }
+    checksums_of("");
+    // the optimizer state: this rank's segments
+    auto get_state = [&](const std::string& prefix, float* host) {
+      for (const auto& p : store.params()) {
+        if (!in_set(p, set) || p.state) continue;
+        TensorReader r = open_tensor(prefix, p);
+        for_each_piece(p, tensor_runs(p), held,
+                       [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
+                         r.read(global, n, host + g.at + (flat - g.begin));
+                       });
+      }
+      checksums_of(prefix);
+    };
     if (opt) {
       TRIDENT_REQUIRE(h5_read_attr_int(file, "has_optimizer", path) == 1,
                       "checkpoint '" << path << "' has no optimizer state to resume from");
-      get("optimizer/exp_avg/", m.data());
-      get("optimizer/exp_avg_sq/", v.data());
+      get_state("optimizer/exp_avg/", m.data());
+      get_state("optimizer/exp_avg_sq/", v.data());
       // fp32 master weights of a 16-bit run; without them (a checkpoint of an fp32 run) the
       // masters start from the model's values
       has_master = opt->has_master() && H5Lexists(file, "optimizer/master", H5P_DEFAULT) > 0;
       if (has_master) {
-        master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(store.padded_size()));
-        get("optimizer/master/", master.data());
+        master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(L));
+        get_state("optimizer/master/", master.data());
       }
     }
     if (h5_has_attr(file, "loss_scale_growth_tracker")) {
@@ -629,45 +953,69 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       st.skipped_iterations = h5_read_attr_int(file, "skipped_iterations", path);
     }
   });
-  if (version >= 2) {
-    // every rank computes the same sums and so reaches the same verdict
-    std::string bad;
-    const Owner w = owner_of(topo);
-    auto verify = [&](const std::string& prefix, const HostFloatView& buf) {
-      if (!bad.empty()) return;
-      const auto& tensors = tensors_of(prefix);
-      const auto sums = checksums(store, buf.data(), w, tensors, world);
-      const auto& want = stored[prefix];
-      std::size_t i = 0;
-      for (const auto& entry : tensors) {
-        if (hex64(sums[i]) != want[i]) {
-          bad = "checkpoint " + path + " is corrupt: tensor '" + prefix + entry.first +
-                "' fails its checksum (stored " + want[i] + ", computed " + hex64(sums[i]) + ")";
-          return;
-        }
-        ++i;
-      }
-    };
-    verify("", values);
+  // Checks over the parts this rank owns (they partition every tensor, as when saving): each
+  // tensor's checksum (one all-reduce; every rank reaches the same verdict), that every value is
+  // finite, and that the parts cover each tensor once.
+  {
+    DatasetList ds;
+    ds.add("", model_tensors);
     if (opt) {
-      verify("optimizer/exp_avg/", m);
-      verify("optimizer/exp_avg_sq/", v);
-      if (has_master) verify("optimizer/master/", master);
+      ds.add("optimizer/exp_avg/", opt_tensors);
+      ds.add("optimizer/exp_avg_sq/", opt_tensors);
+      if (has_master) ds.add("optimizer/master/", opt_tensors);
     }
+    const Owner w = owner_of(topo);
+    const std::vector<FlatRange> owned = owned_ranges(store, opt, w);
+    StateBuffers b;
+    b.states = values.data() + store.padded_size();
+    for (const FlatRange& g : owned) {
+      b.values.push_back(values.data() + g.begin);
+      if (opt) {
+        b.m.push_back(m.data() + g.at);
+        b.v.push_back(v.data() + g.at);
+        if (has_master) b.master.push_back(master.data() + g.at);
+      }
+    }
+    const size_t D = ds.names.size();
+    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
+    for (const FileRun& r : owned_pieces(store, ds, b, owned, w, model_tensors, opt_tensors)) {
+      bool finite = true;
+      acc[static_cast<size_t>(r.dataset)] += checksum_terms(r.src, static_cast<std::uint64_t>(r.global), r.n, &finite);
+      acc[D + static_cast<size_t>(r.dataset)] += static_cast<std::uint64_t>(r.n);
+      if (!finite) acc[2 * D + static_cast<size_t>(r.dataset)] = 1;
+    }
+    topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
+    std::string bad;
+    if (version >= 2) {
+      std::vector<std::string> want;  // (D) in the order of ds
+      for (const char* prefix : {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/", "optimizer/master/"})
+        if (stored.count(prefix)) want.insert(want.end(), stored[prefix].begin(), stored[prefix].end());
+      TRIDENT_REQUIRE(want.size() == D, "internal: checkpoint checksums do not match the tensors read");
+      for (size_t i = 0; i < D && bad.empty(); ++i)
+        if (hex64(acc[i]) != want[i])
+          bad = "checkpoint " + path + " is corrupt: tensor '" + ds.names[i] + "' fails its checksum (stored " +
+                want[i] + ", computed " + hex64(acc[i]) + ")";
+    } else if (topo.world().rank() == 0) {
+      std::printf("checkpoint %s has format_version %lld: no checksums to verify\n", path.c_str(),
+                  static_cast<long long>(version));
+    }
+    for (size_t i = 0; i < D && bad.empty(); ++i)
+      if (acc[2 * D + i] != 0)
+        bad = "checkpoint " + path + " was written by a diverged run: tensor '" + ds.names[i] +
+              "' holds non-finite values (NaN or inf)";
+    for (size_t i = 0; i < D && bad.empty(); ++i)
+      if (acc[D + i] != ds.numel(static_cast<int>(i)))
+        bad = "internal: the ranks hold " + std::to_string(acc[D + i]) + " of the " +
+              std::to_string(ds.numel(static_cast<int>(i))) + " elements of checkpoint tensor '" + ds.names[i] + "'";
     agree_or_throw(world, bad);
-  } else if (topo.world().rank() == 0) {
-    std::printf("checkpoint %s has format_version %lld: no checksums to verify\n", path.c_str(),
-                static_cast<long long>(version));
   }
-  agree_or_throw(world, nonfinite_tensors("checkpoint " + path + " was written by a diverged run", store, values, m, v,
-                                          master));
   store.model_from_host(values);
   if (opt) {
-    load_state(opt->exp_avg(), m, *opt);
-    load_state(opt->exp_avg_sq(), v, *opt);
+    Kokkos::deep_copy(opt->exp_avg(), m);
+    Kokkos::deep_copy(opt->exp_avg_sq(), v);
     if (opt->has_master()) {
       if (has_master)
-        load_state(opt->master(), master, *opt);
+        Kokkos::deep_copy(opt->master(), master);
       else  // from an fp32 checkpoint: the exact fp32 values, not their 16-bit rounding
         load_state(opt->master(), values, *opt);
     }

@@ -1,12 +1,14 @@
 // HDF5 checkpoints (docs/DESIGN.md "Checkpoints"):
 //   <save>/iter_0000100/checkpoint.h5 and <save>/latest (the iteration as text), both written
 //   under a temporary name and renamed, so an interrupted save never damages the previous one.
-// Tensors are stored GLOBAL: every rank writes its slice by hyperslab through parallel HDF5
-// (MPI-IO), so a checkpoint loads under any parallel layout. Model tensors under model/...,
-// AdamW moments under optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>, and with 16-bit
-// parameters the fp32 master weights under optimizer/master/<name> (model/<name> then holds the
-// 16-bit values, widened to fp32). The distributed optimizer's shards are gathered into these
-// global tensors, so a checkpoint loads under any dp and either optimizer.
+// Tensors are stored GLOBAL (one contiguous float32 dataset each), so a checkpoint loads under any
+// parallel layout: every rank writes the part it owns straight into the dataset's bytes and reads
+// its slices from them (CheckpointSaver). Model tensors under model/..., AdamW moments under
+// optimizer/exp_avg/<name> and optimizer/exp_avg_sq/<name>, and with 16-bit parameters the fp32
+// master weights under optimizer/master/<name> (model/<name> then holds the 16-bit values,
+// widened to fp32). The distributed optimizer's shards are written by their own ranks and read
+// back into whatever shards the loading run has, so a checkpoint loads under any dp and either
+// optimizer, and no rank ever holds more than its own shard.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,20 +43,62 @@ struct CheckpointState {
 // adapters alone (what its checkpoints hold); or all but the adapters (its frozen base model).
 enum class TensorSet { all, adapters, base };
 
-// Where a save's wall time went on world rank 0 (seconds): the host copy of the parameters, the
-// gathers of the optimizer state, the finiteness check, the checksums, the dataset creation and
-// writes (through the file's close), the flush to the disk (fsync of the file on every rank) and
-// the rename, directory flushes and `latest`.
+// Where a save's wall time went on world rank 0 (seconds). Training waits for copy + create (the
+// copy of the state to host buffers; rank 0's creation of the file and its datasets), and for a
+// synchronous save for all of it; an asynchronous save's checksums, writes and fsync run on a
+// background thread while training goes on, and `wait` is how long its finish() then waited for
+// that thread. publish: the all-reduce of the checksums, their attributes, the rename, the
+// directory flushes and `latest`.
 struct SaveTimes {
-  double copy = 0, gather = 0, check = 0, checksum = 0, write = 0, fsync = 0, publish = 0;
-  double total() const { return copy + gather + check + checksum + write + fsync + publish; }
+  double copy = 0, create = 0, checksum = 0, write = 0, fsync = 0, wait = 0, publish = 0;
 };
 
 // Collective over topo.world(). Returns the path of the file written. A store with LoRA adapters
 // writes the adapters alone (and their optimizer state), with the attributes lora_base and
-// lora_base_digest of `state`.
+// lora_base_digest of `state`. (A synchronous CheckpointSaver: begin, then finish.)
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state, const ParamStore& store,
                             const AdamW* optimizer, const Topology& topo, SaveTimes* times = nullptr);
+
+// A checkpoint save in two halves (docs/DESIGN.md "Checkpoints", "Write path" and "Asynchronous
+// save"). begin() stages the state (asynchronous: copies it to host buffers that this saver keeps
+// between saves; synchronous on a host backend: the model's and optimizer's own memory), rank 0
+// creates <save>/iter_N/checkpoint.h5.tmp with every dataset (contiguous, allocated) and the root
+// attributes, and every rank writes the parts of the tensors it owns (its shard of the optimizer
+// state; they partition every tensor) straight into the datasets' bytes with positional writes,
+// checksumming them on the way, then flushes them (fsync). Asynchronously that happens on a
+// thread of this saver, which makes no MPI and no HDF5 call, while training goes on. finish()
+// waits for it, agrees on errors, finiteness and the checksums (one all-reduce), and rank 0
+// writes the checksum attributes, flushes, renames the file into place and publishes `latest`.
+// Until then `latest` names the previous checkpoint; a failed save removes its .tmp file.
+class CheckpointSaver {
+ public:
+  CheckpointSaver();
+  ~CheckpointSaver();  // joins a writer still running (its .tmp file stays; `latest` is untouched)
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+  // Collective over topo.world(); a save must not be pending.
+  void begin(const std::string& save_dir, const CheckpointState& state, const ParamStore& store, const AdamW* optimizer,
+             const Topology& topo, bool async);
+  bool pending() const;
+  // Fault injection (debug.checkpoint_write_pause_s): the writes pause this long half-way.
+  void set_write_pause(double seconds);
+  std::int64_t iteration() const;  // of the pending (or last) save
+  // Collective: whether every rank's writes are done (one all-reduce of one integer); true when
+  // nothing is pending.
+  bool ready(const Topology& topo);
+  // Collective: completes the pending save (waiting for its writes) and returns its file. Errors
+  // (a full disk, a diverged run's non-finite values) are Error::all naming the problem.
+  std::string finish(const Topology& topo);
+  const SaveTimes& times() const;  // of the last save
+  // The host memory that asynchronous saves keep on this rank (bytes): the parts of the model
+  // (fp32) and of the optimizer state that this rank writes (O(state / dp) with the distributed
+  // optimizer), and the model's states.
+  static std::int64_t host_buffer_bytes(const ParamStore& store, const AdamW* optimizer, const Topology& topo);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // `load` is a save directory (uses its 'latest'), an iter_* directory, or a checkpoint.h5.
 // Throws Error::all naming the problem when nothing usable is there.

@@ -211,6 +211,8 @@ class Registry {
         "checkpoint directory to resume from; auto: checkpoint.save when it holds a checkpoint, else start fresh");
     add("checkpoint.interval", &d.checkpoint.interval, "iterations between checkpoints (0: end only)");
     add("checkpoint.save_initial", &d.checkpoint.save_initial, "also save iteration 0 (initial weights)");
+    add("checkpoint.async_save", &d.checkpoint.async_save,
+        "write checkpoints in the background: training waits only for the copy of the state to host memory");
     add("checkpoint.finetune", &d.checkpoint.finetune,
         "fine-tune: checkpoint.load gives the weights only; iteration, optimizer and schedule start afresh");
     add("checkpoint.overwrite", &d.checkpoint.overwrite,
@@ -263,6 +265,8 @@ class Registry {
         "HDF5 file receiving the mask of every forward dropout call in call order (validation; one rank, no recomputation)");
     add("debug.grouped_p2p", &d.debug.grouped_p2p,
         "pipeline messages as lock-step send + receive groups over MPI (the order the NCCL path uses; for tests)");
+    add("debug.checkpoint_write_pause_s", &d.debug.checkpoint_write_pause_s,
+        "checkpoint writes pause this long half-way (fault tests: a window into a background save)");
     add("debug.force_overflow", &d.debug.force_overflow,
         "comma-separated iterations whose gradients receive an inf (tests of the fp16 loss scaler)");
   }
@@ -515,6 +519,7 @@ void validate(const Deck& d, bool stored) {
   TRIDENT_REQUIRE(d.precision.max_skipped_iterations >= 0, "deck: precision.max_skipped_iterations must be >= 0");
   nonneg("precision.loss_scale", d.precision.loss_scale);
   TRIDENT_REQUIRE(d.checkpoint.interval >= 0, "deck: checkpoint.interval must be >= 0");
+  TRIDENT_REQUIRE(d.debug.checkpoint_write_pause_s >= 0, "deck: debug.checkpoint_write_pause_s must be >= 0");
   TRIDENT_REQUIRE(!d.checkpoint.finetune || (!d.checkpoint.load.empty() && d.checkpoint.load != "auto"),
                   "deck: checkpoint.finetune needs checkpoint.load (the pretrained checkpoint to start from)");
   TRIDENT_REQUIRE(d.lora.rank >= 0, "deck: lora.rank must be >= 0");

@@ -96,6 +96,9 @@ struct Deck {
     std::string save, load;
     std::int64_t interval = 0;
     bool save_initial = false;
+    // Megatron's --async-save: training waits only for the copy of the state to host buffers; a
+    // background thread writes the checkpoint (checkpoint/checkpoint.hpp CheckpointSaver).
+    bool async_save = false;
     // Fine-tuning: checkpoint.load gives the initial weights only (any parallel layout); iteration,
     // consumed samples, optimizer and schedule start afresh. A run whose checkpoint.save already
     // holds a checkpoint (a preempted fine-tuning job) resumes from it instead.
@@ -153,6 +156,7 @@ struct Deck {
     std::string dump_dropout;             // HDF5 file receiving every forward dropout mask (one rank)
     std::string force_overflow;           // iterations whose gradients get an inf (tests of loss scaling)
     bool grouped_p2p = false;             // pipeline messages in send+receive groups, as the NCCL path runs them
+    double checkpoint_write_pause_s = 0;  // a checkpoint's writes pause this long half-way (fault tests)
   } debug;
 
   std::string deck_path;

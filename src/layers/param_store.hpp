@@ -79,6 +79,7 @@ class ParamStore {
   ParamId declare_state(ParamInfo info);
   FloatView state(ParamId id) const;  // (numel) fp32, in the default memory space
   bool has_states() const { return states_.extent(0) > 0; }
+  const FloatView& states() const { return states_; }  // (host_size() - padded_size())
   // While a LayerScope lives, declared parameters belong to global transformer layer `layer`.
   class LayerScope {
    public:

@@ -63,7 +63,8 @@ const char* const kFigureNames[] = {"params_bytes",
                                     "workspace_bytes",
                                     "layer_activation_bytes",
                                     "korthikanti_layer_bytes",
-                                    "expert_params"};
+                                    "expert_params",
+                                    "checkpoint_buffer_bytes"};
 
 void write_memory_json(const std::string& path, const std::vector<double>& all, int K, const std::string& dtype,
                        bool distributed, const Topology& topo) {
@@ -107,11 +108,20 @@ std::vector<double> print_memory_report(const MemoryFigures& mf, const Activatio
   const double mega = (dense * megatron_bytes_per_param(dtype, distributed, topo.dp_cp_group().size()) +
                        mf.expert_params * megatron_bytes_per_param(dtype, distributed, topo.edp_size())) /
                       std::max(dense + mf.expert_params, 1.0);
-  std::vector<double> mine_mem = {
-      mf.params, mf.grads,        mf.optimizer, bpp, mega, mf.activations, mf.slots, mf.workspace, mf.layer_activations,
-      formula,   mf.expert_params};
+  std::vector<double> mine_mem = {mf.params,
+                                  mf.grads,
+                                  mf.optimizer,
+                                  bpp,
+                                  mega,
+                                  mf.activations,
+                                  mf.slots,
+                                  mf.workspace,
+                                  mf.layer_activations,
+                                  formula,
+                                  mf.expert_params,
+                                  mf.checkpoint_buffers};
   const int K = static_cast<int>(mine_mem.size());  // figures per rank (kFigureNames)
-  static_assert(sizeof(kFigureNames) / sizeof(kFigureNames[0]) == 11, "one name per figure");
+  static_assert(sizeof(kFigureNames) / sizeof(kFigureNames[0]) == 12, "one name per figure");
   const bool experts = topo.ep_group().get() != MPI_COMM_NULL;
   const std::vector<double> all_mem = topo.world().gatherv_to_root(mine_mem);  // (world size, K) on rank 0
   if (topo.world().rank() == 0) {
@@ -140,6 +150,11 @@ std::vector<double> print_memory_report(const MemoryFigures& mf, const Activatio
          << v[8] / 1024.0 << " / " << v[9] / 1024.0 << " (" << std::setprecision(3) << (v[9] > 0 ? v[8] / v[9] : 0.0)
          << ")\n";
     }
+    double buffers = 0;  // checkpoint.async_save's host copies: the largest rank's
+    for (int r = 0; r < topo.world_size(); ++r) buffers = std::max(buffers, all_mem[static_cast<size_t>(r) * K + 11]);
+    if (buffers > 0)
+      os << "  checkpoint.async_save host buffers: " << std::fixed << std::setprecision(2) << buffers / MiB
+         << " MiB on the largest rank (host memory, beside the figures above)\n";
     std::cout << os.str() << std::flush;
     if (!json_path.empty()) write_memory_json(json_path, all_mem, K, dtype, distributed, topo);
   }

@@ -61,6 +61,7 @@ struct MemoryFigures {
   double local_params = 0;                      // parameters this rank holds
   double expert_params = 0;                     // of those, its MoE experts' (state sharded over expert_dp)
   double slots = 0;                             // micro-batches in flight at the peak
+  double checkpoint_buffers = 0;                // host bytes of checkpoint.async_save's copies (0 without)
 };
 
 // Rank 0 prints every rank's figures (MiB, bytes per parameter beside Megatron's figure for

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -34,6 +35,7 @@
 #include "common/timer.hpp"
 #include "data/token_shard.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "comm/mpi_job.hpp"
 #include "io/metrics.hpp"
 #include "io/tensorboard.hpp"
 #include "ops/elementwise.hpp"
@@ -178,6 +180,11 @@ class TrainingRun {
   };
 
   void save(std::int64_t it);
+  // Completes the pending asynchronous save (collective; waits for its writes) and reports it.
+  void finish_save();
+  // Collective: checkpoint.async_save's host buffers fit the node's available memory (an error
+  // naming both figures otherwise).
+  void check_async_buffers_fit();
   void open_outputs();
   void set_up_loop();
   void evaluate(std::int64_t it);
@@ -247,6 +254,8 @@ class TrainingRun {
   std::string deck_text_;
   std::unique_ptr<Watchdog> watchdog_;
   std::int64_t last_saved_ = -1;
+  // the checkpoint writer (an asynchronous save may be in flight: checkpoint.async_save)
+  CheckpointSaver saver_;
   double tokens_per_iter_ = 0, flops_per_iter_ = 0;
 
   // the loop's objects (set_up_loop)
@@ -380,12 +389,39 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
     plan.checkpoint_bytes = checkpoint_bytes_;
     check_outputs(deck, plan, world_);
   }
+  if (deck.checkpoint.async_save && !deck.checkpoint.save.empty()) check_async_buffers_fit();
   deck_text_ = deck.to_ini();
   watchdog_ = std::make_unique<Watchdog>(deck.watchdog, world_.rank());
   // tokens of an iteration (T5: encoder and decoder tokens)
   tokens_per_iter_ = static_cast<double>(GB_ * (S_ + (cfg_.encoder_decoder() ? cfg_.decoder_seq_length : 0)));
   // (the whole sequences' length: under context parallelism the model holds S / cp rows of each)
   flops_per_iter_ = chunks_.front()->flops_per_step(GB_ * S_, S_);
+}
+
+void TrainingRun::check_async_buffers_fit() {
+  // the largest rank's host buffers times the ranks of a node, against the node's available memory
+  // (MemAvailable, read once the model and optimizer are allocated)
+  const double mine = static_cast<double>(CheckpointSaver::host_buffer_bytes(store_, adamw_.get(), topo_));
+  const double per_rank = world_.allreduce_max(mine);
+  const int ranks = mpi_job::node_place().size;
+  double available = -1;
+  {
+    std::ifstream in("/proc/meminfo");
+    for (std::string key; in >> key;) {
+      double kb = 0;
+      in >> kb;
+      if (key == "MemAvailable:") available = kb * 1024.0;
+      in.ignore(64, '\n');
+    }
+  }
+  available = world_.allreduce_min(available);
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << "checkpoint.async_save: its host buffers need " << per_rank * ranks / GiB
+     << " GiB on a node (" << per_rank / GiB << " GiB per rank x " << ranks << " ranks), but the node has only "
+     << available / GiB << " GiB available (MemAvailable); set checkpoint.async_save = false, or spread the job "
+     << "over more nodes";
+  TRIDENT_REQUIRE(available < 0 || per_rank * ranks <= available, os.str());
 }
 
 void TrainingRun::save(std::int64_t it) {
@@ -405,17 +441,47 @@ void TrainingRun::save(std::int64_t it) {
   st.deck = deck_text_;
   st.lora_base = start_.lora_base;
   st.lora_base_digest = start_.lora_base_digest;
+  // a new save waits for the previous one (and reports it)
+  if (saver_.pending()) finish_save();
+  watchdog_->slow_phase("checkpoint save", it);
   const double t0 = wall_seconds();
   check_room_for_checkpoint(deck_.checkpoint.save, checkpoint_bytes_, world_);
-  SaveTimes times;
-  const std::string f = save_checkpoint(deck_.checkpoint.save, st, store_, adamw_.get(), topo_, &times);
+  const bool async = deck_.checkpoint.async_save;
+  saver_.set_write_pause(deck_.debug.checkpoint_write_pause_s);
+  saver_.begin(deck_.checkpoint.save, st, store_, adamw_.get(), topo_, async);
+  if (async) {
+    const double dt = wall_seconds() - t0;
+    save_s_ += dt;
+    if (root_)
+      std::cout << "checkpoint of iteration " << it << ": training waited " << std::fixed << std::setprecision(2) << dt
+                << " s (copy " << saver_.times().copy << ", create " << saver_.times().create
+                << "); writing it in the background" << std::defaultfloat << std::endl;
+    return;
+  }
+  const std::string f = saver_.finish(topo_);
   const double dt = wall_seconds() - t0;
   save_s_ += dt;
+  const SaveTimes& times = saver_.times();
   if (root_)
     std::cout << "saved checkpoint " << f << " in " << std::fixed << std::setprecision(2) << dt
-              << " s (training waited; copy " << times.copy << ", gather " << times.gather << ", finiteness "
-              << times.check << ", checksums " << times.checksum << ", write " << times.write << ", fsync "
-              << times.fsync << ", publish " << times.publish << ")" << std::defaultfloat << std::endl;
+              << " s (training waited; copy " << times.copy << ", create " << times.create << ", checksums "
+              << times.checksum << ", write " << times.write << ", fsync " << times.fsync << ", publish "
+              << times.publish << ")" << std::defaultfloat << std::endl;
+}
+
+void TrainingRun::finish_save() {
+  watchdog_->slow_phase("checkpoint save", saver_.iteration());
+  const double t0 = wall_seconds();
+  const std::string f = saver_.finish(topo_);
+  const double dt = wall_seconds() - t0;
+  save_s_ += dt;
+  const SaveTimes& times = saver_.times();
+  if (root_)
+    std::cout << "saved checkpoint " << f << " in the background (training waited " << std::fixed
+              << std::setprecision(2) << times.copy + times.create + dt << " s: copy " << times.copy << ", create "
+              << times.create << ", wait " << times.wait << ", publish " << times.publish
+              << "; behind training: checksums " << times.checksum << ", write " << times.write << ", fsync "
+              << times.fsync << ")" << std::defaultfloat << std::endl;
 }
 
 void TrainingRun::print_banner() const {
@@ -971,6 +1037,8 @@ int TrainingRun::train() {
       evaluate(it);
       eval_s_ += wall_seconds() - te;
     }
+    // an asynchronous save completes at the first iteration boundary where every rank's writes are done
+    if (saver_.pending() && saver_.ready(topo_)) finish_save();
     if (!deck_.checkpoint.save.empty() &&
         ((deck_.checkpoint.interval > 0 && it % deck_.checkpoint.interval == 0) || it == iters_))
       save(it);
@@ -983,6 +1051,7 @@ int TrainingRun::train() {
         return kExitStoppedNoCheckpoint;
       }
       if (last_saved_ != it) save(it);
+      if (saver_.pending()) finish_save();  // the signal's checkpoint is complete before the exit
       if (root_)
         std::cout << "received " << StopSignal::name(sig) << ": stopped after iteration " << it << " of " << iters_
                   << " with a checkpoint in '" << deck_.checkpoint.save << "'; exit code " << kExitCheckpointed
@@ -990,6 +1059,7 @@ int TrainingRun::train() {
       return kExitCheckpointed;
     }
   }
+  if (saver_.pending()) finish_save();  // the end of training waits for the last save
   watchdog_->idle();
   report_end_of_run();
   tb_.close();
@@ -1015,6 +1085,8 @@ void TrainingRun::report_end_of_run() {
     mf.grads = 4.0 * static_cast<double>(store_.padded_size());
     mf.optimizer = static_cast<double>(adamw_->state_bytes());
     mf.local_params = static_cast<double>(store_.size());
+    if (deck.checkpoint.async_save && !deck.checkpoint.save.empty())
+      mf.checkpoint_buffers = static_cast<double>(CheckpointSaver::host_buffer_bytes(store_, adamw_.get(), topo_));
     for (const auto& p : store_.params()) mf.expert_params += p.expert ? static_cast<double>(p.numel()) : 0.0;
     for (auto& chunk : chunks_) {
       mf.activations += static_cast<double>(chunk->num_slots()) *

@@ -24,6 +24,8 @@ Groups:
   numerics    fp16 divergence; NaN checkpoints refused by training and generation
   signals     kill -9 of a rank mid-step and mid-checkpoint, SIGSTOP of a rank (the watchdog),
               SIGTERM during start-up
+  async       checkpoint.async_save: kill -9 of a rank, SIGTERM and a full disk (tmpfs, root)
+              while the background writer runs; the last complete checkpoint resumes exactly
 The summary line of each group gives its count of cases and outcomes (docs/reliability.md).
 """
 import argparse
@@ -744,8 +746,121 @@ def group_signals(s):
            after=lambda out: ["training ran"] if any(l.startswith(" iter ") for l in out.splitlines()) else [])
 
 
+def group_async(s):
+    """checkpoint.async_save: faults while the background writer runs (paused half-way for a few
+    seconds by debug.checkpoint_write_pause_s, the window the injections aim at). The previous
+    checkpoint and `latest` must stay as they were and resume exactly."""
+    pause = ["--debug.checkpoint_write_pause_s", "3"]
+    # one learning-rate schedule and one data order (the dataset's index follows the samples that
+    # train.iters asks for) for every run: 12 iterations, however far each run gets
+    sched = ["--optim.decay_iters", "12"]
+    # the reference: 12 iterations straight through (synchronous saves)
+    ref_m = s.path("async_ref.csv")
+    good_run(s, 2, *sched, "--train.iters", "12", "--log.metrics_file", ref_m)
+    ref = losses(ref_m)
+
+    def resumes_exactly(ck, at):
+        """`latest` is `at`; a resumed run from it to 12 gives the reference's losses bit for bit."""
+        def check(out):
+            latest = int(open(os.path.join(ck, "latest")).read())
+            if latest != at:
+                return [f"latest is {latest}, not {at}"]
+            m = s.path(f"resumed_{os.path.basename(ck)}.csv")
+            _, o, _ = run(s.cmd(2, *QUICK, *sched, "--train.iters", "12", "--checkpoint.save", ck, "--checkpoint.load", "auto",
+                                "--checkpoint.async_save", "true", "--log.metrics_file", m))
+            got = losses(m)
+            want = {it: v for it, v in ref.items() if it > at}
+            problems = [] if f"at iteration {at}" in o else [f"did not resume from iteration {at}"]
+            if got != want:
+                problems.append(f"resumed losses differ from the uninterrupted run: {got} vs {want}")
+            left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
+            return problems + ([f"temporary files left after the next save: {left}"] if left else [])
+        return check
+
+    def writing(ck, it):
+        """the background write of iteration it's checkpoint has begun"""
+        return lambda: os.path.exists(os.path.join(ck, f"iter_{it:07d}", "checkpoint.h5.tmp"))
+
+    def start(ck):
+        """a synchronous checkpoint of iteration 3 to resume from"""
+        good_run(s, 2, *sched, "--train.iters", "3", "--checkpoint.save", ck)
+        return (os.path.join(ck, "iter_0000003"), os.path.join(ck, "latest"))
+
+    # kill -9 of one rank (a rank failure) while the background writer writes iteration 6's file
+    ck = s.path("ck_async_kill")
+    keep = start(ck)
+    def kill_mid_write(job):
+        job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+        job.wait_line("writing it in the background", 30)
+        os.kill(job.ranks()[-1], signal.SIGKILL)
+    s.case("kill -9 of a rank during a background checkpoint write", s.cmd(
+        2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
+        "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
+        "nonzero", "", bound=30, errors=None, protect=keep, during=kill_mid_write, after=resumes_exactly(ck, 3))
+
+    # SIGTERM (Slurm's time limit, to every rank) while iteration 6's file is written: the signal's
+    # checkpoint waits for it, then writes its own; exit 3 and both are complete (`latest` moves
+    # on; iteration 3's checkpoint stays as it was)
+    ck = s.path("ck_async_term")
+    keep = start(ck)
+    def term_mid_write(job):
+        job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+        for pid in job.ranks():
+            os.kill(pid, signal.SIGTERM)
+    def term_checks(out):
+        latest = int(open(os.path.join(ck, "latest")).read())
+        if latest < 6 or not os.path.exists(os.path.join(ck, "iter_0000006", "checkpoint.h5")):
+            return [f"latest is {latest}; iteration 6's checkpoint complete: "
+                    f"{os.path.exists(os.path.join(ck, 'iter_0000006', 'checkpoint.h5'))}"]
+        return resumes_exactly(ck, latest)(out) if latest < 12 else [f"the run was not stopped early (latest {latest})"]
+    s.case("SIGTERM during a background checkpoint write", s.cmd(
+        2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
+        "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
+        3, "with a checkpoint in", bound=40, errors=0, protect=keep[:1], during=term_mid_write, after=term_checks)
+
+    # the disk fills during the background write (tmpfs, root): one error naming it, the job
+    # ends, its .tmp file is gone and the previous checkpoint resumes exactly
+    tmpfs = s.path("async_disk")
+    os.makedirs(tmpfs)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=90m", "tmpfs", tmpfs], stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT).returncode != 0:
+        print("skip disk full during a background checkpoint write: cannot mount a tmpfs (not root)")
+        return
+    try:
+        ck = os.path.join(tmpfs, "ck")
+        keep = start(ck)
+        filler = os.path.join(tmpfs, "filler")
+        def fill_mid_write(job):
+            job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+        def full_checks(out):
+            left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
+            os.remove(filler)
+            return ([f"temporary files left: {left}"] if left else []) + resumes_exactly(ck, 3)(out)
+        s.case("disk full during a background checkpoint write", s.cmd(
+            2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
+            "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
+            1, "disk full", bound=40, protect=keep, during=fill_mid_write, after=full_checks)
+    finally:
+        subprocess.run(["umount", tmpfs])
+
+
+def losses(path):
+    """iteration -> the loss column's text, from a metrics file"""
+    with open(path) as f:
+        head = f.readline().strip().split(",")
+        it, lo = head.index("iteration"), head.index("loss")
+        return {int(r[it]): r[lo] for r in (l.strip().split(",") for l in f) if r and r[0]}
+
+
 GROUPS = {"inputs": group_inputs, "outputs": group_outputs, "corruption": group_corruption,
-          "numerics": group_numerics, "signals": group_signals}
+          "numerics": group_numerics, "signals": group_signals, "async": group_async}
 
 
 def main():

@@ -3,11 +3,14 @@
 #include <hdf5.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 
 #include "common/error.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/tensor_runs.hpp"
 #include "models/gpt_model.hpp"
 #include "test_helpers.hpp"
 
@@ -216,6 +219,225 @@ TEST(Checkpoint, StreamedWriterAndReaderGiveTheFilesOfSaveAndLoad) {
     ADD_FAILURE() << "a changed element was read";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model/final_layernorm/weight': checksum"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// The runs of a rank's slice: a tensor split by columns (with padding beyond `valid`) is one run
+// per row at its global place; one split by rows is a single run. Each element is covered once.
+TEST(Checkpoint, TensorRunsCoverTheSliceOnceAtItsGlobalPlace) {
+  ParamInfo p;
+  p.name = "model/x";
+  p.shape = {4, 6};  // local: 4 rows of 6, the last column padding
+  p.global_shape = {8, 12};
+  p.global_offset = {4, 6};
+  p.valid = {4, 5};
+  p.blocks = {ParamInfo::RowBlock{0, 4, 4}};
+  const auto runs = tensor_runs(p);
+  ASSERT_EQ(runs.size(), 4u);
+  for (std::int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(runs[static_cast<size_t>(r)].local, r * 6);
+    EXPECT_EQ(runs[static_cast<size_t>(r)].global, (4 + r) * 12 + 6);
+    EXPECT_EQ(runs[static_cast<size_t>(r)].n, 5);
+  }
+  ParamInfo q;
+  q.shape = {3, 5};
+  q.global_shape = {9, 5};
+  q.global_offset = {3, 0};
+  q.valid = {3, 5};
+  q.blocks = {ParamInfo::RowBlock{0, 3, 3}};
+  const auto one = tensor_runs(q);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].local, 0);
+  EXPECT_EQ(one[0].global, 15);
+  EXPECT_EQ(one[0].n, 15);
+  // two row blocks (fused q | kv): local rows 0-1 -> global 2-3, local rows 2-3 -> global 6-7
+  q.shape = {4, 5};
+  q.global_shape = {8, 5};
+  q.valid = {4, 5};
+  q.blocks = {ParamInfo::RowBlock{0, 2, 2}, ParamInfo::RowBlock{2, 6, 2}};
+  const auto two = tensor_runs(q);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].global, 10);
+  EXPECT_EQ(two[1].local, 10);
+  EXPECT_EQ(two[1].global, 30);
+}
+
+// checksum_terms is the checkpoint checksum's definition (format_version 2), element by element,
+// and flags NaN and infinities.
+TEST(Checkpoint, ChecksumTermsFollowTheDefinitionAndFlagNonFiniteValues) {
+  std::vector<float> x = {1.f, -2.5f, 0.f, 3e-30f, 7.f};
+  std::uint64_t want = 0;
+  for (size_t j = 0; j < x.size(); ++j) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x[j], 4);
+    want += checksum_mix((100 + j) * 0x9e3779b97f4a7c15ULL + bits);
+  }
+  bool finite = true;
+  EXPECT_EQ(checksum_terms(x.data(), 100, 5, &finite), want);
+  EXPECT_TRUE(finite);
+  // split anywhere, the parts add up
+  EXPECT_EQ(checksum_terms(x.data(), 100, 2, &finite) + checksum_terms(x.data() + 2, 102, 3, &finite), want);
+  x[3] = std::numeric_limits<float>::infinity();
+  checksum_terms(x.data(), 100, 5, &finite);
+  EXPECT_FALSE(finite);
+  finite = true;
+  x[3] = std::nanf("");
+  checksum_terms(x.data(), 100, 5, &finite);
+  EXPECT_FALSE(finite);
+}
+
+namespace {
+// Every tensor of checkpoint file a equals b's, bit for bit (the reader checks both checksums).
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  CheckpointFileReader ra(a, "gpt"), rb(b, "gpt");
+  const auto names = ra.tensors("");
+  ASSERT_EQ(names, rb.tensors(""));
+  ASSERT_FALSE(names.empty());
+  for (const auto& n : names) {
+    const auto va = ra.read_all(n), vb = rb.read_all(n);
+    ASSERT_EQ(va.size(), vb.size()) << n;
+    EXPECT_EQ(std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)), 0) << n;
+  }
+}
+}  // namespace
+
+// An asynchronous save writes the state as it was at begin(): training may change the model and
+// the optimizer while the writer runs. Its file holds bit for bit the tensors of a synchronous
+// save of that state, and `latest` moves only at finish().
+TEST(Checkpoint, AsynchronousSaveWritesTheStateOfItsBeginAsASynchronousOne) {
+  Topology topo(MPI_COMM_WORLD, 1, 1);
+  const std::string dir = tmpdir("async");
+  ParamStore a;
+  GptModel ma(cfg(2), a, 1);
+  a.allocate();
+  a.initialize(11);
+  AdamW oa(AdamWConfig{}, a.size(), a.decay_size());
+  Kokkos::deep_copy(a.grads(), 0.25f);
+  oa.step(a.values(), a.grads(), 1e-3, 1.f);
+  CheckpointState st;
+  st.model = "gpt";
+  st.iteration = 3;
+  st.optimizer_steps = oa.steps();
+  const std::string sync_file = save_checkpoint(dir + "/sync", st, a, &oa, topo);
+  st.iteration = 2;
+  save_checkpoint(dir + "/async", st, a, &oa, topo);  // the previous checkpoint
+  st.iteration = 3;
+  CheckpointSaver saver;
+  saver.begin(dir + "/async", st, a, &oa, topo, true);
+  EXPECT_TRUE(saver.pending());
+  // training goes on: the model and the moments change under the writer
+  Kokkos::deep_copy(a.values(), 7.f);
+  Kokkos::deep_copy(oa.exp_avg(), -1.f);
+  while (!saver.ready(topo)) {
+  }
+  EXPECT_EQ(resolve_checkpoint(dir + "/async"), dir + "/async/iter_0000002/checkpoint.h5");  // not yet published
+  const std::string f = saver.finish(topo);
+  EXPECT_FALSE(saver.pending());
+  EXPECT_EQ(f, dir + "/async/iter_0000003/checkpoint.h5");
+  EXPECT_EQ(resolve_checkpoint(dir + "/async"), f);
+  expect_same_tensors(f, sync_file);
+  EXPECT_GT(CheckpointSaver::host_buffer_bytes(a, &oa, topo), 3 * a.padded_size() * 4 - 1);
+  fs::remove_all(dir);
+}
+
+// A save of a state holding a NaN is refused naming the tensor; it leaves no file and `latest`
+// names the previous checkpoint.
+TEST(Checkpoint, NonFiniteStateIsRefusedAndLeavesNoFile) {
+  Topology topo(MPI_COMM_WORLD, 1, 1);
+  const std::string dir = tmpdir("nan");
+  ParamStore a;
+  GptModel ma(cfg(1), a, 1);
+  a.allocate();
+  a.initialize(2);
+  AdamW oa(AdamWConfig{}, a.size(), a.decay_size());
+  CheckpointState st;
+  st.model = "gpt";
+  st.iteration = 1;
+  const std::string first = save_checkpoint(dir, st, a, &oa, topo);
+  Kokkos::deep_copy(Kokkos::subview(oa.exp_avg_sq(), std::make_pair(0, 1)), std::nanf(""));
+  for (bool async : {false, true}) {
+    st.iteration = async ? 3 : 2;
+    CheckpointSaver saver;
+    saver.begin(dir, st, a, &oa, topo, async);
+    try {
+      saver.finish(topo);
+      ADD_FAILURE() << "a NaN was saved";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("refusing to write the checkpoint of iteration"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("optimizer/exp_avg_sq/"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir + "/" + iter_dir_name(st.iteration) + "/checkpoint.h5.tmp"));
+    EXPECT_EQ(resolve_checkpoint(dir), first);
+  }
+  fs::remove_all(dir);
+}
+
+// A checkpoint whose datasets were rewritten chunked and compressed (a repacked file) loads
+// through HDF5's own reads to the same values.
+TEST(Checkpoint, ChunkedAndCompressedDatasetsLoadToTheSameValues) {
+  Topology topo(MPI_COMM_WORLD, 1, 1);
+  const std::string dir = tmpdir("chunked");
+  ParamStore a;
+  GptModel ma(cfg(1), a, 1);
+  a.allocate();
+  a.initialize(4);
+  CheckpointState st;
+  st.model = "gpt";
+  const std::string f = save_checkpoint(dir, st, a, nullptr, topo);
+  int rewritten = 0;
+  {
+    const auto names = CheckpointFileReader(f, "gpt").tensors("model/");
+    hid_t h = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(h, 0);
+    for (const auto& n : names) {
+      hid_t d = H5Dopen2(h, n.c_str(), H5P_DEFAULT);
+      hid_t space = H5Dget_space(d);
+      const int nd = H5Sget_simple_extent_ndims(space);
+      std::vector<hsize_t> dims(static_cast<size_t>(nd));
+      H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+      hsize_t total = 1;
+      for (auto x : dims) total *= x;
+      std::vector<float> v(total);
+      H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      hid_t attr = H5Aopen(d, "checksum", H5P_DEFAULT);
+      hid_t atype = H5Aget_type(attr);
+      std::vector<char> sum(H5Tget_size(atype) + 1, 0);
+      H5Aread(attr, atype, sum.data());
+      H5Aclose(attr);
+      H5Dclose(d);
+      H5Ldelete(h, n.c_str(), H5P_DEFAULT);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      std::vector<hsize_t> chunk(dims);
+      chunk[0] = std::max<hsize_t>(1, dims[0] / 3);
+      H5Pset_chunk(dcpl, nd, chunk.data());
+      H5Pset_deflate(dcpl, 4);
+      hid_t d2 = H5Dcreate2(h, n.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(d2, 0) << n;
+      H5Dwrite(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      hid_t aspace = H5Screate(H5S_SCALAR);
+      hid_t a2 = H5Acreate2(d2, "checksum", atype, aspace, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a2, atype, sum.data());
+      H5Aclose(a2);
+      H5Sclose(aspace);
+      H5Tclose(atype);
+      H5Dclose(d2);
+      H5Pclose(dcpl);
+      H5Sclose(space);
+      ++rewritten;
+    }
+    H5Fclose(h);
+  }
+  ASSERT_GT(rewritten, 3);
+  ParamStore b;
+  GptModel mb(cfg(1), b, 1);
+  b.allocate();
+  load_checkpoint(f, "gpt", b, nullptr, topo);
+  auto va = to_host(a.values()), vb = to_host(b.values());
+  for (const auto& p : a.params()) {
+    const std::int64_t n = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(va[p.offset + i], vb[p.offset + i]) << p.name;
   }
   fs::remove_all(dir);
 }

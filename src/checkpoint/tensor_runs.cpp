@@ -1,0 +1,160 @@
+// Runs of a rank's tensor slices, their checksums, and positional I/O of raw dataset bytes
+// (tensor_runs.hpp).
+#include "checkpoint/tensor_runs.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/timer.hpp"
+
+namespace trident {
+
+std::vector<TensorRun> tensor_runs(const ParamInfo& p) {
+  const int nd = static_cast<int>(p.shape.size());
+  std::vector<TensorRun> out;
+  if (nd == 0) return out;
+  for (const auto& b : p.blocks) {
+    // the box: local start (b.local0, 0, ...), global start (b.global0, global_offset[1..]),
+    // extent (b.rows, valid[1..])
+    std::vector<std::int64_t> lstart(nd, 0), gstart(p.global_offset.begin(), p.global_offset.end()),
+        count(p.valid.begin(), p.valid.end());  // (nd) each
+    lstart[0] = b.local0;
+    gstart[0] = b.global0;
+    count[0] = b.rows;
+    bool empty = false;
+    for (int d = 0; d < nd; ++d) empty = empty || count[d] <= 0;
+    if (empty) continue;
+    std::vector<std::int64_t> idx(nd, 0);  // (nd): the odometer over all dimensions but the last
+    while (true) {
+      std::int64_t loff = 0, goff = 0;
+      for (int d = 0; d < nd; ++d) {
+        loff = loff * p.shape[d] + lstart[d] + idx[d];
+        goff = goff * p.global_shape[d] + gstart[d] + idx[d];
+      }
+      const std::int64_t n = count[nd - 1];
+      if (!out.empty() && out.back().local + out.back().n == loff && out.back().global + out.back().n == goff)
+        out.back().n += n;
+      else
+        out.push_back(TensorRun{loff, goff, n});
+      int d = nd - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < count[d]) break;
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const TensorRun& a, const TensorRun& b) { return a.local < b.local; });
+  return out;
+}
+
+std::uint64_t checksum_mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t checksum_terms(const float* x, std::uint64_t global0, std::int64_t n, bool* finite) {
+  std::uint64_t sum = 0;
+  std::uint32_t bad = 0;  // exponent bits all ones somewhere: NaN or inf
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::uint32_t bits;
+    std::memcpy(&bits, x + j, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    sum += checksum_mix((global0 + static_cast<std::uint64_t>(j)) * 0x9e3779b97f4a7c15ULL + bits);
+  }
+  if (bad) *finite = false;
+  return sum;
+}
+
+RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& runs,
+                          const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
+                          const RunWriteControl& control) {
+  RunWriteResult r;
+  r.sums.assign(datasets, 0);
+  r.elements.assign(datasets, 0);
+  r.nonfinite.assign(datasets, 0);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    r.error = "cannot open checkpoint file '" + path + "' for writing: " + std::strerror(errno);
+    return r;
+  }
+  constexpr std::int64_t kPart = std::int64_t{1} << 21;  // floats per write: 8 MiB
+  const auto stopped = [&] { return control.stop && control.stop->load(); };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const FileRun& run = runs[i];
+    if (control.pause_s > 0 && i == runs.size() / 2) {
+      const double until = wall_seconds() + control.pause_s;
+      while (wall_seconds() < until && !stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (std::int64_t k = 0; k < run.n && r.error.empty(); k += kPart) {
+      if (stopped()) {
+        r.error = "the write of checkpoint file '" + path + "' was abandoned";
+        break;
+      }
+      const std::int64_t n = std::min(kPart, run.n - k);
+      const float* src = run.src + k;
+      double t = wall_seconds();
+      bool finite = true;
+      r.sums[run.dataset] += checksum_terms(src, static_cast<std::uint64_t>(run.global + k), n, &finite);
+      if (!finite) r.nonfinite[run.dataset] = 1;
+      r.elements[run.dataset] += static_cast<std::uint64_t>(n);
+      const double t1 = wall_seconds();
+      r.checksum_s += t1 - t;
+      const char* bytes = reinterpret_cast<const char*>(src);
+      std::size_t left = static_cast<std::size_t>(n) * sizeof(float);
+      off_t at = static_cast<off_t>(dataset_offsets[run.dataset] +
+                                    static_cast<std::uint64_t>(run.global + k) * sizeof(float));
+      while (left > 0) {
+        const ssize_t w = ::pwrite(fd, bytes, left, at);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+          const int e = w < 0 ? errno : ENOSPC;
+          r.error = "writing checkpoint file '" + path + "' failed: " + std::strerror(e) +
+                    (e == ENOSPC || e == EDQUOT ? " (disk full)" : "");
+          break;
+        }
+        bytes += w;
+        left -= static_cast<std::size_t>(w);
+        at += w;
+      }
+      r.write_s += wall_seconds() - t1;
+    }
+    if (!r.error.empty()) break;
+  }
+  const double t = wall_seconds();
+  if (r.error.empty() && ::fsync(fd) != 0) {
+    const int e = errno;
+    r.error = "flushing '" + path + "' to the disk failed: " + std::strerror(e) + (e == ENOSPC ? " (disk full)" : "");
+  }
+  r.fsync_s = wall_seconds() - t;
+  if (::close(fd) != 0 && r.error.empty())
+    r.error = "closing checkpoint file '" + path + "' failed: " + std::strerror(errno);
+  return r;
+}
+
+std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n) {
+  char* bytes = reinterpret_cast<char*>(dst);
+  std::size_t left = static_cast<std::size_t>(n) * sizeof(float);
+  off_t at = static_cast<off_t>(offset);
+  while (left > 0) {
+    const ssize_t r = ::pread(fd, bytes, left, at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return std::strerror(errno);
+    if (r == 0) return "the file ends early (truncated)";
+    bytes += r;
+    left -= static_cast<std::size_t>(r);
+    at += r;
+  }
+  return "";
+}
+
+}  // namespace trident

@@ -1,0 +1,72 @@
+// The raw-data path of checkpoints (docs/DESIGN.md "Checkpoints", "Write path"): a rank's part of
+// a global tensor as runs of consecutive elements, their checksums, and the positional writes and
+// reads that move them between host memory and the bytes of a contiguous HDF5 dataset. Nothing
+// here calls MPI or HDF5, so a background thread may run it while training goes on.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layers/param_store.hpp"
+
+namespace trident {
+
+// n consecutive elements: from `local` on in the rank's tensor (row-major, ParamInfo::shape) and
+// from `global` on in the global tensor (row-major, ParamInfo::global_shape).
+struct TensorRun {
+  std::int64_t local = 0, global = 0, n = 0;
+};
+
+// Every element of p's local tensor that maps onto the global tensor (its row blocks, without
+// the padding beyond ParamInfo::valid), as runs ordered by `local`; neighbouring runs that are
+// consecutive in both tensors are merged (a tensor split by rows is one run per row block).
+std::vector<TensorRun> tensor_runs(const ParamInfo& p);
+
+// The checkpoint checksum's terms (format_version 2) of n elements whose global row-major indices
+// are global0, global0 + 1, ...: the sum mod 2^64 of splitmix64(index * K + fp32 bits). Sets
+// *finite to false when one of them is NaN or infinite (and leaves it alone otherwise).
+std::uint64_t checksum_terms(const float* x, std::uint64_t global0, std::int64_t n, bool* finite);
+
+// splitmix64, the checksum's mixing function.
+std::uint64_t checksum_mix(std::uint64_t x);
+
+// One run of a save: n floats from host memory `src` to the dataset `dataset` of the file (its
+// raw data is fp32, little-endian, contiguous); `global` is the index of the run's first element
+// in that dataset.
+struct FileRun {
+  const float* src = nullptr;
+  std::int64_t n = 0, global = 0;
+  int dataset = 0;
+};
+
+// What one rank's writes gave: per dataset, the partial checksum, whether a value was not finite
+// and how many elements were written; the first error ("" when none); and where the time went.
+struct RunWriteResult {
+  std::vector<std::uint64_t> sums, elements;
+  std::vector<std::uint8_t> nonfinite;
+  std::string error;
+  double checksum_s = 0, write_s = 0, fsync_s = 0;
+};
+
+// How write_runs may be stopped or slowed: `stop` set (by another thread) ends it at its next
+// part with an error; `pause_s` > 0 sleeps that long once half of the runs are written (the
+// fault suite's window into a background write: deck key debug.checkpoint_write_pause_s).
+struct RunWriteControl {
+  const std::atomic<bool>* stop = nullptr;
+  double pause_s = 0;
+};
+
+// Writes `runs` into the existing file `path` (opened for writing, never created or truncated) at
+// dataset_offsets[run.dataset] + 4 * run.global, checksumming each part of about 8 MiB just before
+// it is written, then flushes the file to the disk (fsync). `datasets` sizes the per-dataset
+// vectors. Errors (a full disk) are returned, never thrown.
+RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& runs,
+                          const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
+                          const RunWriteControl& control = {});
+
+// Reads n floats at byte `offset` of open file descriptor fd into dst: "" or why not (a short
+// file: "truncated").
+std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n);
+
+}  // namespace trident
