@@ -18,12 +18,18 @@ conv=fdatasync, then read back with a cold page cache):
 
 Write GB/s is the checkpoint's bytes over the whole synchronous save (including the fsync of the
 file, its directory and `latest`), read GB/s over the load (cold page cache: as root, sync and
-drop_caches before it). The ratios to dd are the issue's measure (>= 0.7). The save's phases
-(rank 0) and the peak resident memory per rank are printed too.
+drop_caches before it). The ratios to dd are the issue's measure (>= 0.7). The first save and the
+first load of a process are shown apart from the steady state (345M: the median of the later
+saves; synth: a second save, and a second load in the same process after dropping the page cache):
+on a virtual machine whose host backs guest memory lazily, the first pass over memory a process has
+not used before runs at a fraction of the memory's speed, and both a process's first save and its
+load (into freshly allocated model and optimizer memory) pay for it (perf/results/checkpoint_*.md
+shows it on the development host). The save's phases, the load's (open, read and verify, place)
+and the peak resident memory per rank are printed too.
 
   /usr/bin/python3 perf/bench_checkpoint.py [--build build] [--deck inputs/gpt2_345m.ini] [--ranks 1,2]
       [--synth-ranks 1,2,4] [--synth-params 600000000] [--dirs tmpfs=/dev/shm/trident_ckbench,disk=build/perf/ckbench]
-      [--iters 3] [--skip-345m] [--skip-synth] [--out FILE.md]
+      [--iters 4] [--skip-345m] [--skip-synth] [--out FILE.md]
 """
 import argparse
 import glob
@@ -100,27 +106,34 @@ def run_345m(a, label, directory, np_):
         size = os.path.getsize(files[-1])
         if mode == "sync":
             stalls = [float(x) for x in re.findall(r"saved checkpoint \S+ in ([0-9.]+) s \(training waited", p.stdout)]
-            out.update(size=size, step=statistics.median(steps), sync=statistics.median(stalls),
-                       phases=[statistics.median(c) for c in zip(*phases_of(p.stdout))])
+            phases = phases_of(p.stdout)
+            out.update(size=size, step=statistics.median(steps), first=stalls[0],
+                       sync=statistics.median(stalls[1:] or stalls),
+                       phases=[statistics.median(c) for c in zip(*(phases[1:] or phases))])
             cold = drop_caches()
-            q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck, "--log.metrics_file="],
-                               capture_output=True, text=True)
-            m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s", q.stdout)
+            q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck,
+                                       "--log.metrics_file="], capture_output=True, text=True)
+            m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s \(open ([0-9.]+), read and verify ([0-9.]+), "
+                          r"place ([0-9.]+)\)", q.stdout)
             if q.returncode != 0 or not m:
                 print(q.stdout[-3000:], q.stderr[-2000:])
                 sys.exit(f"loading at np={np_} from {directory} failed")
-            out.update(load=float(m.group(1)), cold=cold)
+            out.update(load=float(m.group(1)), load_parts=[float(m.group(k)) for k in (2, 3, 4)], cold=cold,
+                       steady_load=float("nan"))
         else:
-            # what training waited per save: the copy at the save, and at its publication the wait and publish
+            # what training waits at each save: the copy and the file's creation; a save that waits for
+            # the previous one (a save every iteration here) also waits for that one's writes
             begins = [float(x) for x in re.findall(r"checkpoint of iteration \d+: training waited ([0-9.]+) s", p.stdout)]
-            ends = [float(w) + float(pb) for w, pb in re.findall(r"wait ([0-9.]+), publish ([0-9.]+);", p.stdout)]
-            out.update(async_stall=statistics.median([b + e for b, e in zip(begins, ends)]),
-                       async_step=statistics.median(steps))
+            waits = [float(x) for x in re.findall(r"wait ([0-9.]+), publish", p.stdout)]
+            behind = [float(w) for w in re.findall(r"behind training: checksums [0-9.]+, write ([0-9.]+)", p.stdout)]
+            out.update(async_stall=statistics.median(begins), async_wait=statistics.median(waits),
+                       async_write=statistics.median(behind), async_step=statistics.median(steps))
         shutil.rmtree(ck, ignore_errors=True)
     return out
 
 
 def synth_tool(a, np_, directory, mode, extra=()):
+    """bench_checkpoint_io's lines (key=value figures), each a dict"""
     tool = os.path.join(a.build, "perf", "bench_checkpoint_io")
     cmd = [a.mpiexec, "-n", str(np_), tool, "--dir", directory, "--params", str(a.synth_params),
            "--hidden", str(a.synth_hidden), "--tp", str(np_), "--mode", mode] + list(extra)
@@ -128,24 +141,27 @@ def synth_tool(a, np_, directory, mode, extra=()):
     if p.returncode != 0:
         print(p.stdout[-3000:], p.stderr[-2000:])
         sys.exit(f"bench_checkpoint_io {mode} at np={np_} in {directory} failed")
-    line = [l for l in p.stdout.splitlines() if "=" in l][-1]
-    return {k: float(v) for k, v in (kv.split("=") for kv in line.split())}
+    return [{k: float(v) for k, v in (kv.split("=") for kv in line.split())}
+            for line in p.stdout.splitlines() if line.startswith(("save_s=", "load_s="))]
 
 
 def run_synth(a, label, directory, np_):
     ck = os.path.join(directory, f"synth_np{np_}")
     shutil.rmtree(ck, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
-    s = synth_tool(a, np_, ck, "save")
+    saves = synth_tool(a, np_, ck, "save", ["--repeat", "2"])
     drop_caches()
-    cold = drop_caches()
-    ld = synth_tool(a, np_, ck, "load")
-    out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[0]), sync=s["save_s"],
+    loads = synth_tool(a, np_, ck, "load", ["--repeat", "2"])
+    first_save, s = saves
+    first_load, ld = loads
+    out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1]), sync=s["save_s"],
+               first=first_save["save_s"],
                phases=[s["copy_s"], s["create_s"], s["checksum_s"], s["write_s"], s["fsync_s"], s["publish_s"]],
-               load=ld["load_s"], cold=cold, rss=s["peak_rss_mb_max"], step=float("nan"))
+               load=first_load["load_s"], load_parts=[first_load["open_s"], first_load["verify_s"], first_load["place_s"]],
+               steady_load=ld["load_s"], cold=drop_caches(), rss=s["peak_rss_mb_max"], step=float("nan"))
     shutil.rmtree(ck, ignore_errors=True)
     if not a.no_async_synth:
-        s2 = synth_tool(a, np_, ck, "save", ["--async"])
+        _, s2 = synth_tool(a, np_, ck, "save", ["--async", "--repeat", "2"])
         out.update(async_stall=s2["stall_s"], async_total=s2["save_s"], async_rss=s2["peak_rss_mb_max"])
         shutil.rmtree(ck, ignore_errors=True)
     return out
@@ -163,7 +179,7 @@ def main():
     ap.add_argument("--no-async-synth", action="store_true", help="no asynchronous synthetic saves (memory)")
     ap.add_argument("--dirs", default=f"tmpfs=/dev/shm/trident_ckbench,disk={os.path.join(ROOT, 'build', 'perf', 'ckbench')}")
     ap.add_argument("--synth-dirs", help="directories of the synthetic rows (default: --dirs)")
-    ap.add_argument("--iters", type=int, default=3, help="iterations, a checkpoint after each")
+    ap.add_argument("--iters", type=int, default=4, help="iterations, a checkpoint after each")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--skip-345m", action="store_true")
@@ -184,23 +200,38 @@ def main():
         r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r,
                  cache="cold" if r["cold"] and dd_cold else "warm")
         gb = r["size"] / 1e9
-        print(f"{kind} {label} np={np_}: {gb:.2f} GB, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
+        print(f"{kind} {label} np={np_}: {gb:.2f} GB, first save {r['first']:.2f} s, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
               f"{gb / r['sync'] / dd_w:.2f} x dd {dd_w:.3f}), async stall {r.get('async_stall', float('nan')):.2f} s, "
               f"load {r['load']:.2f} s ({gb / r['load']:.3f} GB/s = {gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f})",
               flush=True)
         rows.append(r)
-    lines = ["| state | target | ranks | checkpoint GB | step s | sync save s | write GB/s | dd write GB/s | ratio "
-             "| async stall s | load s | read GB/s | dd read GB/s | ratio | page cache at load |", "|" + "---|" * 15]
+    lines = ["| state | target | ranks | checkpoint GB | first save s | save s (steady) | write GB/s | dd write GB/s "
+             "| ratio | async stall s | load s (first) | read GB/s | dd read GB/s | ratio | load s (steady) | ratio "
+             "| page cache at load |", "|" + "---|" * 17]
     for r in rows:
         gb = r["size"] / 1e9
-        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | {gb:.2f} | {r['step']:.2f} | {r['sync']:.2f} "
+        steady = r.get("steady_load", float("nan"))
+        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | {gb:.2f} | {r['first']:.2f} | {r['sync']:.2f} "
                      f"| {gb / r['sync']:.3f} | {r['dd_w']:.3f} | {gb / r['sync'] / r['dd_w']:.2f} "
                      f"| {r.get('async_stall', float('nan')):.2f} | {r['load']:.2f} | {gb / r['load']:.3f} "
-                     f"| {r['dd_r']:.3f} | {gb / r['load'] / r['dd_r']:.2f} | {r['cache']} |")
-    lines += ["", "Where a synchronous save's time goes (rank 0, seconds; 345M: median over the saves):", "",
-              "| state | target | ranks | " + " | ".join(PHASES) + " |", "|" + "---|" * (3 + len(PHASES))]
+                     f"| {r['dd_r']:.3f} | {gb / r['load'] / r['dd_r']:.2f} | {steady:.2f} "
+                     f"| {gb / steady / r['dd_r']:.2f} | {r['cache']} |")
+    lines += ["", "Where the time goes (rank 0, seconds): a synchronous save (345M: median over the saves after the "
+              "first; synth: the second save) and the first load:", "",
+              "| state | target | ranks | " + " | ".join(PHASES) + " | load: open | read and verify | place |",
+              "|" + "---|" * (6 + len(PHASES))]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | " + " | ".join(f"{x:.2f}" for x in r["phases"]) + " |")
+        lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | " + " | ".join(f"{x:.2f}" for x in r["phases"])
+                     + " | " + " | ".join(f"{x:.2f}" for x in r["load_parts"]) + " |")
+    m345 = [r for r in rows if r["kind"] == "345M"]
+    if m345:
+        lines += ["", "345M asynchronous saves (a save every iteration, median): what training waited at the save "
+                  "(copy, create), what a save waited for the previous one's writes, and those writes' time:", "",
+                  "| target | ranks | step s | async stall s | wait for the previous save s | background write s |",
+                  "|" + "---|" * 6]
+        for r in m345:
+            lines.append(f"| {r['label']} | {r['np']} | {r['async_step']:.2f} | {r['async_stall']:.2f} "
+                         f"| {r['async_wait']:.2f} | {r['async_write']:.2f} |")
     synth = [r for r in rows if r["kind"] == "synth"]
     if synth:
         lines += ["", "Synthetic state: peak resident memory of the largest rank (MiB) and the asynchronous save:", "",

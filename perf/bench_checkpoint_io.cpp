@@ -8,12 +8,15 @@
 //   --mode save:  save_s (the whole save, synchronous or asynchronous), stall_s (what training
 //                 would wait: the whole save, or the copy and file creation of an asynchronous one),
 //                 copy_s create_s checksum_s write_s fsync_s wait_s publish_s (rank 0), bytes (file)
-//   --mode load:  load_s, then checks every element of the loaded model and moments against the
+//   --mode load:  load_s (open_s, verify_s: the first pass, the cold read; place_s: the second),
+//                 then checks every element of the loaded model and moments against the
 //                 values it would have saved (exit 1 on a difference)
 // and peak_rss_mb: this rank's peak resident memory (the sum over ranks is printed by rank 0).
 //
 //   mpiexec -n 2 bench_checkpoint_io --dir /path/ck --params 600000000 --mode save [--async]
 //   mpiexec -n 2 bench_checkpoint_io --dir /path/ck --params 600000000 --mode load
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +52,17 @@ KOKKOS_INLINE_FUNCTION float synthetic(std::int64_t i, int which, std::uint64_t 
   return which == 2 ? u * 1e-4f : u - 0.5f;
 }
 
+// Empties the page cache (as root; without root the next load may read from memory), after every
+// rank's writes are on the disk.
+void drop_page_cache(const Topology& topo) {
+  ::sync();
+  if (topo.world().rank() == 0) {
+    std::ofstream out("/proc/sys/vm/drop_caches");
+    out << "3\n";
+  }
+  topo.world().barrier();
+}
+
 // Fills buffer `v` (the flat elements from `begin` on) with synthetic(begin + i, which, seed).
 void fill(const FloatView& v, std::int64_t begin, int which, std::uint64_t seed) {
   Kokkos::parallel_for(
@@ -72,18 +86,22 @@ std::int64_t mismatches(const FloatView& v, std::int64_t begin, std::int64_t lim
 
 int main(int argc, char** argv) {
   std::string dir, mode = "save";
-  std::int64_t params = 600000000, hidden = 4096, tp = 1;
+  std::int64_t params = 600000000, hidden = 4096, tp = 1, repeat = 1;
   std::uint64_t seed = 1234;
   bool async = false;
   po::options_description opts("bench_checkpoint_io");
-  opts.add_options()("help", "this text")("dir", po::value(&dir)->required(), "checkpoint save directory")(
-      "params", po::value(&params)->default_value(params),
-      "parameters (about; whole matrices)")("hidden", po::value(&hidden)->default_value(hidden),
-                                            "the matrices' side")("tp", po::value(&tp)->default_value(tp),
-                                                                  "tensor-parallel ranks (the rest data parallel)")(
-      "mode", po::value(&mode)->default_value(mode),
-      "save or load")("async", po::bool_switch(&async),
-                      "an asynchronous save")("seed", po::value(&seed)->default_value(seed), "of the synthetic values");
+  auto add = opts.add_options();
+  add("help", "this text");
+  add("dir", po::value(&dir)->required(), "checkpoint save directory");
+  add("params", po::value(&params)->default_value(params), "parameters (about; whole matrices)");
+  add("hidden", po::value(&hidden)->default_value(hidden), "the matrices' side");
+  add("tp", po::value(&tp)->default_value(tp), "tensor-parallel ranks (the rest data parallel)");
+  add("mode", po::value(&mode)->default_value(mode), "save or load");
+  add("async", po::bool_switch(&async), "an asynchronous save");
+  add("repeat", po::value(&repeat)->default_value(repeat),
+      "saves in a row (iterations 1, 2, ...), or loads in a row (the page cache emptied before each but the first, as "
+      "root): one line each");
+  add("seed", po::value(&seed)->default_value(seed), "of the synthetic values");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -136,32 +154,49 @@ int main(int argc, char** argv) {
         Kokkos::fence();
         topo.world().barrier();
         CheckpointSaver saver;
-        const double t0 = wall_seconds();
-        saver.begin(dir, st, store, &opt, topo, async);
-        const double stall = wall_seconds() - t0;
-        saver.finish(topo);
-        const double total = wall_seconds() - t0;
-        const SaveTimes& t = saver.times();
-        std::snprintf(line, sizeof line,
-                      "save_s=%.3f stall_s=%.3f copy_s=%.3f create_s=%.3f checksum_s=%.3f write_s=%.3f fsync_s=%.3f "
-                      "wait_s=%.3f publish_s=%.3f bytes=%lld",
-                      total, async ? stall : total, t.copy, t.create, t.checksum, t.write, t.fsync, t.wait, t.publish,
-                      static_cast<long long>(bytes));
-      } else if (mode == "load") {
-        topo.world().barrier();
-        const double t0 = wall_seconds();
-        load_checkpoint(resolve_checkpoint(dir), "gpt", store, &opt, topo);
-        const double dt = wall_seconds() - t0;
-        const std::int64_t n = store.size();
-        std::int64_t bad = mismatches(store.values(), 0, n, 0, seed) + mismatches(opt.exp_avg(), begin, n, 1, seed) +
-                           mismatches(opt.exp_avg_sq(), begin, n, 2, seed);
-        bad = topo.world().allreduce_sum(bad);
-        if (bad != 0) {
-          if (rank == 0) std::fprintf(stderr, "bench_checkpoint_io: %lld loaded values differ\n", (long long)bad);
-          rc = 1;
+        for (std::int64_t k = 1; k <= repeat; ++k) {
+          st.iteration = k;
+          topo.world().barrier();
+          const double t0 = wall_seconds();
+          saver.begin(dir, st, store, &opt, topo, async);
+          const double stall = wall_seconds() - t0;
+          saver.finish(topo);
+          const double total = wall_seconds() - t0;
+          const SaveTimes& t = saver.times();
+          std::snprintf(line, sizeof line,
+                        "save_s=%.3f stall_s=%.3f copy_s=%.3f create_s=%.3f checksum_s=%.3f write_s=%.3f fsync_s=%.3f "
+                        "wait_s=%.3f publish_s=%.3f bytes=%lld",
+                        total, async ? stall : total, t.copy, t.create, t.checksum, t.write, t.fsync, t.wait, t.publish,
+                        static_cast<long long>(bytes));
+          if (k < repeat && rank == 0) std::printf("%s\n", line);
         }
-        std::snprintf(line, sizeof line, "load_s=%.3f bytes=%lld mismatches=%lld", dt, static_cast<long long>(bytes),
-                      static_cast<long long>(bad));
+      } else if (mode == "load") {
+        for (std::int64_t k = 1; k <= repeat; ++k) {
+          if (k > 1) drop_page_cache(topo);  // each load reads the file from the disk
+          topo.world().barrier();
+          const double t0 = wall_seconds();
+          LoadTimes lt;
+          load_checkpoint(resolve_checkpoint(dir), "gpt", store, &opt, topo, TensorSet::all, &lt);
+          const double dt = wall_seconds() - t0;
+          const std::int64_t n = store.size();
+          std::int64_t bad = mismatches(store.values(), 0, n, 0, seed) + mismatches(opt.exp_avg(), begin, n, 1, seed) +
+                             mismatches(opt.exp_avg_sq(), begin, n, 2, seed);
+          bad = topo.world().allreduce_sum(bad);
+          if (bad != 0) {
+            if (rank == 0) std::fprintf(stderr, "bench_checkpoint_io: %lld loaded values differ\n", (long long)bad);
+            rc = 1;
+          }
+          std::snprintf(line, sizeof line,
+                        "load_s=%.3f open_s=%.3f verify_s=%.3f place_s=%.3f bytes=%lld mismatches=%lld", dt, lt.open,
+                        lt.verify, lt.place, static_cast<long long>(bytes), static_cast<long long>(bad));
+          if (k < repeat && rank == 0) std::printf("%s\n", line);
+          // the next load must change every value: scribble over the model and the moments
+          if (k < repeat) {
+            Kokkos::deep_copy(store.values(), -1.f);
+            Kokkos::deep_copy(opt.exp_avg(), -1.f);
+            Kokkos::deep_copy(opt.exp_avg_sq(), -1.f);
+          }
+        }
       } else {
         throw Error::all("--mode must be save or load, not '" + mode + "'");
       }

@@ -1489,6 +1489,78 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
     return ok
 
 
+# Checkpoint saves at scale (docs/DESIGN.md "Write path", "Asynchronous save"). The parallel file
+# system's figures: NERSC's Perlmutter scratch, an all-flash Lustre file system (HPE ClusterStor
+# E1000), "an aggregate bandwidth of >5 TB/sec" with 274 OSSes (docs.nersc.gov/filesystems/
+# perlmutter-scratch), and its GPU nodes reach it through 4 Slingshot NICs of 200 Gb/s each (Lockwood
+# et al., "Architecture and Performance of Perlmutter's 35 PB ClusterStor E1000 All-Flash File
+# System", CUG 2021, Fig. 1): at most 100 GB/s per node. What one node's ranks write to Lustre through
+# the client is the parameter --node-gbps (default 10 GB/s, a tenth of the NICs', an assumption:
+# measure it with IOR on the machine at hand); the file system caps the sum at --fs-gbps.
+PERLMUTTER_SCRATCH_GBPS = 5000.0
+PERLMUTTER_NODE_NIC_GBPS = 100.0
+
+
+def checkpoint_rows():
+    """(name, Model, Layout, gpus, gpu) of the projected runs: the Llama 3 70B and Mixtral 8x7B decks
+    at their CTest GPU counts, and the 175B row of the published table (Korthikanti et al. 2022)."""
+    out = []
+    for name, deck_file, gpus in (("Llama 3 70B (inputs/llama3_70b.ini)", "llama3_70b.ini", 64),
+                                  ("Mixtral 8x7B (inputs/mixtral_8x7b.ini)", "mixtral_8x7b.ini", 32)):
+        M, lay, _ = read_deck(os.path.join(ROOT, "inputs", deck_file))
+        out.append((name, M, deck_layout(M, lay, gpus), gpus, "h100-sxm"))
+    x = next(r for r in read_rows() if r["row"]["source"] == "Korthikanti 2022 175B selective + SP")
+    out.append(("GPT 175B (published table: Korthikanti 2022, selective + SP)", x["M"], row_predict(x)[1], x["n"],
+                x["gpu"]))
+    return out
+
+
+def checkpoint_projection(node_gbps=10.0, fs_gbps=PERLMUTTER_SCRATCH_GBPS, gpus_per_node=8, d2h_gbps=20.0,
+                          interval=500, out_md=None):
+    """The stall of a checkpoint save and its extra memory, synchronous against asynchronous, for the
+    rows of checkpoint_rows(). Trident's checkpoint holds 16 bytes per parameter in a 16-bit run (the
+    model widened to fp32, the fp32 masters and both moments) and 12 in an fp32 one; every rank writes
+    its share (the ranks' parts partition every tensor), so a save moves checkpoint / GPUs bytes per GPU
+    over PCIe (--d2h-gbps, pageable host memory) and checkpoint / min(nodes x node rate, file system
+    rate) seconds to the file system. Synchronous: training waits for both. Asynchronous: for the copy
+    only; the write must finish within the checkpoint interval (`interval` iterations of the predicted
+    step). The gathering save this replaces held both full moments of a model-parallel rank (its
+    parameters / (tp x pp) x 8 bytes) on the device during the save, and again on the host."""
+    lines = [f"Checkpoint save at scale: {node_gbps:g} GB/s per node to the file system (capped at {fs_gbps:g} GB/s "
+             f"in all: Perlmutter scratch's published aggregate), {gpus_per_node} GPUs per node, {d2h_gbps:g} GB/s "
+             f"device-to-host per GPU, a save every {interval} iterations.", "",
+             "| run | GPUs | parameters | checkpoint TB | step s | write s | sync stall s | sync overhead | "
+             "async stall s | async overhead | write within interval | gather's device GB/GPU (before) | "
+             "async host GB/node |", "|" + "---|" * 13]
+    for name, M, L, gpus, gpu in checkpoint_rows():
+        P = M.params()
+        per_param = 16 if L.dtype in ("bf16", "fp16") else 12
+        S = per_param * P
+        nodes = math.ceil(gpus / gpus_per_node)
+        agg = min(nodes * node_gbps, fs_gbps) * 1e9
+        w = S / gpus
+        t_copy = w / (d2h_gbps * 1e9)
+        t_write = S / agg
+        r = predict(M, L, gpu)
+        step = r["time"]
+        period = interval * step
+        sync = t_copy + t_write
+        gather = r["params"] * 8 / 1e9  # the rank's parameters (first stage): both moments, fp32
+        lines.append(f"| {name} | {gpus} | {P / 1e9:.1f}B | {S / 1e12:.2f} | {step:.2f} | {t_write:.1f} | {sync:.1f} "
+                     f"| {100 * sync / (period + sync):.1f}% | {t_copy:.2f} | {100 * t_copy / (period + t_copy):.2f}% "
+                     f"| {'yes' if t_write < period else 'NO'} ({t_write / period:.2f} of it) | {gather:.1f} "
+                     f"| {w * min(gpus, gpus_per_node) / 1e9:.0f} |")
+    lines += ["", "Overheads are the stall over the time between two saves (the interval's steps plus the stall). "
+              "`write within interval`: the background write's time over the interval (a save waits for the "
+              "previous one beyond 1)."]
+    text = "\n".join(lines)
+    print(text)
+    if out_md:
+        with open(out_md, "w") as f:
+            f.write(text + "\n")
+    return text
+
+
 def host_device(build, threads, layers=4, hidden=128, seq=128, tokens=512):
     """One rank's share of this machine as a 'GPU' for the model: the fp32 GEMM rate of exactly this
     model's GEMMs measured by gemm_roofline through Trident's ops/gemm with the rank's threads (peak:
@@ -1651,6 +1723,14 @@ def main():
     q.add_argument("--check", action="store_true", help="exit 1 unless the deck's layout fits in memory")
     q.add_argument("--expect-params", type=int, default=0,
                    help="exit 1 unless the model has this many parameters (the unpadded vocabulary)")
+    q = sub.add_parser("checkpoint", help="a checkpoint save's stall and extra memory at scale, sync vs async")
+    q.add_argument("--node-gbps", type=float, default=10.0, help="one node's write rate to the file system, GB/s")
+    q.add_argument("--fs-gbps", type=float, default=PERLMUTTER_SCRATCH_GBPS,
+                   help="the file system's aggregate write rate, GB/s (default: Perlmutter scratch's published >5 TB/s)")
+    q.add_argument("--gpus-per-node", type=int, default=8)
+    q.add_argument("--d2h-gbps", type=float, default=20.0, help="device-to-host copy rate per GPU, GB/s")
+    q.add_argument("--interval", type=int, default=500, help="iterations between saves")
+    q.add_argument("--out", help="also write the table (markdown) here")
     q = sub.add_parser("local")
     q.add_argument("--build", default=os.path.join(ROOT, "build"))
     q.add_argument("--out")
@@ -1684,6 +1764,11 @@ def run(a):
         return 0 if (ok or not (a.check or a.expect_params)) else 1
     if a.cmd == "local":
         local(a.build, a.out)
+        return 0
+    if a.cmd == "checkpoint":
+        if min(a.node_gbps, a.fs_gbps, a.d2h_gbps) <= 0 or a.gpus_per_node < 1 or a.interval < 1:
+            raise InputError("--node-gbps, --fs-gbps, --d2h-gbps must be positive; --gpus-per-node, --interval >= 1")
+        checkpoint_projection(a.node_gbps, a.fs_gbps, a.gpus_per_node, a.d2h_gbps, a.interval, a.out)
         return 0
     if a.query_groups and a.heads % a.query_groups:
         raise InputError(f"--heads {a.heads} is not a multiple of --query-groups {a.query_groups}")

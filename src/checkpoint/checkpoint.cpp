@@ -239,15 +239,6 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   if (const std::string e = sync_to_disk(parent_dir(path)); !e.empty()) throw Error::one(e);
 }
 
-// This optimizer's segments of a full-size host buffer, to the device.
-void load_state(const FloatView& part, const HostFloatView& full, const AdamW& opt) {
-  auto mirror = Kokkos::create_mirror_view(part);
-  for (const AdamW::Segment& s : opt.segments())
-    Kokkos::deep_copy(Kokkos::subview(mirror, Kokkos::make_pair(s.at, s.at + s.n)),
-                      Kokkos::subview(full, Kokkos::make_pair(s.begin, s.begin + s.n)));
-  Kokkos::deep_copy(part, mirror);
-}
-
 // The root attributes of a checkpoint ("Root attributes"), lora_base and its digest with adapters.
 void write_root_attributes(hid_t file, const CheckpointState& st, bool has_optimizer, bool adapters,
                            const std::string& layout) {
@@ -356,15 +347,17 @@ struct StateBuffers {
   const float* states = nullptr;                   // (host_size - padded_size) the model's states
 };
 
-// The pieces of a checkpoint's tensors this rank writes (or verifies on load), as FileRuns with
-// their sources in `b`: the model's tensors (prefix "") and the optimizer's, clipped to `owned`.
-std::vector<FileRun> owned_pieces(const ParamStore& store, const DatasetList& ds, const StateBuffers& b,
-                                  const std::vector<FlatRange>& owned, const Owner& w,
-                                  const std::map<std::string, std::vector<hsize_t>>& model_tensors,
-                                  const std::map<std::string, std::vector<hsize_t>>& opt_tensors) {
-  std::vector<FileRun> out;
+// Calls f(dataset, kind, range, element, global, n) for the pieces of a checkpoint's tensors that
+// this rank writes (or verifies on load): n elements of dataset `dataset` from global index `global`
+// on. kind 0 is the model (prefix ""; `element` a flat index in owned[range], or with range -1 an
+// index into the model's states), kinds 1, 2, 3 the optimizer's exp_avg, exp_avg_sq and master
+// (the first `moments` of them; `element` a flat index in owned[range]).
+template <class F>
+void for_each_owned_piece(const ParamStore& store, const DatasetList& ds, const std::vector<FlatRange>& owned,
+                          const Owner& w, const std::map<std::string, std::vector<hsize_t>>& model_tensors,
+                          const std::map<std::string, std::vector<hsize_t>>& opt_tensors, int moments, F&& f) {
   const std::int64_t N = store.padded_size();
-  auto index_of = [&owned](const FlatRange& g) { return static_cast<size_t>(&g - owned.data()); };
+  auto index_of = [&owned](const FlatRange& g) { return static_cast<int>(&g - owned.data()); };
   for (const auto& entry : model_tensors) {
     const ParamId id = store.find(entry.first);
     if (id < 0 || !tp_owns(store.info(id), w)) continue;
@@ -373,29 +366,46 @@ std::vector<FileRun> owned_pieces(const ParamStore& store, const DatasetList& ds
     const auto runs = tensor_runs(p);
     if (p.state) {  // outside the flat buffers: data-parallel rank 0's
       if (!w.dense) continue;
-      for (const TensorRun& r : runs) out.push_back(FileRun{b.states + (p.offset - N) + r.local, r.n, r.global, d});
+      for (const TensorRun& r : runs) f(d, 0, -1, (p.offset - N) + r.local, r.global, r.n);
       continue;
     }
     for_each_piece(p, runs, owned, [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
-      out.push_back(FileRun{b.values[index_of(g)] + (flat - g.begin), n, global, d});
+      f(d, 0, index_of(g), flat, global, n);
     });
   }
-  const std::pair<const char*, const std::vector<const float*>*> moments[] = {{"optimizer/exp_avg/", &b.m},
-                                                                              {"optimizer/exp_avg_sq/", &b.v},
-                                                                              {"optimizer/master/", &b.master}};
-  for (const auto& [prefix, base] : moments) {
-    if (base->empty()) continue;
+  const char* const prefixes[] = {"optimizer/exp_avg/", "optimizer/exp_avg_sq/", "optimizer/master/"};
+  for (int k = 0; k < moments; ++k) {
     for (const auto& entry : opt_tensors) {
       const ParamId id = store.find(entry.first);
       if (id < 0 || !tp_owns(store.info(id), w) || store.info(id).state) continue;
       const ParamInfo& p = store.info(id);
-      const int d = ds.index.at(prefix + entry.first);
+      const int d = ds.index.at(prefixes[k] + entry.first);
       for_each_piece(p, tensor_runs(p), owned,
                      [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
-                       out.push_back(FileRun{(*base)[index_of(g)] + (flat - g.begin), n, global, d});
+                       f(d, k + 1, index_of(g), flat, global, n);
                      });
     }
   }
+}
+
+// The pieces of for_each_owned_piece as FileRuns with their sources in `b`.
+std::vector<FileRun> owned_pieces(const ParamStore& store, const DatasetList& ds, const StateBuffers& b,
+                                  const std::vector<FlatRange>& owned, const Owner& w,
+                                  const std::map<std::string, std::vector<hsize_t>>& model_tensors,
+                                  const std::map<std::string, std::vector<hsize_t>>& opt_tensors) {
+  std::vector<FileRun> out;
+  const std::vector<const float*>* moment[] = {&b.m, &b.v, &b.master};
+  const int moments = b.m.empty() ? 0 : (b.master.empty() ? 2 : 3);
+  for_each_owned_piece(store, ds, owned, w, model_tensors, opt_tensors, moments,
+                       [&](int d, int kind, int range, std::int64_t element, std::int64_t global, std::int64_t n) {
+                         const float* src = kind == 0
+                                                ? (range < 0 ? b.states + element
+                                                             : b.values[static_cast<size_t>(range)] +
+                                                                   (element - owned[static_cast<size_t>(range)].begin))
+                                                : (*moment[kind - 1])[static_cast<size_t>(range)] +
+                                                      (element - owned[static_cast<size_t>(range)].begin);
+                         out.push_back(FileRun{src, n, global, d});
+                       });
   return out;
 }
 
@@ -482,6 +492,21 @@ bool CheckpointSaver::pending() const { return impl_->pending; }
 void CheckpointSaver::set_write_pause(double seconds) { impl_->pause_s = seconds; }
 const SaveTimes& CheckpointSaver::times() const { return impl_->times; }
 std::int64_t CheckpointSaver::iteration() const { return impl_->iteration; }
+
+void CheckpointSaver::reserve(const ParamStore& store, const AdamW* opt, const Topology& topo) {
+  Impl& s = *impl_;
+  const std::int64_t P = owned_elements(owned_ranges(store, opt, owner_of(topo)));
+  // zero-filled: the pages are touched now, at start-up, not during the first save's stall
+  auto make = [P](HostFloatView& v, const char* label) {
+    if (v.extent(0) != static_cast<size_t>(P)) v = HostFloatView(std::string(label), static_cast<size_t>(P));
+  };
+  make(s.values, "checkpoint::values");
+  if (opt) {
+    make(s.m, "checkpoint::exp_avg");
+    make(s.v, "checkpoint::exp_avg_sq");
+    if (opt->has_master()) make(s.master, "checkpoint::master");
+  }
+}
 
 std::int64_t CheckpointSaver::host_buffer_bytes(const ParamStore& store, const AdamW* opt, const Topology& topo) {
   const std::int64_t P = owned_elements(owned_ranges(store, opt, owner_of(topo)));
@@ -837,34 +862,30 @@ struct ReadFd {
 }  // namespace
 
 CheckpointState load_checkpoint(const std::string& path, const std::string& expected_model, ParamStore& store,
-                                AdamW* opt, const Topology& topo, TensorSet set) {
+                                AdamW* opt, const Topology& topo, TensorSet set, LoadTimes* times) {
   CheckpointState st;
-  // (host_size): the model and its states, laid out like the store (reading a part of it: the
-  // other tensors keep their values)
-  HostFloatView values = set == TensorSet::all
-                             ? HostFloatView(std::string("checkpoint::values"), static_cast<size_t>(store.host_size()))
-                             : store.model_to_host();
-  // this rank's optimizer state only (its segments: a shard under the distributed optimizer)
-  const std::int64_t L = opt ? static_cast<std::int64_t>(opt->exp_avg().extent(0)) : 0;
-  HostFloatView m, v, master;  // (L) each, when allocated
-  bool has_master = false;
-  if (opt) {
-    m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(L));
-    v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(L));
-  }
+  LoadTimes local_times;
+  LoadTimes& lt = times ? *times : local_times;
+  lt = LoadTimes{};
+  double mark = wall_seconds();
   const MPI_Comm world = topo.world().get();
   const auto model_tensors = all_tensors(store, world, set), opt_tensors = all_tensors(store, world, set, false);
-  const auto tensors_of = [&](const std::string& prefix) -> const std::map<std::string, std::vector<hsize_t>>& {
-    return prefix.empty() ? model_tensors : opt_tensors;
-  };
   const std::vector<FlatRange> held = held_ranges(store, opt);
+  const Owner w = owner_of(topo);
+  const std::vector<FlatRange> owned = owned_ranges(store, opt, w);
   std::int64_t version = 0;
-  // the stored checksums of every dataset read, by prefix, in the order of `tensors`
-  std::map<std::string, std::vector<std::string>> stored;
+  bool has_master = false;
+  DatasetList ds;
+  std::vector<std::string> want;  // (ds) the stored checksums, with format_version 2
+  // The file stays open through both passes: the readers of the datasets this rank reads (by
+  // position in ds), on the file and its POSIX descriptor.
+  H5QuietErrors quiet;
+  H5Handle file;
+  std::unique_ptr<ReadFd> fd;
+  std::vector<std::unique_ptr<TensorReader>> readers;
   collectively(world, [&] {
-    H5QuietErrors quiet;
-    H5Handle file = open_checkpoint(path, expected_model);
-    const ReadFd fd(path);
+    file = open_checkpoint(path, expected_model);
+    fd = std::make_unique<ReadFd>(path);
     version = h5_read_attr_int(file, "format_version", path);
     st.model = expected_model;
     st.iteration = h5_read_attr_int(file, "iteration", path);
@@ -887,110 +908,85 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     TRIDENT_REQUIRE(set != TensorSet::adapters || !st.lora_base.empty(),
                     "checkpoint " << path
                                   << " holds no LoRA adapters (it is not a checkpoint of a run with lora.rank > 0)");
-    // the reader of dataset prefix + p.name, after checking that it exists with p's global shape
-    auto open_tensor = [&](const std::string& prefix, const ParamInfo& p) {
-      const std::string name = prefix + p.name;
-      TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
-                          H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
-                      "checkpoint " << path << " has no tensor '" << name
-                                    << "' (not a checkpoint of this model, or the file is corrupt)");
-      TensorReader r(file, fd.fd, name, path);
-      const auto dims = r.dims();
-      std::vector<hsize_t> want(p.global_shape.begin(), p.global_shape.end());  // (ndims)
-      TRIDENT_REQUIRE(dims == want, "checkpoint " << path << ": tensor '" << name << "' has shape " << shape_str(dims)
-                                                  << " but this model needs " << shape_str(want));
-      return r;
-    };
-    auto checksums_of = [&](const std::string& prefix) {
-      if (version < 2) return;
-      auto& sums = stored[prefix];
-      for (const auto& entry : tensors_of(prefix)) {
-        const std::string name = prefix + entry.first;
-        TRIDENT_REQUIRE(H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
-                        "checkpoint " << path << " has no tensor '" << name << "'");
-        H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
-        TRIDENT_REQUIRE(h5_has_attr(dset, "checksum"), "checkpoint " << path << ": tensor '" << name
-                                                                     << "' has no checksum attribute (format_version "
-                                                                     << version << " requires one)");
-        sums.push_back(h5_read_attr_string(dset, "checksum", path + ": " + name));
-      }
-    };
-    // the model: every element of this rank's tensors (tied copies too)
-    for (const auto& p : store.params()) {
-      if (!in_set(p, set)) continue;
-      TensorReader r = open_tensor("", p);
-      for (const TensorRun& run : tensor_runs(p)) r.read(run.global, run.n, values.data() + p.offset + run.local);
-    }
-    checksums_of("");
-    // the optimizer state: this rank's segments
-    auto get_state = [&](const std::string& prefix, float* host) {
-      for (const auto& p : store.params()) {
-        if (!in_set(p, set) || p.state) continue;
-        TensorReader r = open_tensor(prefix, p);
-        for_each_piece(p, tensor_runs(p), held,
-                       [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
-                         r.read(global, n, host + g.at + (flat - g.begin));
-                       });
-      }
-      checksums_of(prefix);
-    };
-    if (opt) {
+    if (opt)
       TRIDENT_REQUIRE(h5_read_attr_int(file, "has_optimizer", path) == 1,
                       "checkpoint '" << path << "' has no optimizer state to resume from");
-      get_state("optimizer/exp_avg/", m.data());
-      get_state("optimizer/exp_avg_sq/", v.data());
-      // fp32 master weights of a 16-bit run; without them (a checkpoint of an fp32 run) the
-      // masters start from the model's values
-      has_master = opt->has_master() && H5Lexists(file, "optimizer/master", H5P_DEFAULT) > 0;
-      if (has_master) {
-        master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(L));
-        get_state("optimizer/master/", master.data());
-      }
-    }
+    // fp32 master weights of a 16-bit run; without them (a checkpoint of an fp32 run) the masters
+    // start from the model's values
+    has_master = opt && opt->has_master() && H5Lexists(file, "optimizer/master", H5P_DEFAULT) > 0;
     if (h5_has_attr(file, "loss_scale_growth_tracker")) {
       st.loss_scale_growth_tracker = h5_read_attr_int(file, "loss_scale_growth_tracker", path);
       st.loss_scale_hysteresis_tracker = h5_read_attr_int(file, "loss_scale_hysteresis_tracker", path);
       st.skipped_iterations = h5_read_attr_int(file, "skipped_iterations", path);
     }
-  });
-  // Checks over the parts this rank owns (they partition every tensor, as when saving): each
-  // tensor's checksum (one all-reduce; every rank reaches the same verdict), that every value is
-  // finite, and that the parts cover each tensor once.
-  {
-    DatasetList ds;
     ds.add("", model_tensors);
     if (opt) {
       ds.add("optimizer/exp_avg/", opt_tensors);
       ds.add("optimizer/exp_avg_sq/", opt_tensors);
       if (has_master) ds.add("optimizer/master/", opt_tensors);
     }
-    const Owner w = owner_of(topo);
-    const std::vector<FlatRange> owned = owned_ranges(store, opt, w);
-    StateBuffers b;
-    b.states = values.data() + store.padded_size();
-    for (const FlatRange& g : owned) {
-      b.values.push_back(values.data() + g.begin);
-      if (opt) {
-        b.m.push_back(m.data() + g.at);
-        b.v.push_back(v.data() + g.at);
-        if (has_master) b.master.push_back(master.data() + g.at);
+    // every dataset exists (and carries its checksum); the ones of this rank's tensors have their shapes
+    for (const std::string& name : ds.names) {
+      TRIDENT_REQUIRE(H5Lexists(file, name.substr(0, name.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+                          H5Oexists_by_name(file, name.c_str(), H5P_DEFAULT) > 0,
+                      "checkpoint " << path << " has no tensor '" << name
+                                    << "' (not a checkpoint of this model, or the file is corrupt)");
+      if (version < 2) continue;
+      H5Handle dset = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+      TRIDENT_REQUIRE(h5_has_attr(dset, "checksum"), "checkpoint " << path << ": tensor '" << name
+                                                                   << "' has no checksum attribute (format_version "
+                                                                   << version << " requires one)");
+      want.push_back(h5_read_attr_string(dset, "checksum", path + ": " + name));
+    }
+    readers.resize(ds.names.size());
+    const char* const prefixes[] = {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/", "optimizer/master/"};
+    for (const auto& p : store.params()) {
+      if (!in_set(p, set)) continue;
+      for (const char* prefix : prefixes) {
+        const auto it = ds.index.find(prefix + p.name);
+        if (it == ds.index.end() || (p.state && *prefix)) continue;
+        auto r = std::make_unique<TensorReader>(file, fd->fd, ds.names[static_cast<size_t>(it->second)], path);
+        std::vector<hsize_t> need(p.global_shape.begin(), p.global_shape.end());  // (ndims)
+        TRIDENT_REQUIRE(r->dims() == need, "checkpoint " << path << ": tensor '" << ds.names[it->second]
+                                                         << "' has shape " << shape_str(r->dims())
+                                                         << " but this model needs " << shape_str(need));
+        readers[static_cast<size_t>(it->second)] = std::move(r);
       }
     }
+  });
+  lt.open = wall_seconds() - mark;
+  mark = wall_seconds();
+  // Pass 1, before anything changes: every rank reads the parts it owns (they partition every
+  // tensor, as when saving) through one reused buffer, adds up their checksums, checks that every
+  // value is finite and counts them; one all-reduce, and every rank reaches the same verdict.
+  {
     const size_t D = ds.names.size();
     std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
-    for (const FileRun& r : owned_pieces(store, ds, b, owned, w, model_tensors, opt_tensors)) {
-      bool finite = true;
-      acc[static_cast<size_t>(r.dataset)] += checksum_terms(r.src, static_cast<std::uint64_t>(r.global), r.n, &finite);
-      acc[D + static_cast<size_t>(r.dataset)] += static_cast<std::uint64_t>(r.n);
-      if (!finite) acc[2 * D + static_cast<size_t>(r.dataset)] = 1;
+    std::string err;
+    try {
+      constexpr std::int64_t kPart = std::int64_t{1} << 21;  // 8 MiB
+      std::vector<float> part(static_cast<size_t>(kPart));
+      for_each_owned_piece(store, ds, owned, w, model_tensors, opt_tensors, opt ? (has_master ? 3 : 2) : 0,
+                           [&](int d, int, int, std::int64_t, std::int64_t global, std::int64_t n) {
+                             TensorReader& r = *readers.at(static_cast<size_t>(d));
+                             for (std::int64_t k = 0; k < n; k += kPart) {
+                               const std::int64_t m = std::min(kPart, n - k);
+                               r.read(global + k, m, part.data());
+                               bool finite = true;
+                               acc[static_cast<size_t>(d)] += checksum_terms(part.data(),
+                                                                             static_cast<std::uint64_t>(global + k), m,
+                                                                             &finite);
+                               if (!finite) acc[2 * D + static_cast<size_t>(d)] = 1;
+                             }
+                             acc[D + static_cast<size_t>(d)] += static_cast<std::uint64_t>(n);
+                           });
+    } catch (const std::exception& e) {
+      err = e.what();
     }
+    agree_or_throw(world, err);
     topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
     std::string bad;
     if (version >= 2) {
-      std::vector<std::string> want;  // (D) in the order of ds
-      for (const char* prefix : {"", "optimizer/exp_avg/", "optimizer/exp_avg_sq/", "optimizer/master/"})
-        if (stored.count(prefix)) want.insert(want.end(), stored[prefix].begin(), stored[prefix].end());
-      TRIDENT_REQUIRE(want.size() == D, "internal: checkpoint checksums do not match the tensors read");
       for (size_t i = 0; i < D && bad.empty(); ++i)
         if (hex64(acc[i]) != want[i])
           bad = "checkpoint " + path + " is corrupt: tensor '" + ds.names[i] + "' fails its checksum (stored " +
@@ -1009,18 +1005,78 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
               std::to_string(ds.numel(static_cast<int>(i))) + " elements of checkpoint tensor '" + ds.names[i] + "'";
     agree_or_throw(world, bad);
   }
-  store.model_from_host(values);
-  if (opt) {
-    Kokkos::deep_copy(opt->exp_avg(), m);
-    Kokkos::deep_copy(opt->exp_avg_sq(), v);
-    if (opt->has_master()) {
-      if (has_master)
-        Kokkos::deep_copy(opt->master(), master);
-      else  // from an fp32 checkpoint: the exact fp32 values, not their 16-bit rounding
-        load_state(opt->master(), values, *opt);
+  lt.verify = wall_seconds() - mark;
+  mark = wall_seconds();
+  // Pass 2, everything verified: every rank reads all that it holds (its whole local model, its
+  // segments of the optimizer state) into place: straight into the model's and optimizer's own
+  // memory (fp32 on a host backend: no buffer, and from the page cache the first pass filled), or
+  // into host buffers that are then converted (16-bit parameters) and copied (a device).
+  const std::int64_t N = store.padded_size();
+  const bool direct = kHostAccessible && store.dtype() == DType::F32;
+  const std::int64_t L = opt ? static_cast<std::int64_t>(opt->exp_avg().extent(0)) : 0;
+  HostFloatView values, m, v, master;  // the buffers of the buffered path: (host_size), (L) each
+  HostFloatView states;                // (host_size - N) the states, on either path
+  auto dataset = [&](const char* prefix, const ParamInfo& p) -> TensorReader& {
+    return *readers.at(static_cast<size_t>(ds.index.at(prefix + p.name)));
+  };
+  collectively(world, [&] {
+    float *vbase = nullptr, *mbase = nullptr, *sbase = nullptr, *xbase = nullptr;  // flat / segment-indexed
+    if (direct) {
+      vbase = store.values().data();
+      if (opt) {
+        mbase = opt->exp_avg().data();
+        sbase = opt->exp_avg_sq().data();
+        if (opt->has_master()) xbase = opt->master().data();
+      }
+    } else {
+      // reading a part of the tensors: the others keep their values
+      values = set == TensorSet::all
+                   ? HostFloatView(std::string("checkpoint::values"), static_cast<size_t>(store.host_size()))
+                   : store.model_to_host();
+      vbase = values.data();
+      if (opt) {
+        m = HostFloatView(std::string("checkpoint::exp_avg"), static_cast<size_t>(L));
+        v = HostFloatView(std::string("checkpoint::exp_avg_sq"), static_cast<size_t>(L));
+        mbase = m.data();
+        sbase = v.data();
+        if (opt->has_master()) {
+          master = HostFloatView(std::string("checkpoint::master"), static_cast<size_t>(L));
+          xbase = master.data();
+        }
+      }
     }
-    opt->set_steps(st.optimizer_steps);
+    if (store.has_states()) states = Kokkos::create_mirror_view_and_copy(HostSpace(), store.states());
+    for (const auto& p : store.params()) {
+      if (!in_set(p, set)) continue;
+      TensorReader& r = dataset("", p);
+      const auto runs = tensor_runs(p);
+      for (const TensorRun& run : runs) {
+        float* dst = p.state ? states.data() + (p.offset - N) + run.local : vbase + p.offset + run.local;
+        r.read(run.global, run.n, dst);
+      }
+      if (!opt || p.state) continue;
+      auto segments = [&](TensorReader& from, float* base) {
+        for_each_piece(p, runs, held, [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
+          from.read(global, n, base + g.at + (flat - g.begin));
+        });
+      };
+      segments(dataset("optimizer/exp_avg/", p), mbase);
+      segments(dataset("optimizer/exp_avg_sq/", p), sbase);
+      // the masters: the checkpoint's, or (an fp32 checkpoint) the exact fp32 values of its model
+      if (xbase) segments(has_master ? dataset("optimizer/master/", p) : r, xbase);
+    }
+  });
+  if (store.has_states()) Kokkos::deep_copy(store.states(), states);
+  if (!direct) {
+    store.model_from_host(values);
+    if (opt) {
+      Kokkos::deep_copy(opt->exp_avg(), m);
+      Kokkos::deep_copy(opt->exp_avg_sq(), v);
+      if (opt->has_master()) Kokkos::deep_copy(opt->master(), master);
+    }
   }
+  if (opt) opt->set_steps(st.optimizer_steps);
+  lt.place = wall_seconds() - mark;
   return st;
 }
 

@@ -90,6 +90,9 @@ class CheckpointSaver {
   // (a full disk, a diverged run's non-finite values) are Error::all naming the problem.
   std::string finish(const Topology& topo);
   const SaveTimes& times() const;  // of the last save
+  // Allocates (and touches) the host buffers of asynchronous saves now (start-up), not at the
+  // first save.
+  void reserve(const ParamStore& store, const AdamW* optimizer, const Topology& topo);
   // The host memory that asynchronous saves keep on this rank (bytes): the parts of the model
   // (fp32) and of the optimizer state that this rank writes (O(state / dp) with the distributed
   // optimizer), and the model's states.
@@ -119,12 +122,23 @@ std::string read_checkpoint_deck(const std::string& file, const std::string& exp
 // Collective over topo.world(). Loads parameters (and the optimizer state when optimizer is
 // given) and returns the state attributes. Shape or kind mismatches name the tensor; so does a
 // tensor whose checksum does not match (a corrupt file) or that holds NaN or inf (a diverged
-// run). The store and optimizer are changed only once everything has been read and verified, so
-// a caller may try an older checkpoint after a failure.
+// run). Two passes: every rank first reads the parts of the tensors it owns (they partition every
+// tensor), checksums and checks them; only once every rank agrees that all passed does each read
+// what it holds into the store and the optimizer (this rank's shard of the optimizer state, never
+// more), so a caller may try an older checkpoint after a failure of the first pass. A read that
+// fails in the second pass (the file changed or vanished in between) is an error, with the store
+// partly loaded.
 // `set` selects the tensors read (the others keep their values): a LoRA run reads its base
 // model's (TensorSet::base) and its own checkpoints' (TensorSet::adapters).
+// Where a load's wall time went on this rank (seconds): opening the file and its datasets; the
+// first pass (every rank reads the parts it owns, checksums and checks them: the cold read from
+// the disk); the second (every rank reads what it holds into place, from the page cache).
+struct LoadTimes {
+  double open = 0, verify = 0, place = 0;
+};
 CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,
-                                AdamW* optimizer, const Topology& topo, TensorSet set = TensorSet::all);
+                                AdamW* optimizer, const Topology& topo, TensorSet set = TensorSet::all,
+                                LoadTimes* times = nullptr);
 
 // Collective over `world`: the base checkpoint that checkpoint `file`'s LoRA adapters were
 // trained on (its attribute lora_base), or "" for a checkpoint of plain weights.

@@ -136,10 +136,12 @@ StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfi
           if (diff.empty()) break;
         } else if (diff.empty()) {
           const double t0 = wall_seconds();
-          st = load_checkpoint(file, family, store, &adamw, topo);
+          LoadTimes lt;
+          st = load_checkpoint(file, family, store, &adamw, topo, TensorSet::all, &lt);
           if (root)
             std::cout << "loaded checkpoint " << file << " in " << std::fixed << std::setprecision(2)
-                      << wall_seconds() - t0 << " s" << std::defaultfloat << std::endl;
+                      << wall_seconds() - t0 << " s (open " << lt.open << ", read and verify " << lt.verify
+                      << ", place " << lt.place << ")" << std::defaultfloat << std::endl;
           break;
         }
       } catch (const Error& e) {

@@ -389,7 +389,10 @@ TrainingRun::TrainingRun(const Deck& deck, ModelFamily fam, Topology& topo, Stop
     plan.checkpoint_bytes = checkpoint_bytes_;
     check_outputs(deck, plan, world_);
   }
-  if (deck.checkpoint.async_save && !deck.checkpoint.save.empty()) check_async_buffers_fit();
+  if (deck.checkpoint.async_save && !deck.checkpoint.save.empty()) {
+    check_async_buffers_fit();
+    saver_.reserve(store_, adamw_.get(), topo_);
+  }
   deck_text_ = deck.to_ini();
   watchdog_ = std::make_unique<Watchdog>(deck.watchdog, world_.rank());
   // tokens of an iteration (T5: encoder and decoder tokens)

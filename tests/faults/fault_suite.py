@@ -758,6 +758,24 @@ def group_async(s):
     ref_m = s.path("async_ref.csv")
     good_run(s, 2, *sched, "--train.iters", "12", "--log.metrics_file", ref_m)
     ref = losses(ref_m)
+    # an asynchronous checkpoint holds the tensors of a synchronous one of the same step, bit for bit
+    # (dp 2, ZeRO-1: every rank writes its shard)
+    import h5py
+    import numpy as np
+    files = {}
+    for mode in ("false", "true"):
+        ck = s.path(f"ck_async_same_{mode}")
+        good_run(s, 2, *sched, "--train.iters", "6", "--checkpoint.save", ck, "--checkpoint.interval", "3",
+                 "--checkpoint.async_save", mode)
+        files[mode] = os.path.join(ck, "iter_0000006", "checkpoint.h5")
+    with h5py.File(files["false"], "r") as a, h5py.File(files["true"], "r") as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        differ = [n for n in names if n not in b or not np.array_equal(a[n][()], b[n][()])
+                  or a[n].attrs["checksum"] != b[n].attrs["checksum"]]
+    print(f"{'ok  ' if names and not differ else 'FAIL'} asynchronous and synchronous checkpoints of iteration 6: "
+          f"{len(names)} tensors, {len(differ)} differ {differ[:3]}")
+    s.results.append(("asynchronous checkpoint = synchronous one", bool(names) and not differ, 0, 0.0))
 
     def resumes_exactly(ck, at):
         """`latest` is `at`; a resumed run from it to 12 gives the reference's losses bit for bit."""
