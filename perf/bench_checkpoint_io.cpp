@@ -11,7 +11,8 @@
 //   --mode load:  load_s (open_s, verify_s: the first pass, the cold read; place_s: the second),
 //                 then checks every element of the loaded model and moments against the
 //                 values it would have saved (exit 1 on a difference)
-// and peak_rss_mb: this rank's peak resident memory (the sum over ranks is printed by rank 0).
+// and rss_before_mb_max (the largest rank's resident memory before the first save or load),
+// peak_rss_mb_sum and peak_rss_mb_max (the ranks' peak resident memory: sum, largest).
 //
 //   mpiexec -n 2 bench_checkpoint_io --dir /path/ck --params 600000000 --mode save [--async]
 //   mpiexec -n 2 bench_checkpoint_io --dir /path/ck --params 600000000 --mode load
@@ -34,12 +35,15 @@ namespace po = boost::program_options;
 using namespace trident;
 
 namespace {
-double peak_rss_mb() {
+// A figure of /proc/self/status in MiB: VmHWM (the peak resident memory), VmRSS (now).
+double status_mb(const char* field) {
   std::ifstream in("/proc/self/status");
+  const std::string want = std::string(field) + ":";
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+    if (line.rfind(want, 0) == 0) return std::stod(line.substr(want.size())) / 1024.0;  // kB
   return -1;
 }
+double peak_rss_mb() { return status_mb("VmHWM"); }
 
 // The value of element i of buffer `which` (0 model, 1 exp_avg, 2 exp_avg_sq): finite, varied.
 KOKKOS_INLINE_FUNCTION float synthetic(std::int64_t i, int which, std::uint64_t seed) {
@@ -146,6 +150,7 @@ int main(int argc, char** argv) {
       st.optimizer_steps = 1;
       st.deck = "[bench]\n";
       char line[512];
+      double rss_before = 0;  // the largest rank's resident memory before the first save or load (MiB)
       if (mode == "save") {
         fill(store.values(), 0, 0, seed);
         fill(opt.exp_avg(), begin, 1, seed);
@@ -153,6 +158,7 @@ int main(int argc, char** argv) {
         opt.set_steps(1);
         Kokkos::fence();
         topo.world().barrier();
+        rss_before = topo.world().allreduce_max(status_mb("VmRSS"));
         CheckpointSaver saver;
         for (std::int64_t k = 1; k <= repeat; ++k) {
           st.iteration = k;
@@ -171,6 +177,7 @@ int main(int argc, char** argv) {
           if (k < repeat && rank == 0) std::printf("%s\n", line);
         }
       } else if (mode == "load") {
+        rss_before = topo.world().allreduce_max(status_mb("VmRSS"));
         for (std::int64_t k = 1; k <= repeat; ++k) {
           if (k > 1) drop_page_cache(topo);  // each load reads the file from the disk
           topo.world().barrier();
@@ -202,9 +209,10 @@ int main(int argc, char** argv) {
       }
       const double rss = topo.world().allreduce_sum(peak_rss_mb()), rss_max = topo.world().allreduce_max(peak_rss_mb());
       if (rank == 0)
-        std::printf("%s ranks=%d tp=%lld params=%lld peak_rss_mb_sum=%.0f peak_rss_mb_max=%.0f\n", line,
-                    topo.world_size(), static_cast<long long>(tp), static_cast<long long>(store.global_count()), rss,
-                    rss_max);
+        std::printf(
+            "%s ranks=%d tp=%lld params=%lld rss_before_mb_max=%.0f peak_rss_mb_sum=%.0f peak_rss_mb_max=%.0f\n", line,
+            topo.world_size(), static_cast<long long>(tp), static_cast<long long>(store.global_count()), rss_before,
+            rss, rss_max);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench_checkpoint_io: %s\n", e.what());
       std::fflush(stderr);
