@@ -822,7 +822,6 @@ class TensorReader {
     offset_ = raw_ ? static_cast<std::uint64_t>(at) : 0;
   }
   std::vector<hsize_t> dims() const { return h5_dims(dset_); }
-  hid_t dataset() const { return dset_; }
   // n elements from global row-major index `global` on, into dst
   void read(std::int64_t global, std::int64_t n, float* dst) {
     if (raw_) {
