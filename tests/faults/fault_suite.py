@@ -231,6 +231,17 @@ class Suite:
 # helpers
 # ------------------------------------------------------------------------------------------
 
+def fill_disk(path):
+    """Writes zeros to `path` until its file system is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
 def good_run(s, np_, *extra):
     run(s.cmd(np_, *QUICK, *extra), timeout=300)
 
@@ -460,13 +471,7 @@ def group_outputs(s):
                        1, "disk full", protect=keep, after=not_started)
             # the TensorBoard directory's disk fills during the run: reported once, training goes on
             filler = os.path.join(tmpfs, "filler")
-            with open(filler, "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            fill_disk(filler)
             os.truncate(filler, max(0, os.path.getsize(filler) - 8192))  # 8 KiB left: the deck and a few steps
             m_tb = s.path("m_tb.csv")
             def trained_on(out):
@@ -850,13 +855,7 @@ def group_async(s):
         filler = os.path.join(tmpfs, "filler")
         def fill_mid_write(job):
             job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
-            with open(filler, "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            fill_disk(filler)
         def full_checks(out):
             left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
             os.remove(filler)

@@ -37,6 +37,14 @@ std::string tmpdir(const char* name) {
   fs::create_directories(d);
   return d.string();
 }
+// The stored part of every parameter of `a` (padded embedding rows are not stored) equals b's.
+void expect_same_stored_values(const ParamStore& a, const ParamStore& b) {
+  auto va = to_host(a.values()), vb = to_host(b.values());
+  for (const auto& p : a.params()) {
+    const std::int64_t n = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(va[p.offset + i], vb[p.offset + i]) << p.name;
+  }
+}
 }  // namespace
 
 TEST(Checkpoint, RoundTripIsExactAndLatestIsWritten) {
@@ -70,12 +78,7 @@ TEST(Checkpoint, RoundTripIsExactAndLatestIsWritten) {
   EXPECT_EQ(got.consumed_samples, 4242);
   EXPECT_EQ(got.deck, st.deck);
   EXPECT_EQ(ob.steps(), 1);
-  auto va = to_host(a.values()), vb = to_host(b.values());
-  // padded embedding rows are not stored: compare the stored part of every parameter
-  for (const auto& p : a.params()) {
-    const std::int64_t n = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
-    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(va[p.offset + i], vb[p.offset + i]) << p.name;
-  }
+  expect_same_stored_values(a, b);
   auto ma1 = to_host(oa.exp_avg_sq()), mb1 = to_host(ob.exp_avg_sq());
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(ma1[i], mb1[i]);
   fs::remove_all(dir);
@@ -177,11 +180,7 @@ TEST(Checkpoint, StreamedWriterAndReaderGiveTheFilesOfSaveAndLoad) {
   const CheckpointState got = load_checkpoint(resolve_checkpoint(copy), "gpt", b, nullptr, topo);
   EXPECT_EQ(got.iteration, 7);
   EXPECT_EQ(got.consumed_samples, 70);
-  auto va = to_host(a.values()), vb = to_host(b.values());
-  for (const auto& p : a.params()) {
-    const std::int64_t n = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
-    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(va[p.offset + i], vb[p.offset + i]) << p.name;
-  }
+  expect_same_stored_values(a, b);
   // a writer that never commits leaves no file; a non-finite value is refused naming the tensor
   {
     CheckpointFileWriter w(dir + "/never", st);
@@ -434,10 +433,6 @@ TEST(Checkpoint, ChunkedAndCompressedDatasetsLoadToTheSameValues) {
   GptModel mb(cfg(1), b, 1);
   b.allocate();
   load_checkpoint(f, "gpt", b, nullptr, topo);
-  auto va = to_host(a.values()), vb = to_host(b.values());
-  for (const auto& p : a.params()) {
-    const std::int64_t n = p.valid[0] * (p.shape.size() > 1 ? p.shape[1] : 1);
-    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(va[p.offset + i], vb[p.offset + i]) << p.name;
-  }
+  expect_same_stored_values(a, b);
   fs::remove_all(dir);
 }
