@@ -428,7 +428,6 @@ void TrainingRun::check_async_buffers_fit() {
 }
 
 void TrainingRun::save(std::int64_t it) {
-  watchdog_->slow_phase("checkpoint save", it);
   last_saved_ = it;
   CheckpointState st;
   st.model = family_name(fam_);
