@@ -3,7 +3,8 @@
 
 Two kinds of rows, per target directory (a tmpfs and a directory on the disk by default) and rank
 count, each beside `dd`'s rate on the same directory (the same number of bytes written with
-conv=fdatasync, then read back with a cold page cache):
+conv=fdatasync, then read back with a cold page cache, through the page cache and with
+O_DIRECT, the faster of the two taken as the disk's read rate):
 
   345M   pretrain_gpt trains a deck (GPT-2 345M at sequence 64 by default) for a few iterations
          with a checkpoint after each, synchronous and then asynchronous (checkpoint.async_save);
@@ -24,7 +25,8 @@ saves; synth: a second save, and a second load in the same process after droppin
 on a virtual machine whose host backs guest memory lazily, the first pass over memory a process has
 not used before runs at a fraction of the memory's speed, and both a process's first save and its
 load (into freshly allocated model and optimizer memory) pay for it (perf/results/checkpoint_*.md
-shows it on the development host). The save's phases, the load's (open, read and verify, place)
+shows it on the development host; a load reads with O_DIRECT, past the page cache). The save's
+phases, the load's (open, read, verify, place)
 and the peak resident memory per rank are printed too.
 
   /usr/bin/python3 perf/bench_checkpoint.py [--build build] [--deck inputs/gpt2_345m.ini] [--ranks 1,2]
@@ -57,7 +59,9 @@ def drop_caches():
 
 
 def dd_rates(directory, nbytes):
-    """dd's write rate (conv=fdatasync) and cold read rate of nbytes in directory, GB/s."""
+    """dd's write rate (conv=fdatasync) and cold read rates of nbytes in directory, GB/s: the faster
+    of a read through the page cache and one with O_DIRECT (16 MiB requests, as the load's), and
+    both; and whether the page cache could be dropped."""
     path = os.path.join(directory, "dd.bin")
     mib = max(1, nbytes // (1 << 20))
     t0 = time.time()
@@ -67,9 +71,13 @@ def dd_rates(directory, nbytes):
     cold = drop_caches()
     t0 = time.time()
     subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
-    r = mib * (1 << 20) / (time.time() - t0) / 1e9
+    r_cached = mib * (1 << 20) / (time.time() - t0) / 1e9
+    drop_caches()
+    t0 = time.time()
+    p = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"], capture_output=True)
+    r_direct = mib * (1 << 20) / (time.time() - t0) / 1e9 if p.returncode == 0 else float("nan")
     os.remove(path)
-    return w, r, cold
+    return w, max(r_cached, r_direct if r_direct == r_direct else 0.0), r_cached, r_direct, cold
 
 
 PHASES = ("copy", "create", "checksums", "write", "fsync", "publish")
@@ -113,12 +121,12 @@ def run_345m(a, label, directory, np_):
             cold = drop_caches()
             q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck,
                                        "--log.metrics_file="], capture_output=True, text=True)
-            m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s \(open ([0-9.]+), read and verify ([0-9.]+), "
+            m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s \(open ([0-9.]+), read ([0-9.]+), verify ([0-9.]+), "
                           r"place ([0-9.]+)\)", q.stdout)
             if q.returncode != 0 or not m:
                 print(q.stdout[-3000:], q.stderr[-2000:])
                 sys.exit(f"loading at np={np_} from {directory} failed")
-            out.update(load=float(m.group(1)), load_parts=[float(m.group(k)) for k in (2, 3, 4)], cold=cold,
+            out.update(load=float(m.group(1)), load_parts=[float(m.group(k)) for k in (2, 3, 4, 5)], cold=cold,
                        steady_load=float("nan"))
         else:
             # what training waits at each save: the copy and the file's creation; a save that waits for
@@ -157,7 +165,8 @@ def run_synth(a, label, directory, np_):
     out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1]), sync=s["save_s"],
                first=first_save["save_s"],
                phases=[s["copy_s"], s["create_s"], s["checksum_s"], s["write_s"], s["fsync_s"], s["publish_s"]],
-               load=first_load["load_s"], load_parts=[first_load["open_s"], first_load["verify_s"], first_load["place_s"]],
+               load=first_load["load_s"], load_parts=[first_load["open_s"], first_load["read_s"], first_load["verify_s"],
+                           first_load["place_s"]],
                steady_load=ld["load_s"], cold=drop_caches(), rss=s["peak_rss_mb_max"], step=float("nan"))
     shutil.rmtree(ck, ignore_errors=True)
     if not a.no_async_synth:
@@ -196,30 +205,31 @@ def main():
     for kind, spec, np_ in work:
         label, directory = spec.split("=", 1)
         r = run_345m(a, label, directory, np_) if kind == "345M" else run_synth(a, label, directory, np_)
-        dd_w, dd_r, dd_cold = dd_rates(directory, r["size"])
-        r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r,
+        dd_w, dd_r, dd_r_cached, dd_r_direct, dd_cold = dd_rates(directory, r["size"])
+        r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r, dd_r_cached=dd_r_cached, dd_r_direct=dd_r_direct,
                  cache="cold" if r["cold"] and dd_cold else "warm")
         gb = r["size"] / 1e9
         print(f"{kind} {label} np={np_}: {gb:.2f} GB, first save {r['first']:.2f} s, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
               f"{gb / r['sync'] / dd_w:.2f} x dd {dd_w:.3f}), async stall {r.get('async_stall', float('nan')):.2f} s, "
-              f"load {r['load']:.2f} s ({gb / r['load']:.3f} GB/s = {gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f})",
+              f"load {r['load']:.2f} s ({gb / r['load']:.3f} GB/s = {gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f}: "
+              f"page cache {dd_r_cached:.3f}, O_DIRECT {dd_r_direct:.3f})",
               flush=True)
         rows.append(r)
     lines = ["| state | target | ranks | checkpoint GB | first save s | save s (steady) | write GB/s | dd write GB/s "
-             "| ratio | async stall s | load s (first) | read GB/s | dd read GB/s | ratio | load s (steady) | ratio "
-             "| page cache at load |", "|" + "---|" * 17]
+             "| ratio | async stall s | load s (first) | read GB/s | dd read GB/s (page cache / O_DIRECT) | ratio "
+             "| load s (steady) | ratio | page cache at load |", "|" + "---|" * 17]
     for r in rows:
         gb = r["size"] / 1e9
         steady = r.get("steady_load", float("nan"))
         lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | {gb:.2f} | {r['first']:.2f} | {r['sync']:.2f} "
                      f"| {gb / r['sync']:.3f} | {r['dd_w']:.3f} | {gb / r['sync'] / r['dd_w']:.2f} "
                      f"| {r.get('async_stall', float('nan')):.2f} | {r['load']:.2f} | {gb / r['load']:.3f} "
-                     f"| {r['dd_r']:.3f} | {gb / r['load'] / r['dd_r']:.2f} | {steady:.2f} "
+                     f"| {r['dd_r']:.3f} ({r['dd_r_cached']:.3f} / {r['dd_r_direct']:.3f}) | {gb / r['load'] / r['dd_r']:.2f} | {steady:.2f} "
                      f"| {gb / steady / r['dd_r']:.2f} | {r['cache']} |")
     lines += ["", "Where the time goes (rank 0, seconds): a synchronous save (345M: median over the saves after the "
               "first; synth: the second save) and the first load:", "",
-              "| state | target | ranks | " + " | ".join(PHASES) + " | load: open | read and verify | place |",
-              "|" + "---|" * (6 + len(PHASES))]
+              "| state | target | ranks | " + " | ".join(PHASES) + " | load: open | read | verify | place |",
+              "|" + "---|" * (7 + len(PHASES))]
     for r in rows:
         lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | " + " | ".join(f"{x:.2f}" for x in r["phases"])
                      + " | " + " | ".join(f"{x:.2f}" for x in r["load_parts"]) + " |")

@@ -8,7 +8,8 @@
 //   --mode save:  save_s (the whole save, synchronous or asynchronous), stall_s (what training
 //                 would wait: the whole save, or the copy and file creation of an asynchronous one),
 //                 copy_s create_s checksum_s write_s fsync_s wait_s publish_s (rank 0), bytes (file)
-//   --mode load:  load_s (open_s, verify_s: the first pass, the cold read; place_s: the second),
+//   --mode load:  load_s (open_s; read_s: the cold read into place; verify_s: the checksums from
+//                 memory and the ranks' agreement; place_s: copies to the model, none here),
 //                 then checks every element of the loaded model and moments against the
 //                 values it would have saved (exit 1 on a difference)
 // and rss_before_mb_max (the largest rank's resident memory before the first save or load),
@@ -194,8 +195,9 @@ int main(int argc, char** argv) {
             rc = 1;
           }
           std::snprintf(line, sizeof line,
-                        "load_s=%.3f open_s=%.3f verify_s=%.3f place_s=%.3f bytes=%lld mismatches=%lld", dt, lt.open,
-                        lt.verify, lt.place, static_cast<long long>(bytes), static_cast<long long>(bad));
+                        "load_s=%.3f open_s=%.3f read_s=%.3f verify_s=%.3f place_s=%.3f bytes=%lld mismatches=%lld", dt,
+                        lt.open, lt.read, lt.verify, lt.place, static_cast<long long>(bytes),
+                        static_cast<long long>(bad));
           if (k < repeat && rank == 0) std::printf("%s\n", line);
           // the next load must change every value: scribble over the model and the moments
           if (k < repeat) {

@@ -822,6 +822,9 @@ class TensorReader {
     offset_ = raw_ ? static_cast<std::uint64_t>(at) : 0;
   }
   std::vector<hsize_t> dims() const { return h5_dims(dset_); }
+  // whether the dataset's bytes are read straight from the file, from byte offset() on
+  bool raw() const { return raw_; }
+  std::uint64_t offset() const { return offset_; }
   // n elements from global row-major index `global` on, into dst
   void read(std::int64_t global, std::int64_t n, float* dst) {
     if (raw_) {
@@ -955,71 +958,21 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   });
   lt.open = wall_seconds() - mark;
   mark = wall_seconds();
-  // Pass 1, before anything changes: every rank reads the parts it owns (they partition every
-  // tensor, as when saving) through one reused buffer, adds up their checksums, checks that every
-  // value is finite and counts them; one all-reduce, and every rank reaches the same verdict.
-  {
-    const size_t D = ds.names.size();
-    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
-    std::string err;
-    try {
-      constexpr std::int64_t kPart = std::int64_t{1} << 21;  // 8 MiB
-      std::vector<float> part(static_cast<size_t>(kPart));
-      for_each_owned_piece(store, ds, owned, w, model_tensors, opt_tensors, opt ? (has_master ? 3 : 2) : 0,
-                           [&](int d, int, int, std::int64_t, std::int64_t global, std::int64_t n) {
-                             TensorReader& r = *readers.at(static_cast<size_t>(d));
-                             for (std::int64_t k = 0; k < n; k += kPart) {
-                               const std::int64_t m = std::min(kPart, n - k);
-                               r.read(global + k, m, part.data());
-                               bool finite = true;
-                               acc[static_cast<size_t>(d)] += checksum_terms(part.data(),
-                                                                             static_cast<std::uint64_t>(global + k), m,
-                                                                             &finite);
-                               if (!finite) acc[2 * D + static_cast<size_t>(d)] = 1;
-                             }
-                             acc[D + static_cast<size_t>(d)] += static_cast<std::uint64_t>(n);
-                           });
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    agree_or_throw(world, err);
-    topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
-    std::string bad;
-    if (version >= 2) {
-      for (size_t i = 0; i < D && bad.empty(); ++i)
-        if (hex64(acc[i]) != want[i])
-          bad = "checkpoint " + path + " is corrupt: tensor '" + ds.names[i] + "' fails its checksum (stored " +
-                want[i] + ", computed " + hex64(acc[i]) + ")";
-    } else if (topo.world().rank() == 0) {
-      std::printf("checkpoint %s has format_version %lld: no checksums to verify\n", path.c_str(),
-                  static_cast<long long>(version));
-    }
-    for (size_t i = 0; i < D && bad.empty(); ++i)
-      if (acc[2 * D + i] != 0)
-        bad = "checkpoint " + path + " was written by a diverged run: tensor '" + ds.names[i] +
-              "' holds non-finite values (NaN or inf)";
-    for (size_t i = 0; i < D && bad.empty(); ++i)
-      if (acc[D + i] != ds.numel(static_cast<int>(i)))
-        bad = "internal: the ranks hold " + std::to_string(acc[D + i]) + " of the " +
-              std::to_string(ds.numel(static_cast<int>(i))) + " elements of checkpoint tensor '" + ds.names[i] + "'";
-    agree_or_throw(world, bad);
-  }
-  lt.verify = wall_seconds() - mark;
-  mark = wall_seconds();
-  // Pass 2, everything verified: every rank reads all that it holds (its whole local model, its
+  // One pass over the file: every rank reads all that it holds (its whole local model, its
   // segments of the optimizer state) into place: straight into the model's and optimizer's own
-  // memory (fp32 on a host backend: no buffer, and from the page cache the first pass filled), or
-  // into host buffers that are then converted (16-bit parameters) and copied (a device).
+  // memory (fp32 on a host backend), or into host buffers that are converted (16-bit parameters)
+  // and copied (a device) once verified. The raw datasets' bytes go through read_jobs (O_DIRECT
+  // where the file system allows it), the others through HDF5.
   const std::int64_t N = store.padded_size();
   const bool direct = kHostAccessible && store.dtype() == DType::F32;
   const std::int64_t L = opt ? static_cast<std::int64_t>(opt->exp_avg().extent(0)) : 0;
   HostFloatView values, m, v, master;  // the buffers of the buffered path: (host_size), (L) each
   HostFloatView states;                // (host_size - N) the states, on either path
+  float *vbase = nullptr, *mbase = nullptr, *sbase = nullptr, *xbase = nullptr;  // flat / segment-indexed
   auto dataset = [&](const char* prefix, const ParamInfo& p) -> TensorReader& {
     return *readers.at(static_cast<size_t>(ds.index.at(prefix + p.name)));
   };
   collectively(world, [&] {
-    float *vbase = nullptr, *mbase = nullptr, *sbase = nullptr, *xbase = nullptr;  // flat / segment-indexed
     if (direct) {
       vbase = store.values().data();
       if (opt) {
@@ -1045,18 +998,26 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       }
     }
     if (store.has_states()) states = Kokkos::create_mirror_view_and_copy(HostSpace(), store.states());
+    std::vector<ReadJob> jobs;
+    auto fetch = [&](TensorReader& r, std::int64_t global, std::int64_t n, float* dst) {
+      if (r.raw())
+        jobs.push_back(ReadJob{r.offset() + static_cast<std::uint64_t>(global) * sizeof(float),
+                               static_cast<std::uint64_t>(n) * sizeof(float), reinterpret_cast<char*>(dst)});
+      else
+        r.read(global, n, dst);
+    };
     for (const auto& p : store.params()) {
       if (!in_set(p, set)) continue;
       TensorReader& r = dataset("", p);
       const auto runs = tensor_runs(p);
       for (const TensorRun& run : runs) {
         float* dst = p.state ? states.data() + (p.offset - N) + run.local : vbase + p.offset + run.local;
-        r.read(run.global, run.n, dst);
+        fetch(r, run.global, run.n, dst);
       }
       if (!opt || p.state) continue;
       auto segments = [&](TensorReader& from, float* base) {
         for_each_piece(p, runs, held, [&](const FlatRange& g, std::int64_t flat, std::int64_t global, std::int64_t n) {
-          from.read(global, n, base + g.at + (flat - g.begin));
+          fetch(from, global, n, base + g.at + (flat - g.begin));
         });
       };
       segments(dataset("optimizer/exp_avg/", p), mbase);
@@ -1064,7 +1025,58 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       // the masters: the checkpoint's, or (an fp32 checkpoint) the exact fp32 values of its model
       if (xbase) segments(has_master ? dataset("optimizer/master/", p) : r, xbase);
     }
+    const ReadJobsResult got = read_jobs(path, std::move(jobs));
+    TRIDENT_REQUIRE(got.error.empty(), "checkpoint " << path << ": reading its tensors failed: " << got.error
+                                                     << " (the file is corrupt or truncated)");
   });
+  lt.read = wall_seconds() - mark;
+  mark = wall_seconds();
+  // Verification, before a value reaches a device or a 16-bit model: every rank checksums the
+  // parts it owns (they partition every tensor, as when saving; it holds them all), checks that
+  // every value is finite and counts them, from the memory just read; one all-reduce, and every
+  // rank reaches the same verdict.
+  {
+    const size_t D = ds.names.size();
+    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
+    StateBuffers b;
+    for (const FlatRange& g : owned) {
+      b.values.push_back(vbase + g.begin);
+      if (!opt) continue;
+      b.m.push_back(mbase + g.at);
+      b.v.push_back(sbase + g.at);
+      if (has_master) b.master.push_back(xbase + g.at);
+    }
+    b.states = store.has_states() ? states.data() : nullptr;
+    for (const FileRun& piece : owned_pieces(store, ds, b, owned, w, model_tensors, opt_tensors)) {
+      bool finite = true;
+      acc[static_cast<size_t>(piece.dataset)] += checksum_terms(piece.src, static_cast<std::uint64_t>(piece.global),
+                                                                piece.n, &finite);
+      if (!finite) acc[2 * D + static_cast<size_t>(piece.dataset)] = 1;
+      acc[D + static_cast<size_t>(piece.dataset)] += static_cast<std::uint64_t>(piece.n);
+    }
+    topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
+    std::string bad;
+    if (version >= 2) {
+      for (size_t i = 0; i < D && bad.empty(); ++i)
+        if (hex64(acc[i]) != want[i])
+          bad = "checkpoint " + path + " is corrupt: tensor '" + ds.names[i] + "' fails its checksum (stored " +
+                want[i] + ", computed " + hex64(acc[i]) + ")";
+    } else if (topo.world().rank() == 0) {
+      std::printf("checkpoint %s has format_version %lld: no checksums to verify\n", path.c_str(),
+                  static_cast<long long>(version));
+    }
+    for (size_t i = 0; i < D && bad.empty(); ++i)
+      if (acc[2 * D + i] != 0)
+        bad = "checkpoint " + path + " was written by a diverged run: tensor '" + ds.names[i] +
+              "' holds non-finite values (NaN or inf)";
+    for (size_t i = 0; i < D && bad.empty(); ++i)
+      if (acc[D + i] != ds.numel(static_cast<int>(i)))
+        bad = "internal: the ranks hold " + std::to_string(acc[D + i]) + " of the " +
+              std::to_string(ds.numel(static_cast<int>(i))) + " elements of checkpoint tensor '" + ds.names[i] + "'";
+    agree_or_throw(world, bad);
+  }
+  lt.verify = wall_seconds() - mark;
+  mark = wall_seconds();
   if (store.has_states()) Kokkos::deep_copy(store.states(), states);
   if (!direct) {
     store.model_from_host(values);

@@ -122,19 +122,21 @@ std::string read_checkpoint_deck(const std::string& file, const std::string& exp
 // Collective over topo.world(). Loads parameters (and the optimizer state when optimizer is
 // given) and returns the state attributes. Shape or kind mismatches name the tensor; so does a
 // tensor whose checksum does not match (a corrupt file) or that holds NaN or inf (a diverged
-// run). Two passes: every rank first reads the parts of the tensors it owns (they partition every
-// tensor), checksums and checks them; only once every rank agrees that all passed does each read
-// what it holds into the store and the optimizer (this rank's shard of the optimizer state, never
-// more), so a caller may try an older checkpoint after a failure of the first pass. A read that
-// fails in the second pass (the file changed or vanished in between) is an error, with the store
-// partly loaded.
+// run). One pass over the file: every rank reads what it holds (its whole local model, its shard
+// of the optimizer state, never more) into place, O_DIRECT where the file system allows it; then
+// every rank checksums and checks the parts it owns (they partition every tensor) from memory,
+// and only once every rank agrees that all passed do the values reach a device or a 16-bit model.
+// A load that fails (a checksum, a non-finite value, an unreadable tensor) leaves a host fp32
+// store and optimizer partly overwritten: its callers end the job, or load an older checkpoint
+// over it in full (checkpoint.load = auto), which reads every value the first one did.
 // `set` selects the tensors read (the others keep their values): a LoRA run reads its base
 // model's (TensorSet::base) and its own checkpoints' (TensorSet::adapters).
-// Where a load's wall time went on this rank (seconds): opening the file and its datasets; the
-// first pass (every rank reads the parts it owns, checksums and checks them: the cold read from
-// the disk); the second (every rank reads what it holds into place, from the page cache).
+// Where a load's wall time went on this rank (seconds): opening the file and its datasets;
+// reading what the rank holds (the cold read from the disk); checksumming and checking the
+// owned parts, and agreeing on the verdict (the other ranks' reads included); converting and
+// copying to the model and optimizer (a device, 16-bit parameters; nothing on a host with fp32).
 struct LoadTimes {
-  double open = 0, verify = 0, place = 0;
+  double open = 0, read = 0, verify = 0, place = 0;
 };
 CheckpointState load_checkpoint(const std::string& file, const std::string& expected_model, ParamStore& store,
                                 AdamW* optimizer, const Topology& topo, TensorSet set = TensorSet::all,

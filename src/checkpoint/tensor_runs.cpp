@@ -3,14 +3,19 @@
 #include "checkpoint/tensor_runs.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <chrono>
-#include <deque>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/timer.hpp"
@@ -190,6 +195,183 @@ std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n
     at += r;
   }
   return "";
+}
+
+namespace {
+// Reads `bytes` bytes at `at` of fd into dst, retrying short reads: the bytes read (fewer only at
+// the end of the file), or -1 with errno set.
+std::int64_t pread_all(int fd, char* dst, std::uint64_t bytes, std::uint64_t at) {
+  std::uint64_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::pread(fd, dst + got, bytes - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += static_cast<std::uint64_t>(r);
+  }
+  return static_cast<std::int64_t>(got);
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// A window of read_jobs: the file bytes [begin, end) (aligned when dense) and its jobs [first, last).
+struct ReadWindow {
+  std::uint64_t begin = 0, end = 0;
+  std::size_t first = 0, last = 0;
+  bool dense = false;
+};
+}  // namespace
+
+ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
+  constexpr std::uint64_t kAlign = 4096, kWindow = std::uint64_t{16} << 20, kGap = std::uint64_t{256} << 10;
+  constexpr int kBuffers = 4;
+  ReadJobsResult res;
+  Fd cached, direct;
+  cached.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (cached.fd < 0) {
+    res.error = "cannot open '" + path + "': " + std::strerror(errno);
+    return res;
+  }
+  struct stat sb {};
+  if (::fstat(cached.fd, &sb) != 0) {
+    res.error = "cannot stat '" + path + "': " + std::strerror(errno);
+    return res;
+  }
+  const auto size = static_cast<std::uint64_t>(sb.st_size);
+  // jobs of at most a window's bytes less two alignments, each inside the file, ordered by offset
+  std::vector<ReadJob> split;
+  split.reserve(jobs.size());
+  for (const ReadJob& j : jobs) {
+    if (j.offset + j.bytes > size) {
+      res.error = "the file ends early (truncated): " + std::to_string(size) + " bytes, a tensor's data ends at " +
+                  std::to_string(j.offset + j.bytes);
+      return res;
+    }
+    for (std::uint64_t k = 0; k < j.bytes; k += kWindow - 2 * kAlign)
+      split.push_back(ReadJob{j.offset + k, std::min(kWindow - 2 * kAlign, j.bytes - k), j.dst + k});
+  }
+  jobs.clear();
+  std::stable_sort(split.begin(), split.end(), [](const ReadJob& a, const ReadJob& b) { return a.offset < b.offset; });
+  std::vector<ReadWindow> windows;
+  {
+    const auto down = [](std::uint64_t x) { return x / kAlign * kAlign; };
+    const auto up = [](std::uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
+    std::uint64_t useful = 0, reach = 0;  // the window's job bytes; the furthest job end in it
+    for (std::size_t i = 0; i < split.size(); ++i) {
+      const ReadJob& j = split[i];
+      const std::uint64_t b = down(j.offset), e = up(j.offset + j.bytes);
+      if (!windows.empty() && std::max(windows.back().end, e) - windows.back().begin <= kWindow &&
+          j.offset <= reach + kGap) {
+        ReadWindow& w = windows.back();
+        w.end = std::max(w.end, e);
+        w.last = i + 1;
+        useful += j.bytes;
+        reach = std::max(reach, j.offset + j.bytes);
+      } else {
+        if (!windows.empty()) windows.back().dense = 4 * useful >= windows.back().end - windows.back().begin;
+        windows.push_back(ReadWindow{b, e, i, i + 1, false});
+        useful = j.bytes;
+        reach = j.offset + j.bytes;
+      }
+    }
+    if (!windows.empty()) windows.back().dense = 4 * useful >= windows.back().end - windows.back().begin;
+  }
+  direct.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  res.direct = direct.fd >= 0;
+  struct Aligned {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<char, Aligned>> buffers;
+  if (res.direct)
+    for (int b = 0; b < kBuffers; ++b) {
+      char* p = static_cast<char*>(std::aligned_alloc(kAlign, kWindow));
+      if (!p) {
+        res.error = "cannot allocate the read buffers";
+        return res;
+      }
+      buffers.emplace_back(p);
+    }
+  // The reader thread reads window w into buffer w % kBuffers once this thread has copied window
+  // w - kBuffers out of it (dense windows), or straight into the jobs' destinations (the others).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t read_upto = 0, copied_upto = 0;  // windows read; windows whose bytes are in place
+  bool failed = false;
+  std::string reader_error;
+  std::uint64_t direct_bytes = 0, cached_bytes = 0;
+  std::vector<std::uint8_t> in_buffer(windows.size(), 0);  // window w's bytes are in its buffer
+  bool use_direct = res.direct;                            // (the reader thread's)
+  std::thread reader([&] {
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      const ReadWindow& win = windows[w];
+      std::string err;
+      bool buffered = false;
+      if (use_direct && win.dense) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return failed || copied_upto + kBuffers > w; });
+          if (failed) return;
+        }
+        const std::uint64_t want = std::min(win.end, size) - win.begin;
+        const std::int64_t got = pread_all(direct.fd, buffers[w % kBuffers].get(), win.end - win.begin, win.begin);
+        if (got < 0 && errno == EINVAL)
+          use_direct = false;  // the device wants another alignment: the page cache from here on
+        else if (got < 0)
+          err = std::strerror(errno);
+        else if (static_cast<std::uint64_t>(got) < want)
+          err = "the file ends early (truncated)";
+        else
+          buffered = true;
+        if (buffered) direct_bytes += win.end - win.begin;
+      }
+      if (!buffered && err.empty()) {
+        for (std::size_t i = win.first; i < win.last && err.empty(); ++i) {
+          const std::int64_t got = pread_all(cached.fd, split[i].dst, split[i].bytes, split[i].offset);
+          if (got < 0)
+            err = std::strerror(errno);
+          else if (static_cast<std::uint64_t>(got) < split[i].bytes)
+            err = "the file ends early (truncated)";
+          cached_bytes += split[i].bytes;
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (!err.empty()) {
+        reader_error = err;
+        failed = true;
+      } else {
+        in_buffer[w] = buffered ? 1 : 0;
+        read_upto = w + 1;
+      }
+      cv.notify_all();
+      if (failed) return;
+    }
+  });
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return failed || read_upto > w; });
+      if (failed) break;
+    }
+    const ReadWindow& win = windows[w];
+    if (in_buffer[w]) {
+      const char* buf = buffers[w % kBuffers].get();
+      for (std::size_t i = win.first; i < win.last; ++i)
+        std::memcpy(split[i].dst, buf + (split[i].offset - win.begin), split[i].bytes);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    copied_upto = w + 1;
+    cv.notify_all();
+  }
+  reader.join();
+  res.direct_bytes = direct_bytes;
+  res.cached_bytes = cached_bytes;
+  if (failed) res.error = reader_error;
+  return res;
 }
 
 }  // namespace trident

@@ -69,4 +69,28 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
 // file: "truncated").
 std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n);
 
+// One read of a load: `bytes` bytes from byte `offset` of the file into dst (host memory).
+struct ReadJob {
+  std::uint64_t offset = 0, bytes = 0;
+  char* dst = nullptr;
+};
+
+// What read_jobs did: the first error ("" when none); the bytes read from the disk with O_DIRECT
+// (into its aligned buffers, then copied) and through the page cache; whether O_DIRECT was open.
+struct ReadJobsResult {
+  std::string error;
+  std::uint64_t direct_bytes = 0, cached_bytes = 0;
+  bool direct = false;
+};
+
+// Reads every job of a load from the file `path` (docs/DESIGN.md "Read path"). The jobs, ordered
+// by offset, are gathered into windows of up to 16 MiB aligned to 4 KiB; a window whose jobs fill
+// at least a quarter of it is read with O_DIRECT (no page cache) into one of four reused buffers
+// by a reader thread while this thread copies the previous window's bytes into place; sparser
+// windows (strided slices of a few KiB) are read job by job through the page cache. Where the
+// file system refuses O_DIRECT (tmpfs) every window is read through the page cache. Jobs may
+// overlap in the file; their destinations must not. Errors are returned, never thrown; nothing
+// here calls MPI or HDF5.
+ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs);
+
 }  // namespace trident

@@ -140,8 +140,8 @@ StartPoint start_point(const Deck& deck, ModelFamily fam, const TransformerConfi
           st = load_checkpoint(file, family, store, &adamw, topo, TensorSet::all, &lt);
           if (root)
             std::cout << "loaded checkpoint " << file << " in " << std::fixed << std::setprecision(2)
-                      << wall_seconds() - t0 << " s (open " << lt.open << ", read and verify " << lt.verify
-                      << ", place " << lt.place << ")" << std::defaultfloat << std::endl;
+                      << wall_seconds() - t0 << " s (open " << lt.open << ", read " << lt.read << ", verify "
+                      << lt.verify << ", place " << lt.place << ")" << std::defaultfloat << std::endl;
           break;
         }
       } catch (const Error& e) {

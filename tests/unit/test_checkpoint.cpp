@@ -2,7 +2,9 @@
 // 'latest' and the atomic rename, and shape/kind mismatches are errors naming the tensor.
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <filesystem>
@@ -284,6 +286,54 @@ TEST(Checkpoint, ChecksumTermsFollowTheDefinitionAndFlagNonFiniteValues) {
   x[3] = std::nanf("");
   checksum_terms(x.data(), 100, 5, &finite);
   EXPECT_FALSE(finite);
+}
+
+// read_jobs gives every job its file bytes, whatever the mix: dense windows (O_DIRECT where the
+// file system allows it), sparse strided slices (the page cache), a job longer than a window,
+// overlapping jobs, unaligned offsets and the file's last unaligned bytes; the disk's directory
+// and /dev/shm (tmpfs). A job past the end of the file is an error naming the truncation.
+TEST(Checkpoint, ReadJobsPlaceEveryJobsBytes) {
+  std::vector<std::string> dirs = {tmpdir("readjobs")};
+  if (fs::is_directory("/dev/shm")) dirs.push_back("/dev/shm");
+  for (const std::string& dir : dirs) {
+    const std::string path = dir + "/trident_readjobs_" + std::to_string(::getpid()) + ".bin";
+    const std::size_t size = (std::size_t{40} << 20) + 1234;  // 40 MiB and a partial block
+    std::vector<char> file(size);
+    std::uint64_t x = 12345;
+    for (char& c : file) c = static_cast<char>((x = checksum_mix(x)) & 0xff);
+    std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(size));
+    std::vector<std::vector<char>> dst;
+    std::vector<ReadJob> jobs;
+    auto job = [&](std::uint64_t offset, std::uint64_t bytes) {
+      dst.emplace_back(bytes, 0);
+      jobs.push_back(ReadJob{offset, bytes, nullptr});
+    };
+    job(5, 3 << 20);                         // dense, unaligned start
+    job((3 << 20) + 5, 100);                 // its neighbour
+    job(7, 1000);                            // overlaps the first
+    job(size - 2000, 2000);                  // the file's unaligned end
+    job(std::uint64_t{4} << 20, 20u << 20);  // longer than a window (16 MiB)
+    for (int r = 0; r < 200; ++r)            // sparse: 256 bytes of every 64 KiB
+      job((std::uint64_t{26} << 20) + static_cast<std::uint64_t>(r) * 65536 + 3, 256);
+    job(0, 0);  // empty
+    for (std::size_t i = 0; i < jobs.size(); ++i) jobs[i].dst = dst[i].data();
+    std::reverse(jobs.begin(), jobs.end());  // (any order)
+    const ReadJobsResult got = read_jobs(path, jobs);
+    ASSERT_EQ(got.error, "") << dir;
+    std::printf("read_jobs in %s: O_DIRECT %s, %llu bytes through it, %llu through the page cache\n", dir.c_str(),
+                got.direct ? "open" : "refused", static_cast<unsigned long long>(got.direct_bytes),
+                static_cast<unsigned long long>(got.cached_bytes));
+    EXPECT_GT(got.direct_bytes + got.cached_bytes, std::uint64_t{23} << 20) << dir;
+    EXPECT_GT(got.cached_bytes, 0u) << dir << ": the sparse slices go through the page cache";
+    if (got.direct) EXPECT_GE(got.direct_bytes, std::uint64_t{23} << 20) << dir;
+    for (const ReadJob& j : jobs)
+      ASSERT_EQ(std::memcmp(j.dst, file.data() + j.offset, j.bytes), 0) << dir << ": job at " << j.offset;
+    const ReadJobsResult past = read_jobs(path, {ReadJob{size - 10, 20, dst[0].data()}});
+    EXPECT_NE(past.error.find("truncated"), std::string::npos) << past.error;
+    EXPECT_NE(read_jobs(path + ".missing", {}).error, "");
+    fs::remove(path);
+  }
+  fs::remove_all(dirs[0]);
 }
 
 namespace {
