@@ -16,6 +16,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "common/timer.hpp"
@@ -87,6 +88,14 @@ namespace {
 // pages leave the page cache (posix_fadvise DONTNEED; they are on the disk). Dirty memory stays
 // at about kWindow parts, the same page-cache pages are reused, and the disk writes overlap the
 // copies instead of all waiting for the final fsync (which still makes the file durable).
+// A file descriptor, closed on destruction (-1: none).
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 class WriteBehind {
  public:
   explicit WriteBehind(int fd) : fd_(fd) {}
@@ -112,6 +121,121 @@ class WriteBehind {
 };
 }  // namespace
 
+namespace {
+// Writes `bytes` bytes from src at `at` of fd, retrying short writes: "" or why not.
+std::string pwrite_all(int fd, const char* src, std::size_t bytes, off_t at, int* err) {
+  while (bytes > 0) {
+    const ssize_t w = ::pwrite(fd, src, bytes, at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      *err = w < 0 ? errno : ENOSPC;
+      return std::strerror(*err);
+    }
+    src += w;
+    bytes -= static_cast<std::size_t>(w);
+    at += w;
+  }
+  return "";
+}
+
+// The O_DIRECT half of write_runs: a writer thread writes, from four reused 4 KiB-aligned buffers
+// of 8 MiB, the aligned blocks that the caller's thread copied into them, so that the copies and
+// checksums overlap the disk's writes. A device that refuses a write's alignment (EINVAL) has it
+// and every later one written through the page cache instead.
+class DirectWriter {
+ public:
+  static constexpr std::size_t kAlign = 4096, kBuffer = std::size_t{8} << 20;
+  static constexpr int kBuffers = 4;
+  DirectWriter(int direct_fd, int cached_fd) : direct_(direct_fd), cached_(cached_fd) {
+    for (int b = 0; b < kBuffers; ++b) {
+      char* p = static_cast<char*>(std::aligned_alloc(kAlign, kBuffer));
+      if (!p) throw std::bad_alloc();
+      buffers_.emplace_back(p);
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+  ~DirectWriter() { finish(); }
+  // A buffer to copy up to kBuffer bytes into (waits for one to be free), or nullptr after an error.
+  char* acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !error_.empty() || queued_ - written_ < static_cast<std::size_t>(kBuffers); });
+    return error_.empty() ? buffers_[queued_ % kBuffers].get() : nullptr;
+  }
+  // Writes the acquired buffer's first `bytes` bytes (a multiple of kAlign) at `at` (aligned).
+  void submit(std::size_t bytes, off_t at) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back({bytes, at});
+    ++queued_;
+    cv_.notify_all();
+  }
+  // Waits for every submitted write; the first error ("" when none) and its errno.
+  std::string finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+  int errnum() const { return errnum_; }
+  std::uint64_t direct_bytes() const { return direct_bytes_; }
+
+ private:
+  struct Job {
+    std::size_t bytes;
+    off_t at;
+  };
+  void run() {
+    for (std::size_t k = 0;; ++k) {
+      Job job{};
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return done_ || queued_ > k; });
+        if (queued_ <= k) return;
+        job = jobs_.front();
+        jobs_.pop_front();
+      }
+      const char* buf = buffers_[k % kBuffers].get();
+      int e = 0;
+      std::string err;
+      if (use_direct_) {
+        err = pwrite_all(direct_, buf, job.bytes, job.at, &e);
+        if (e == EINVAL) {
+          use_direct_ = false;
+          err.clear();
+        } else if (err.empty()) {
+          direct_bytes_ += job.bytes;
+        }
+      }
+      if (!use_direct_) err = pwrite_all(cached_, buf, job.bytes, job.at, &e);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!err.empty() && error_.empty()) {
+        error_ = err;
+        errnum_ = e;
+      }
+      ++written_;
+      cv_.notify_all();
+      if (!error_.empty()) return;
+    }
+  }
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  int direct_, cached_;
+  std::vector<std::unique_ptr<char, Free>> buffers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::size_t queued_ = 0, written_ = 0;
+  bool done_ = false, use_direct_ = true;
+  std::string error_;
+  int errnum_ = 0;
+  std::uint64_t direct_bytes_ = 0;
+  std::thread thread_;
+};
+}  // namespace
+
 RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& runs,
                           const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
                           const RunWriteControl& control) {
@@ -119,15 +243,33 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
   r.sums.assign(datasets, 0);
   r.elements.assign(datasets, 0);
   r.nonfinite.assign(datasets, 0);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
+  Fd cached, direct;
+  cached.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (cached.fd < 0) {
     r.error = "cannot open checkpoint file '" + path + "' for writing: " + std::strerror(errno);
     return r;
   }
-  constexpr std::int64_t kPart = std::int64_t{1} << 21;  // floats per write: 8 MiB
+  const int fd = cached.fd;
+  direct.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+  std::unique_ptr<DirectWriter> writer;
+  if (direct.fd >= 0) {
+    try {
+      writer = std::make_unique<DirectWriter>(direct.fd, fd);
+    } catch (const std::bad_alloc&) {
+      writer.reset();  // the page cache then
+    }
+  }
+  constexpr std::size_t kAlign = DirectWriter::kAlign;
+  constexpr std::int64_t kPart = DirectWriter::kBuffer / sizeof(float);  // floats per part: 8 MiB
+  constexpr std::size_t kMinDirect = std::size_t{64} << 10;              // smaller parts: the page cache
   WriteBehind stream(fd);
+  bool writer_failed = false;
   const auto stopped = [&] { return control.stop && control.stop->load(); };
-  for (size_t i = 0; i < runs.size(); ++i) {
+  auto fail = [&](int e) {
+    r.error = "writing checkpoint file '" + path + "' failed: " + std::strerror(e) +
+              (e == ENOSPC || e == EDQUOT ? " (disk full)" : "");
+  };
+  for (size_t i = 0; i < runs.size() && r.error.empty(); ++i) {
     const FileRun& run = runs[i];
     if (control.pause_s > 0 && i == runs.size() / 2) {
       const double until = wall_seconds() + control.pause_s;
@@ -148,36 +290,51 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
       const double t1 = wall_seconds();
       r.checksum_s += t1 - t;
       const char* bytes = reinterpret_cast<const char*>(src);
-      std::size_t left = static_cast<std::size_t>(n) * sizeof(float);
-      off_t at = static_cast<off_t>(dataset_offsets[run.dataset] +
-                                    static_cast<std::uint64_t>(run.global + k) * sizeof(float));
-      while (left > 0) {
-        const ssize_t w = ::pwrite(fd, bytes, left, at);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-          const int e = w < 0 ? errno : ENOSPC;
-          r.error = "writing checkpoint file '" + path + "' failed: " + std::strerror(e) +
-                    (e == ENOSPC || e == EDQUOT ? " (disk full)" : "");
-          break;
+      const std::size_t len = static_cast<std::size_t>(n) * sizeof(float);
+      const auto at = static_cast<std::uint64_t>(dataset_offsets[run.dataset] +
+                                                 static_cast<std::uint64_t>(run.global + k) * sizeof(float));
+      // O_DIRECT for the part's whole aligned blocks (its own: no other rank's bytes, no HDF5
+      // metadata), the page cache for the unaligned ends and small parts
+      const std::uint64_t lo = (at + kAlign - 1) / kAlign * kAlign, hi = (at + len) / kAlign * kAlign;
+      int e = 0;
+      if (writer && hi > lo && hi - lo >= kMinDirect) {
+        if (lo > at) pwrite_all(fd, bytes, lo - at, static_cast<off_t>(at), &e);
+        if (e == 0 && at + len > hi) pwrite_all(fd, bytes + (hi - at), at + len - hi, static_cast<off_t>(hi), &e);
+        char* buf = e == 0 ? writer->acquire() : nullptr;
+        if (buf) {
+          std::memcpy(buf, bytes + (lo - at), hi - lo);
+          writer->submit(hi - lo, static_cast<off_t>(lo));
+        } else if (e == 0) {
+          writer_failed = true;  // its error, below
         }
-        bytes += w;
-        left -= static_cast<std::size_t>(w);
-        at += w;
+      } else {
+        pwrite_all(fd, bytes, len, static_cast<off_t>(at), &e);
+        if (e == 0) stream.written(static_cast<off_t>(at), len);
       }
-      if (r.error.empty()) stream.written(at - static_cast<off_t>(n * sizeof(float)), n * sizeof(float));
       r.write_s += wall_seconds() - t1;
+      if (e != 0) fail(e);
+      if (writer_failed) break;
     }
-    if (!r.error.empty()) break;
+    if (writer_failed) break;
   }
   const double t = wall_seconds();
+  if (writer) {
+    const std::string werr = writer->finish();
+    if (!werr.empty() && r.error.empty()) fail(writer->errnum());
+    r.direct = true;
+    r.direct_bytes = writer->direct_bytes();
+  }
+  r.write_s += wall_seconds() - t;
+  const double t2 = wall_seconds();
   stream.drain();
   if (r.error.empty() && ::fsync(fd) != 0) {
     const int e = errno;
     r.error = "flushing '" + path + "' to the disk failed: " + std::strerror(e) + (e == ENOSPC ? " (disk full)" : "");
   }
-  r.fsync_s = wall_seconds() - t;
-  if (::close(fd) != 0 && r.error.empty())
-    r.error = "closing checkpoint file '" + path + "' failed: " + std::strerror(errno);
+  r.fsync_s = wall_seconds() - t2;
+  const int c = ::close(cached.fd);
+  cached.fd = -1;
+  if (c != 0 && r.error.empty()) r.error = "closing checkpoint file '" + path + "' failed: " + std::strerror(errno);
   return r;
 }
 
@@ -211,13 +368,6 @@ std::int64_t pread_all(int fd, char* dst, std::uint64_t bytes, std::uint64_t at)
   }
   return static_cast<std::int64_t>(got);
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // A window of read_jobs: the file bytes [begin, end) (aligned when dense) and its jobs [first, last).
 struct ReadWindow {

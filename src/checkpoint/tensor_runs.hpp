@@ -47,6 +47,8 @@ struct RunWriteResult {
   std::vector<std::uint8_t> nonfinite;
   std::string error;
   double checksum_s = 0, write_s = 0, fsync_s = 0;
+  bool direct = false;             // the file opened with O_DIRECT
+  std::uint64_t direct_bytes = 0;  // the bytes written with it (whole aligned blocks)
 };
 
 // How write_runs may be stopped or slowed: `stop` set (by another thread) ends it at its next

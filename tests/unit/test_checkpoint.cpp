@@ -288,6 +288,56 @@ TEST(Checkpoint, ChecksumTermsFollowTheDefinitionAndFlagNonFiniteValues) {
   EXPECT_FALSE(finite);
 }
 
+// write_runs puts every run's bytes at its place and leaves every other byte of the file as it
+// was: whole aligned blocks with O_DIRECT, the unaligned ends of a part and small runs through
+// the page cache (a neighbour's bytes share those blocks); runs longer than a part (8 MiB), runs
+// back to back, on the disk's directory and /dev/shm. Its checksums and counts are the terms' of
+// every run.
+TEST(Checkpoint, WriteRunsPlaceEveryRunAndNothingElse) {
+  std::vector<std::string> dirs = {tmpdir("writeruns")};
+  if (fs::is_directory("/dev/shm")) dirs.push_back("/dev/shm");
+  for (const std::string& dir : dirs) {
+    const std::string path = dir + "/trident_writeruns_" + std::to_string(::getpid()) + ".bin";
+    const std::size_t size = (std::size_t{34} << 20) + 4321;
+    std::vector<char> want(size);
+    std::uint64_t x = 777;
+    for (char& c : want) c = static_cast<char>((x = checksum_mix(x)) & 0xff);
+    std::ofstream(path, std::ios::binary).write(want.data(), static_cast<std::streamsize>(size));
+    const std::vector<std::uint64_t> offsets = {1001, (std::size_t{27} << 20) + 6};  // two "datasets"
+    std::vector<float> src((std::size_t{5} << 20) + 3000);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i % 9973) * 0.5f - 7.f;
+    std::vector<FileRun> runs = {
+        {src.data(), std::int64_t{3} << 20, 0, 0},               // 12 MiB: two parts
+        {src.data() + 5, 1000, (std::int64_t{3} << 20) + 9, 0},  // small, after a gap
+        {src.data() + 100, 500000, std::int64_t{3} << 21, 0},    // unaligned both ends
+        {src.data() + 7, 20000, 0, 1},                           // the second dataset
+        {src.data() + 20007, 1 << 20, 20000, 1},                 // back to back with it
+    };
+    std::vector<std::uint64_t> sums(2, 0), elements(2, 0);
+    for (const FileRun& run : runs) {
+      bool finite = true;
+      sums[run.dataset] += checksum_terms(run.src, static_cast<std::uint64_t>(run.global), run.n, &finite);
+      elements[run.dataset] += static_cast<std::uint64_t>(run.n);
+      std::memcpy(want.data() + offsets[run.dataset] + run.global * 4, run.src, run.n * 4);
+    }
+    const RunWriteResult got = write_runs(path, runs, offsets, 2);
+    ASSERT_EQ(got.error, "") << dir;
+    std::printf("write_runs in %s: O_DIRECT %s, %llu bytes through it\n", dir.c_str(), got.direct ? "open" : "refused",
+                static_cast<unsigned long long>(got.direct_bytes));
+    if (got.direct) EXPECT_GE(got.direct_bytes, std::uint64_t{15} << 20) << dir;
+    EXPECT_EQ(got.sums, sums);
+    EXPECT_EQ(got.elements, elements);
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> file(size + 1);
+    in.read(file.data(), static_cast<std::streamsize>(size + 1));
+    ASSERT_EQ(static_cast<std::size_t>(in.gcount()), size) << dir << ": the file's size changed";
+    const auto diff = std::mismatch(want.begin(), want.end(), file.begin()).first - want.begin();
+    EXPECT_EQ(static_cast<std::size_t>(diff), size) << dir << ": byte " << diff << " differs";
+    fs::remove(path);
+  }
+  fs::remove_all(dirs[0]);
+}
+
 // read_jobs gives every job its file bytes, whatever the mix: dense windows (O_DIRECT where the
 // file system allows it), sparse strided slices (the page cache), a job longer than a window,
 // overlapping jobs, unaligned offsets and the file's last unaligned bytes; the disk's directory
