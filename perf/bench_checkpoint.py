@@ -3,8 +3,8 @@
 
 Two kinds of rows, per target directory (a tmpfs and a directory on the disk by default) and rank
 count, each beside `dd`'s rate on the same directory (the same number of bytes written with
-conv=fdatasync, then read back with a cold page cache, through the page cache and with
-O_DIRECT, the faster of the two taken as the disk's read rate):
+conv=fdatasync; and the checkpoint itself read right after the load with a cold page cache,
+through the page cache and with O_DIRECT, the faster of the two taken as the disk's read rate):
 
   345M   pretrain_gpt trains a deck (GPT-2 345M at sequence 64 by default) for a few iterations
          with a checkpoint after each, synchronous and then asynchronous (checkpoint.async_save);
@@ -58,26 +58,31 @@ def drop_caches():
         return False
 
 
-def dd_rates(directory, nbytes):
-    """dd's write rate (conv=fdatasync) and cold read rates of nbytes in directory, GB/s: the faster
-    of a read through the page cache and one with O_DIRECT (16 MiB requests, as the load's), and
-    both; and whether the page cache could be dropped."""
+def dd_write(directory, nbytes):
+    """dd's write rate (conv=fdatasync) of nbytes in directory, GB/s."""
     path = os.path.join(directory, "dd.bin")
     mib = max(1, nbytes // (1 << 20))
     t0 = time.time()
     subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fdatasync"],
                    check=True, capture_output=True)
     w = mib * (1 << 20) / (time.time() - t0) / 1e9
-    cold = drop_caches()
-    t0 = time.time()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
-    r_cached = mib * (1 << 20) / (time.time() - t0) / 1e9
-    drop_caches()
-    t0 = time.time()
-    p = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"], capture_output=True)
-    r_direct = mib * (1 << 20) / (time.time() - t0) / 1e9 if p.returncode == 0 else float("nan")
     os.remove(path)
-    return w, max(r_cached, r_direct if r_direct == r_direct else 0.0), r_cached, r_direct, cold
+    return w
+
+
+def dd_read(path):
+    """dd's cold read rates of the file `path` (the checkpoint just loaded, so the same bytes at the
+    same place on the disk), GB/s: through the page cache (bs=1M) and with O_DIRECT (16 MiB
+    requests, as the load's), each after dropping the page cache; and whether it could be dropped."""
+    size = os.path.getsize(path)
+    rates = []
+    cold = True
+    for extra in (["bs=1M"], ["bs=16M", "iflag=direct"]):
+        cold = drop_caches() and cold
+        t0 = time.time()
+        p = subprocess.run(["dd", f"if={path}", "of=/dev/null"] + extra, capture_output=True)
+        rates.append(size / (time.time() - t0) / 1e9 if p.returncode == 0 else float("nan"))
+    return rates[0], rates[1], cold
 
 
 PHASES = ("copy", "create", "checksums", "write", "fsync", "publish")
@@ -128,6 +133,8 @@ def run_345m(a, label, directory, np_):
                 sys.exit(f"loading at np={np_} from {directory} failed")
             out.update(load=float(m.group(1)), load_parts=[float(m.group(k)) for k in (2, 3, 4, 5)], cold=cold,
                        steady_load=float("nan"))
+            out["dd_r_cached"], out["dd_r_direct"], dd_cold = dd_read(files[-1])
+            out["cold"] = out["cold"] and dd_cold
         else:
             # what training waits at each save: the copy and the file's creation; a save that waits for
             # the previous one (a save every iteration here) also waits for that one's writes
@@ -162,12 +169,14 @@ def run_synth(a, label, directory, np_):
     loads = synth_tool(a, np_, ck, "load", ["--repeat", "2"])
     first_save, s = saves
     first_load, ld = loads
+    dd_cached, dd_direct, dd_cold = dd_read(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1])
     out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1]), sync=s["save_s"],
                first=first_save["save_s"],
                phases=[s["copy_s"], s["create_s"], s["checksum_s"], s["write_s"], s["fsync_s"], s["publish_s"]],
                load=first_load["load_s"], load_parts=[first_load["open_s"], first_load["read_s"], first_load["verify_s"],
                            first_load["place_s"]],
-               steady_load=ld["load_s"], cold=drop_caches(), rss=s["peak_rss_mb_max"], step=float("nan"))
+               steady_load=ld["load_s"], cold=dd_cold, dd_r_cached=dd_cached, dd_r_direct=dd_direct,
+               rss=s["peak_rss_mb_max"], step=float("nan"))
     shutil.rmtree(ck, ignore_errors=True)
     if not a.no_async_synth:
         _, s2 = synth_tool(a, np_, ck, "save", ["--async", "--repeat", "2"])
@@ -205,9 +214,10 @@ def main():
     for kind, spec, np_ in work:
         label, directory = spec.split("=", 1)
         r = run_345m(a, label, directory, np_) if kind == "345M" else run_synth(a, label, directory, np_)
-        dd_w, dd_r, dd_r_cached, dd_r_direct, dd_cold = dd_rates(directory, r["size"])
-        r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r, dd_r_cached=dd_r_cached, dd_r_direct=dd_r_direct,
-                 cache="cold" if r["cold"] and dd_cold else "warm")
+        dd_w = dd_write(directory, r["size"])
+        dd_r_cached, dd_r_direct = r["dd_r_cached"], r["dd_r_direct"]
+        dd_r = max(dd_r_cached, dd_r_direct if dd_r_direct == dd_r_direct else 0.0)
+        r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r, cache="cold" if r["cold"] else "warm")
         gb = r["size"] / 1e9
         print(f"{kind} {label} np={np_}: {gb:.2f} GB, first save {r['first']:.2f} s, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
               f"{gb / r['sync'] / dd_w:.2f} x dd {dd_w:.3f}), async stall {r.get('async_stall', float('nan')):.2f} s, "

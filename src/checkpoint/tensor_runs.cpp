@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -379,7 +380,7 @@ struct ReadWindow {
 
 ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
   constexpr std::uint64_t kAlign = 4096, kWindow = std::uint64_t{16} << 20, kGap = std::uint64_t{256} << 10;
-  constexpr int kBuffers = 4;
+  constexpr int kBuffers = 4, kReaders = 2;
   ReadJobsResult res;
   Fd cached, direct;
   cached.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -446,18 +447,20 @@ ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
       }
       buffers.emplace_back(p);
     }
-  // The reader thread reads window w into buffer w % kBuffers once this thread has copied window
-  // w - kBuffers out of it (dense windows), or straight into the jobs' destinations (the others).
+  // Reader thread t reads the windows w = t, t + kReaders, ...: a dense one into buffer
+  // w % kBuffers once this thread has copied window w - kBuffers out of it, the others straight
+  // into their jobs' destinations; two requests in flight keep the device busier than one.
   std::mutex mu;
   std::condition_variable cv;
-  std::size_t read_upto = 0, copied_upto = 0;  // windows read; windows whose bytes are in place
+  std::size_t copied_upto = 0;  // windows whose bytes are in place
   bool failed = false;
   std::string reader_error;
-  std::uint64_t direct_bytes = 0, cached_bytes = 0;
+  std::vector<std::uint8_t> done(windows.size(), 0);       // window w read
   std::vector<std::uint8_t> in_buffer(windows.size(), 0);  // window w's bytes are in its buffer
-  bool use_direct = res.direct;                            // (the reader thread's)
-  std::thread reader([&] {
-    for (std::size_t w = 0; w < windows.size(); ++w) {
+  std::atomic<bool> use_direct{res.direct};
+  std::atomic<std::uint64_t> direct_bytes{0}, cached_bytes{0};
+  auto read_windows = [&](std::size_t first) {
+    for (std::size_t w = first; w < windows.size(); w += kReaders) {
       const ReadWindow& win = windows[w];
       std::string err;
       bool buffered = false;
@@ -491,20 +494,22 @@ ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
       }
       std::lock_guard<std::mutex> lock(mu);
       if (!err.empty()) {
-        reader_error = err;
+        if (!failed) reader_error = err;
         failed = true;
       } else {
         in_buffer[w] = buffered ? 1 : 0;
-        read_upto = w + 1;
+        done[w] = 1;
       }
       cv.notify_all();
       if (failed) return;
     }
-  });
+  };
+  std::vector<std::thread> readers;
+  for (std::size_t t = 0; t < static_cast<std::size_t>(kReaders); ++t) readers.emplace_back(read_windows, t);
   for (std::size_t w = 0; w < windows.size(); ++w) {
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return failed || read_upto > w; });
+      cv.wait(lock, [&] { return failed || done[w] != 0; });
       if (failed) break;
     }
     const ReadWindow& win = windows[w];
@@ -517,7 +522,7 @@ ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
     copied_upto = w + 1;
     cv.notify_all();
   }
-  reader.join();
+  for (std::thread& t : readers) t.join();
   res.direct_bytes = direct_bytes;
   res.cached_bytes = cached_bytes;
   if (failed) res.error = reader_error;

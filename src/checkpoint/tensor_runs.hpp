@@ -88,9 +88,9 @@ struct ReadJobsResult {
 // Reads every job of a load from the file `path` (docs/DESIGN.md "Read path"). The jobs, ordered
 // by offset, are gathered into windows of up to 16 MiB aligned to 4 KiB; a window whose jobs fill
 // at least a quarter of it is read with O_DIRECT (no page cache) into one of four reused buffers
-// by a reader thread while this thread copies the previous window's bytes into place; sparser
+// by two reader threads while this thread copies the previous windows' bytes into place; sparser
 // windows (strided slices of a few KiB) are read job by job through the page cache. Where the
-// file system refuses O_DIRECT (tmpfs) every window is read through the page cache. Jobs may
+// file system refuses O_DIRECT (tmpfs before Linux 6.6) every window goes through the page cache. Jobs may
 // overlap in the file; their destinations must not. Errors are returned, never thrown; nothing
 // here calls MPI or HDF5.
 ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs);
