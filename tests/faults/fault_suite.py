@@ -232,14 +232,17 @@ class Suite:
 # ------------------------------------------------------------------------------------------
 
 def fill_disk(path):
-    """Writes zeros to `path` until its file system is full."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    """Writes zeros to `path` until its file system is full. Unbuffered: a buffered file would keep
+    the bytes that did not fit and raise ENOSPC again when closed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        block = b"\0" * 65536
+        while True:
+            os.write(fd, block)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def good_run(s, np_, *extra):
