@@ -803,36 +803,28 @@ std::string read_checkpoint_deck(const std::string& path, const std::string& exp
 }
 
 namespace {
-// Reads parts of one float32 dataset of an open checkpoint: straight from the file's bytes (pread)
-// when the dataset is contiguous, unfiltered, little-endian fp32 with its storage allocated (every
-// checkpoint Trident writes), and otherwise through HDF5, the whole dataset once (a file repacked
-// with chunks or filters).
+// One float32 dataset of an open checkpoint. A raw one (contiguous, unfiltered, little-endian
+// fp32, its storage allocated: every checkpoint Trident writes) is read from its bytes at
+// offset() by read_jobs; any other (a file repacked with chunks or filters) through HDF5 by
+// read(), the whole dataset once.
 class TensorReader {
  public:
-  TensorReader(hid_t file, int fd, const std::string& name, const std::string& where)
-      : fd_(fd), name_(name), where_(where) {
+  TensorReader(hid_t file, const std::string& name, const std::string& where) : name_(name), where_(where) {
     dset_ = h5_dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
     TRIDENT_REQUIRE(dset_.valid(),
                     "checkpoint " << where << ": tensor '" << name << "' cannot be opened (the file is corrupt)");
     H5Handle dcpl = h5_plist(H5Dget_create_plist(dset_));
     H5Handle type = h5_type(H5Dget_type(dset_));
     const haddr_t at = H5Dget_offset(dset_);
-    raw_ = fd >= 0 && dcpl.valid() && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
-           type.valid() && H5Tequal(type, H5T_IEEE_F32LE) > 0 && at != HADDR_UNDEF;
+    raw_ = dcpl.valid() && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 && type.valid() &&
+           H5Tequal(type, H5T_IEEE_F32LE) > 0 && at != HADDR_UNDEF;
     offset_ = raw_ ? static_cast<std::uint64_t>(at) : 0;
   }
   std::vector<hsize_t> dims() const { return h5_dims(dset_); }
-  // whether the dataset's bytes are read straight from the file, from byte offset() on
   bool raw() const { return raw_; }
   std::uint64_t offset() const { return offset_; }
-  // n elements from global row-major index `global` on, into dst
+  // (not raw) n elements from global row-major index `global` on, into dst
   void read(std::int64_t global, std::int64_t n, float* dst) {
-    if (raw_) {
-      const std::string e = read_floats(fd_, offset_ + static_cast<std::uint64_t>(global) * sizeof(float), dst, n);
-      TRIDENT_REQUIRE(e.empty(), "checkpoint " << where_ << ": reading '" << name_ << "' failed: " << e
-                                               << " (the file is corrupt or truncated)");
-      return;
-    }
     if (whole_.empty()) {
       std::size_t total = 1;
       for (auto d : dims()) total *= d;
@@ -845,21 +837,11 @@ class TensorReader {
   }
 
  private:
-  int fd_;
   std::string name_, where_;
   H5Handle dset_;
   bool raw_ = false;
   std::uint64_t offset_ = 0;
   std::vector<float> whole_;
-};
-
-// The POSIX descriptor of a checkpoint for the raw reads (closed on destruction; -1: HDF5 reads).
-struct ReadFd {
-  int fd = -1;
-  explicit ReadFd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~ReadFd() {
-    if (fd >= 0) ::close(fd);
-  }
 };
 }  // namespace
 
@@ -879,15 +861,13 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   bool has_master = false;
   DatasetList ds;
   std::vector<std::string> want;  // (ds) the stored checksums, with format_version 2
-  // The file stays open through both passes: the readers of the datasets this rank reads (by
-  // position in ds), on the file and its POSIX descriptor.
+  // The file stays open through the load: the readers of the datasets this rank reads (by
+  // position in ds).
   H5QuietErrors quiet;
   H5Handle file;
-  std::unique_ptr<ReadFd> fd;
   std::vector<std::unique_ptr<TensorReader>> readers;
   collectively(world, [&] {
     file = open_checkpoint(path, expected_model);
-    fd = std::make_unique<ReadFd>(path);
     version = h5_read_attr_int(file, "format_version", path);
     st.model = expected_model;
     st.iteration = h5_read_attr_int(file, "iteration", path);
@@ -947,7 +927,7 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       for (const char* prefix : prefixes) {
         const auto it = ds.index.find(prefix + p.name);
         if (it == ds.index.end() || (p.state && *prefix)) continue;
-        auto r = std::make_unique<TensorReader>(file, fd->fd, ds.names[static_cast<size_t>(it->second)], path);
+        auto r = std::make_unique<TensorReader>(file, ds.names[static_cast<size_t>(it->second)], path);
         std::vector<hsize_t> need(p.global_shape.begin(), p.global_shape.end());  // (ndims)
         TRIDENT_REQUIRE(r->dims() == need, "checkpoint " << path << ": tensor '" << ds.names[it->second]
                                                          << "' has shape " << shape_str(r->dims())

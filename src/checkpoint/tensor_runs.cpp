@@ -84,11 +84,6 @@ std::uint64_t checksum_terms(const float* x, std::uint64_t global0, std::int64_t
 }
 
 namespace {
-// Streams written parts to the disk while later ones are copied: each part's writeback starts at
-// once (sync_file_range), and once kWindow newer parts are written, the part is waited for and its
-// pages leave the page cache (posix_fadvise DONTNEED; they are on the disk). Dirty memory stays
-// at about kWindow parts, the same page-cache pages are reused, and the disk writes overlap the
-// copies instead of all waiting for the final fsync (which still makes the file durable).
 // A file descriptor, closed on destruction (-1: none).
 struct Fd {
   int fd = -1;
@@ -97,6 +92,20 @@ struct Fd {
   }
 };
 
+// A buffer aligned for O_DIRECT (std::aligned_alloc; nullptr when that failed).
+struct FreeAligned {
+  void operator()(char* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char, FreeAligned>;
+AlignedBuffer aligned_buffer(std::size_t align, std::size_t bytes) {
+  return AlignedBuffer(static_cast<char*>(std::aligned_alloc(align, bytes)));
+}
+
+// Streams written parts to the disk while later ones are copied: each part's writeback starts at
+// once (sync_file_range), and once kWindow newer parts are written, the part is waited for and its
+// pages leave the page cache (posix_fadvise DONTNEED; they are on the disk). Dirty memory stays
+// at about kWindow parts, the same page-cache pages are reused, and the disk writes overlap the
+// copies instead of all waiting for the final fsync (which still makes the file durable).
 class WriteBehind {
  public:
   explicit WriteBehind(int fd) : fd_(fd) {}
@@ -120,23 +129,19 @@ class WriteBehind {
   int fd_;
   std::deque<std::pair<off_t, off_t>> parts_;
 };
-}  // namespace
 
-namespace {
-// Writes `bytes` bytes from src at `at` of fd, retrying short writes: "" or why not.
-std::string pwrite_all(int fd, const char* src, std::size_t bytes, off_t at, int* err) {
+// Writes `bytes` bytes from src at `at` of fd, retrying short writes: 0, or the errno of the
+// failure (ENOSPC for a write that wrote nothing).
+int pwrite_all(int fd, const char* src, std::size_t bytes, off_t at) {
   while (bytes > 0) {
     const ssize_t w = ::pwrite(fd, src, bytes, at);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      *err = w < 0 ? errno : ENOSPC;
-      return std::strerror(*err);
-    }
+    if (w <= 0) return w < 0 ? errno : ENOSPC;
     src += w;
     bytes -= static_cast<std::size_t>(w);
     at += w;
   }
-  return "";
+  return 0;
 }
 
 // The O_DIRECT half of write_runs: a writer thread writes, from four reused 4 KiB-aligned buffers
@@ -149,9 +154,8 @@ class DirectWriter {
   static constexpr int kBuffers = 4;
   DirectWriter(int direct_fd, int cached_fd) : direct_(direct_fd), cached_(cached_fd) {
     for (int b = 0; b < kBuffers; ++b) {
-      char* p = static_cast<char*>(std::aligned_alloc(kAlign, kBuffer));
-      if (!p) throw std::bad_alloc();
-      buffers_.emplace_back(p);
+      buffers_.push_back(aligned_buffer(kAlign, kBuffer));
+      if (!buffers_.back()) throw std::bad_alloc();
     }
     thread_ = std::thread([this] { run(); });
   }
@@ -159,8 +163,8 @@ class DirectWriter {
   // A buffer to copy up to kBuffer bytes into (waits for one to be free), or nullptr after an error.
   char* acquire() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !error_.empty() || queued_ - written_ < static_cast<std::size_t>(kBuffers); });
-    return error_.empty() ? buffers_[queued_ % kBuffers].get() : nullptr;
+    cv_.wait(lock, [&] { return errnum_ != 0 || queued_ - written_ < static_cast<std::size_t>(kBuffers); });
+    return errnum_ == 0 ? buffers_[queued_ % kBuffers].get() : nullptr;
   }
   // Writes the acquired buffer's first `bytes` bytes (a multiple of kAlign) at `at` (aligned).
   void submit(std::size_t bytes, off_t at) {
@@ -169,17 +173,16 @@ class DirectWriter {
     ++queued_;
     cv_.notify_all();
   }
-  // Waits for every submitted write; the first error ("" when none) and its errno.
-  std::string finish() {
+  // Waits for every submitted write: 0, or the errno of the first that failed.
+  int finish() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;
       cv_.notify_all();
     }
     if (thread_.joinable()) thread_.join();
-    return error_;
+    return errnum_;
   }
-  int errnum() const { return errnum_; }
   std::uint64_t direct_bytes() const { return direct_bytes_; }
 
  private:
@@ -199,38 +202,26 @@ class DirectWriter {
       }
       const char* buf = buffers_[k % kBuffers].get();
       int e = 0;
-      std::string err;
       if (use_direct_) {
-        err = pwrite_all(direct_, buf, job.bytes, job.at, &e);
-        if (e == EINVAL) {
-          use_direct_ = false;
-          err.clear();
-        } else if (err.empty()) {
-          direct_bytes_ += job.bytes;
-        }
+        e = pwrite_all(direct_, buf, job.bytes, job.at);
+        if (e == EINVAL) use_direct_ = false;
+        if (e == 0) direct_bytes_ += job.bytes;
       }
-      if (!use_direct_) err = pwrite_all(cached_, buf, job.bytes, job.at, &e);
+      if (!use_direct_) e = pwrite_all(cached_, buf, job.bytes, job.at);
       std::lock_guard<std::mutex> lock(mu_);
-      if (!err.empty() && error_.empty()) {
-        error_ = err;
-        errnum_ = e;
-      }
+      if (e != 0 && errnum_ == 0) errnum_ = e;
       ++written_;
       cv_.notify_all();
-      if (!error_.empty()) return;
+      if (errnum_ != 0) return;
     }
   }
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
   int direct_, cached_;
-  std::vector<std::unique_ptr<char, Free>> buffers_;
+  std::vector<AlignedBuffer> buffers_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   std::size_t queued_ = 0, written_ = 0;
   bool done_ = false, use_direct_ = true;
-  std::string error_;
   int errnum_ = 0;
   std::uint64_t direct_bytes_ = 0;
   std::thread thread_;
@@ -299,8 +290,8 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
       const std::uint64_t lo = (at + kAlign - 1) / kAlign * kAlign, hi = (at + len) / kAlign * kAlign;
       int e = 0;
       if (writer && hi > lo && hi - lo >= kMinDirect) {
-        if (lo > at) pwrite_all(fd, bytes, lo - at, static_cast<off_t>(at), &e);
-        if (e == 0 && at + len > hi) pwrite_all(fd, bytes + (hi - at), at + len - hi, static_cast<off_t>(hi), &e);
+        if (lo > at) e = pwrite_all(fd, bytes, lo - at, static_cast<off_t>(at));
+        if (e == 0 && at + len > hi) e = pwrite_all(fd, bytes + (hi - at), at + len - hi, static_cast<off_t>(hi));
         char* buf = e == 0 ? writer->acquire() : nullptr;
         if (buf) {
           std::memcpy(buf, bytes + (lo - at), hi - lo);
@@ -309,7 +300,7 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
           writer_failed = true;  // its error, below
         }
       } else {
-        pwrite_all(fd, bytes, len, static_cast<off_t>(at), &e);
+        e = pwrite_all(fd, bytes, len, static_cast<off_t>(at));
         if (e == 0) stream.written(static_cast<off_t>(at), len);
       }
       r.write_s += wall_seconds() - t1;
@@ -320,8 +311,8 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
   }
   const double t = wall_seconds();
   if (writer) {
-    const std::string werr = writer->finish();
-    if (!werr.empty() && r.error.empty()) fail(writer->errnum());
+    const int e = writer->finish();
+    if (e != 0 && r.error.empty()) fail(e);
     r.direct = true;
     r.direct_bytes = writer->direct_bytes();
   }
@@ -337,22 +328,6 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
   cached.fd = -1;
   if (c != 0 && r.error.empty()) r.error = "closing checkpoint file '" + path + "' failed: " + std::strerror(errno);
   return r;
-}
-
-std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n) {
-  char* bytes = reinterpret_cast<char*>(dst);
-  std::size_t left = static_cast<std::size_t>(n) * sizeof(float);
-  off_t at = static_cast<off_t>(offset);
-  while (left > 0) {
-    const ssize_t r = ::pread(fd, bytes, left, at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return std::strerror(errno);
-    if (r == 0) return "the file ends early (truncated)";
-    bytes += r;
-    left -= static_cast<std::size_t>(r);
-    at += r;
-  }
-  return "";
 }
 
 namespace {
@@ -434,18 +409,14 @@ ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
   }
   direct.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   res.direct = direct.fd >= 0;
-  struct Aligned {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::vector<std::unique_ptr<char, Aligned>> buffers;
+  std::vector<AlignedBuffer> buffers;
   if (res.direct)
     for (int b = 0; b < kBuffers; ++b) {
-      char* p = static_cast<char*>(std::aligned_alloc(kAlign, kWindow));
-      if (!p) {
+      buffers.push_back(aligned_buffer(kAlign, kWindow));
+      if (!buffers.back()) {
         res.error = "cannot allocate the read buffers";
         return res;
       }
-      buffers.emplace_back(p);
     }
   // Reader thread t reads the windows w = t, t + kReaders, ...: a dense one into buffer
   // w % kBuffers once this thread has copied window w - kBuffers out of it, the others straight

@@ -67,10 +67,6 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
                           const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
                           const RunWriteControl& control = {});
 
-// Reads n floats at byte `offset` of open file descriptor fd into dst: "" or why not (a short
-// file: "truncated").
-std::string read_floats(int fd, std::uint64_t offset, float* dst, std::int64_t n);
-
 // One read of a load: `bytes` bytes from byte `offset` of the file into dst (host memory).
 struct ReadJob {
   std::uint64_t offset = 0, bytes = 0;
@@ -90,8 +86,8 @@ struct ReadJobsResult {
 // at least a quarter of it is read with O_DIRECT (no page cache) into one of four reused buffers
 // by two reader threads while this thread copies the previous windows' bytes into place; sparser
 // windows (strided slices of a few KiB) are read job by job through the page cache. Where the
-// file system refuses O_DIRECT (tmpfs before Linux 6.6) every window goes through the page cache. Jobs may
-// overlap in the file; their destinations must not. Errors are returned, never thrown; nothing
+// file system refuses O_DIRECT (tmpfs before Linux 6.6) every window goes through the page
+// cache. Jobs may overlap in the file; their destinations must not. Errors are returned, never thrown; nothing
 // here calls MPI or HDF5.
 ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs);
 
