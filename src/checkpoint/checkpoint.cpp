@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -949,6 +950,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   HostFloatView values, m, v, master;  // the buffers of the buffered path: (host_size), (L) each
   HostFloatView states;                // (host_size - N) the states, on either path
   float *vbase = nullptr, *mbase = nullptr, *sbase = nullptr, *xbase = nullptr;  // flat / segment-indexed
+  bool all_raw = true;                                                           // every read went through read_jobs
+  std::optional<RunChecksums> sums;                                              // of the parts this rank owns
   auto dataset = [&](const char* prefix, const ParamInfo& p) -> TensorReader& {
     return *readers.at(static_cast<size_t>(ds.index.at(prefix + p.name)));
   };
@@ -980,11 +983,13 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
     if (store.has_states()) states = Kokkos::create_mirror_view_and_copy(HostSpace(), store.states());
     std::vector<ReadJob> jobs;
     auto fetch = [&](TensorReader& r, std::int64_t global, std::int64_t n, float* dst) {
-      if (r.raw())
+      if (r.raw()) {
         jobs.push_back(ReadJob{r.offset() + static_cast<std::uint64_t>(global) * sizeof(float),
                                static_cast<std::uint64_t>(n) * sizeof(float), reinterpret_cast<char*>(dst)});
-      else
+      } else {
         r.read(global, n, dst);
+        all_raw = false;
+      }
     };
     for (const auto& p : store.params()) {
       if (!in_set(p, set)) continue;
@@ -1005,19 +1010,10 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       // the masters: the checkpoint's, or (an fp32 checkpoint) the exact fp32 values of its model
       if (xbase) segments(has_master ? dataset("optimizer/master/", p) : r, xbase);
     }
-    const ReadJobsResult got = read_jobs(path, std::move(jobs));
-    TRIDENT_REQUIRE(got.error.empty(), "checkpoint " << path << ": reading its tensors failed: " << got.error
-                                                     << " (the file is corrupt or truncated)");
-  });
-  lt.read = wall_seconds() - mark;
-  mark = wall_seconds();
-  // Verification, before a value reaches a device or a 16-bit model: every rank checksums the
-  // parts it owns (they partition every tensor, as when saving; it holds them all), checks that
-  // every value is finite and counts them, from the memory just read; one all-reduce, and every
-  // rank reaches the same verdict.
-  {
-    const size_t D = ds.names.size();
-    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
+    // Verification, before a value reaches a device or a 16-bit model: every rank checksums the
+    // parts it owns (they partition every tensor, as when saving; it holds them all), checks that
+    // every value is finite and counts them, from the memory just read: as read_jobs places each
+    // read (behind the disk), or afterwards where HDF5 read some of them.
     StateBuffers b;
     for (const FlatRange& g : owned) {
       b.values.push_back(vbase + g.begin);
@@ -1027,12 +1023,25 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
       if (has_master) b.master.push_back(xbase + g.at);
     }
     b.states = store.has_states() ? states.data() : nullptr;
-    for (const FileRun& piece : owned_pieces(store, ds, b, owned, w, model_tensors, opt_tensors)) {
-      bool finite = true;
-      acc[static_cast<size_t>(piece.dataset)] += checksum_terms(piece.src, static_cast<std::uint64_t>(piece.global),
-                                                                piece.n, &finite);
-      if (!finite) acc[2 * D + static_cast<size_t>(piece.dataset)] = 1;
-      acc[D + static_cast<size_t>(piece.dataset)] += static_cast<std::uint64_t>(piece.n);
+    sums.emplace(owned_pieces(store, ds, b, owned, w, model_tensors, opt_tensors), ds.names.size());
+    RunChecksums& c = *sums;
+    const ReadJobsResult got = read_jobs(path, std::move(jobs),
+                                         all_raw ? PlacedFn([&c](const char* p, std::uint64_t n) { c.add(p, n); })
+                                                 : PlacedFn());
+    TRIDENT_REQUIRE(got.error.empty(), "checkpoint " << path << ": reading its tensors failed: " << got.error
+                                                     << " (the file is corrupt or truncated)");
+  });
+  lt.read = wall_seconds() - mark;
+  mark = wall_seconds();
+  // one all-reduce of the checksums, and every rank reaches the same verdict
+  {
+    const size_t D = ds.names.size();
+    if (!all_raw) sums->add_all();
+    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
+    for (size_t i = 0; i < D; ++i) {
+      acc[i] = sums->sums[i];
+      acc[D + i] = sums->elements[i];
+      acc[2 * D + i] = sums->nonfinite[i];
     }
     topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
     std::string bad;

@@ -132,8 +132,9 @@ std::string read_checkpoint_deck(const std::string& file, const std::string& exp
 // `set` selects the tensors read (the others keep their values): a LoRA run reads its base
 // model's (TensorSet::base) and its own checkpoints' (TensorSet::adapters).
 // Where a load's wall time went on this rank (seconds): opening the file and its datasets;
-// reading what the rank holds (the cold read from the disk); checksumming and checking the
-// owned parts, and agreeing on the verdict (the other ranks' reads included); converting and
+// reading what the rank holds (the cold read from the disk, with the checksums of the owned parts
+// taken as each read is placed); agreeing on the verdict (waiting for the other ranks' reads, and
+// the checksums of datasets that HDF5 read); converting and
 // copying to the model and optimizer (a device, 16-bit parameters; nothing on a host with fp32).
 struct LoadTimes {
   double open = 0, read = 0, verify = 0, place = 0;

@@ -83,6 +83,38 @@ std::uint64_t checksum_terms(const float* x, std::uint64_t global0, std::int64_t
   return sum;
 }
 
+RunChecksums::RunChecksums(std::vector<FileRun> runs, std::size_t datasets)
+    : sums(datasets, 0), elements(datasets, 0), nonfinite(datasets, 0), runs_(std::move(runs)) {
+  std::sort(runs_.begin(), runs_.end(), [](const FileRun& a, const FileRun& b) { return a.src < b.src; });
+}
+
+void RunChecksums::take(const FileRun& r, std::int64_t first, std::int64_t n) {
+  if (n <= 0) return;
+  const auto d = static_cast<std::size_t>(r.dataset);
+  bool finite = true;
+  sums[d] += checksum_terms(r.src + first, static_cast<std::uint64_t>(r.global + first), n, &finite);
+  if (!finite) nonfinite[d] = 1;
+  elements[d] += static_cast<std::uint64_t>(n);
+}
+
+void RunChecksums::add(const char* begin, std::uint64_t bytes) {
+  const char* end = begin + bytes;
+  // the first run ending after `begin` (runs are disjoint and ordered, so their ends are too)
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), begin, [](const char* p, const FileRun& r) {
+    return p < reinterpret_cast<const char*>(r.src + r.n);
+  });
+  for (; it != runs_.end() && reinterpret_cast<const char*>(it->src) < end; ++it) {
+    const char* lo = std::max(begin, reinterpret_cast<const char*>(it->src));
+    const char* hi = std::min(end, reinterpret_cast<const char*>(it->src + it->n));
+    const auto first = static_cast<std::int64_t>((lo - reinterpret_cast<const char*>(it->src)) / sizeof(float));
+    take(*it, first, static_cast<std::int64_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(float))));
+  }
+}
+
+void RunChecksums::add_all() {
+  for (const FileRun& r : runs_) take(r, 0, r.n);
+}
+
 namespace {
 // A file descriptor, closed on destruction (-1: none).
 struct Fd {
@@ -353,7 +385,7 @@ struct ReadWindow {
 };
 }  // namespace
 
-ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
+ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs, const PlacedFn& placed) {
   constexpr std::uint64_t kAlign = 4096, kWindow = std::uint64_t{16} << 20, kGap = std::uint64_t{256} << 10;
   constexpr int kBuffers = 4, kReaders = 2;
   ReadJobsResult res;
@@ -489,9 +521,14 @@ ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs) {
       for (std::size_t i = win.first; i < win.last; ++i)
         std::memcpy(split[i].dst, buf + (split[i].offset - win.begin), split[i].bytes);
     }
-    std::lock_guard<std::mutex> lock(mu);
-    copied_upto = w + 1;
-    cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      copied_upto = w + 1;
+      cv.notify_all();
+    }
+    // the buffer is free again; the window's bytes, just copied, are still in the caches
+    if (placed)
+      for (std::size_t i = win.first; i < win.last; ++i) placed(split[i].dst, split[i].bytes);
   }
   for (std::thread& t : readers) t.join();
   res.direct_bytes = direct_bytes;

@@ -5,6 +5,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,25 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
                           const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
                           const RunWriteControl& control = {});
 
+// The checksums (format_version 2 terms), element counts and finiteness, per dataset, of a set of
+// FileRuns (the pieces a rank owns on loading), accumulated piecewise as the memory they name is
+// filled: add(p, bytes) takes the terms of every run's elements inside [p, p + bytes) (a range
+// starting and ending on element boundaries of the runs it meets). The runs must not overlap in
+// memory; sums mod 2^64 do not depend on the order of the adds.
+class RunChecksums {
+ public:
+  RunChecksums(std::vector<FileRun> runs, std::size_t datasets);
+  void add(const char* begin, std::uint64_t bytes);
+  // the terms of every run in full (where the memory was filled other than by add's caller)
+  void add_all();
+  std::vector<std::uint64_t> sums, elements;  // (datasets)
+  std::vector<std::uint8_t> nonfinite;        // (datasets) 1: a value NaN or inf
+
+ private:
+  void take(const FileRun& r, std::int64_t first, std::int64_t n);
+  std::vector<FileRun> runs_;  // ordered by src
+};
+
 // One read of a load: `bytes` bytes from byte `offset` of the file into dst (host memory).
 struct ReadJob {
   std::uint64_t offset = 0, bytes = 0;
@@ -87,8 +107,12 @@ struct ReadJobsResult {
 // by two reader threads while this thread copies the previous windows' bytes into place; sparser
 // windows (strided slices of a few KiB) are read job by job through the page cache. Where the
 // file system refuses O_DIRECT (tmpfs before Linux 6.6) every window goes through the page
-// cache. Jobs may overlap in the file; their destinations must not. Errors are returned, never thrown; nothing
-// here calls MPI or HDF5.
-ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs);
+// cache. Jobs may overlap in the file; their destinations must not. `placed`, when given, is called
+// on this thread with each job's destination bytes (a job longer than a window in pieces) once
+// they are in place, while the readers read on: a load checksums what it owns there, from memory
+// still in cache and hidden behind the disk. Errors are returned, never thrown; nothing here calls
+// MPI or HDF5.
+using PlacedFn = std::function<void(const char* dst, std::uint64_t bytes)>;
+ReadJobsResult read_jobs(const std::string& path, std::vector<ReadJob> jobs, const PlacedFn& placed = {});
 
 }  // namespace trident

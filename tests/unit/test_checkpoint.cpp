@@ -368,8 +368,19 @@ TEST(Checkpoint, ReadJobsPlaceEveryJobsBytes) {
     job(0, 0);  // empty
     for (std::size_t i = 0; i < jobs.size(); ++i) jobs[i].dst = dst[i].data();
     std::reverse(jobs.begin(), jobs.end());  // (any order)
-    const ReadJobsResult got = read_jobs(path, jobs);
+    // `placed` sees every job's destination bytes, once, in pieces inside it
+    std::uint64_t placed_bytes = 0, outside = 0;
+    const ReadJobsResult got = read_jobs(path, jobs, [&](const char* p, std::uint64_t n) {
+      placed_bytes += n;
+      const bool inside = std::any_of(jobs.begin(), jobs.end(),
+                                      [&](const ReadJob& j) { return p >= j.dst && p + n <= j.dst + j.bytes; });
+      if (!inside) ++outside;
+    });
     ASSERT_EQ(got.error, "") << dir;
+    std::uint64_t job_bytes = 0;
+    for (const ReadJob& j : jobs) job_bytes += j.bytes;
+    EXPECT_EQ(placed_bytes, job_bytes) << dir;
+    EXPECT_EQ(outside, 0u) << dir;
     std::printf("read_jobs in %s: O_DIRECT %s, %llu bytes through it, %llu through the page cache\n", dir.c_str(),
                 got.direct ? "open" : "refused", static_cast<unsigned long long>(got.direct_bytes),
                 static_cast<unsigned long long>(got.cached_bytes));
@@ -384,6 +395,42 @@ TEST(Checkpoint, ReadJobsPlaceEveryJobsBytes) {
     fs::remove(path);
   }
   fs::remove_all(dirs[0]);
+}
+
+// RunChecksums taken piecewise, by ranges in any order that cut runs anywhere on element
+// boundaries (or miss them), add up to the checksums of the whole runs, their element counts and
+// their finiteness, per dataset.
+TEST(Checkpoint, RunChecksumsAddUpPiecewiseToTheWholeRuns) {
+  std::vector<float> buf(20000);
+  std::uint64_t x = 99;
+  for (float& f : buf) f = static_cast<float>((x = checksum_mix(x)) % 100000) * 1e-3f - 50.f;
+  buf[15000] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<FileRun> runs = {{buf.data() + 9000, 3000, 70, 1},
+                                     {buf.data() + 100, 1, 5, 0},
+                                     {buf.data() + 14000, 2000, 0, 2},
+                                     {buf.data() + 200, 4096, 1 << 20, 0}};
+  std::vector<std::uint64_t> want(3, 0), count(3, 0);
+  for (const FileRun& r : runs) {
+    bool finite = true;
+    want[static_cast<size_t>(r.dataset)] += checksum_terms(r.src, static_cast<std::uint64_t>(r.global), r.n, &finite);
+    count[static_cast<size_t>(r.dataset)] += static_cast<std::uint64_t>(r.n);
+  }
+  RunChecksums whole(runs, 3), pieces(runs, 3);
+  whole.add_all();
+  // the buffer cut at random element boundaries, the ranges added in a shuffled order
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (std::size_t at = 0; at < buf.size();) {
+    const std::size_t n = std::min<std::size_t>(buf.size() - at, 1 + (x = checksum_mix(x)) % 1500);
+    ranges.emplace_back(at, n);
+    at += n;
+  }
+  for (std::size_t i = ranges.size(); i > 1; --i) std::swap(ranges[i - 1], ranges[(x = checksum_mix(x)) % i]);
+  for (const auto& [at, n] : ranges) pieces.add(reinterpret_cast<const char*>(buf.data() + at), n * sizeof(float));
+  for (const RunChecksums* c : {&whole, &pieces}) {
+    EXPECT_EQ(c->sums, want);
+    EXPECT_EQ(c->elements, count);
+    EXPECT_EQ(c->nonfinite, (std::vector<std::uint8_t>{0, 0, 1}));
+  }
 }
 
 namespace {
