@@ -3,8 +3,11 @@
 
 Two kinds of rows, per target directory (a tmpfs and a directory on the disk by default) and rank
 count, each beside `dd`'s rate on the same directory (the same number of bytes written with
-conv=fdatasync; and the checkpoint itself read right after the load with a cold page cache,
-through the page cache and with O_DIRECT, the faster of the two taken as the disk's read rate):
+conv=fdatasync; and the checkpoint itself read right after each load with a cold page cache,
+through the page cache, with O_DIRECT, and with O_DIRECT by two dd at once, the fastest of the
+three taken as the disk's read rate). Each row loads --load-rounds times, each load followed by
+dd's reads (medians, and each round's ratio), since this host's disk rates vary from one read to
+the next:
 
   345M   pretrain_gpt trains a deck (GPT-2 345M at sequence 64 by default) for a few iterations
          with a checkpoint after each, synchronous and then asynchronous (checkpoint.async_save);
@@ -31,7 +34,7 @@ and the peak resident memory per rank are printed too.
 
   /usr/bin/python3 perf/bench_checkpoint.py [--build build] [--deck inputs/gpt2_345m.ini] [--ranks 1,2]
       [--synth-ranks 1,2,4] [--synth-params 600000000] [--dirs tmpfs=/dev/shm/trident_ckbench,disk=build/perf/ckbench]
-      [--iters 4] [--skip-345m] [--skip-synth] [--out FILE.md]
+      [--iters 4] [--load-rounds 3] [--skip-345m] [--skip-synth] [--out FILE.md]
 """
 import argparse
 import glob
@@ -72,17 +75,62 @@ def dd_write(directory, nbytes):
 
 def dd_read(path):
     """dd's cold read rates of the file `path` (the checkpoint just loaded, so the same bytes at the
-    same place on the disk), GB/s: through the page cache (bs=1M) and with O_DIRECT (16 MiB
-    requests, as the load's), each after dropping the page cache; and whether it could be dropped."""
+    same place on the disk), GB/s, each after dropping the page cache: through the page cache
+    (bs=1M), with O_DIRECT (16 MiB requests, as the load's), and with O_DIRECT by two dd at once,
+    each reading half of the file (two requests in flight, as the load's two reader threads);
+    and whether the page cache could be dropped."""
     size = os.path.getsize(path)
-    rates = []
+    rates = {}
     cold = True
-    for extra in (["bs=1M"], ["bs=16M", "iflag=direct"]):
+    block = 16 << 20
+    blocks = (size + block - 1) // block
+    half = (blocks + 1) // 2
+    for name, cmds in (("cached", [["bs=1M"]]), ("direct", [["bs=16M", "iflag=direct"]]),
+                       ("direct2", [["bs=16M", "iflag=direct", f"count={half}"],
+                                    ["bs=16M", "iflag=direct", f"skip={half}"]])):
         cold = drop_caches() and cold
         t0 = time.time()
-        p = subprocess.run(["dd", f"if={path}", "of=/dev/null"] + extra, capture_output=True)
-        rates.append(size / (time.time() - t0) / 1e9 if p.returncode == 0 else float("nan"))
-    return rates[0], rates[1], cold
+        ps = [subprocess.Popen(["dd", f"if={path}", "of=/dev/null"] + extra, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) for extra in cmds]
+        ok = all(q.wait() == 0 for q in ps)
+        rates[name] = size / (time.time() - t0) / 1e9 if ok else float("nan")
+    return rates, cold
+
+
+def bytes_read(path, replicas):
+    """the bytes all ranks of a load read from the file: the optimizer state once (its shards), the
+    model once per data-parallel replica (each replica reads the whole model it holds)"""
+    import h5py
+    sizes = {"model": 0, "optimizer": 0}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            sizes["optimizer" if name.startswith("optimizer/") else "model"] += obj.size * obj.dtype.itemsize
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return sizes["model"] * replicas + sizes["optimizer"]
+
+
+def load_rounds(rounds, load_once, path):
+    """`rounds` rounds of a cold load (load_once(): its seconds and its (open, read, verify, place))
+    followed by dd's cold reads of the same file: the medians of each, and each round's ratio of
+    the load's rate to the best of dd's rates in that round (medians and extremes, since this
+    host's disk rates vary 2 to 3 x from one read to the next)."""
+    size = os.path.getsize(path)
+    loads, parts, dds, ratios, cold = [], [], [], [], True
+    for _ in range(rounds):
+        cold = drop_caches() and cold
+        s, pt = load_once()
+        d, c = dd_read(path)
+        cold = cold and c
+        loads.append(s)
+        parts.append(pt)
+        dds.append(d)
+        best = max(v for v in d.values() if v == v)
+        ratios.append(size / s / 1e9 / best)
+    med = {k: statistics.median(d[k] for d in dds) for k in dds[0]}
+    return dict(load=statistics.median(loads), loads=loads, load_parts=[statistics.median(c) for c in zip(*parts)],
+                dd=med, ratios=ratios, cold=cold)
 
 
 PHASES = ("copy", "create", "checksums", "write", "fsync", "publish")
@@ -123,18 +171,18 @@ def run_345m(a, label, directory, np_):
             out.update(size=size, step=statistics.median(steps), first=stalls[0],
                        sync=statistics.median(stalls[1:] or stalls),
                        phases=[statistics.median(c) for c in zip(*(phases[1:] or phases))])
-            cold = drop_caches()
-            q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck,
-                                       "--log.metrics_file="], capture_output=True, text=True)
-            m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s \(open ([0-9.]+), read ([0-9.]+), verify ([0-9.]+), "
-                          r"place ([0-9.]+)\)", q.stdout)
-            if q.returncode != 0 or not m:
-                print(q.stdout[-3000:], q.stderr[-2000:])
-                sys.exit(f"loading at np={np_} from {directory} failed")
-            out.update(load=float(m.group(1)), load_parts=[float(m.group(k)) for k in (2, 3, 4, 5)], cold=cold,
-                       steady_load=float("nan"))
-            out["dd_r_cached"], out["dd_r_direct"], dd_cold = dd_read(files[-1])
-            out["cold"] = out["cold"] and dd_cold
+
+            def load_once():
+                q = subprocess.run(base + ["--train.iters", str(a.iters), "--checkpoint.load", ck,
+                                           "--log.metrics_file="], capture_output=True, text=True)
+                m = re.search(r"loaded checkpoint \S+ in ([0-9.]+) s \(open ([0-9.]+), read ([0-9.]+), "
+                              r"verify ([0-9.]+), place ([0-9.]+)\)", q.stdout)
+                if q.returncode != 0 or not m:
+                    print(q.stdout[-3000:], q.stderr[-2000:])
+                    sys.exit(f"loading at np={np_} from {directory} failed")
+                return float(m.group(1)), [float(m.group(k)) for k in (2, 3, 4, 5)]
+            out.update(load_rounds(a.load_rounds, load_once, files[-1]), steady_load=float("nan"),
+                       read_bytes=bytes_read(files[-1], np_))  # the deck's layout: dp = ranks
         else:
             # what training waits at each save: the copy and the file's creation; a save that waits for
             # the previous one (a save every iteration here) also waits for that one's writes
@@ -165,18 +213,20 @@ def run_synth(a, label, directory, np_):
     shutil.rmtree(ck, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
     saves = synth_tool(a, np_, ck, "save", ["--repeat", "2"])
-    drop_caches()
-    loads = synth_tool(a, np_, ck, "load", ["--repeat", "2"])
     first_save, s = saves
-    first_load, ld = loads
-    dd_cached, dd_direct, dd_cold = dd_read(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1])
-    out = dict(size=os.path.getsize(glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1]), sync=s["save_s"],
-               first=first_save["save_s"],
+    path = glob.glob(os.path.join(ck, "iter_*", "checkpoint.h5"))[-1]
+    steady = []
+
+    def load_once():
+        # a process's first load, and a second one in the same process (memory it has used before)
+        first, second = synth_tool(a, np_, ck, "load", ["--repeat", "2"])
+        steady.append(second["load_s"])
+        return first["load_s"], [first["open_s"], first["read_s"], first["verify_s"], first["place_s"]]
+    out = dict(size=os.path.getsize(path), sync=s["save_s"], first=first_save["save_s"],
                phases=[s["copy_s"], s["create_s"], s["checksum_s"], s["write_s"], s["fsync_s"], s["publish_s"]],
-               load=first_load["load_s"], load_parts=[first_load["open_s"], first_load["read_s"], first_load["verify_s"],
-                           first_load["place_s"]],
-               steady_load=ld["load_s"], cold=dd_cold, dd_r_cached=dd_cached, dd_r_direct=dd_direct,
                rss=s["peak_rss_mb_max"], step=float("nan"))
+    out.update(load_rounds(a.load_rounds, load_once, path), read_bytes=bytes_read(path, 1))  # tp = ranks
+    out["steady_load"] = statistics.median(steady)
     shutil.rmtree(ck, ignore_errors=True)
     if not a.no_async_synth:
         _, s2 = synth_tool(a, np_, ck, "save", ["--async", "--repeat", "2"])
@@ -202,6 +252,8 @@ def main():
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--skip-345m", action="store_true")
     ap.add_argument("--skip-synth", action="store_true")
+    ap.add_argument("--load-rounds", type=int, default=3,
+                    help="cold loads per row, each followed by dd's cold reads of the same file (medians)")
     ap.add_argument("--out", help="write the tables (markdown) here too")
     a = ap.parse_args()
     rows = []
@@ -215,29 +267,42 @@ def main():
         label, directory = spec.split("=", 1)
         r = run_345m(a, label, directory, np_) if kind == "345M" else run_synth(a, label, directory, np_)
         dd_w = dd_write(directory, r["size"])
-        dd_r_cached, dd_r_direct = r["dd_r_cached"], r["dd_r_direct"]
-        dd_r = max(dd_r_cached, dd_r_direct if dd_r_direct == dd_r_direct else 0.0)
+        dd = r["dd"]
+        dd_r = max(v for v in dd.values() if v == v)
         r.update(kind=kind, label=label, np=np_, dd_w=dd_w, dd_r=dd_r, cache="cold" if r["cold"] else "warm")
         gb = r["size"] / 1e9
+        rr = r["ratios"]
         print(f"{kind} {label} np={np_}: {gb:.2f} GB, first save {r['first']:.2f} s, save {r['sync']:.2f} s ({gb / r['sync']:.3f} GB/s = "
               f"{gb / r['sync'] / dd_w:.2f} x dd {dd_w:.3f}), async stall {r.get('async_stall', float('nan')):.2f} s, "
-              f"load {r['load']:.2f} s ({gb / r['load']:.3f} GB/s = {gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f}: "
-              f"page cache {dd_r_cached:.3f}, O_DIRECT {dd_r_direct:.3f})",
+              f"loads {', '.join(f'{x:.2f}' for x in r['loads'])} s (median {gb / r['load']:.3f} GB/s = "
+              f"{gb / r['load'] / dd_r:.2f} x dd read {dd_r:.3f}: page cache {dd['cached']:.3f}, O_DIRECT "
+              f"{dd['direct']:.3f}, two O_DIRECT {dd['direct2']:.3f}; per round {', '.join(f'{x:.2f}' for x in rr)}; "
+              f"the ranks read {r['read_bytes'] / 1e9:.2f} GB: {r['read_bytes'] / r['load'] / 1e9:.3f} GB/s = "
+              f"{r['read_bytes'] / r['load'] / 1e9 / dd_r:.2f} x dd)",
               flush=True)
         rows.append(r)
-    lines = ["| state | target | ranks | checkpoint GB | first save s | save s (steady) | write GB/s | dd write GB/s "
-             "| ratio | async stall s | load s (first) | read GB/s | dd read GB/s (page cache / O_DIRECT) | ratio "
-             "| load s (steady) | ratio | page cache at load |", "|" + "---|" * 17]
+    lines = [f"Loads: the median of {a.load_rounds} cold loads per row, each followed by dd's cold reads of the same "
+             "file (medians; the best of the three taken as the disk's read rate). Per-round ratio: the load's rate "
+             "over the best dd rate of the same round (median, min to max). GB the ranks read: the optimizer state "
+             "once and the model once per data-parallel replica (345M rows: dp = ranks; synth rows: tp = ranks).", "",
+             "| state | target | ranks | checkpoint GB | first save s | save s (steady) | write GB/s | dd write GB/s "
+             "| ratio | async stall s | load s (first, median) | read GB/s | dd read GB/s (page cache / O_DIRECT / two "
+             "O_DIRECT) | ratio | per-round ratio | GB the ranks read | their GB/s | ratio | load s (steady) | ratio "
+             "| page cache at load |", "|" + "---|" * 21]
     for r in rows:
         gb = r["size"] / 1e9
         steady = r.get("steady_load", float("nan"))
+        dd, rr = r["dd"], r["ratios"]
         lines.append(f"| {r['kind']} | {r['label']} | {r['np']} | {gb:.2f} | {r['first']:.2f} | {r['sync']:.2f} "
                      f"| {gb / r['sync']:.3f} | {r['dd_w']:.3f} | {gb / r['sync'] / r['dd_w']:.2f} "
                      f"| {r.get('async_stall', float('nan')):.2f} | {r['load']:.2f} | {gb / r['load']:.3f} "
-                     f"| {r['dd_r']:.3f} ({r['dd_r_cached']:.3f} / {r['dd_r_direct']:.3f}) | {gb / r['load'] / r['dd_r']:.2f} | {steady:.2f} "
-                     f"| {gb / steady / r['dd_r']:.2f} | {r['cache']} |")
+                     f"| {r['dd_r']:.3f} ({dd['cached']:.3f} / {dd['direct']:.3f} / {dd['direct2']:.3f}) "
+                     f"| {gb / r['load'] / r['dd_r']:.2f} | {statistics.median(rr):.2f} ({min(rr):.2f}-{max(rr):.2f}) "
+                     f"| {r['read_bytes'] / 1e9:.2f} | {r['read_bytes'] / r['load'] / 1e9:.3f} "
+                     f"| {r['read_bytes'] / r['load'] / 1e9 / r['dd_r']:.2f} "
+                     f"| {steady:.2f} | {gb / steady / r['dd_r']:.2f} | {r['cache']} |")
     lines += ["", "Where the time goes (rank 0, seconds): a synchronous save (345M: median over the saves after the "
-              "first; synth: the second save) and the first load:", "",
+              "first; synth: the second save) and the first load (medians):", "",
               "| state | target | ranks | " + " | ".join(PHASES) + " | load: open | read | verify | place |",
               "|" + "---|" * (7 + len(PHASES))]
     for r in rows:

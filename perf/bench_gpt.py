@@ -284,7 +284,8 @@ def trident_cmd(a, shape, metrics_file):
     cmd = [os.path.join(a.bin_dir, "pretrain_gpt"), "--deck", a.deck,
            "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
            "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),
-           "--train.micro_batch_size", str(a.batch), "--train.global_batch_size", str(a.batch),
+           "--train.micro_batch_size", str(a.batch),
+           "--train.global_batch_size", str(a.batch * getattr(a, "accum", 1)),  # accum micro-batches a step
            "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
            "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
            "--log.metrics_file", metrics_file]
@@ -308,7 +309,8 @@ def read_trident(metrics_file, stdout, a):
     done = re.search(r"^done: .*$", stdout, re.M)
     npar = re.search(r"(\d+) parameters", stdout)
     per_iter = statistics.median(timed) / 1e3
-    return {"step_ms": ms, "ms_per_iter": per_iter * 1e3, "tokens_per_s": a.batch * a.seq / per_iter,
+    tokens = a.batch * getattr(a, "accum", 1) * a.seq
+    return {"step_ms": ms, "ms_per_iter": per_iter * 1e3, "tokens_per_s": tokens / per_iter,
             "flops_per_iter": flops, "tflops": flops / per_iter / 1e12 if flops else None,
             "losses": [float(r["loss"]) for r in rows], "phases": done.group(0) if done else "",
             "flops_formula": formula,
@@ -316,14 +318,16 @@ def read_trident(metrics_file, stdout, a):
 
 
 # ---- per-op breakdown ----------------------------------------------------------------------------
+GEMM_REGION = r"^ops::gemm(_bf16|_fp16)?$"  # the host GEMMs' regions (fp32, 16-bit)
 FAMILIES = [
-    (r"^ops::gemm$", "GEMM (oneDNN, ops::gemm region)"),
+    (GEMM_REGION, "GEMM (oneDNN, ops::gemm regions)"),
+    (r"^ops::(pack_half|unpack_half)$", "casts fp32 <-> 16-bit"),
     (r"layernorm", "LayerNorm fwd/bwd"),
     (r"rmsnorm", "RMSNorm fwd/bwd"),
     (r"gelu", "GELU fwd/bwd"),
     (r"swiglu", "SwiGLU fwd/bwd"),
     (r"ops::rope", "rotary positions fwd/bwd"),
-    (r"causal_softmax", "attention softmax fwd/bwd"),
+    (r"causal_softmax|masked_softmax", "attention softmax fwd/bwd"),
     (r"attention_(split|merge|permute)", "attention head split/merge/permute"),
     (r"cross_entropy|sum_losses|vocab_parallel_ce", "cross-entropy (fused fwd+bwd)"),
     (r"embedding|add_positions", "embedding fwd/bwd"),
@@ -349,7 +353,7 @@ def breakdown(timer, timed_iters, gemm_time_isolated, gemm_flops):
     total = timer["total_s"]
     fam = {}
     for e in timer["regions"]:
-        if e["name"] == "ops::gemm":
+        if re.match(GEMM_REGION, e["name"]):
             f = family_of(e["name"])
             fam.setdefault(f, [0.0, 0])
             fam[f][0] += e["seconds"]
@@ -366,7 +370,7 @@ def breakdown(timer, timed_iters, gemm_time_isolated, gemm_flops):
     other = timer["summary"]["other_s"]
     rows.sort(key=lambda r: -r[1])
     rows.append(("other host code (data, launches, logging)", other / timed_iters, 100.0 * other / total, 0))
-    gemm_s = sum(e["seconds"] for e in timer["regions"] if e["name"] == "ops::gemm") / timed_iters
+    gemm_s = sum(e["seconds"] for e in timer["regions"] if re.match(GEMM_REGION, e["name"])) / timed_iters
     top_kernels = [(e["name"], e["type"], e["seconds"] / timed_iters, 100.0 * e["seconds"] / total,
                     e["calls"] // max(1, timed_iters)) for e in timer["kernels"]][:12]
     return {

@@ -4,8 +4,15 @@
 //
 //   gemm_roofline [--tokens 256] [--seq 64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]
 //                 [--ffn 0] [--groups 0] [--swiglu] [--square 2048] [--min-time 0.25] [--json FILE]
+//                 [--stream-mib 0]
 //
 // Host threads: the GEMM library's (OMP_NUM_THREADS for oneDNN).
+//
+// --stream-mib M (> 0) also measures the memory bandwidth the host kernels see: STREAM's triad
+// a = b + s c over three fp32 arrays of M MiB each, launched as Trident's host kernels are
+// (common/host_parallel.hpp, the same threads), best of repetitions over --min-time, counting
+// 12 bytes per element (reads of b and c, the write of a). The step's memory-bound floor (AdamW,
+// the gradient norm) is priced at this rate (perf/bench_mixed.py).
 //
 // One GPT step (fp32, no recomputation, tokens N = B*T, hidden C, ffn 4C, padded vocab V) runs,
 // per layer, the forward GEMM, the input-gradient GEMM and the weight-gradient GEMM of the four
@@ -31,11 +38,13 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
 #include "common/half.hpp"
+#include "common/host_parallel.hpp"
 #include "ops/gemm.hpp"
 #include "runtime/app_driver.hpp"
 
@@ -79,7 +88,8 @@ struct Options {
   bool swiglu = false;                  // gated MLP: fc1 C -> 2F
   double min_time = 0.25;
   std::string json;
-  bool bf16 = false;  // --dtype bf16: bf16 inputs, fp32 accumulation and output (trident::gemm_bf16)
+  bool bf16 = false;            // --dtype bf16: bf16 inputs, fp32 accumulation and output (trident::gemm_bf16)
+  std::int64_t stream_mib = 0;  // > 0: the triad's arrays, MiB each
 };
 
 // One GEMM of the step: C[M,N] = op(A)[M,K] op(B)[K,N] (+ C when beta = 1), `batch` of them per
@@ -138,6 +148,8 @@ Options parse(int argc, char** argv) {
       o.min_time = std::stod(value());
     else if (a == "--json")
       o.json = value();
+    else if (a == "--stream-mib")
+      o.stream_mib = std::stoll(value());
     else if (a == "--dtype") {
       const std::string d = value();
       TRIDENT_REQUIRE(d == "fp32" || d == "bf16", "gemm_roofline: --dtype must be fp32 or bf16");
@@ -147,6 +159,7 @@ Options parse(int argc, char** argv) {
           << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
              "              [--ffn F (0: 4C)] [--groups ng (0: heads)] [--swiglu]\n"
              "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
+             "              [--stream-mib M (0: skip): the triad's memory bandwidth over 3 arrays of M MiB]\n"
              "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
              "and a square GEMM; --ffn and --groups take one value or one per --hidden; threads: OMP_NUM_THREADS (oneDNN).\n";
       std::exit(0);
@@ -249,6 +262,31 @@ void time_shape(Shape& s, double min_time, bool bf16) {
 
 const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
 
+// STREAM's triad through the host kernels' launcher: the best rate (GB/s, 12 bytes per element)
+// and the repetitions run.
+std::pair<double, int> stream_triad(std::int64_t mib, double min_time) {
+  const std::int64_t n = mib * (std::int64_t{1} << 20) / static_cast<std::int64_t>(sizeof(float));
+  trident::FloatView a("stream_a", static_cast<size_t>(n)), b("stream_b", static_cast<size_t>(n)),
+      c("stream_c", static_cast<size_t>(n));
+  Kokkos::deep_copy(b, 1.0f);
+  Kokkos::deep_copy(c, 2.0f);
+  const float s = 3.0f;
+  double best = 1e30, spent = 0;
+  int reps = 0;
+  while (reps < 3 || (spent < min_time && reps < 200)) {
+    Kokkos::fence();
+    const double t0 = now_s();
+    trident::for_each_index(
+        "stream_triad", n, KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + s * c(i); });
+    Kokkos::fence();
+    const double t = now_s() - t0;
+    best = std::min(best, t);
+    spent += t;
+    ++reps;
+  }
+  return {12.0 * static_cast<double>(n) / best / 1e9, reps};
+}
+
 int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   // The GEMM library's threads: OMP_NUM_THREADS (0 here: not set, the library's default).
@@ -318,6 +356,12 @@ int run(int argc, char** argv) {
               << sq.flops() / sq.best_s / 1e9 << ") -- the peak\n";
     js << ",\n  \"square\": {\"n\": " << o.square << ", \"flops\": " << sq.flops() << ", \"median_s\": " << sq.median_s
        << ", \"best_s\": " << sq.best_s << ", \"reps\": " << sq.reps << "}";
+  }
+  if (o.stream_mib > 0) {
+    const auto [gbs, reps] = stream_triad(o.stream_mib, o.min_time);
+    std::cout << "\nmemory bandwidth (triad over 3 x " << o.stream_mib
+              << " MiB, host kernels' threads): " << std::setprecision(1) << gbs << " GB/s (best of " << reps << ")\n";
+    js << ",\n  \"stream\": {\"mib\": " << o.stream_mib << ", \"gb_per_s\": " << gbs << ", \"reps\": " << reps << "}";
   }
   js << "\n}\n";
   if (!o.json.empty()) {

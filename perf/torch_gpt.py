@@ -70,6 +70,9 @@ def parse_args(argv=None):
                    help="V in the FLOP formula (Trident's padded vocabulary; Megatron pads to a multiple of 128)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--accum", type=int, default=1,
+                   help="micro-batches of --batch sequences per step, their gradients accumulated (loss / accum "
+                        "each) before one clipping and one AdamW step, as Megatron's global batch")
     p.add_argument("--steps", type=int, default=6, help="training steps in all, warm-up included")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing")
     p.add_argument("--threads", type=int, default=2)
@@ -325,16 +328,21 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     blas = openblas_info()
     g = torch.Generator().manual_seed(a.seed)
-    data = torch.randint(0, a.vocab, (a.steps, a.batch, T + 1), generator=g).to(dev)
+    M = a.accum
+    data = torch.randint(0, a.vocab, (a.steps, M, a.batch, T + 1), generator=g).to(dev)
 
     times, losses = [], []
     for step in range(a.steps):
-        idx, tgt = data[step, :, :-1].contiguous(), data[step, :, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            loss = model(idx, tgt)
-        loss.backward()
+        loss_sum = 0.0
+        for mb in range(M):
+            idx, tgt = data[step, mb, :, :-1].contiguous(), data[step, mb, :, 1:].contiguous()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+                loss = model(idx, tgt) / M
+            loss.backward()
+            loss_sum += float(loss)
+        loss = torch.tensor(loss_sum)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if dev.type == "cuda":
@@ -345,9 +353,9 @@ def main(argv=None):
 
     timed = times[a.warmup:]
     per_iter = statistics.median(timed)
-    tokens = a.batch * T
-    flops = (megatron_flops(a.batch, T, L, C, a.flops_vocab) if a.arch == "gpt"
-             else llama_flops(a.batch, T, L, C, H, G, K * Fe if E else ffn, a.flops_vocab))
+    tokens = M * a.batch * T
+    flops = M * (megatron_flops(a.batch, T, L, C, a.flops_vocab) if a.arch == "gpt"
+                 else llama_flops(a.batch, T, L, C, H, G, K * Fe if E else ffn, a.flops_vocab))
     result = {
         "framework": "pytorch",
         "torch_version": torch.__version__,
@@ -358,7 +366,7 @@ def main(argv=None):
         "torch_num_threads": torch.get_num_threads(),
         "arch": a.arch, "groups": G,
         "layers": L, "hidden": C, "heads": H, "ffn": ffn, "experts": E, "topk": K if E else 0, "expert_ffn": Fe if E else 0, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,
-        "batch": a.batch, "seq": T, "parameters": n_params,
+        "batch": a.batch, "accum": M, "seq": T, "parameters": n_params,
         "openblas": blas,
         "steps": a.steps, "warmup": a.warmup,
         "step_ms": [round(t * 1e3, 3) for t in times],
