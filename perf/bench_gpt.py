@@ -445,8 +445,10 @@ def limits_text(r):
     if n:
         parts = []
         ad = fam.get("AdamW step")
-        if ad and ad["ms_per_iter"] > 0:  # reads p, g, m, v; writes p, m, v: 28 bytes per parameter
-            parts.append(f"AdamW moves {28 * n / 1e9:.2f} GB per step at {28 * n / (ad['ms_per_iter'] / 1e3) / 1e9:.1f} GB/s")
+        if ad and ad["ms_per_iter"] > 0:
+            # reads p, g, m, v; writes p, m, v and g (zeroed in the same sweep since the fused
+            # zeroing of 2026-12-03; results files before it counted 28 bytes)
+            parts.append(f"AdamW moves {32 * n / 1e9:.2f} GB per step at {32 * n / (ad['ms_per_iter'] / 1e3) / 1e9:.1f} GB/s")
         gn = fam.get("grad norm (sum of squares)")
         if gn and gn["ms_per_iter"] > 0:
             parts.append(f"the grad norm reads {4 * n / 1e9:.2f} GB at {4 * n / (gn['ms_per_iter'] / 1e3) / 1e9:.1f} GB/s")

@@ -11,7 +11,8 @@ tokens per step):
 
   1. gemm_roofline --dtype bf16 and fp32: the FLOP-weighted GEMM rate of exactly one micro-batch's
      GEMMs (bf16 inputs with fp32 accumulation, and fp32), the rooflines; and the memory
-     bandwidth the host kernels see (STREAM's triad, --stream-mib);
+     bandwidth the host kernels see (--stream-mib: the better of STREAM's triad and an in-place
+     update a = a + s b, AdamW's access pattern);
   2. Trident: apps/pretrain_gpt with precision.dtype fp32 and bf16, global batch = accum x B,
      median ms/iter after warm-up;
   3. PyTorch: perf/torch_gpt.py --dtype fp32 and --dtype bf16 (autocast), same model and optimizer,
@@ -54,7 +55,7 @@ def parse_args(argv=None):
                    help="comma list: micro-batches per step (B x T tokens each), gradients accumulated")
     p.add_argument("--accum-iters", type=int, default=3, help="training steps per run where accum > 1")
     p.add_argument("--accum-warmup", type=int, default=1)
-    p.add_argument("--stream-mib", type=int, default=512, help="memory bandwidth: the triad's arrays (MiB each)")
+    p.add_argument("--stream-mib", type=int, default=512, help="memory bandwidth: the arrays' size (MiB each)")
     p.add_argument("--timer-lib", default="", help="kernel timer (default: <build-dir>/perf/libtrident_kernel_timer.so)")
     p.add_argument("--no-profile", action="store_true", help="no per-op breakdown (the kernel-timer runs)")
     p.add_argument("--dropout", type=float, default=0.1)
@@ -103,10 +104,10 @@ def step_config(a, accum):
 
 
 def adamw_bytes(dtype):
-    """bytes AdamW moves per parameter: reads the gradient, both moments and the fp32 value (the
-    master with 16-bit parameters), writes the moments and the value (fp32), and with 16-bit
-    parameters also the 16-bit copy"""
-    return 28 + (2 if dtype == "bf16" else 0)
+    """bytes AdamW moves per parameter in training: reads the gradient, both moments and the fp32
+    value (the master with 16-bit parameters), writes the moments, the value and the gradient
+    (zeroed in the same sweep, GradsAfter::zero), and with 16-bit parameters the 16-bit copy"""
+    return 32 + (2 if dtype == "bf16" else 0)
 
 
 def floor_of(r, d, gemm_s, bw):
@@ -223,8 +224,9 @@ def main(argv=None):
                      f"{pct('floor_fraction_bf16')} | {pct('floor_fraction_fp32')} |")
     lines += ["", "fp32 GEMM roofline for comparison: " + ", ".join(
         f"{r['title']} {r['roofline_fp32_tflops']:.3f} TFLOP/s" for r in results if r["accum"] == a.accum_list[0])
-        + f". Memory bandwidth (triad, the host kernels' threads): "
-        + (f"{bw:.1f} GB/s." if bw else "not measured."), "",
+        + ". Memory bandwidth (the host kernels' threads): "
+        + (f"{bw:.1f} GB/s (triad {roof['fp32']['stream']['triad_gb_per_s']:.1f}, in-place update "
+           f"{roof['fp32']['stream']['update_gb_per_s']:.1f})." if bw else "not measured."), "",
         "Floor: the step's GEMMs at the roofline of their precision plus AdamW "
         f"({adamw_bytes('bf16')} bytes per parameter in bf16, {adamw_bytes('fp32')} in fp32) and the gradient norm "
         "(4) at the measured bandwidth; `step / floor` is the floor over the measured step (1 = at the floor).", "",

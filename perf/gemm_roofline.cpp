@@ -8,11 +8,11 @@
 //
 // Host threads: the GEMM library's (OMP_NUM_THREADS for oneDNN).
 //
-// --stream-mib M (> 0) also measures the memory bandwidth the host kernels see: STREAM's triad
-// a = b + s c over three fp32 arrays of M MiB each, launched as Trident's host kernels are
-// (common/host_parallel.hpp, the same threads), best of repetitions over --min-time, counting
-// 12 bytes per element (reads of b and c, the write of a). The step's memory-bound floor (AdamW,
-// the gradient norm) is priced at this rate (perf/bench_mixed.py).
+// --stream-mib M (> 0) also measures the memory bandwidth the host kernels see, over fp32 arrays
+// of M MiB each, launched as Trident's host kernels are (common/host_parallel.hpp, the same
+// threads), best of repetitions over --min-time: STREAM's triad a = b + s c and the in-place
+// update a = a + s b, 12 bytes per element each. perf/bench_mixed.py prices the step's
+// memory-bound floor (AdamW, the gradient norm: in-place sweeps) at the better of the two.
 //
 // One GPT step (fp32, no recomputation, tokens N = B*T, hidden C, ffn 4C, padded vocab V) runs,
 // per layer, the forward GEMM, the input-gradient GEMM and the weight-gradient GEMM of the four
@@ -159,7 +159,7 @@ Options parse(int argc, char** argv) {
           << "gemm_roofline [--tokens N=256] [--seq T=64] [--hidden 384,768] [--head-dim 64] [--vocab 50304]\n"
              "              [--ffn F (0: 4C)] [--groups ng (0: heads)] [--swiglu]\n"
              "              [--square 2048 (0: skip)] [--min-time 0.25 s per shape] [--json FILE] [--dtype fp32|bf16]\n"
-             "              [--stream-mib M (0: skip): the triad's memory bandwidth over 3 arrays of M MiB]\n"
+             "              [--stream-mib M (0: skip): memory bandwidth over arrays of M MiB]\n"
              "fp32 GEMM rate through Trident's ops/gemm for the GEMMs of one GPT step (B = N/T, heads = C/head-dim)\n"
              "and a square GEMM; --ffn and --groups take one value or one per --hidden; threads: OMP_NUM_THREADS (oneDNN).\n";
       std::exit(0);
@@ -262,29 +262,44 @@ void time_shape(Shape& s, double min_time, bool bf16) {
 
 const char* tname(Trans t) { return t == Trans::N ? "N" : "T"; }
 
-// STREAM's triad through the host kernels' launcher: the best rate (GB/s, 12 bytes per element)
-// and the repetitions run.
-std::pair<double, int> stream_triad(std::int64_t mib, double min_time) {
+// Memory bandwidth through the host kernels' launcher, best rates (GB/s) over repetitions:
+// STREAM's triad a = b + s c (12 bytes per element: two reads, one write to a third array, which
+// costs a read for ownership besides), and an in-place update a = a + s b (12 bytes: two reads,
+// a write back to a line just read), the access pattern of AdamW and of gradient accumulation.
+struct StreamRates {
+  double triad = 0, update = 0;
+  int reps = 0;
+};
+StreamRates stream_rates(std::int64_t mib, double min_time) {
   const std::int64_t n = mib * (std::int64_t{1} << 20) / static_cast<std::int64_t>(sizeof(float));
   trident::FloatView a("stream_a", static_cast<size_t>(n)), b("stream_b", static_cast<size_t>(n)),
       c("stream_c", static_cast<size_t>(n));
   Kokkos::deep_copy(b, 1.0f);
   Kokkos::deep_copy(c, 2.0f);
   const float s = 3.0f;
-  double best = 1e30, spent = 0;
-  int reps = 0;
-  while (reps < 3 || (spent < min_time && reps < 200)) {
+  double best_triad = 1e30, best_update = 1e30, spent = 0;
+  StreamRates r;
+  while (r.reps < 3 || (spent < min_time && r.reps < 200)) {
     Kokkos::fence();
-    const double t0 = now_s();
+    double t0 = now_s();
     trident::for_each_index(
         "stream_triad", n, KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + s * c(i); });
     Kokkos::fence();
-    const double t = now_s() - t0;
-    best = std::min(best, t);
+    double t = now_s() - t0;
+    best_triad = std::min(best_triad, t);
     spent += t;
-    ++reps;
+    t0 = now_s();
+    trident::for_each_index(
+        "stream_update", n, KOKKOS_LAMBDA(std::int64_t i) { a(i) = a(i) + s * b(i); });
+    Kokkos::fence();
+    t = now_s() - t0;
+    best_update = std::min(best_update, t);
+    spent += t;
+    ++r.reps;
   }
-  return {12.0 * static_cast<double>(n) / best / 1e9, reps};
+  r.triad = 12.0 * static_cast<double>(n) / best_triad / 1e9;
+  r.update = 12.0 * static_cast<double>(n) / best_update / 1e9;
+  return r;
 }
 
 int run(int argc, char** argv) {
@@ -358,10 +373,13 @@ int run(int argc, char** argv) {
        << ", \"best_s\": " << sq.best_s << ", \"reps\": " << sq.reps << "}";
   }
   if (o.stream_mib > 0) {
-    const auto [gbs, reps] = stream_triad(o.stream_mib, o.min_time);
-    std::cout << "\nmemory bandwidth (triad over 3 x " << o.stream_mib
-              << " MiB, host kernels' threads): " << std::setprecision(1) << gbs << " GB/s (best of " << reps << ")\n";
-    js << ",\n  \"stream\": {\"mib\": " << o.stream_mib << ", \"gb_per_s\": " << gbs << ", \"reps\": " << reps << "}";
+    const StreamRates r = stream_rates(o.stream_mib, o.min_time);
+    std::cout << "\nmemory bandwidth (3 arrays of " << o.stream_mib << " MiB, host kernels' threads, best of " << r.reps
+              << "): triad a = b + s c " << std::setprecision(1) << r.triad << " GB/s, in-place a = a + s b "
+              << r.update << " GB/s\n";
+    js << ",\n  \"stream\": {\"mib\": " << o.stream_mib << ", \"triad_gb_per_s\": " << r.triad
+       << ", \"update_gb_per_s\": " << r.update << ", \"gb_per_s\": " << std::max(r.triad, r.update)
+       << ", \"reps\": " << r.reps << "}";
   }
   js << "\n}\n";
   if (!o.json.empty()) {
