@@ -675,10 +675,7 @@ std::string CheckpointSaver::finish(const Topology& topo) {
     fail(e.what());
   }
   // one all-reduce: per dataset the checksum, the elements written and whether one was not finite
-  std::vector<std::uint64_t> acc(3 * D);  // (3, datasets)
-  std::copy(s.result.sums.begin(), s.result.sums.end(), acc.begin());
-  std::copy(s.result.elements.begin(), s.result.elements.end(), acc.begin() + static_cast<std::ptrdiff_t>(D));
-  for (size_t i = 0; i < D; ++i) acc[2 * D + i] = s.result.nonfinite[i];
+  std::vector<std::uint64_t> acc = s.result.packed();  // (3, datasets)
   world.allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
   for (size_t i = 0; i < D; ++i)
     if (acc[2 * D + i] != 0)  // a diverged run never writes a checkpoint (the earlier ones stay)
@@ -1037,12 +1034,7 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& expe
   {
     const size_t D = ds.names.size();
     if (!all_raw) sums->add_all();
-    std::vector<std::uint64_t> acc(3 * D, 0);  // (3, datasets): checksum, elements, non-finite
-    for (size_t i = 0; i < D; ++i) {
-      acc[i] = sums->sums[i];
-      acc[D + i] = sums->elements[i];
-      acc[2 * D + i] = sums->nonfinite[i];
-    }
+    std::vector<std::uint64_t> acc = sums->packed();  // (3, datasets): checksum, elements, non-finite
     topo.world().allreduce_sum(acc.data(), static_cast<std::int64_t>(acc.size()));
     std::string bad;
     if (version >= 2) {

@@ -83,18 +83,25 @@ std::uint64_t checksum_terms(const float* x, std::uint64_t global0, std::int64_t
   return sum;
 }
 
-RunChecksums::RunChecksums(std::vector<FileRun> runs, std::size_t datasets)
-    : sums(datasets, 0), elements(datasets, 0), nonfinite(datasets, 0), runs_(std::move(runs)) {
-  std::sort(runs_.begin(), runs_.end(), [](const FileRun& a, const FileRun& b) { return a.src < b.src; });
-}
-
-void RunChecksums::take(const FileRun& r, std::int64_t first, std::int64_t n) {
+void DatasetSums::take(int dataset, const float* x, std::uint64_t global0, std::int64_t n) {
   if (n <= 0) return;
-  const auto d = static_cast<std::size_t>(r.dataset);
+  const auto d = static_cast<std::size_t>(dataset);
   bool finite = true;
-  sums[d] += checksum_terms(r.src + first, static_cast<std::uint64_t>(r.global + first), n, &finite);
+  sums[d] += checksum_terms(x, global0, n, &finite);
   if (!finite) nonfinite[d] = 1;
   elements[d] += static_cast<std::uint64_t>(n);
+}
+
+std::vector<std::uint64_t> DatasetSums::packed() const {
+  std::vector<std::uint64_t> acc(sums);
+  acc.insert(acc.end(), elements.begin(), elements.end());
+  acc.insert(acc.end(), nonfinite.begin(), nonfinite.end());
+  return acc;
+}
+
+RunChecksums::RunChecksums(std::vector<FileRun> runs, std::size_t datasets)
+    : DatasetSums(datasets), runs_(std::move(runs)) {
+  std::sort(runs_.begin(), runs_.end(), [](const FileRun& a, const FileRun& b) { return a.src < b.src; });
 }
 
 void RunChecksums::add(const char* begin, std::uint64_t bytes) {
@@ -107,12 +114,13 @@ void RunChecksums::add(const char* begin, std::uint64_t bytes) {
     const char* lo = std::max(begin, reinterpret_cast<const char*>(it->src));
     const char* hi = std::min(end, reinterpret_cast<const char*>(it->src + it->n));
     const auto first = static_cast<std::int64_t>((lo - reinterpret_cast<const char*>(it->src)) / sizeof(float));
-    take(*it, first, static_cast<std::int64_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(float))));
+    take(it->dataset, it->src + first, static_cast<std::uint64_t>(it->global + first),
+         static_cast<std::int64_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(float))));
   }
 }
 
 void RunChecksums::add_all() {
-  for (const FileRun& r : runs_) take(r, 0, r.n);
+  for (const FileRun& r : runs_) take(r.dataset, r.src, static_cast<std::uint64_t>(r.global), r.n);
 }
 
 namespace {
@@ -264,9 +272,7 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
                           const std::vector<std::uint64_t>& dataset_offsets, std::size_t datasets,
                           const RunWriteControl& control) {
   RunWriteResult r;
-  r.sums.assign(datasets, 0);
-  r.elements.assign(datasets, 0);
-  r.nonfinite.assign(datasets, 0);
+  static_cast<DatasetSums&>(r) = DatasetSums(datasets);
   Fd cached, direct;
   cached.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (cached.fd < 0) {
@@ -307,10 +313,7 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
       const std::int64_t n = std::min(kPart, run.n - k);
       const float* src = run.src + k;
       double t = wall_seconds();
-      bool finite = true;
-      r.sums[run.dataset] += checksum_terms(src, static_cast<std::uint64_t>(run.global + k), n, &finite);
-      if (!finite) r.nonfinite[run.dataset] = 1;
-      r.elements[run.dataset] += static_cast<std::uint64_t>(n);
+      r.take(run.dataset, src, static_cast<std::uint64_t>(run.global + k), n);
       const double t1 = wall_seconds();
       r.checksum_s += t1 - t;
       const char* bytes = reinterpret_cast<const char*>(src);

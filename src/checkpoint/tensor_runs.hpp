@@ -41,11 +41,22 @@ struct FileRun {
   int dataset = 0;
 };
 
+// Per dataset: the checkpoint checksum of some of its elements, how many, and whether one was not
+// finite, as a save writes them or a load reads them; packed() lays them out as (3, datasets)
+// for the one all-reduce that sums them over the ranks.
+struct DatasetSums {
+  std::vector<std::uint64_t> sums, elements;  // (datasets)
+  std::vector<std::uint8_t> nonfinite;        // (datasets) 1: a value NaN or inf
+  DatasetSums() = default;
+  explicit DatasetSums(std::size_t datasets) : sums(datasets, 0), elements(datasets, 0), nonfinite(datasets, 0) {}
+  // the terms of n elements at x whose global indices in `dataset` start at global0
+  void take(int dataset, const float* x, std::uint64_t global0, std::int64_t n);
+  std::vector<std::uint64_t> packed() const;
+};
+
 // What one rank's writes gave: per dataset, the partial checksum, whether a value was not finite
 // and how many elements were written; the first error ("" when none); and where the time went.
-struct RunWriteResult {
-  std::vector<std::uint64_t> sums, elements;
-  std::vector<std::uint8_t> nonfinite;
+struct RunWriteResult : DatasetSums {
   std::string error;
   double checksum_s = 0, write_s = 0, fsync_s = 0;
   bool direct = false;             // the file opened with O_DIRECT
@@ -73,17 +84,14 @@ RunWriteResult write_runs(const std::string& path, const std::vector<FileRun>& r
 // filled: add(p, bytes) takes the terms of every run's elements inside [p, p + bytes) (a range
 // starting and ending on element boundaries of the runs it meets). The runs must not overlap in
 // memory; sums mod 2^64 do not depend on the order of the adds.
-class RunChecksums {
+class RunChecksums : public DatasetSums {
  public:
   RunChecksums(std::vector<FileRun> runs, std::size_t datasets);
   void add(const char* begin, std::uint64_t bytes);
   // the terms of every run in full (where the memory was filled other than by add's caller)
   void add_all();
-  std::vector<std::uint64_t> sums, elements;  // (datasets)
-  std::vector<std::uint8_t> nonfinite;        // (datasets) 1: a value NaN or inf
 
  private:
-  void take(const FileRun& r, std::int64_t first, std::int64_t n);
   std::vector<FileRun> runs_;  // ordered by src
 };
 
