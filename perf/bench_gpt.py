@@ -318,7 +318,11 @@ def read_trident(metrics_file, stdout, a):
 
 
 # ---- per-op breakdown ----------------------------------------------------------------------------
-GEMM_REGION = r"^ops::gemm(_bf16|_fp16)?$"  # the host GEMMs' regions (fp32, 16-bit)
+# the host GEMMs' regions (fp32, 16-bit, grouped), their names alone or, under
+# TRIDENT_GEMM_REGION_SHAPES=1, followed by the call's shape (ops/gemm_region.hpp)
+GEMM_REGION = r"^ops::gemm(_bf16|_fp16|_grouped)?( |$)"
+GEMM_SHAPE = re.compile(r"^ops::gemm(?:_bf16|_fp16)? (?P<op>[NT]{2}) M=(?P<M>\d+) N=(?P<N>\d+) K=(?P<K>\d+) "
+                        r"batch=(?P<batch>\d+) beta=(?P<beta>\S+)$")
 FAMILIES = [
     (GEMM_REGION, "GEMM (oneDNN, ops::gemm regions)"),
     (r"^ops::(pack_half|unpack_half)$", "casts fp32 <-> 16-bit"),
@@ -383,6 +387,48 @@ def breakdown(timer, timed_iters, gemm_time_isolated, gemm_flops):
         "gemm_gflops_in_training": gemm_flops / gemm_s / 1e9 if gemm_s > 0 else None,
         "non_gemm_ms_per_iter": 1e3 * (total / timed_iters - gemm_s),
     }
+
+
+def gemm_shapes(timer, timed_iters, roof_model):
+    """Per GEMM shape of the step (the kernel timer's regions under TRIDENT_GEMM_REGION_SHAPES=1):
+    its time per step in training against the same shape alone in gemm_roofline (roof_model: the
+    roofline JSON's entry for this hidden size), largest loss first. Rows: name, op, M, N, K,
+    batch, calls and ms per step, GFLOP/s in training and alone, ms per step lost to the isolated
+    rate."""
+    alone = {(s["op"], s["M"], s["N"], s["K"], s["batch"]): s for s in (roof_model or {}).get("shapes", [])}
+    seen = {}
+    for e in timer["regions"]:
+        m = GEMM_SHAPE.match(e["name"])
+        if not m:
+            continue
+        key = (m["op"], int(m["M"]), int(m["N"]), int(m["K"]), int(m["batch"]))
+        acc = seen.setdefault(key, [0.0, 0])
+        acc[0] += e["seconds"]
+        acc[1] += e["calls"]
+    rows = []
+    for key, (sec, calls) in seen.items():
+        op, M, N, K, batch = key
+        flops = 2.0 * M * N * K * batch
+        per_call = sec / calls
+        s = alone.get(key)
+        rows.append({"name": s["name"].strip() if s else "", "op": op, "M": M, "N": N, "K": K, "batch": batch,
+                     "calls_per_iter": calls / timed_iters, "ms_per_iter": 1e3 * sec / timed_iters,
+                     "gflops_training": flops / per_call / 1e9,
+                     "gflops_alone": flops / s["median_s"] / 1e9 if s else None,
+                     "lost_ms_per_iter": 1e3 * (per_call - s["median_s"]) * calls / timed_iters if s else None})
+    rows.sort(key=lambda r: -(r["lost_ms_per_iter"] if r["lost_ms_per_iter"] is not None else r["ms_per_iter"]))
+    return rows
+
+
+def gemm_shapes_text(rows):
+    """The per-shape table (gemm_shapes) as Markdown lines."""
+    out = ["| GEMM | op | M | N | K | batch | calls/step | ms/step | GFLOP/s in training | GFLOP/s alone | "
+           "ms/step lost |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['name'] or '(not in the roofline)'} | {r['op']} | {r['M']} | {r['N']} | {r['K']} | "
+                   f"{r['batch']} | {r['calls_per_iter']:.0f} | {r['ms_per_iter']:.2f} | {r['gflops_training']:.0f} | "
+                   f"{fmt(r['gflops_alone'], '.0f')} | {fmt(r['lost_ms_per_iter'], '.2f')} |")
+    return out
 
 
 # ---- report -----------------------------------------------------------------------------------------

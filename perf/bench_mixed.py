@@ -21,7 +21,8 @@ tokens per step):
      timer, as perf/bench_gpt.py): the GEMM region against the same GEMMs alone, each kernel
      family (the fp32 <-> 16-bit casts among them), AdamW with the bytes it moves, host code;
      and the step's floor: its GEMMs at the roofline plus AdamW and the gradient norm at the
-     measured memory bandwidth.
+     measured memory bandwidth; and each GEMM shape of the step (TRIDENT_GEMM_REGION_SHAPES=1
+     names it in the region) against the same shape alone, with the time per step it loses.
 
 Prints and writes perf/results/mixed_cpu_<date>_<cpu key>[_<tag>].{md,json}: tokens/s of the four, the ratio
 Trident bf16 / PyTorch bf16 (issue 44's target at >= 8k tokens: at least 3), Trident's bf16 speed-up over its
@@ -173,13 +174,16 @@ def main(argv=None):
                 if not a.no_profile:
                     kj = os.path.join(work, f"mixed_kernels_{tag}_{d}.json")
                     env = dict(threads_env, KOKKOS_PROFILE_LIBRARY=a.timer_lib, TRIDENT_KERNEL_TIMER_OUT=kj,
-                               TRIDENT_KERNEL_TIMER_SKIP=f"optim::adamw_step:{c.warmup}")
+                               TRIDENT_KERNEL_TIMER_SKIP=f"optim::adamw_step:{c.warmup}",
+                               TRIDENT_GEMM_REGION_SHAPES="1")  # each GEMM's region names its shape
                     runner.run(bg.trident_cmd(c, shape, os.path.join(work, f"mixed_trident_{tag}_{d}_profiled.csv"))
                                + ["--precision.dtype", d], env, f"Trident {shape} {d} x{accum} under the kernel timer",
                                os.path.join(work, f"mixed_trident_{tag}_{d}_profiled.log"))
                     with open(kj) as f:
                         timer = json.load(f)
                     b = bg.breakdown(timer, c.iters - c.warmup, gemm[d][1], gemm[d][0])
+                    b["gemm_shapes"] = bg.gemm_shapes(timer, c.iters - c.warmup,
+                                                      next(m for m in roof[d]["models"] if m["hidden"] == C))
                     fam = {x["family"]: x for x in b["families"]}
                     n = t.get("parameters") or 0
                     ad = fam.get("AdamW step")
@@ -253,6 +257,11 @@ def main(argv=None):
             for k in b["top_kernels"]:
                 lines.append(f"| {k['kernel']} | {k['type']} | {k['ms_per_iter']:.2f} | {k['percent']:.1f}% | "
                              f"{k['calls_per_iter']} |")
+            if b.get("gemm_shapes"):
+                lines += ["", "Each GEMM of the step in training against the same GEMM alone (gemm_roofline: "
+                          "operands hot in cache, median call); `ms/step lost` = calls x (time per call in "
+                          "training - alone), largest first:", ""]
+                lines += bg.gemm_shapes_text(b["gemm_shapes"])
             lines.append("")
     # where it ran (issue 22: every result file says so): the CPU, its flags, PyTorch's OpenBLAS
     lines += ["## PyTorch", ""]
@@ -278,6 +287,10 @@ def main(argv=None):
             for d in () if a.no_profile else ("bf16", "fp32"):
                 b = r[f"breakdown_{d}"]
                 assert b["gemm_ms_per_iter"] > 0 and any(f["family"] == "AdamW step" for f in b["families"]), d
+                # every GEMM region carried its shape, and each shape is one the roofline timed
+                shaped = sum(g["ms_per_iter"] for g in b["gemm_shapes"])
+                assert abs(shaped - b["gemm_ms_per_iter"]) <= 1e-6 * b["gemm_ms_per_iter"] + 1e-9, (d, shaped)
+                assert all(g["gflops_alone"] for g in b["gemm_shapes"]), (d, b["gemm_shapes"])
         assert len(results) == len(a.shape_list) * len(a.accum_list)
         assert bw and bw > 0, "no memory bandwidth"
         print("bench_mixed smoke: every piece ran")

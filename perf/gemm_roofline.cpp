@@ -17,7 +17,8 @@
 // One GPT step (fp32, no recomputation, tokens N = B*T, hidden C, ffn 4C, padded vocab V) runs,
 // per layer, the forward GEMM, the input-gradient GEMM and the weight-gradient GEMM of the four
 // linears (qkv C->3C, proj C->C, fc1 C->4C, fc2 4C->C) and the attention GEMMs (B*heads small
-// T x T x head_dim products, forward and backward), and once the tied LM head (N x V x C, forward
+// T x T x head_dim products, forward and backward, timed as the model calls them: a strided batch
+// over the key/value groups per sample and query head of a group), and once the tied LM head (N x V x C, forward
 // and both gradients). Their FLOPs add up to Megatron's model FLOPs
 // 72 B s l h^2 (1 + s/6h + V/12hl). The Llama family's layer (--ffn F, --groups ng, --swiglu) has
 // qkv C -> (heads + 2 ng) head_dim, fc1 C -> 2F (gate and up), fc2 F -> C, the same per-head
@@ -100,6 +101,7 @@ struct Shape {
   std::int64_t M, N, K, batch;
   float beta;
   bool per_layer;
+  std::int64_t calls = 1;  // calls per layer (per step for the LM head)
   double median_s = 0, best_s = 0;
   int reps = 0;
   double flops() const { return 2.0 * static_cast<double>(M) * N * K * batch; }
@@ -204,12 +206,17 @@ std::vector<Shape> step_shapes(const Options& o, std::size_t ci) {
   linear("proj", C, C);
   linear("fc1 ", C, o.swiglu ? 2 * F : F);  // SwiGLU: [gate; up]
   linear("fc2 ", F, C);
-  v.push_back({"attn fwd   S=QK^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true});
-  v.push_back({"attn fwd   Y=PV", Trans::N, Trans::N, T, hs, T, B * H, 0.f, true});
-  v.push_back({"attn bwd   dP=dYV^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true});
-  v.push_back({"attn bwd   dV=P^TdY", Trans::T, Trans::N, T, hs, T, B * H, 0.f, true});
-  v.push_back({"attn bwd   dQ=dSK", Trans::N, Trans::N, T, hs, T, B * H, 0.f, true});
-  v.push_back({"attn bwd   dK=dS^TQ", Trans::T, Trans::N, T, hs, T, B * H, 0.f, true});
+  // The per-head products as ops/attention.cpp calls them: one strided batch over the G key/value
+  // groups per sample and query head of a group, B H / G calls of G products each. The key and
+  // value gradients of a group sum over its H / G query heads (beta 1 after the first).
+  const std::int64_t rep = H / G, calls = B * rep;
+  const float acc = rep > 1 ? 1.f : 0.f;
+  v.push_back({"attn fwd   S=QK^T", Trans::N, Trans::T, T, T, hs, G, 0.f, true, calls});
+  v.push_back({"attn fwd   Y=PV", Trans::N, Trans::N, T, hs, T, G, 0.f, true, calls});
+  v.push_back({"attn bwd   dP=dYV^T", Trans::N, Trans::T, T, T, hs, G, 0.f, true, calls});
+  v.push_back({"attn bwd   dV=P^TdY", Trans::T, Trans::N, T, hs, T, G, acc, true, calls});
+  v.push_back({"attn bwd   dQ=dSK", Trans::N, Trans::N, T, hs, T, G, 0.f, true, calls});
+  v.push_back({"attn bwd   dK=dS^TQ", Trans::T, Trans::N, T, hs, T, G, acc, true, calls});
   v.push_back({"lm head fwd   logits=xE^T", Trans::N, Trans::T, N, V, C, 1, 0.f, false});
   v.push_back({"lm head bwd   dx=dlogitsE", Trans::N, Trans::N, N, C, V, 1, 0.f, false});
   v.push_back({"lm head bwd   dE+=dlogits^Tx", Trans::T, Trans::N, V, C, N, 1, 1.f, false});
@@ -323,10 +330,11 @@ int run(int argc, char** argv) {
     std::cout << "\nhidden C = " << C << " (heads " << C / o.head_dim << " x " << o.head_dim << ", "
               << (o.groups[ci] > 0 ? o.groups[ci] : C / o.head_dim) << " key/value groups, ffn "
               << (o.ffn[ci] > 0 ? o.ffn[ci] : 4 * C) << (o.swiglu ? " SwiGLU" : "")
-              << "); counts are per layer (LM head: per step)\n"
+              << "); calls are per layer (LM head: per step), MFLOP per call\n"
               << std::left << std::setw(30) << "GEMM" << std::right << std::setw(3) << "op" << std::setw(8) << "M"
-              << std::setw(8) << "N" << std::setw(8) << "K" << std::setw(7) << "batch" << std::setw(10) << "MFLOP"
-              << std::setw(11) << "median ms" << std::setw(10) << "GFLOP/s" << std::setw(10) << "best"
+              << std::setw(8) << "N" << std::setw(8) << "K" << std::setw(7) << "batch" << std::setw(6) << "calls"
+              << std::setw(10) << "MFLOP" << std::setw(11) << "median ms" << std::setw(10) << "GFLOP/s" << std::setw(10)
+              << "best"
               << "\n";
     double layer_flops = 0, layer_time = 0, head_flops = 0, head_time = 0;
     js << (ci ? "," : "") << "\n    {\"hidden\": " << C << ", \"head_dim\": " << o.head_dim
@@ -336,18 +344,18 @@ int run(int argc, char** argv) {
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       Shape& s = shapes[i];
       time_shape(s, o.min_time, o.bf16);
-      (s.per_layer ? layer_flops : head_flops) += s.flops();
-      (s.per_layer ? layer_time : head_time) += s.median_s;
+      (s.per_layer ? layer_flops : head_flops) += static_cast<double>(s.calls) * s.flops();
+      (s.per_layer ? layer_time : head_time) += static_cast<double>(s.calls) * s.median_s;
       std::cout << std::left << std::setw(30) << s.name << std::right << std::setw(2) << tname(s.ta) << tname(s.tb)
                 << std::setw(8) << s.M << std::setw(8) << s.N << std::setw(8) << s.K << std::setw(7) << s.batch
-                << std::fixed << std::setprecision(1) << std::setw(10) << s.flops() / 1e6 << std::setprecision(3)
-                << std::setw(11) << s.median_s * 1e3 << std::setprecision(1) << std::setw(10)
+                << std::setw(6) << s.calls << std::fixed << std::setprecision(1) << std::setw(10) << s.flops() / 1e6
+                << std::setprecision(3) << std::setw(11) << s.median_s * 1e3 << std::setprecision(1) << std::setw(10)
                 << s.flops() / s.median_s / 1e9 << std::setw(10) << s.flops() / s.best_s / 1e9 << "\n";
       js << (i ? "," : "") << "\n      {\"name\": \"" << s.name << "\", \"op\": \"" << tname(s.ta) << tname(s.tb)
          << "\", \"M\": " << s.M << ", \"N\": " << s.N << ", \"K\": " << s.K << ", \"batch\": " << s.batch
-         << ", \"beta\": " << s.beta << ", \"per_layer\": " << (s.per_layer ? "true" : "false")
-         << ", \"flops\": " << s.flops() << ", \"median_s\": " << s.median_s << ", \"best_s\": " << s.best_s
-         << ", \"reps\": " << s.reps << "}";
+         << ", \"calls\": " << s.calls << ", \"beta\": " << s.beta
+         << ", \"per_layer\": " << (s.per_layer ? "true" : "false") << ", \"flops\": " << s.flops()
+         << ", \"median_s\": " << s.median_s << ", \"best_s\": " << s.best_s << ", \"reps\": " << s.reps << "}";
     }
     js << "\n    ], \"layer_flops\": " << layer_flops << ", \"layer_time_s\": " << layer_time
        << ", \"head_flops\": " << head_flops << ", \"head_time_s\": " << head_time << "}";

@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "common/half.hpp"
+#include "ops/gemm_region.hpp"
 
 #if !defined(TRIDENT_ENABLE_CUDA)
 #include <map>
@@ -56,18 +57,16 @@ bool share_batch(std::int64_t batch, std::int64_t M, std::int64_t N) {
 }
 
 // Runs product(b, state) for every b in [0, batch), statically scheduled over the threads, where
-// `state` is the thread's own make_state() result, inside one profiling region (none if null).
+// `state` is the thread's own make_state() result.
 // An exception does not leave the parallel region: the first one's message is returned, empty
 // when none.
 template <class MakeState, class Product>
-std::string run_batch_on_threads(const char* region, std::int64_t batch, const MakeState& make_state,
-                                 const Product& product) {
+std::string run_batch_on_threads(std::int64_t batch, const MakeState& make_state, const Product& product) {
   std::string first_error;
   const auto record = [&first_error](const char* what) {
 #pragma omp critical(trident_gemm_error)
     if (first_error.empty()) first_error = what;
   };
-  if (region) Kokkos::Profiling::pushRegion(region);
 #pragma omp parallel
   {
     // Every thread reaches the worksharing loop, even one whose state could not be made.
@@ -87,7 +86,6 @@ std::string run_batch_on_threads(const char* region, std::int64_t batch, const M
       }
     }
   }
-  if (region) Kokkos::Profiling::popRegion();
   return first_error;
 }
 
@@ -130,14 +128,13 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
-  // A profiling region, so that Kokkos Tools (perf/kernel_timer) see GEMMs next to kernels.
-  Kokkos::Profiling::pushRegion("ops::gemm");
+  const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta);
 #if defined(TRIDENT_GEMM_DNNL)
 #if defined(_OPENMP)
   if (const Slabs slabs = gemm_slabs(tb, M, N, K); slabs.count > 1) {
     struct NoState {};
     const std::string error = run_batch_on_threads(
-        nullptr, slabs.count, [] { return NoState{}; },
+        slabs.count, [] { return NoState{}; },
         [&](std::int64_t s, NoState&) {
           const std::int64_t lo = slabs.edge(s), n = slabs.edge(s + 1) - lo;
           // columns [lo, lo + n) of C come from those of op(B); rows from those of op(A)
@@ -149,19 +146,16 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
                                               ldc);
           if (st != dnnl_success) dnnl_failed(st, m, nn, K, " (one thread's slab)");
         });
-    Kokkos::Profiling::popRegion();
     if (!error.empty()) throw Error::one(error);
     return;
   }
 #endif
   const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success) dnnl_failed(st, M, N, K, "");
-  Kokkos::Profiling::popRegion();
 #else
   cblas_sgemm(CblasRowMajor, ta == Trans::T ? CblasTrans : CblasNoTrans, tb == Trans::T ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
               static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
-  Kokkos::Profiling::popRegion();
 #endif
 }
 
@@ -172,9 +166,10 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
   check_dims(M, N, K);
 #if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
   if (share_batch(batch, M, N)) {
+    const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta, batch);
     struct NoState {};
     const std::string error = run_batch_on_threads(
-        "ops::gemm", batch, [] { return NoState{}; },
+        batch, [] { return NoState{}; },
         [&](std::int64_t b, NoState&) {
           const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A + b * strideA, lda,
                                               B + b * strideB, ldb, beta, C + b * strideC, ldc);
@@ -296,7 +291,7 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
-  Kokkos::Profiling::pushRegion("ops::gemm_bf16");
+  const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta);
 #if defined(TRIDENT_GEMM_DNNL)
   const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
   try {
@@ -314,7 +309,6 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, a.data(), static_cast<int>(lda),
               b.data(), static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 #endif
-  Kokkos::Profiling::popRegion();
 }
 
 void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
@@ -325,12 +319,13 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
 #if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
   if (share_batch(batch, M, N)) {
     // One primitive executed by all the threads, each with its own scratchpad.
+    const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta, batch);
     const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
     std::string error;
     try {
       const Bf16Matmul& mm = bf16_matmul(g, true);
       error = run_batch_on_threads(
-          "ops::gemm_bf16", batch, [&] { return Bf16Executor(g, mm); },
+          batch, [&] { return Bf16Executor(g, mm); },
           [&](std::int64_t b, Bf16Executor& run) { run(A + b * strideA, B + b * strideB, C + b * strideC); });
     } catch (const dnnl::error& e) {
       error = e.what();
@@ -408,9 +403,10 @@ void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::
   }
 #if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
   if (const auto per_thread = share_groups(tb, work); !per_thread.empty()) {
+    const GemmRegion region("ops::gemm_grouped");
     struct NoState {};
     const std::string error = run_batch_on_threads(
-        "ops::gemm_grouped", static_cast<std::int64_t>(per_thread.size()), [] { return NoState{}; },
+        static_cast<std::int64_t>(per_thread.size()), [] { return NoState{}; },
         [&](std::int64_t t, NoState&) {
           for (const GemmGroup* g : per_thread[static_cast<size_t>(t)]) {
             if (g->A.dt == DType::F32) {

@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_region.hpp"
 
 #define TRIDENT_CUBLAS(call)                                                                                \
   do {                                                                                                      \
@@ -36,20 +37,14 @@ cublasHandle_t handle() {
   return h;
 }
 cublasOperation_t op(Trans t) { return t == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N; }
-// A Kokkos Tools region around each cuBLAS call, named as the host GEMMs' regions are, so that
-// perf's kernel timer sees the GEMMs (their time under CUDA_LAUNCH_BLOCKING=1); nothing without a tool.
-struct GemmRegion {
-  explicit GemmRegion(const char* name) { Kokkos::Profiling::pushRegion(name); }
-  ~GemmRegion() { Kokkos::Profiling::popRegion(); }
-  GemmRegion(const GemmRegion&) = delete;
-  GemmRegion& operator=(const GemmRegion&) = delete;
-};
+// Each cuBLAS call sits in a GemmRegion (ops/gemm_region.hpp), named as the host GEMMs' regions
+// are, so that perf's kernel timer sees the GEMMs (their time under CUDA_LAUNCH_BLOCKING=1).
 }  // namespace
 
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
-  const GemmRegion region("ops::gemm");
+  const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta);
   TRIDENT_CUBLAS(cublasSgemm(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
                              &alpha, B, static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
                              static_cast<int>(ldc)));
@@ -60,7 +55,7 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
                           std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
                           std::int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
-  const GemmRegion region("ops::gemm_batched");
+  const GemmRegion region("ops::gemm_batched", ta, tb, M, N, K, beta, batch);
   TRIDENT_CUBLAS(cublasSgemmStridedBatched(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
                                            static_cast<int>(K), &alpha, B, static_cast<int>(ldb), strideB, A,
                                            static_cast<int>(lda), strideA, &beta, C, static_cast<int>(ldc), strideC,
@@ -73,7 +68,7 @@ void gemm_16bit(cudaDataType type, Trans ta, Trans tb, std::int64_t M, std::int6
                 const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
                 float* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
-  const GemmRegion region(type == CUDA_R_16BF ? "ops::gemm_bf16" : "ops::gemm_fp16");
+  const GemmRegion region(type == CUDA_R_16BF ? "ops::gemm_bf16" : "ops::gemm_fp16", ta, tb, M, N, K, beta);
   TRIDENT_CUBLAS(cublasGemmEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
                               &alpha, B, type, static_cast<int>(ldb), A, type, static_cast<int>(lda), &beta, C,
                               CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -84,7 +79,8 @@ void gemm_16bit_strided_batched(cudaDataType type, Trans ta, Trans tb, std::int6
                                 const std::uint16_t* B, std::int64_t ldb, std::int64_t strideB, float beta, float* C,
                                 std::int64_t ldc, std::int64_t strideC, std::int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
-  const GemmRegion region(type == CUDA_R_16BF ? "ops::gemm_bf16_batched" : "ops::gemm_fp16_batched");
+  const GemmRegion region(type == CUDA_R_16BF ? "ops::gemm_bf16_batched" : "ops::gemm_fp16_batched", ta, tb, M, N, K,
+                          beta, batch);
   TRIDENT_CUBLAS(cublasGemmStridedBatchedEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
                                             static_cast<int>(K), &alpha, B, type, static_cast<int>(ldb), strideB, A,
                                             type, static_cast<int>(lda), strideA, &beta, C, CUDA_R_32F,

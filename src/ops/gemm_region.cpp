@@ -1,0 +1,48 @@
+// GemmRegion (ops/gemm_region.hpp): the profiling region of one GEMM call, with its shape in the
+// name under TRIDENT_GEMM_REGION_SHAPES=1.
+#include "ops/gemm_region.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace trident {
+
+namespace {
+bool shapes_in_names() {
+  static const bool on = [] {
+    const char* v = std::getenv("TRIDENT_GEMM_REGION_SHAPES");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
+std::string gemm_region_name(const char* base, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                             float beta, std::int64_t batch) {
+  if (!shapes_in_names()) return base;
+  std::ostringstream os;
+  os << base << ' ' << (ta == Trans::T ? 'T' : 'N') << (tb == Trans::T ? 'T' : 'N') << " M=" << M << " N=" << N
+     << " K=" << K << " batch=" << batch << " beta=" << beta;
+  return os.str();
+}
+
+GemmRegion::GemmRegion(const char* base) {
+  if (!Kokkos::Profiling::profileLibraryLoaded()) return;
+  Kokkos::Profiling::pushRegion(base);
+  pushed_ = true;
+}
+
+GemmRegion::GemmRegion(const char* base, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float beta,
+                       std::int64_t batch) {
+  if (!Kokkos::Profiling::profileLibraryLoaded()) return;
+  Kokkos::Profiling::pushRegion(gemm_region_name(base, ta, tb, M, N, K, beta, batch));
+  pushed_ = true;
+}
+
+GemmRegion::~GemmRegion() {
+  if (pushed_) Kokkos::Profiling::popRegion();
+}
+
+}  // namespace trident
