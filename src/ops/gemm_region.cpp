@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string>
 
 namespace trident {
 
@@ -17,8 +18,8 @@ bool shapes_in_names() {
   }();
   return on;
 }
-}  // namespace
 
+// The region's name for a call: `base` alone unless TRIDENT_GEMM_REGION_SHAPES=1 is set.
 std::string gemm_region_name(const char* base, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
                              float beta, std::int64_t batch) {
   if (!shapes_in_names()) return base;
@@ -27,6 +28,7 @@ std::string gemm_region_name(const char* base, Trans ta, Trans tb, std::int64_t 
      << " K=" << K << " batch=" << batch << " beta=" << beta;
   return os.str();
 }
+}  // namespace
 
 GemmRegion::GemmRegion(const char* base) {
   if (!Kokkos::Profiling::profileLibraryLoaded()) return;

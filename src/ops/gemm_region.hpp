@@ -8,7 +8,6 @@
 // loaded nothing is pushed and no name is formatted.
 #pragma once
 #include <cstdint>
-#include <string>
 
 #include "ops/gemm.hpp"
 
@@ -26,9 +25,5 @@ class GemmRegion {
  private:
   bool pushed_ = false;
 };
-
-// The region's name for a call ("base" alone unless TRIDENT_GEMM_REGION_SHAPES=1 is set).
-std::string gemm_region_name(const char* base, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
-                             float beta, std::int64_t batch);
 
 }  // namespace trident
