@@ -10,6 +10,12 @@
 //                                f(i, c) for every element i = r * cols + c of a row-major
 //                                (rows, cols) matrix (a bias broadcast along the rows, without an
 //                                integer division per element on the host);
+//   for_each_row_block<R>(name, rows, f)
+//                                f(std::integral_constant<int, R>{}, r0) for every whole block of
+//                                R rows from r0, then f(std::integral_constant<int, 1>{}, r) for
+//                                each row left over: a kernel whose rows each reduce in sequence
+//                                (the norms' sums) runs R rows' chains side by side, each row's
+//                                operations and their order those of a row alone;
 //   for_each_chunk(name, c, f)   f(c) for every chunk c in [0, c); the kernel sizes its chunks;
 //   sum_chunks(name, c, f)       the sum of f(c) (a double) over the chunks, added in chunk order
 //                                on one thread, so the result is bitwise that of one thread.
@@ -140,6 +146,22 @@ void for_each_element(const char* name, std::int64_t rows, std::int64_t cols, co
   }
   Kokkos::parallel_for(
       name, range(rows * cols), KOKKOS_LAMBDA(std::int64_t i) { f(i, i % cols); });
+}
+
+// Host kernels only (a device runs a row per team, common/device_parallel): f is a host lambda,
+// generic in its first argument, which nvcc does not allow of a __host__ __device__ one.
+template <int R, class F>
+void for_each_row_block(const char* name, std::int64_t rows, const F& f) {
+  static_assert(R >= 1, "a block holds at least one row");
+  static_assert(sizeof(F) > 0 && std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>,
+                "for_each_row_block runs host kernels only");
+  const std::int64_t whole = rows / R;
+  for_each_index(name, whole + rows % R, [=](std::int64_t i) {
+    if (i < whole)
+      f(std::integral_constant<int, R>{}, i * R);
+    else
+      f(std::integral_constant<int, 1>{}, whole * R + (i - whole));
+  });
 }
 
 template <class F>

@@ -13,6 +13,27 @@ namespace trident {
 
 namespace detail {
 
+// The host kernels: this file is compiled with -ffp-contract=off for the host (src/CMakeLists.txt),
+// and every fused multiply-add is spelled dfma, so that the bits do not depend on how the compiler
+// vectorises a loop (a row's sums side by side with other rows' or alone, a loop's vector body or
+// its remainder): the sums add rounded products in order; the element-wise updates fuse where
+// GCC's contraction of the earlier source fused them in its vector loops, so rows whose width is
+// a multiple of the vector length keep their earlier bits (validation/identity.py).
+// Rows per host task: their sequential sums (each an add chain, one add per add latency) run side
+// by side, so the row-wise kernels run at the adders' throughput rather than their latency.
+constexpr int kRowBlock = 8;
+
+// x̂·w + b as the earlier loops rounded it: one rounding (GCC fused it in their vector loops) for
+// fp32 and bf16 outputs, two for fp16, whose scalar loop with its branching conversion added the
+// rounded product.
+template <class F>
+inline float affine(float xhat, float w, float b) {
+  if constexpr (std::is_same_v<F, Fp16Fmt>)
+    return xhat * w + b;
+  else
+    return dfma(xhat, w, b);
+}
+
 // F: storage format of out, w, b (F32Fmt: fp32 views; Bf16Fmt / Fp16Fmt: 16-bit words); x, the
 // statistics and every gradient are fp32.
 template <class F, class VO, class VW>
@@ -38,26 +59,39 @@ void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rs
             rstd(n) = r;
           });
         });
-    return;
-  }
-  for_each_index(
-      "ops::layernorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
-        const std::int64_t base = n * C;
-        float m = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) m += x(base + c);
-        m /= C;
-        float v = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float d = x(base + c) - m;
-          v += d * d;
+  } else {
+    // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
+    const float* xd = x.data();
+    for_each_row_block<kRowBlock>("ops::layernorm_forward", N, [=](auto rows, std::int64_t n0) {
+      constexpr int R = decltype(rows)::value;
+      const float* xr[R];
+      float m[R], v[R], r[R];
+      for (int k = 0; k < R; ++k) {
+        xr[k] = xd + (n0 + k) * C;
+        m[k] = 0.f;
+        v[k] = 0.f;
+      }
+      for (std::int64_t c = 0; c < C; ++c)
+        for (int k = 0; k < R; ++k) m[k] += xr[k][c];
+      for (int k = 0; k < R; ++k) m[k] /= C;
+      for (std::int64_t c = 0; c < C; ++c)
+        for (int k = 0; k < R; ++k) {
+          const float d = xr[k][c] - m[k];
+          v[k] += d * d;
         }
-        v /= C;
-        const float r = 1.f / dsqrt(v + eps);
+      for (int k = 0; k < R; ++k) {
+        v[k] /= C;
+        r[k] = 1.f / dsqrt(v[k] + eps);
+      }
+      for (int k = 0; k < R; ++k) {
+        const std::int64_t base = (n0 + k) * C;
         for (std::int64_t c = 0; c < C; ++c)
-          out(base + c) = F::store((x(base + c) - m) * r * F::load(w(c)) + F::load(b(c)));
-        mean(n) = m;
-        rstd(n) = r;
-      });
+          out(base + c) = F::store(affine<F>((xr[k][c] - m[k]) * r[k], F::load(w(c)), F::load(b(c))));
+        mean(n0 + k) = m[k];
+        rstd(n0 + k) = r[k];
+      }
+    });
+  }
 }
 
 template <class F, class VW>
@@ -82,26 +116,41 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
           });
         });
   } else {
-    for_each_index(
-        "ops::layernorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
-          const std::int64_t base = n * C;
-          const float m = mean(n), r = rstd(n);
-          // dnorm = dout * w;  dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-          float mean_d = 0.f, mean_dx = 0.f;
-          for (std::int64_t c = 0; c < C; ++c) {
-            const float xhat = (x(base + c) - m) * r;
-            const float dn = dout(base + c) * F::load(w(c));
-            mean_d += dn;
-            mean_dx += dn * xhat;
-          }
-          mean_d /= C;
-          mean_dx /= C;
-          for (std::int64_t c = 0; c < C; ++c) {
-            const float xhat = (x(base + c) - m) * r;
-            const float dn = dout(base + c) * F::load(w(c));
-            dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
-          }
-        });
+    // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
+    const float *xd = x.data(), *dd = dout.data();
+    for_each_row_block<kRowBlock>("ops::layernorm_backward_input", N, [=](auto rows, std::int64_t n0) {
+      constexpr int R = decltype(rows)::value;
+      // dnorm = dout * w;  dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+      const float *xr[R], *dr[R];
+      float m[R], r[R], mean_d[R], mean_dx[R];
+      for (int k = 0; k < R; ++k) {
+        xr[k] = xd + (n0 + k) * C;
+        dr[k] = dd + (n0 + k) * C;
+        m[k] = mean(n0 + k);
+        r[k] = rstd(n0 + k);
+        mean_d[k] = 0.f;
+        mean_dx[k] = 0.f;
+      }
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float wc = F::load(w(c));
+        for (int k = 0; k < R; ++k) {
+          const float xhat = (xr[k][c] - m[k]) * r[k];
+          const float dn = dr[k][c] * wc;
+          mean_d[k] += dn;
+          mean_dx[k] += dn * xhat;
+        }
+      }
+      for (int k = 0; k < R; ++k) {
+        mean_d[k] /= C;
+        mean_dx[k] /= C;
+        const std::int64_t base = (n0 + k) * C;
+        for (std::int64_t c = 0; c < C; ++c) {
+          const float xhat = (xr[k][c] - m[k]) * r[k];
+          const float t = dfma(dr[k][c], F::load(w(c)), -mean_d[k]);  // dn - mean(dnorm)
+          dx(base + c) = dfma(r[k], dfma(-xhat, mean_dx[k], t), dx(base + c));
+        }
+      }
+    });
   }
   // Parameter gradients: one thread per block of kCols channels walks the rows (contiguous,
   // vectorised segments; deterministic, no atomics).
@@ -131,7 +180,7 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
           const float *xr = xd + n * C, *dr = dd + n * C;
           TRIDENT_SIMD
           for (std::int64_t c = c0; c < c1; ++c) {
-            sw[c - c0] += dr[c] * (xr[c] - m) * r;
+            sw[c - c0] = dfma(dr[c] * (xr[c] - m), r, sw[c - c0]);
             sb[c - c0] += dr[c];
           }
         }

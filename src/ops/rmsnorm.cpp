@@ -14,6 +14,10 @@ namespace trident {
 
 namespace detail {
 
+// The host kernels as in ops/layernorm: compiled with -ffp-contract=off, fused multiply-adds spelled
+// dfma (the bits independent of the vectoriser); kRowBlock rows' sums side by side.
+constexpr int kRowBlock = 8;
+
 template <class F, class VO, class VW>
 void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, const VW& w, std::int64_t N,
                      std::int64_t C, float eps) {
@@ -27,18 +31,28 @@ void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, c
                                [&](std::int64_t c) { out(base + c) = F::store(x(base + c) * r * F::load(w(c))); });
           Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(n) = r; });
         });
-    return;
+  } else {
+    // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
+    const float* xd = x.data();
+    for_each_row_block<kRowBlock>("ops::rmsnorm_forward", N, [=](auto rows, std::int64_t n0) {
+      constexpr int R = decltype(rows)::value;
+      const float* xr[R];
+      float ms[R];
+      for (int k = 0; k < R; ++k) {
+        xr[k] = xd + (n0 + k) * C;
+        ms[k] = 0.f;
+      }
+      for (std::int64_t c = 0; c < C; ++c)
+        for (int k = 0; k < R; ++k) ms[k] += xr[k][c] * xr[k][c];
+      for (int k = 0; k < R; ++k) {
+        ms[k] /= C;
+        const float r = 1.f / dsqrt(ms[k] + eps);
+        const std::int64_t base = (n0 + k) * C;
+        for (std::int64_t c = 0; c < C; ++c) out(base + c) = F::store(xr[k][c] * r * F::load(w(c)));
+        rstd(n0 + k) = r;
+      }
+    });
   }
-  for_each_index(
-      "ops::rmsnorm_forward", N, KOKKOS_LAMBDA(std::int64_t n) {
-        const std::int64_t base = n * C;
-        float ms = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) ms += x(base + c) * x(base + c);
-        ms /= C;
-        const float r = 1.f / dsqrt(ms + eps);
-        for (std::int64_t c = 0; c < C; ++c) out(base + c) = F::store(x(base + c) * r * F::load(w(c)));
-        rstd(n) = r;
-      });
 }
 
 // y = x r w with r = (mean(x^2) + eps)^(-1/2): dx = r (dn - xhat mean(dn xhat)), dn = dout w,
@@ -59,18 +73,31 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
           });
         });
   } else {
-    for_each_index(
-        "ops::rmsnorm_backward_input", N, KOKKOS_LAMBDA(std::int64_t n) {
-          const std::int64_t base = n * C;
-          const float r = rstd(n);
-          float mean_dx = 0.f;
-          for (std::int64_t c = 0; c < C; ++c) mean_dx += dout(base + c) * F::load(w(c)) * x(base + c) * r;
-          mean_dx /= C;
-          for (std::int64_t c = 0; c < C; ++c) {
-            const float xhat = x(base + c) * r;
-            dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
-          }
-        });
+    // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
+    const float *xd = x.data(), *dd = dout.data();
+    for_each_row_block<kRowBlock>("ops::rmsnorm_backward_input", N, [=](auto rows, std::int64_t n0) {
+      constexpr int R = decltype(rows)::value;
+      const float *xr[R], *dr[R];
+      float r[R], mean_dx[R];
+      for (int k = 0; k < R; ++k) {
+        xr[k] = xd + (n0 + k) * C;
+        dr[k] = dd + (n0 + k) * C;
+        r[k] = rstd(n0 + k);
+        mean_dx[k] = 0.f;
+      }
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float wc = F::load(w(c));
+        for (int k = 0; k < R; ++k) mean_dx[k] += dr[k][c] * wc * xr[k][c] * r[k];
+      }
+      for (int k = 0; k < R; ++k) {
+        mean_dx[k] /= C;
+        const std::int64_t base = (n0 + k) * C;
+        for (std::int64_t c = 0; c < C; ++c) {
+          const float xhat = xr[k][c] * r[k];
+          dx(base + c) = dfma(r[k], dfma(dr[k][c], F::load(w(c)), -(xhat * mean_dx[k])), dx(base + c));
+        }
+      }
+    });
   }
   constexpr std::int64_t kCols = 64;
   const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
@@ -90,7 +117,7 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
           const float r = rd[n];
           const float *xr = xd + n * C, *dr = dd + n * C;
           TRIDENT_SIMD
-          for (std::int64_t c = c0; c < c1; ++c) sw[c - c0] += dr[c] * xr[c] * r;
+          for (std::int64_t c = c0; c < c1; ++c) sw[c - c0] = dfma(dr[c] * xr[c], r, sw[c - c0]);
         }
         for (std::int64_t c = c0; c < c1; ++c) dwd[c] += sw[c - c0];
       });

@@ -12,7 +12,10 @@
 
 #include "common/host_parallel.hpp"
 #include "ops/elementwise.hpp"
+#include "common/half.hpp"
 #include "ops/gemm.hpp"
+#include "ops/layernorm.hpp"
+#include "ops/rmsnorm.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -150,4 +153,102 @@ TEST(HostParallel, BatchedGemmIsBitwiseTheSameAtAnyThreadCount) {
     const auto got = product(t);
     ASSERT_EQ(std::memcmp(got.data(), one.data(), got.size() * sizeof(float)), 0) << "threads " << t;
   }
+}
+
+namespace {
+// The outputs of LayerNorm's or RMSNorm's forward and backward (backward adding into a dx that
+// starts at dx0) over the rows [r0, r0 + n) of x and dout, as the library computes them.
+struct NormRun {
+  std::vector<float> out, stat, dx, dw, db;
+};
+
+Act act_of(DType dt, const std::vector<float>& v) {
+  Act a = make_act(dt, "test::act", static_cast<std::int64_t>(v.size()));
+  if (dt == DType::F32) {
+    a.f = to_device(v);
+    return a;
+  }
+  std::vector<std::uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = dt == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+  a.h = to_device(h);
+  return a;
+}
+
+std::vector<float> floats_of(const Act& a, std::int64_t n) {
+  if (a.dt == DType::F32) return to_host(a.f);
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), a.h);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[i] = a.dt == DType::BF16 ? bf16_to_float(h(i)) : fp16_to_float(h(i));
+  return v;
+}
+
+std::vector<float> rows_of(const std::vector<float>& v, std::int64_t r0, std::int64_t n, std::int64_t C) {
+  return std::vector<float>(v.begin() + r0 * C, v.begin() + (r0 + n) * C);
+}
+
+NormRun run_norm(bool rms, DType dt, const std::vector<float>& x, const std::vector<float>& dout,
+                 const std::vector<float>& dx0, const std::vector<float>& w, const std::vector<float>& b,
+                 std::int64_t r0, std::int64_t n, std::int64_t C) {
+  const FloatView dx_ = to_device(rows_of(x, r0, n, C)), dd = to_device(rows_of(dout, r0, n, C)),
+                  gx = to_device(rows_of(dx0, r0, n, C));
+  const Act wa = act_of(dt, w), ba = act_of(dt, b), out = make_act(dt, "test::out", n * C);
+  const FloatView mean = make_float("test::mean", n), rstd = make_float("test::rstd", n), gw = make_float("gw", C),
+                  gb = make_float("gb", C);
+  if (rms) {
+    rmsnorm_forward(out, rstd, dx_, wa, n, C, 1e-5f);
+    rmsnorm_backward(gx, gw, dd, dx_, wa, rstd, n, C);
+  } else {
+    layernorm_forward(out, mean, rstd, dx_, wa, ba, n, C, 1e-5f);
+    layernorm_backward(gx, gw, gb, dd, dx_, wa, mean, rstd, n, C);
+  }
+  Kokkos::fence();
+  NormRun r{floats_of(out, n * C), to_host(rstd), to_host(gx), to_host(gw), to_host(gb)};
+  if (!rms) {
+    const auto m = to_host(mean);
+    r.stat.insert(r.stat.end(), m.begin(), m.end());
+  }
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
+TEST(HostParallel, NormRowsAreBitwiseThoseOfEachRowAloneAtAnyThreadCount) {
+  // ops/layernorm and ops/rmsnorm run several rows' sums side by side on the host
+  // (for_each_row_block): every row's outputs are bitwise those of the row run alone, whatever
+  // its place in a block, the rows left over and the thread count; so are the weight gradients
+  for (const bool rms : {false, true})
+    for (const DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{29, 37}, {21, 768}}) {
+        const std::int64_t N = shape.first, C = shape.second;  // named: the lambdas below capture them
+        const std::string what = std::string(rms ? "rmsnorm " : "layernorm ") + dtype_name(dt) + " " +
+                                 std::to_string(N) + "x" + std::to_string(C);
+        const auto x = random_vector(static_cast<size_t>(N * C), 31, 2.f),
+                   dout = random_vector(static_cast<size_t>(N * C), 32),
+                   dx0 = random_vector(static_cast<size_t>(N * C), 33), w = random_vector(static_cast<size_t>(C), 34),
+                   b = random_vector(static_cast<size_t>(C), 35);
+        NormRun all;
+        at_threads(1, [&] { all = run_norm(rms, dt, x, dout, dx0, w, b, 0, N, C); });
+        for (std::int64_t r = 0; r < N; ++r) {
+          NormRun one;
+          at_threads(1, [&] { one = run_norm(rms, dt, x, dout, dx0, w, b, r, 1, C); });
+          ASSERT_TRUE(same_bits(one.out, rows_of(all.out, r, 1, C))) << what << ": output of row " << r;
+          ASSERT_TRUE(same_bits(one.dx, rows_of(all.dx, r, 1, C))) << what << ": dx of row " << r;
+          const std::int64_t stats = rms ? 1 : 2;
+          for (std::int64_t s = 0; s < stats; ++s)
+            ASSERT_EQ(std::memcmp(&one.stat[static_cast<size_t>(s)], &all.stat[static_cast<size_t>(s * N + r)],
+                                  sizeof(float)),
+                      0)
+                << what << ": statistic " << s << " of row " << r;
+        }
+        for (int t : kThreads) {
+          NormRun got;
+          at_threads(t, [&] { got = run_norm(rms, dt, x, dout, dx0, w, b, 0, N, C); });
+          EXPECT_TRUE(same_bits(got.out, all.out) && same_bits(got.stat, all.stat) && same_bits(got.dx, all.dx) &&
+                      same_bits(got.dw, all.dw) && same_bits(got.db, all.db))
+              << what << ": threads " << t;
+        }
+      }
 }
