@@ -16,6 +16,7 @@
 #include <omp.h>
 #endif
 
+#include "common/half.hpp"
 #include "common/rng.hpp"
 #include "common/types.hpp"
 
@@ -49,6 +50,21 @@ inline View1<std::uint16_t> to_device(const std::vector<std::uint16_t>& v) {
 inline std::vector<float> to_host(const FloatView& d) {
   auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), d);
   return std::vector<float>(h.data(), h.data() + h.extent(0));
+}
+
+// bf16 / fp16 words: a float rounded to dt, and widened back
+inline std::uint16_t round16(DType dt, float f) { return dt == DType::BF16 ? float_to_bf16(f) : float_to_fp16(f); }
+inline float widen16(DType dt, std::uint16_t h) { return dt == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
+// v rounded to dt in place; returns the words as a device Act
+inline Act to_half(DType dt, std::vector<float>& v) {
+  std::vector<std::uint16_t> w(v.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = widen16(dt, w[i] = round16(dt, v[i]));
+  return Act(dt, to_device(w));
+}
+// a 16-bit Act's words on the host
+inline std::vector<std::uint16_t> words(const Act& a) {
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), a.h);
+  return std::vector<std::uint16_t>(h.data(), h.data() + h.extent(0));
 }
 
 // f() with OpenMP's thread count set to t, the previous count restored after; without OpenMP, f()

@@ -12,7 +12,6 @@
 
 #include "common/host_parallel.hpp"
 #include "ops/elementwise.hpp"
-#include "common/half.hpp"
 #include "ops/gemm.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/rmsnorm.hpp"
@@ -162,23 +161,13 @@ struct NormRun {
   std::vector<float> out, stat, dx, dw, db;
 };
 
-Act act_of(DType dt, const std::vector<float>& v) {
-  Act a = make_act(dt, "test::act", static_cast<std::int64_t>(v.size()));
-  if (dt == DType::F32) {
-    a.f = to_device(v);
-    return a;
-  }
-  std::vector<std::uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = dt == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
-  a.h = to_device(h);
-  return a;
-}
+// v as an Act of type dt (16-bit: rounded), and an Act's values as floats
+Act act_of(DType dt, std::vector<float> v) { return dt == DType::F32 ? Act(to_device(v)) : to_half(dt, v); }
 
-std::vector<float> floats_of(const Act& a, std::int64_t n) {
+std::vector<float> floats_of(const Act& a) {
   if (a.dt == DType::F32) return to_host(a.f);
-  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), a.h);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[i] = a.dt == DType::BF16 ? bf16_to_float(h(i)) : fp16_to_float(h(i));
+  std::vector<float> v;
+  for (std::uint16_t h : words(a)) v.push_back(widen16(a.dt, h));
   return v;
 }
 
@@ -202,7 +191,7 @@ NormRun run_norm(bool rms, DType dt, const std::vector<float>& x, const std::vec
     layernorm_backward(gx, gw, gb, dd, dx_, wa, mean, rstd, n, C);
   }
   Kokkos::fence();
-  NormRun r{floats_of(out, n * C), to_host(rstd), to_host(gx), to_host(gw), to_host(gb)};
+  NormRun r{floats_of(out), to_host(rstd), to_host(gx), to_host(gw), to_host(gb)};
   if (!rms) {
     const auto m = to_host(mean);
     r.stat.insert(r.stat.end(), m.begin(), m.end());

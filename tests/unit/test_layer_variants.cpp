@@ -21,18 +21,6 @@ std::vector<size_t> every_index(size_t n) {
   for (size_t i = 0; i < n; ++i) v[i] = i;
   return v;
 }
-std::uint16_t round16(DType dt, float f) { return dt == DType::BF16 ? float_to_bf16(f) : float_to_fp16(f); }
-float widen16(DType dt, std::uint16_t h) { return dt == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
-// v rounded to dt in place; returns the words as a device Act
-Act to_half(DType dt, std::vector<float>& v) {
-  std::vector<std::uint16_t> w(v.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = widen16(dt, w[i] = round16(dt, v[i]));
-  return Act(dt, to_device(w));
-}
-std::vector<std::uint16_t> words(const Act& a) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.h);
-  return std::vector<std::uint16_t>(h.data(), h.data() + h.extent(0));
-}
 }  // namespace
 
 TEST(RMSNorm, ForwardMatchesDefinitionAndBackwardMatchesFiniteDifferences) {
