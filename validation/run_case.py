@@ -83,6 +83,9 @@ def deck_iters(case, overrides):
     return int(get("train", "iters", "0")), int(get("optim", "decay_iters", "0"))
 
 
+EXPECT_OUTPUT = []  # --expect-output: text every Trident job must print
+
+
 def trident(cmd):
     """Runs one Trident job, echoing its output; returns the output (stops on failure)."""
     print("+", " ".join(cmd), flush=True)
@@ -90,6 +93,9 @@ def trident(cmd):
     print(p.stdout, end="", flush=True)
     if p.returncode != 0:
         sys.exit(f"Trident failed ({p.returncode})")
+    for text in EXPECT_OUTPUT:
+        if text not in p.stdout:
+            sys.exit(f"Trident's output lacks {text!r} (--expect-output)")
     return p.stdout
 
 
@@ -113,7 +119,10 @@ def main():
                         "the layouts of one case train the reference once")
     p.add_argument("--keep", action="store_true", default=os.environ.get("TRIDENT_KEEP_RUN_FILES", "") not in ("", "0"),
                    help="keep the checkpoints and dumps of a passed case (default: removed; a failed case keeps them)")
+    p.add_argument("--expect-output", action="append", default=[], metavar="TEXT",
+                   help="fail unless every Trident job prints TEXT (e.g. the bf16 path of its GEMM line)")
     a = p.parse_args()
+    EXPECT_OUTPUT.extend(a.expect_output)
 
     def pairs(items, flag):
         out = {}

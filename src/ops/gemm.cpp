@@ -1,5 +1,7 @@
 // Host GEMM through oneDNN (dnnl_sgemm, row-major, picks AVX-512/AMX kernels at run time) or a
-// CBLAS (OpenBLAS) fallback. The CUDA build uses gemm_cuda.cpp instead.
+// CBLAS (OpenBLAS) fallback. bf16 products go to oneDNN's bf16 matmul where this CPU has one, and
+// are otherwise widened to fp32 and multiplied by the fp32 GEMM (docs/DESIGN.md "Mixed
+// precision"). The CUDA build uses gemm_cuda.cpp instead.
 #include "ops/gemm.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -18,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#if defined(TRIDENT_GEMM_DNNL)
-#include <oneapi/dnnl/dnnl.hpp>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
+#if defined(TRIDENT_GEMM_DNNL)
+#include <oneapi/dnnl/dnnl.hpp>
 #else
 #include <cblas.h>
 #endif
@@ -94,13 +96,17 @@ std::string run_batch_on_threads(std::int64_t batch, const MakeState& make_state
 // rows. Measured on Zen 5 at 2 threads (perf/results/host_threads_2026-12-02.md, seventh step),
 // oneDNN's own split of these shapes is slower: fc2's forward (256 x 768 x 3072, NT) 4.6 ms
 // against 3.25, the LM head's forward 58.7 ms against 51, its weight gradient (TN) 49.2 against
-// 46.3; rows and columns otherwise within 2% of it. On every shape tried, each element of a slab
-// was the element of the whole product computed on one thread (oneDNN 2.6 blocks K the same way
-// for both), so the bits are those of one thread at any thread count; oneDNN's own split does
-// not give that (100 x 1000 x 1000, NT: its 2-thread result differs from its 1-thread one). Unit
-// Gemm.LargeProductsAtTwoThreadsGiveTheBitsOfOneThread and validation/identity.py --threads
-// check it. Slabs are at least kMinSlab wide and edges fall on multiples of 16 (a cache line of
-// floats); smaller products keep oneDNN's threading.
+// 46.3; rows and columns otherwise within 2% of it. Where oneDNN runs its AVX-512 kernels, each
+// element of a slab was, on every shape tried, the element of the whole product computed on one
+// thread (oneDNN 2.6 blocks K the same way for both), so the bits are those of one thread at any
+// thread count; oneDNN's own split does not give that (100 x 1000 x 1000, NT: its 2-thread result
+// differs from its 1-thread one). oneDNN 2.6's AVX2 kernels choose their blocking by the sizes
+// they are given, so there a slab may sum in another order than the whole product (measured on
+// AMD Zen 3: the weight gradients, TN with K = 256, whether cut by rows or by columns; 600 x 300
+// x 500 NN and TN cut by rows): the result is that of the slabs, each on one thread, and differs
+// from one thread's in the last bits. Unit Gemm.LargeProductsAtTwoThreadsGiveTheBitsOfOneThread
+// and validation/identity.py --threads check it. Slabs are at least kMinSlab wide and edges fall
+// on multiples of 16 (a cache line of floats); a smaller product runs whole on one thread.
 struct Slabs {
   bool by_columns = false;
   std::int64_t count = 0;  // 0: no split
@@ -124,11 +130,11 @@ Slabs gemm_slabs(Trans tb, std::int64_t M, std::int64_t N, std::int64_t K) {
 #endif
 }  // namespace
 
-void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
-          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  check_dims(M, N, K);
-  if (M == 0 || N == 0) return;
-  const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta);
+namespace {
+// C = alpha op(A) op(B) + beta C on this rank's threads (no region, dimensions checked by the
+// caller): gemm()'s work, and the fp32 product of the widened bf16 path.
+void sgemm_host(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+                std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
 #if defined(TRIDENT_GEMM_DNNL)
 #if defined(_OPENMP)
   if (const Slabs slabs = gemm_slabs(tb, M, N, K); slabs.count > 1) {
@@ -149,6 +155,18 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
     if (!error.empty()) throw Error::one(error);
     return;
   }
+  // A product too small to cut runs whole on one thread (oneDNN's own split of it may sum in
+  // another order than one thread: measured on AVX2 CPUs, 40 x 48 x 64 at 2 threads).
+  struct OneThread {
+    int threads = omp_get_max_threads();
+    OneThread() {
+      if (threads > 1) omp_set_num_threads(1);
+    }
+    ~OneThread() {
+      if (threads > 1) omp_set_num_threads(threads);
+    }
+  };
+  const OneThread one_thread;
 #endif
   const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success) dnnl_failed(st, M, N, K, "");
@@ -157,6 +175,15 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
               static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 #endif
+}
+}  // namespace
+
+void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  check_dims(M, N, K);
+  if (M == 0 || N == 0) return;
+  const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta);
+  sgemm_host(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
@@ -182,6 +209,91 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
   for (std::int64_t b = 0; b < batch; ++b)
     gemm(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
 }
+
+namespace {
+// ---- bf16 products widened to fp32 ----
+// Where oneDNN has no bf16 matmul (oneDNN 2.6 creates none below AVX-512: AVX2 CPUs such as AMD
+// Zen 2 and 3 or Intel before Skylake-SP, or ONEDNN_MAX_CPU_ISA=AVX2), and in CBLAS builds, a bf16
+// product is the fp32 GEMM of its widened operands: bf16 -> fp32 is exact (a shift of the word),
+// and so is the product of two bf16 values in fp32 (8 + 8 significant bits), so the fp32 GEMM
+// computes the same products with fp32 accumulation. The operand that is not cut (the smaller) is
+// widened whole; the larger is widened in chunks of at most kWidenChunk values along its free
+// dimension (op(A)'s rows, op(B)'s columns), each chunk's slice of C computed before the next is
+// widened, so the widened copies stay bounded and recently written. The cuts depend on the shape
+// alone. `threaded`: the widening and each chunk's fp32 GEMM use this rank's threads (gemm()'s
+// slabs: the bits of one thread); otherwise everything runs on the calling thread (a batch's or a
+// group's product inside a parallel region). Both give the bits of one thread.
+constexpr std::int64_t kWidenChunk = std::int64_t{1} << 22;
+constexpr std::int64_t kWidenThreadedMin = std::int64_t{1} << 16;  // values: below, one thread widens
+
+// rows x cols of src (row stride ld) into dst (row stride cols)
+void widen_bf16(const std::uint16_t* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* dst,
+                bool threaded) {
+  const auto row = [=](std::int64_t r) {
+    const std::uint16_t* s = src + r * ld;
+    float* d = dst + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) d[c] = bf16_to_float(s[c]);
+  };
+#if defined(_OPENMP)
+  if (threaded && rows > 1 && rows * cols >= kWidenThreadedMin && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) row(r);
+    return;
+  }
+#endif
+  (void)threaded;
+  for (std::int64_t r = 0; r < rows; ++r) row(r);
+}
+
+// A block of a stored operand: rows x cols from p at row stride ld.
+struct Block {
+  const std::uint16_t* p;
+  std::int64_t rows, cols, ld;
+};
+// op(X)'s rows [lo, hi) (X stored row-major with row stride ld, `rows` x `cols` as op(X) when not
+// transposed) as a stored block: whole rows of X, or its columns [lo, hi) when transposed.
+Block op_rows(const std::uint16_t* X, Trans t, std::int64_t lo, std::int64_t hi, std::int64_t inner, std::int64_t ld) {
+  return t == Trans::N ? Block{X + lo * ld, hi - lo, inner, ld} : Block{X + lo, inner, hi - lo, ld};
+}
+
+void widened_bf16_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
+                       float* C, std::int64_t ldc, bool threaded) {
+  static thread_local std::vector<float> whole, part;
+  // cut op(B) by columns when it is the larger operand, else op(A) by rows
+  const bool cut_b = N >= M;
+  const std::int64_t extent = cut_b ? N : M;
+  const std::int64_t step = extent * K <= kWidenChunk
+                                ? extent
+                                : std::max<std::int64_t>(16, kWidenChunk / std::max<std::int64_t>(K, 1) / 16 * 16);
+  // op(B)'s columns are the rows of B^T: op_rows on B with the transpose flipped
+  const Trans tbt = tb == Trans::T ? Trans::N : Trans::T;
+  const Block w = cut_b ? op_rows(A, ta, 0, M, K, lda) : op_rows(B, tbt, 0, N, K, ldb);
+  whole.resize(static_cast<size_t>(std::max<std::int64_t>(w.rows * w.cols, 1)));
+  widen_bf16(w.p, w.rows, w.cols, w.ld, whole.data(), threaded);
+  for (std::int64_t lo = 0; lo < extent; lo += step) {
+    const std::int64_t hi = std::min(extent, lo + step);
+    const Block c = cut_b ? op_rows(B, tbt, lo, hi, K, ldb) : op_rows(A, ta, lo, hi, K, lda);
+    part.resize(static_cast<size_t>(std::max<std::int64_t>(c.rows * c.cols, 1)));
+    widen_bf16(c.p, c.rows, c.cols, c.ld, part.data(), threaded);
+    const float* a = cut_b ? whole.data() : part.data();
+    const float* b = cut_b ? part.data() : whole.data();
+    const std::int64_t m = cut_b ? M : hi - lo, n = cut_b ? hi - lo : N;
+    const std::int64_t la = cut_b ? w.cols : c.cols, lb = cut_b ? c.cols : w.cols;
+    float* out = cut_b ? C + lo : C + lo * ldc;
+    if (threaded) {
+      sgemm_host(ta, tb, m, n, K, alpha, a, la, b, lb, beta, out, ldc);
+    } else {
+#if defined(TRIDENT_GEMM_DNNL)
+      const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), m, n, K, alpha, a, la, b, lb, beta, out, ldc);
+      if (st != dnnl_success) dnnl_failed(st, m, n, K, " (widened bf16)");
+#else
+      sgemm_host(ta, tb, m, n, K, alpha, a, la, b, lb, beta, out, ldc);
+#endif
+    }
+  }
+}
+}  // namespace
 
 #if defined(TRIDENT_GEMM_DNNL)
 namespace {
@@ -216,29 +328,56 @@ struct Bf16Gemm {
   }
 };
 
+// Whether oneDNN has a bf16 matmul on this CPU (under ONEDNN_MAX_CPU_ISA, if set): asked once, by
+// creating one small primitive. oneDNN 2.6 has none below AVX-512 (avx512_core); then every bf16
+// product is widened (widened_bf16_gemm) without trying its shape.
+bool bf16_matmul_available() {
+  static const bool available = [] {
+    try {
+      const Bf16Gemm g{Trans::N, Trans::T, 16, 16, 16, 1.f, 16, 16, 0.f, 16};
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a(), g.b(), g.c()), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
 struct Bf16Matmul {
   dnnl::matmul prim;
   dnnl::memory::desc scratchpad;  // concurrent primitives only
 };
 
-const Bf16Matmul& bf16_matmul(const Bf16Gemm& g, bool concurrent) {
-  static std::map<Key, Bf16Matmul> cache;
+// The cached primitive of this GEMM, or null where oneDNN creates none for it (no bf16 matmul on
+// this CPU, or none for this shape and these strides): the caller widens instead. Remembered either
+// way, so a shape is tried once.
+const Bf16Matmul* bf16_matmul(const Bf16Gemm& g, bool concurrent) {
+  if (!bf16_matmul_available()) return nullptr;
+  static std::map<Key, std::optional<Bf16Matmul>> cache;
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
   const Key key{g.ta == Trans::T, g.tb == Trans::T, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.alpha, g.beta, concurrent};
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  dnnl::primitive_attr attr;
-  if (g.alpha != 1.f) attr.set_output_scales(0, {g.alpha});
-  if (g.beta != 0.f) {
-    dnnl::post_ops po;
-    po.append_sum(g.beta);
-    attr.set_post_ops(po);
+  if (it == cache.end()) {
+    std::optional<Bf16Matmul> made;
+    try {
+      dnnl::primitive_attr attr;
+      if (g.alpha != 1.f) attr.set_output_scales(0, {g.alpha});
+      if (g.beta != 0.f) {
+        dnnl::post_ops po;
+        po.append_sum(g.beta);
+        attr.set_post_ops(po);
+      }
+      if (concurrent) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a(), g.b(), g.c()), attr, cpu_engine());
+      made = Bf16Matmul{dnnl::matmul(pd), concurrent ? pd.scratchpad_desc() : dnnl::memory::desc()};
+    } catch (const dnnl::error&) {
+      // no primitive for this one: widened
+    }
+    it = cache.emplace(key, std::move(made)).first;
   }
-  if (concurrent) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a(), g.b(), g.c()), attr, cpu_engine());
-  return cache.emplace(key, Bf16Matmul{dnnl::matmul(pd), concurrent ? pd.scratchpad_desc() : dnnl::memory::desc()})
-      .first->second;
+  return it->second ? &*it->second : nullptr;
 }
 
 // Executes a cached primitive on one product after another: its memory objects, stream and (for a
@@ -294,20 +433,32 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta);
 #if defined(TRIDENT_GEMM_DNNL)
   const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
-  try {
-    Bf16Executor(g, bf16_matmul(g, false))(A, B, C);
-  } catch (const dnnl::error& e) {
-    bf16_failed(e.what(), g, 1);
+  if (const Bf16Matmul* mm = bf16_matmul(g, false)) {
+    try {
+      Bf16Executor(g, *mm)(A, B, C);
+    } catch (const dnnl::error& e) {
+      bf16_failed(e.what(), g, 1);
+    }
+    return;
   }
+#endif
+  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
+
+void gemm_bf16_widened(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
+                       float* C, std::int64_t ldc) {
+  check_dims(M, N, K);
+  if (M == 0 || N == 0) return;
+  const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta);
+  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
+
+bool gemm_bf16_native() {
+#if defined(TRIDENT_GEMM_DNNL)
+  return bf16_matmul_available();
 #else
-  // Widen to fp32 (exact) and use sgemm: the same products and fp32 accumulation.
-  const std::int64_t ar = ta == Trans::T ? K : M, br = tb == Trans::T ? N : K;
-  std::vector<float> a(static_cast<size_t>(ar * lda)), b(static_cast<size_t>(br * ldb));
-  for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_to_float(A[i]);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = bf16_to_float(B[i]);
-  cblas_sgemm(CblasRowMajor, ta == Trans::T ? CblasTrans : CblasNoTrans, tb == Trans::T ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, a.data(), static_cast<int>(lda),
-              b.data(), static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  return false;
 #endif
 }
 
@@ -318,15 +469,25 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
   check_dims(M, N, K);
 #if defined(TRIDENT_GEMM_DNNL) && defined(_OPENMP)
   if (share_batch(batch, M, N)) {
-    // One primitive executed by all the threads, each with its own scratchpad.
+    // One primitive executed by all the threads, each with its own scratchpad; or, where oneDNN has
+    // none, each product widened on its thread.
     const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta, batch);
     const Bf16Gemm g{ta, tb, M, N, K, alpha, lda, ldb, beta, ldc};
     std::string error;
     try {
-      const Bf16Matmul& mm = bf16_matmul(g, true);
-      error = run_batch_on_threads(
-          batch, [&] { return Bf16Executor(g, mm); },
-          [&](std::int64_t b, Bf16Executor& run) { run(A + b * strideA, B + b * strideB, C + b * strideC); });
+      if (const Bf16Matmul* mm = bf16_matmul(g, true)) {
+        error = run_batch_on_threads(
+            batch, [&] { return Bf16Executor(g, *mm); },
+            [&](std::int64_t b, Bf16Executor& run) { run(A + b * strideA, B + b * strideB, C + b * strideC); });
+      } else {
+        struct NoState {};
+        error = run_batch_on_threads(
+            batch, [] { return NoState{}; },
+            [&](std::int64_t b, NoState&) {
+              widened_bf16_gemm(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta,
+                                C + b * strideC, ldc, false);
+            });
+      }
     } catch (const dnnl::error& e) {
       error = e.what();
     }
@@ -360,7 +521,8 @@ namespace {
 // M·N·K, ties to the lower group and the lower thread, so the assignment is a function of the
 // shapes. Used when it balances the threads within 25% of an even split, or when no group is
 // large enough for gemm()'s own split into slabs (then the groups would run one thread at a
-// time). fp32 and bf16 operands; fp16 (widened to fp32 per call) keeps one GEMM after another.
+// time). fp32 and bf16 operands (bf16 widened where oneDNN has no bf16 matmul, each group on its
+// thread); fp16 (widened to fp32 per call) keeps one GEMM after another.
 // Empty when the groups are better left to run one after another.
 std::vector<std::vector<const GemmGroup*>> share_groups(Trans tb, const std::vector<const GemmGroup*>& work) {
   const std::int64_t threads = omp_get_max_threads();
@@ -380,8 +542,9 @@ std::vector<std::vector<const GemmGroup*>> share_groups(Trans tb, const std::vec
     per_thread[t].push_back(work[i]);
     load[t] += cost(work[i]);
     total += cost(work[i]);
-    any_slabs = any_slabs ||
-                (work[i]->A.dt == DType::F32 && gemm_slabs(tb, work[i]->M, work[i]->N, work[i]->K).count > 1);
+    // fp32 groups, and bf16 ones widened to fp32 where oneDNN has no bf16 matmul, are cut into slabs
+    const bool fp32_gemm = work[i]->A.dt == DType::F32 || !bf16_matmul_available();
+    any_slabs = any_slabs || (fp32_gemm && gemm_slabs(tb, work[i]->M, work[i]->N, work[i]->K).count > 1);
   }
   const double makespan = *std::max_element(load.begin(), load.end());
   if (any_slabs && makespan > 1.25 * total / static_cast<double>(threads)) return {};
@@ -416,9 +579,14 @@ void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::
               if (st != dnnl_success) dnnl_failed(st, g->M, g->N, g->K, " (grouped)");
             } else {  // bf16: a concurrent primitive (its own scratchpad), as the batched GEMM runs it
               const Bf16Gemm b{ta, tb, g->M, g->N, g->K, alpha, g->lda, g->ldb, beta, g->ldc};
+              const auto* a16 = static_cast<const std::uint16_t*>(g->A.p);
+              const auto* b16 = static_cast<const std::uint16_t*>(g->B.p);
               try {
-                Bf16Executor(b, bf16_matmul(b, true))(static_cast<const std::uint16_t*>(g->A.p),
-                                                      static_cast<const std::uint16_t*>(g->B.p), g->C);
+                if (const Bf16Matmul* mm = bf16_matmul(b, true))
+                  Bf16Executor(b, *mm)(a16, b16, g->C);
+                else
+                  widened_bf16_gemm(ta, tb, g->M, g->N, g->K, alpha, a16, g->lda, b16, g->ldb, beta, g->C, g->ldc,
+                                    false);
               } catch (const dnnl::error& e) {
                 bf16_failed(e.what(), b, 1);
               }
@@ -435,12 +603,39 @@ void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::
 
 void gemm_set_tf32(bool) {}
 
-const char* gemm_backend_name() {
 #if defined(TRIDENT_GEMM_DNNL)
-  return "oneDNN sgemm";
-#else
-  return "CBLAS sgemm";
+namespace {
+const char* dnnl_isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+}  // namespace
 #endif
+
+const char* gemm_backend_name() {
+  static const std::string name = [] {
+    std::ostringstream os;
+#if defined(TRIDENT_GEMM_DNNL)
+    const dnnl_version_t* v = dnnl_version();
+    os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " sgemm ("
+       << dnnl_isa_name(dnnl_get_effective_cpu_isa()) << "); bf16: "
+       << (gemm_bf16_native() ? "oneDNN bf16 matmul"
+                              : "widened to fp32 sgemm (this oneDNN has no bf16 matmul on this CPU)");
+#else
+    os << "CBLAS sgemm; bf16: widened to fp32 sgemm";
+#endif
+    return os.str();
+  }();
+  return name.c_str();
 }
 
 }  // namespace trident

@@ -23,9 +23,11 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
 
 // Mixed precision: A and B are bf16 words (common/half.hpp), the products are accumulated in
 // fp32 and C is fp32 (Megatron's bf16 GEMMs with fp32 accumulation; with beta = 1 they
-// accumulate straight into an fp32 main gradient). Host: oneDNN's matmul (AVX512-BF16 or AMX
-// kernels where the CPU has them); CBLAS builds widen the operands to fp32 and call sgemm (the
-// same products, exact in fp32). CUDA: cublasGemmEx with CUDA_R_16BF inputs, fp32 compute.
+// accumulate straight into an fp32 main gradient). Host: oneDNN's bf16 matmul where this CPU has
+// one (oneDNN 2.6: AVX-512 and up; AVX512-BF16 or AMX kernels where present); elsewhere (AVX2
+// CPUs, ONEDNN_MAX_CPU_ISA=AVX2, CBLAS builds) the operands are widened to fp32 and multiplied by
+// the fp32 GEMM, the same products (exact in fp32) with fp32 accumulation (gemm_bf16_widened).
+// CUDA: cublasGemmEx with CUDA_R_16BF inputs, fp32 compute.
 void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
                std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
@@ -37,6 +39,19 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
                                const std::uint16_t* A, std::int64_t lda, std::int64_t strideA, const std::uint16_t* B,
                                std::int64_t ldb, std::int64_t strideB, float beta, float* C, std::int64_t ldc,
                                std::int64_t strideC, std::int64_t batch);
+
+#if !defined(TRIDENT_ENABLE_CUDA)
+// Host: whether gemm_bf16 uses oneDNN's bf16 matmul on this CPU (false: it widens). The apps'
+// banner says which (gemm_backend_name).
+bool gemm_bf16_native();
+// Host: gemm_bf16's widened path, whatever the CPU: gemm() on the operands widened to fp32 (exact).
+// The smaller operand is widened whole; the larger (op(B) when N >= M, else op(A)), once it exceeds
+// 4 Mi values, in chunks of floor(4 Mi / K / 16) * 16 of its columns (op(B)) or rows (op(A)), each
+// chunk's part of C computed by gemm() before the next is widened.
+void gemm_bf16_widened(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
+                       float* C, std::int64_t ldc);
+#endif
 
 // The same with fp16 words (IEEE binary16). Host: widened to fp32 (exact) and sgemm, since
 // oneDNN's fp16 matmul needs AVX512-FP16; CUDA: cublasGemmEx with CUDA_R_16F inputs.

@@ -1,6 +1,10 @@
 // Every op: forward against a naive double-precision reference, backward against central
 // finite differences (see test_helpers.hpp for the step and the error it implies).
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
@@ -156,15 +160,20 @@ TEST(Gemm, Bf16BatchedGivesTheBitsOfOneThreadProducts) {
 
 // A large fp32 GEMM at 2 threads is cut into one slab of C per thread (ops/gemm.cpp: by columns
 // when op(B) is transposed, otherwise by rows), each slab computed by oneDNN on one thread: the
-// result is the one-thread product's, compared as bytes, for every transpose pair, beta 0 and 1,
-// and slab edges away from the middle (600 rows split at 288, 1030 at 512, 771 columns at 384).
-// oneDNN's own 2-thread split of 100 x 1000 x 1000 (NT) differs from its 1-thread result in some
-// elements (measured with oneDNN 2.6 on Zen 5), so that case fails without the slabs.
+// result is, compared as bytes, the one-thread product's where oneDNN runs its AVX-512 kernels and
+// the one-thread slabs' on AVX2 CPUs, for every transpose pair, beta 0 and 1, and slab edges away
+// from the middle (600 rows split at 288, 1030 at 512, 771 columns at 384). oneDNN's own 2-thread
+// split of 100 x 1000 x 1000 (NT) differs from its 1-thread result in some elements (measured
+// with oneDNN 2.6 on Zen 5), so that case fails without the slabs.
 TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
   struct Case {
     std::int64_t M, N, K;
     Trans ta, tb;
   };
+  // Where oneDNN runs its AVX-512 kernels (proxy: it has a bf16 matmul) a cut keeps the bits of the
+  // whole product; its AVX2 kernels choose their blocking by size, so there the reference is the
+  // two slabs, each computed on one thread.
+  const bool avx512 = gemm_bf16_native();
   const Case cases[] = {{100, 1000, 1000, Trans::N, Trans::T}, {100, 1000, 1000, Trans::T, Trans::T},
                         {256, 771, 512, Trans::N, Trans::T},   {600, 300, 500, Trans::N, Trans::N},
                         {600, 300, 500, Trans::T, Trans::N},   {1030, 260, 300, Trans::T, Trans::N}};
@@ -178,8 +187,22 @@ TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
       auto two = to_device(C), one = to_device(C);
       at_threads(2,
                  [&] { gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, two.data(), ldc); });
-      at_threads(1,
-                 [&] { gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, one.data(), ldc); });
+      if (avx512) {  // the whole product on one thread
+        at_threads(1, [&] {
+          gemm(c.ta, c.tb, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, one.data(), ldc);
+        });
+      } else {  // its two slabs (ops/gemm.cpp: by columns when op(B) is transposed), each on one thread
+        const bool cols = bt;
+        const std::int64_t extent = cols ? c.N : c.M, edge = extent / 2 / 16 * 16;
+        at_threads(1, [&] {
+          for (const auto& [lo, hi] : {std::pair{std::int64_t{0}, edge}, std::pair{edge, extent}}) {
+            const float* a = cols ? dA.data() : dA.data() + (at ? lo : lo * lda);
+            const float* b = cols ? dB.data() + (bt ? lo * ldb : lo) : dB.data();
+            float* o = cols ? one.data() + lo : one.data() + lo * ldc;
+            gemm(c.ta, c.tb, cols ? c.M : hi - lo, cols ? hi - lo : c.N, c.K, 0.5f, a, lda, b, ldb, beta, o, ldc);
+          }
+        });
+      }
       const auto got = to_host(two), want = to_host(one);
       for (std::int64_t i = 0; i < c.M; ++i)
         for (std::int64_t j = 0; j < c.N; ++j)
@@ -191,6 +214,89 @@ TEST(Gemm, LargeProductsAtTwoThreadsGiveTheBitsOfOneThread) {
         for (std::int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(float_bits(got[i * ldc + j]), float_bits(C[i * ldc + j]));
     }
 }
+
+#if !defined(TRIDENT_ENABLE_CUDA)
+// The widened bf16 path (what gemm_bf16 runs where oneDNN has no bf16 matmul, ops/gemm.cpp), on
+// every machine: each product has the bytes of the fp32 GEMM of the widened operands, chunk by
+// chunk, at 1 and 2 threads, with the larger operand widened whole (the first two shapes) or cut
+// into chunks (4.5 M values of op(B) in the third, 4.3 M of op(A) in the fourth), every transpose
+// pair, beta 0 and 1, padded strides.
+TEST(Gemm, WidenedBf16IsTheFp32GemmOfTheWidenedOperands) {
+  struct Case {
+    std::int64_t M, N, K;
+  };
+  int checked = 0;
+  for (const Case& c : {Case{9, 13, 67}, Case{256, 771, 512}, Case{16, 70001, 64}, Case{67001, 24, 64}})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const std::int64_t lda = (ta ? c.M : c.K) + 3, ldb = (tb ? c.K : c.N) + 2, ldc = c.N + 1;
+        const auto fa = random_vector((ta ? c.K : c.M) * lda, 41), fb = random_vector((tb ? c.N : c.K) * ldb, 42);
+        std::vector<std::uint16_t> hA(fa.size()), hB(fb.size());
+        std::vector<float> wa(fa.size()), wb(fb.size());
+        for (size_t i = 0; i < fa.size(); ++i) wa[i] = bf16_to_float(hA[i] = float_to_bf16(fa[i]));
+        for (size_t i = 0; i < fb.size(); ++i) wb[i] = bf16_to_float(hB[i] = float_to_bf16(fb[i]));
+        const auto dA = to_device(hA), dB = to_device(hB);
+        const auto dwa = to_device(wa), dwb = to_device(wb);
+        const Trans TA = ta ? Trans::T : Trans::N, TB = tb ? Trans::T : Trans::N;
+        for (float beta : {0.f, 1.f}) {
+          const auto init = random_vector(c.M * ldc, 43);
+          for (int threads : {1, 2}) {
+            // the reference: gemm() over the chunks (gemm.hpp: op(B)'s columns when N >= M, else
+            // op(A)'s rows, floor(4 Mi / K / 16) * 16 at a time once that operand exceeds 4 Mi
+            // values), at one thread where a cut keeps the bits (AVX-512 kernels), else at the
+            // same thread count (AVX2 kernels: a cut of the product into slabs may change them)
+            const bool cut_b = c.N >= c.M;
+            const std::int64_t extent = cut_b ? c.N : c.M;
+            const std::int64_t step = extent * c.K <= (std::int64_t{1} << 22) ? extent
+                                                                              : (std::int64_t{1} << 22) / c.K / 16 * 16;
+            auto want = to_device(init);
+            at_threads(gemm_bf16_native() ? 1 : threads, [&] {
+              for (std::int64_t lo = 0; lo < extent; lo += step) {
+                const std::int64_t n = std::min(step, extent - lo);
+                const float* a = cut_b ? dwa.data() : dwa.data() + (ta ? lo : lo * lda);
+                const float* b = cut_b ? dwb.data() + (tb ? lo * ldb : lo) : dwb.data();
+                float* o = cut_b ? want.data() + lo : want.data() + lo * ldc;
+                gemm(TA, TB, cut_b ? c.M : n, cut_b ? n : c.N, c.K, 0.5f, a, lda, b, ldb, beta, o, ldc);
+              }
+            });
+            const auto w = to_host(want);
+            auto got = to_device(init);
+            at_threads(threads, [&] {
+              gemm_bf16_widened(TA, TB, c.M, c.N, c.K, 0.5f, dA.data(), lda, dB.data(), ldb, beta, got.data(), ldc);
+            });
+            const auto g = to_host(got);
+            ASSERT_EQ(0, std::memcmp(g.data(), w.data(), g.size() * sizeof(float)))
+                << c.M << " x " << c.N << " x " << c.K << (ta ? " T" : " N") << (tb ? "T" : "N") << " beta " << beta
+                << " threads " << threads;
+            ++checked;
+          }
+        }
+      }
+  EXPECT_EQ(checked, 64);
+}
+
+// gemm_bf16 uses oneDNN's bf16 matmul exactly where oneDNN 2.6 has one: a CPU with AVX-512 (F, BW,
+// VL and DQ: oneDNN's avx512_core) that ONEDNN_MAX_CPU_ISA does not limit below it; elsewhere it
+// widens, and the GEMM line of the apps' banner says which. The suite runs this test again under
+// ONEDNN_MAX_CPU_ISA=AVX2 (unit_bf16_avx2_*), where it must widen.
+TEST(Gemm, Bf16PathIsTheOneThisCpuHas) {
+  const std::string name = gemm_backend_name();
+#if defined(TRIDENT_GEMM_DNNL)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  std::string isa;
+  for (const char* var : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
+    if (const char* v = std::getenv(var); v && isa.empty()) isa = v;
+  for (char& ch : isa) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const bool limited = isa == "SSE41" || isa == "AVX" || isa == "AVX2" || isa == "AVX2_VNNI";
+  EXPECT_EQ(gemm_bf16_native(), avx512 && !limited) << name << " (ONEDNN_MAX_CPU_ISA=" << isa << ")";
+#else
+  EXPECT_FALSE(gemm_bf16_native()) << name;
+#endif
+  EXPECT_NE(name.find(gemm_bf16_native() ? "bf16: oneDNN bf16 matmul" : "bf16: widened to fp32"), std::string::npos)
+      << name;
+}
+#endif
 
 TEST(LayerNorm, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   const std::int64_t N = 3, C = 8;
