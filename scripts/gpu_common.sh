@@ -141,7 +141,7 @@ gpu_configure() {
   inc=$(gpu_nccl_include "$nccl") || { echo "gpu_configure: nccl.h not found next to $nccl" >&2; return 1; }
   command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
   cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$GPU_ARCH" -DTRIDENT_NATIVE_ARCH=OFF \
+    -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$GPU_ARCH" -DTRIDENT_HOST_ARCH=none \
     -DBUILD_SHARED_LIBS=ON -UKokkos_DIR -DKokkos_ROOT="$GPU_KOKKOS" \
     -DCMAKE_PREFIX_PATH="$GPU_DEPS/usr" -DCMAKE_IGNORE_PREFIX_PATH=/usr \
     -DMPI_C_COMPILER="$GPU_DEPS/usr/bin/mpicc.mpich" -DMPI_CXX_COMPILER="$GPU_DEPS/usr/bin/mpicxx.mpich" \

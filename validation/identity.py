@@ -16,11 +16,14 @@ overlap, evaluation and generation runs the equivalence checks cover) and reduce
       runs them again and compares with the record: exit 0 when every value is identical,
       1 with the first differences per run, 77 when no record exists for this machine key.
 
-Bits depend on the CPU (oneDNN picks kernels by instruction set), the GEMM backend and the
-compiler flags, so a record is keyed by them: <vendor>-f<family>-m<model>-<gemm>[-native].
+Bits depend on the CPU (oneDNN picks kernels by instruction set), the GEMM backend and its
+version, and the host code's target CPU (TRIDENT_HOST_ARCH), so a record is keyed by them:
+<vendor>-f<family>-m<model>-<gemm><version>[-<arch>], e.g. amd-f25-m1-dnnl2.6.3-native.
 Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does; --threads N runs
 them with N threads per rank instead, against the same record (the host kernels' results do not
-depend on the thread count, docs/DESIGN.md "Host threads"; nor, measured, do oneDNN's GEMMs').
+depend on the thread count, docs/DESIGN.md "Host threads"; nor, measured, do oneDNN's GEMMs'
+where it runs its AVX-512 kernels; its AVX2 kernels sum a GEMM cut into per-thread slabs in
+another order, so on AVX2 CPUs a record holds at one thread count only).
 """
 import argparse
 import csv
@@ -142,9 +145,15 @@ def machine_key(build_dir):
         sys.exit(f"{build_dir}/CMakeCache.txt: not a configured build directory")
     vendor = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(info.get("vendor_id", ""),
                                                                    info.get("vendor_id", "cpu").lower() or "cpu")
-    key = f"{vendor}-f{info.get('cpu family', 'x')}-m{info.get('model', 'x')}-{cache.get('TRIDENT_GEMM_RESOLVED', 'unknown-gemm')}"
-    if cache.get("TRIDENT_NATIVE_ARCH", "OFF").upper() in ("ON", "1", "TRUE", "YES"):
-        key += "-native"
+    # the GEMM library with its version (another oneDNN build may choose other kernels), then the
+    # host code's target (TRIDENT_HOST_ARCH; none: the compiler's default, no suffix)
+    key = (f"{vendor}-f{info.get('cpu family', 'x')}-m{info.get('model', 'x')}-"
+           f"{cache.get('TRIDENT_GEMM_RESOLVED', 'unknown-gemm')}{cache.get('TRIDENT_GEMM_VERSION', '')}")
+    arch = cache.get("TRIDENT_HOST_ARCH")
+    if arch is None:  # a build configured before TRIDENT_HOST_ARCH: its TRIDENT_NATIVE_ARCH switch
+        arch = "native" if cache.get("TRIDENT_NATIVE_ARCH", "OFF").upper() in ("ON", "1", "TRUE", "YES") else "none"
+    if arch != "none":
+        key += "-" + arch
     return key
 
 
