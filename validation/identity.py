@@ -22,8 +22,9 @@ version, and the host code's target CPU (TRIDENT_HOST_ARCH), so a record is keye
 Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does; --threads N runs
 them with N threads per rank instead, against the same record (the host kernels' results do not
 depend on the thread count, docs/DESIGN.md "Host threads"; nor, measured, do oneDNN's GEMMs'
-where it runs its AVX-512 kernels; its AVX2 kernels sum a GEMM cut into per-thread slabs in
-another order, so on AVX2 CPUs a record holds at one thread count only).
+where it runs its AVX-512 kernels; its AVX2 kernels sum some GEMMs cut into per-thread slabs in
+another order, so on AVX2 CPUs that holds for these small models' shapes, 46 of 46 on Zen 3, and
+not for every model).
 """
 import argparse
 import csv

@@ -103,8 +103,8 @@ std::string run_batch_on_threads(std::int64_t batch, const MakeState& make_state
 // differs from its 1-thread one). oneDNN 2.6's AVX2 kernels choose their blocking by the sizes
 // they are given, so there a slab may sum in another order than the whole product (measured on
 // AMD Zen 3: the weight gradients, TN with K = 256, whether cut by rows or by columns; 600 x 300
-// x 500 NN and TN cut by rows): the result is that of the slabs, each on one thread, and differs
-// from one thread's in the last bits. Unit Gemm.LargeProductsAtTwoThreadsGiveTheBitsOfOneThread
+// x 500 NN and TN cut by rows): the result is that of the slabs, each on one thread, and may
+// differ from one thread's in the last bits. Unit Gemm.LargeProductsAtTwoThreadsGiveTheBitsOfOneThread
 // and validation/identity.py --threads check it. Slabs are at least kMinSlab wide and edges fall
 // on multiples of 16 (a cache line of floats); a smaller product runs whole on one thread.
 struct Slabs {
