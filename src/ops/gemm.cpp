@@ -220,28 +220,26 @@ namespace {
 // widened whole; the larger is widened in chunks of at most kWidenChunk values along its free
 // dimension (op(A)'s rows, op(B)'s columns), each chunk's slice of C computed before the next is
 // widened, so the widened copies stay bounded and recently written. The cuts depend on the shape
-// alone. `threaded`: the widening and each chunk's fp32 GEMM use this rank's threads (gemm()'s
-// slabs: the bits of one thread); otherwise everything runs on the calling thread (a batch's or a
-// group's product inside a parallel region). Both give the bits of one thread.
+// alone. Called from one thread, the widening and each chunk's fp32 GEMM (sgemm_host, its slabs)
+// use this rank's threads; inside a parallel region (a batch's or a group's product on its thread)
+// everything runs on the calling thread, as sgemm_host does there.
 constexpr std::int64_t kWidenChunk = std::int64_t{1} << 22;
 constexpr std::int64_t kWidenThreadedMin = std::int64_t{1} << 16;  // values: below, one thread widens
 
 // rows x cols of src (row stride ld) into dst (row stride cols)
-void widen_bf16(const std::uint16_t* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* dst,
-                bool threaded) {
+void widen_bf16(const std::uint16_t* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* dst) {
   const auto row = [=](std::int64_t r) {
     const std::uint16_t* s = src + r * ld;
     float* d = dst + r * cols;
     for (std::int64_t c = 0; c < cols; ++c) d[c] = bf16_to_float(s[c]);
   };
 #if defined(_OPENMP)
-  if (threaded && rows > 1 && rows * cols >= kWidenThreadedMin && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+  if (rows > 1 && rows * cols >= kWidenThreadedMin && omp_get_max_threads() > 1 && !omp_in_parallel()) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) row(r);
     return;
   }
 #endif
-  (void)threaded;
   for (std::int64_t r = 0; r < rows; ++r) row(r);
 }
 
@@ -258,7 +256,7 @@ Block op_rows(const std::uint16_t* X, Trans t, std::int64_t lo, std::int64_t hi,
 
 void widened_bf16_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                        const std::uint16_t* A, std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta,
-                       float* C, std::int64_t ldc, bool threaded) {
+                       float* C, std::int64_t ldc) {
   static thread_local std::vector<float> whole, part;
   // cut op(B) by columns when it is the larger operand, else op(A) by rows
   const bool cut_b = N >= M;
@@ -270,27 +268,17 @@ void widened_bf16_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::
   const Trans tbt = tb == Trans::T ? Trans::N : Trans::T;
   const Block w = cut_b ? op_rows(A, ta, 0, M, K, lda) : op_rows(B, tbt, 0, N, K, ldb);
   whole.resize(static_cast<size_t>(std::max<std::int64_t>(w.rows * w.cols, 1)));
-  widen_bf16(w.p, w.rows, w.cols, w.ld, whole.data(), threaded);
+  widen_bf16(w.p, w.rows, w.cols, w.ld, whole.data());
   for (std::int64_t lo = 0; lo < extent; lo += step) {
     const std::int64_t hi = std::min(extent, lo + step);
     const Block c = cut_b ? op_rows(B, tbt, lo, hi, K, ldb) : op_rows(A, ta, lo, hi, K, lda);
     part.resize(static_cast<size_t>(std::max<std::int64_t>(c.rows * c.cols, 1)));
-    widen_bf16(c.p, c.rows, c.cols, c.ld, part.data(), threaded);
+    widen_bf16(c.p, c.rows, c.cols, c.ld, part.data());
     const float* a = cut_b ? whole.data() : part.data();
     const float* b = cut_b ? part.data() : whole.data();
     const std::int64_t m = cut_b ? M : hi - lo, n = cut_b ? hi - lo : N;
     const std::int64_t la = cut_b ? w.cols : c.cols, lb = cut_b ? c.cols : w.cols;
-    float* out = cut_b ? C + lo : C + lo * ldc;
-    if (threaded) {
-      sgemm_host(ta, tb, m, n, K, alpha, a, la, b, lb, beta, out, ldc);
-    } else {
-#if defined(TRIDENT_GEMM_DNNL)
-      const dnnl_status_t st = dnnl_sgemm(dnnl_trans(ta), dnnl_trans(tb), m, n, K, alpha, a, la, b, lb, beta, out, ldc);
-      if (st != dnnl_success) dnnl_failed(st, m, n, K, " (widened bf16)");
-#else
-      sgemm_host(ta, tb, m, n, K, alpha, a, la, b, lb, beta, out, ldc);
-#endif
-    }
+    sgemm_host(ta, tb, m, n, K, alpha, a, la, b, lb, beta, cut_b ? C + lo : C + lo * ldc, ldc);
   }
 }
 }  // namespace
@@ -442,7 +430,7 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
     return;
   }
 #endif
-  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_bf16_widened(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
@@ -451,7 +439,7 @@ void gemm_bf16_widened(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::
   check_dims(M, N, K);
   if (M == 0 || N == 0) return;
   const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta);
-  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  widened_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 bool gemm_bf16_native() {
@@ -485,7 +473,7 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
             batch, [] { return NoState{}; },
             [&](std::int64_t b, NoState&) {
               widened_bf16_gemm(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta,
-                                C + b * strideC, ldc, false);
+                                C + b * strideC, ldc);
             });
       }
     } catch (const dnnl::error& e) {
@@ -585,8 +573,7 @@ void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::
                 if (const Bf16Matmul* mm = bf16_matmul(b, true))
                   Bf16Executor(b, *mm)(a16, b16, g->C);
                 else
-                  widened_bf16_gemm(ta, tb, g->M, g->N, g->K, alpha, a16, g->lda, b16, g->ldb, beta, g->C, g->ldc,
-                                    false);
+                  widened_bf16_gemm(ta, tb, g->M, g->N, g->K, alpha, a16, g->lda, b16, g->ldb, beta, g->C, g->ldc);
               } catch (const dnnl::error& e) {
                 bf16_failed(e.what(), b, 1);
               }
