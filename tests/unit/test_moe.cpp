@@ -272,7 +272,12 @@ TEST(GemmGrouped, EachGroupHasTheBitsOfItsOwnGemmAtOneThread) {
           // one thread's bits where a cut keeps them (oneDNN's AVX-512 kernels; proxy: it has a
           // bf16 matmul); on AVX2 CPUs a group large enough to be cut into slabs has the slabs'
           // (ops/gemm.cpp), so there the reference runs at the same thread count
-          at_threads(gemm_bf16_native() ? 1 : threads, [&] {
+#if defined(TRIDENT_ENABLE_CUDA)
+          const int reference_threads = 1;  // host threads play no part
+#else
+          const int reference_threads = gemm_bf16_native() ? 1 : threads;
+#endif
+          at_threads(reference_threads, [&] {
             for (const GemmGroup& x : g)
               if (x.M > 0 && x.N > 0 && x.K > 0)
                 gemm_mixed(ta, tb, x.M, x.N, x.K, 1.f, x.A, x.lda, x.B, x.ldb, beta,
