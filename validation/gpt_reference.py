@@ -1624,71 +1624,134 @@ def resolve_emulate(choice, cfg):
 # Trajectory cache (compare --cache DIR)
 # --------------------------------------------------------------------------------------
 
+def default_cache_dir(kind):
+    """Trident's per-user cache for `kind` (reference, npm, ...): $TRIDENT_CACHE_DIR/kind, else
+    $XDG_CACHE_HOME/trident/kind, else ~/.cache/trident/kind."""
+    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trident")
+    return os.path.join(base, kind)
+
+
+def _validation_sources():
+    """The reference's code: every module loaded from this directory (the references, the shared
+    layer math, the training loop) and the script that runs, as (name, bytes), sorted by name."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = {os.path.abspath(sys.argv[0])} if sys.argv and sys.argv[0].endswith(".py") else set()
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f and os.path.dirname(os.path.abspath(f)) == here and f.endswith(".py"):
+            paths.add(os.path.abspath(f))
+    paths |= {os.path.join(here, n) for n in ("gpt_reference.py", "torch_reference.py")}
+    return [(os.path.basename(p), open(p, "rb").read()) for p in sorted(paths, key=os.path.basename)]
+
+
+def _platform_text():
+    """What else decides a float64 trajectory's bits: the Python, torch and numpy builds (torch's
+    configuration names its BLAS and the CPU capability its kernels use), the thread count and
+    the CPU."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("vendor_id", "cpu family", "model", "flags")):
+                    cpu += line
+                elif line.strip() == "" and cpu:
+                    break
+    except OSError:
+        pass
+    return "\n".join([sys.version, "torch " + torch.__version__, torch.__config__.show(), "numpy " + np.__version__,
+                      "threads %d/%d" % (torch.get_num_threads(), torch.get_num_interop_threads()), cpu])
+
+
 class TrajectoryDigest:
     """The sha256 a TrajectoryCache key is: tagged parts (bytes, text or arrays) added in order,
-    starting with the reference's code (this file, torch_reference.py and `sources`), so that a
-    change to the code is a change of every trajectory."""
+    starting with the reference's code (every module of this directory it loaded, by content) and
+    the platform (_platform_text), so that a change to either is a change of every trajectory."""
 
-    def __init__(self, sources=()):
+    def __init__(self):
         import hashlib
         self.h = hashlib.sha256()
-        here = os.path.dirname(os.path.abspath(__file__))
-        for path in [os.path.join(here, n) for n in ("gpt_reference.py", "torch_reference.py")] + list(sources):
-            self.add("source", open(path, "rb").read())
+        for name, data in _validation_sources():
+            self.add("source " + name, data)
+        self.add("platform", _platform_text())
 
     def add(self, tag, data):
         if isinstance(data, np.ndarray):
-            data = np.ascontiguousarray(data).tobytes()
+            data = np.ascontiguousarray(data)
+            data = data.dtype.str.encode() + repr(data.shape).encode() + b"\0" + data.tobytes()
         self.h.update(tag.encode() + b"\0" + (data if isinstance(data, bytes) else str(data).encode()) + b"\0")
 
     def add_config(self, cfg):
         self.add("config", repr(sorted((k, repr(v)) for k, v in vars(cfg).items())))
 
+    def add_tape(self, tape):
+        """A dropout tape's every mask: its name, attributes and bits."""
+        if tape is None:
+            self.add("tape", "none")
+            return
+        for name in sorted(tape.f):
+            d = tape.f[name]
+            self.add("tape " + name, repr(sorted((k, repr(v)) for k, v in d.attrs.items())))
+            self.add("tape " + name, np.asarray(d[()]))
+
     def hexdigest(self):
         return self.h.hexdigest()
 
 
-def trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters, dtype):
-    """sha256 over everything the reference's fp32 trajectory depends on: its code, the
+def trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters, dtype, tape=None, emulate=None,
+                   loss_scales=None):
+    """sha256 over everything the reference's trajectory depends on: its code and platform, the
     configuration it read from the deck (no parallel layout enters it), the checkpoint's tensors
-    and counters, the batches of the compared iterations, the iteration of the kept gradients
-    and the iterations whose parameters are compared. Two runs with one key train the same
-    reference on the same numbers."""
+    and counters, the batches of the compared iterations, the iteration of the kept gradients,
+    the iterations whose parameters are compared, the dropout masks applied, the 16-bit
+    emulation and Trident's loss scales (fp16). Two runs with one key train the same reference
+    on the same numbers."""
     d = TrajectoryDigest()
     d.add_config(cfg)
     d.add("counters", (ckpt.iteration, ckpt.consumed_samples, ckpt.optimizer_steps, start, steps, grads_it,
                        tuple(param_iters), str(dtype)))
+    d.add("emulate", repr((emulate, sorted((loss_scales or {}).items()))))
     for group, tensors in (("params", ckpt.params), ("exp_avg", ckpt.exp_avg), ("exp_avg_sq", ckpt.exp_avg_sq)):
         for n in sorted(tensors or {}):
             d.add(group + "/" + n, tensors[n])
     for i in range(start + 1, start + steps + 1):
         d.add(batch_name(i), np.asarray(bf[batch_name(i)][...]))
+    d.add_tape(tape)
     return d.hexdigest()
 
 
+REFERENCE_CACHE_GB = 10.0  # default size of the cache: the least recently used records go beyond it
+
+
 class TrajectoryCache:
-    """The reference's steps (loss, lr, grad norm, MoE metrics, the kept gradients) and its
-    parameters after the compared iterations, recorded under the inputs' trajectory_key and
-    replayed by a later compare with the same key: the layouts of one case train the reference
-    once. Only the reference's own numbers are stored, never Trident's; the comparison runs
-    afresh every time. Written whole to a temporary file and renamed, so that concurrent runs
-    (CTest in parallel) see a complete record or none."""
+    """The reference's steps (loss, lr, grad norm, MoE metrics, the kept gradients), its parameters
+    after the compared iterations and what it read of a dropout tape, recorded under the inputs'
+    trajectory_key and replayed by a later compare with the same key: the layouts of one case,
+    and every later run on this machine, train the reference once. Only the reference's own
+    numbers are stored, never Trident's; the comparison runs afresh every time. Written whole to
+    a temporary file and renamed, so that concurrent runs (CTest in parallel) see a complete
+    record or none. A replayed record's time stamp is renewed; records beyond the cache's size
+    ($TRIDENT_REFERENCE_CACHE_GB, default 10) are removed, least recently used first."""
 
     def __init__(self, directory, key):
         self.path = os.path.join(directory, key + ".pt")
         self.directory = directory
-        self.steps, self.params = {}, {}
+        self.steps, self.params, self.tape = {}, {}, None
 
     def load(self):
         if not os.path.exists(self.path):
             return False
         try:
             rec = torch.load(self.path, weights_only=False)
-            self.steps, self.params = rec["steps"], rec["params"]
+            self.steps, self.params, self.tape = rec["steps"], rec["params"], rec.get("tape")
+            try:
+                os.utime(self.path)  # used now: the last to be pruned
+            except OSError:
+                pass
             return True
         except Exception as e:  # a damaged record is recomputed
             print("note: %s unreadable (%s): the reference trains" % (self.path, e))
-            self.steps, self.params = {}, {}
+            self.steps, self.params, self.tape = {}, {}, None
             return False
 
     def record(self, i, res, model, keep_params):
@@ -1704,11 +1767,49 @@ class TrajectoryCache:
                     t.copy_(self.params[i][n])
         return self.steps[i]
 
+    def record_tape(self, tape):
+        if tape is not None:
+            self.tape = {"pos": tape.pos, "masks": list(tape.masks)}
+
+    def replay_tape(self, tape):
+        """What training read of the tape (the masks' count and kept fractions)."""
+        if tape is not None and self.tape is not None:
+            tape.pos, tape.masks = self.tape["pos"], list(self.tape["masks"])
+
     def save(self):
         os.makedirs(self.directory, exist_ok=True)
         tmp = "%s.%d.tmp" % (self.path, os.getpid())
-        torch.save({"steps": self.steps, "params": self.params}, tmp)
+        torch.save({"steps": self.steps, "params": self.params, "tape": self.tape}, tmp)
         os.replace(tmp, self.path)
+        self.prune()
+
+    def prune(self):
+        try:
+            cap = float(os.environ.get("TRIDENT_REFERENCE_CACHE_GB", REFERENCE_CACHE_GB)) * 2**30
+        except ValueError:
+            cap = REFERENCE_CACHE_GB * 2**30
+        records = []
+        for name in os.listdir(self.directory):
+            p = os.path.join(self.directory, name)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue  # removed by a concurrent run
+            if name.endswith(".pt"):
+                records.append((st.st_mtime, st.st_size, p))
+            elif name.endswith(".tmp") and st.st_mtime < time.time() - 3600:
+                records.append((0.0, st.st_size, p))  # left by a killed run
+        total = sum(r[1] for r in records)
+        for mtime, size, p in sorted(records):
+            if total <= cap:
+                break
+            if p == self.path:
+                continue
+            try:
+                os.remove(p)
+                total -= size
+            except OSError:
+                pass
 
 
 def cmd_compare(args):
@@ -1790,11 +1891,13 @@ def cmd_compare(args):
 
     trainer = Trainer(ckpt, dtype, tape, emulate)
     cache, replaying = None, False
-    if args.cache and emulate is None and tape is None:
+    if args.cache:
         param_iters = [i for i in range(start + 1, start + steps + 1) if params_file(args.params, i)]
         cache = TrajectoryCache(args.cache, trajectory_key(cfg, ckpt, bf, start, steps, grads_it, param_iters,
-                                                           dtype))
+                                                           dtype, tape, emulate, loss_scales))
         replaying = cache.load()
+        if replaying:
+            cache.replay_tape(tape)
         print("reference trajectory: %s %s" % ("replayed from" if replaying else "trained, recorded in", cache.path))
     failures = []
     step_rows = []
@@ -1838,12 +1941,13 @@ def cmd_compare(args):
         batch = read_batch(bf, i, cfg, args.batches)
         if replaying:
             res = cache.replay(i, trainer.model)
-        elif emulate is None:
-            res = trainer.step(batch, keep_grads=(i == grads_it))
+        else:
+            if emulate is None:
+                res = trainer.step(batch, keep_grads=(i == grads_it))
+            else:
+                res = trainer.step(batch, keep_grads=(i == grads_it), loss_scale=loss_scales.get(i, 1.0))
             if cache is not None:
                 cache.record(i, res, trainer.model, keep_params=params_file(args.params, i) is not None)
-        else:
-            res = trainer.step(batch, keep_grads=(i == grads_it), loss_scale=loss_scales.get(i, 1.0))
         if i == grads_it:
             ref_grads = res["grads"]
             grads_skipped = bool(res.get("skipped"))
@@ -1941,6 +2045,7 @@ def cmd_compare(args):
                                                                             for c in MOE_METRICS), res["objective"]))
         step_rows.append(row)
     if cache is not None and not replaying:
+        cache.record_tape(tape)
         cache.save()
     forced_upd = None
     if emulate is not None and args.params:
@@ -2141,9 +2246,9 @@ def build_parser():
                         "auto (default): as the checkpoint's deck precision.dtype says; none: the plain reference")
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--cache", metavar="DIR",
-                   help="fp32 runs without dropout: replay the reference's trajectory recorded in DIR by an earlier "
-                        "compare of the same inputs (code, deck configuration, checkpoint, batches), else train it "
-                        "and record it there (the layouts of one validation case train the reference once)")
+                   help="replay the reference's trajectory recorded in DIR by an earlier compare of the same inputs "
+                        "(code, platform, deck configuration, checkpoint, batches, dropout masks, 16-bit emulation), "
+                        "else train it and record it there (run_case.py's default: ~/.cache/trident/reference)")
     c.add_argument("--report", help="write a JSON report here")
 
     e = sub.add_parser("eval", help="recompute Trident's eval mode on a token shard")

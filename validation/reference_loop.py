@@ -99,19 +99,17 @@ def arguments(description):
     ap.add_argument("--dropout-tape", help="Trident's debug.dump_dropout file: the masks of a run with dropout")
     ap.add_argument("--param-rtol", type=float, default=g.DEFAULT_PARAM_RTOL)
     ap.add_argument("--cache", metavar="DIR",
-                    help="runs without dropout: replay the reference's trajectory recorded in DIR by an earlier run "
-                         "on the same inputs, else train it and record it there (gpt_reference.py compare --cache)")
+                    help="replay the reference's trajectory recorded in DIR by an earlier run on the same inputs, "
+                         "else train it and record it there (gpt_reference.py compare --cache)")
     ap.add_argument("--report")
     return ap.parse_args()
 
 
-def trajectory_key(a, ck, fb, rows, param_iters):
-    """gpt_reference.trajectory_key's counterpart for these references: their code (this loop, the
-    calling reference, the shared math), the configuration, the checkpoint's tensors, the batches
-    of the iterations to train and the iterations whose parameters are compared."""
-    import sys
-    here = os.path.dirname(os.path.abspath(__file__))
-    d = g.TrajectoryDigest(sources=(os.path.abspath(sys.argv[0]), os.path.join(here, "reference_loop.py")))
+def trajectory_key(a, ck, fb, rows, param_iters, tape=None):
+    """gpt_reference.trajectory_key's counterpart for these references: their code and platform,
+    the configuration, the checkpoint's tensors, the batches of the iterations to train, the
+    iterations whose parameters are compared and the dropout masks applied."""
+    d = g.TrajectoryDigest()
     d.add_config(ck.config)
     d.add("counters", (ck.iteration, tuple(param_iters), bool(a.grads)))
     for n in sorted(ck.params):
@@ -120,6 +118,7 @@ def trajectory_key(a, ck, fb, rows, param_iters):
     while g.batch_name(it + 1) in fb and it + 1 in rows:
         it += 1
         d.add(g.batch_name(it), np.asarray(fb[g.batch_name(it)][...]))
+    d.add_tape(tape)
     return d.hexdigest()
 
 
@@ -188,10 +187,13 @@ def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
     it = ck.iteration
     with h5py.File(a.batches, "r") as fb:
         cache, replaying = None, False
-        if getattr(a, "cache", None) and (dropout is None or dropout.tape is None):
+        tape = dropout.tape if dropout is not None else None
+        if getattr(a, "cache", None):
             dumped = [i for i in rows if i > ck.iteration and g.params_file(a.params, i)]
-            cache = g.TrajectoryCache(a.cache, trajectory_key(a, ck, fb, rows, dumped))
+            cache = g.TrajectoryCache(a.cache, trajectory_key(a, ck, fb, rows, dumped, tape))
             replaying = cache.load()
+            if replaying:
+                cache.replay_tape(tape)
             print("reference trajectory: %s %s" % ("replayed from" if replaying else "trained, recorded in", cache.path))
         while g.batch_name(it + 1) in fb and it + 1 in rows:
             it += 1
@@ -239,6 +241,7 @@ def run(a, ck, params, width, micro_loss, parts=(), dropout=None):
                   % (it, tot["loss"], row["loss"], "".join(" | %s %.6f" % (k, tot[k]) for k in parts), gnorm,
                      row["grad_norm"]))
         if cache is not None and not replaying:
+            cache.record_tape(tape)
             cache.save()
     steps = it - ck.iteration
     if steps == 0:

@@ -83,6 +83,13 @@ def deck_iters(case, overrides):
     return int(get("train", "iters", "0")), int(get("optim", "decay_iters", "0"))
 
 
+def default_reference_cache():
+    """gpt_reference.default_cache_dir("reference"), without loading torch here."""
+    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trident")
+    return os.path.join(base, "reference")
+
+
 EXPECT_OUTPUT = []  # --expect-output: text every Trident job must print
 
 
@@ -114,9 +121,11 @@ def main():
                    help="record Trident's dropout masks (debug.dump_dropout; one rank) for the reference to apply")
     p.add_argument("--resume-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a deck key in the resumed job only (e.g. another layout)")
-    p.add_argument("--reference-cache", metavar="DIR",
-                   help="the reference's trajectory cache (gpt_reference.py compare --cache, reference_loop.py --cache): "
-                        "the layouts of one case train the reference once")
+    p.add_argument("--reference-cache", metavar="DIR", default=default_reference_cache(),
+                   help="the reference's trajectory cache (gpt_reference.py compare --cache, reference_loop.py --cache), "
+                        "kept between runs: each reference trajectory is trained once per machine and code "
+                        "(default %(default)s: $TRIDENT_CACHE_DIR/reference, else $XDG_CACHE_HOME/trident/reference, "
+                        "else ~/.cache/trident/reference; '' trains every time)")
     p.add_argument("--keep", action="store_true", default=os.environ.get("TRIDENT_KEEP_RUN_FILES", "") not in ("", "0"),
                    help="keep the checkpoints and dumps of a passed case (default: removed; a failed case keeps them)")
     p.add_argument("--expect-output", action="append", default=[], metavar="TEXT",
