@@ -17,8 +17,10 @@ overlap, evaluation and generation runs the equivalence checks cover) and reduce
       1 with the first differences per run, 77 when no record exists for this machine key.
 
 Bits depend on the CPU (oneDNN picks kernels by instruction set), the GEMM backend and its
-version, and the host code's target CPU (TRIDENT_HOST_ARCH), so a record is keyed by them:
-<vendor>-f<family>-m<model>-<gemm><version>[-<arch>], e.g. amd-f25-m1-dnnl2.6.3-native.
+version, the compiler and its version, and the host code's target CPU (TRIDENT_HOST_ARCH), so a
+record is keyed by them:
+<vendor>-f<family>-m<model>-<gemm><version>-<compiler><version>[-<arch>], e.g.
+amd-f25-m1-dnnl2.6.3-gnu12.2.0-native.
 Jobs run with OMP_NUM_THREADS=1 and one rank per process, as the suite does; --threads N runs
 them with N threads per rank instead, against the same record (the host kernels' results do not
 depend on the thread count, docs/DESIGN.md "Host threads"; nor, measured, do oneDNN's GEMMs'
@@ -46,18 +48,22 @@ RECORD_DIR = os.path.join(HERE, "identity")
 METRIC_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped"]
 
 
-# the GPT runs that are also validation tests' jobs (validation/CMakeLists.txt; gpt_tiny_np2 is not one:
-# its plain dp2 validation run is left out for the suite's time, so identity_gpt checks it bitwise)
+# The runs whose job is exactly a validation test's (validation/CMakeLists.txt: validation_<name>, the
+# same deck, layout and iterations; the test's dumps change no bit): with --validation-outputs, check
+# reads their results from that test's own outputs (run_case.py writes identity.json) instead of
+# running the job again. Not among them: the plain dp2 runs and T5's (no such validation test), the
+# resumes (run_case.py's first job keeps the whole run's decay_iters, this tool's does not), and
+# gpt_linear, gpt_constant and gpt_dropout (their validation tests take 10 steps, these runs 20).
 VALIDATION_JOBS = {"gpt_tiny_np1", "gpt_tiny_tp2", "gpt_tiny_tp2_sp", "gpt_tiny_pp2", "gpt_tiny_pp2_vp2",
                    "gpt_tiny_tp2pp2dp2_sp", "gpt_tiny_zero1_tp2dp2", "gpt_tiny_zero1_pp2dp2",
-                   "gpt_tiny_recompute_full_dp2", "gpt_tiny_recompute_selective_tp2", "gpt_tiny_resume10_dp2",
-                   "gpt_tiny_resume10_tp2_to_pp2", "gpt_linear_np1", "gpt_constant_np1", "gpt_dropout_np1",
-                   "gpt_bf16_np1", "gpt_fp16_np1"}
+                   "gpt_tiny_recompute_full_dp2", "gpt_tiny_recompute_selective_tp2", "gpt_bf16_np1", "gpt_fp16_np1",
+                   "bert_tiny_np1", "bert_tiny_np2", "bert_tiny_tp2_sp", "bert_tiny_pp2", "bert_dropout_np1",
+                   "t5_tiny_np1", "t5_tiny_tp2", "t5_tiny_pp2", "t5_dropout_np1"}
 
 
 def case(name, family, deck, np_=1, set_=(), resume_at=0, resume_set=(), generate=False):
     # validation: the job of a validation_<name> test (validation/CMakeLists.txt), which also
-    # runs it (against the reference, to a tolerance)
+    # runs it (against the reference, to a tolerance) and leaves its result (run_result)
     return dict(name=name, family=family, deck=deck, np=np_, set=list(set_), resume_at=resume_at,
                 resume_set=list(resume_set), generate=generate, validation=name in VALIDATION_JOBS)
 
@@ -150,12 +156,27 @@ def machine_key(build_dir):
     # host code's target (TRIDENT_HOST_ARCH; none: the compiler's default, no suffix)
     key = (f"{vendor}-f{info.get('cpu family', 'x')}-m{info.get('model', 'x')}-"
            f"{cache.get('TRIDENT_GEMM_RESOLVED', 'unknown-gemm')}{cache.get('TRIDENT_GEMM_VERSION', '')}")
+    # the compiler that built the host code (another version may schedule floating point otherwise)
+    key += "-" + compiler_tag(build_dir)
     arch = cache.get("TRIDENT_HOST_ARCH")
     if arch is None:  # a build configured before TRIDENT_HOST_ARCH: its TRIDENT_NATIVE_ARCH switch
         arch = "native" if cache.get("TRIDENT_NATIVE_ARCH", "OFF").upper() in ("ON", "1", "TRUE", "YES") else "none"
     if arch != "none":
         key += "-" + arch
     return key
+
+
+def compiler_tag(build_dir):
+    """The C++ compiler of the build, as CMake identified it: e.g. gnu12.2.0."""
+    import re
+    for path in sorted(glob.glob(os.path.join(build_dir, "CMakeFiles", "*", "CMakeCXXCompiler.cmake"))):
+        with open(path) as f:
+            text = f.read()
+        cid = re.search(r'set\(CMAKE_CXX_COMPILER_ID "([^"]*)"\)', text)
+        ver = re.search(r'set\(CMAKE_CXX_COMPILER_VERSION "([^"]*)"\)', text)
+        if cid and ver:
+            return cid.group(1).lower() + ver.group(1)
+    return "unknown-compiler"
 
 
 def sha_of_file_datasets(path):
@@ -214,6 +235,16 @@ def run_case(c, a, work):
         run(command(c["set"] + c["resume_set"], initial=False) + ["--checkpoint.load", w("ck")], env)
     else:
         run(command(c["set"]), env)
+    result = run_result(work)
+    if c["generate"]:
+        result.update(generation(a, w("ck"), env))
+    return result
+
+
+def run_result(work):
+    """A finished job's result in its directory: the metric rows (and any other metrics*.csv) as
+    text and the datasets' hashes of every checkpoint in ck/."""
+    w = lambda *x: os.path.join(work, *x)
     result = {"metrics": metric_rows(w("metrics.csv"))}
     for extra in sorted(glob.glob(w("metrics*.csv"))):
         if extra != w("metrics.csv"):
@@ -221,18 +252,41 @@ def run_case(c, a, work):
                 result[os.path.basename(extra)] = f.read().splitlines()
     result["checkpoints"] = {os.path.basename(os.path.dirname(p)): sha_of_file_datasets(p)
                              for p in sorted(glob.glob(w("ck", "iter_*", "checkpoint.h5")))}
-    if c["generate"]:
-        gen = [a.mpiexec, "-n", "1", os.path.join(a.build_dir, "apps", "generate_gpt"), "--checkpoint", w("ck"),
-               "--vocab-file", os.path.join(a.sample, "gpt2", "encoder.json"),
-               "--merge-file", os.path.join(a.sample, "gpt2", "vocab.bpe"),
-               "--prompt", "In the beginning", "--prompt", "And the LORD said unto Moses",
-               "--max-new-tokens", "12", "--print-ids"]
-        keep = lambda out: [l for l in out.splitlines() if l.startswith(("ids[", "["))]
-        sample = ["--top-k", "40", "--temperature", "1.5", "--seed", "7"]
-        result["generate_greedy"] = keep(run(gen + ["--greedy"], env))
-        result["generate_sampled"] = keep(run(gen + sample, env))
-        result["generate_sampled_no_cache"] = keep(run(gen + sample + ["--no-cache"], env))
     return result
+
+
+def generation(a, ck, env):
+    """Greedy, sampled, and sampled without the key-value cache, from checkpoint directory ck."""
+    result = {}
+    gen = [a.mpiexec, "-n", "1", os.path.join(a.build_dir, "apps", "generate_gpt"), "--checkpoint", ck,
+           "--vocab-file", os.path.join(a.sample, "gpt2", "encoder.json"),
+           "--merge-file", os.path.join(a.sample, "gpt2", "vocab.bpe"),
+           "--prompt", "In the beginning", "--prompt", "And the LORD said unto Moses",
+           "--max-new-tokens", "12", "--print-ids"]
+    keep = lambda out: [l for l in out.splitlines() if l.startswith(("ids[", "["))]
+    sample = ["--top-k", "40", "--temperature", "1.5", "--seed", "7"]
+    result["generate_greedy"] = keep(run(gen + ["--greedy"], env))
+    result["generate_sampled"] = keep(run(gen + sample, env))
+    result["generate_sampled_no_cache"] = keep(run(gen + sample + ["--no-cache"], env))
+    return result
+
+
+def from_validation(c, a):
+    """The result of run c as its validation test left it (run_case.py --identity): identity.json in
+    the test's work directory, and generation from its kept checkpoints when c generates."""
+    d = os.path.join(a.validation_outputs, c["name"])
+    path = os.path.join(d, "identity.json")
+    if not os.path.exists(path):
+        sys.exit(f"identity: {path} is missing: validation_{c['name']} did not run with --identity "
+                 f"(CTest runs it first, as this test's fixture)")
+    with open(path) as f:
+        got = json.load(f)
+    if c["generate"]:
+        if not os.path.isdir(os.path.join(d, "ck")):
+            sys.exit(f"identity: {d}/ck is missing: validation_{c['name']} must keep its checkpoints "
+                     f"(run_case.py --identity --keep-checkpoints)")
+        got.update(generation(a, os.path.join(d, "ck"), dict(os.environ, OMP_NUM_THREADS=str(a.threads))))
+    return got
 
 
 def diff(name, want, got):
@@ -293,15 +347,16 @@ def selftest(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["record", "check", "list", "selftest"])
+    p.add_argument("mode", choices=["record", "check", "list", "validation-jobs", "selftest"])
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     p.add_argument("--sample", default=os.path.join(ROOT, "data", "sample"))
     p.add_argument("--family", choices=["gpt", "bert", "t5"], action="append",
                    help="only this model family's runs (repeatable; default all)")
     p.add_argument("--only", action="append", default=[], metavar="RUN", help="only this run (repeatable)")
-    p.add_argument("--skip-validation-jobs", action="store_true",
-                   help="leave out the runs that repeat a validation test's job (CTest's identity_gpt, for the suite's "
-                        "time), except those that also check generation")
+    p.add_argument("--validation-outputs", metavar="DIR",
+                   help="read the runs that are validation tests' jobs from those tests' outputs, DIR/<run>/identity.json "
+                        "(and DIR/<run>/ck for generation; run_case.py --identity), instead of running them again "
+                        "(CTest's identity_* tests: build/validation)")
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every job (default 1, as recorded)")
     p.add_argument("--record-dir", default=RECORD_DIR)
@@ -310,11 +365,14 @@ def main():
     a.build_dir = os.path.abspath(a.build_dir)
     a.sample = os.path.abspath(a.sample)
     todo = [c for c in cases() if (not a.family or c["family"] in a.family) and (not a.only or c["name"] in a.only)]
-    if getattr(a, "skip_validation_jobs", False):
-        todo = [c for c in todo if not c["validation"] or c["generate"]]
     unknown = set(a.only) - {c["name"] for c in cases()}
     if unknown:
         sys.exit(f"--only {sorted(unknown)[0]}: no such run (identity.py list)")
+    if a.mode == "validation-jobs":  # for validation/CMakeLists.txt: name family generates
+        for c in todo:
+            if c["validation"]:
+                print(c["name"], c["family"], int(c["generate"]))
+        return 0
     if a.mode == "list":
         for c in todo:
             print(c["name"], c["np"], " ".join(c["set"]))
@@ -330,24 +388,33 @@ def main():
     if a.mode == "check":
         missing = [c["name"] for c in todo if c["name"] not in record.get("runs", {})]
         if missing:
-            print(f"SKIP: no identity record for machine key {key} ({len(missing)} runs missing, e.g. "
-                  f"{missing[0]}); record one at a trusted commit with: validation/identity.py record")
+            others = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(a.record_dir, "*.json")))
+            print(f"SKIP: no identity record for machine key {key} ({len(missing)} of {len(todo)} runs missing, e.g. "
+                  f"{missing[0]}; records exist for: {', '.join(others) or 'none'}). To make one, check out a "
+                  f"trusted commit (the one before your change), build it, and run: /usr/bin/python3 "
+                  f"validation/identity.py record --build-dir {a.build_dir} --sample {a.sample}; then commit "
+                  f"validation/identity/{key}.json (validation/README.md, \"Bitwise identity\")")
             return 77
     work = a.work or tempfile.mkdtemp(prefix="trident_identity_")
     failures, results = [], {}
     try:
         for c in todo:
-            d = os.path.join(work, c["name"])
-            shutil.rmtree(d, ignore_errors=True)
-            os.makedirs(d)
-            got = run_case(c, a, d)
+            if a.validation_outputs and c["validation"] and a.mode == "check":
+                got = from_validation(c, a)
+                source = "read from validation_%s" % c["name"]
+            else:
+                d = os.path.join(work, c["name"])
+                shutil.rmtree(d, ignore_errors=True)
+                os.makedirs(d)
+                got = run_case(c, a, d)
+                source = "run"
             results[c["name"]] = got
             n = sum(len(v) for v in got["checkpoints"].values())
             if a.mode == "check":
                 lines = diff(c["name"], record["runs"][c["name"]], got)
                 failures += lines
                 print(f"{c['name']}: {'DIFFERS' if lines else 'identical'} ({len(got['metrics'])} steps, "
-                      f"{len(got['checkpoints'])} checkpoints, {n} datasets)", flush=True)
+                      f"{len(got['checkpoints'])} checkpoints, {n} datasets; {source})", flush=True)
             else:
                 print(f"{c['name']}: recorded ({len(got['metrics'])} steps, {len(got['checkpoints'])} "
                       f"checkpoints, {n} datasets)", flush=True)

@@ -128,6 +128,11 @@ def main():
                         "else ~/.cache/trident/reference; '' trains every time)")
     p.add_argument("--keep", action="store_true", default=os.environ.get("TRIDENT_KEEP_RUN_FILES", "") not in ("", "0"),
                    help="keep the checkpoints and dumps of a passed case (default: removed; a failed case keeps them)")
+    p.add_argument("--identity", action="store_true",
+                   help="write the Trident run's identity result (identity.py run_result: metric rows as text, the "
+                        "checkpoints' dataset hashes) to WORK/identity.json, for identity.py check --validation-outputs")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep WORK/ck of a passed case (identity.py generates from it)")
     p.add_argument("--expect-output", action="append", default=[], metavar="TEXT",
                    help="fail unless every Trident job prints TEXT (e.g. the bf16 path of its GEMM line)")
     a = p.parse_args()
@@ -184,6 +189,13 @@ def main():
     else:
         cmd = command(overrides)
         assert_layout(cmd, trident(cmd))
+    if a.identity:
+        import json
+        import identity
+        tmp = w("identity.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(identity.run_result(a.work), f, indent=1, sort_keys=True)
+        os.replace(tmp, w("identity.json"))
     name = os.path.basename(os.path.normpath(a.case))
     script = "bert_reference.py" if name.startswith("bert") else "t5_reference.py" if name.startswith("t5") \
         else "gpt_reference.py"
@@ -215,7 +227,7 @@ def main():
         # a passed case leaves its metrics and report; its checkpoints and dumps (tens of MB a
         # case, gigabytes over the suite) go, so the suite's disk use stays that of a few cases
         freed = 0
-        for name in ("ck", "params", "batches.h5", "grads.h5", "dropout.h5"):
+        for name in ("params", "batches.h5", "grads.h5", "dropout.h5") + (() if a.keep_checkpoints else ("ck",)):
             path = w(name)
             if os.path.isdir(path):
                 for root, _, files in os.walk(path):
