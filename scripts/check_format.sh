@@ -11,8 +11,10 @@
 #
 # Exit status: 0 all changed files formatted (or fixed), 1 some are not, 2 usage or clang-format
 # error, 77 (CTest's skip) when it cannot check: no clang-format (Debian 12 package `clang-format`),
-# one too old to read .clang-format, not a git checkout, or the base commit is not in the history
-# (a shallow clone: fetch more history, e.g. `git fetch --unshallow`).
+# one too old to read .clang-format, not a git checkout, or the base commit is not in the history.
+# In a shallow clone (CI's usual checkout) the base commit alone is fetched from the remote first
+# (`git fetch --depth=1 REMOTE BASE`: only its tree is compared with); 77 with the reason when that
+# fails (no remote, no network).
 # Environment: CLANG_FORMAT (the binary to use), FORMAT_BASE (a commit to use instead of
 # .ci/format-base, e.g. the merge base of a pull request).
 # Works from any directory: it runs in the repository holding this script.
@@ -63,8 +65,21 @@ else
 fi
 if ! git rev-parse -q --verify "$base^{commit}" >/dev/null 2>&1; then
   why="it is not in this checkout's history"
-  [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ] && why="$why (a shallow clone: git fetch --unshallow)"
-  skip "base commit '$base' ($from): $why"
+  if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
+    # a shallow clone (CI's usual checkout): fetch the base commit alone from the remote; the
+    # comparison needs only its tree, not the history between it and HEAD
+    branch=$(git symbolic-ref -q --short HEAD || true)
+    remote=$( { [ -n "$branch" ] && git config --get "branch.$branch.remote"; } || git remote | head -n1 || true)
+    if [ -z "$remote" ]; then
+      why="$why, and this shallow clone has no remote to fetch it from (add one, or check in a full clone)"
+    else
+      echo "check_format: a shallow clone without the base commit: git fetch --depth=1 $remote $base"
+      if ! out=$(timeout 120 git fetch -q --depth=1 --no-tags "$remote" "$base" 2>&1); then
+        why="$why, and this shallow clone could not fetch it from '$remote': ${out%%$'\n'*}"
+      fi
+    fi
+  fi
+  git rev-parse -q --verify "$base^{commit}" >/dev/null 2>&1 || skip "base commit '$base' ($from): $why"
 fi
 base_id=$(git rev-parse --short "$base^{commit}")
 

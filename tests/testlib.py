@@ -2,9 +2,21 @@
 validation/run_case.py): run() a command and collect its output; single_error_failures() for
 cases that must fail with exactly one 'error' line; check_main(), the drivers' common command
 line; trident_checksum(), a checkpoint dataset's `checksum` attribute recomputed with numpy; and
-assert_layout(), the parallel layout a run reports checked against the one it asked for."""
+assert_layout(), the parallel layout a run reports checked against the one it asked for;
+cache_dir(), where the tests keep what they download (kept across build directories and clones)."""
+import os
 import subprocess
 import time
+
+
+def cache_dir(*sub):
+    """The tests' download cache: $TRIDENT_CACHE_DIR, else ${XDG_CACHE_HOME:-$HOME/.cache}/trident,
+    joined with sub. Outside the build directory, so that a clean clone on a machine that ran the
+    suite before finds what an earlier run fetched (each file is checked by its pinned sha256 before
+    use, whoever wrote it)."""
+    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trident")
+    return os.path.join(base, *sub)
 
 
 def run(cmd, expect_ok=True, timeout=600, env=None):

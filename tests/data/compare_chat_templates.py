@@ -25,6 +25,7 @@ Exit 0 when everything agrees; 77 when node or the sample's JavaScript packages 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -112,9 +113,8 @@ def main():
     a = ap.parse_args()
     jinja = os.path.join(a.sample, "hf-jinja", "index.js")
     tokjs = os.path.join(a.sample, "hf-js", "tokenizers.mjs")
-    if not a.node or subprocess.run([a.node, "--version"], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL).returncode != 0:
-        print("SKIP: node is not installed (the reference libraries run on it)")
+    if not a.node or shutil.which(a.node) is None:
+        print(f"SKIPPED (77): node ({a.node}) is not installed; the reference libraries run on it")
         return 77
     for f in (jinja, tokjs):
         if not os.path.isfile(f):

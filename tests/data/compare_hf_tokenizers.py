@@ -21,13 +21,14 @@ Trident's GPT-2 BPE on the KJV (tests/data/encode_file, when --gpt2-tool is give
 tokenizers_hf_vs_js: the rates are no assertion) the JavaScript side encodes each document once,
 which halves its time, the most of this comparison's, and --gpt2-tool is not run; CTest also takes
 every fourth chapter (--chapters-every 4: 298 chapters, the suite's time).
-Exit status 0 when every document agrees.
+Exit status 0 when every document agrees; 77 (skipped) with the reason when node or DIR/hf-js is missing.
 """
 import argparse
 import json
 import os
 import random
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def main():
                     help="take every N-th KJV chapter (CTest: 4, for the suite's time; the adversarial "
                          "documents are always all taken)")
     a = ap.parse_args()
+    if shutil.which(a.node) is None:
+        print(f"SKIPPED (77): node ({a.node}) is not installed; the JavaScript library runs on it")
+        return 77
     os.makedirs(a.work, exist_ok=True)
     lib = os.path.join(a.sample, "hf-js", "tokenizers.mjs")
     if not os.path.exists(lib):

@@ -13,8 +13,7 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           the Hub publishes GPT-2 (two shards and an index, bare names, buffers, the tied
           lm_head.weight stored) imports to the same checkpoint; a bf16 run at tp=2 exports as bf16
           and imports back to its own model values,
-          bitwise; with transformers installed, GPT2LMHeadModel.from_pretrained gives the loss
-          too (skipped here when it is not)
+          bitwise
   bert    the same for BERT as MegatronBertForPreTraining, scored on the samples that
           pretrain_bert's evaluation mode dumps (masked-LM and sentence-order losses)
   errors  one clear error each, nothing written: an output that exists (without --overwrite,
@@ -32,8 +31,7 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           the same tensors byte for byte at the written dtype, sharded, with the same config, and
           re-imports bitwise; greedy generation equals the reference's tokens; q/k rows in Meta's
           interleaved order score differently by far more than the tolerance (so a converter that
-          permuted them would fail); with transformers installed, AutoModelForCausalLM scores the
-          export too
+          permuted them would fail)
   qwen    the same for Qwen 2 (q/k/v biases) and Qwen 3 (q/k norms, head_dim 24, bf16)
   moe     the same for the mixtures of experts: Mixtral (4 experts, top-2, bf16 shards) at one rank and
           tp=2 with sequence parallelism; Qwen 3 MoE (q/k norms, head_dim 24, norm_topk_prob false,
@@ -43,6 +41,11 @@ usage: hf_checks.py CHECK --build BUILD --sample DIR --work DIR [--mpiexec M]
           imported deck's [moe] keys, greedy generation of each, the config's MoE keys and meaning
           on export (Qwen 3 MoE's dense layers may be spelled otherwise); each Qwen 3 MoE scored by
           the reference with norm_topk_prob flipped differs by far more than the tolerance
+  transformers_gpt, transformers_bert, transformers_llama
+          transformers' own models (GPT2LMHeadModel, MegatronBertForPreTraining,
+          AutoModelForCausalLM on every case of llama, qwen and moe) score the exports as
+          --eval.only scores the originals, within 1e-5 (float32); exit 77 with the reason where
+          transformers or PyTorch is not installed
 """
 import argparse
 import hashlib
@@ -188,12 +191,6 @@ def check_gpt(c):
     within("  the import at pp=2", pp2, float(original), LAYOUT_REL)
     _, out = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", str(windows), "--seq", str(seq)])
     within("independent GPT-2 (Hugging Face names, float64) vs --eval.only", original, float(eval_loss(out)), EVAL_REL)
-    rc, out = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
-                         "--transformers"])
-    if rc == 77:
-        print("transformers' GPT2LMHeadModel: not installed here (the GPU check runs it)")
-    else:
-        within("transformers' GPT2LMHeadModel (float32) vs --eval.only", original, float(eval_loss(out)), 1e-5)
 
     # strided evaluation, tokens, perplexity and bits per byte against the independent reference;
     # at dp=2 with a short last block (15 windows, micro-batch 4)
@@ -305,12 +302,6 @@ def check_bert(c):
     _, ref1 = reference(["bert-eval", "--model", hf1, "--samples", dump1])
     assert "eval sop loss" not in ref1, ref1
     within("no binary head: reference vs --eval.only", eval_loss(out1), float(eval_loss(ref1)), EVAL_REL)
-    rc, ref = reference(["bert-eval", "--model", hf, "--samples", dump, "--transformers"])
-    if rc == 77:
-        print("transformers' MegatronBertForPreTraining: not installed here (the GPU check runs it)")
-    else:
-        within("transformers' MegatronBertForPreTraining (float32) vs --eval.only", original,
-               float(eval_loss(ref)), 1e-5)
 
 
 def write_safetensors(path, tensors, pad=True):
@@ -510,6 +501,27 @@ def check_moe_deck(imp, src):
                         f"shared, sparse layers) {got}, the config's {want}"
 
 
+LLAMA_WINDOWS, LLAMA_SEQ = 12, 32  # the Llama-family cases' evaluation: windows of the sample's second shard
+
+
+def llama_eval(c, imp, np_, extra=()):
+    """--eval.only of an imported Llama-family directory on the sample's second shard: the loss's text."""
+    _, out, _ = run(c.app("pretrain_gpt", np_) + [
+        "--deck", os.path.join(imp, "model.ini"), "--checkpoint.load", imp, "--eval.only", "true",
+        "--eval.shard", os.path.join(c.sample, "kjv_gpt2_00001.h5"), "--eval.windows", str(LLAMA_WINDOWS),
+        "--model.seq_length", str(LLAMA_SEQ), "--train.micro_batch_size", "4", "--train.global_batch_size", "4",
+        "--data.train_shards", os.path.join(c.sample, "kjv_gpt2_*.h5")] + list(extra))
+    return eval_loss(out)
+
+
+def llama_export(c, imp, out, family, opts):
+    """The export of an import at the dtype hf_llama.py wrote (opts): (dtype, directory)."""
+    dt = {"bf16": "bf16", "f16": "fp16"}.get(opts[opts.index("--dtype") + 1] if "--dtype" in opts else "", "fp32")
+    # a Llama-family deck exports as llama, qwen2 or qwen3 by its keys; Mistral is asked for by name
+    arch = ["--hf-architecture", family] if family == "mistral" else []
+    return dt, c.export(imp, out, ["--dtype", dt, "--max-shard-size", "50000"] + arch)
+
+
 def check_llama_family(c, cases, moe=False):
     """Hugging Face directories written by validation/hf_llama.py import into Trident, which scores them as
     the reference does (1e-6) at one rank and at tp=2 / pp=2 (MoE: also tp=2 with sequence parallelism
@@ -520,15 +532,10 @@ def check_llama_family(c, cases, moe=False):
     shutil.rmtree(c.a.work, ignore_errors=True)
     os.makedirs(c.a.work)
     shard = os.path.join(c.sample, "kjv_gpt2_00001.h5")
-    windows, seq = 12, 32
-    data = ["--data.train_shards", os.path.join(c.sample, "kjv_gpt2_*.h5")]
+    windows, seq = LLAMA_WINDOWS, LLAMA_SEQ
 
     def evaluate(imp, np_, extra=()):
-        _, out, _ = run(c.app("pretrain_gpt", np_) + [
-            "--deck", os.path.join(imp, "model.ini"), "--checkpoint.load", imp, "--eval.only", "true",
-            "--eval.shard", shard, "--eval.windows", str(windows), "--model.seq_length", str(seq),
-            "--train.micro_batch_size", "4", "--train.global_batch_size", "4"] + data + list(extra))
-        return eval_loss(out)
+        return llama_eval(c, imp, np_, extra)
 
     layouts = {"tp2": ["--parallel.tp", "2"], "pp2": ["--parallel.pp", "2"],
                "tp2sp": ["--parallel.tp", "2", "--parallel.sequence_parallel", "true"],
@@ -547,10 +554,7 @@ def check_llama_family(c, cases, moe=False):
         for lay in lays:
             within(f"  the import at {lay}", evaluate(imp, 2, layouts[lay]), float(one), LAYOUT_REL)
         # export at the written dtype: the same tensors and bytes, the same config; and back, bitwise
-        dt = {"bf16": "bf16", "f16": "fp16"}.get(opts[opts.index("--dtype") + 1] if "--dtype" in opts else "", "fp32")
-        # a Llama-family deck exports as llama, qwen2 or qwen3 by its keys; Mistral is asked for by name
-        arch = ["--hf-architecture", family] if family == "mistral" else []
-        exp = c.export(imp, c.path(f"export_{k}"), ["--dtype", dt, "--max-shard-size", "50000"] + arch)
+        dt, exp = llama_export(c, imp, c.path(f"export_{k}"), family, opts)
         (a, _), (b, files) = hf_dir_tensors(src), hf_dir_tensors(exp)
         assert sorted(a) == sorted(b), f"tensors differ in presence: {sorted(set(a) ^ set(b))}"
         bad = [n for n in a if a[n] != b[n]]
@@ -610,19 +614,102 @@ def check_llama_family(c, cases, moe=False):
             print(f"  norm_topk_prob {not cf['norm_topk_prob']}: the reference scores {other:.8g} against Trident's "
                   f"{one}, relative difference {rel:.1e} (the check above would fail: tolerance {EVAL_REL:g})")
             assert rel > 100 * EVAL_REL, "the routing's renormalisation went unnoticed"
-        rc, out = hf_llama(["eval", "--model", exp, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
-                            "--transformers"])
-        if rc == 77:
-            print("  transformers' AutoModelForCausalLM: not installed here (the GPU check runs it)")
-        else:
-            within("  transformers' AutoModelForCausalLM (float32) on the export vs --eval.only", one,
-                   float(eval_loss(out)), 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' own models (CTest hf_transformers_gpt, _bert, _llama): exit 77 where transformers or
+# PyTorch is not installed (the CPU image; the GPU check's image has them)
+
+TRANSFORMERS_REL = 1e-5  # transformers' float32 models against Trident's fp32 evaluation
+
+
+def transformers_missing():
+    """Why transformers' models cannot run here (None when transformers and PyTorch are installed)."""
+    import importlib.util
+    gone = [m for m in ("transformers", "torch") if importlib.util.find_spec(m) is None]
+    return f"{' and '.join(gone)} not installed for {sys.executable}" if gone else None
+
+
+def require_transformers():
+    missing = transformers_missing()
+    if missing:
+        print(f"SKIPPED (77): {missing}: transformers' own models cannot score the exports here")
+        raise SystemExit(77)
+
+
+def transformers_ran(rc, out, what):
+    """A reference run with --transformers after require_transformers(): 77 (its import failed) is a failure."""
+    if rc == 77:
+        print(out)
+        raise SystemExit(f"FAILED: {what}: transformers is installed but the reference could not import it")
+
+
+def check_transformers_gpt(c):
+    """transformers' GPT2LMHeadModel.from_pretrained on the export of a GPT trained here scores the
+    windows as --eval.only does (float32, within TRANSFORMERS_REL)."""
+    require_transformers()
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    ck = c.train_gpt("ck", 40, ["--model.hidden_dropout", "0.1", "--model.attention_dropout", "0.1"])
+    hf = c.export(ck, c.path("hf"), ["--vocab-file", c.gpt_vocab[0], "--merge-file", c.gpt_vocab[1]])
+    shard, windows, seq = os.path.join(c.sample, "kjv_gpt2_00001.h5"), 16, 32
+    _, out, _ = run(c.app("pretrain_gpt") + [
+        "--deck", os.path.join(ROOT, "inputs", "gpt_tiny_ci.ini"), "--checkpoint.load", ck, "--eval.only", "true",
+        "--eval.shard", shard, "--eval.windows", str(windows), "--train.micro_batch_size", "4"])
+    rc, ref = reference(["gpt-eval", "--model", hf, "--shard", shard, "--windows", str(windows), "--seq", str(seq),
+                         "--transformers"])
+    transformers_ran(rc, ref, "GPT2LMHeadModel")
+    within("transformers' GPT2LMHeadModel (float32) vs --eval.only", eval_loss(out), float(eval_loss(ref)),
+           TRANSFORMERS_REL)
+
+
+def check_transformers_bert(c):
+    """transformers' MegatronBertForPreTraining on the export of a BERT trained here scores the samples
+    that --eval.only dumps as it does (float32, within TRANSFORMERS_REL)."""
+    require_transformers()
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    vocab = os.path.join(c.sample, "bert", "vocab.txt")
+    ck = c.train_masked("pretrain_bert", "bert_tiny_ci.ini", "ck", 5)
+    hf = c.export(ck, c.path("hf"))
+    dump = c.path("eval_samples.h5")
+    _, out, _ = run(c.app("pretrain_bert") + [
+        "--deck", os.path.join(ROOT, "inputs", "bert_tiny_ci.ini"), "--data.vocab_file", vocab,
+        "--checkpoint.load", ck, "--eval.only", "true", "--eval.shard", os.path.join(c.sample, "kjv_bert_00001.h5"),
+        "--eval.windows", "24", "--debug.dump_batches", dump])
+    rc, ref = reference(["bert-eval", "--model", hf, "--samples", dump, "--transformers"])
+    transformers_ran(rc, ref, "MegatronBertForPreTraining")
+    within("transformers' MegatronBertForPreTraining (float32) vs --eval.only", eval_loss(out),
+           float(eval_loss(ref)), TRANSFORMERS_REL)
+
+
+def check_transformers_llama(c):
+    """transformers' AutoModelForCausalLM on the export of each Llama-family case of the llama, qwen and moe
+    checks scores the windows as --eval.only of the import does (float32, within TRANSFORMERS_REL)."""
+    require_transformers()
+    shutil.rmtree(c.a.work, ignore_errors=True)
+    os.makedirs(c.a.work)
+    cases = LLAMA_CASES["llama"] + LLAMA_CASES["qwen"] + LLAMA_CASES["moe"]
+    for k, (what, family, opts, _) in enumerate(cases):
+        print(f"== {what}")
+        src = c.path(f"hf_{k}")
+        hf_llama(["write", "--family", family, "--out", src, "--seed", str(11 + k), "--init-std", "0.2"] + opts)
+        imp = c.import_(src, c.path(f"imported_{k}"))
+        one = llama_eval(c, imp, 1)
+        _, exp = llama_export(c, imp, c.path(f"export_{k}"), family, opts)
+        rc, out = hf_llama(["eval", "--model", exp, "--shard", os.path.join(c.sample, "kjv_gpt2_00001.h5"),
+                            "--windows", str(LLAMA_WINDOWS), "--seq", str(LLAMA_SEQ), "--transformers"])
+        transformers_ran(rc, out, f"AutoModelForCausalLM on {what}")
+        within("  transformers' AutoModelForCausalLM (float32) on the export vs --eval.only", one,
+               float(eval_loss(out)), TRANSFORMERS_REL)
 
 
 CHECKS = {"gpt": check_gpt, "bert": check_bert, "errors": check_errors,
           "llama": lambda c: check_llama_family(c, LLAMA_CASES["llama"]),
           "qwen": lambda c: check_llama_family(c, LLAMA_CASES["qwen"]),
-          "moe": lambda c: check_llama_family(c, LLAMA_CASES["moe"], moe=True)}
+          "moe": lambda c: check_llama_family(c, LLAMA_CASES["moe"], moe=True),
+          "transformers_gpt": check_transformers_gpt, "transformers_bert": check_transformers_bert,
+          "transformers_llama": check_transformers_llama}
 
 
 def main():

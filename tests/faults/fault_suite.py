@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault-injection suite of the pretraining apps (CTest label `faults`).
 
-(About 630 lines: one table of cases per group, each a few lines, over one runner; a case is
+(One table of cases per group, each a few lines, over one runner; a case is
 read where it is declared.)
 
 usage: fault_suite.py GROUP --build BUILD --deck DECK --shards GLOB --work DIR [--mpiexec M]
@@ -15,17 +15,19 @@ asserts four things:
   4. no pre-existing file the case protects has changed (sha256 before and after).
 Groups:
   inputs      bad decks, shards, checkpoints and tokenizer files: one error at start-up
-  outputs     output paths checked before training; disk full at np=2 and np=4 and during a
-              collective dump at np=4 (tmpfs, root); a full disk under the TensorBoard files
-              (a warning, training goes on);
-              no silent overwrite of checkpoints, metrics or shards
+  outputs     output paths checked before training; no silent overwrite of checkpoints, metrics
+              or shards
   corruption  a corrupted checkpoint (checksums; checkpoint.load auto falls back), a shard
               truncated or replaced under a running job, stale temporary files
   numerics    fp16 divergence; NaN checkpoints refused by training and generation
-  signals     kill -9 of a rank mid-step and mid-checkpoint, SIGSTOP of a rank (the watchdog),
-              SIGTERM during start-up
-  async       checkpoint.async_save: kill -9 of a rank, SIGTERM and a full disk (tmpfs, root)
-              while the background writer runs; the last complete checkpoint resumes exactly
+  signals     kill -9 of a rank mid-step and mid-checkpoint (shown to have landed inside the
+              write), SIGSTOP of a rank (the watchdog), SIGTERM during start-up
+  async       checkpoint.async_save: kill -9 of a rank and SIGTERM while the background writer
+              runs; the last complete checkpoint resumes exactly
+  disk_full   a full disk on small tmpfs mounts: at start-up and between two checkpoints at np=2
+              and np=4, during a collective dump at np=4, under the TensorBoard files (a warning,
+              training goes on), during a background checkpoint write. A tmpfs mount needs root:
+              where it is refused the group exits 77 (CTest's skip) with the reason, before any case
 The summary line of each group gives its count of cases and outcomes (docs/reliability.md).
 """
 import argparse
@@ -279,6 +281,14 @@ def resign(path, name):
         f[name].attrs["checksum"] = trident_checksum(f[name][...])
 
 
+FRESH = QUICK + ["--train.iters", "2"]  # a fresh two-iteration run
+
+
+def not_started(out):
+    """An after-check: the error came before the first training step."""
+    return ["training ran before the error"] if any(l.startswith(" iter ") for l in out.splitlines()) else []
+
+
 # ------------------------------------------------------------------------------------------
 # groups
 # ------------------------------------------------------------------------------------------
@@ -437,9 +447,7 @@ def group_outputs(s):
     blocker = s.path("a_file")
     with open(blocker, "w") as f:
         f.write("not a directory\n")
-    fresh = QUICK + ["--train.iters", "2"]
-    def not_started(out):
-        return ["training ran before the error"] if any(l.startswith(" iter ") for l in out.splitlines()) else []
+    fresh = FRESH
     cases = [
         ("fresh run into a save directory with checkpoints", 2, ["--checkpoint.save", ck], "already holds checkpoints"),
         ("fresh run onto a metrics file with rows", 2, ["--log.metrics_file", m], "holds output of an earlier run"),
@@ -459,76 +467,6 @@ def group_outputs(s):
     s.case("metrics file unwritable, met by rank 0 alone", s.cmd(2, *fresh, "--log.metrics_file",
                                                               os.path.join(blocker, "m.csv")),
            1, "log.metrics_file", bound=30, protect=keep)
-    # disk full: a tmpfs of 2 MiB (no room for one 38 MiB checkpoint) and of 60 MiB (room for one)
-    tmpfs = s.path("small_disk")
-    os.makedirs(tmpfs)
-    def mount(size):
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", tmpfs],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT).returncode == 0
-    if mount("2m"):
-        try:
-            for np_ in (2, 4):
-                s.case(f"disk full at start-up, np={np_}", s.cmd(np_, *fresh, "--train.global_batch_size", str(2 * np_),
-                                                                 "--checkpoint.save",
-                                                                 os.path.join(tmpfs, f"ck{np_}")),
-                       1, "disk full", protect=keep, after=not_started)
-            # the TensorBoard directory's disk fills during the run: reported once, training goes on
-            filler = os.path.join(tmpfs, "filler")
-            fill_disk(filler)
-            os.truncate(filler, max(0, os.path.getsize(filler) - 8192))  # 8 KiB left: the deck and a few steps
-            m_tb = s.path("m_tb.csv")
-            def trained_on(out):
-                rows = metric_rows(m_tb)
-                return [] if rows == 20 else [f"the metrics file has {rows} rows, not 20"]
-            s.case("TensorBoard disk fills mid-run: a warning, training goes on", s.cmd(
-                1, *QUICK, "--train.iters", "20", "--log.tensorboard_dir", os.path.join(tmpfs, "tb"),
-                "--log.histogram_interval", "1", "--log.metrics_file", m_tb),
-                0, "warning: log.tensorboard_dir: writing", errors=0, protect=keep, after=trained_on)
-            subprocess.run(["umount", tmpfs])
-            mount("60m")
-            for np_ in (2, 4):
-                ck2 = os.path.join(tmpfs, f"ck{np_}")
-                def loadable(out, ck2=ck2):
-                    latest = open(os.path.join(ck2, "latest")).read().strip()
-                    if latest != "2":
-                        return [f"after the disk filled, latest is {latest!r}, not 2"]
-                    run(s.cmd(1, *QUICK, "--train.iters", "2", "--checkpoint.load", ck2))
-                    return []
-                s.case(f"disk fills between two checkpoints, np={np_}", s.cmd(
-                    np_, *QUICK, "--train.iters", "6", "--checkpoint.interval", "2", "--checkpoint.save", ck2,
-                    "--train.global_batch_size", str(2 * np_)),
-                    1, "disk full", protect=keep, after=loadable)
-                shutil.rmtree(ck2, ignore_errors=True)
-            # the disk fills while the ranks write a file together (the step-1 gradients, parallel
-            # HDF5, pp 2 x dp 2): the ranks whose writes fail must end the job, not wait in the
-            # file's collective close for ranks already in the next dataset (a hang before)
-            subprocess.run(["umount", tmpfs])
-            mount("45m")
-            ck3 = os.path.join(tmpfs, "ck_dump")
-            def initial_kept(out):
-                if open(os.path.join(ck3, "latest")).read().strip() != "0":
-                    return ["the initial checkpoint is not the latest one"]
-                run(s.cmd(1, *QUICK, "--train.iters", "1", "--checkpoint.load", ck3))
-                return []
-            s.case("disk fills during a collective dump, np=4 (pp 2)", s.cmd(
-                4, *QUICK, "--train.iters", "2", "--parallel.pp", "2", "--checkpoint.save", ck3,
-                "--checkpoint.save_initial", "true", "--debug.dump_grads", os.path.join(tmpfs, "grads.h5"),
-                "--train.global_batch_size", "4"),
-                1, "disk full", bound=30, protect=keep, after=initial_kept)
-            # the same with experts (moe_tiny, pp 2 x ep 2): there the ranks' flushes of the open
-            # file part on a full disk, so the job must not close it at MPI_Finalize either
-            subprocess.run(["umount", tmpfs])
-            mount("90m")
-            moe_deck = os.path.join(os.path.dirname(os.path.dirname(HERE)), "validation", "moe_tiny", "deck.ini")
-            s.case("disk fills during a collective dump, np=4 (pp 2, ep 2)", s.cmd(
-                4, "--deck", moe_deck, "--data.train_shards", s.a.shards, *QUICK, "--train.iters", "2",
-                "--parallel.pp", "2", "--parallel.ep", "2", "--checkpoint.save", os.path.join(tmpfs, "ck_moe"),
-                "--checkpoint.save_initial", "true", "--debug.dump_grads", os.path.join(tmpfs, "grads_moe.h5"),
-                deck=False), 1, "disk full", bound=30, protect=keep)
-        finally:
-            subprocess.run(["umount", tmpfs])
-    else:
-        print("note: the disk-full cases need a tmpfs mount (root); not run here")
     # overwrite: replaced only when asked; missing directories are made
     def replaced(out):
         got = open(os.path.join(ck, "latest")).read().strip()
@@ -713,20 +651,55 @@ def group_signals(s):
     s.case("kill -9 of a rank mid-step", s.cmd(2, *long_run, "--checkpoint.save", ck, "--checkpoint.interval", "5",
                                                "--log.metrics_file", m),
            "nonzero", "", bound=30, errors=None, during=kill_mid_step, after=resumes(ck))
-    # kill -9 while a checkpoint is being written: `latest` stays on the previous one
-    ck2, m2 = s.path("ck_save"), s.path("save.csv")
-    def kill_mid_save(job):
-        # a later checkpoint's write, once `latest` names an earlier one
-        def writing():
-            if not os.path.exists(os.path.join(ck2, "latest")):
-                return False
-            tmp = glob.glob(os.path.join(ck2, "iter_*", "checkpoint.h5.tmp"))
-            return any(int(t.split("iter_")[1][:7]) > 3 for t in tmp)
-        job.wait_until(writing, 120, "a checkpoint write")
-        os.kill(job.ranks()[0], signal.SIGKILL)
-    s.case("kill -9 of a rank mid-checkpoint", s.cmd(2, *long_run, "--checkpoint.save", ck2, "--checkpoint.interval",
-                                                     "3", "--log.metrics_file", m2),
-           "nonzero", "", bound=30, errors=None, during=kill_mid_save, after=resumes(ck2))
+    # kill -9 while a checkpoint is being written: `latest` stays on the previous one. The writes
+    # pause half-way (debug.checkpoint_write_pause_s) so that the kill has a window; the case then
+    # shows that it landed inside the write (that checkpoint's .tmp file still there just after the
+    # kill, never renamed to checkpoint.h5, `latest` not moved to it), so that it cannot pass by
+    # killing a job whose save had already finished. A kill that missed is retried (a new save
+    # directory, a longer pause); a miss on the last attempt fails the case.
+    for attempt, pause in enumerate(("2", "4", "8")):
+        ck2, m2 = s.path(f"ck_save{attempt}"), s.path(f"save{attempt}.csv")
+        target = {}
+        def kill_mid_save(job, ck2=ck2, target=target):
+            # a later checkpoint's write, once `latest` names an earlier one
+            def writing():
+                if not os.path.exists(os.path.join(ck2, "latest")):
+                    return False
+                tmp = [t for t in glob.glob(os.path.join(ck2, "iter_*", "checkpoint.h5.tmp"))
+                       if int(t.split("iter_")[1][:7]) > 3]
+                if tmp:
+                    target["tmp"] = tmp[0]
+                return bool(tmp)
+            job.wait_until(writing, 120, "a checkpoint write")
+            ranks = job.ranks()
+            os.kill(ranks[0], signal.SIGKILL)
+            target["at_kill"] = os.path.exists(target["tmp"])
+        def landed_mid_write(out, ck2=ck2, target=target):
+            tmp = target.get("tmp", "")
+            it = int(tmp.split("iter_")[1][:7]) if tmp else -1
+            latest = int(open(os.path.join(ck2, "latest")).read())
+            missed = []
+            if not target.get("at_kill"):
+                missed.append(f"{tmp} was gone when the kill landed (the save had ended)")
+            if os.path.exists(tmp[:-len(".tmp")]):
+                missed.append(f"iteration {it}'s checkpoint was completed")
+            if latest >= it:
+                missed.append(f"latest moved to {latest}")
+            target["missed"] = missed
+            return missed or resumes(ck2)(out)
+        name = "kill -9 of a rank mid-checkpoint" + (f" (retry {attempt}: pause {pause} s)" if attempt else "")
+        before = len(s.results)
+        s.case(name, s.cmd(2, *long_run, "--checkpoint.save", ck2, "--checkpoint.interval", "3",
+                           "--log.metrics_file", m2, "--debug.checkpoint_write_pause_s", pause),
+               "nonzero", "", bound=40, errors=None, during=kill_mid_save, after=landed_mid_write)
+        if not target.get("missed"):
+            break
+        print(f"     the kill missed the write: {'; '.join(target['missed'])}"
+              + ("; retried (this attempt does not count)" if attempt < 2 else ""))
+        if attempt < 2:
+            del s.results[before:]  # retried; the last attempt's outcome counts
+    else:
+        print("     FAIL: no attempt killed the rank inside a checkpoint write")
     # SIGSTOP of one rank (a stuck node): the watchdog of the other ends the job, exit 5
     ck3, m3 = s.path("ck_stop"), s.path("stop.csv")
     good_run(s, 2, "--train.iters", "2", "--checkpoint.save", ck3)
@@ -754,18 +727,57 @@ def group_signals(s):
            after=lambda out: ["training ran"] if any(l.startswith(" iter ") for l in out.splitlines()) else [])
 
 
-def group_async(s):
-    """checkpoint.async_save: faults while the background writer runs (paused half-way for a few
-    seconds by debug.checkpoint_write_pause_s, the window the injections aim at). The previous
-    checkpoint and `latest` must stay as they were and resume exactly."""
-    pause = ["--debug.checkpoint_write_pause_s", "3"]
-    # one learning-rate schedule and one data order (the dataset's index follows the samples that
-    # train.iters asks for) for every run: 12 iterations, however far each run gets
-    sched = ["--optim.decay_iters", "12"]
-    # the reference: 12 iterations straight through (synchronous saves)
+# checkpoint.async_save's cases (group async; its disk-full case in group disk_full): the background
+# writer paused half-way for a few seconds (debug.checkpoint_write_pause_s), the window the
+# injections aim at; one learning-rate schedule and one data order (the dataset's index follows the
+# samples that train.iters asks for) for every run: 12 iterations, however far each run gets
+ASYNC_PAUSE = ["--debug.checkpoint_write_pause_s", "3"]
+ASYNC_SCHED = ["--optim.decay_iters", "12"]
+
+
+def async_reference(s):
+    """iteration -> loss of 12 iterations straight through (synchronous saves)"""
     ref_m = s.path("async_ref.csv")
-    good_run(s, 2, *sched, "--train.iters", "12", "--log.metrics_file", ref_m)
-    ref = losses(ref_m)
+    good_run(s, 2, *ASYNC_SCHED, "--train.iters", "12", "--log.metrics_file", ref_m)
+    return losses(ref_m)
+
+
+def resumes_exactly(s, ref, ck, at):
+    """An after-check: `latest` is `at`; a resumed run from it to 12 gives the reference's losses bit
+    for bit and leaves no temporary file."""
+    def check(out):
+        latest = int(open(os.path.join(ck, "latest")).read())
+        if latest != at:
+            return [f"latest is {latest}, not {at}"]
+        m = s.path(f"resumed_{os.path.basename(ck)}.csv")
+        _, o, _ = run(s.cmd(2, *QUICK, *ASYNC_SCHED, "--train.iters", "12", "--checkpoint.save", ck,
+                            "--checkpoint.load", "auto", "--checkpoint.async_save", "true", "--log.metrics_file", m))
+        got = losses(m)
+        want = {it: v for it, v in ref.items() if it > at}
+        problems = [] if f"at iteration {at}" in o else [f"did not resume from iteration {at}"]
+        if got != want:
+            problems.append(f"resumed losses differ from the uninterrupted run: {got} vs {want}")
+        left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
+        return problems + ([f"temporary files left after the next save: {left}"] if left else [])
+    return check
+
+
+def async_writing(ck, it):
+    """the background write of iteration it's checkpoint has begun"""
+    return lambda: os.path.exists(os.path.join(ck, f"iter_{it:07d}", "checkpoint.h5.tmp"))
+
+
+def async_start(s, ck):
+    """a synchronous checkpoint of iteration 3 to resume from; returns what must stay unchanged"""
+    good_run(s, 2, *ASYNC_SCHED, "--train.iters", "3", "--checkpoint.save", ck)
+    return (os.path.join(ck, "iter_0000003"), os.path.join(ck, "latest"))
+
+
+def group_async(s):
+    """checkpoint.async_save: faults while the background writer runs. The previous checkpoint and
+    `latest` must stay as they were and resume exactly."""
+    pause, sched = ASYNC_PAUSE, ASYNC_SCHED
+    ref = async_reference(s)
     # an asynchronous checkpoint holds the tensors of a synchronous one of the same step, bit for bit
     # (dp 2, ZeRO-1: every rank writes its shard)
     import h5py
@@ -785,52 +797,25 @@ def group_async(s):
           f"{len(names)} tensors, {len(differ)} differ {differ[:3]}")
     s.results.append(("asynchronous checkpoint = synchronous one", bool(names) and not differ, 0, 0.0))
 
-    def resumes_exactly(ck, at):
-        """`latest` is `at`; a resumed run from it to 12 gives the reference's losses bit for bit."""
-        def check(out):
-            latest = int(open(os.path.join(ck, "latest")).read())
-            if latest != at:
-                return [f"latest is {latest}, not {at}"]
-            m = s.path(f"resumed_{os.path.basename(ck)}.csv")
-            _, o, _ = run(s.cmd(2, *QUICK, *sched, "--train.iters", "12", "--checkpoint.save", ck, "--checkpoint.load", "auto",
-                                "--checkpoint.async_save", "true", "--log.metrics_file", m))
-            got = losses(m)
-            want = {it: v for it, v in ref.items() if it > at}
-            problems = [] if f"at iteration {at}" in o else [f"did not resume from iteration {at}"]
-            if got != want:
-                problems.append(f"resumed losses differ from the uninterrupted run: {got} vs {want}")
-            left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
-            return problems + ([f"temporary files left after the next save: {left}"] if left else [])
-        return check
-
-    def writing(ck, it):
-        """the background write of iteration it's checkpoint has begun"""
-        return lambda: os.path.exists(os.path.join(ck, f"iter_{it:07d}", "checkpoint.h5.tmp"))
-
-    def start(ck):
-        """a synchronous checkpoint of iteration 3 to resume from"""
-        good_run(s, 2, *sched, "--train.iters", "3", "--checkpoint.save", ck)
-        return (os.path.join(ck, "iter_0000003"), os.path.join(ck, "latest"))
-
     # kill -9 of one rank (a rank failure) while the background writer writes iteration 6's file
     ck = s.path("ck_async_kill")
-    keep = start(ck)
+    keep = async_start(s, ck)
     def kill_mid_write(job):
-        job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+        job.wait_until(async_writing(ck, 6), 120, "the background write of iteration 6")
         job.wait_line("writing it in the background", 30)
         os.kill(job.ranks()[-1], signal.SIGKILL)
     s.case("kill -9 of a rank during a background checkpoint write", s.cmd(
         2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
         "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
-        "nonzero", "", bound=30, errors=None, protect=keep, during=kill_mid_write, after=resumes_exactly(ck, 3))
+        "nonzero", "", bound=30, errors=None, protect=keep, during=kill_mid_write, after=resumes_exactly(s, ref, ck, 3))
 
     # SIGTERM (Slurm's time limit, to every rank) while iteration 6's file is written: the signal's
     # checkpoint waits for it, then writes its own; exit 3 and both are complete (`latest` moves
     # on; iteration 3's checkpoint stays as it was)
     ck = s.path("ck_async_term")
-    keep = start(ck)
+    keep = async_start(s, ck)
     def term_mid_write(job):
-        job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+        job.wait_until(async_writing(ck, 6), 120, "the background write of iteration 6")
         for pid in job.ranks():
             os.kill(pid, signal.SIGTERM)
     def term_checks(out):
@@ -838,33 +823,131 @@ def group_async(s):
         if latest < 6 or not os.path.exists(os.path.join(ck, "iter_0000006", "checkpoint.h5")):
             return [f"latest is {latest}; iteration 6's checkpoint complete: "
                     f"{os.path.exists(os.path.join(ck, 'iter_0000006', 'checkpoint.h5'))}"]
-        return resumes_exactly(ck, latest)(out) if latest < 12 else [f"the run was not stopped early (latest {latest})"]
+        return resumes_exactly(s, ref, ck, latest)(out) if latest < 12 else [f"the run was not stopped early (latest {latest})"]
     s.case("SIGTERM during a background checkpoint write", s.cmd(
         2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
         "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
         3, "with a checkpoint in", bound=40, errors=0, protect=keep[:1], during=term_mid_write, after=term_checks)
 
-    # the disk fills during the background write (tmpfs, root): one error naming it, the job
-    # ends, its .tmp file is gone and the previous checkpoint resumes exactly
+
+def tmpfs_refused(where):
+    """Why a tmpfs cannot be mounted here (None when it can): the disk-full cases need one."""
+    os.makedirs(where, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", where], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        return (f"mount -t tmpfs exited {p.returncode} ({p.stdout.strip() or 'no message'}); a tmpfs mount needs "
+                f"root (CAP_SYS_ADMIN)")
+    subprocess.run(["umount", where])
+    return None
+
+
+def group_disk_full(s):
+    """A full disk, on tmpfs mounts of a few MiB (root): at start-up and between two checkpoints at
+    np=2 and 4, during a collective dump at np=4, under the TensorBoard files (a warning, training
+    goes on), and during a background checkpoint write. Exit 77 with the reason, before any case,
+    where a tmpfs cannot be mounted."""
+    refused = tmpfs_refused(s.path("probe"))
+    if refused:
+        print(f"SKIPPED (77): the disk-full cases need a tmpfs mount: {refused}")
+        raise SystemExit(77)
+    ck, m = s.path("ck"), s.path("m.csv")
+    good_run(s, 2, "--train.iters", "2", "--checkpoint.save", ck, "--log.metrics_file", m)
+    keep = (ck, m)
+    fresh = FRESH
+    # a tmpfs of 2 MiB (no room for one 38 MiB checkpoint) and of 60 MiB (room for one)
+    tmpfs = s.path("small_disk")
+    os.makedirs(tmpfs)
+    def mount(size):
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", tmpfs],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:  # a tmpfs mounted a moment ago (tmpfs_refused): a failure now
+            raise SystemExit(f"FAILED: mount -t tmpfs -o size={size}: {p.stdout.strip()}")
+    mount("2m")
+    try:
+        for np_ in (2, 4):
+            s.case(f"disk full at start-up, np={np_}", s.cmd(np_, *fresh, "--train.global_batch_size", str(2 * np_),
+                                                             "--checkpoint.save",
+                                                             os.path.join(tmpfs, f"ck{np_}")),
+                   1, "disk full", protect=keep, after=not_started)
+        # the TensorBoard directory's disk fills during the run: reported once, training goes on
+        filler = os.path.join(tmpfs, "filler")
+        fill_disk(filler)
+        os.truncate(filler, max(0, os.path.getsize(filler) - 8192))  # 8 KiB left: the deck and a few steps
+        m_tb = s.path("m_tb.csv")
+        def trained_on(out):
+            rows = metric_rows(m_tb)
+            return [] if rows == 20 else [f"the metrics file has {rows} rows, not 20"]
+        s.case("TensorBoard disk fills mid-run: a warning, training goes on", s.cmd(
+            1, *QUICK, "--train.iters", "20", "--log.tensorboard_dir", os.path.join(tmpfs, "tb"),
+            "--log.histogram_interval", "1", "--log.metrics_file", m_tb),
+            0, "warning: log.tensorboard_dir: writing", errors=0, protect=keep, after=trained_on)
+        subprocess.run(["umount", tmpfs])
+        mount("60m")
+        for np_ in (2, 4):
+            ck2 = os.path.join(tmpfs, f"ck{np_}")
+            def loadable(out, ck2=ck2):
+                latest = open(os.path.join(ck2, "latest")).read().strip()
+                if latest != "2":
+                    return [f"after the disk filled, latest is {latest!r}, not 2"]
+                run(s.cmd(1, *QUICK, "--train.iters", "2", "--checkpoint.load", ck2))
+                return []
+            s.case(f"disk fills between two checkpoints, np={np_}", s.cmd(
+                np_, *QUICK, "--train.iters", "6", "--checkpoint.interval", "2", "--checkpoint.save", ck2,
+                "--train.global_batch_size", str(2 * np_)),
+                1, "disk full", protect=keep, after=loadable)
+            shutil.rmtree(ck2, ignore_errors=True)
+        # the disk fills while the ranks write a file together (the step-1 gradients, parallel
+        # HDF5, pp 2 x dp 2): the ranks whose writes fail must end the job, not wait in the
+        # file's collective close for ranks already in the next dataset (a hang before)
+        subprocess.run(["umount", tmpfs])
+        mount("45m")
+        ck3 = os.path.join(tmpfs, "ck_dump")
+        def initial_kept(out):
+            if open(os.path.join(ck3, "latest")).read().strip() != "0":
+                return ["the initial checkpoint is not the latest one"]
+            run(s.cmd(1, *QUICK, "--train.iters", "1", "--checkpoint.load", ck3))
+            return []
+        s.case("disk fills during a collective dump, np=4 (pp 2)", s.cmd(
+            4, *QUICK, "--train.iters", "2", "--parallel.pp", "2", "--checkpoint.save", ck3,
+            "--checkpoint.save_initial", "true", "--debug.dump_grads", os.path.join(tmpfs, "grads.h5"),
+            "--train.global_batch_size", "4"),
+            1, "disk full", bound=30, protect=keep, after=initial_kept)
+        # the same with experts (moe_tiny, pp 2 x ep 2): there the ranks' flushes of the open
+        # file part on a full disk, so the job must not close it at MPI_Finalize either
+        subprocess.run(["umount", tmpfs])
+        mount("90m")
+        moe_deck = os.path.join(os.path.dirname(os.path.dirname(HERE)), "validation", "moe_tiny", "deck.ini")
+        s.case("disk fills during a collective dump, np=4 (pp 2, ep 2)", s.cmd(
+            4, "--deck", moe_deck, "--data.train_shards", s.a.shards, *QUICK, "--train.iters", "2",
+            "--parallel.pp", "2", "--parallel.ep", "2", "--checkpoint.save", os.path.join(tmpfs, "ck_moe"),
+            "--checkpoint.save_initial", "true", "--debug.dump_grads", os.path.join(tmpfs, "grads_moe.h5"),
+            deck=False), 1, "disk full", bound=30, protect=keep)
+    finally:
+        subprocess.run(["umount", tmpfs])
+
+    # the disk fills during the background write of checkpoint.async_save: one error naming it,
+    # the job ends, its .tmp file is gone and the previous checkpoint resumes exactly
+    ref = async_reference(s)
     tmpfs = s.path("async_disk")
     os.makedirs(tmpfs)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=90m", "tmpfs", tmpfs], stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT).returncode != 0:
-        print("skip disk full during a background checkpoint write: cannot mount a tmpfs (not root)")
-        return
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=90m", "tmpfs", tmpfs], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"FAILED: mount -t tmpfs -o size=90m: {p.stdout.strip()}")
     try:
         ck = os.path.join(tmpfs, "ck")
-        keep = start(ck)
+        keep = async_start(s, ck)
         filler = os.path.join(tmpfs, "filler")
         def fill_mid_write(job):
-            job.wait_until(writing(ck, 6), 120, "the background write of iteration 6")
+            job.wait_until(async_writing(ck, 6), 120, "the background write of iteration 6")
             fill_disk(filler)
         def full_checks(out):
             left = glob.glob(os.path.join(ck, "**", "*.tmp"), recursive=True)
             os.remove(filler)
-            return ([f"temporary files left: {left}"] if left else []) + resumes_exactly(ck, 3)(out)
+            return ([f"temporary files left: {left}"] if left else []) + resumes_exactly(s, ref, ck, 3)(out)
         s.case("disk full during a background checkpoint write", s.cmd(
-            2, *QUICK, *pause, "--train.iters", "12", *sched, "--checkpoint.save", ck,
+            2, *QUICK, *ASYNC_PAUSE, "--train.iters", "12", *ASYNC_SCHED, "--checkpoint.save", ck,
             "--checkpoint.load", "auto", "--checkpoint.interval", "3", "--checkpoint.async_save", "true"),
             1, "disk full", bound=40, protect=keep, during=fill_mid_write, after=full_checks)
     finally:
@@ -880,7 +963,8 @@ def losses(path):
 
 
 GROUPS = {"inputs": group_inputs, "outputs": group_outputs, "corruption": group_corruption,
-          "numerics": group_numerics, "signals": group_signals, "async": group_async}
+          "numerics": group_numerics, "signals": group_signals, "async": group_async,
+          "disk_full": group_disk_full}
 
 
 def main():

@@ -70,6 +70,7 @@ def main():
     if r.returncode != 0:  # root and the packages are there, but Slurm did not come up: a failure
         print("FAIL: Slurm is installed but did not start:", r.stderr.strip())
         return 1
+    print(r.stderr.strip())  # the ports it picked
     env = dict(os.environ, SLURM_CONF=os.path.join(state_dir, "slurm.conf"), TRIDENT_BUILD=a.build,
                DECK=os.path.join(a.root, "inputs", "gpt_tiny_ci.ini"))
     env.pop("OMP_NUM_THREADS", None)

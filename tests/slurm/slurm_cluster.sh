@@ -28,6 +28,15 @@ mkdir -p "$dir/ctld" "$dir/d" "$dir/log"
 host=$(hostname -s)
 cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it follows OMP_NUM_THREADS
 mem=$(awk '/MemTotal/{print int($2 / 1024 * 0.8)}' /proc/meminfo)
+# slurmctld's and slurmd's ports: two the kernel reports free now (fixed ones collide with any other
+# Slurm on the host, or a second cluster of this script); the clients read them from slurm.conf
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+ports=$("$py" -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("", 0))
+print(*[x.getsockname()[1] for x in s])') || fail "could not pick two free TCP ports"
+read -r ctld_port d_port <<<"$ports"
 # our own munged and socket: works whether or not the system's munge runs
 munged --force --socket="$dir/munge.sock" --key-file=/etc/munge/munge.key --pid-file="$dir/munged.pid" \
   --log-file="$dir/log/munged.log" --seed-file="$dir/munge.seed" || fail "munged did not start (see $dir/log/munged.log)"
@@ -35,8 +44,8 @@ cat > "$dir/slurm.conf" <<CONF
 ClusterName=trident-test
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$ctld_port
+SlurmdPort=$d_port
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge.sock
 StateSaveLocation=$dir/ctld
@@ -64,6 +73,7 @@ slurmctld -c -f "$SLURM_CONF" || fail "slurmctld did not start (see $dir/log/slu
 slurmd -f "$SLURM_CONF" || fail "slurmd did not start (see $dir/log/slurmd.log)"
 for _ in $(seq 1 60); do
   if sinfo -h -o %T 2>/dev/null | grep -q idle; then
+    echo "slurm_cluster: slurmctld on port $ctld_port, slurmd on port $d_port" >&2
     echo "export SLURM_CONF=$SLURM_CONF"
     exit 0
   fi
