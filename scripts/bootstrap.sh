@@ -31,6 +31,8 @@ packages+=(procps)
 # the independent reader of the TensorBoard files (tests/e2e/tensorboard_checks.py): protoc and
 # Python's protobuf runtime
 [ "$mode" = test ] && packages+=(protobuf-compiler python3-protobuf)
+# the CUDA build check's compiler cache (tests/cuda/cuda_build.sh; it builds without one too)
+[ "$mode" = test ] && packages+=(ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -68,7 +70,14 @@ case "$mode" in
     ;;
   test)
     cd "$build"
-    ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+    rm -f Testing/junit.xml
+    rc=0
+    ctest --output-on-failure -j "$jobs" --output-junit "$build/Testing/junit.xml" ${CTEST_ARGS:-} || rc=$?
+    # every skipped test with its reason (a test skips only with exit code 77 and says why)
+    if [ -f Testing/junit.xml ]; then
+      /usr/bin/python3 "$root/scripts/suite_report.py" skipped Testing/junit.xml || true
+    fi
+    exit $rc
     ;;
   *)
     echo "usage: $0 gpt|test|build" >&2
