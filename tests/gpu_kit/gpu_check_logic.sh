@@ -5,6 +5,8 @@
 # losses made here. Asserts that every phase passes, that the fp32 runs equal the reference bit
 # for bit (the same executable and inputs), that bf16 stays within its band, and that the
 # benchmark picked its micro-batches from the memory model and reported a row per attention path.
+# The unit phase runs every unit-test executable with its first test only (GTEST_FILTER): the
+# phase's loop, its counts and its note are rehearsed; the suite itself runs every unit test.
 #   gpu_check_logic.sh REPO BUILD WORKDIR
 set -euo pipefail
 root=$1 build=$2 work=$3
@@ -28,8 +30,19 @@ export GPU_BAND_ITERS=10
 # shellcheck source=scripts/gpu_common.sh
 source "$root/scripts/gpu_common.sh"
 gpu_host_reference "$root" "$build" "$work/reference"
+filter="" n_unit=0
+for t in "$build"/tests/unit/test_*; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  case $t in *.cmake) continue ;; esac
+  list=$("$t" --gtest_list_tests)
+  first=$(awk '/^[^ ]/ {s = $1} /^  / {print s $1; exit}' <<<"$list")
+  [ -n "$first" ] || { echo "gpu_check_logic: FAIL: $(basename "$t") lists no test"; exit 1; }
+  filter+=${filter:+:}$first
+  n_unit=$((n_unit + 1))
+done
+[ "$n_unit" -gt 0 ] || { echo "gpu_check_logic: FAIL: no unit-test executable in $build/tests/unit"; exit 1; }
 set +e
-PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
+GTEST_FILTER=$filter PATH=$work/bin:$PATH GPU_CHECK_NO_KIT=1 GPU_CHECK_BUILD_DIR=$build GPU_CHECK_REFERENCE_DIR=$work/reference \
   GPU_CHECK_WORK=$work/check GPU_CHECK_RESULTS_DIR= PYTHON=${PYTHON:-/usr/bin/python3} GPU_CHECK_BUDGET=2400 \
   GPU_CHECK_UNIT_LIMIT=600 GPU_CHECK_TRAIN_LIMIT=900 GPU_CHECK_LLAMA_LIMIT=300 GPU_CHECK_MOE_LIMIT=300 GPU_CHECK_BENCH_LIMIT=600 \
   GPU_CHECK_LONG_SEQ=1024 GPU_CHECK_LONG_LIMIT=300 \
@@ -51,7 +64,9 @@ grep -q "^| llama | ok | [0-9]* | 3 of 3 comparisons pass; speed: [0-9]* tok/s; 
 grep -q "^| moe | ok | [0-9]* | 5 of 5 MoE comparisons pass |" "$report" || fail "the moe phase's note does not say 5 of 5"
 grep -q "^| long | ok | [0-9]* | 1 of 1 comparisons pass; fp32: [0-9]* tok/s; [0-9]* ms/iteration;bf16: " "$report" ||
   fail "the long phase's note does not say 1 of 1 and the speeds"
-grep -q "^| unit | ok | [0-9]* | [1-9][0-9]* passed, 0 failed |" "$report" || fail "the unit phase's note"
+grep -q "^| unit | ok | [0-9]* | $n_unit passed, 0 failed |" "$report" || fail "the unit phase's note"
+[ "$(grep -c -E ' exit +0  passed +1  failed +0$' "$work/out/unit.txt")" -eq "$n_unit" ] ||
+  fail "unit.txt: not every one of the $n_unit unit-test executables ran its one test"
 grep -q "^| bench | ok | [0-9]* | 2 rows |" "$report" || fail "the bench phase's note does not say 2 rows"
 n=$(ls "$work/out" | wc -l)
 [ "$n" -le 8 ] || fail "$n files in the output folder (at most 8 come back from the GPU machine)"
