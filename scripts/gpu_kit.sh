@@ -9,8 +9,12 @@
 #   bash scripts/gpu_kit.sh --kokkos-only --kokkos-src DIR
 #                                              # only the cached CUDA Kokkos (step 3 below), which
 #                                              # the CTest `cuda_build` builds Trident against;
-#                                              # needs nvcc, cmake and g++, not the host build
-#   options: --kit DIR (default .gpu_kit), --jobs N, --arch SM (default 90), --max-mib N (60)
+#                                              # needs nvcc, cmake and g++, not the host build;
+#                                              # then runs tests/cuda/cuda_build.sh once, without
+#                                              # its time limit, so that its build directory and
+#                                              # ccache are warm before the suite's first run
+#   options: --kit DIR (default .gpu_kit), --jobs N, --arch SM (default 90), --max-mib N (60),
+#            --no-prewarm (--kokkos-only: only the Kokkos, no cuda_build run)
 #
 # The cached CUDA Kokkos: $TRIDENT_GPU_CACHE (default ~/.cache/trident-gpu)/kokkos-<version>-
 # cuda<nvcc major>-sm<arch>/, built once per version, nvcc, compat header and options (a stamp), with
@@ -40,7 +44,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
 source "$root/scripts/gpu_common.sh"
 
-kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60 kokkos_only=0
+kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60 kokkos_only=0 prewarm=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --kit) kit=$2; shift 2 ;;
@@ -50,7 +54,8 @@ while [ $# -gt 0 ]; do
     --arch) GPU_ARCH=$2; shift 2 ;;
     --max-mib) max_mib=$2; shift 2 ;;
     --kokkos-only) kokkos_only=1; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --no-prewarm) prewarm=0; shift ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "gpu_kit: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -118,6 +123,19 @@ if [ $kokkos_only -eq 1 ]; then
   mkdir -p "$cache"
   cached_cuda_kokkos
   gpu_log "gpu_kit: the cached CUDA Kokkos is $cache/cuda-kokkos-sm$GPU_ARCH -> $kstage ($(du -sm "$kstage" | cut -f1) MiB, $(( $(date +%s) - t0 )) s)"
+  if [ $prewarm -eq 1 ]; then
+    # the CTest cuda_build once, without its time limit: a cold build can take longer than CTest
+    # allows on a small machine; what it compiles stays in its build directory and ccache
+    gpu_log "gpu_kit: warming cuda_build's build directory and ccache: one run of tests/cuda/cuda_build.sh (--no-prewarm skips it)"
+    rc=0
+    CUDA_BUILD_LIMIT=0 JOBS=$jobs CUDA_ARCH=$GPU_ARCH TRIDENT_GPU_CACHE=$cache bash "$root/tests/cuda/cuda_build.sh" "$root" || rc=$?
+    case $rc in
+      0) gpu_log "gpu_kit: cuda_build is warm ($(( $(date +%s) - t0 )) s in all)" ;;
+      77) gpu_log "gpu_kit: cuda_build skipped (reason above): its cache is not warmed" ;;
+      *) gpu_log "gpu_kit: warning: the warming run of cuda_build failed (exit $rc, reason above); the Kokkos is ready," \
+           "and what did compile is cached" ;;
+    esac
+  fi
   exit 0
 fi
 for c in cmake apt-get dpkg dpkg-deb xz tar g++; do command -v "$c" >/dev/null || die "'$c' is needed"; done
