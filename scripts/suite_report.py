@@ -13,7 +13,7 @@
       <!-- suite-times:begin --> and <!-- suite-times:end --> in the given Markdown file.
       --timeouts lists the tests without a TIMEOUT and those whose TIMEOUT is off from about 5x
       their measured time (below 3x, or above 10x and 60 s), and exits 1 when there are any.
-  suite_report.py timeouts --junit COLD.xml [--junit WARM.xml ...] --write cmake/TestTimeouts.cmake
+  suite_report.py timeouts --junit COLD.xml [--junit WARM.xml ...] [--log CTEST_OUTPUT ...] --write cmake/TestTimeouts.cmake
       writes each test's TIMEOUT, 5x the longest of its wall times in the given runs (rounded up
       to 10 s, at least 30 s), as CMake (cmake/TridentTesting.cmake applies it). Tests skipped in
       every run and GoogleTest cases (their TIMEOUT is the unit tests' one) are left out.
@@ -146,10 +146,26 @@ KEEP_DECLARED = {
 }
 
 
+def console_times(path):
+    """{test: wall seconds} of the tests that passed or failed in ctest's console output (a run cut
+    short leaves no junit file)."""
+    out = {}
+    pat = re.compile(r"^\s*\d+/\d+ Test +#\d+: (\S+) \.*\s*(?:Passed|\*\*\*Failed|\*\*\*Timeout)\s+([0-9.]+) sec")
+    with open(path) as f:
+        for line in f:
+            m = pat.match(line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+    return out
+
+
 def write_timeouts(a):
     measured = {}
     for path in a.junit:
         for name, t in junit_times(path).items():
+            measured[name] = max(measured.get(name, 0.0), t)
+    for path in a.log or []:
+        for name, t in console_times(path).items():
             measured[name] = max(measured.get(name, 0.0), t)
     new = {}
     for name, t in measured.items():
@@ -159,9 +175,9 @@ def write_timeouts(a):
     with open(a.write + ".tmp", "w") as f:
         f.write("# Each test's TIMEOUT: 5x the longest of its measured wall times, rounded up to 10 s, at least\n"
                 "# 30 s; applied by cmake/TridentTesting.cmake (a test not listed keeps the TIMEOUT it declares).\n"
-                "# Generated from whole-suite runs on the 2-core development machine, one with cold caches (a\n"
-                "# fresh machine: the references train, the sample data and packages are fetched) and one warm, by:\n"
-                "#   scripts/suite_report.py timeouts --junit COLD.xml --junit WARM.xml --write cmake/TestTimeouts.cmake\n"
+                "# Generated from whole-suite runs on the 2-core development machine, with cold caches (a fresh\n"
+                "# machine: the references train, the sample data and packages are fetched) and warm, by:\n"
+                "#   scripts/suite_report.py timeouts --junit RUN.xml ... [--log CTEST_OUTPUT ...] --write cmake/TestTimeouts.cmake\n"
                 "# Tests skipped in every run are not listed, nor these, which keep their own:\n")
         for n, why in sorted(KEEP_DECLARED.items()):
             f.write(f"#   {n}: {why}\n")
@@ -183,7 +199,8 @@ def main():
     t.add_argument("--write", metavar="MARKDOWN")
     t.add_argument("--timeouts", action="store_true")
     w = sub.add_parser("timeouts")
-    w.add_argument("--junit", action="append", required=True, help="a run's ctest --output-junit file (repeatable)")
+    w.add_argument("--junit", action="append", default=[], help="a run's ctest --output-junit file (repeatable)")
+    w.add_argument("--log", action="append", help="a run's ctest console output, e.g. of a run cut short (repeatable)")
     w.add_argument("--write", required=True)
     a = p.parse_args()
     if a.cmd == "timeouts":
