@@ -3,7 +3,8 @@ validation/run_case.py): run() a command and collect its output; single_error_fa
 cases that must fail with exactly one 'error' line; check_main(), the drivers' common command
 line; trident_checksum(), a checkpoint dataset's `checksum` attribute recomputed with numpy; and
 assert_layout(), the parallel layout a run reports checked against the one it asked for;
-cache_dir(), where the tests keep what they download (kept across build directories and clones)."""
+cache_dir(), where the tests keep what they download and the references' trajectories (kept across
+build directories and clones)."""
 import os
 import subprocess
 import time

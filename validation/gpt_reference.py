@@ -1624,14 +1624,6 @@ def resolve_emulate(choice, cfg):
 # Trajectory cache (compare --cache DIR)
 # --------------------------------------------------------------------------------------
 
-def default_cache_dir(kind):
-    """Trident's per-user cache for `kind` (reference, npm, ...): $TRIDENT_CACHE_DIR/kind, else
-    $XDG_CACHE_HOME/trident/kind, else ~/.cache/trident/kind."""
-    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trident")
-    return os.path.join(base, kind)
-
-
 def _validation_sources():
     """The reference's code: every module loaded from this directory (the references, the shared
     layer math, the training loop) and the script that runs, as (name, bytes), sorted by name."""

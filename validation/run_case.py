@@ -24,7 +24,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-from testlib import assert_layout  # noqa: E402
+from testlib import assert_layout, cache_dir  # noqa: E402
 
 # The CTest cases assert about 10x the worst value measured over the GPT, BERT and T5 cases and
 # their layouts (validation/README.md, "Tolerances"): loss 8.6e-8 (BERT's SOP part, pp=2), lr 1.9e-16,
@@ -83,13 +83,6 @@ def deck_iters(case, overrides):
     return int(get("train", "iters", "0")), int(get("optim", "decay_iters", "0"))
 
 
-def default_reference_cache():
-    """gpt_reference.default_cache_dir("reference"), without loading torch here."""
-    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trident")
-    return os.path.join(base, "reference")
-
-
 EXPECT_OUTPUT = []  # --expect-output: text every Trident job must print
 
 
@@ -121,7 +114,7 @@ def main():
                    help="record Trident's dropout masks (debug.dump_dropout; one rank) for the reference to apply")
     p.add_argument("--resume-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a deck key in the resumed job only (e.g. another layout)")
-    p.add_argument("--reference-cache", metavar="DIR", default=default_reference_cache(),
+    p.add_argument("--reference-cache", metavar="DIR", default=cache_dir("reference"),
                    help="the reference's trajectory cache (gpt_reference.py compare --cache, reference_loop.py --cache), "
                         "kept between runs: each reference trajectory is trained once per machine and code "
                         "(default %(default)s: $TRIDENT_CACHE_DIR/reference, else $XDG_CACHE_HOME/trident/reference, "
