@@ -34,6 +34,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -168,7 +169,6 @@ def machine_key(build_dir):
 
 def compiler_tag(build_dir):
     """The C++ compiler of the build, as CMake identified it: e.g. gnu12.2.0."""
-    import re
     for path in sorted(glob.glob(os.path.join(build_dir, "CMakeFiles", "*", "CMakeCXXCompiler.cmake"))):
         with open(path) as f:
             text = f.read()
@@ -393,7 +393,7 @@ def main():
                   f"{missing[0]}; records exist for: {', '.join(others) or 'none'}). To make one, check out a "
                   f"trusted commit (the one before your change), build it, and run: /usr/bin/python3 "
                   f"validation/identity.py record --build-dir {a.build_dir} --sample {a.sample}; then commit "
-                  f"validation/identity/{key}.json (validation/README.md, \"Bitwise identity\")")
+                  f"validation/identity/{key}.json (validation/README.md, \"identity.py: bitwise identity across refactors\")")
             return 77
     work = a.work or tempfile.mkdtemp(prefix="trident_identity_")
     failures, results = [], {}
