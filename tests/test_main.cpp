@@ -8,6 +8,8 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
+
+#include "comm/mpi_job.hpp"
 #if defined(TRIDENT_ENABLE_CUDA)
 #include <cuda_runtime.h>
 #endif
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   }
 #endif
   MPI_Init(&argc, &argv);
+  trident::mpi_job::choose_wait_policy("auto");  // as the apps do: ranks sharing cores yield
   int rc = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

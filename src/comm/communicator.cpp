@@ -2,10 +2,14 @@
 // (comm/nccl.hpp) once enable_device() has run in a CUDA build. Each call marks itself for the
 // watchdog (common/progress.hpp); the buffer collectives also add their ring-algorithm bytes to
 // the traffic stats. Blocking all-reduces of large buffers go to MPI in chunks of 2^28 elements
-// (below INT_MAX); most other MPI calls refuse counts beyond an int with Error::one.
+// (below INT_MAX); most other MPI calls refuse counts beyond an int with Error::one. Every MPI
+// call waits as the job's wait policy says (comm/mpi_job.hpp): the blocking call (spin), or its
+// nonblocking form tested with the core given up between tests (yield).
 #include "comm/communicator.hpp"
 
 #include "common/progress.hpp"
+
+#include <sched.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -13,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/mpi_job.hpp"
 #include "common/error.hpp"
 #if defined(TRIDENT_ENABLE_CUDA)
 #include "comm/nccl.hpp"
@@ -87,13 +92,55 @@ void Communicator::release() {
 }
 
 namespace {
+void check(int rc, const char* call) {
+  if (rc != MPI_SUCCESS) throw Error::one(std::string("MPI call ") + call + " failed with code " + std::to_string(rc));
+}
+bool yielding() { return mpi_job::wait_policy() == mpi_job::WaitPolicy::yield; }
+// Completes a request: MPI_Wait (spin), or MPI_Test until it is done, giving the core up between
+// tests (yield).
+void complete(MPI_Request& r) {
+  if (r == MPI_REQUEST_NULL) return;
+  if (!yielding()) return check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+  for (int done = 0;;) {
+    check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    sched_yield();
+  }
+}
+void complete_all(std::vector<MPI_Request>& rs) {
+  if (rs.empty()) return;
+  const int n = static_cast<int>(rs.size());
+  if (!yielding()) return check(MPI_Waitall(n, rs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  for (int done = 0;;) {
+    check(MPI_Testall(n, rs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return;
+    sched_yield();
+  }
+}
+// One MPI operation under the wait policy: blocking() (spin), or nonblocking(&request) completed
+// by complete() (yield). `call` names the blocking call in errors.
+template <class Blocking, class Nonblocking>
+void run(const char* call, Blocking&& blocking, Nonblocking&& nonblocking) {
+  if (!yielding()) return check(blocking(), call);
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(nonblocking(&r), call);
+  complete(r);
+}
 void allreduce_chunked(float* data, std::int64_t n, MPI_Op op, MPI_Comm comm) {
   Kokkos::fence();
   const std::int64_t chunk = 1 << 28;
   for (std::int64_t off = 0; off < n; off += chunk) {
     const int count = static_cast<int>(std::min(chunk, n - off));
-    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, op, comm));
+    run(
+        "MPI_Allreduce", [&] { return MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, op, comm); },
+        [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, op, comm, r); });
   }
+}
+// A scalar or host-array all-reduce under the wait policy.
+void allreduce(const void* in, void* out, int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  run(
+      "MPI_Allreduce", [&] { return MPI_Allreduce(in, out, n, type, op, comm); },
+      [&](MPI_Request* r) { return MPI_Iallreduce(in, out, n, type, op, comm, r); });
 }
 int as_int(std::int64_t n) {
   if (n > 0x7fffffff) throw Error::one("collective of " + std::to_string(n) + " elements exceeds MPI's int count");
@@ -210,8 +257,7 @@ std::vector<MPI_Request> Communicator::p2p_start(const std::vector<P2POp>& ops) 
 
 void Communicator::wait_all(std::vector<MPI_Request>& requests) {
   const progress::InComm in_comm("waitall (non-blocking reductions)", "started", 0);
-  if (!requests.empty())
-    TRIDENT_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  complete_all(requests);
   requests.clear();
 }
 
@@ -228,7 +274,10 @@ void Communicator::allgather(const float* in, float* out, std::int64_t n) const 
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 4 * n))
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_FLOAT, out, as_int(n), MPI_FLOAT, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(in, c, MPI_FLOAT, out, c, MPI_FLOAT, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(in, c, MPI_FLOAT, out, c, MPI_FLOAT, comm_, r); });
 }
 
 void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::int64_t n) const {
@@ -236,7 +285,10 @@ void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::i
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 2 * n))
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Allgather(in, as_int(n), MPI_UINT16_T, out, as_int(n), MPI_UINT16_T, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(in, c, MPI_UINT16_T, out, c, MPI_UINT16_T, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(in, c, MPI_UINT16_T, out, c, MPI_UINT16_T, comm_, r); });
 }
 
 void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const {
@@ -245,7 +297,12 @@ void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const 
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 2 * n))
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_UINT16_T, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_UINT16_T, comm_); },
+      [&](MPI_Request* r) {
+        return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_UINT16_T, comm_, r);
+      });
 }
 
 void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) const {
@@ -253,7 +310,10 @@ void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) c
   const progress::InComm in_comm("reduce_scatter", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, in, out, n))
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(in, out, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Reduce_scatter_block", [&] { return MPI_Reduce_scatter_block(in, out, c, MPI_FLOAT, MPI_SUM, comm_); },
+      [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, c, MPI_FLOAT, MPI_SUM, comm_, r); });
 }
 
 void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
@@ -263,7 +323,11 @@ void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, buf, buf + rank_ * n, n))  // NCCL's in-place form
   Kokkos::fence();
   // MPI_IN_PLACE leaves this rank's block at the start of buf: move it to its place.
-  TRIDENT_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Reduce_scatter_block",
+      [&] { return MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, c, MPI_FLOAT, MPI_SUM, comm_); },
+      [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, c, MPI_FLOAT, MPI_SUM, comm_, r); });
   if (rank_ > 0) {
     using Unmanaged = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space,
                                    Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -278,63 +342,70 @@ void Communicator::allgather_in_place(float* buf, std::int64_t n) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 4 * n))
   Kokkos::fence();
-  TRIDENT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, as_int(n), MPI_FLOAT, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_FLOAT, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_FLOAT, comm_, r); });
 }
 
 double Communicator::allreduce_sum(double v) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   double out = v;
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
+  if (size_ > 1) allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_);
   return out;
 }
 
 double Communicator::allreduce_max(double v) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   double out = v;
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  if (size_ > 1) allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_);
   return out;
 }
 
 std::int64_t Communicator::allreduce_sum(std::int64_t v) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   std::int64_t out = v;
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_));
+  if (size_ > 1) allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_);
   return out;
 }
 
 std::int64_t Communicator::allreduce_min(std::int64_t v) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   std::int64_t out = v;
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, comm_));
+  if (size_ > 1) allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, comm_);
   return out;
 }
 
 void Communicator::allreduce_sum(std::int64_t* data, std::int64_t n) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_INT64_T, MPI_SUM, comm_));
+  if (size_ > 1) allreduce(MPI_IN_PLACE, data, as_int(n), MPI_INT64_T, MPI_SUM, comm_);
 }
 
 void Communicator::allreduce_sum(double* data, std::int64_t n) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm_));
+  if (size_ > 1) allreduce(MPI_IN_PLACE, data, as_int(n), MPI_DOUBLE, MPI_SUM, comm_);
 }
 
 void Communicator::allreduce_sum(std::uint64_t* data, std::int64_t n) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
-  if (size_ > 1)
-    TRIDENT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_UINT64_T, MPI_SUM, comm_));
+  if (size_ > 1) allreduce(MPI_IN_PLACE, data, as_int(n), MPI_UINT64_T, MPI_SUM, comm_);
 }
 
 std::int64_t Communicator::exscan_sum(std::int64_t v) const {
   const progress::InComm in_comm("exscan", name_.c_str(), size_);
   std::int64_t out = 0;
-  TRIDENT_CHECK_MPI(MPI_Exscan(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_));
+  run(
+      "MPI_Exscan", [&] { return MPI_Exscan(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_); },
+      [&](MPI_Request* r) { return MPI_Iexscan(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm_, r); });
   return rank_ == 0 ? 0 : out;  // MPI leaves rank 0's result undefined
 }
 
 void Communicator::alltoall(const std::int64_t* send, std::int64_t* recv, std::int64_t n) const {
   const progress::InComm in_comm("alltoall", name_.c_str(), size_);
-  TRIDENT_CHECK_MPI(MPI_Alltoall(send, as_int(n), MPI_INT64_T, recv, as_int(n), MPI_INT64_T, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Alltoall", [&] { return MPI_Alltoall(send, c, MPI_INT64_T, recv, c, MPI_INT64_T, comm_); },
+      [&](MPI_Request* r) { return MPI_Ialltoall(send, c, MPI_INT64_T, recv, c, MPI_INT64_T, comm_, r); });
 }
 
 void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& send_rows, void* recv,
@@ -358,7 +429,14 @@ void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& 
   std::vector<int> sc, sd, rc, rd;
   counts_and_displacements(send_rows, sc, sd);
   counts_and_displacements(recv_rows, rc, rd);
-  TRIDENT_CHECK_MPI(MPI_Alltoallv(send, sc.data(), sd.data(), row.get(), recv, rc.data(), rd.data(), row.get(), comm_));
+  run(
+      "MPI_Alltoallv",
+      [&] {
+        return MPI_Alltoallv(send, sc.data(), sd.data(), row.get(), recv, rc.data(), rd.data(), row.get(), comm_);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Ialltoallv(send, sc.data(), sd.data(), row.get(), recv, rc.data(), rd.data(), row.get(), comm_, r);
+      });
 }
 
 void Communicator::allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& rows,
@@ -379,8 +457,13 @@ void Communicator::allgatherv(const void* send, void* recv, const std::vector<st
   const RowType row(row_bytes);
   std::vector<int> rc, rd;
   counts_and_displacements(rows, rc, rd);
-  TRIDENT_CHECK_MPI(
-      MPI_Allgatherv(send, rc[static_cast<size_t>(rank_)], row.get(), recv, rc.data(), rd.data(), row.get(), comm_));
+  const int mine = rc[static_cast<size_t>(rank_)];
+  run(
+      "MPI_Allgatherv",
+      [&] { return MPI_Allgatherv(send, mine, row.get(), recv, rc.data(), rd.data(), row.get(), comm_); },
+      [&](MPI_Request* r) {
+        return MPI_Iallgatherv(send, mine, row.get(), recv, rc.data(), rd.data(), row.get(), comm_, r);
+      });
 }
 
 void Communicator::reduce_scatter_v(const float* in, float* out, const std::vector<std::int64_t>& counts) const {
@@ -399,17 +482,23 @@ void Communicator::reduce_scatter_v(const float* in, float* out, const std::vect
   Kokkos::fence();
   std::vector<int> rc(counts.size());
   for (size_t r = 0; r < counts.size(); ++r) rc[r] = as_int(counts[r]);
-  TRIDENT_CHECK_MPI(MPI_Reduce_scatter(in, out, rc.data(), MPI_FLOAT, MPI_SUM, comm_));
+  run(
+      "MPI_Reduce_scatter", [&] { return MPI_Reduce_scatter(in, out, rc.data(), MPI_FLOAT, MPI_SUM, comm_); },
+      [&](MPI_Request* r) { return MPI_Ireduce_scatter(in, out, rc.data(), MPI_FLOAT, MPI_SUM, comm_, r); });
 }
 
 void Communicator::allgather(const std::int32_t* in, std::int32_t* out, std::int64_t n) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
-  TRIDENT_CHECK_MPI(MPI_Allgather(in, static_cast<int>(n), MPI_INT32_T, out, static_cast<int>(n), MPI_INT32_T, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(in, c, MPI_INT32_T, out, c, MPI_INT32_T, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(in, c, MPI_INT32_T, out, c, MPI_INT32_T, comm_, r); });
 }
 
 void Communicator::barrier() const {
   const progress::InComm in_comm("barrier", name_.c_str(), size_);
-  TRIDENT_CHECK_MPI(MPI_Barrier(comm_));
+  run(
+      "MPI_Barrier", [&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
 }
 
 bool Communicator::barrier_within(double seconds) const {
@@ -425,11 +514,17 @@ bool Communicator::barrier_within(double seconds) const {
 }
 
 void Communicator::send(const float* buf, std::int64_t n, int peer, int tag) const {
-  TRIDENT_CHECK_MPI(MPI_Send(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_));
+  const int c = as_int(n);
+  run(
+      "MPI_Send", [&] { return MPI_Send(buf, c, MPI_FLOAT, peer, tag, comm_); },
+      [&](MPI_Request* r) { return MPI_Isend(buf, c, MPI_FLOAT, peer, tag, comm_, r); });
 }
 
 void Communicator::recv(float* buf, std::int64_t n, int peer, int tag) const {
-  TRIDENT_CHECK_MPI(MPI_Recv(buf, static_cast<int>(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+  const int c = as_int(n);
+  run(
+      "MPI_Recv", [&] { return MPI_Recv(buf, c, MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE); },
+      [&](MPI_Request* r) { return MPI_Irecv(buf, c, MPI_FLOAT, peer, tag, comm_, r); });
 }
 
 MPI_Request Communicator::isend(const float* buf, std::int64_t n, int peer, int tag) const {
@@ -438,15 +533,12 @@ MPI_Request Communicator::isend(const float* buf, std::int64_t n, int peer, int 
   return r;
 }
 
-void Communicator::wait(MPI_Request& request) {
-  if (request == MPI_REQUEST_NULL) return;
-  TRIDENT_CHECK_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
-}
+void Communicator::wait(MPI_Request& request) { complete(request); }
 
 double Communicator::allreduce_min(double v) const {
   const progress::InComm in_comm("allreduce", name_.c_str(), size_);
   double out = v;
-  if (size_ > 1) TRIDENT_CHECK_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MIN, comm_));
+  if (size_ > 1) allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MIN, comm_);
   return out;
 }
 
@@ -454,15 +546,24 @@ std::vector<double> Communicator::gatherv_to_root(const std::vector<double>& min
   const progress::InComm in_comm("gather", name_.c_str(), size_);
   const int len = static_cast<int>(mine.size());
   std::vector<int> lens(rank_ == 0 ? static_cast<std::size_t>(size_) : 0), offs(lens.size(), 0);
-  TRIDENT_CHECK_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_));
+  run(
+      "MPI_Gather", [&] { return MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_); },
+      [&](MPI_Request* r) { return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm_, r); });
   std::size_t total = 0;
   for (std::size_t r = 0; r < lens.size(); ++r) {
     offs[r] = static_cast<int>(total);
     total += static_cast<std::size_t>(lens[r]);
   }
   std::vector<double> all(total);
-  TRIDENT_CHECK_MPI(
-      MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, comm_));
+  run(
+      "MPI_Gatherv",
+      [&] {
+        return MPI_Gatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, comm_);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Igatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, 0, comm_,
+                            r);
+      });
   if (lengths) *lengths = lens;
   return all;
 }
@@ -471,10 +572,15 @@ std::string Communicator::broadcast_text(const std::string& text, int root) cons
   const progress::InComm in_comm("broadcast", name_.c_str(), size_);
   std::string out = rank_ == root ? text : std::string();
   std::int64_t n = static_cast<std::int64_t>(out.size());
-  TRIDENT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_));
+  run(
+      "MPI_Bcast", [&] { return MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Ibcast(&n, 1, MPI_INT64_T, root, comm_, r); });
   if (n > 0x7fffffff) throw Error::one("broadcast of " + std::to_string(n) + " bytes: more than MPI's int count");
   out.resize(static_cast<std::size_t>(n));
-  TRIDENT_CHECK_MPI(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm_));
+  const int c = static_cast<int>(n);
+  run(
+      "MPI_Bcast", [&] { return MPI_Bcast(out.data(), c, MPI_CHAR, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Ibcast(out.data(), c, MPI_CHAR, root, comm_, r); });
   return out;
 }
 
@@ -490,17 +596,27 @@ void Communicator::broadcast_waiting(std::vector<std::int64_t>& values, int root
   if (n > 0x7fffffff) throw Error::one("broadcast of " + std::to_string(n) + " values: more than MPI's int count");
   values.resize(static_cast<std::size_t>(n));
   const progress::InComm in_comm("broadcast", name_.c_str(), size_);
-  TRIDENT_CHECK_MPI(MPI_Bcast(values.data(), static_cast<int>(n), MPI_INT64_T, root, comm_));
+  const int c = static_cast<int>(n);
+  run(
+      "MPI_Bcast", [&] { return MPI_Bcast(values.data(), c, MPI_INT64_T, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Ibcast(values.data(), c, MPI_INT64_T, root, comm_, r); });
 }
 
 std::vector<std::string> Communicator::allgather_text(const std::string& mine) const {
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   const int len = static_cast<int>(mine.size());
   std::vector<int> lens(static_cast<std::size_t>(size_)), offs(static_cast<std::size_t>(size_), 0);  // (size)
-  TRIDENT_CHECK_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
+  run(
+      "MPI_Allgather", [&] { return MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, r); });
   for (int r = 1; r < size_; ++r) offs[r] = offs[r - 1] + lens[r - 1];
   std::string all(static_cast<std::size_t>(offs[size_ - 1] + lens[size_ - 1]), '\0');
-  TRIDENT_CHECK_MPI(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm_));
+  run(
+      "MPI_Allgatherv",
+      [&] { return MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm_); },
+      [&](MPI_Request* r) {
+        return MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm_, r);
+      });
   std::vector<std::string> out;
   for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<std::size_t>(offs[r]), lens[r]));
   return out;

@@ -137,6 +137,9 @@ class Registry {
     add("parallel.sequence_parallel", &d.parallel.sequence_parallel, "sequence parallelism");
     add("parallel.overlap_grad_reduce", &d.parallel.overlap_grad_reduce,
         "all-reduce each layer's gradients over data-parallel ranks as soon as its last backward pass ends");
+    add("parallel.mpi_wait", &d.parallel.mpi_wait,
+        "how ranks wait for MPI: auto (yield when a node has more ranks than CPUs) | spin (blocking calls) | "
+        "yield (nonblocking calls, the core given up between tests)");
     add("parallel.first_stage_layers", &d.parallel.first_stage_layers,
         "layers on the first pipeline stage (0: even split)");
     add("parallel.pipeline_split_rank", &d.parallel.pipeline_split_rank,
@@ -436,6 +439,7 @@ void validate(const Deck& d, bool stored) {
   positive("parallel.vp", d.parallel.vp);
   positive("parallel.cp", d.parallel.cp);
   check_choice("parallel.cp_comm_type", d.parallel.cp_comm_type, {"p2p", "a2a"});
+  check_choice("parallel.mpi_wait", d.parallel.mpi_wait, {"auto", "spin", "yield"});
   if (d.parallel.cp > 1) {
     const std::int64_t cp = d.parallel.cp;
     TRIDENT_REQUIRE(d.model.moe.num_experts == 0,

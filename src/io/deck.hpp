@@ -40,6 +40,9 @@ struct Deck {
     std::int64_t pipeline_split_rank = 0;  // T5: first decoder stage (Megatron's split rank); 0: one split
     bool sequence_parallel = false;
     bool overlap_grad_reduce = false;  // DP reduction in per-layer buckets during the backward pass
+    // how ranks wait for MPI (comm/mpi_job.hpp): auto (yield when a node has more ranks than
+    // CPUs, else spin), spin, yield
+    std::string mpi_wait = "auto";
   } parallel;
   struct Train {
     std::int64_t micro_batch_size = 1, global_batch_size = 0, iters = 0, seed = 1234;

@@ -127,6 +127,9 @@ int run_app(int argc, char** argv, const std::function<int(int, char**)>& body) 
     mpi_job::finalize();
     return 0;
   }
+  // ranks that share cores wait for MPI without spinning (a deck's parallel.mpi_wait decides
+  // again once read: run_deck_app)
+  mpi_job::choose_wait_policy("auto");
 #if defined(TRIDENT_HAVE_OPENMP)
   // Host threads (GEMMs, host kernels): unless OMP_NUM_THREADS says otherwise, the node's cores are shared
   // evenly by the ranks on the node (several ranks each spawning one thread per core would
@@ -201,6 +204,7 @@ int run_deck_app(int argc, char** argv, int (*train)(const Deck&)) {
       if (mpi_job::world_rank() == 0) std::cout << help;
       return 0;
     }
+    mpi_job::choose_wait_policy(deck.parallel.mpi_wait);
     return train(deck);
   });
 }

@@ -6,11 +6,20 @@
 // experts' grid (Megatron's order tp-ep-dp-pp) against its formula for every (tp, pp, ep, etp),
 // and the MoE token exchange (moe_exchange + alltoallv) at uneven loads, with an expert that
 // receives nothing and a rank that sends nothing: every row arrives grouped by (local expert,
-// source rank), and the way back is the identity.
+// source rank), and the way back is the identity. Every collective of the communicator gives the
+// same bytes under both MPI wait policies (spin: blocking calls; yield: nonblocking calls tested
+// with the core given up), and the automatic policy yields exactly when a node has more ranks
+// than CPUs.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
 #include "comm/agreement.hpp"
+#include "comm/mpi_job.hpp"
 #include "comm/topology.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
@@ -252,4 +261,175 @@ TEST(Errors, OneRanksFailureBecomesEveryRanksError) {
     EXPECT_EQ(std::string(e.what()), "shard 7 is unreadable");
   }
   EXPECT_NO_THROW(agree_or_throw(MPI_COMM_WORLD, ""));
+}
+
+namespace {
+// Every collective of Communicator on data that differs by rank, under the current wait policy.
+struct Results {
+  std::vector<unsigned char> exact;  // data movement, max / min, integer sums: the bytes
+  std::vector<double> sums;          // floating-point sums (their order of addition is MPI's)
+};
+Results run_every_collective(const Communicator& c) {
+  const int p = c.size(), me = c.rank();
+  std::mt19937 gen(1234 + static_cast<unsigned>(me));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  Results out;
+  auto keep = [&](const void* data, std::size_t bytes) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    out.exact.insert(out.exact.end(), b, b + bytes);
+  };
+  auto sums = [&](const float* data, std::int64_t n) { out.sums.insert(out.sums.end(), data, data + n); };
+  // sizes across MPICH's algorithm switches (a reduce-scatter's 512 KiB, an all-reduce's 2 KiB)
+  for (std::int64_t n : {1, 37, 4096, 100003}) {
+    std::vector<float> a(static_cast<std::size_t>(n * p));
+    for (auto& x : a) x = u(gen) * static_cast<float>(1 + me);
+    std::vector<float> b = a;
+    c.allreduce_sum(b.data(), n);
+    sums(b.data(), n);
+    b = a;
+    c.allreduce_max(b.data(), n);
+    keep(b.data(), 4 * n);
+    std::vector<float> part(static_cast<std::size_t>(n));
+    c.reduce_scatter(a.data(), part.data(), n);
+    sums(part.data(), n);
+    b = a;
+    c.reduce_scatter_in_place(b.data(), n);
+    sums(b.data() + me * n, n);
+    std::vector<float> all(static_cast<std::size_t>(n * p));
+    c.allgather(a.data(), all.data(), n);
+    keep(all.data(), all.size() * 4);
+    b = a;
+    c.allgather_in_place(b.data(), n);
+    keep(b.data(), b.size() * 4);
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(n * p)), hall(h.size());
+    for (auto& x : h) x = static_cast<std::uint16_t>(gen());
+    c.allgather(h.data(), hall.data(), n);
+    keep(hall.data(), hall.size() * 2);
+    c.allgather_in_place(h.data(), n);
+    keep(h.data(), h.size() * 2);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(p));
+    for (int r = 0; r < p; ++r) counts[r] = n + r;
+    std::vector<float> big(static_cast<std::size_t>(n * p + p * (p - 1) / 2));
+    for (auto& x : big) x = u(gen);
+    std::vector<float> v(static_cast<std::size_t>(counts[me]));
+    c.reduce_scatter_v(big.data(), v.data(), counts);
+    sums(v.data(), counts[me]);
+    b = a;
+    std::vector<MPI_Request> reqs{c.iallreduce_sum(b.data(), n)};
+    Communicator::wait_all(reqs);
+    sums(b.data(), n);
+    b = a;
+    MPI_Request r = c.ireduce_sum(b.data(), n, p - 1);
+    Communicator::wait(r);
+    if (me == p - 1) sums(b.data(), n);
+  }
+  out.sums.push_back(c.allreduce_sum(0.1 * (me + 1)));
+  const double d = c.allreduce_max(0.5 * me) + c.allreduce_min(-0.25 * me);
+  keep(&d, sizeof d);
+  const std::int64_t i = c.allreduce_sum(std::int64_t{me}) + c.allreduce_min(std::int64_t{me} - 3) +
+                         c.exscan_sum(me + 1);
+  keep(&i, sizeof i);
+  std::vector<std::int64_t> send(static_cast<std::size_t>(2 * p)), recv(send.size());
+  for (int k = 0; k < 2 * p; ++k) send[k] = 100 * me + k;
+  c.alltoall(send.data(), recv.data(), 2);
+  keep(recv.data(), recv.size() * 8);
+  // rows of 12 bytes, rank m sending m + k + 1 rows to rank k
+  std::vector<std::int64_t> srows(static_cast<std::size_t>(p)), rrows(srows.size());
+  std::int64_t stot = 0, rtot = 0;
+  for (int k = 0; k < p; ++k) stot += srows[k] = me + k + 1;
+  for (int k = 0; k < p; ++k) rtot += rrows[k] = k + me + 1;
+  std::vector<unsigned char> sb(static_cast<std::size_t>(12 * stot)), rb(static_cast<std::size_t>(12 * rtot));
+  for (auto& x : sb) x = static_cast<unsigned char>(gen());
+  c.alltoallv(sb.data(), srows, rb.data(), rrows, 12);
+  keep(rb.data(), rb.size());
+  std::vector<std::int64_t> grows(static_cast<std::size_t>(p));
+  std::int64_t gtot = 0;
+  for (int k = 0; k < p; ++k) gtot += grows[k] = k + 1;
+  std::vector<unsigned char> gb(static_cast<std::size_t>(12 * gtot));
+  c.allgatherv(sb.data(), gb.data(), grows, 12);
+  keep(gb.data(), gb.size());
+  std::vector<std::int32_t> i32(static_cast<std::size_t>(3 * p));
+  const std::int32_t mine3[3] = {me, -me, 7};
+  c.allgather(mine3, i32.data(), 3);
+  keep(i32.data(), i32.size() * 4);
+  const std::string text = c.broadcast_text(me == 0 ? std::string("from rank 0") : std::string());
+  keep(text.data(), text.size());
+  for (const auto& t : c.allgather_text(std::string(static_cast<std::size_t>(me + 1), 'x'))) keep(t.data(), t.size());
+  const std::vector<double> g = c.gatherv_to_root(std::vector<double>(static_cast<std::size_t>(me + 1), me));
+  keep(g.data(), g.size() * 8);
+  // point to point: a ring of single and grouped messages
+  if (p > 1) {
+    std::vector<float> ring_out(64, static_cast<float>(me)), ring_in(64);
+    const int next = (me + 1) % p, prev = (me + p - 1) % p;
+    MPI_Request sr = c.isend(ring_out.data(), 64, next, 5);
+    c.recv(ring_in.data(), 64, prev, 5);
+    Communicator::wait(sr);
+    keep(ring_in.data(), ring_in.size() * 4);
+    c.p2p_group({{true, ring_out.data(), 64, next, 6}, {false, ring_in.data(), 64, prev, 6}});
+    keep(ring_in.data(), ring_in.size() * 4);
+  }
+  c.barrier();
+  return out;
+}
+}  // namespace
+
+TEST(Communicator, BothWaitPoliciesGiveTheSameResults) {
+  const Communicator world = Communicator::duplicate(MPI_COMM_WORLD);
+  const mpi_job::WaitPolicy chosen = mpi_job::wait_policy();
+  mpi_job::set_wait_policy(mpi_job::WaitPolicy::spin);
+  const Results spin = run_every_collective(world);
+  mpi_job::set_wait_policy(mpi_job::WaitPolicy::yield);
+  const Results yield = run_every_collective(world);
+  mpi_job::set_wait_policy(chosen);
+  // everything but floating-point sums is the same bytes
+  ASSERT_EQ(spin.exact.size(), yield.exact.size());
+  std::size_t first = 0;
+  while (first < spin.exact.size() && spin.exact[first] == yield.exact[first]) ++first;
+  EXPECT_EQ(first, spin.exact.size()) << "the first byte that differs";
+  // floating-point sums: the same bits over 2 ranks (x0 + x1 in any order); over more ranks MPI's
+  // nonblocking algorithms may add in another order (MPICH: reduce-scatters of 512 KiB to 2 MiB),
+  // which moves the last bits only
+  ASSERT_EQ(spin.sums.size(), yield.sums.size());
+  // (p - 1 roundings of partial sums bounded by the sum of the magnitudes, at most 1 + 2 + ... + p
+  // here: a few float ulps of that)
+  std::size_t differ = 0;
+  double worst = 0;
+  for (std::size_t k = 0; k < spin.sums.size(); ++k) {
+    differ += spin.sums[k] != yield.sums[k];
+    worst = std::max(worst, std::abs(spin.sums[k] - yield.sums[k]));
+  }
+  const int p = world.size(), me = world.rank();
+  if (p == 2) EXPECT_EQ(differ, 0u);
+  EXPECT_LE(worst, (p - 1) * 0.5 * p * (p + 1) * 1.2e-7) << differ << " of " << spin.sums.size() << " sums differ";
+  // and the results are right where they are exact: the sum of the ranks, the prefix sums
+  EXPECT_EQ(world.allreduce_sum(std::int64_t{me}), std::int64_t{p} * (p - 1) / 2);
+  EXPECT_EQ(world.exscan_sum(me + 1), std::int64_t{me} * (me + 1) / 2);
+}
+
+TEST(Communicator, AutomaticWaitPolicyYieldsWhenRanksOutnumberCpus) {
+  const mpi_job::WaitChoice w = mpi_job::choose_wait_policy("auto");
+  EXPECT_GE(w.node_cpus, 1);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  EXPECT_EQ(w.node_ranks, world);  // the test runs on one node
+  EXPECT_EQ(w.oversubscribed, w.node_ranks > w.node_cpus);
+  EXPECT_EQ(w.policy, w.oversubscribed ? mpi_job::WaitPolicy::yield : mpi_job::WaitPolicy::spin);
+  EXPECT_EQ(mpi_job::choose_wait_policy("spin").policy, mpi_job::WaitPolicy::spin);
+  EXPECT_EQ(mpi_job::choose_wait_policy("yield").policy, mpi_job::WaitPolicy::yield);
+  EXPECT_NE(mpi_job::describe_wait_choice().find("parallel.mpi_wait = yield"), std::string::npos);
+  // TRIDENT_MPI_WAIT is auto's value where it is set; a deck's explicit setting wins
+  setenv("TRIDENT_MPI_WAIT", "yield", 1);
+  EXPECT_EQ(mpi_job::choose_wait_policy("auto").policy, mpi_job::WaitPolicy::yield);
+  EXPECT_NE(mpi_job::describe_wait_choice().find("TRIDENT_MPI_WAIT=yield"), std::string::npos);
+  EXPECT_EQ(mpi_job::choose_wait_policy("spin").policy, mpi_job::WaitPolicy::spin);
+  setenv("TRIDENT_MPI_WAIT", "spin", 1);
+  EXPECT_EQ(mpi_job::choose_wait_policy("auto").policy, mpi_job::WaitPolicy::spin);
+  unsetenv("TRIDENT_MPI_WAIT");
+  try {
+    mpi_job::choose_wait_policy("sometimes");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected auto, spin or yield"), std::string::npos) << e.what();
+  }
+  mpi_job::choose_wait_policy("auto");
 }
