@@ -241,6 +241,48 @@ def run_case(c, a, work):
     return result
 
 
+def run_all(todo, a, work):
+    """Every run's result and where it came from, {name: (result, source)}: read from its validation
+    test's outputs (check --validation-outputs), or run, side by side as long as their ranks fit in
+    --slots (a run of more ranks than slots runs alone). Each run's bits do not depend on what runs
+    beside it (one thread per rank, its own files)."""
+    import threading
+    out, errors = {}, []
+    free = [a.slots]
+    cond = threading.Condition()
+
+    def one(c, need):
+        try:
+            d = os.path.join(work, c["name"])
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            out[c["name"]] = (run_case(c, a, d), "run")
+        except BaseException as e:  # noqa: B036 (run() exits on a failed job: reported after the others)
+            errors.append(f"{c['name']}: {e}")
+        finally:
+            with cond:
+                free[0] += need
+                cond.notify_all()
+
+    threads = []
+    for c in todo:
+        if a.validation_outputs and c["validation"] and a.mode == "check":
+            out[c["name"]] = (from_validation(c, a), "read from validation_%s" % c["name"])
+            continue
+        need = min(c["np"], a.slots)
+        with cond:
+            cond.wait_for(lambda: free[0] >= need)
+            free[0] -= need
+        t = threading.Thread(target=one, args=(c, need))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    if errors:
+        sys.exit("identity: " + "; ".join(errors))
+    return out
+
+
 def run_result(work):
     """A finished job's result in its directory: the metric rows (and any other metrics*.csv) as
     text and the datasets' hashes of every checkpoint in ck/."""
@@ -359,6 +401,8 @@ def main():
                         "(CTest's identity_* tests: build/validation)")
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every job (default 1, as recorded)")
+    p.add_argument("--slots", type=int, default=1,
+                   help="cores for the jobs: runs whose ranks fit run side by side (default 1: one after another)")
     p.add_argument("--record-dir", default=RECORD_DIR)
     p.add_argument("--work", default="", help="keep the runs' files here (default: a temporary directory)")
     a = p.parse_args()
@@ -398,16 +442,9 @@ def main():
     work = a.work or tempfile.mkdtemp(prefix="trident_identity_")
     failures, results = [], {}
     try:
+        done = run_all(todo, a, work)
         for c in todo:
-            if a.validation_outputs and c["validation"] and a.mode == "check":
-                got = from_validation(c, a)
-                source = "read from validation_%s" % c["name"]
-            else:
-                d = os.path.join(work, c["name"])
-                shutil.rmtree(d, ignore_errors=True)
-                os.makedirs(d)
-                got = run_case(c, a, d)
-                source = "run"
+            got, source = done[c["name"]]
             results[c["name"]] = got
             n = sum(len(v) for v in got["checkpoints"].values())
             if a.mode == "check":
