@@ -67,8 +67,8 @@ class BertReference(tr.Transformer):
         return mlm, sop
 
 
-def main():
-    a = reference_loop.arguments(__doc__.split("\n")[0])
+def main(argv=None):
+    a = reference_loop.arguments(__doc__.split("\n")[0], argv)
     torch.set_num_threads(2)
     try:
         ck = reference_loop.Checkpoint(a.checkpoint, "bert", "model/layers/0/mlp/fc1/weight")

@@ -49,9 +49,9 @@ RECORD_DIR = os.path.join(HERE, "identity")
 METRIC_COLUMNS = ["iteration", "consumed_samples", "loss", "lr", "grad_norm", "loss_scale", "skipped"]
 
 
-# The runs whose job is exactly a validation test's (validation/CMakeLists.txt: validation_<name>, the
-# same deck, layout and iterations; the test's dumps change no bit): with --validation-outputs, check
-# reads their results from that test's own outputs (run_case.py writes identity.json) instead of
+# The runs whose job is exactly a validation run's (validation/CMakeLists.txt: the run <name> of the
+# test validation_<case>_np1 or _layouts, the same deck, layout and iterations; its dumps change no
+# bit): with --validation-outputs, check reads their results from that run's own outputs (run_case.py writes identity.json) instead of
 # running the job again. Not among them: the plain dp2 runs and T5's (no such validation test), the
 # resumes (run_case.py's first job keeps the whole run's decay_iters, this tool's does not), and
 # gpt_linear, gpt_constant and gpt_dropout (their validation tests take 10 steps, these runs 20).
@@ -63,7 +63,7 @@ VALIDATION_JOBS = {"gpt_tiny_np1", "gpt_tiny_tp2", "gpt_tiny_tp2_sp", "gpt_tiny_
 
 
 def case(name, family, deck, np_=1, set_=(), resume_at=0, resume_set=(), generate=False):
-    # validation: the job of a validation_<name> test (validation/CMakeLists.txt), which also
+    # validation: the job of the validation run <name> (validation/CMakeLists.txt), which also
     # runs it (against the reference, to a tolerance) and leaves its result (run_result)
     return dict(name=name, family=family, deck=deck, np=np_, set=list(set_), resume_at=resume_at,
                 resume_set=list(resume_set), generate=generate, validation=name in VALIDATION_JOBS)
@@ -267,7 +267,7 @@ def run_all(todo, a, work):
     threads = []
     for c in todo:
         if a.validation_outputs and c["validation"] and a.mode == "check":
-            out[c["name"]] = (from_validation(c, a), "read from validation_%s" % c["name"])
+            out[c["name"]] = (from_validation(c, a), "read from the validation run %s" % c["name"])
             continue
         need = min(c["np"], a.slots)
         with cond:
@@ -319,13 +319,13 @@ def from_validation(c, a):
     d = os.path.join(a.validation_outputs, c["name"])
     path = os.path.join(d, "identity.json")
     if not os.path.exists(path):
-        sys.exit(f"identity: {path} is missing: validation_{c['name']} did not run with --identity "
-                 f"(CTest runs it first, as this test's fixture)")
+        sys.exit(f"identity: {path} is missing: the validation run {c['name']} did not run with --identity "
+                 f"(CTest runs its test, validation_<case>_np1 or _layouts, first, as this test's fixture)")
     with open(path) as f:
         got = json.load(f)
     if c["generate"]:
         if not os.path.isdir(os.path.join(d, "ck")):
-            sys.exit(f"identity: {d}/ck is missing: validation_{c['name']} must keep its checkpoints "
+            sys.exit(f"identity: {d}/ck is missing: the validation run {c['name']} must keep its checkpoints "
                      f"(run_case.py --identity --keep-checkpoints)")
         got.update(generation(a, os.path.join(d, "ck"), dict(os.environ, OMP_NUM_THREADS=str(a.threads))))
     return got

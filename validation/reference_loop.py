@@ -85,7 +85,8 @@ def dropout_of(a, cfg):
     return Dropout(None, cfg)
 
 
-def arguments(description):
+def arguments(description, argv=None):
+    """The references' command line (argv: default sys.argv[1:])."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--batches", required=True)
@@ -102,7 +103,7 @@ def arguments(description):
                     help="replay the reference's trajectory recorded in DIR by an earlier run on the same inputs, "
                          "else train it and record it there (gpt_reference.py compare --cache)")
     ap.add_argument("--report")
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
 def trajectory_key(a, ck, fb, rows, param_iters, tape=None):

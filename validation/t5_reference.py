@@ -75,8 +75,8 @@ class T5Reference(tr.Transformer):
         return F.cross_entropy(logits, dec_target.reshape(-1), ignore_index=-1, reduction="mean")
 
 
-def main():
-    a = reference_loop.arguments(__doc__.split("\n")[0])
+def main(argv=None):
+    a = reference_loop.arguments(__doc__.split("\n")[0], argv)
     torch.set_num_threads(2)
     try:
         ck = reference_loop.Checkpoint(a.checkpoint, "t5", "model/encoder/layers/0/mlp/fc1/weight")
