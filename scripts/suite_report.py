@@ -13,10 +13,14 @@
       <!-- suite-times:begin --> and <!-- suite-times:end --> in the given Markdown file.
       --timeouts lists the tests without a TIMEOUT and those whose TIMEOUT is off from about 5x
       their measured time (below 3x, or above 10x and 60 s), and exits 1 when there are any.
-  suite_report.py timeouts --junit COLD.xml [--junit WARM.xml ...] [--log CTEST_OUTPUT ...] --write cmake/TestTimeouts.cmake
+  suite_report.py timeouts --junit COLD.xml [--junit WARM.xml ...] [--log CTEST_OUTPUT ...]
+                           [--previous cmake/TestTimeouts.cmake --build BUILD] --write cmake/TestTimeouts.cmake
       writes each test's TIMEOUT, 5x the longest of its wall times in the given runs (rounded up
       to 10 s, at least 30 s), as CMake (cmake/TridentTesting.cmake applies it). Tests skipped in
       every run and GoogleTest cases (their TIMEOUT is the unit tests' one) are left out.
+      --previous takes the timeouts of an earlier file as measurements too (its TIMEOUT / 5), for
+      the tests BUILD still registers (ctest --show-only): a new run raises a timeout, never lowers it,
+      and a test no longer registered is dropped.
 Exit status 0, or 2 on missing or unreadable inputs.
 """
 import argparse
@@ -167,6 +171,22 @@ def write_timeouts(a):
     for path in a.log or []:
         for name, t in console_times(path).items():
             measured[name] = max(measured.get(name, 0.0), t)
+    if a.previous:
+        if not a.build:
+            sys.exit("suite_report: --previous needs --build (the tests still registered)")
+        out = subprocess.run(["ctest", "--show-only=json-v1"], cwd=a.build, stdout=subprocess.PIPE, text=True)
+        if out.returncode != 0:
+            sys.exit(f"suite_report: ctest --show-only=json-v1 failed in {a.build}")
+        registered = {t["name"] for t in json.loads(out.stdout)["tests"]}
+        pat = re.compile(r"^set\(TRIDENT_MEASURED_TIMEOUT_(\S+) (\d+)\)")
+        try:
+            with open(a.previous) as f:
+                for line in f:
+                    m = pat.match(line)
+                    if m and m.group(1) in registered:
+                        measured[m.group(1)] = max(measured.get(m.group(1), 0.0), int(m.group(2)) / 5)
+        except OSError as e:
+            sys.exit(f"suite_report: {a.previous}: {e}")
     new = {}
     for name, t in measured.items():
         if "." in name or name in KEEP_DECLARED:  # GoogleTest cases: the unit tests' TIMEOUT
@@ -201,6 +221,8 @@ def main():
     w = sub.add_parser("timeouts")
     w.add_argument("--junit", action="append", default=[], help="a run's ctest --output-junit file (repeatable)")
     w.add_argument("--log", action="append", help="a run's ctest console output, e.g. of a run cut short (repeatable)")
+    w.add_argument("--previous", metavar="TIMEOUTS_CMAKE", help="an earlier cmake/TestTimeouts.cmake, taken as measurements")
+    w.add_argument("--build", help="with --previous: the build directory whose registered tests are kept")
     w.add_argument("--write", required=True)
     a = p.parse_args()
     if a.cmd == "timeouts":
