@@ -63,7 +63,9 @@ def read_tests(build):
         with open(path) as f:
             for line in f:
                 p = line.split()
-                if len(p) == 3:
+                # name, completed runs, average seconds; a test that never completed (skipped)
+                # has 0 runs and CTest's COST, not a time
+                if len(p) == 3 and int(p[1]) > 0:
                     costs[p[0]] = float(p[2])
     except OSError as e:
         sys.exit(f"suite_report: {path}: {e} (run the suite first)")
