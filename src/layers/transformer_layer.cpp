@@ -24,16 +24,17 @@ enum Site : std::uint64_t { kAttentionProbs = 1, kAfterProj = 2, kAfterFc2 = 3, 
 
 std::int64_t LayerActivations::bytes() const {
   std::int64_t n = 0;
-  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lse, &lnx_mean, &lnx_rstd, &res3,
+  for (const FloatView* v : {&ln1_mean, &ln1_rstd, &res2, &ln2_mean, &ln2_rstd, &out, &lnx_mean, &lnx_rstd, &res3,
                              &qk_x, &qk_mean, &qk_rstd})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const Act* v : {&ln1, &qkv, &atty, &ln2, &lnx, &cq, &ckv, &catty}) n += v->bytes();
   if (mlp) n += mlp->bytes();
-  if (attention_kept) n += att.bytes() + att_drop.bytes() + catt.bytes() + catt_drop.bytes();
+  if (core) n += core->bytes();
+  if (attention_kept) n += catt.bytes() + catt_drop.bytes();
   return n;
 }
 
-TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective) {
+TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective_) : selective(selective_) {
   const std::int64_t BT = s.rows(), R = s.local_rows(), p = s.tp.size(), E = s.enc_rows();
   // the (T, T) scores and probabilities: none for the fused kernel, whose self-attention keeps no
   // score matrix (cross-attention, which always takes the GEMM path, still needs (T, Tk))
@@ -48,11 +49,6 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
   datt = make_float("scratch::datt", A);
   branch = make_float("scratch::branch", R * s.hidden_size);
   if (s.tp.sequence_parallel) gathered = make_act(s.dt, "scratch::gathered", BT * s.hidden_size);
-  if (selective && !s.flash_attention) {  // (the fused kernel recomputes nothing it kept)
-    const std::int64_t As = s.B * (s.num_heads / p) * s.T * s.T;
-    att = make_act(s.dt, "scratch::att", As);
-    if (s.attention_dropout > 0.f) att_drop = make_act(s.dt, "scratch::att_drop", As);
-  }
   if (s.Tk > 0) {
     dcq = make_float("scratch::dcq", BT * Cl);
     dckv = make_float("scratch::dckv", E * 2 * Cl);
@@ -63,9 +59,6 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
       if (s.attention_dropout > 0.f) catt_drop = make_act(s.dt, "scratch::catt_drop", Ax);
     }
   }
-  if (s.flash_attention) delta = make_float("scratch::delta", s.B * (s.num_heads / p) * s.T);
-  if (s.tp.cp_size() > 1 && !s.tp.cp_a2a) ring = RingScratch(s.dt, BT, Ql, Wl - Ql);
-  if (s.tp.cp_size() > 1 && s.tp.cp_a2a) a2a = UlyssesScratch(s.dt, BT, Ql, Wl, s.tp.cp_size());
   if (s.qk_layernorm) {
     const std::int64_t n = BT * (s.num_heads + s.groups()) / p * s.head_dim();
     qk_out = make_act(s.dt, "scratch::qk_out", n);
@@ -82,18 +75,20 @@ TransformerScratch::TransformerScratch(const TransformerShape& s, bool selective
 std::int64_t TransformerScratch::bytes() const {
   std::int64_t n = 0;
   for (const FloatView* v :
-       {&dln, &dqkv, &datty, &dbranch, &datt, &branch, &att32, &delta, &dcq, &dckv, &denc, &qk_dout, &qk_dx})
+       {&dln, &dqkv, &datty, &dbranch, &datt, &branch, &att32, &dcq, &dckv, &denc, &qk_dout, &qk_dx})
     n += static_cast<std::int64_t>(v->span()) * 4;
   for (const auto& m : mlp) n += m.second->bytes();
-  for (const Act* v : {&gathered, &att, &att_drop, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
+  for (const auto& m : core) n += m.second->bytes();
+  for (const Act* v : {&gathered, &gathered_enc, &catt, &catt_drop, &qk_out}) n += v->bytes();
   n += static_cast<std::int64_t>(dy16.span() + ds16.span()) * 2;
-  n += ring.bytes() + a2a.bytes();
   return n;
 }
 
 void TransformerLayer::prepare_scratch(TransformerScratch& s) const {
   auto& m = s.mlp[mlp_->kind()];
   if (!m) m = mlp_->make_scratch();
+  auto& c = s.core[core_->kind()];
+  if (!c) c = core_->make_scratch(s.selective);
 }
 
 TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std::int64_t index,
@@ -116,17 +111,11 @@ TransformerLayer::TransformerLayer(ParamStore& store, const std::string& p, std:
                                                      << s.groups() << ")");
   qk_norm_ = QkNorm(store, p + "/self_attention", s, s.num_heads / tp_size, s.groups() / tp_size, s.head_dim(),
                     s.qkv_width() / tp_size);
-  attend_ = s.flash_attention ? &TransformerLayer::fused_attend : &TransformerLayer::gemm_attend;
-  attend_backward_ = s.flash_attention ? &TransformerLayer::fused_attend_backward
-                                       : &TransformerLayer::gemm_attend_backward;
-  if (s.tp.cp_size() > 1) {
+  if (s.tp.cp_size() > 1)
     TRIDENT_REQUIRE(s.causal && s.Tk == 0 && s.flash_attention,
                     "context parallelism (parallel.cp > 1) serves causal self-attention on the fused kernel "
                     "(model.flash_attention = true)");
-    attend_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend : &TransformerLayer::ring_attend;
-    attend_backward_ = s.tp.cp_a2a ? &TransformerLayer::ulysses_attend_backward
-                                   : &TransformerLayer::ring_attend_backward;
-  }
+  core_ = make_attention_core(attention_core_name(s), s);
   const std::int64_t tp = s.tp.size();
   if (s.Tk > 0) {  // decoder layer: cross-attention (parameters declared after the self-attention's and the MLP's)
     normx_ = Norm(store, p + "/cross_attention_layernorm", s.hidden_size, s);
@@ -164,18 +153,9 @@ LayerActivations TransformerLayer::make_activations(const TransformerScratch& sc
     a.qk_mean = make_float("layer::qk_mean", qk_norm_.stats(BT));
     a.qk_rstd = make_float("layer::qk_rstd", qk_norm_.stats(BT));
   }
-  a.attention_kept = keep_attention;
-  if (s.flash_attention) {  // the fused kernel keeps only the per-row log-sum-exp
-    a.attention_kept = true;
-    a.lse = make_float("layer::lse", s.B * nhl * s.T);
-  } else if (keep_attention) {
-    a.att = make_act(dt, "layer::att", s.B * nhl * s.T * s.T);
-    if (s.attention_dropout > 0.f) a.att_drop = make_act(dt, "layer::att_drop", s.B * nhl * s.T * s.T);
-  } else {
-    TRIDENT_REQUIRE(scratch.att.size() > 0, "internal: selective recomputation needs the attention workspace");
-    a.att = scratch.att;
-    a.att_drop = scratch.att_drop;
-  }
+  // the fused kernel recomputes nothing: its layers keep their cross-attention probabilities too
+  a.attention_kept = keep_attention || s.flash_attention;
+  a.core = core_->make_kept(*scratch.core.at(core_->kind()), keep_attention);
   a.atty = make_act(dt, "layer::atty", BT * q_local());
   a.res2 = make_float("layer::res2", R * C);
   if (s.Tk > 0) {
@@ -218,47 +198,8 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
   return d;
 }
 
-void TransformerLayer::fused_attend(LayerActivations& a, TransformerScratch&, const AttentionShape& as,
-                                    const DropoutSpec& drop) const {
-  flash_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask);
-}
-
-void TransformerLayer::fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                             const DropoutSpec& drop) const {
-  flash_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask);
-}
-
-void TransformerLayer::ring_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                   const DropoutSpec& drop) const {
-  ring_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask, *s_.tp.cp, s.ring);
-}
-
-void TransformerLayer::ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                            const DropoutSpec& drop) const {
-  ring_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask, *s_.tp.cp, s.ring);
-}
-
-void TransformerLayer::ulysses_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                      const DropoutSpec& drop) const {
-  ulysses_attention_forward(a.atty, a.lse, a.qkv, as, drop, a.mask, *s_.tp.cp, s.a2a);
-}
-
-void TransformerLayer::ulysses_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                               const DropoutSpec& drop) const {
-  ulysses_attention_backward(s.dqkv, s.datty, a.qkv, a.atty, a.lse, s.delta, as, drop, a.mask, *s_.tp.cp, s.a2a);
-}
-
-void TransformerLayer::gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                   const DropoutSpec& drop) const {
-  attention_probs(a.att, a.att_drop, a.qkv, as, drop, a.mask, s.attention());
-  attention_context(a.atty, drop.active() ? a.att_drop : a.att, a.qkv, as, s.attention());  // (BT, C/tp)
-}
-
-// selective recomputation: the probabilities (and their dropout) again from the kept qkv
-void TransformerLayer::gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                                            const DropoutSpec& drop) const {
-  if (!a.attention_kept) attention_probs(a.att, a.att_drop, a.qkv, as, drop, a.mask, s.attention());
-  attention_backward(s.dqkv, s.datty, a.qkv, a.att, a.att_drop, s.datt, as, drop, a.mask, s.attention());
+AttentionIo TransformerLayer::attention_io(const LayerActivations& a, const TransformerScratch& s) const {
+  return {a.qkv, a.atty, s.dqkv, s.datty, s.attention(), a.mask};
 }
 
 void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, LayerActivations& a,
@@ -278,7 +219,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   Kokkos::fence();
   qk_norm_.forward(a.qkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_out);
   pos_->apply(a.qkv, rope_layout(s_.rows()), a.positions);
-  (this->*attend_)(a, s, as, att_spec);
+  core_->forward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
   Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
   const DropoutSpec proj_spec = spec(rng, s_.hidden_p(), kAfterProj, sp);
@@ -390,7 +331,7 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp), C);
   Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
-  (this->*attend_backward_)(a, s, as, att_spec);
+  core_->backward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
   Kokkos::fence();
   pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
   Kokkos::fence();

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "layers/attention_core.hpp"
 #include "layers/context_parallel.hpp"
 #include "layers/layer_modules.hpp"
 #include "layers/mlp.hpp"
@@ -86,16 +87,15 @@ struct TokenInfo {
 
 struct LayerActivations {
   DropoutStreams rng;
-  AttentionMask mask;                // the forward pass's (causal flag, key padding, document starts)
-  IntView positions;                 // the forward pass's token positions (empty: row % T)
-  Act ln1;                           // (R, C) LayerNorm output, input of qkv
-  FloatView ln1_mean, ln1_rstd;      // (R), (R)
-  Act qkv;                           // (BT, W_l)
-  FloatView qk_x, qk_mean, qk_rstd;  // q/k norms: their fp32 inputs (BT, (nh + ng) d/tp), statistics
-  Act att, att_drop;                 // (A): softmax output, after dropout (with attention dropout)
-  FloatView lse;                     // (B, nh/tp, T): per-row log-sum-exp (fused attention)
-  Act atty;                          // (BT, Q_l): input of proj
-  FloatView res2;                    // (R, C): residual after attention, input of LN2 (fp32)
+  AttentionMask mask;                   // the forward pass's (causal flag, key padding, document starts)
+  IntView positions;                    // the forward pass's token positions (empty: row % T)
+  Act ln1;                              // (R, C) LayerNorm output, input of qkv
+  FloatView ln1_mean, ln1_rstd;         // (R), (R)
+  Act qkv;                              // (BT, W_l)
+  FloatView qk_x, qk_mean, qk_rstd;     // q/k norms: their fp32 inputs (BT, (nh + ng) d/tp), statistics
+  std::shared_ptr<AttentionKept> core;  // the core-attention slot's (unfused: the probabilities; fused: lse)
+  Act atty;                             // (BT, Q_l): input of proj
+  FloatView res2;                       // (R, C): residual after attention, input of LN2 (fp32)
   // cross-attention (decoder layers; E = B * Tk encoder rows, R_e = E or E/tp with SP,
   // A_x = B x nh/tp x T x Tk)
   Act enc;                       // (R_e, C) the encoder output (a handle: the model keeps it)
@@ -110,8 +110,9 @@ struct LayerActivations {
   FloatView ln2_mean, ln2_rstd;  // (R), (R)
   std::shared_ptr<MlpKept> mlp;  // the MLP module's (dense: fc1's output (BT, blocks F_l), fc2's input (BT, F_l))
   FloatView out;                 // (R, C): layer output (fp32 residual stream)
-  // false under selective recomputation: att / att_drop are the shared workspace, recomputed
-  // in the backward pass from qkv (Megatron's core-attention recomputation).
+  // false under selective recomputation with the unfused core attention: the cross-attention's
+  // catt / catt_drop are the shared workspace, recomputed in the backward pass from cq and ckv
+  // (Megatron's core-attention recomputation).
   bool attention_kept = true;
   // Bytes held by this set.
   std::int64_t bytes() const;
@@ -122,11 +123,14 @@ struct LayerActivations {
 // recomputation, the attention probabilities.
 struct TransformerScratch {
   TransformerScratch(const TransformerShape& s, bool selective);
+  bool selective = false;  // selective recomputation (prepare_scratch)
   // backward temporaries, fp32: (R,C) (BT,W_l) (BT,Q_l) (R,C); in the 16-bit forward pass dqkv
   // and datty also receive the fp32 GEMM outputs before rounding
   FloatView dln, dqkv, datty, dbranch;
   // the MLP modules' (dense: d fc1-out, d act-out), one per kind of module (prepare_scratch)
   std::map<std::string, std::shared_ptr<MlpScratch>> mlp;
+  // the core-attention slot's, one per entry (prepare_scratch)
+  std::map<std::string, std::shared_ptr<AttentionCoreScratch>> core;
   // q/k norms: the normalised heads' values (the activations' type) and fp32 gradients
   Act qk_out;
   FloatView qk_dout, qk_dx;
@@ -134,20 +138,16 @@ struct TransformerScratch {
   // output (E, C) under SP and, under selective recomputation, the probabilities (A_x)
   FloatView dcq, dckv, denc;
   Act gathered_enc, catt, catt_drop;
-  FloatView datt;     // attention scratch (B, nh/tp, T, max(T, Tk))
-  FloatView branch;   // (R, C): proj / fc2 output before dropout
-  Act gathered;       // (BT, C) all-gathered LayerNorm output (SP)
-  Act att, att_drop;  // (B, nh/tp, T, T) under selective recomputation
+  FloatView datt;    // attention scratch (B, nh/tp, T, max(T, Tk))
+  FloatView branch;  // (R, C): proj / fc2 output before dropout
+  Act gathered;      // (BT, C) all-gathered LayerNorm output (SP)
   // 16-bit path: fp32 probabilities for the softmax backward, and 16-bit copies of gradients
   // that enter GEMMs (rounded as Megatron's bf16 gradients are)
-  FloatView att32;     // (B, nh/tp, T, max(T, Tk))
-  FloatView delta;     // (B, nh/tp, T): fused attention backward
-  RingScratch ring;    // context parallelism's ring attention (cp > 1, p2p)
-  UlyssesScratch a2a;  // context parallelism's all-to-all over heads (cp > 1, a2a)
-  HalfView dy16;       // (max(BT, E), max(W_l, F/tp, C))
-  HalfView ds16;       // (B, nh/tp, T, max(T, Tk))
+  FloatView att32;  // (B, nh/tp, T, max(T, Tk))
+  HalfView dy16;    // (max(BT, E), max(W_l, F/tp, C))
+  HalfView ds16;    // (B, nh/tp, T, max(T, Tk))
   std::int64_t bytes() const;
-  // The core attention's view of the above (fp32 scores in datt, the fp32 output in datty).
+  // The GEMM attention's view of the above (fp32 scores in datt, the fp32 output in datty).
   AttentionScratch attention() const { return {datt, att32, datty, dy16, ds16}; }
 };
 
@@ -199,35 +199,16 @@ class TransformerLayer {
 
  private:
   DropoutSpec spec(const DropoutStreams& rng, float p, std::uint64_t site, bool tp_region) const;
-  // The core self-attention (qkv -> atty and back), one of three algorithms fixed when the layer is
-  // built: the fused kernel (ModelArch::flash_attention), probabilities and context by GEMMs, or,
-  // with context parallelism, the fused kernel's ring over the context-parallel group.
-  using AttendForward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
-                                                   const DropoutSpec&) const;
-  using AttendBackward = void (TransformerLayer::*)(LayerActivations&, TransformerScratch&, const AttentionShape&,
-                                                    const DropoutSpec&) const;
-  void fused_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                    const DropoutSpec& drop) const;
-  void fused_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                             const DropoutSpec& drop) const;
-  void ring_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
-  void ring_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                            const DropoutSpec& drop) const;
-  void ulysses_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                      const DropoutSpec& drop) const;
-  void ulysses_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                               const DropoutSpec& drop) const;
-  void gemm_attend(LayerActivations& a, TransformerScratch& s, const AttentionShape& as, const DropoutSpec& drop) const;
-  void gemm_attend_backward(LayerActivations& a, TransformerScratch& s, const AttentionShape& as,
-                            const DropoutSpec& drop) const;
+  // the core-attention slot's view of a's and s's buffers, and its scratch
+  AttentionIo attention_io(const LayerActivations& a, const TransformerScratch& s) const;
+  AttentionCoreScratch& core_scratch(TransformerScratch& s) const { return *s.core.at(core_->kind()); }
   AttentionShape cross_shape() const;
   void cross_forward(LayerActivations& a, TransformerScratch& s, const IntView& enc_valid);
   void cross_backward(const FloatView& dres, LayerActivations& a, TransformerScratch& s, const FloatView& denc);
 
   TransformerShape s_;
   std::int64_t index_;
-  AttendForward attend_ = nullptr;
-  AttendBackward attend_backward_ = nullptr;
+  std::unique_ptr<AttentionCore> core_;          // the core-attention slot
   Norm norm1_, norm2_, normx_;                   // the normalisation slot
   std::shared_ptr<const PositionEncoding> pos_;  // the position slot (rotary: in the self-attention)
   QkNorm qk_norm_;                               // the q/k normalisation slot

@@ -1,0 +1,193 @@
+// The core-attention slot's entries (attention_core.hpp) and its registry. A new entry adds its
+// class and one line to the registry below.
+#include "layers/attention_core.hpp"
+
+#include <functional>
+#include <sstream>
+#include <utility>
+
+#include "common/error.hpp"
+#include "layers/transformer_layer.hpp"
+#include "ops/flash_attention.hpp"
+
+namespace trident {
+
+namespace {
+
+// ---- unfused: probabilities (B, nh/tp, T, T) and context through GEMMs ----------------------------
+
+struct UnfusedKept final : AttentionKept {
+  Act att, att_drop;  // the softmax output, and after dropout (with attention dropout)
+  // false under selective recomputation: att / att_drop are the scratch's, recomputed in the
+  // backward pass from qkv (Megatron's core-attention recomputation)
+  bool own = true;
+  std::int64_t bytes() const override { return own ? att.bytes() + att_drop.bytes() : 0; }
+};
+struct UnfusedScratch final : AttentionCoreScratch {
+  Act att, att_drop;  // selective recomputation's shared probabilities
+  std::int64_t bytes() const override { return att.bytes() + att_drop.bytes(); }
+};
+
+class UnfusedCore final : public AttentionCore {
+ public:
+  explicit UnfusedCore(const TransformerShape& s) : s_(s) {}
+  const char* kind() const override { return "unfused"; }
+  std::shared_ptr<AttentionCoreScratch> make_scratch(bool selective) const override {
+    auto w = std::make_shared<UnfusedScratch>();
+    if (selective) {
+      const std::int64_t As = probs();
+      w->att = make_act(s_.dt, "scratch::att", As);
+      if (s_.attention_dropout > 0.f) w->att_drop = make_act(s_.dt, "scratch::att_drop", As);
+    }
+    return w;
+  }
+  std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch& scratch, bool keep_attention) const override {
+    auto k = std::make_shared<UnfusedKept>();
+    k->own = keep_attention;
+    if (keep_attention) {
+      k->att = make_act(s_.dt, "layer::att", probs());
+      if (s_.attention_dropout > 0.f) k->att_drop = make_act(s_.dt, "layer::att_drop", probs());
+    } else {
+      auto& w = static_cast<UnfusedScratch&>(scratch);
+      TRIDENT_REQUIRE(w.att.size() > 0, "internal: selective recomputation needs the attention workspace");
+      k->att = w.att;
+      k->att_drop = w.att_drop;
+    }
+    return k;
+  }
+  void forward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
+               const DropoutSpec& drop) const override {
+    auto& k = static_cast<UnfusedKept&>(kept);
+    attention_probs(k.att, k.att_drop, io.qkv, as, drop, io.mask, io.work);
+    attention_context(io.atty, drop.active() ? k.att_drop : k.att, io.qkv, as, io.work);  // (BT, C/tp)
+  }
+  // selective recomputation: the probabilities (and their dropout) again from the kept qkv
+  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
+                const DropoutSpec& drop) const override {
+    auto& k = static_cast<UnfusedKept&>(kept);
+    if (!k.own) attention_probs(k.att, k.att_drop, io.qkv, as, drop, io.mask, io.work);
+    attention_backward(io.dqkv, io.datty, io.qkv, k.att, k.att_drop, io.work.scores, as, drop, io.mask, io.work);
+  }
+
+ private:
+  std::int64_t probs() const { return s_.B * (s_.num_heads / s_.tp.size()) * s_.T * s_.T; }
+  TransformerShape s_;
+};
+
+// ---- the fused kernel and the context-parallel entries built on it: a log-sum-exp per row kept -----
+
+struct LseKept final : AttentionKept {
+  FloatView lse;  // (B, nh/tp, T)
+  std::int64_t bytes() const override { return static_cast<std::int64_t>(lse.span()) * 4; }
+};
+// delta (B, nh/tp, T) for the backward pass, and the context-parallel entries' buffers
+struct FusedScratch final : AttentionCoreScratch {
+  FloatView delta;
+  RingScratch ring;
+  UlyssesScratch a2a;
+  std::int64_t bytes() const override {
+    return static_cast<std::int64_t>(delta.span()) * 4 + ring.bytes() + a2a.bytes();
+  }
+};
+
+enum class FusedKind { fused, ring, a2a };
+
+class FusedCore final : public AttentionCore {
+ public:
+  FusedCore(const TransformerShape& s, FusedKind k) : s_(s), kind_(k) {
+    TRIDENT_REQUIRE(s.flash_attention, "internal: the " << kind() << " attention runs the fused kernel");
+    TRIDENT_REQUIRE(k == FusedKind::fused || (s.tp.cp_size() > 1 && s.tp.cp),
+                    "internal: the " << kind() << " attention needs a context-parallel group");
+  }
+  const char* kind() const override {
+    return kind_ == FusedKind::fused ? "fused" : (kind_ == FusedKind::ring ? "ring" : "a2a");
+  }
+  std::shared_ptr<AttentionCoreScratch> make_scratch(bool) const override {
+    auto w = std::make_shared<FusedScratch>();
+    const std::int64_t p = s_.tp.size(), BT = s_.rows(), Ql = s_.q_width() / p, Wl = s_.qkv_width() / p;
+    w->delta = make_float("scratch::delta", s_.B * (s_.num_heads / p) * s_.T);
+    if (kind_ == FusedKind::ring) w->ring = RingScratch(s_.dt, BT, Ql, Wl - Ql);
+    if (kind_ == FusedKind::a2a) w->a2a = UlyssesScratch(s_.dt, BT, Ql, Wl, s_.tp.cp_size());
+    return w;
+  }
+  std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch&, bool) const override {
+    auto k = std::make_shared<LseKept>();
+    k->lse = make_float("layer::lse", s_.B * (s_.num_heads / s_.tp.size()) * s_.T);
+    return k;
+  }
+  void forward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
+               const DropoutSpec& drop) const override {
+    const FloatView& lse = static_cast<LseKept&>(kept).lse;
+    auto& w = static_cast<FusedScratch&>(scratch);
+    switch (kind_) {
+      case FusedKind::fused: flash_attention_forward(io.atty, lse, io.qkv, as, drop, io.mask); break;
+      case FusedKind::ring: ring_attention_forward(io.atty, lse, io.qkv, as, drop, io.mask, *s_.tp.cp, w.ring); break;
+      case FusedKind::a2a: ulysses_attention_forward(io.atty, lse, io.qkv, as, drop, io.mask, *s_.tp.cp, w.a2a); break;
+    }
+  }
+  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
+                const DropoutSpec& drop) const override {
+    const FloatView& lse = static_cast<LseKept&>(kept).lse;
+    auto& w = static_cast<FusedScratch&>(scratch);
+    switch (kind_) {
+      case FusedKind::fused:
+        flash_attention_backward(io.dqkv, io.datty, io.qkv, io.atty, lse, w.delta, as, drop, io.mask);
+        break;
+      case FusedKind::ring:
+        ring_attention_backward(io.dqkv, io.datty, io.qkv, io.atty, lse, w.delta, as, drop, io.mask, *s_.tp.cp, w.ring);
+        break;
+      case FusedKind::a2a:
+        ulysses_attention_backward(io.dqkv, io.datty, io.qkv, io.atty, lse, w.delta, as, drop, io.mask, *s_.tp.cp,
+                                   w.a2a);
+        break;
+    }
+  }
+
+ private:
+  TransformerShape s_;
+  FusedKind kind_;
+};
+
+using Factory = std::function<std::unique_ptr<AttentionCore>(const TransformerShape&)>;
+struct Entry {
+  std::string name;
+  Factory make;
+};
+
+// the registry: one line per entry
+const std::vector<Entry>& registry() {
+  static const std::vector<Entry> r = {
+      {"unfused", [](const TransformerShape& s) { return std::make_unique<UnfusedCore>(s); }},
+      {"fused", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::fused); }},
+      {"ring", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::ring); }},
+      {"a2a", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::a2a); }},
+  };
+  return r;
+}
+
+}  // namespace
+
+const std::vector<std::string>& attention_core_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Entry& e : registry()) n.push_back(e.name);
+    return n;
+  }();
+  return names;
+}
+
+std::string attention_core_name(const TransformerShape& s) {
+  if (s.tp.cp_size() > 1) return s.tp.cp_a2a ? "a2a" : "ring";
+  return s.flash_attention ? "fused" : "unfused";
+}
+
+std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s) {
+  for (const Entry& e : registry())
+    if (e.name == name) return e.make(s);
+  std::ostringstream names;
+  for (const Entry& e : registry()) names << (names.tellp() > 0 ? ", " : "") << e.name;
+  TRIDENT_REQUIRE(false, "unknown core attention '" << name << "' (entries: " << names.str() << ")");
+  return nullptr;
+}
+
+}  // namespace trident

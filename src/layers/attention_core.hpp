@@ -1,0 +1,75 @@
+// The core-attention slot of the one transformer layer (docs/DESIGN.md "Layer spec"): the
+// self-attention between the qkv projection (after the q/k norms and rotary positions) and the
+// output projection,
+//   atty (BT, nh d/tp) = attention(qkv (BT, (nh + 2 ng) d/tp))   and back,
+// filled by the entry the shape names (attention_core_name()):
+//   unfused  probabilities and context through GEMMs, the (T, T) probabilities kept or, under
+//            selective recomputation, recomputed in the backward pass (ops/attention)
+//   fused    Trident's fused kernel: no (T, T) probabilities, a log-sum-exp per row kept
+//            (ops/flash_attention; ModelArch::flash_attention)
+//   ring     context parallelism over the group's ring (parallel.cp > 1, cp_comm_type p2p)
+//   a2a      context parallelism by an all-to-all over heads (cp_comm_type a2a)
+// An entry keeps what its backward pass needs in an AttentionKept of its own (one per layer and
+// micro-batch in flight, owned by the layer's activations) and shares an AttentionCoreScratch
+// (one per model chunk, sized for one layer). The cross-attention of decoder layers is not this
+// slot: it always takes the GEMM path of ops/attention with the layer's scratch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/context_parallel.hpp"
+#include "ops/attention.hpp"
+#include "ops/dropout.hpp"
+
+namespace trident {
+
+struct TransformerShape;
+
+// What one layer's core attention keeps from its forward pass (the entry's own type).
+struct AttentionKept {
+  virtual ~AttentionKept() = default;
+  virtual std::int64_t bytes() const = 0;
+};
+// Temporaries shared by the layers of a chunk (the entry's own type).
+struct AttentionCoreScratch {
+  virtual ~AttentionCoreScratch() = default;
+  virtual std::int64_t bytes() const = 0;
+};
+
+// The layer's buffers an entry reads and writes: its input qkv (kept by the layer), its output
+// atty (kept), the backward pass's fp32 gradients dqkv (out) and datty (in), and the layer's
+// shared attention workspaces (the GEMM path's scores, widened probabilities and 16-bit copies).
+struct AttentionIo {
+  Act qkv, atty;
+  FloatView dqkv, datty;
+  AttentionScratch work;
+  AttentionMask mask;
+};
+
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  // the entry's name; the entries of one name in a chunk share one scratch
+  virtual const char* kind() const = 0;
+  // selective: under selective recomputation (the chunk's layers share recomputed buffers)
+  virtual std::shared_ptr<AttentionCoreScratch> make_scratch(bool selective) const = 0;
+  // keep_attention false: selective recomputation (an entry that keeps probabilities takes them
+  // from the scratch and recomputes them in the backward pass)
+  virtual std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch& s, bool keep_attention) const = 0;
+  virtual void forward(const AttentionIo& io, AttentionKept& k, AttentionCoreScratch& s, const AttentionShape& as,
+                       const DropoutSpec& drop) const = 0;
+  virtual void backward(const AttentionIo& io, AttentionKept& k, AttentionCoreScratch& s, const AttentionShape& as,
+                        const DropoutSpec& drop) const = 0;
+};
+
+// The slot's entries, in the order a shape's choice is looked up.
+const std::vector<std::string>& attention_core_names();
+// The entry a shape takes: a2a or ring with context parallelism, else fused under
+// ModelArch::flash_attention, else unfused.
+std::string attention_core_name(const TransformerShape& s);
+// The entry `name` for the shape (an unknown name, or one the shape cannot run, is an error).
+std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s);
+
+}  // namespace trident
