@@ -34,8 +34,15 @@
 
 namespace trident {
 
-// Whether kernels run on a device (the execution space's memory is not host memory).
-inline constexpr bool kDeviceKernels = !std::is_same_v<MemSpace, Kokkos::HostSpace>;
+// Whether kernels take their device layouts: on a device (the execution space's memory is not host
+// memory), and in a host build configured with TRIDENT_DEVICE_KERNELS_ON_HOST, where the host
+// back-end runs the device branches so that a machine without a GPU checks them (kDeviceOnHost).
+#if defined(TRIDENT_DEVICE_KERNELS_ON_HOST)
+inline constexpr bool kDeviceOnHost = true;
+#else
+inline constexpr bool kDeviceOnHost = false;
+#endif
+inline constexpr bool kDeviceKernels = kDeviceOnHost || !std::is_same_v<MemSpace, Kokkos::HostSpace>;
 
 // A device buffer of at least n floats, valid until the next call (see above).
 FloatView device_scratch(std::int64_t n);
@@ -78,9 +85,11 @@ void column_sums(const char* name, std::int64_t rows, std::int64_t cols, const T
 
 using RowTeam = Kokkos::TeamPolicy<ExecSpace>::member_type;
 
-// Threads per row of for_each_row (1 under a host execution space, whose teams are one thread).
+// Threads per row of for_each_row (1 under a host execution space, whose teams are one thread:
+// with kDeviceOnHost the device's kernels run with teams of one, which add a row in another order
+// than a GPU's team reductions).
 inline int row_team_size(std::int64_t cols) {
-  if constexpr (!kDeviceKernels) return 1;
+  if constexpr (!kDeviceKernels || kDeviceOnHost) return 1;
   return cols >= 4096 ? 256 : (cols >= 512 ? 128 : 32);
 }
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The kernels' device layouts run on the host (CTest device_on_host, label device_on_host): CI has no
+# GPU, so the branches a CUDA build takes (common/device_parallel.hpp kDeviceKernels: a team per
+# row, two-pass column sums, the fused attention's device kernels, the optimizer's one value per
+# thread) would otherwise never run before a GPU is lent. This script configures a second build of
+# the same tree with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON, builds the unit tests of the kernels and
+# pretrain_gpt, runs the unit tests (each checks its kernels against a definition or finite
+# differences), and trains GPT and Llama tiny decks in both builds, comparing the losses and gradient
+# norms of every iteration: the device layouts add in other orders than the host's, so they agree
+# to rounding, not bitwise.
+#
+#   bash tests/device_on_host/device_on_host.sh ROOT MAIN_BUILD
+#
+# The second build lives in MAIN_BUILD/device-on-host and is kept between runs; with Debian's
+# ccache its objects are cached in ~/.cache/trident/ccache-device-on-host (paths relative to ROOT, so
+# a fresh clone at another path hits the cache). Exit status: 0 when everything built and passed,
+# 1 otherwise.
+set -uo pipefail
+root=$(cd "$1" && pwd)
+main=$(cd "$2" && pwd)
+jobs=${JOBS:-2}
+fail() { echo "device_on_host: FAILED: $*" >&2; exit 1; }
+t0=$(date +%s)
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$main/CMakeCache.txt"; }
+cxx=$(cache_value CMAKE_CXX_COMPILER)
+[ -n "$cxx" ] || fail "$main/CMakeCache.txt names no C++ compiler"
+python=$(cache_value Python3_EXECUTABLE)
+[ -n "$python" ] || python=/usr/bin/python3
+[ -x "$main/apps/pretrain_gpt" ] || fail "$main/apps/pretrain_gpt is not built"
+
+launcher=""
+cache_note="no ccache"
+if command -v ccache >/dev/null 2>&1; then
+  cache=${XDG_CACHE_HOME:-$HOME/.cache}/trident/ccache-device-on-host
+  mkdir -p "$cache" && CCACHE_DIR=$cache ccache --set-config=max_size="${DEVICE_ON_HOST_CCACHE_SIZE:-2G}" &&
+    launcher="env;CCACHE_DIR=$cache;CCACHE_BASEDIR=$root;ccache" && cache_note="ccache $cache"
+fi
+tests=(test_ops test_fused test_flash_attention test_grouped_attention test_packed_sequences test_ring_attention test_layer_variants test_dropout test_moe test_model test_model_families test_device_parallel)
+build=$main/device-on-host
+echo "device_on_host: building ${tests[*]} pretrain_gpt with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON in $build" \
+  "($jobs jobs, $cache_note)"
+if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON \
+  -DTRIDENT_HOST_ARCH="$(cache_value TRIDENT_HOST_ARCH)" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >"$build.configure.log" 2>&1; then
+  tail -30 "$build.configure.log" >&2
+  fail "configure (log: $build.configure.log)"
+fi
+grep -q "^TRIDENT_DEVICE_KERNELS_ON_HOST:BOOL=ON" "$build/CMakeCache.txt" || fail "the second build did not take the option"
+if ! cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt >"$build.build.log" 2>&1; then
+  grep -m 20 -E "error|Error" "$build.build.log" >&2
+  fail "build (log: $build.build.log)"
+fi
+echo "device_on_host: built in $(($(date +%s) - t0)) s"
+
+status=0
+for t in "${tests[@]}"; do
+  exe=$build/tests/unit/$t
+  [ -x "$exe" ] || fail "$exe was not built"
+  if OMP_NUM_THREADS=1 "$exe" --gtest_brief=1 >"$build/$t.log" 2>&1; then
+    echo "device_on_host: $t passed ($(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$build/$t.log"))"
+  else
+    tail -40 "$build/$t.log" >&2
+    echo "device_on_host: $t FAILED (log: $build/$t.log)" >&2
+    status=1
+  fi
+done
+
+# training: the same deck in the host build and in this one
+OMP_NUM_THREADS=1 "$python" "$root/tests/device_on_host/compare_training.py" --root "$root" \
+  --host-app "$main/apps/pretrain_gpt" --device-app "$build/apps/pretrain_gpt" --work "$build/training" || status=1
+echo "device_on_host: $([ $status -eq 0 ] && echo PASS || echo FAIL) in $(($(date +%s) - t0)) s"
+exit $status
