@@ -1,7 +1,9 @@
 // trident_kernel_timer: a Kokkos Tools profiling library that adds up wall time and call counts
 // per kernel label (parallel_for / parallel_reduce / parallel_scan, deep_copy) and per profiling
-// region (Kokkos::Profiling::pushRegion/popRegion, e.g. "ops::gemm"), and prints a table sorted
-// by time when Kokkos finalizes.
+// region (Kokkos::Profiling::pushRegion/popRegion, e.g. "ops::gemm"), counts events
+// (Kokkos::Profiling::markEvent, e.g. the host's waits for the device, "trident::wait FILE:LINE")
+// and View allocations ("allocate SPACE LABEL"), and prints a table sorted by time when Kokkos
+// finalizes.
 //
 //   KOKKOS_PROFILE_LIBRARY=/path/libtrident_kernel_timer.so  ./app ...
 //
@@ -44,7 +46,7 @@ double seconds_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
-enum class Kind { region, parallel_for, parallel_reduce, parallel_scan, deep_copy };
+enum class Kind { region, parallel_for, parallel_reduce, parallel_scan, deep_copy, event };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -53,6 +55,7 @@ const char* kind_name(Kind k) {
     case Kind::parallel_reduce: return "reduce";
     case Kind::parallel_scan: return "scan";
     case Kind::deep_copy: return "copy";
+    case Kind::event: return "event";
   }
   return "?";
 }
@@ -111,6 +114,10 @@ class Timer {
     close(o, now, false);
   }
 
+  // An event (Kokkos::Profiling::markEvent): counted, no time (e.g. "trident::wait FILE:LINE", a
+  // blocking wait of the host for the device, common/device_wait.hpp).
+  void event(const char* name) { ++entries_[lookup(name, Kind::event)].calls; }
+
   // A fill (deep_copy(view, value)) is named after the view; a copy after the two memory spaces.
   void begin_copy(const char* dst_space, const char* dst, const char* src_space, const char* src) {
     std::string name = "deep_copy ";
@@ -150,19 +157,20 @@ class Timer {
       }
     }
     const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-    std::vector<const Entry*> regions, kernels;
+    std::vector<const Entry*> regions, kernels, events;
     for (const Entry& e : entries_)
-      if (e.calls > 0) (e.kind == Kind::region ? regions : kernels).push_back(&e);
+      if (e.calls > 0) (e.kind == Kind::region ? regions : e.kind == Kind::event ? events : kernels).push_back(&e);
     auto by_time = [](const Entry* a, const Entry* b) { return a->seconds > b->seconds; };
     std::sort(regions.begin(), regions.end(), by_time);
     std::sort(kernels.begin(), kernels.end(), by_time);
+    std::sort(events.begin(), events.end(), [](const Entry* a, const Entry* b) { return a->calls > b->calls; });
     double kernels_outside = 0;
     for (const Entry* e : kernels) kernels_outside += e->seconds - e->seconds_in_region;
     const double other = std::max(0.0, total - top_level_);
     if (json)
-      write_json(f, total, regions, kernels, kernels_outside, other);
+      write_json(f, total, regions, kernels, events, kernels_outside, other);
     else
-      write_text(f, total, regions, kernels, kernels_outside, other);
+      write_text(f, total, regions, kernels, events, kernels_outside, other);
     if (f != stderr) std::fclose(f);
   }
 
@@ -251,7 +259,8 @@ class Timer {
   }
 
   void write_text(FILE* f, double total, const std::vector<const Entry*>& regions,
-                  const std::vector<const Entry*>& kernels, double kernels_outside, double other) const {
+                  const std::vector<const Entry*>& kernels, const std::vector<const Entry*>& events,
+                  double kernels_outside, double other) const {
     auto pct = [total](double s) { return total > 0 ? 100.0 * s / total : 0.0; };
     std::fprintf(f, "\n=== trident_kernel_timer: %.4f s measured, init to finalize", total);
     const std::string note = skip_note();
@@ -269,6 +278,12 @@ class Timer {
       std::fprintf(f, "%12.4f %8.2f %10llu %12.2f %7s  %s\n", e->seconds, pct(e->seconds),
                    static_cast<unsigned long long>(e->calls), e->calls ? 1e6 * e->seconds / e->calls : 0.0,
                    kind_name(e->kind), e->name.c_str());
+    if (!events.empty()) {
+      std::fprintf(f, "Events (counted)\n");
+      std::fprintf(f, "%10s  %s\n", "calls", "event");
+      for (const Entry* e : events)
+        std::fprintf(f, "%10llu  %s\n", static_cast<unsigned long long>(e->calls), e->name.c_str());
+    }
     const double in_regions = total - other - kernels_outside;
     std::fprintf(f, "Summary\n");
     std::fprintf(f, "%12.4f %8.2f  top-level regions\n", std::max(0.0, in_regions), pct(std::max(0.0, in_regions)));
@@ -281,15 +296,19 @@ class Timer {
   static void json_string(FILE* f, const std::string& s) {
     std::fputc('"', f);
     for (char c : s) {
-      if (c == '"' || c == '\\') std::fprintf(f, "\\%c", c);
-      else if (static_cast<unsigned char>(c) < 0x20) std::fprintf(f, "\\u%04x", c);
-      else std::fputc(c, f);
+      if (c == '"' || c == '\\')
+        std::fprintf(f, "\\%c", c);
+      else if (static_cast<unsigned char>(c) < 0x20)
+        std::fprintf(f, "\\u%04x", c);
+      else
+        std::fputc(c, f);
     }
     std::fputc('"', f);
   }
 
   void write_json(FILE* f, double total, const std::vector<const Entry*>& regions,
-                  const std::vector<const Entry*>& kernels, double kernels_outside, double other) const {
+                  const std::vector<const Entry*>& kernels, const std::vector<const Entry*>& events,
+                  double kernels_outside, double other) const {
     std::fprintf(f, "{\n  \"total_s\": %.9g,\n  \"skip\": ", total);
     json_string(f, skip_note());
     auto list = [&](const char* key, const std::vector<const Entry*>& v) {
@@ -305,8 +324,10 @@ class Timer {
     };
     list("regions", regions);
     list("kernels", kernels);
-    std::fprintf(f, ",\n  \"summary\": {\"top_level_regions_s\": %.9g, \"kernels_outside_regions_s\": %.9g, "
-                    "\"other_s\": %.9g}\n}\n",
+    list("events", events);
+    std::fprintf(f,
+                 ",\n  \"summary\": {\"top_level_regions_s\": %.9g, \"kernels_outside_regions_s\": %.9g, "
+                 "\"other_s\": %.9g}\n}\n",
                  std::max(0.0, total - other - kernels_outside), kernels_outside, other);
     std::fflush(f);
   }
@@ -318,8 +339,8 @@ class Timer {
   std::vector<Open> regions_open_;
   std::vector<Open> copies_open_;
   std::uint64_t next_id_ = 1;
-  int depth_ = 0;          // open activities of any kind
-  double top_level_ = 0;   // time covered by activities that ended with nothing else open
+  int depth_ = 0;         // open activities of any kind
+  double top_level_ = 0;  // time covered by activities that ended with nothing else open
   std::string skip_name_;
   std::uint64_t skip_count_ = 0;
   bool skip_done_ = true;
@@ -385,6 +406,20 @@ void kokkosp_begin_deep_copy(TridentSpaceHandle dst_handle, const char* dst_name
 }
 void kokkosp_end_deep_copy() {
   if (g_timer) g_timer->end_copy();
+}
+// a View's allocation: counted as an event "allocate SPACE LABEL" (a cudaMalloc in a CUDA build,
+// which waits for the device)
+void kokkosp_allocate_data(TridentSpaceHandle space, const char* label, const void* /*ptr*/, std::uint64_t /*size*/) {
+  if (!g_timer) return;
+  space.name[63] = '\0';
+  std::string name = "allocate ";
+  name += space.name;
+  name += ' ';
+  name += label ? label : "";
+  g_timer->event(name.c_str());
+}
+void kokkosp_profile_event(const char* name) {
+  if (g_timer) g_timer->event(name ? name : "(unnamed)");
 }
 
 }  // extern "C"

@@ -206,6 +206,7 @@ void gemm_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
     return;
   }
 #endif
+  const GemmRegion region("ops::gemm", ta, tb, M, N, K, beta, batch);  // the products' own are not pushed
   for (std::int64_t b = 0; b < batch; ++b)
     gemm(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
 }
@@ -483,6 +484,7 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
     return;
   }
 #endif
+  const GemmRegion region("ops::gemm_bf16", ta, tb, M, N, K, beta, batch);  // the products' own are not pushed
   for (std::int64_t b = 0; b < batch; ++b)
     gemm_bf16(ta, tb, M, N, K, alpha, A + b * strideA, lda, B + b * strideB, ldb, beta, C + b * strideC, ldc);
 }
@@ -584,6 +586,7 @@ void gemm_mixed_grouped(Trans ta, Trans tb, float alpha, float beta, const std::
     return;
   }
 #endif
+  const GemmRegion region("ops::gemm_grouped");  // the groups' own are not pushed
   for (const GemmGroup* g : work)
     gemm_mixed(ta, tb, g->M, g->N, g->K, alpha, g->A, g->lda, g->B, g->ldb, beta, g->C, g->ldc);
 }

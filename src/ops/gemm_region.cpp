@@ -31,20 +31,26 @@ std::string gemm_region_name(const char* base, Trans ta, Trans tb, std::int64_t 
 }  // namespace
 
 GemmRegion::GemmRegion(const char* base) {
-  if (!Kokkos::Profiling::profileLibraryLoaded()) return;
+  if (!Kokkos::Profiling::profileLibraryLoaded() || open_ > 0) return;
   Kokkos::Profiling::pushRegion(base);
   pushed_ = true;
+  ++open_;
 }
 
 GemmRegion::GemmRegion(const char* base, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float beta,
                        std::int64_t batch) {
-  if (!Kokkos::Profiling::profileLibraryLoaded()) return;
+  if (!Kokkos::Profiling::profileLibraryLoaded() || open_ > 0) return;
   Kokkos::Profiling::pushRegion(gemm_region_name(base, ta, tb, M, N, K, beta, batch));
   pushed_ = true;
+  ++open_;
 }
 
 GemmRegion::~GemmRegion() {
-  if (pushed_) Kokkos::Profiling::popRegion();
+  if (!pushed_) return;
+  Kokkos::Profiling::popRegion();
+  --open_;
 }
+
+thread_local int GemmRegion::open_ = 0;
 
 }  // namespace trident

@@ -6,6 +6,11 @@
 // (transposes of A and B, the product's dimensions, the batch, and beta), so that time can be
 // told apart per GEMM of the step (perf/bench_mixed.py's per-shape table sets it). Without a tool
 // loaded nothing is pushed and no name is formatted.
+//
+// One region is one call of the GEMM interface (ops/gemm.hpp), which a CUDA build makes as one
+// library call (a strided-batched or grouped cuBLAS call for a batch), so that the regions count
+// the device path's library calls (perf/step_profile.py). A region opened while another is open on
+// the thread (a host batch's products, one by one) is not pushed.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +29,7 @@ class GemmRegion {
 
  private:
   bool pushed_ = false;
+  static thread_local int open_;  // regions pushed on this thread and not yet popped
 };
 
 }  // namespace trident
