@@ -7,6 +7,7 @@
 // nonblocking form tested with the core given up between tests (yield).
 #include "comm/communicator.hpp"
 
+#include "common/device_wait.hpp"
 #include "common/progress.hpp"
 
 #include <sched.h>
@@ -127,7 +128,7 @@ void run(const char* call, Blocking&& blocking, Nonblocking&& nonblocking) {
   complete(r);
 }
 void allreduce_chunked(float* data, std::int64_t n, MPI_Op op, MPI_Comm comm) {
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const std::int64_t chunk = 1 << 28;
   for (std::int64_t off = 0; off < n; off += chunk) {
     const int count = static_cast<int>(std::min(chunk, n - off));
@@ -194,7 +195,7 @@ MPI_Request Communicator::iallreduce_sum(float* data, std::int64_t n) const {
     return r;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   TRIDENT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, as_int(n), MPI_FLOAT, MPI_SUM, comm_, &r));
   return r;
 }
@@ -210,7 +211,7 @@ MPI_Request Communicator::ireduce_sum(float* data, std::int64_t n, int root) con
     return r;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   TRIDENT_CHECK_MPI(
       MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, as_int(n), MPI_FLOAT, MPI_SUM, root, comm_, &r));
   return r;
@@ -226,7 +227,7 @@ std::vector<MPI_Request> Communicator::post_p2p(const std::vector<P2POp>& ops) c
     return requests;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   requests.assign(ops.size(), MPI_REQUEST_NULL);
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& o = ops[i];
@@ -273,7 +274,7 @@ void Communicator::allgather(const float* in, float* out, std::int64_t n) const 
   count("allgather", (size_ - 1) * 4.0 * n);
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 4 * n))
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const int c = as_int(n);
   run(
       "MPI_Allgather", [&] { return MPI_Allgather(in, c, MPI_FLOAT, out, c, MPI_FLOAT, comm_); },
@@ -284,7 +285,7 @@ void Communicator::allgather(const std::uint16_t* in, std::uint16_t* out, std::i
   count("allgather", (size_ - 1) * 2.0 * n);
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, in, out, 2 * n))
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const int c = as_int(n);
   run(
       "MPI_Allgather", [&] { return MPI_Allgather(in, c, MPI_UINT16_T, out, c, MPI_UINT16_T, comm_); },
@@ -296,7 +297,7 @@ void Communicator::allgather_in_place(std::uint16_t* buf, std::int64_t n) const 
   count("allgather", (size_ - 1) * 2.0 * n);
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 2 * n))
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const int c = as_int(n);
   run(
       "MPI_Allgather", [&] { return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_UINT16_T, comm_); },
@@ -309,7 +310,7 @@ void Communicator::reduce_scatter(const float* in, float* out, std::int64_t n) c
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
   const progress::InComm in_comm("reduce_scatter", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, in, out, n))
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const int c = as_int(n);
   run(
       "MPI_Reduce_scatter_block", [&] { return MPI_Reduce_scatter_block(in, out, c, MPI_FLOAT, MPI_SUM, comm_); },
@@ -321,7 +322,7 @@ void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
   count("reduce_scatter", (size_ - 1) * 4.0 * n);
   const progress::InComm in_comm("reduce_scatter", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_reduce_scatter(*nccl_, buf, buf + rank_ * n, n))  // NCCL's in-place form
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   // MPI_IN_PLACE leaves this rank's block at the start of buf: move it to its place.
   const int c = as_int(n);
   run(
@@ -332,7 +333,7 @@ void Communicator::reduce_scatter_in_place(float* buf, std::int64_t n) const {
     using Unmanaged = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space,
                                    Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     Kokkos::deep_copy(Unmanaged(buf + rank_ * n, static_cast<size_t>(n)), Unmanaged(buf, static_cast<size_t>(n)));
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 }
 
@@ -341,7 +342,7 @@ void Communicator::allgather_in_place(float* buf, std::int64_t n) const {
   count("allgather", (size_ - 1) * 4.0 * n);
   const progress::InComm in_comm("allgather", name_.c_str(), size_);
   TRIDENT_NCCL_PATH(detail::nccl_allgather_bytes(*nccl_, buf + rank_ * n, buf, 4 * n))
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const int c = as_int(n);
   run(
       "MPI_Allgather", [&] { return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c, MPI_FLOAT, comm_); },
@@ -424,7 +425,7 @@ void Communicator::alltoallv(const void* send, const std::vector<std::int64_t>& 
     return;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const RowType row(row_bytes);
   std::vector<int> sc, sd, rc, rd;
   counts_and_displacements(send_rows, sc, sd);
@@ -453,7 +454,7 @@ void Communicator::allgatherv(const void* send, void* recv, const std::vector<st
     return;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const RowType row(row_bytes);
   std::vector<int> rc, rd;
   counts_and_displacements(rows, rc, rd);
@@ -479,7 +480,7 @@ void Communicator::reduce_scatter_v(const float* in, float* out, const std::vect
     return;
   }
 #endif
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   std::vector<int> rc(counts.size());
   for (size_t r = 0; r < counts.size(); ++r) rc[r] = as_int(counts[r]);
   run(

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/flash_attention.hpp"
 #include "ops/ring_attention.hpp"
@@ -66,7 +67,7 @@ void ring_attention_backward(const FloatView& dqkv, const FloatView& dy, const A
   const CpChunks cc{n, s.T};
   ring_backward_begin(dqkv, delta, dy, y, s);
   ring_pack_kv(w.kv[0], qkv, s);
-  Kokkos::deep_copy(slice(w.dkv[0], 0, block), 0.f);
+  device_copy(slice(w.dkv[0], 0, block), 0.f);
   int cur = 0;
   for (std::int64_t step = 0; step < n; ++step) {
     std::vector<MPI_Request> pending;
@@ -134,7 +135,6 @@ struct Exchange {
 };
 
 void exchange(const Communicator& comm, const Exchange& x, const void* send, void* recv, std::int64_t row_bytes) {
-  Kokkos::fence();
   comm.alltoallv(send, x.counts(), recv, x.counts(), row_bytes);
 }
 
@@ -147,8 +147,7 @@ void exchange_qkv(const Act& qkv, const AttentionMask& mask, const Communicator&
   cp_gather_sequence(w.qkv_sub, w.recv, x.sub.B, x.cc, Wsub);
   *sub_mask = AttentionMask{true, IntView(), IntView()};
   if (mask.doc_start.extent(0) > 0) {
-    Kokkos::deep_copy(w.docs_local, mask.doc_start);
-    Kokkos::fence();
+    device_copy(w.docs_local, mask.doc_start);
     comm.allgatherv(w.docs_local.data(), w.docs_all.data(), x.counts(), 4);
     cp_gather_sequence(w.doc_full, w.docs_all, x.sub.B, x.cc, 1);
     sub_mask->doc_start = w.doc_full;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "layers/layer_norm.hpp"
 #include "layers/rms_norm.hpp"
@@ -176,14 +177,11 @@ void QkNorm::forward(const Act& qkv, std::int64_t rows, const FloatView& x, cons
   const std::int64_t nq = rows * nq_, nk = rows * nk_;  // normalised rows of hs channels
   heads_gather(slice(x, 0, nq * hs_), qkv, rows, width_, 0, nq_ * hs_);
   heads_gather(slice(x, nq * hs_, nk * hs_), qkv, rows, width_, nq_ * hs_, nk_ * hs_);
-  Kokkos::fence();
   q_.forward(act_slice(out, 0, nq * hs_), slice(mean, 0, nq), slice(rstd, 0, nq), slice(x, 0, nq * hs_), nq);
   k_.forward(act_slice(out, nq * hs_, nk * hs_), slice(mean, nq, nk), slice(rstd, nq, nk), slice(x, nq * hs_, nk * hs_),
              nk);
-  Kokkos::fence();
   heads_scatter(qkv, act_slice(out, 0, nq * hs_), rows, width_, 0, nq_ * hs_);
   heads_scatter(qkv, act_slice(out, nq * hs_, nk * hs_), rows, width_, nq_ * hs_, nk_ * hs_);
-  Kokkos::fence();
 }
 
 void QkNorm::backward(const FloatView& dqkv, std::int64_t rows, const FloatView& x, const FloatView& mean,
@@ -192,16 +190,13 @@ void QkNorm::backward(const FloatView& dqkv, std::int64_t rows, const FloatView&
   const std::int64_t nq = rows * nq_, nk = rows * nk_, n = (nq + nk) * hs_;
   heads_gather(slice(dout, 0, nq * hs_), dqkv, rows, width_, 0, nq_ * hs_);
   heads_gather(slice(dout, nq * hs_, nk * hs_), dqkv, rows, width_, nq_ * hs_, nk_ * hs_);
-  Kokkos::deep_copy(slice(dx, 0, n), 0.f);  // the norms' backward adds to dx
-  Kokkos::fence();
+  device_copy(slice(dx, 0, n), 0.f);  // the norms' backward adds to dx
   q_.backward(slice(dx, 0, nq * hs_), slice(dout, 0, nq * hs_), slice(x, 0, nq * hs_), slice(mean, 0, nq),
               slice(rstd, 0, nq), nq);
   k_.backward(slice(dx, nq * hs_, nk * hs_), slice(dout, nq * hs_, nk * hs_), slice(x, nq * hs_, nk * hs_),
               slice(mean, nq, nk), slice(rstd, nq, nk), nk);
-  Kokkos::fence();
   heads_scatter(act(dqkv), act(slice(dx, 0, nq * hs_)), rows, width_, 0, nq_ * hs_);
   heads_scatter(act(dqkv), act(slice(dx, nq * hs_, nk * hs_)), rows, width_, nq_ * hs_, nk_ * hs_);
-  Kokkos::fence();
 }
 
 std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch) {

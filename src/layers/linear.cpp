@@ -27,11 +27,9 @@ void Linear::backward(const FloatView& dx, const FloatView& dy, const Act& x, st
                       const HalfView& dy16) const {
   const Act w = store_->param(w_);        // (out, in)
   const FloatView dw = store_->grad(w_);  // (out, in)
-  Kokkos::fence();
-  GemmOperand g = operand(dy.data());  // dy (N, out): fp32, or its 16-bit copy
+  GemmOperand g = operand(dy.data());     // dy (N, out): fp32, or its 16-bit copy
   if (w.is_half()) {
     pack_half(w.dt, dy16, dy, N * out_);
-    Kokkos::fence();
     g = operand(w.dt, dy16.data());
   }
   // dx (N, in) = dy (N, out) W (out, in)

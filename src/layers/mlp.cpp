@@ -56,7 +56,6 @@ class DenseMlp final : public MlpModule {
     const bool half = s_.dt != DType::F32;
     fc1_.forward(k.fc, in, w.gathered, s.dfc, false);  // (BT, F/tp) before its bias
     act_->forward(k.fc, k.fc_act, half ? s.dfc : k.fc.f, fc1_.bias(), s_.rows(), s_.ffn_hidden_size / s_.tp.size());
-    Kokkos::fence();
     fc2_.forward(branch, k.fc_act, false);  // (R, C)
   }
   Act output_bias() const override { return fc2_.bias(); }
@@ -66,14 +65,12 @@ class DenseMlp final : public MlpModule {
     auto& s = static_cast<DenseScratch&>(scratch);
     fc2_.backward(s.dfc_act, dbranch, k.fc_act, w.dy16);  // d act-out (BT, F/tp)
     act_->backward(s.dfc, s.dfc_act, k.fc, s_.rows(), s_.ffn_hidden_size / s_.tp.size());
-    Kokkos::fence();
     fc1_.backward(din, s.dfc, in, w.gathered, w.dy16);  // d in (R, C)
   }
   void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc,
              const FloatView& act) const override {
     fc1_.infer(fc, in, R);
     act_->infer(act, fc, R, s_.ffn_hidden_size / s_.tp.size());
-    Kokkos::fence();
     fc2_.infer(out, act, R);
   }
 

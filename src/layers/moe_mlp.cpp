@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "layers/transformer_layer.hpp"
 #include "ops/elementwise.hpp"
@@ -23,7 +24,7 @@ class Lap {
  public:
   explicit Lap(MoeState& st) : st_(st), t_(std::chrono::steady_clock::now()) {}
   void to(MoeState::Part part) {
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     const auto now = std::chrono::steady_clock::now();
     st_.seconds[part] += std::chrono::duration<double>(now - t_).count();
     t_ = now;
@@ -252,7 +253,7 @@ class MoeMlp final : public MlpModule {
       act_->forward(act_part(k.h, n0 * bF, rows * bF), act_part(k.a, n0 * Fe_, rows * Fe_),
                     slice(y, n0 * bF, rows * bF), bias_of(experts_[static_cast<size_t>(e)].b1), rows, Fe_);
     });
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     grouped(Trans::N, Trans::T, 1.f, 0.f, lp, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Act w2 = store_->param(experts_[static_cast<size_t>(e)].w2);
       return GemmGroup{rows, C_, Fe_, operand(k.a).at(n0 * Fe_), Fe_, operand(w2), Fe_, ye.data() + n0 * C_, C_};
@@ -263,7 +264,7 @@ class MoeMlp final : public MlpModule {
       });
     lap.to(MoeState::kExperts);
     if (etp_ > 1) {  // the partial outputs summed over the etp ranks, each keeping its own rows
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       scatter_etp(k.ye, s.yg, k, s);
       if (s_.add_bias_linear)  // fc2's bias once, on the summed rows
         for (std::int64_t e = 0; e < El_; ++e) {
@@ -274,14 +275,14 @@ class MoeMlp final : public MlpModule {
       lap.to(MoeState::kDispatch);
     }
     if (exchange_) {  // the outputs back to the ranks of their tokens
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       exchange_back(k.yp, k.ye, k.ex, s);
       lap.to(MoeState::kDispatch);
     }
     moe_combine(branch, k.yp, k.probs, k.slot_row, R_, k_, C_);
     if (shared_) {
       shared_->forward(s.shared_out, in, *k.shared, *s.shared, w);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       accumulate(branch, s.shared_out, R_ * C_);
     }
     lap.to(MoeState::kCombine);
@@ -304,19 +305,19 @@ class MoeMlp final : public MlpModule {
       ensure_scratch(s, std::max(k.ex.rows(), etp_ > 1 ? k.exg.rows() : 0));
       if (etp_ > 1) ensure_etp_scratch(s, k.exg.rows());
       upload_exchange(k.ex, s.regroup, s.inverse);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       s_.tp.ep->alltoallv(s.dyp.data(), k.ex.send_rows, s.xfer.data(), k.ex.recv_rows, C_ * 4);
       moe_gather(act(s.dye), act(s.xfer), s.regroup, k.ex.rows(), C_);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       lap.to(MoeState::kDispatch);
     }
     if (etp_ > 1) {  // and every output gradient of the experts' rows to each of their etp ranks
       const std::int64_t Mg = k.exg.rows();
       upload_exchange(k.exg, s.regroup_g, s.inverse_g);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       s_.tp.etp->allgatherv(s.dye.data(), s.xfer_g.data(), k.exg.recv_rows, C_ * 4);
       moe_gather(act(s.dyg), act(s.xfer_g), s.regroup_g, Mg, C_);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       lap.to(MoeState::kDispatch);
     }
     const FloatView dye = etp_ > 1 ? s.dyg : exchange_ ? s.dye : s.dyp;
@@ -329,7 +330,7 @@ class MoeMlp final : public MlpModule {
       act_->backward(slice(s.dh, n0 * bF, rows * bF), slice(s.da, n0 * Fe_, rows * Fe_),
                      act_part(k.h, n0 * bF, rows * bF), rows, Fe_);
     });
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     // fc1: d xp = dh W1, dW1 += dh^T xp (xp gathered again; under ep > 1 the rows kept), db1 +=
     // column sums of dh
     lap.to(MoeState::kExperts);
@@ -342,12 +343,12 @@ class MoeMlp final : public MlpModule {
     });
     lap.to(MoeState::kExperts);
     if (etp_ > 1) {  // the partial input gradients summed over the etp ranks, each keeping its rows
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       scatter_etp(s.dxe, s.dxg, k, s);
       lap.to(MoeState::kDispatch);
     }
     if (exchange_) {  // the input gradients back to the ranks of their tokens
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       exchange_back(s.dxp, s.dxe, k.ex, s);
       lap.to(MoeState::kDispatch);
     }
@@ -359,7 +360,7 @@ class MoeMlp final : public MlpModule {
     lap.to(MoeState::kRouter);
     if (shared_) {
       shared_->backward(s.dtmp, dbranch, in, *k.shared, *s.shared, w);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       accumulate(din, s.dtmp, R_ * C_);
     }
     lap.to(MoeState::kCombine);
@@ -375,7 +376,7 @@ class MoeMlp final : public MlpModule {
     const std::int64_t bF = blocks_ * Fe_;
     gemm(Trans::N, Trans::T, R, E_, C_, 1.f, in.data(), C_, store_->value(router_).data(), C_, 0.f, w.logits.data(),
          E_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     moe_route(w.idx, w.probs, w.lse, w.ssum, w.paux, w.logits, R, route_, expert_bias());
     auto idx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.idx);
     auto probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w.probs);
@@ -403,7 +404,7 @@ class MoeMlp final : public MlpModule {
       if (x.b1 >= 0) moe_add_bias(slice(w.h, n0 * bF, rows * bF), store_->param(x.b1), rows, bF);
       act_->infer(slice(w.a, n0 * Fe_, rows * Fe_), slice(w.h, n0 * bF, rows * bF), rows, Fe_);
     });
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     grouped(Trans::N, Trans::T, 1.f, 0.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       return GemmGroup{rows, C_,
                        Fe_,  operand(w.a.data()).at(n0 * Fe_),
@@ -419,10 +420,10 @@ class MoeMlp final : public MlpModule {
     if (shared_) {
       const FloatView so = slice(w.shared_out, 0, R * C_);
       shared_->infer(so, in, R, fc_work, act_work);  // with its fc2 bias
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
       accumulate(out, so, R * C_);
     }
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
  private:
@@ -542,10 +543,10 @@ class MoeMlp final : public MlpModule {
     grow(k.h, s_.dt, "moe::h", n * bF);
     grow(k.a, s_.dt, "moe::a", n * Fe_);
     upload_exchange(k.exg, s.regroup_g, s.inverse_g);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     g.allgatherv(k.xe.data(), const_cast<void*>(s.xgrecv.data()), k.exg.recv_rows, C_ * dtype_bytes(s_.dt));
     moe_gather(k.xg, s.xgrecv, s.regroup_g, Mg, C_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
   // etp > 1: fp32 partial rows `from` (Mg, by local expert then etp rank) summed over the etp
@@ -554,7 +555,7 @@ class MoeMlp final : public MlpModule {
     const std::int64_t Mg = k.exg.rows();
     upload_exchange(k.exg, s.regroup_g, s.inverse_g);
     moe_gather(act(s.xfer_g), act(from), s.inverse_g, Mg, C_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     std::vector<std::int64_t> counts(k.exg.recv_rows);
     for (auto& c : counts) c *= C_;
     s_.tp.etp->reduce_scatter_v(s.xfer_g.data(), to.data(), counts);
@@ -576,11 +577,11 @@ class MoeMlp final : public MlpModule {
     grow(k.h, s_.dt, "moe::h", n * bF);
     grow(k.a, s_.dt, "moe::a", n * Fe_);
     upload_exchange(k.ex, s.regroup, s.inverse);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     ep.alltoallv(s.xp.data(), k.ex.send_rows, const_cast<void*>(s.xrecv.data()), k.ex.recv_rows,
                  C_ * dtype_bytes(s_.dt));
     moe_gather(k.xe, s.xrecv, s.regroup, M, C_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
   // ep > 1: fp32 expert-side rows `from` (local expert order) back to the ranks of their tokens,
@@ -588,7 +589,7 @@ class MoeMlp final : public MlpModule {
   void exchange_back(const FloatView& to, const FloatView& from, const MoeExchange& x, MoeScratch& s) const {
     upload_exchange(x, s.regroup, s.inverse);  // (the scratch may have grown since the dispatch)
     moe_gather(act(s.xfer), act(from), s.inverse, x.rows(), C_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     s_.tp.ep->alltoallv(s.xfer.data(), x.recv_rows, to.data(), x.send_rows, C_ * 4);
   }
 
@@ -611,7 +612,7 @@ class MoeMlp final : public MlpModule {
     const bool half = s_.dt != DType::F32;
     const GemmOperand g = half ? operand(s_.dt, dy16.data()) : operand(dy.data());
     if (half) pack_half(s_.dt, dy16, dy, p.rows() * n_out);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     grouped(Trans::N, Trans::N, 1.f, 0.f, p, [&](std::int64_t e, std::int64_t n0, std::int64_t rows) {
       const Act w = store_->param(experts_[static_cast<size_t>(e)].*weight);
       return GemmGroup{rows, n_in, n_out, g.at(n0 * n_out), n_out, operand(w), n_in, dx.data() + n0 * n_in, n_in};
@@ -645,10 +646,10 @@ class MoeMlp final : public MlpModule {
     if (in.is_half()) {
       unpack_half(in.dt, s.x32, in.h, R_ * C_);
       unpack_half(wr.dt, s.wr32, wr.h, E_ * C_);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
     }
     gemm(Trans::N, Trans::T, R_, E_, C_, 1.f, x, C_, w, C_, 0.f, logits.data(), E_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
   // The dispatch plan from the routing (host), the aux loss's counts over the TP group.
@@ -695,7 +696,7 @@ class MoeMlp final : public MlpModule {
     }
     Kokkos::deep_copy(k.row_token, rt);
     Kokkos::deep_copy(k.slot_row, sr);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
   // the expert bias (empty without one), registered in the chunk's MoeState for the trainer's update
@@ -729,14 +730,14 @@ class MoeMlp final : public MlpModule {
     if (in.is_half()) {  // the fp32 operands again
       unpack_half(in.dt, s.x32, in.h, R_ * C_);
       unpack_half(wr.dt, s.wr32, wr.h, E_ * C_);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
     }
     const float* x = in.is_half() ? s.x32.data() : in.f.data();
     const float* w = wr.is_half() ? s.wr32.data() : wr.f.data();
     gemm(Trans::N, Trans::N, R_, C_, E_, 1.f, s.dlogits.data(), E_, w, C_, 0.f, s.dtmp.data(), C_);
     if (!frozen())  // (LoRA: the router is part of the frozen base)
       gemm(Trans::T, Trans::N, E_, C_, R_, 1.f, s.dlogits.data(), E_, x, C_, 1.f, store_->grad(router_).data(), C_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
 
   // this micro-batch's losses and loads into the chunk's MoeState (once per micro-batch: here, in

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
@@ -28,7 +29,6 @@ void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_
     return;
   }
   pack_half(w.dt, dy16, dy, rows * n_out);
-  Kokkos::fence();
   const GemmOperand g = operand(w.dt, dy16.data());
   gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, g, n_out, operand(w), n_in, 0.f, dx.data(), n_in);
   gemm_mixed(Trans::T, Trans::N, n_out, n_in, rows, 1.f, g, n_out, operand(x), n_in, 1.f, dw.data(), n_in);
@@ -43,7 +43,6 @@ void frozen_backward_gemm(std::int64_t rows, std::int64_t n_in, std::int64_t n_o
     return;
   }
   pack_half(w.dt, dy16, dy, rows * n_out);
-  Kokkos::fence();
   gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, operand(w.dt, dy16.data()), n_out, operand(w), n_in, 0.f,
              dx.data(), n_in);
 }
@@ -99,7 +98,6 @@ GemmOperand lora_down(const ParamStore& store, const LoraAdapters& l, std::int64
   gemm_mixed(Trans::N, Trans::T, rows, l.rank, n_in, 1.f, x, n_in, operand(a), n_in, 0.f, l.u32.data(), l.rank);
   if (!a.is_half()) return operand(l.u32.data());
   pack_half(a.dt, l.u16, l.u32, rows * l.rank);
-  Kokkos::fence();
   return operand(a.dt, l.u16.data());
 }
 
@@ -124,7 +122,6 @@ void lora_backward(const ParamStore& store, const LoraAdapters& l, std::int64_t 
   GemmOperand du = operand(l.du32.data());
   if (a.is_half()) {
     pack_half(a.dt, l.du16, l.du32, rows * l.rank);
-    Kokkos::fence();
     du = operand(a.dt, l.du16.data());
   }
   gemm_mixed(Trans::T, Trans::N, l.rank, n_in, rows, 1.f, du, l.rank, x, n_in, 1.f, store.grad(l.a).data(), n_in);
@@ -198,7 +195,6 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);  // -> (rows, in)
     input = gathered;
   }
-  Kokkos::fence();
   if (!w.is_half()) {
     gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(),
          out_local_);
@@ -223,7 +219,6 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);
   const Act input = tp_.sequence_parallel ? gathered : x;            // (rows, in)
   const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;  // (rows, in)
-  Kokkos::fence();
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
   if (store_->trains(w_)) {
@@ -234,7 +229,6 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   }
   if (lora_.on())
     lora_backward(*store_, lora_, rows_, in_, out_local_, dy_operand(w, dy, dy16), operand(input), dinput.data());
-  Kokkos::fence();
   if (tp_.sequence_parallel)
     GatherFromSequenceParallelRegion::backward(tp_, dx, dgathered_, rows_, in_);  // -> (rows/tp, in)
   else
@@ -271,7 +265,6 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
   const Act w = store_->param(w_);  // (out, in/tp)
   const std::int64_t p = tp_.size();
   const FloatView out = tp_.sequence_parallel ? partial_ : y;  // (rows, out), partial sums over TP
-  Kokkos::fence();
   gemm_mixed(Trans::N, Trans::T, rows_, out_, in_local_, 1.f, operand(x), in_local_, operand(w), in_local_, 0.f,
              out.data(), out_);
   if (lora_.on()) lora_forward(*store_, lora_, rows_, in_local_, out_, operand(x), out.data());
@@ -298,7 +291,6 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
     dfull = dy_full_;
   }
-  Kokkos::fence();
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
   if (store_->trains(w_))
     linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
@@ -321,7 +313,7 @@ void RowParallelLinear::infer(const FloatView& y, const FloatView& x, std::int64
                   "internal: inference runs fp32 parameters without sequence parallelism or adapters");
   gemm(Trans::N, Trans::T, rows, out_, in_local_, 1.f, x.data(), in_local_, store_->value(w_).data(), in_local_, 0.f,
        y.data(), out_);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   ReduceFromTensorParallelRegion::forward(tp_, y, rows * out_);
   if (b_ >= 0) add_bias(y, store_->param(b_), rows, out_);
 }

@@ -10,8 +10,8 @@
 
 #include <cmath>
 
-#include "common/error.hpp"
 #include "common/device_parallel.hpp"
+#include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "common/rng.hpp"
 
@@ -248,7 +248,6 @@ void ParamStore::zero_grads(std::int64_t keep_begin, std::int64_t keep_end) {
         for (std::int64_t i = b; i < (e < keep_begin ? e : keep_begin); ++i) g[i] = 0.f;
         for (std::int64_t i = (b > keep_end ? b : keep_end); i < e; ++i) g[i] = 0.f;
       });
-  Kokkos::fence();
 }
 
 void ParamStore::initialize(std::uint64_t seed) {

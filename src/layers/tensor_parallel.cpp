@@ -5,6 +5,7 @@
 // interleaves it into (rows, tp * cols). With tp = 1 each is a copy or nothing.
 #include "layers/tensor_parallel.hpp"
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 
@@ -17,7 +18,7 @@ void tp_allreduce(const TensorParallel& tp, const FloatView& x, std::int64_t n) 
 void tp_gather_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                     std::int64_t cols) {
   if (tp.size() == 1) {
-    Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
+    device_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
     return;
   }
   tp.comm->allgather(in.data(), out.data(), rows * cols);
@@ -26,7 +27,7 @@ void tp_gather_rows(const TensorParallel& tp, const FloatView& out, const FloatV
 void tp_gather_rows(const TensorParallel& tp, const HalfView& out, const HalfView& in, std::int64_t rows,
                     std::int64_t cols) {
   if (tp.size() == 1) {
-    Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
+    device_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
     return;
   }
   tp.comm->allgather(in.data(), out.data(), rows * cols);
@@ -38,7 +39,7 @@ void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, cons
   if (rows % p != 0)
     throw Error::one("reduce-scatter of " + std::to_string(rows) + " rows over " + std::to_string(p) + " ranks");
   if (p == 1) {
-    Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
+    device_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
     return;
   }
   tp.comm->reduce_scatter(in.data(), out.data(), rows / p * cols);
@@ -47,14 +48,14 @@ void tp_reduce_scatter_rows(const TensorParallel& tp, const FloatView& out, cons
 void tp_scatter_rows(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
                      std::int64_t cols) {
   const std::int64_t p = tp.size(), n = rows / p * cols;
-  Kokkos::deep_copy(slice(out, 0, n), slice(in, tp.rank() * n, n));
+  device_copy(slice(out, 0, n), slice(in, tp.rank() * n, n));
 }
 
 void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, const FloatView& scratch,
                        std::int64_t rows, std::int64_t cols) {
   const std::int64_t p = tp.size();
   if (p == 1) {
-    Kokkos::deep_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
+    device_copy(slice(out, 0, rows * cols), slice(in, 0, rows * cols));
     return;
   }
   tp.comm->allgather(in.data(), scratch.data(), rows * cols);
@@ -64,7 +65,6 @@ void tp_gather_columns(const TensorParallel& tp, const FloatView& out, const Flo
         const std::int64_t c = i % cols, r = (i / cols) % rows, k = i / (rows * cols);
         out(r * p * cols + k * cols + c) = scratch(i);
       });
-  Kokkos::fence();
 }
 
 void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const FloatView& in, std::int64_t rows,
@@ -75,7 +75,6 @@ void tp_scatter_columns(const TensorParallel& tp, const FloatView& out, const Fl
         const std::int64_t r = i / local, c = i % local;
         out(i) = in(r * cols + k * local + c);
       });
-  Kokkos::fence();
 }
 
 }  // namespace trident

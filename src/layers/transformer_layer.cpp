@@ -7,6 +7,7 @@
 // of (stream, step, layer, site) and are regenerated in backward ("Recomputation").
 #include "layers/transformer_layer.hpp"
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/flash_attention.hpp"
@@ -214,13 +215,10 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   const DropoutSpec att_spec = spec(rng, s_.attention_p(), kAttentionProbs, true);
   record_dropout("attention_probs", index_, att_spec, {s_.B, s_.num_heads / p, s_.T, s_.T});
   norm1_.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, R);
-  Kokkos::fence();
   qkv_.forward(a.qkv, a.ln1, s.gathered, s.dqkv);  // (BT, W_l)
-  Kokkos::fence();
   qk_norm_.forward(a.qkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_out);
   pos_->apply(a.qkv, rope_layout(s_.rows()), a.positions);
   core_->forward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
-  Kokkos::fence();
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
   const DropoutSpec proj_spec = spec(rng, s_.hidden_p(), kAfterProj, sp);
   record_dropout("after_proj", index_, proj_spec, {R, C});
@@ -228,13 +226,11 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   if (cross()) cross_forward(a, s, enc_valid);
   const FloatView& mlp_in = cross() ? a.res3 : a.res2;  // (R, C)
   norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
-  Kokkos::fence();
   mlp_->forward(s.branch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()),
                 {s.gathered, s.dy16});  // (R, C) before its output bias
   const DropoutSpec fc2_spec = spec(rng, s_.hidden_p(), kAfterFc2, sp);
   record_dropout("after_fc2", index_, fc2_spec, {R, C});
   bias_dropout_add(a.out, mlp_in, s.branch, mlp_->output_bias(), R, C, fc2_spec);
-  Kokkos::fence();
 }
 
 // The rotated heads of qkv rows: this rank's query heads, then its key heads, after them.
@@ -277,13 +273,10 @@ void TransformerLayer::cross_forward(LayerActivations& a, TransformerScratch& s,
   a.enc_valid = enc_valid;
   const AttentionMask mask{false, enc_valid};
   normx_.forward(a.lnx, a.lnx_mean, a.lnx_rstd, a.res2, R);
-  Kokkos::fence();
   cq_.forward(a.cq, a.lnx, s.gathered, s.dcq);         // (BT, C/tp)
   ckv_.forward(a.ckv, a.enc, s.gathered_enc, s.dckv);  // (E, 2C/tp)
-  Kokkos::fence();
   cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
   cross_attention_context(a.catty, att_spec.active() ? a.catt_drop : a.catt, a.ckv, as, s.attention());
-  Kokkos::fence();
   cproj_.forward(s.branch, a.catty, false);
   const DropoutSpec cproj_spec = spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp);
   record_dropout("after_cross_proj", index_, cproj_spec, {R, C});
@@ -299,17 +292,13 @@ void TransformerLayer::cross_backward(const FloatView& dres, LayerActivations& a
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kCrossProbs, true);
   const AttentionMask mask{false, a.enc_valid};
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterCrossProj, sp), C);
-  Kokkos::fence();
   cproj_.backward(s.datty, s.dbranch, a.catty, s.dy16);
   if (!a.attention_kept) cross_attention_probs(a.catt, a.catt_drop, a.cq, a.ckv, as, att_spec, mask, s.attention());
   cross_attention_backward(s.dcq, s.dckv, s.datty, a.cq, a.ckv, a.catt, a.catt_drop, s.datt, as, att_spec, mask,
                            s.attention());
-  Kokkos::fence();
   ckv_.backward(s.denc, s.dckv, a.enc, s.gathered_enc, s.dy16);  // d enc (R_e, C), summed over TP
-  Kokkos::fence();
   accumulate(denc, s.denc, s_.enc_local_rows() * C);
   cq_.backward(s.dln, s.dcq, a.lnx, s.gathered, s.dy16);
-  Kokkos::fence();
   // dres (d res3) flows to res2 directly and through LNx: d res2 = dres + LNx'(dln)
   normx_.backward(dres, s.dln, a.res2, a.lnx_mean, a.lnx_rstd, R);
 }
@@ -322,22 +311,16 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp), C);
-  Kokkos::fence();
   mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16});  // d ln2 (R, C)
-  Kokkos::fence();
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
   dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp), C);
-  Kokkos::fence();
   proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
   core_->backward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
-  Kokkos::fence();
   pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
-  Kokkos::fence();
   qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);
   qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
-  Kokkos::fence();
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
 }
 
@@ -347,24 +330,24 @@ void TransformerLayer::infer(const FloatView& x, const FloatView& cache, const I
   TRIDENT_REQUIRE(!cross() && s_.causal, "internal: cached inference runs causal self-attention layers");
   const std::int64_t C = s_.hidden_size;
   norm1_.forward(w.h, w.mean, w.rstd, x, R);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   qkv_.infer(w.qkv, w.h, R);  // (R, W_l)
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   qk_norm_.forward(act(w.qkv), R, w.qk_x, w.qk_mean, w.qk_rstd, act(w.qk_out));
   pos_->apply(act(w.qkv), rope_layout(R), enc_positions.extent(0) > 0 ? enc_positions : positions);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   kv_cache_store(w.q, cache, w.qkv, positions, R, n, L, q_local(), kv_local());
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   cross_attention_probs(w.att, Act(), w.q, cache, as, {}, mask);
   cross_attention_context(w.y, w.att, cache, as);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   proj_.infer(w.out, w.y, R);
   accumulate(x, w.out, R * C);
   norm2_.forward(w.h, w.mean, w.rstd, x, R);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   mlp_->infer(w.out, w.h, R, w.fc, w.act);
   accumulate(x, w.out, R * C);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 }  // namespace trident

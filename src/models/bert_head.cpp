@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/elementwise.hpp"
@@ -79,42 +80,42 @@ LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, 
   LossParts out;
   // ---- masked LM ----
   dense_.forward(t1_, x, BT);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   gelu_forward(t2_, t1_, BT * C);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   norm_.forward(t3_, mean_, rstd_, t2_, BT);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   // logits (BT, Vl) = t3 wte_local^T + bias_local
   gemm_mixed(Trans::N, Trans::T, BT, Vl_, C, 1.f, operand(t3_), C, operand(wte), C, 0.f, logits_.data(), Vl_);
   add_bias(logits_, store_->param(bias_), BT, Vl_);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const float dmlm = static_cast<float>(dscale / n_targets);
   token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl_, start_, dmlm, training, tp_.comm, ce_scratch_);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   out.lm_sum = sum_losses(losses_, BT);
   out.lm_count = static_cast<double>(mb.num_targets);
   out.lm = out.lm_sum / n_targets;
   // ---- sentence order ----
   if (binary_) {
     gather_strided_rows(pin_, x, B_, T_, C);  // the [CLS] rows
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     pooler_.forward(p1_, pin_, B_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     tanh_forward(p2_, p1_, B_ * C);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     if (half) {
       pack_half(dt_, p2in_.h, p2_, B_ * C);
-      Kokkos::fence();
+      TRIDENT_DEVICE_WAIT();
     }
     binary_head_.forward(logits2_, p2in_, B_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     const double n_sent = static_cast<double>(std::max<std::int64_t>(mb.num_sentences, 1));
     const float dsop = static_cast<float>(dscale / n_sent);
     if (training)
       cross_entropy_forward_backward(losses2_, logits2_, mb.sentence_order, B_, 2, 2, dsop);
     else
       cross_entropy_forward(losses2_, logits2_, mb.sentence_order, B_, 2, 2);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     out.sop_sum = sum_losses(losses2_, B_);
     out.sop_count = static_cast<double>(mb.num_sentences);
     out.sop = out.sop_sum / n_sent;
@@ -125,30 +126,30 @@ LossParts BertHead::losses(const Act& x, const Act& wte, const FloatView& dwte, 
   GemmOperand dlogits = operand(logits_.data());  // (BT, Vl): fp32, or its 16-bit copy
   if (half) {                                     // the logits' gradient enters the GEMMs in 16 bits
     pack_half(dt_, dy16_, logits_, BT * Vl_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     dlogits = operand(dt_, dy16_.data());
   }
   gemm_mixed(Trans::N, Trans::N, BT, C, Vl_, 1.f, dlogits, Vl_, operand(wte), C, 0.f, dt3_.data(), C);
   gemm_mixed(Trans::T, Trans::N, Vl_, C, BT, 1.f, dlogits, Vl_, operand(t3_), C, 1.f, dwte.data(), C);
   bias_backward(store_->grad(bias_), logits_, BT, Vl_);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   if (!partial_) CopyToTensorParallelRegion::backward(tp_, dt3_, BT * C);
   Kokkos::deep_copy(dt2_, 0.f);
   norm_.backward(dt2_, dt3_, t2_, mean_, rstd_, BT);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   gelu_backward(dt1_, dt2_, t1_, BT * C);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   dense_.backward(dx, dt1_, x, BT, dy16_);  // overwrites dx
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   if (binary_ && (!partial_ || tp_.rank() == 0)) {
     binary_head_.backward(dp2_, logits2_, p2in_, B_, dy16_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     tanh_backward(dp1_, dp2_, p2_, B_ * C);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     pooler_.backward(dpin_, dp1_, pin_, B_, dy16_);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     scatter_add_strided_rows(dx, dpin_, B_, T_, C);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/attention.hpp"
 #include "ops/elementwise.hpp"
@@ -158,13 +159,13 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
   const TensorParallel& tp = model_->tensor_parallel();
   const FloatView x = x_, h = w_.h, out = w_.out;  // (R, C)
   embedding_lookup(x, tokens_, store.value(model_->word_embeddings()), model_->vocab_start(), Vl_, R, C);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   tp_allreduce(tp, x, R * C);
   const IntView enc = enc_positions.empty() ? IntView() : slice(enc_positions_, 0, R);
   if (cfg_.learned_positions()) {  // rotary positions turn the queries and keys in each layer instead
     embedding_lookup(out, enc_positions.empty() ? positions_ : enc, store.value(model_->position_embeddings()), 0,
                      cfg_.max_positions, R, C);
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
     accumulate(x, out, R * C);
   }
   AttentionShape as{B, n, Ql_, nhl_};
@@ -184,12 +185,12 @@ std::vector<float> GptGenerator::forward(std::int64_t B, std::int64_t n, std::in
         const std::int64_t b = i / C, c = i % C;
         out(i) = x((b * n + n - 1) * C + c);
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   model_->final_norm().forward(h, w_.mean, w_.rstd, out, B);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   gemm(Trans::N, Trans::T, B, Vl_, C, 1.f, h.data(), C, store.value(model_->output_weights()).data(), C, 0.f,
        logits_.data(), Vl_);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   const std::int64_t p = tp.size(), V = cfg_.vocab_size;
   FloatView all = logits_;  // (B, V_l), or (p, B, V_l) once gathered
   if (p > 1) {

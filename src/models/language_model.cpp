@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/embedding.hpp"
@@ -337,25 +338,21 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   const FloatView word = slice(word_, 0, BT * C);
   embedding_lookup(word, tokens, store_->param(wte_), vocab_start_, vocab_local_, BT, C);
-  Kokkos::fence();
   if (tp_.sequence_parallel) {
     ReduceScatterToSequenceParallelRegion::forward(tp_, out, word, BT, C);
   } else {
     ReduceFromTensorParallelRegion::forward(tp_, word, BT * C);
-    Kokkos::deep_copy(out, word);
+    device_copy(out, word);
   }
   if (wpe_ >= 0) add_positions(out, store_->param(wpe_), row0, R, T, C, positions);
   if (tte_ >= 0) {  // token types of this rank's rows; word_ is free again
-    Kokkos::fence();
     embedding_lookup(word_, slice(types, row0, R), store_->param(tte_), 0, cfg_.num_token_types, R, C);
-    Kokkos::fence();
     accumulate(out, word_, R * C);
   }
   DropoutSpec d = training ? embedding_dropout(rng) : DropoutSpec{};
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);  // the decoder's own mask
   record_dropout(which ? "decoder_embedding" : "embedding", -1, d, {R, C});
   dropout_forward(out, out, R * C, d, C);
-  Kokkos::fence();
 }
 
 // Backward of embed: dout (R, C) is consumed (dropout applied in place).
@@ -367,7 +364,6 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
   dropout_backward(dout, dout, R * C, d, C);
   if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C, positions);
-  Kokkos::fence();
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
   // backward); without sequence parallelism dout is already complete on every TP rank.
   FloatView dword = dout;
@@ -378,7 +374,6 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
   embedding_lookup_backward(store_->grad(wte_), dword, tokens, vocab_start_, vocab_local_, BT, C);
   if (tte_ >= 0)
     embedding_lookup_backward(store_->grad(tte_), dout, slice(types, row0, R), 0, cfg_.num_token_types, R, C);
-  Kokkos::fence();
 }
 
 // Final LayerNorm, then the head on every row (the hidden states enter the head's TP region by
@@ -393,17 +388,15 @@ double LanguageModel::run_head(int slot_index, const MicroBatch& mb, bool traini
   const FloatView last = layers_.empty() ? chunk_input(s)
                                          : layer_output(s, static_cast<std::int64_t>(layers_.size()) - 1);
   lnf_.forward(lnf_out_, lnf_mean_, lnf_rstd_, last, R);
-  Kokkos::fence();
   if (sp) GatherFromSequenceParallelRegion::forward(tp_, head_in_, lnf_out_, R, C);
   const double loss = head_->run(head_in_, mb, training, dscale, samples, dhead_);
   if (!training) return loss;
   if (sp)
     GatherFromSequenceParallelRegion::backward(tp_, dlnf_, dhead_, BT, C);  // partial sums -> my rows
   else if (dlnf_.data() != dhead_.data())
-    Kokkos::deep_copy(dlnf_, dhead_);
-  Kokkos::deep_copy(s.head_grad, 0.f);
+    device_copy(dlnf_, dhead_);
+  device_copy(s.head_grad, 0.f);
   lnf_.backward(s.head_grad, dlnf_, last, lnf_mean_, lnf_rstd_, R);
-  Kokkos::fence();
   return loss;
 }
 
@@ -419,28 +412,28 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
   Slot& s = slot(slot_index);
   s.rng = training ? rng : DropoutStreams{};
   // the per-token masks and positions are kept until the slot's backward pass
-  if (cfg_.padding_mask()) Kokkos::deep_copy(s.padding, mb.padding);
-  if (cfg_.reset_position_ids) Kokkos::deep_copy(s.positions, mb.positions);
-  if (cfg_.reset_attention_mask) Kokkos::deep_copy(s.doc_start, mb.doc_start);
+  if (cfg_.padding_mask()) device_copy(s.padding, mb.padding);
+  if (cfg_.reset_position_ids) device_copy(s.positions, mb.positions);
+  if (cfg_.reset_attention_mask) device_copy(s.doc_start, mb.doc_start);
   if (stage_.pre) {
     embed(chunk_input(s), mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0, s.positions);
-    if (training) Kokkos::deep_copy(s.tokens, mb.tokens);
-    if (training && tte_ >= 0) Kokkos::deep_copy(s.types, mb.types);
+    if (training) device_copy(s.tokens, mb.tokens);
+    if (training && tte_ >= 0) device_copy(s.types, mb.types);
   } else {
-    Kokkos::deep_copy(s.input, slice(input, 0, activation_size()));
+    device_copy(s.input, slice(input, 0, activation_size()));
     if (in_dec_) {  // the encoder output travels behind the decoder's hidden states
       const FloatView enc = slice(s.input, dec_local_rows_ * cfg_.hidden_size, local_rows_ * cfg_.hidden_size);
       if (s.enc_out.is_half())
         pack_half(cfg_.dt, s.enc_out.h, enc, local_rows_ * cfg_.hidden_size);
       else
-        Kokkos::deep_copy(s.enc_out.f, enc);
+        device_copy(s.enc_out.f, enc);
     }
   }
   FloatView x = chunk_input(s);
   for (std::int64_t l = 0; l < static_cast<std::int64_t>(layers_.size()); ++l) {
     if (l == dec_start_) {  // the encoder's final LayerNorm, then the decoder's embeddings
       enc_lnf_.forward(s.enc_out, s.enc_mean, s.enc_rstd, x, local_rows_);
-      if (training) Kokkos::deep_copy(s.dec_tokens, mb.dec_tokens);
+      if (training) device_copy(s.dec_tokens, mb.dec_tokens);
       embed(s.dec_input, mb.dec_tokens, IntView(), cfg_.decoder_seq_length, s.rng, training, 1);
       x = s.dec_input;
     }
@@ -451,15 +444,14 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
   }
   if (!stage_.post) {
     if (cfg_.encoder_decoder()) {  // message: the hidden states, then (decoder) the encoder output
-      Kokkos::deep_copy(slice(s.send, 0, x.extent(0)), x);
+      device_copy(slice(s.send, 0, x.extent(0)), x);
       if (out_dec_) {
         const FloatView enc = slice(s.send, dec_local_rows_ * cfg_.hidden_size, local_rows_ * cfg_.hidden_size);
         if (s.enc_out.is_half())
           unpack_half(cfg_.dt, enc, s.enc_out.h, local_rows_ * cfg_.hidden_size);
         else
-          Kokkos::deep_copy(enc, s.enc_out.f);
+          device_copy(enc, s.enc_out.f);
       }
-      Kokkos::fence();
     }
     return 0.0;
   }
@@ -483,12 +475,11 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
   Slot& s = slot(slot_index);
   const int last_part = layers_.empty() ? 0 : part(static_cast<std::int64_t>(layers_.size()) - 1);
   FloatView dres = slice(dres_, 0, local_rows_of(last_part) * C);
-  Kokkos::deep_copy(dres, stage_.post ? s.head_grad : slice(grad_output, 0, dres.extent(0)));
+  device_copy(dres, stage_.post ? s.head_grad : slice(grad_output, 0, dres.extent(0)));
   if (out_dec_)  // the encoder output's gradient from the later decoder layers; ours add to it
-    Kokkos::deep_copy(s.denc, slice(grad_output, dec_local_rows_ * C, R * C));
+    device_copy(s.denc, slice(grad_output, dec_local_rows_ * C, R * C));
   else if (s.denc.extent(0) > 0)
-    Kokkos::deep_copy(s.denc, 0.f);
-  Kokkos::fence();
+    device_copy(s.denc, 0.f);
   for (std::int64_t g = static_cast<std::int64_t>(segments_.size()) - 1; g >= 0; --g) {
     const Segment& seg = segments_[g];
     const int q = part(seg.first);
@@ -505,22 +496,19 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
       const FloatView in = l == seg.first ? segment_input(s, g) : acts[l - 1 - seg.first].out;
       layers_[l]->backward(dres, in, acts[l - seg.first], *scratch_[q], s.denc);
       if (final_backward && on_layer_grads_ready) {
-        Kokkos::fence();
         on_layer_grads_ready(stage_.first_layer + l);
       }
     }
     if (seg.first == dec_start_) {  // into the decoder's embeddings, then the encoder's output
       embed_backward(dres, s.dec_tokens, IntView(), cfg_.decoder_seq_length, s.rng, 1);
       dres = slice(dres_, 0, R * C);
-      Kokkos::deep_copy(dres, 0.f);
+      device_copy(dres, 0.f);
       const FloatView enc_last = dec_start_ == 0 ? chunk_input(s) : layer_output(s, dec_start_ - 1);
       enc_lnf_.backward(dres, s.denc, enc_last, s.enc_mean, s.enc_rstd, R);
-      Kokkos::fence();
     }
   }
   if (in_dec_) {  // message back: d(decoder hidden states), then d(encoder output)
-    Kokkos::deep_copy(slice(dres_, dec_local_rows_ * C, R * C), s.denc);
-    Kokkos::fence();
+    device_copy(slice(dres_, dec_local_rows_ * C, R * C), s.denc);
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
   embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0, s.positions);

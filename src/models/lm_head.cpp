@@ -52,16 +52,13 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   // logits (BT, Vl) in fp32 (16-bit inputs, fp32 accumulation): the cross-entropy is fp32
   gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(x), C, operand(wte), C, 0.f, logits_.data(), Vl);
   if (bias_ >= 0) {  // this rank's vocabulary columns of the bias
-    Kokkos::fence();
     add_bias(logits_, store_->param(bias_), BT, Vl);
-    Kokkos::fence();
   }
   const double per_target = per_target_mean_ ? 1.0 / static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1))
                                              : 1.0;
   if (per_target_mean_) dscale = static_cast<float>(dscale * per_target);
   const std::int64_t count = training ? BT : samples * T;
   token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm, ce_scratch_);
-  Kokkos::fence();
   double loss_sum = sum_losses(losses_, count);
   if (per_target_mean_) {
     parts_.add(LossParts{loss_sum * per_target, 0.0, loss_sum, static_cast<double>(mb.num_targets), 0.0, 0.0});
@@ -74,14 +71,12 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   GemmOperand dlogits = operand(logits_.data());
   if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
     pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
-    Kokkos::fence();
     dlogits = operand(wte.dt, dlogits16_.data());
   }
   // dx (BT, C) = dlogits (BT, Vl) wte_local (Vl, C): partial over TP
   gemm_mixed(Trans::N, Trans::N, BT, C, Vl, 1.f, dlogits, Vl, operand(wte), C, 0.f, dx.data(), C);
   // dwte_local += dlogits^T x
   if (trains) gemm_mixed(Trans::T, Trans::N, Vl, C, BT, 1.f, dlogits, Vl, operand(x), C, 1.f, dwte.data(), C);
-  Kokkos::fence();
   // without sequence parallelism the input came in by copy_to: its gradient is summed over TP
   if (!tp_.sequence_parallel) CopyToTensorParallelRegion::backward(tp_, dx, BT * C);
   return loss_sum;

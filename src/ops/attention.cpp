@@ -191,7 +191,6 @@ void probs_f32(const FloatView& att, const FloatView& att_drop, const Operands& 
   scores_gemm(att.data(), o, s);
   masked_softmax_forward(att, s.B * s.nh, s.T, s.keys(), s.nh, softmax_scale(s), mask);
   if (drop.active()) dropout_forward(att_drop, att, probs_size(s), drop);
-  Kokkos::fence();
 }
 
 void backward_f32(const GradOperands& g, const FloatView& dy, const Operands& o, const FloatView& att,
@@ -201,7 +200,6 @@ void backward_f32(const GradOperands& g, const FloatView& dy, const Operands& o,
   value_grad_gemms(datt.data(), g, operand(dy.data()), operand(probs.data()), o, s);
   if (drop.active()) dropout_backward(datt, datt, probs_size(s), drop);
   masked_softmax_backward(datt, att, s.B * s.nh, s.T, s.keys(), softmax_scale(s), mask.causal);
-  Kokkos::fence();
   query_key_grad_gemms(g, operand(datt.data()), o, s);
 }
 
@@ -212,18 +210,15 @@ void probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const O
   masked_softmax_forward(scores, s.B * s.nh, s.T, s.keys(), s.nh, softmax_scale(s), mask);
   pack_half(dt, att, scores, A);
   if (drop.active()) {
-    Kokkos::fence();
     dropout_forward(scores, scores, A, drop);
     pack_half(dt, att_drop, scores, A);
   }
-  Kokkos::fence();
 }
 
 void context_half(DType dt, const HalfView& y, const FloatView& y32, const HalfView& probs, const Operands& o,
                   const AttentionShape& s) {
   context_gemm(y32.data(), operand(dt, probs.data()), o, s);
   pack_half(dt, y, y32, s.B * s.T * s.C);
-  Kokkos::fence();
 }
 
 void backward_half(DType dt, const GradOperands& g, const FloatView& dy, const Operands& o, const HalfView& att,
@@ -231,15 +226,12 @@ void backward_half(DType dt, const GradOperands& g, const FloatView& dy, const O
                    const HalfView& ds16, const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t A = probs_size(s);
   pack_half(dt, dy16, dy, s.B * s.T * s.C);
-  Kokkos::fence();
   value_grad_gemms(datt.data(), g, operand(dt, dy16.data()), operand(dt, (drop.active() ? att_drop : att).data()), o,
                    s);
   if (drop.active()) dropout_backward(datt, datt, A, drop);
   unpack_half(dt, att32, att, A);  // the stored (rounded) probabilities
-  Kokkos::fence();
   masked_softmax_backward(datt, att32, s.B * s.nh, s.T, s.keys(), softmax_scale(s), mask.causal);
   pack_half(dt, ds16, datt, A);
-  Kokkos::fence();
   query_key_grad_gemms(g, operand(dt, ds16.data()), o, s);
 }
 

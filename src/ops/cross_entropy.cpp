@@ -5,6 +5,7 @@
 
 #include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
+#include "common/device_wait.hpp"
 
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
@@ -110,7 +111,6 @@ void vocab_parallel_device(const FloatView& losses, const FloatView& logits, con
         const float mx = team_max(t, nvalid, [&](std::int64_t j) { return row[j]; });
         Kokkos::single(Kokkos::PerTeam(t), [&]() { rowmax(n) = mx; });
       });
-  Kokkos::fence();
   comm.allreduce_max(rowmax.data(), N);
   for_each_row(
       "ops::vocab_parallel_ce_sum", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
@@ -123,7 +123,6 @@ void vocab_parallel_device(const FloatView& losses, const FloatView& logits, con
           sums(N + n) = (tl >= 0 && tl < nvalid) ? row[tl] : 0.f;
         });
       });
-  Kokkos::fence();
   comm.allreduce_sum(sums.data(), 2 * N);
   for_each_row(
       "ops::vocab_parallel_ce_loss", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
@@ -143,7 +142,6 @@ void vocab_parallel_device(const FloatView& losses, const FloatView& logits, con
           row[j] = g;
         });
       });
-  Kokkos::fence();
 }
 }  // namespace
 
@@ -175,7 +173,6 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
         for (std::int64_t j = 0; j < nvalid; ++j) mx = row[j] > mx ? row[j] : mx;
         rowmax(n) = mx;
       });
-  Kokkos::fence();
   comm.allreduce_max(rowmax.data(), N);
   for_each_index(
       "ops::vocab_parallel_ce_sum", N, KOKKOS_LAMBDA(std::int64_t n) {
@@ -188,7 +185,6 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
         sums(n) = s;
         sums(N + n) = (t >= 0 && t < nvalid) ? row[t] : 0.f;
       });
-  Kokkos::fence();
   comm.allreduce_sum(sums.data(), 2 * N);
   for_each_index(
       "ops::vocab_parallel_ce_loss", N, KOKKOS_LAMBDA(std::int64_t n) {
@@ -202,11 +198,11 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
         const std::int64_t t = static_cast<std::int64_t>(targets(n)) - start;
         if (t >= 0 && t < nvalid) row[t] -= dscale;
       });
-  Kokkos::fence();
 }
 
 double sum_losses(const FloatView& losses, std::int64_t N) {
   double total = 0;
+  TRIDENT_DEVICE_READ();
   Kokkos::parallel_reduce(
       "ops::sum_losses", range(N), KOKKOS_LAMBDA(std::int64_t n, double& acc) { acc += losses(n); }, total);
   return total;

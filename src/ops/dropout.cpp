@@ -5,6 +5,7 @@
 // debug.dump_dropout, and dropout_key: splitmix64 mixing of stream, step and layer * 16 + site.
 #include "ops/dropout.hpp"
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "common/rng.hpp"
@@ -15,7 +16,7 @@ namespace {
 void apply(const char* label, const FloatView& out, const FloatView& in, std::int64_t n, const DropoutSpec& d,
            std::int64_t cols) {
   if (!d.active()) {
-    if (out.data() != in.data()) Kokkos::deep_copy(slice(out, 0, n), slice(in, 0, n));
+    if (out.data() != in.data()) device_copy(slice(out, 0, n), slice(in, 0, n));
     return;
   }
   const float p = d.p, scale = 1.f / (1.f - d.p);

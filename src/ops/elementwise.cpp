@@ -6,8 +6,12 @@
 
 #include <math.h>
 
+#include <algorithm>
+
 #include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
+#include "common/device_wait.hpp"
+#include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 
@@ -121,6 +125,8 @@ TRIDENT_HOST_NOINLINE KOKKOS_FUNCTION float chunk_sum_squares(const float* p, st
   for (std::int64_t i = 0; i < len; ++i) s += p[i] * p[i];
   return s;
 }
+// RangeSquares' values per thread (as sum_squares' device chunks)
+constexpr std::int64_t kSquareChunk = 32;
 }  // namespace
 
 double sum_squares(const FloatView& x, std::int64_t n) {
@@ -131,6 +137,7 @@ double sum_squares(const FloatView& x, std::int64_t n) {
   // On a device, chunks of 32 (more threads; another order of additions than the host's).
   constexpr std::int64_t kChunk = kDeviceKernels ? 32 : 1024;
   const float* data = x.data();
+  TRIDENT_DEVICE_READ();
   return sum_chunks(
       "ops::sum_squares", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
         const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
@@ -138,10 +145,67 @@ double sum_squares(const FloatView& x, std::int64_t n) {
       });
 }
 
+RangeSquares::RangeSquares(std::vector<Range> ranges, int classes) : classes_(classes) {
+  std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.cls < b.cls; });
+  const std::int64_t R = static_cast<std::int64_t>(ranges.size());
+  HostView1<std::int64_t> b("range_begin", static_cast<size_t>(R)), e("range_end", static_cast<size_t>(R)),
+      c("range_chunk", static_cast<size_t>(R));
+  class_chunk_.assign(static_cast<size_t>(classes) + 1, 0);
+  std::int64_t at = 0;
+  int cls = 0;
+  for (std::int64_t r = 0; r < R; ++r) {
+    const Range& g = ranges[static_cast<size_t>(r)];
+    TRIDENT_REQUIRE(g.cls >= 0 && g.cls < classes && g.end >= g.begin, "internal: RangeSquares range " << r);
+    while (cls < g.cls) class_chunk_[static_cast<size_t>(++cls)] = at;
+    b(r) = g.begin;
+    e(r) = g.end;
+    c(r) = at;
+    at += (g.end - g.begin + kSquareChunk - 1) / kSquareChunk;
+  }
+  while (cls < classes) class_chunk_[static_cast<size_t>(++cls)] = at;
+  chunks_ = at;
+  range_begin_ = Kokkos::create_mirror_view_and_copy(MemSpace(), b);
+  range_end_ = Kokkos::create_mirror_view_and_copy(MemSpace(), e);
+  range_chunk_ = Kokkos::create_mirror_view_and_copy(MemSpace(), c);
+  part_ = View1<double>("range_squares::part", static_cast<size_t>(std::max<std::int64_t>(chunks_, 1)));
+  sums_ = View1<double>("range_squares::sums", static_cast<size_t>(classes));
+}
+
+std::vector<double> RangeSquares::run(const FloatView& x) const {
+  const float* data = x.data();
+  const auto rb = range_begin_, re = range_end_, rc = range_chunk_;
+  const auto part = part_;
+  const std::int64_t R = static_cast<std::int64_t>(rb.extent(0));
+  Kokkos::parallel_for(
+      "ops::range_squares", range(chunks_), KOKKOS_LAMBDA(std::int64_t c) {
+        std::int64_t lo = 0, hi = R - 1;  // the last range whose first chunk is <= c
+        while (lo < hi) {
+          const std::int64_t mid = (lo + hi + 1) / 2;
+          if (rc(mid) <= c)
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        const std::int64_t b = rb(lo) + (c - rc(lo)) * kSquareChunk;
+        const std::int64_t e = b + kSquareChunk < re(lo) ? b + kSquareChunk : re(lo);
+        part(c) = static_cast<double>(chunk_sum_squares(data + b, e - b));
+      });
+  for (int k = 0; k < classes_; ++k) {
+    const std::int64_t c0 = class_chunk_[static_cast<size_t>(k)], c1 = class_chunk_[static_cast<size_t>(k) + 1];
+    Kokkos::parallel_reduce(
+        "ops::range_squares_sum", Kokkos::RangePolicy<ExecSpace>(c0, c1),
+        KOKKOS_LAMBDA(std::int64_t c, double& acc) { acc += part(c); }, Kokkos::subview(sums_, k));
+  }
+  TRIDENT_DEVICE_READ();
+  const auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), sums_);
+  return std::vector<double>(h.data(), h.data() + classes_);
+}
+
 bool has_nonfinite(const FloatView& x, std::int64_t n) {
   // a count of NaN or inf values per chunk (v - v is NaN for both), exact in any order
   constexpr std::int64_t kChunk = kDeviceKernels ? 32 : 4096;
   const float* data = x.data();
+  TRIDENT_DEVICE_READ();
   const double bad = sum_chunks(
       "ops::has_nonfinite", (n + kChunk - 1) / kChunk, KOKKOS_LAMBDA(std::int64_t c) {
         const std::int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;

@@ -3,6 +3,8 @@
 // strided row gathers (BERT's [CLS] rows) and their scatter-add backward, scaling, and the
 // reductions over gradients (sum of squares for the norm, the non-finite check of fp16 steps).
 #pragma once
+#include <vector>
+
 #include "common/half.hpp"
 #include "common/types.hpp"
 
@@ -31,5 +33,29 @@ void scale(const FloatView& x, float s, std::int64_t n);
 double sum_squares(const FloatView& x, std::int64_t n);
 // true when x holds a NaN or an infinity
 bool has_nonfinite(const FloatView& x, std::int64_t n);
+
+// Sums of squares of ranges of one flat buffer by class, in a fixed number of launches (the device
+// path of the gradient norm: one pass over every range's chunks of 32 values, then one sum per
+// class, then one read of the sums), where sum_squares per range takes a launch and a read each.
+// Built once for a set of ranges; sums[k] is the sum over the ranges of class k, in an order that
+// depends only on the ranges (deterministic; not sum_squares' order).
+class RangeSquares {
+ public:
+  struct Range {
+    std::int64_t begin, end;
+    int cls;
+  };
+  RangeSquares() = default;
+  RangeSquares(std::vector<Range> ranges, int classes);
+  bool built() const { return classes_ > 0; }
+  std::vector<double> run(const FloatView& x) const;
+
+ private:
+  int classes_ = 0;
+  std::int64_t chunks_ = 0;
+  View1<std::int64_t> range_begin_, range_end_, range_chunk_;  // ranges sorted by class; first chunk of each
+  std::vector<std::int64_t> class_chunk_;                      // first chunk of each class, and the total
+  View1<double> part_, sums_;
+};
 
 }  // namespace trident

@@ -60,7 +60,6 @@ void gemm_grouped_scale(float beta, const GemmGroup& g) {
       "ops::gemm_grouped_scale", range(g.M * N), KOKKOS_LAMBDA(std::int64_t i) {
         c[(i / N) * ldc + i % N] = beta == 0.f ? 0.f : beta * c[(i / N) * ldc + i % N];
       });
-  Kokkos::fence();
 }
 
 }  // namespace trident

@@ -9,6 +9,7 @@
 
 #include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 
@@ -80,14 +81,14 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
           for (std::int64_t j = 0; j < k; ++j) probs(t * k + j) = probs(t * k + j) / d;
         }
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
   // p_te = softmax(logits)_te, or sigmoid(logits)_te / ssum_t
   const auto score = KOKKOS_LAMBDA(std::int64_t t, std::int64_t e) {
     const float x = logits(t * E + e);
     return sigmoid ? moe_sigmoid(x) / ssum(t) : dexp(x - lse(t));
   };
   if constexpr (kDeviceKernels) {
-    Kokkos::deep_copy(paux, 0.f);
+    device_copy(paux, 0.f);
     column_sums<1>(
         "ops::moe_route_paux", R, E,
         KOKKOS_LAMBDA(std::int64_t t, std::int64_t e, float* acc) { acc[0] += score(t, e); },
@@ -100,7 +101,7 @@ void moe_route(const IntView& idx, const FloatView& probs, const FloatView& lse,
           paux(e) = s;
         });
   }
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 void moe_route_backward(const FloatView& dlogits, const FloatView& dprobs, const FloatView& logits,
@@ -159,7 +160,7 @@ void moe_route_backward(const FloatView& dlogits, const FloatView& dprobs, const
           for (std::int64_t j = 0; j < k; ++j) d[idx(t * k + j)] += probs(t * k + j) * (dprobs(t * k + j) - dot);
         }
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 std::int64_t moe_capacity(std::int64_t tokens, std::int64_t k, std::int64_t E, double factor) {
@@ -268,7 +269,7 @@ void moe_gather(const Act& xp, const Act& x, const IntView& row_token, std::int6
     detail::gather_rows(xp.h, x.h, row_token, N, C);
   else
     detail::gather_rows(xp.f, x.f, row_token, N, C);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 void moe_combine(const FloatView& out, const FloatView& yp, const FloatView& probs, const IntView& slot_row,
@@ -285,7 +286,7 @@ void moe_combine(const FloatView& out, const FloatView& yp, const FloatView& pro
           for (std::int64_t c = 0; c < C; ++c) o[c] += w * y[c];
         }
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 void moe_combine_backward(const FloatView& dyp, const FloatView& dprobs, const FloatView& dout, const FloatView& yp,
@@ -311,7 +312,7 @@ void moe_combine_backward(const FloatView& dyp, const FloatView& dprobs, const F
           dprobs(t * k + j) = dot;
         }
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 void moe_scatter_add(const FloatView& dx, const FloatView& dxp, const IntView& slot_row, std::int64_t R, std::int64_t k,
@@ -327,7 +328,7 @@ void moe_scatter_add(const FloatView& dx, const FloatView& dxp, const IntView& s
           for (std::int64_t c = 0; c < C; ++c) o[c] += y[c];
         }
       });
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 namespace detail {
@@ -344,7 +345,7 @@ void moe_add_bias(const FloatView& y, const Act& bias, std::int64_t rows, std::i
     case DType::BF16: detail::add_bias_rows<Bf16Fmt>(y, bias.h, rows, C); break;
     case DType::F16: detail::add_bias_rows<Fp16Fmt>(y, bias.h, rows, C); break;
   }
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 }  // namespace trident

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/device_math.hpp"
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "ops/flash_attention.hpp"
@@ -256,8 +257,8 @@ void ring_pack_kv(const Act& packed, const Act& qkv, const AttentionShape& s) {
 }
 
 void ring_forward_begin(const FloatView& acc, const FloatView& lse, const AttentionShape& s) {
-  Kokkos::deep_copy(slice(acc, 0, s.B * s.T * s.C), 0.f);
-  Kokkos::deep_copy(slice(lse, 0, s.B * s.nh * s.T), kNoKey);
+  device_copy(slice(acc, 0, s.B * s.T * s.C), 0.f);
+  device_copy(slice(lse, 0, s.B * s.nh * s.T), kNoKey);
 }
 
 void ring_forward_block(const FloatView& acc, const FloatView& lse, const Act& qkv, const KvBlock& kv,
@@ -275,7 +276,7 @@ void ring_forward_block(const FloatView& acc, const FloatView& lse, const Act& q
 void ring_forward_end(const Act& y, const FloatView& acc, const AttentionShape& s) {
   const std::int64_t n = s.B * s.T * s.C;
   switch (y.dt) {
-    case DType::F32: Kokkos::deep_copy(slice(y.f, 0, n), slice(acc, 0, n)); break;
+    case DType::F32: device_copy(slice(y.f, 0, n), slice(acc, 0, n)); break;
     case DType::BF16: store_rows<Bf16Fmt>(y.h, acc, n); break;
     case DType::F16: store_rows<Fp16Fmt>(y.h, acc, n); break;
   }

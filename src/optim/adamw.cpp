@@ -10,6 +10,7 @@
 
 #include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
+#include "common/device_wait.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
 #include "ops/elementwise.hpp"
@@ -70,7 +71,6 @@ void adamw_kernel(float* p, float* g, float* m, float* v, Out out, std::int64_t 
           if constexpr (ZeroGrads) g[i] = 0.f;
         }
       });
-  Kokkos::fence();
 }
 }  // namespace detail
 
@@ -102,7 +102,7 @@ void AdamW::init_master(DType dt, const HalfView& model16) {
   dt_ = dt;
   master_ = make_float("adamw::master", n_);
   for (const Segment& s : seg_) unpack_half(dt, slice(master_, s.at, s.n), slice(model16, s.begin, s.n), s.n);
-  Kokkos::fence();
+  TRIDENT_DEVICE_WAIT();
 }
 
 void AdamW::step_mixed(const HalfView& model16, const FloatView& grads, double lr, float grad_scale, GradsAfter after) {

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "layers/layer_modules.hpp"
@@ -182,13 +183,32 @@ TensorParallel tensor_parallel(const Deck& deck, const Topology& topo) {
 // sums are added over that group (this rank's experts) and then over the expert-parallel group
 // (every expert once), before the sum over the pipeline.
 double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end,
-                        std::int64_t expert_begin, std::int64_t expert_end) {
+                        std::int64_t expert_begin, std::int64_t expert_end, RangeSquares* plan) {
   double part[2] = {0, 0};  // sharded over TP, replicated over TP
+  double e[2] = {0, 0};     // experts: split over etp, replicated over etp
+  const bool one_pass = kDeviceKernels && plan != nullptr;
+  if (one_pass) {
+    if (!plan->built()) {
+      std::vector<RangeSquares::Range> ranges;
+      for (const auto& p : store.params()) {
+        if (p.tied_copy || p.state) continue;
+        const std::int64_t lo = p.expert ? expert_begin : begin, hi = p.expert ? expert_end : end;
+        const std::int64_t b = std::max(lo, p.offset), en = std::min(hi, p.offset + p.numel());
+        if (b < en) ranges.push_back({b, en, (p.expert ? 2 : 0) + (p.tp_replicated ? 1 : 0)});
+      }
+      *plan = RangeSquares(std::move(ranges), 4);
+    }
+    const std::vector<double> s = plan->run(store.grads());
+    part[0] = s[0];
+    part[1] = s[1];
+    e[0] = s[2];
+    e[1] = s[3];
+  }
   for (const auto& p : store.params()) {
-    if (p.tied_copy || p.expert || p.state) continue;
-    const std::int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
-    if (b >= e) continue;
-    part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, e - b), e - b);
+    if (one_pass || p.tied_copy || p.expert || p.state) continue;
+    const std::int64_t b = std::max(begin, p.offset), en = std::min(end, p.offset + p.numel());
+    if (b >= en) continue;
+    part[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, en - b), en - b);
   }
   double sharded = topo.dp_cp_group().allreduce_sum(part[0]), replicated = topo.dp_cp_group().allreduce_sum(part[1]);
   sharded = topo.tp_group().allreduce_sum(sharded);
@@ -196,9 +216,8 @@ double global_grad_norm(const ParamStore& store, const Topology& topo, std::int6
   if (store.has_experts()) {
     // the experts' matrices split over expert_tp (summed over that group too) and their fc2 biases,
     // replicated over it (counted once)
-    double e[2] = {0, 0};  // split over etp, replicated over etp
     for (const auto& p : store.params()) {
-      if (!p.expert) continue;
+      if (one_pass || !p.expert) continue;
       const std::int64_t b = std::max(expert_begin, p.offset), en = std::min(expert_end, p.offset + p.numel());
       if (b < en) e[p.tp_replicated ? 1 : 0] += sum_squares(slice(store.grads(), b, en - b), en - b);
     }

@@ -14,6 +14,7 @@
 #include "layers/param_store.hpp"
 #include "layers/tensor_parallel.hpp"
 #include "models/model_factory.hpp"
+#include "ops/elementwise.hpp"
 
 namespace trident {
 
@@ -58,8 +59,12 @@ std::vector<LanguageModel*> raw(const std::vector<std::unique_ptr<LanguageModel>
 
 // Global L2 norm of the gradients, this data-parallel rank summing its shard [begin, end) of the
 // dense parameters and its expert-data-parallel shard [expert_begin, expert_end) of the experts'.
+// With the kernels' device layouts and a plan, the four classes of sums (dense over TP or
+// replicated, experts over expert TP or replicated) take one pass (ops/elementwise RangeSquares,
+// built into *plan on the first call for these ranges; the caller keeps it) instead of a launch
+// and a read per tensor.
 double global_grad_norm(const ParamStore& store, const Topology& topo, std::int64_t begin, std::int64_t end,
-                        std::int64_t expert_begin = 0, std::int64_t expert_end = 0);
+                        std::int64_t expert_begin = 0, std::int64_t expert_end = 0, RangeSquares* plan = nullptr);
 // The squared L2 norms of the parameters by transformer layer: element 0 the parameters outside the
 // layers (embeddings, final norm, output layer; a tied copy left out), element l + 1 global layer
 // l, for `layers` layers; the same on every rank. `values` is the flat buffer to measure: the

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "common/progress.hpp"
 #include "common/timer.hpp"
@@ -19,6 +20,21 @@ namespace trident {
 
 namespace {
 constexpr int kBackwardTag = 1 << 20;  // tags: forward activation = micro, gradient = kBackwardTag + micro
+}
+
+// The passes timed since the last read: the last one waited for (on a device), the earlier ones
+// passed by then.
+void PipelineRunner::settle() const {
+  if (passes_.empty()) return;
+  const Pass& last = passes_.back();
+  const double last_seconds = StreamMark::seconds(last.begin, last.end);
+  for (std::size_t i = 0; i < passes_.size(); ++i) {
+    const Pass& p = passes_[i];
+    (p.forward ? t_forward_ : t_backward_) += i + 1 == passes_.size() ? last_seconds
+                                                                      : StreamMark::elapsed(p.begin, p.end);
+    if (p.keep) events_.push_back({p.begin.wall(), p.end.wall(), p.micro, p.forward});
+  }
+  passes_.clear();
 }
 
 PipelineRunner::PipelineRunner(std::vector<LanguageModel*> chunks, const Topology& topo)
@@ -87,7 +103,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
     LanguageModel& model = *chunks_[op.chunk];
     const int slot = op.micro % slots;
     if (op.forward && model.reads_micro_batch()) load(op.micro, mb_);
-    const double t0 = wall_seconds();
+    const StreamMark t0 = StreamMark::record();
     if (op.forward) {
       loss += model.stage_forward(slot, mb_, input, true, dscale, rng(op.micro));
     } else {
@@ -95,10 +111,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
       model.stage_backward(slot, input);
       model.final_backward = false;
     }
-    Kokkos::fence();
-    const double t1 = wall_seconds();
-    (op.forward ? t_forward_ : t_backward_) += t1 - t0;
-    if (record) events_.push_back({t0, t1, op.micro, op.forward});
+    passes_.push_back({t0, StreamMark::record(), op.micro, op.forward, record});
   };
   // what a step sends after computing: the slot's stage output, or the chunk's input gradient
   auto output = [&](const PipelineOp& op) {
@@ -158,7 +171,7 @@ double PipelineRunner::evaluate(std::int64_t m, const Loader& load,
     LanguageModel& model = *chunks_[op.chunk];
     if (model.reads_micro_batch()) load(op.micro, mb_);
     loss += model.stage_forward(0, mb_, input, false, 0.f, DropoutStreams{}, count(op.micro));
-    Kokkos::fence();
+    TRIDENT_DEVICE_WAIT();
   };
   const auto ops = schedule(s);
   if (grouped_p2p || topo_.pp_group().device_enabled()) {

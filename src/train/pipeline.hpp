@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/topology.hpp"
+#include "common/stream_mark.hpp"
 #include "models/language_model.hpp"
 #include "train/pipeline_schedule.hpp"
 
@@ -40,12 +41,26 @@ class PipelineRunner {
   // Forward only (evaluation); count(k): samples of micro-batch k that count (<= B).
   double evaluate(std::int64_t m, const Loader& load, const std::function<std::int64_t(std::int64_t)>& count);
 
-  // Seconds spent in forward, backward and waiting on point-to-point messages (cumulative).
-  double forward_seconds() const { return t_forward_; }
-  double backward_seconds() const { return t_backward_; }
+  // Seconds spent in forward, backward and waiting on point-to-point messages (cumulative). The
+  // forward and backward passes are timed by marks in the device's queue (common/stream_mark.hpp),
+  // read here: on a device, the first read after a step waits for its last pass.
+  double forward_seconds() const {
+    settle();
+    return t_forward_;
+  }
+  double backward_seconds() const {
+    settle();
+    return t_backward_;
+  }
   double p2p_seconds() const { return t_p2p_; }
-  const std::vector<TimelineEvent>& events() const { return events_; }
-  void clear_events() { events_.clear(); }
+  const std::vector<TimelineEvent>& events() const {
+    settle();
+    return events_;
+  }
+  void clear_events() {
+    settle();
+    events_.clear();
+  }
   bool record = false;  // keep timeline events
   // Grouped point-to-point: messages travel in send + receive groups that follow the lock-step
   // plan of train/pipeline_schedule.hpp (deadlock-free for 1F1B, interleaved and forward-only
@@ -69,8 +84,18 @@ class PipelineRunner {
   FloatView recv_in_, recv_grad_;
   std::vector<std::vector<MPI_Request>> fwd_send_;  // [chunk][slot]
   std::vector<MPI_Request> bwd_send_;               // [chunk]
-  double t_forward_ = 0, t_backward_ = 0, t_p2p_ = 0;
-  std::vector<TimelineEvent> events_;
+  // the passes timed since the last read: their marks, micro-batch, direction, and whether kept
+  // as timeline events
+  struct Pass {
+    StreamMark begin, end;
+    int micro;
+    bool forward, keep;
+  };
+  void settle() const;
+  mutable std::vector<Pass> passes_;
+  mutable double t_forward_ = 0, t_backward_ = 0;
+  double t_p2p_ = 0;
+  mutable std::vector<TimelineEvent> events_;
 };
 
 // Gathers every rank's events to world rank 0 and writes a Chrome-trace JSON file there:

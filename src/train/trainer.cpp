@@ -270,6 +270,7 @@ class TrainingRun {
   double loss_count_ = 0, dscale_unscaled_ = 0;
   FloatView grads_;
   PhaseTimers timers_;
+  RangeSquares grad_squares_;  // the gradient norm's one-pass plan (device layouts)
   std::unique_ptr<PipelineRunner> runner_;
   bool overlap_ = false;
   std::unique_ptr<GradReducer> reducer_;
@@ -731,8 +732,9 @@ double TrainingRun::forward_backward(double dscale) {
   progress::set_phase("shard check");
   agree_or_throw(world_.get(), read_error_.take_or(TokenShardReader::check_touched_shards()));
   // bubble as Megatron defines it: idle time over busy (forward + backward) time of a stage
-  const double span = wall_seconds() - pipe_t0;
+  // (busy first: on a device, reading the passes' times waits for the last of them)
   const double busy = runner_->forward_seconds() + runner_->backward_seconds() - busy0;
+  const double span = wall_seconds() - pipe_t0;
   if (iteration_ > first_iteration_)  // the first iteration also allocates activation slots
     bubble_sum_ += busy > 0 ? (span - busy) / busy : 0.0;
   return loss_sum;
@@ -901,7 +903,7 @@ TrainingRun::StepResult TrainingRun::step(std::int64_t it) {
   r.skip = unscale_and_check(it, loss_sum, r.scale_used);
   r.gnorm = r.skip ? std::nan("")
                    : global_grad_norm(store_, topo_, shard_begin_, shard_begin_ + shard_, e_shard_begin_,
-                                      e_shard_begin_ + e_shard_);
+                                      e_shard_begin_ + e_shard_, &grad_squares_);
   TRIDENT_REQUIRE(r.skip || (std::isfinite(r.loss) && std::isfinite(r.gnorm)),
                   "iteration " << it << ": the loss or gradient is not finite (loss " << r.loss << ", grad norm "
                                << r.gnorm << "); lower optim.lr or check the data");

@@ -7,7 +7,8 @@
 # pretrain_gpt, runs the unit tests (each checks its kernels against a definition or finite
 # differences), and trains GPT and Llama tiny decks in both builds, comparing the losses and gradient
 # norms of every iteration: the device layouts add in other orders than the host's, so they agree
-# to rounding, not bitwise.
+# to rounding, not bitwise. Last, it profiles the device path's launches and waits per training
+# step (perf/step_profile.py) at GPT-2 124M and Llama-3-8B shapes and holds them to their budgets.
 #
 #   bash tests/device_on_host/device_on_host.sh ROOT MAIN_BUILD
 #
@@ -46,7 +47,7 @@ if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_DEVICE_KE
   fail "configure (log: $build.configure.log)"
 fi
 grep -q "^TRIDENT_DEVICE_KERNELS_ON_HOST:BOOL=ON" "$build/CMakeCache.txt" || fail "the second build did not take the option"
-if ! cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt >"$build.build.log" 2>&1; then
+if ! cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt trident_kernel_timer >"$build.build.log" 2>&1; then
   grep -m 20 -E "error|Error" "$build.build.log" >&2
   fail "build (log: $build.build.log)"
 fi
@@ -68,5 +69,24 @@ done
 # training: the same deck in the host build and in this one
 OMP_NUM_THREADS=1 "$python" "$root/tests/device_on_host/compare_training.py" --root "$root" \
   --host-app "$main/apps/pretrain_gpt" --device-app "$build/apps/pretrain_gpt" --work "$build/training" || status=1
+# the device path's structure per step (perf/step_profile.py): launches per layer within the budget
+# of docs/DESIGN.md "Waiting for the device", and no more waits per step than the design allows today
+profile() {
+  local name=$1
+  shift
+  if OMP_NUM_THREADS=1 "$python" "$root/perf/step_profile.py" --build-dir "$build" --work "$build/profile_$name" \
+    --out "$build/profile_$name.json" --max-launches-per-layer "${LAUNCH_BUDGET:-40}" \
+    --max-waits-per-step "${WAIT_BUDGET:-8}" "$@" >"$build/profile_$name.log" 2>&1; then
+    echo "device_on_host: step profile $name: $("$python" -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print(', '.join(f'{k} {d[k]:g}' for k in ('launches_per_step', 'launches_per_layer', 'library_calls_per_step', \
+'waits_per_step')))" "$build/profile_$name.json") (budgets: ${LAUNCH_BUDGET:-40} launches per layer, ${WAIT_BUDGET:-8} waits per step)"
+  else
+    tail -30 "$build/profile_$name.log" >&2
+    echo "device_on_host: step profile $name FAILED (log: $build/profile_$name.log)" >&2
+    status=1
+  fi
+}
+profile gpt2_124m --deck "$root/inputs/gpt2_124m.ini" --micro-batch 16
+profile llama3_8b --deck "$root/inputs/llama3_8b.ini" --micro-batch 1 --layers 4
 echo "device_on_host: $([ $status -eq 0 ] && echo PASS || echo FAIL) in $(($(date +%s) - t0)) s"
 exit $status
