@@ -5,6 +5,7 @@
 #   scripts/suite_report.py timeouts --junit RUN.xml ... [--log CTEST_OUTPUT ...] --write cmake/TestTimeouts.cmake
 # Tests skipped in every run are not listed, nor these, which keep their own:
 #   cuda_build: bounds its own build (CUDA_BUILD_LIMIT) within its 1200 s: 3 s warm, minutes after a change
+#   device_on_host: builds a second tree where it runs (minutes without its ccache, about 80 s warm)
 #   format_changed_files: may fetch the base commit of a shallow clone, for up to 120 s
 #   gpu_kit_rehearsal: builds a chroot and the kit where it runs
 #   host_arch_x86-64-v3: builds a second tree where it runs (skipped on AVX2 machines)

@@ -148,6 +148,7 @@ KEEP_DECLARED = {
     "cuda_build": "bounds its own build (CUDA_BUILD_LIMIT) within its 1200 s: 3 s warm, minutes after a change",
     "format_changed_files": "may fetch the base commit of a shallow clone, for up to 120 s",
     "host_arch_x86-64-v3": "builds a second tree where it runs (skipped on AVX2 machines)",
+    "device_on_host": "builds a second tree where it runs (minutes without its ccache, about 80 s warm)",
     "gpu_kit_rehearsal": "builds a chroot and the kit where it runs",
 }
 

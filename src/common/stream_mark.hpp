@@ -10,6 +10,7 @@
 //                               common/device_wait.hpp, where the kernels take device layouts:
 //                               a host build cannot tell whether a GPU would have passed b)
 //   StreamMark::elapsed(a, b)   the same for a b that has passed: no wait
+//   m.wait()                    waits for the device to pass m (a counted read)
 //   m.wall()                    the mark's time on the host's wall clock (wall_seconds()); on a
 //                               device, the host's time at a reference mark plus the device's time
 //                               since, waiting for m
@@ -25,6 +26,7 @@ class StreamMark {
   static double seconds(const StreamMark& a, const StreamMark& b);
   static double elapsed(const StreamMark& a, const StreamMark& b);
   bool passed() const;
+  void wait() const;  // until the device has passed this mark (a counted read)
   double wall() const;
   bool recorded() const { return recorded_; }
 

@@ -92,6 +92,11 @@ double StreamMark::seconds(const StreamMark& a, const StreamMark& b) {
   return elapsed(a, b);
 }
 
+void StreamMark::wait() const {
+  TRIDENT_DEVICE_READ();
+  check(cudaEventSynchronize(event_of(event_)), "cudaEventSynchronize");
+}
+
 bool StreamMark::passed() const {
   const cudaError_t e = cudaEventQuery(event_of(event_));
   if (e == cudaErrorNotReady) return false;

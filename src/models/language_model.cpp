@@ -214,7 +214,7 @@ double LanguageModel::forward(const MicroBatch& mb, std::int64_t samples) {
 double LanguageModel::forward_backward(const MicroBatch& mb, float dscale, const DropoutStreams& rng) {
   const double loss = stage_forward(0, mb, FloatView(), true, dscale, rng);
   stage_backward(0, FloatView());
-  return loss;
+  return loss + take_device_loss();
 }
 
 LanguageModel::Slot& LanguageModel::slot(int i) {

@@ -55,6 +55,8 @@ class LanguageModel {
   // returned values split into masked LM and sentence order; T5: the LM loss); resets them.
   // Zero on chunks without the head.
   LossParts take_loss_parts() { return head_ ? head_->take_loss_parts() : LossParts{}; }
+  // the training losses the head kept on the device since the last call (ModelHead)
+  double take_device_loss() { return head_ ? head_->take_device_loss() : 0.0; }
   // Device buffers for every micro-batch field the model reads (tokens and targets always;
   // token types, the padding mask, the decoder's tokens and the family's head inputs as the
   // config needs them), on any chunk: every loading stage receives the whole micro-batch.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/device_parallel.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
@@ -31,12 +32,18 @@ LmHead::LmHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, s
   if (dt != DType::F32) dlogits16_ = make_half("lm_head::dlogits16", BT * Vl_);
   logits_ = make_float("lm_head::logits", BT * Vl_);
   losses_ = make_float("lm_head::losses", BT);
+  loss_sum_ = View1<double>("lm_head::loss_sum", 2);
   ce_scratch_ = make_float("lm_head::ce_scratch", 3 * BT);
 }
 
 std::int64_t LmHead::workspace_bytes() const {
   return static_cast<std::int64_t>(logits_.span() + losses_.span() + ce_scratch_.span()) * 4 +
          static_cast<std::int64_t>(dlogits16_.span()) * 2;
+}
+
+double LmHead::take_device_loss() {
+  if (!(kDeviceKernels && !per_target_mean_)) return 0.0;
+  return take_loss_sum(loss_sum_);
 }
 
 LossParts LmHead::take_loss_parts() {
@@ -59,7 +66,9 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   if (per_target_mean_) dscale = static_cast<float>(dscale * per_target);
   const std::int64_t count = training ? BT : samples * T;
   token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm, ce_scratch_);
-  double loss_sum = sum_losses(losses_, count);
+  const bool on_device = kDeviceKernels && training && !per_target_mean_;
+  double loss_sum = on_device ? 0.0 : sum_losses(losses_, count);
+  if (on_device) add_losses(loss_sum_, losses_, count);
   if (per_target_mean_) {
     parts_.add(LossParts{loss_sum * per_target, 0.0, loss_sum, static_cast<double>(mb.num_targets), 0.0, 0.0});
     loss_sum *= per_target;

@@ -26,6 +26,9 @@ class LmHead : public ModelHead {
   double run(const Act& x, const MicroBatch& mb, bool training, float dscale, std::int64_t samples,
              const FloatView& dx) override;
   LossParts take_loss_parts() override;
+  // With the kernels' device layouts and a plain token mean (pretraining), run() adds each
+  // training micro-batch's loss into a device sum instead of reading it, and this reads the sum.
+  double take_device_loss() override;
   std::int64_t workspace_bytes() const override;
 
  private:
@@ -35,10 +38,11 @@ class LmHead : public ModelHead {
   TensorParallel tp_;
   bool per_target_mean_;
   LossParts parts_;
-  FloatView logits_;      // (BT, Vl) this rank's vocabulary columns; their gradient after backward
-  FloatView losses_;      // (BT) token losses
-  FloatView ce_scratch_;  // (3 BT) vocabulary-parallel cross-entropy reductions
-  HalfView dlogits16_;    // (BT, Vl) 16-bit copy of the logits' gradient for the backward GEMMs
+  FloatView logits_;        // (BT, Vl) this rank's vocabulary columns; their gradient after backward
+  FloatView losses_;        // (BT) token losses
+  View1<double> loss_sum_;  // (2) the device-side sum of the training losses, and one micro-batch's
+  FloatView ce_scratch_;    // (3 BT) vocabulary-parallel cross-entropy reductions
+  HalfView dlogits16_;      // (BT, Vl) 16-bit copy of the logits' gradient for the backward GEMMs
 };
 
 }  // namespace trident

@@ -26,6 +26,9 @@ class ModelHead {
                      const FloatView& dx) = 0;
   // The loss parts summed since the last call; resets them.
   virtual LossParts take_loss_parts() { return {}; }
+  // The training losses kept on the device since the last call (a head that sums them there
+  // returns 0 from run() when training); resets the sum. One read of the device.
+  virtual double take_device_loss() { return 0.0; }
   // True when dx may be the final LayerNorm's own gradient buffer (the head writes it whole,
   // complete over TP, without sequence parallelism): saves one (BT, C) buffer.
   virtual bool grad_in_norm_buffer() const { return false; }

@@ -208,6 +208,22 @@ double sum_losses(const FloatView& losses, std::int64_t N) {
   return total;
 }
 
+void add_losses(const View1<double>& sums, const FloatView& losses, std::int64_t N) {
+  Kokkos::parallel_reduce(
+      "ops::sum_losses", range(N), KOKKOS_LAMBDA(std::int64_t n, double& acc) { acc += losses(n); },
+      Kokkos::subview(sums, 1));
+  Kokkos::parallel_for(
+      "ops::add_losses", range(1), KOKKOS_LAMBDA(std::int64_t) { sums(0) += sums(1); });
+}
+
+double take_loss_sum(const View1<double>& sums) {
+  TRIDENT_DEVICE_READ();
+  const auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), Kokkos::subview(sums, 0));
+  const double total = h();
+  device_copy(Kokkos::subview(sums, 0), 0.0);
+  return total;
+}
+
 void token_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                          std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale, bool backward,
                          const Communicator* comm, const FloatView& scratch) {

@@ -30,5 +30,10 @@ void token_cross_entropy(const FloatView& losses, const FloatView& logits, const
                          const Communicator* comm, const FloatView& scratch);
 // sum over n of losses[n], accumulated in double
 double sum_losses(const FloatView& losses, std::int64_t N);
+// The same sum kept on the device (no wait): sums (2) holds the running total in sums(0) and the
+// micro-batch's sum in sums(1); sums(0) += the sum of losses[0, N), the additions of sum_losses
+// then of a host total. take_loss_sum reads sums(0) (one wait) and resets it to 0.
+void add_losses(const View1<double>& sums, const FloatView& losses, std::int64_t N);
+double take_loss_sum(const View1<double>& sums);
 
 }  // namespace trident

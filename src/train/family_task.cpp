@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "data/bert_dataset.hpp"
 #include "data/gpt_dataset.hpp"
@@ -16,6 +17,9 @@
 namespace trident {
 
 void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
+  Staging& st = stage_[next_];
+  next_ ^= 1;
+  if (st.uploaded.recorded() && !st.uploaded.passed()) st.uploaded.wait();
   auto check = [&](std::int32_t id) {
     if (id < 0 || id >= vocab)
       throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
@@ -26,8 +30,8 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     const std::int32_t* w = window.data() + j * width;
     for (std::int64_t t = 0; t < S; ++t) {
       check(w[t]);
-      h_tokens(j * S + t) = w[t];
-      h_padding(j * S + t) = w[S + t];
+      st.h_tokens(j * S + t) = w[t];
+      st.h_padding(j * S + t) = w[S + t];
     }
     for (std::int64_t t = 0; t < Sd; ++t) {
       const std::int32_t in = w[2 * S + t], target = w[2 * S + Sd + t];
@@ -36,16 +40,17 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
         check(target);
         ++labelled;
       }
-      h_dec(j * Sd + t) = in;
-      h_targets(j * Sd + t) = target;
+      st.h_dec(j * Sd + t) = in;
+      st.h_targets(j * Sd + t) = target;
     }
   }
   if (t5) {
-    Kokkos::deep_copy(mb.tokens, h_tokens);
-    Kokkos::deep_copy(mb.padding, h_padding);
-    Kokkos::deep_copy(mb.dec_tokens, h_dec);
-    Kokkos::deep_copy(mb.targets, h_targets);
+    device_copy(mb.tokens, st.h_tokens);
+    device_copy(mb.padding, st.h_padding);
+    device_copy(mb.dec_tokens, st.h_dec);
+    device_copy(mb.targets, st.h_targets);
     mb.num_targets = labelled;
+    st.uploaded = StreamMark::record();
     return;
   }
   const Packing& pk = packing;
@@ -54,15 +59,15 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     std::int64_t doc = 0;
     for (std::int64_t t = 0; t < S; ++t) {
       check(w[t]);
-      h_tokens(j * S + t) = w[t];
+      st.h_tokens(j * S + t) = w[t];
       if (target[t] >= 0) {
         check(target[t]);
         ++labelled;
       }
-      h_targets(j * S + t) = target[t];
+      st.h_targets(j * S + t) = target[t];
       if (t > 0 && segment[t] != segment[t - 1]) doc = t;  // a conversation (or the padding) starts
-      if (pk.reset_position_ids) h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
-      if (pk.reset_attention_mask) h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
+      if (pk.reset_position_ids) st.h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
+      if (pk.reset_attention_mask) st.h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
     }
   }
   for (std::int64_t j = 0; j < B && !sft; ++j) {
@@ -72,13 +77,13 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
       if (!bert) {
         check(w[t]);
         check(w[t + 1]);
-        h_tokens(j * S + t) = w[t];
+        st.h_tokens(j * S + t) = w[t];
         const bool scored = unscored.empty() || t >= unscored[static_cast<size_t>(j)];
         const bool at_eod = w[t] == pk.eod;
-        h_targets(j * S + t) = scored && !(pk.eod_mask_loss && at_eod) ? w[t + 1] : -1;
-        if (h_targets(j * S + t) >= 0) ++labelled;
-        if (pk.reset_position_ids) h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
-        if (pk.reset_attention_mask) h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
+        st.h_targets(j * S + t) = scored && !(pk.eod_mask_loss && at_eod) ? w[t + 1] : -1;
+        if (st.h_targets(j * S + t) >= 0) ++labelled;
+        if (pk.reset_position_ids) st.h_positions(j * S + t) = static_cast<std::int32_t>(t - doc);
+        if (pk.reset_attention_mask) st.h_doc_start(j * S + t) = static_cast<std::int32_t>(doc);
         if (at_eod) doc = t + 1;  // the end-of-document token closes its document
         continue;
       }
@@ -87,13 +92,13 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
         check(w[2 * S + t]);
         ++labelled;
       }
-      h_tokens(j * S + t) = w[t];
-      h_types(j * S + t) = w[S + t];
-      h_targets(j * S + t) = w[2 * S + t];
-      h_padding(j * S + t) = w[3 * S + t];
+      st.h_tokens(j * S + t) = w[t];
+      st.h_types(j * S + t) = w[S + t];
+      st.h_targets(j * S + t) = w[2 * S + t];
+      st.h_padding(j * S + t) = w[3 * S + t];
     }
     if (bert) {
-      h_order(j) = w[4 * S];
+      st.h_order(j) = w[4 * S];
       if (w[4 * S] >= 0) ++ordered;
     }
   }
@@ -102,31 +107,34 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     for (std::int64_t j = 0; j < B; ++j)
       for (std::int64_t t = 0; t < Sl; ++t) {
         const std::int64_t g = t < c ? cp_rank * c + t : (2 * cp - 1 - cp_rank) * c + (t - c);
-        l_tokens(j * Sl + t) = h_tokens(j * S + g);
-        l_targets(j * Sl + t) = h_targets(j * S + g);
-        l_positions(j * Sl + t) = pk.reset_position_ids ? h_positions(j * S + g) : static_cast<std::int32_t>(g);
-        if (pk.reset_attention_mask) l_doc_start(j * Sl + t) = h_doc_start(j * S + g);
+        st.l_tokens(j * Sl + t) = st.h_tokens(j * S + g);
+        st.l_targets(j * Sl + t) = st.h_targets(j * S + g);
+        st.l_positions(j * Sl + t) = pk.reset_position_ids ? st.h_positions(j * S + g) : static_cast<std::int32_t>(g);
+        if (pk.reset_attention_mask) st.l_doc_start(j * Sl + t) = st.h_doc_start(j * S + g);
       }
-    Kokkos::deep_copy(mb.tokens, l_tokens);
-    Kokkos::deep_copy(mb.targets, l_targets);
-    Kokkos::deep_copy(mb.positions, l_positions);
-    if (pk.reset_attention_mask) Kokkos::deep_copy(mb.doc_start, l_doc_start);
+    device_copy(mb.tokens, st.l_tokens);
+    device_copy(mb.targets, st.l_targets);
+    device_copy(mb.positions, st.l_positions);
+    if (pk.reset_attention_mask) device_copy(mb.doc_start, st.l_doc_start);
     mb.num_targets = labelled;  // the whole samples' (see set_context_parallel)
+    st.uploaded = StreamMark::record();
     return;
   }
-  Kokkos::deep_copy(mb.tokens, h_tokens);
-  Kokkos::deep_copy(mb.targets, h_targets);
+  device_copy(mb.tokens, st.h_tokens);
+  device_copy(mb.targets, st.h_targets);
   if (!bert) {
-    if (pk.reset_position_ids) Kokkos::deep_copy(mb.positions, h_positions);
-    if (pk.reset_attention_mask) Kokkos::deep_copy(mb.doc_start, h_doc_start);
+    if (pk.reset_position_ids) device_copy(mb.positions, st.h_positions);
+    if (pk.reset_attention_mask) device_copy(mb.doc_start, st.h_doc_start);
     mb.num_targets = labelled;
+    st.uploaded = StreamMark::record();
     return;
   }
-  Kokkos::deep_copy(mb.types, h_types);
-  Kokkos::deep_copy(mb.padding, h_padding);
-  Kokkos::deep_copy(mb.sentence_order, h_order);
+  device_copy(mb.types, st.h_types);
+  device_copy(mb.padding, st.h_padding);
+  device_copy(mb.sentence_order, st.h_order);
   mb.num_targets = labelled;
   mb.num_sentences = ordered;
+  st.uploaded = StreamMark::record();
 }
 
 void Batch::set_packing(bool reset_position_ids, bool reset_attention_mask, bool eod_mask_loss, std::int64_t eod) {
@@ -135,8 +143,10 @@ void Batch::set_packing(bool reset_position_ids, bool reset_attention_mask, bool
                   "data: data.reset_position_ids, data.reset_attention_mask and data.eod_mask_loss need the corpus's "
                   "end-of-document token, and the shards record none (eod_id)");
   packing = Packing{reset_position_ids, reset_attention_mask, eod_mask_loss, static_cast<std::int32_t>(eod)};
-  if (reset_position_ids) h_positions = IntView::HostMirror("batch::h_positions", B * S);
-  if (reset_attention_mask) h_doc_start = IntView::HostMirror("batch::h_doc_start", B * S);
+  for (Staging& st : stage_) {
+    if (reset_position_ids) st.h_positions = StagingView("batch::h_positions", B * S);
+    if (reset_attention_mask) st.h_doc_start = StagingView("batch::h_doc_start", B * S);
+  }
 }
 
 void Batch::set_context_parallel(int cp_size, int rank) {
@@ -145,10 +155,12 @@ void Batch::set_context_parallel(int cp_size, int rank) {
   cp = cp_size;
   cp_rank = rank;
   const std::int64_t rows = B * S / cp;
-  l_tokens = IntView::HostMirror("batch::l_tokens", rows);
-  l_targets = IntView::HostMirror("batch::l_targets", rows);
-  l_positions = IntView::HostMirror("batch::l_positions", rows);
-  if (packing.reset_attention_mask) l_doc_start = IntView::HostMirror("batch::l_doc_start", rows);
+  for (Staging& st : stage_) {
+    st.l_tokens = StagingView("batch::l_tokens", rows);
+    st.l_targets = StagingView("batch::l_targets", rows);
+    st.l_positions = StagingView("batch::l_positions", rows);
+    if (packing.reset_attention_mask) st.l_doc_start = StagingView("batch::l_doc_start", rows);
+  }
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_mark.hpp"
 #include "data/token_shard.hpp"
 #include "io/deck.hpp"
 #include "models/micro_batch.hpp"
@@ -38,11 +39,21 @@ struct Batch {
                                                       : t5  ? 2 * S + 2 * Sd
                                                       : sft ? 3 * S
                                                             : S + 1),
-        window(static_cast<size_t>(B * width)), h_tokens("batch::h_tokens", B * S),
-        h_targets("batch::h_targets", B * (t5 ? Sd : S)), h_types("batch::h_types", B * S),
-        h_padding("batch::h_padding", B * S), h_order("batch::h_order", B), h_dec("batch::h_dec", B * Sd) {}
+        window(static_cast<size_t>(B * width)) {
+    for (Staging& s : stage_) {
+      s.h_tokens = StagingView("batch::h_tokens", B * S);
+      s.h_targets = StagingView("batch::h_targets", B * (t5 ? Sd : S));
+      s.h_types = StagingView("batch::h_types", B * S);
+      s.h_padding = StagingView("batch::h_padding", B * S);
+      s.h_order = StagingView("batch::h_order", B);
+      s.h_dec = StagingView("batch::h_dec", B * Sd);
+    }
+  }
   // Checks every token id against the vocabulary and copies the records of `window` into mb's
-  // device views (and mb's label counts).
+  // device views (and mb's label counts). The copies are queued behind the device's work (no
+  // wait) from one of two staging buffers in turn, pinned host memory in a CUDA build; a buffer
+  // is refilled once the device has passed its last upload (waiting only if the host ran two
+  // micro-batches ahead).
   void finish(std::int64_t vocab, MicroBatch& mb);
   std::int64_t B, S, Sd;
   bool bert, t5, sft;
@@ -71,8 +82,22 @@ struct Batch {
   // every rank and the ranks' sums add up to the one-rank loss.
   void set_context_parallel(int cp, int rank);
   int cp = 1, cp_rank = 0;
-  IntView::HostMirror l_tokens, l_targets, l_positions, l_doc_start;  // this rank's rows (cp > 1)
-  IntView::HostMirror h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
+  // Host memory of the uploads: pinned in a CUDA build, so that a copy to the device is queued.
+#if defined(KOKKOS_ENABLE_CUDA)
+  using StagingSpace = Kokkos::CudaHostPinnedSpace;
+#else
+  using StagingSpace = Kokkos::HostSpace;
+#endif
+  using StagingView = Kokkos::View<std::int32_t*, Kokkos::LayoutRight, StagingSpace>;
+  struct Staging {
+    StagingView l_tokens, l_targets, l_positions, l_doc_start;  // this rank's rows (cp > 1)
+    StagingView h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
+    StreamMark uploaded;  // after this buffer's last copies
+  };
+
+ private:
+  Staging stage_[2];
+  int next_ = 0;
 };
 
 // The samples of a run, as int32 records of Batch's width.

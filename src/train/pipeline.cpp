@@ -118,9 +118,14 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
     LanguageModel& model = *chunks_[op.chunk];
     return op.forward ? model.stage_output(op.micro % slots).data() : model.input_grad().data();
   };
+  // the losses a head kept on the device (read once per step) after those it returned
+  auto total = [&] {
+    for (LanguageModel* c : chunks_) loss += c->take_device_loss();
+    return loss;
+  };
   if (grouped_p2p || topo_.pp_group().device_enabled()) {
     run_lockstep(ops, plan_lockstep(p, s, mi, vp, schedule, kBackwardTag), compute, output);
-    return loss;
+    return total();
   }
   fwd_send_.assign(static_cast<size_t>(vp), std::vector<MPI_Request>(static_cast<size_t>(slots), MPI_REQUEST_NULL));
   const int prev = (s - 1 + p) % p, next = (s + 1) % p;
@@ -150,7 +155,7 @@ double PipelineRunner::train(std::int64_t m, const Loader& load, float dscale,
   for (auto& chunk : fwd_send_)
     for (auto& r : chunk) wait(r);
   for (auto& r : bwd_send_) wait(r);
-  return loss;
+  return total();
 }
 
 double PipelineRunner::evaluate(std::int64_t m, const Loader& load,

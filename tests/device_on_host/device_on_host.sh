@@ -21,6 +21,8 @@ root=$(cd "$1" && pwd)
 main=$(cd "$2" && pwd)
 jobs=${JOBS:-2}
 fail() { echo "device_on_host: FAILED: $*" >&2; exit 1; }
+# shellcheck source=../unit_runs.sh
+. "$root/tests/unit_runs.sh"
 t0=$(date +%s)
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$main/CMakeCache.txt"; }
 cxx=$(cache_value CMAKE_CXX_COMPILER)
@@ -57,29 +59,23 @@ status=0
 for t in "${tests[@]}"; do
   exe=$build/tests/unit/$t
   [ -x "$exe" ] || fail "$exe was not built"
-  if OMP_NUM_THREADS=1 "$exe" --gtest_brief=1 >"$build/$t.log" 2>&1; then
-    echo "device_on_host: $t passed ($(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$build/$t.log"))"
-  else
-    tail -40 "$build/$t.log" >&2
-    echo "device_on_host: $t FAILED (log: $build/$t.log)" >&2
-    status=1
-  fi
+  run_unit device_on_host "$exe" "$build/$t.log" || status=1
 done
 
 # training: the same deck in the host build and in this one
 OMP_NUM_THREADS=1 "$python" "$root/tests/device_on_host/compare_training.py" --root "$root" \
   --host-app "$main/apps/pretrain_gpt" --device-app "$build/apps/pretrain_gpt" --work "$build/training" || status=1
-# the device path's structure per step (perf/step_profile.py): launches per layer within the budget
-# of docs/DESIGN.md "Waiting for the device", and no more waits per step than the design allows today
+# the device path's structure per step (perf/step_profile.py): launches per layer and waits per step
+# within the budgets of docs/DESIGN.md "Waiting for the device"
 profile() {
   local name=$1
   shift
   if OMP_NUM_THREADS=1 "$python" "$root/perf/step_profile.py" --build-dir "$build" --work "$build/profile_$name" \
     --out "$build/profile_$name.json" --max-launches-per-layer "${LAUNCH_BUDGET:-40}" \
-    --max-waits-per-step "${WAIT_BUDGET:-8}" "$@" >"$build/profile_$name.log" 2>&1; then
+    --max-waits-per-step "${WAIT_BUDGET:-4}" "$@" >"$build/profile_$name.log" 2>&1; then
     echo "device_on_host: step profile $name: $("$python" -c "import json,sys; d=json.load(open(sys.argv[1])); \
 print(', '.join(f'{k} {d[k]:g}' for k in ('launches_per_step', 'launches_per_layer', 'library_calls_per_step', \
-'waits_per_step')))" "$build/profile_$name.json") (budgets: ${LAUNCH_BUDGET:-40} launches per layer, ${WAIT_BUDGET:-8} waits per step)"
+'waits_per_step')))" "$build/profile_$name.json") (budgets: ${LAUNCH_BUDGET:-40} launches per layer, ${WAIT_BUDGET:-4} waits per step)"
   else
     tail -30 "$build/profile_$name.log" >&2
     echo "device_on_host: step profile $name FAILED (log: $build/profile_$name.log)" >&2

@@ -20,6 +20,8 @@ arch=${3:-x86-64-v3}
 jobs=${JOBS:-2}
 skip() { echo "host_arch: skipped: $*"; exit 77; }
 fail() { echo "host_arch: FAILED: $*" >&2; exit 1; }
+# shellcheck source=../unit_runs.sh
+. "$root/tests/unit_runs.sh"
 t0=$(date +%s)
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$main/CMakeCache.txt"; }
 main_arch=$(cache_value TRIDENT_HOST_ARCH)
@@ -76,13 +78,7 @@ for t in "${tests[@]}"; do
     echo "host_arch: $t has $zmm instructions on AVX-512 registers (zmm) under -march=$arch" >&2
     status=1
   fi
-  if OMP_NUM_THREADS=1 "$exe" --gtest_brief=1 >"$build/$t.log" 2>&1; then
-    echo "host_arch: $t passed ($(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$build/$t.log"))"
-  else
-    tail -40 "$build/$t.log" >&2
-    echo "host_arch: $t FAILED (log: $build/$t.log)" >&2
-    status=1
-  fi
+  run_unit host_arch "$exe" "$build/$t.log" || status=1
 done
 echo "host_arch: $([ $status -eq 0 ] && echo PASS || echo FAIL) for -march=$arch in $(($(date +%s) - t0)) s"
 exit $status
