@@ -167,15 +167,6 @@ const std::vector<Entry>& registry() {
 
 }  // namespace
 
-const std::vector<std::string>& attention_core_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const Entry& e : registry()) n.push_back(e.name);
-    return n;
-  }();
-  return names;
-}
-
 std::string attention_core_name(const TransformerShape& s) {
   if (s.tp.cp_size() > 1) return s.tp.cp_a2a ? "a2a" : "ring";
   return s.flash_attention ? "fused" : "unfused";

@@ -64,8 +64,6 @@ class AttentionCore {
                         const DropoutSpec& drop) const = 0;
 };
 
-// The slot's entries, in the order a shape's choice is looked up.
-const std::vector<std::string>& attention_core_names();
 // The entry a shape takes: a2a or ring with context parallelism, else fused under
 // ModelArch::flash_attention, else unfused.
 std::string attention_core_name(const TransformerShape& s);
