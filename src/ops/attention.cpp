@@ -129,61 +129,53 @@ GradOperands crossed_grad(float* dq, float* dkv, const AttentionShape& s) {
 std::int64_t probs_size(const AttentionShape& s) { return s.B * s.nh * s.T * s.keys(); }
 float softmax_scale(const AttentionShape& s) { return 1.f / dsqrt(static_cast<float>(s.hs())); }
 
-// The per-head GEMMs run batched over heads. Query head h = g rep + t reads key/value group g:
-// for each t, one strided batch over the ng groups (query and probability strides rep heads, key
-// and value strides one group). Without grouped-query attention (rep 1) that is one batch over
-// the nh heads. The key and value gradients of a group sum over its rep query heads (beta 1 after
-// the first t).
+// The per-head GEMMs of a micro-batch are one batched call each (gemm_mixed_batched). Query head
+// h = g rep + t reads key/value group g; the batch's levels are the sample b, the head's place t
+// in its group and, innermost, the group g (query and probability strides rep heads, key and value
+// strides one group; a host build runs each (b, t) as one strided batch over the groups, as
+// before). Without grouped-query attention (rep 1) that is a batch over samples and heads. The key
+// and value gradients of a group sum over its rep query heads: one call per t over (b, g), beta 1
+// after the first.
 
 // scores (B, nh, Tq, Tk) = q_h k_g^T per sample (the 1/sqrt(hs) scale is applied in the softmax)
 void scores_gemm(float* scores, const Operands& o, const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), ng = s.groups(), rep = s.rep();
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q.at(b * Tq * o.ldq + t * hs), o.ldq, rep * hs,
-                                 o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f,
-                                 scores + b * nh * Tq * Tk + t * Tq * Tk, Tk, rep * Tq * Tk, ng);
+  const GemmBatch batch{
+      {{s.B, Tq * o.ldq, s.kv_rows() * o.ldk, nh * Tq * Tk}, {rep, hs, 0, Tq * Tk}, {ng, rep * hs, hs, rep * Tq * Tk}}};
+  gemm_mixed_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, o.q, o.ldq, o.k, o.ldk, 0.f, scores, Tk, batch);
 }
 
 // y_h (Tq, hs) = probs_h (Tq, Tk) v_g (Tk, hs), written in place into y (row stride C)
 void context_gemm(float* y, GemmOperand probs, const Operands& o, const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C, ng = s.groups(), rep = s.rep();
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, probs.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
-                                 rep * Tq * Tk, o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f,
-                                 y + b * Tq * C + t * hs, C, rep * hs, ng);
+  const GemmBatch batch{
+      {{s.B, nh * Tq * Tk, s.kv_rows() * o.ldv, Tq * C}, {rep, Tq * Tk, 0, hs}, {ng, rep * Tq * Tk, hs, rep * hs}}};
+  gemm_mixed_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, probs, Tk, o.v, o.ldv, 0.f, y, C, batch);
 }
 
 // datt_h (Tq, Tk) = dy_h v_g^T ; dv_g (Tk, hs) = sum over the group's heads of probs_h^T dy_h
 void value_grad_gemms(float* datt, const GradOperands& g, GemmOperand dy, GemmOperand probs, const Operands& o,
                       const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), C = s.C, ng = s.groups(), rep = s.rep();
-  for (std::int64_t b = 0; b < s.B; ++b) {
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy.at(b * Tq * C + t * hs), C, rep * hs,
-                                 o.v.at(b * s.kv_rows() * o.ldv), o.ldv, hs, 0.f, datt + b * nh * Tq * Tk + t * Tq * Tk,
-                                 Tk, rep * Tq * Tk, ng);
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
-                                 rep * Tq * Tk, dy.at(b * Tq * C + t * hs), C, rep * hs, t == 0 ? 0.f : 1.f,
-                                 g.dv + b * s.kv_rows() * g.ldv, g.ldv, hs, ng);
-  }
+  const GemmBatch datt_batch{
+      {{s.B, Tq * C, s.kv_rows() * o.ldv, nh * Tq * Tk}, {rep, hs, 0, Tq * Tk}, {ng, rep * hs, hs, rep * Tq * Tk}}};
+  gemm_mixed_batched(Trans::N, Trans::T, Tq, Tk, hs, 1.f, dy, C, o.v, o.ldv, 0.f, datt, Tk, datt_batch);
+  const GemmBatch dv_batch{{{s.B, nh * Tq * Tk, Tq * C, s.kv_rows() * g.ldv}, {ng, rep * Tq * Tk, rep * hs, hs}}};
+  for (std::int64_t t = 0; t < rep; ++t)
+    gemm_mixed_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, probs.at(t * Tq * Tk), Tk, dy.at(t * hs), C,
+                       t == 0 ? 0.f : 1.f, g.dv, g.ldv, dv_batch);
 }
 
 // dq_h (Tq, hs) = dscores_h k_g ; dk_g (Tk, hs) = sum over the group's heads of dscores_h^T q_h
 void query_key_grad_gemms(const GradOperands& g, GemmOperand ds, const Operands& o, const AttentionShape& s) {
   const std::int64_t Tq = s.T, Tk = s.keys(), nh = s.nh, hs = s.hs(), ng = s.groups(), rep = s.rep();
-  for (std::int64_t b = 0; b < s.B; ++b) {
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, ds.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
-                                 rep * Tq * Tk, o.k.at(b * s.kv_rows() * o.ldk), o.ldk, hs, 0.f,
-                                 g.dq + b * Tq * g.ldq + t * hs, g.ldq, rep * hs, ng);
-    for (std::int64_t t = 0; t < rep; ++t)
-      gemm_mixed_strided_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, ds.at(b * nh * Tq * Tk + t * Tq * Tk), Tk,
-                                 rep * Tq * Tk, o.q.at(b * Tq * o.ldq + t * hs), o.ldq, rep * hs, t == 0 ? 0.f : 1.f,
-                                 g.dk + b * s.kv_rows() * g.ldk, g.ldk, hs, ng);
-  }
+  const GemmBatch dq_batch{
+      {{s.B, nh * Tq * Tk, s.kv_rows() * o.ldk, Tq * g.ldq}, {rep, Tq * Tk, 0, hs}, {ng, rep * Tq * Tk, hs, rep * hs}}};
+  gemm_mixed_batched(Trans::N, Trans::N, Tq, hs, Tk, 1.f, ds, Tk, o.k, o.ldk, 0.f, g.dq, g.ldq, dq_batch);
+  const GemmBatch dk_batch{{{s.B, nh * Tq * Tk, Tq * o.ldq, s.kv_rows() * g.ldk}, {ng, rep * Tq * Tk, rep * hs, hs}}};
+  for (std::int64_t t = 0; t < rep; ++t)
+    gemm_mixed_batched(Trans::T, Trans::N, Tk, hs, Tq, 1.f, ds.at(t * Tq * Tk), Tk, o.q.at(t * hs), o.ldq,
+                       t == 0 ? 0.f : 1.f, g.dk, g.ldk, dk_batch);
 }
 
 void probs_f32(const FloatView& att, const FloatView& att_drop, const Operands& o, const AttentionShape& s,

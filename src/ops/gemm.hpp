@@ -80,6 +80,35 @@ void gemm_mixed_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t
                                 std::int64_t strideB, float beta, float* C, std::int64_t ldc, std::int64_t strideC,
                                 std::int64_t batch);
 
+// A batch of equally shaped GEMMs over nested levels, outermost first: product (i0, i1, ...) reads
+// A at sum_l i_l * levels[l].a elements from the base (B likewise with .b) and writes C at
+// sum_l i_l * levels[l].c. A level's stride may be 0 for an input read by all its products (the
+// key and value heads a group of query heads shares); no two products may write the same C.
+struct GemmBatchLevel {
+  std::int64_t count = 1;
+  std::int64_t a = 0, b = 0, c = 0;
+};
+struct GemmBatch {
+  std::vector<GemmBatchLevel> levels;  // outermost first; none: one product
+  std::int64_t products() const;
+  // the element offsets of product p (the levels' indices in row-major order)
+  void offsets(std::int64_t p, std::int64_t& a, std::int64_t& b, std::int64_t& c) const;
+  // The same products in the same order with the fewest levels: levels of count 1 dropped, and a
+  // level folded into the next inner one where each of its strides is the inner level's stride
+  // times the inner count. One level left: one strided-batched library call.
+  GemmBatch merged() const;
+  // Error naming the first two products that write the same C.
+  void check_outputs() const;
+};
+// The whole batch in one call of the GEMM interface (one GemmRegion). CUDA (gemm_cuda.cpp): one
+// library call, strided-batched where the levels merge into one (merged()), otherwise batched over
+// pointer arrays built on the device once per distinct batch and kept. Host: the levels but the
+// innermost looped, the innermost one gemm_mixed_strided_batched, so each product has the bits that
+// call gives it.
+void gemm_mixed_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, GemmOperand A,
+                        std::int64_t lda, GemmOperand B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
+                        const GemmBatch& batch);
+
 // One GEMM of a group (gemm_mixed_grouped): C (M, N) = alpha op(A) op(B) + beta C.
 struct GemmGroup {
   std::int64_t M = 0, N = 0, K = 0;

@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -107,6 +108,91 @@ void gemm_bf16_strided_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t 
 void gemm_fp16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const std::uint16_t* A,
                std::int64_t lda, const std::uint16_t* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_16bit(CUDA_R_16F, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+namespace {
+cudaDataType cuda_type(DType dt) {
+  return dt == DType::F32 ? CUDA_R_32F : dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+using PointerView = Kokkos::View<std::uintptr_t*, Kokkos::LayoutRight, Kokkos::CudaSpace>;
+
+// The pointer arrays of a batch cuBLAS cannot stride in one level: [B | A | C] (the operands
+// swapped as in gemm()), one entry per product, computed on the device by one kernel the first
+// time a batch (its base pointers, element size and levels) is seen, and kept: the step's buffers
+// are allocated once, so from the second micro-batch on a batched call costs no kernel and no
+// copy. Bounded: past 4096 distinct batches the kept arrays are dropped (freeing device memory
+// waits for the device) and built again as met.
+const PointerView& batch_pointers(const void* A, const void* B, const float* C, std::int64_t bytes,
+                                  const GemmBatch& batch) {
+  static std::map<std::vector<std::int64_t>, PointerView> kept;
+  std::vector<std::int64_t> key{reinterpret_cast<std::int64_t>(A), reinterpret_cast<std::int64_t>(B),
+                                reinterpret_cast<std::int64_t>(C), bytes};
+  for (const GemmBatchLevel& l : batch.levels) key.insert(key.end(), {l.count, l.a, l.b, l.c});
+  if (auto it = kept.find(key); it != kept.end()) return it->second;
+  batch.check_outputs();
+  if (kept.size() >= 4096) kept.clear();
+  const std::int64_t n = batch.products();
+  PointerView v("ops::gemm_batch_pointers", 3 * n);
+  constexpr int kLevels = 4;
+  if (batch.levels.size() > kLevels) throw Error::one("internal: gemm_mixed_batched: more than 4 batch levels");
+  std::int64_t count[kLevels], sa[kLevels], sb[kLevels], sc[kLevels];
+  const int nl = static_cast<int>(batch.levels.size());
+  for (int l = 0; l < kLevels; ++l) {
+    const GemmBatchLevel lv = l < nl ? batch.levels[static_cast<std::size_t>(l)] : GemmBatchLevel{};
+    count[l] = lv.count;
+    sa[l] = lv.a;
+    sb[l] = lv.b;
+    sc[l] = lv.c;
+  }
+  const auto a0 = reinterpret_cast<std::uintptr_t>(A), b0 = reinterpret_cast<std::uintptr_t>(B),
+             c0 = reinterpret_cast<std::uintptr_t>(C);
+  Kokkos::parallel_for(
+      "ops::gemm_batch_pointers", Kokkos::RangePolicy<Kokkos::Cuda>(0, n), KOKKOS_LAMBDA(std::int64_t p) {
+        std::int64_t q = p, oa = 0, ob = 0, oc = 0;
+        for (int l = nl - 1; l >= 0; --l) {
+          const std::int64_t i = q % count[l];
+          q /= count[l];
+          oa += i * sa[l];
+          ob += i * sb[l];
+          oc += i * sc[l];
+        }
+        v(p) = b0 + static_cast<std::uintptr_t>(ob * bytes);
+        v(n + p) = a0 + static_cast<std::uintptr_t>(oa * bytes);
+        v(2 * n + p) = c0 + static_cast<std::uintptr_t>(oc * static_cast<std::int64_t>(sizeof(float)));
+      });
+  return kept.emplace(std::move(key), v).first->second;
+}
+}  // namespace
+
+void gemm_mixed_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, GemmOperand A,
+                        std::int64_t lda, GemmOperand B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
+                        const GemmBatch& batch) {
+  if (A.dt != B.dt) throw Error::one("internal: gemm_mixed_batched with operands of different types");
+  const GemmBatch m = batch.merged();
+  const std::int64_t n = m.products();
+  if (M == 0 || N == 0 || n == 0) return;
+  if (m.levels.size() <= 1) {
+    const GemmBatchLevel l = m.levels.empty() ? GemmBatchLevel{} : m.levels[0];
+    if (l.count > 1 && l.c == 0) batch.check_outputs();  // names the clash
+    const GemmRegion region(gemm_batched_region(A.dt), ta, tb, M, N, K, beta, n);
+    TRIDENT_CUBLAS(cublasGemmStridedBatchedEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+                                              static_cast<int>(K), &alpha, B.p, cuda_type(B.dt), static_cast<int>(ldb),
+                                              l.b, A.p, cuda_type(A.dt), static_cast<int>(lda), l.a, &beta, C,
+                                              CUDA_R_32F, static_cast<int>(ldc), l.c, static_cast<int>(n),
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  const PointerView& ptrs = batch_pointers(A.p, B.p, C, dtype_bytes(A.dt), m);
+  const GemmRegion region(gemm_batched_region(A.dt), ta, tb, M, N, K, beta, n);
+  const auto* b = reinterpret_cast<const void* const*>(ptrs.data());
+  const auto* a = reinterpret_cast<const void* const*>(ptrs.data() + n);
+  void* const* c = reinterpret_cast<void* const*>(ptrs.data() + 2 * n);
+  TRIDENT_CUBLAS(cublasGemmBatchedEx(handle(), op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+                                     static_cast<int>(K), &alpha, b, cuda_type(B.dt), static_cast<int>(ldb), a,
+                                     cuda_type(A.dt), static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                                     static_cast<int>(ldc), static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
 }
 
 namespace {

@@ -18,6 +18,9 @@
 
 namespace trident {
 
+// The region name of gemm_mixed_batched for operands of type dt.
+const char* gemm_batched_region(DType dt);
+
 class GemmRegion {
  public:
   explicit GemmRegion(const char* base);

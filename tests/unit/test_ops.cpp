@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/error.hpp"
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/elementwise.hpp"
@@ -89,23 +90,89 @@ TEST(Gemm, Bf16InputsWithFp32AccumulationMatchNaive) {
       }
 }
 
-TEST(Gemm, StridedBatchedMatchesLoop) {
-  const std::int64_t M = 4, N = 3, K = 5, batch = 3;
-  auto A = random_vector(batch * M * K, 4), B = random_vector(batch * K * N, 5);
-  auto dA = to_device(A), dB = to_device(B);
-  FloatView dC = make_float("c", batch * M * N);
-  gemm_strided_batched(Trans::N, Trans::N, M, N, K, 1.f, dA.data(), K, M * K, dB.data(), N, K * N, 0.f, dC.data(), N,
-                       M * N, batch);
-  auto C = to_host(dC);
-  std::vector<double> want(batch * M * N);
-  for (int b = 0; b < batch; ++b)
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) {
-        double s = 0;
-        for (int k = 0; k < K; ++k) s += static_cast<double>(A[b * M * K + i * K + k]) * B[b * K * N + k * N + j];
-        want[b * M * N + i * N + j] = s;
-      }
-  expect_close(as_double(C), want, kFwdRtol, kFwdAtol, "batched");
+// gemm_mixed_batched over three levels laid out as attention's are (sample b, the head's place t
+// in its group, group g; heads side by side in the rows of A, key/value groups side by side in the
+// rows of B, which the t level reads again, stride 0), fp32 and bf16 operands, against products
+// computed in double from offsets counted out here; beta 1 keeps C's initial values in.
+TEST(Gemm, BatchedOverLevelsMatchesNaive) {
+  const std::int64_t M = 4, N = 5, K = 6, nb = 2, rep = 2, ng = 3;
+  const std::int64_t lda = rep * ng * K + 1, ldb = ng * K + 2, ldc = N + 1, mat = M * ldc;
+  const GemmBatch batch{{{nb, M * lda, N * ldb, rep * ng * mat}, {rep, K, 0, mat}, {ng, rep * K, K, rep * mat}}};
+  ASSERT_EQ(batch.products(), nb * rep * ng);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto fa = random_vector(nb * M * lda, 31), fb = random_vector(nb * N * ldb, 32);
+    const auto fc = random_vector(nb * rep * ng * mat, 33);
+    std::vector<std::uint16_t> ha(fa.size()), hb(fb.size());
+    if (dt == DType::BF16) {
+      for (size_t i = 0; i < fa.size(); ++i) fa[i] = bf16_to_float(ha[i] = float_to_bf16(fa[i]));
+      for (size_t i = 0; i < fb.size(); ++i) fb[i] = bf16_to_float(hb[i] = float_to_bf16(fb[i]));
+    }
+    const auto da = to_device(fa), db = to_device(fb);
+    const auto dha = to_device(ha), dhb = to_device(hb);
+    auto dc = to_device(fc);
+    const GemmOperand A = dt == DType::F32 ? operand(da.data()) : operand(dt, dha.data());
+    const GemmOperand B = dt == DType::F32 ? operand(db.data()) : operand(dt, dhb.data());
+    gemm_mixed_batched(Trans::N, Trans::T, M, N, K, 0.5f, A, lda, B, ldb, 1.f, dc.data(), ldc, batch);
+    const auto got = to_host(dc);
+    std::vector<double> want(fc.begin(), fc.end());
+    for (std::int64_t b = 0; b < nb; ++b)
+      for (std::int64_t t = 0; t < rep; ++t)
+        for (std::int64_t g = 0; g < ng; ++g) {
+          const std::int64_t h = g * rep + t;  // the query head
+          const float* a = fa.data() + b * M * lda + h * K;
+          const float* bm = fb.data() + b * N * ldb + g * K;
+          double* c = want.data() + (b * rep * ng + h) * mat;
+          for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (std::int64_t k = 0; k < K; ++k) s += static_cast<double>(a[i * lda + k]) * bm[j * ldb + k];
+              c[i * ldc + j] += 0.5 * s;
+            }
+        }
+    expect_close(as_double(got), want, kFwdRtol, kFwdAtol, dt == DType::F32 ? "fp32 batched" : "bf16 batched");
+  }
+}
+
+// The batch as data: what merged() folds (a device build's one strided call) and what it leaves as
+// levels (its pointer arrays), with the products' offsets in the same order; and a batch with two
+// products on one C refused by name.
+TEST(Gemm, BatchLevelsMergeOnlyWhereTheStridesContinue) {
+  auto offsets = [](const GemmBatch& b) {
+    std::vector<std::int64_t> o;
+    for (std::int64_t p = 0; p < b.products(); ++p) {
+      std::int64_t x = 0, y = 0, z = 0;
+      b.offsets(p, x, y, z);
+      o.insert(o.end(), {x, y, z});
+    }
+    return o;
+  };
+  // contiguous blocks: one level of 12
+  const GemmBatch flat{{{4, 60, 30, 21}, {1, 999, 999, 999}, {3, 20, 10, 7}}};
+  const GemmBatch fm = flat.merged();
+  ASSERT_EQ(fm.levels.size(), 1u);
+  EXPECT_EQ(fm.levels[0].count, 12);
+  EXPECT_EQ(offsets(fm), offsets(flat));
+  // GPT-2's scores at micro-batch 16 (T 1024, 12 heads of 64, rows [q | k | v]): samples and heads do
+  // not continue each other (a sample is T rows of 2304, the heads 12 x 64 of one row)
+  const std::int64_t T = 1024, ld = 2304, hs = 64, nh = 12;
+  const GemmBatch scores{{{16, T * ld, T * ld, nh * T * T}, {1, hs, 0, T * T}, {nh, hs, hs, T * T}}};
+  const GemmBatch sm = scores.merged();
+  ASSERT_EQ(sm.levels.size(), 2u);
+  EXPECT_EQ(sm.levels[0].count, 16);
+  EXPECT_EQ(sm.levels[1].count, nh);
+  EXPECT_EQ(offsets(sm), offsets(scores));
+  EXPECT_NO_THROW(scores.check_outputs());
+  // no levels: one product at the bases
+  EXPECT_EQ(GemmBatch{}.products(), 1);
+  EXPECT_TRUE(GemmBatch{}.merged().levels.empty());
+  // a group's key gradient summed over its heads in one call would race: refused
+  const GemmBatch clash{{{2, 8, 8, 100}, {3, 1, 1, 0}}};
+  try {
+    clash.check_outputs();
+    FAIL() << "two products on one C accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("write the same C"), std::string::npos) << e.what();
+  }
 }
 
 // The batched bf16 GEMM at two threads against the same products one by one through gemm_bf16
