@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/device_parallel.hpp"
 #include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
@@ -187,6 +188,10 @@ MicroBatch LanguageModel::allocate_micro_batch() const {
   if (cfg_.padding_mask()) mb.padding = make_int("micro_batch::padding", rows);
   if (cfg_.reset_position_ids) mb.positions = make_int("micro_batch::positions", rows);
   if (cfg_.reset_attention_mask) mb.doc_start = make_int("micro_batch::doc_start", rows);
+  if constexpr (kDeviceKernels) {
+    mb.token_order = make_int("micro_batch::token_order", rows);
+    if (cfg_.reset_position_ids) mb.position_order = make_int("micro_batch::position_order", rows);
+  }
   if (cfg_.encoder_decoder()) mb.dec_tokens = make_int("micro_batch::dec_tokens", dec_rows_);
   allocate_head_inputs(mb);
   return mb;
@@ -227,6 +232,10 @@ LanguageModel::Slot& LanguageModel::slot(int i) {
     if (stage_.pre && cfg_.num_token_types > 0) s.types = make_int("model::types", rows_);
     if (cfg_.padding_mask()) s.padding = make_int("model::padding", rows_);
     if (cfg_.reset_position_ids) s.positions = make_int("model::positions", rows_);
+    if constexpr (kDeviceKernels) {
+      if (stage_.pre) s.token_order = make_int("model::token_order", rows_);
+      if (stage_.pre && cfg_.reset_position_ids) s.position_order = make_int("model::position_order", rows_);
+    }
     if (cfg_.reset_attention_mask) s.doc_start = make_int("model::doc_start", rows_);
     if (dec_start_ >= 0) {
       s.dec_tokens = make_int("model::dec_tokens", dec_rows_);
@@ -282,8 +291,9 @@ std::int64_t LanguageModel::activation_bytes_per_slot() const {
   const Slot& s = slots_.front();
   std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() +
                                              s.padding.span() + s.positions.span() + s.doc_start.span() +
-                                             s.dec_tokens.span() + s.dec_input.span() + s.enc_mean.span() +
-                                             s.enc_rstd.span() + s.denc.span() + s.send.span()) *
+                                             s.token_order.span() + s.position_order.span() + s.dec_tokens.span() +
+                                             s.dec_input.span() + s.enc_mean.span() + s.enc_rstd.span() +
+                                             s.denc.span() + s.send.span()) *
                        4 +
                    s.enc_out.bytes();
   for (const auto& a : s.acts) n += a.bytes();
@@ -357,13 +367,14 @@ void LanguageModel::embed(const FloatView& out, const IntView& tokens, const Int
 
 // Backward of embed: dout (R, C) is consumed (dropout applied in place).
 void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
-                                   const DropoutStreams& rng, int which, const IntView& positions) {
+                                   const DropoutStreams& rng, int which, const IntView& positions,
+                                   const IntView& token_order, const IntView& position_order) {
   const std::int64_t C = cfg_.hidden_size, BT = B_ * T, R = tp_.sequence_parallel ? BT / tp_.size() : BT;
   const std::int64_t row0 = tp_.sequence_parallel ? tp_.rank() * R : 0;
   DropoutSpec d = embedding_dropout(rng);
   if (d.active() && which) d.key = dropout_key(d.key, rng.step, 1, 1);
   dropout_backward(dout, dout, R * C, d, C);
-  if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C, positions);
+  if (wpe_ >= 0) add_positions_backward(store_->grad(wpe_), dout, row0, R, T, C, positions, position_order);
   // the word-embedding gradient needs every row: all-gather the row split (reduce-scatter's
   // backward); without sequence parallelism dout is already complete on every TP rank.
   FloatView dword = dout;
@@ -371,7 +382,7 @@ void LanguageModel::embed_backward(const FloatView& dout, const IntView& tokens,
     dword = slice(word_, 0, BT * C);
     ReduceScatterToSequenceParallelRegion::backward(tp_, dword, dout, R, C);
   }
-  embedding_lookup_backward(store_->grad(wte_), dword, tokens, vocab_start_, vocab_local_, BT, C);
+  embedding_lookup_backward(store_->grad(wte_), dword, tokens, vocab_start_, vocab_local_, BT, C, token_order);
   if (tte_ >= 0)
     embedding_lookup_backward(store_->grad(tte_), dout, slice(types, row0, R), 0, cfg_.num_token_types, R, C);
 }
@@ -418,6 +429,11 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
   if (stage_.pre) {
     embed(chunk_input(s), mb.tokens, mb.types, cfg_.seq_length, s.rng, training, 0, s.positions);
     if (training) device_copy(s.tokens, mb.tokens);
+    // the embedding backward's row orders (device kernels), where this micro-batch came with them
+    s.token_ordered = training && mb.token_ordered && mb.token_order.extent(0) == s.token_order.extent(0);
+    if (s.token_ordered) device_copy(s.token_order, mb.token_order);
+    s.position_ordered = training && mb.position_ordered && mb.position_order.extent(0) == s.position_order.extent(0);
+    if (s.position_ordered) device_copy(s.position_order, mb.position_order);
     if (training && tte_ >= 0) device_copy(s.types, mb.types);
   } else {
     device_copy(s.input, slice(input, 0, activation_size()));
@@ -511,7 +527,8 @@ void LanguageModel::stage_backward(int slot_index, const FloatView& grad_output)
     device_copy(slice(dres_, dec_local_rows_ * C, R * C), s.denc);
   }
   if (!stage_.pre) return;  // dres_ is d(stage input), sent to the previous stage
-  embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0, s.positions);
+  embed_backward(dres, s.tokens, s.types, cfg_.seq_length, s.rng, 0, s.positions,
+                 s.token_ordered ? s.token_order : IntView(), s.position_ordered ? s.position_order : IntView());
 }
 
 std::string LanguageModel::flops_formula() const {

@@ -151,6 +151,10 @@ class LanguageModel {
     IntView types;                 // (BT) token types (num_token_types > 0, pre)
     IntView padding;               // (BT) the micro-batch's padding mask (padding-masked layers): their key mask
     IntView positions, doc_start;  // (BT) packed documents: the micro-batch's (kept until the backward pass)
+    // (BT) device kernels: the micro-batch's row orders (MicroBatch::token_order) and whether the
+    // micro-batch held in this slot came with them
+    IntView token_order, position_order;
+    bool token_ordered = false, position_ordered = false;
     // Encoder-decoder: the decoder's tokens (for the embedding backward), its embedded input (R_d, C), the
     // encoder output (R, C: final LayerNorm output, with its statistics) and its gradient
     IntView dec_tokens;
@@ -187,8 +191,10 @@ class LanguageModel {
   // documents); empty: row % T
   void embed(const FloatView& out, const IntView& tokens, const IntView& types, std::int64_t T,
              const DropoutStreams& rng, bool training, int which, const IntView& positions = {});
+  // token_order, position_order: the rows' orders of the device kernels (Slot::token_order)
   void embed_backward(const FloatView& dout, const IntView& tokens, const IntView& types, std::int64_t T,
-                      const DropoutStreams& rng, int which, const IntView& positions = {});
+                      const DropoutStreams& rng, int which, const IntView& positions = {},
+                      const IntView& token_order = {}, const IntView& position_order = {});
   void run_layer_forward(Slot& s, std::int64_t l, const FloatView& x, LayerActivations& a);
   // Final LayerNorm, the head and its backward into the slot's head_grad.
   double run_head(int slot, const MicroBatch& mb, bool training, float dscale, std::int64_t samples);

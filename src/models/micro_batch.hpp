@@ -21,6 +21,12 @@ struct MicroBatch {
   // GPT with packed documents (data.reset_position_ids / reset_attention_mask; empty otherwise):
   // each token's position within its document, and its document's first position in the sample
   IntView positions, doc_start;  // (B*T)
+  // Device kernels only (kDeviceKernels; empty on the host): the rows of tokens, and of positions
+  // where given, sorted by their value, ties by row, computed by the host as it stages the
+  // micro-batch, so that the embedding backward gives each table row its own threads
+  // (ops/embedding.hpp). Filled by every upload (train/family_task.hpp Batch::finish).
+  IntView token_order, position_order;                   // as tokens, positions
+  bool token_ordered = false, position_ordered = false;  // whether this upload filled them
   std::int64_t num_targets = 0, num_sentences = 0;
 };
 

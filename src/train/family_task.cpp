@@ -16,10 +16,24 @@
 
 namespace trident {
 
+bool Batch::upload_order(const StagingView& keys, std::int64_t n, const StagingView& staged, const IntView& order) {
+  if (static_cast<std::int64_t>(order.extent(0)) != n || n == 0) return false;
+  sort_keys_.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)  // keys are checked ids and positions: >= 0
+    sort_keys_[static_cast<std::size_t>(i)] = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(keys(i))) << 32) |
+                                              static_cast<std::uint64_t>(i);
+  std::sort(sort_keys_.begin(), sort_keys_.end());
+  for (std::int64_t i = 0; i < n; ++i)
+    staged(i) = static_cast<std::int32_t>(sort_keys_[static_cast<std::size_t>(i)] & 0xffffffffu);
+  device_copy(order, Kokkos::subview(staged, std::make_pair(std::int64_t{0}, n)));
+  return true;
+}
+
 void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   Staging& st = stage_[next_];
   next_ ^= 1;
   if (st.uploaded.recorded() && !st.uploaded.passed()) st.uploaded.wait();
+  mb.token_ordered = mb.position_ordered = false;
   auto check = [&](std::int32_t id) {
     if (id < 0 || id >= vocab)
       throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
@@ -46,6 +60,7 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   }
   if (t5) {
     device_copy(mb.tokens, st.h_tokens);
+    mb.token_ordered = upload_order(st.h_tokens, B * S, st.h_token_order, mb.token_order);
     device_copy(mb.padding, st.h_padding);
     device_copy(mb.dec_tokens, st.h_dec);
     device_copy(mb.targets, st.h_targets);
@@ -115,6 +130,8 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     device_copy(mb.tokens, st.l_tokens);
     device_copy(mb.targets, st.l_targets);
     device_copy(mb.positions, st.l_positions);
+    mb.token_ordered = upload_order(st.l_tokens, B * Sl, st.h_token_order, mb.token_order);
+    mb.position_ordered = upload_order(st.l_positions, B * Sl, st.h_position_order, mb.position_order);
     if (pk.reset_attention_mask) device_copy(mb.doc_start, st.l_doc_start);
     mb.num_targets = labelled;  // the whole samples' (see set_context_parallel)
     st.uploaded = StreamMark::record();
@@ -122,8 +139,12 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   }
   device_copy(mb.tokens, st.h_tokens);
   device_copy(mb.targets, st.h_targets);
+  mb.token_ordered = upload_order(st.h_tokens, B * S, st.h_token_order, mb.token_order);
   if (!bert) {
-    if (pk.reset_position_ids) device_copy(mb.positions, st.h_positions);
+    if (pk.reset_position_ids) {
+      device_copy(mb.positions, st.h_positions);
+      mb.position_ordered = upload_order(st.h_positions, B * S, st.h_position_order, mb.position_order);
+    }
     if (pk.reset_attention_mask) device_copy(mb.doc_start, st.h_doc_start);
     mb.num_targets = labelled;
     st.uploaded = StreamMark::record();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device_parallel.hpp"
 #include "common/stream_mark.hpp"
 #include "data/token_shard.hpp"
 #include "io/deck.hpp"
@@ -47,6 +48,10 @@ struct Batch {
       s.h_padding = StagingView("batch::h_padding", B * S);
       s.h_order = StagingView("batch::h_order", B);
       s.h_dec = StagingView("batch::h_dec", B * Sd);
+      if constexpr (kDeviceKernels) {
+        s.h_token_order = StagingView("batch::h_token_order", B * S);
+        s.h_position_order = StagingView("batch::h_position_order", B * S);
+      }
     }
   }
   // Checks every token id against the vocabulary and copies the records of `window` into mb's
@@ -92,12 +97,17 @@ struct Batch {
   struct Staging {
     StagingView l_tokens, l_targets, l_positions, l_doc_start;  // this rank's rows (cp > 1)
     StagingView h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
-    StreamMark uploaded;  // after this buffer's last copies
+    StagingView h_token_order, h_position_order;  // MicroBatch::token_order, position_order (device kernels)
+    StreamMark uploaded;                          // after this buffer's last copies
   };
 
  private:
   Staging stage_[2];
   int next_ = 0;
+  // Device kernels: uploads into `order` (when sized n) the rows of keys[0, n) sorted by key, ties by
+  // row, staged in `staged`; returns whether it did.
+  bool upload_order(const StagingView& keys, std::int64_t n, const StagingView& staged, const IntView& order);
+  std::vector<std::uint64_t> sort_keys_;
 };
 
 // The samples of a run, as int32 records of Batch's width.

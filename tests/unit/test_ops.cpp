@@ -1,5 +1,6 @@
 // Every op: forward against a naive double-precision reference, backward against central
 // finite differences (see test_helpers.hpp for the step and the error it implies).
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -597,6 +598,55 @@ TEST(Embedding, ForwardAndScatterBackward) {
   auto loss = [&] { return dot(fwd(), R); };
   expect_close(as_double(to_host(gte)), numeric_gradient(wte, loss, all_te), kGradRtol, kGradAtol, "dwte");
   expect_close(as_double(to_host(gpe)), numeric_gradient(wpe, loss, all_pe), kGradRtol, kGradAtol, "dwpe");
+}
+
+// The embedding backward adds each table row's contributions in row order on every backend: with
+// the rows' order by token (and by position) that a device build's kernels walk, and without, the
+// gradient (starting from non-zero values) has the bits of the plain loop below. Vocabulary-parallel
+// (rows [4, 10) of 13), positions given and as row % T, a sequence-parallel slice of the rows.
+TEST(Embedding, BackwardAddsEachRowsContributionsInRowOrder) {
+  const std::int64_t N = 240, T = 24, C = 5, V = 13, start = 4, local = 6, row0 = 48, R = 96;
+  std::vector<std::int32_t> tok(N), pos(N);
+  for (std::int64_t n = 0; n < N; ++n) {
+    tok[n] = static_cast<std::int32_t>((n * 7 + n / 5) % V);
+    pos[n] = static_cast<std::int32_t>((n * 5) % T);
+  }
+  auto order_of = [&](const std::vector<std::int32_t>& key) {
+    std::vector<std::int32_t> o(key.size());
+    for (size_t i = 0; i < o.size(); ++i) o[i] = static_cast<std::int32_t>(i);
+    std::stable_sort(o.begin(), o.end(), [&](std::int32_t a, std::int32_t b) { return key[a] < key[b]; });
+    return o;
+  };
+  const auto dout = random_vector(N * C, 53), g0 = random_vector(V * C, 54), p0 = random_vector(T * C, 55);
+  std::vector<float> want_te(g0.begin(), g0.begin() + local * C), want_pe(p0), want_pe_mod(p0);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      if (tok[n] >= start && tok[n] < start + local) want_te[(tok[n] - start) * C + c] += dout[n * C + c];
+  for (std::int64_t i = 0; i < R; ++i)
+    for (std::int64_t c = 0; c < C; ++c) {
+      want_pe[pos[row0 + i] * C + c] += dout[i * C + c];
+      want_pe_mod[((row0 + i) % T) * C + c] += dout[i * C + c];
+    }
+  const auto ddout = to_device(dout);
+  const IntView dtok = to_device(tok), dpos = to_device(pos);
+  auto same_bits = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(float_bits(got[i]), float_bits(want[i])) << what << " element " << i;
+  };
+  for (bool ordered : {true, false}) {
+    const IntView tok_order = ordered ? to_device(order_of(tok)) : IntView();
+    const IntView pos_order = ordered ? to_device(order_of(pos)) : IntView();
+    auto gte = to_device(std::vector<float>(g0.begin(), g0.begin() + local * C));
+    embedding_lookup_backward(gte, ddout, dtok, start, local, N, C, tok_order);
+    same_bits(to_host(gte), want_te, ordered ? "dwte, ordered" : "dwte");
+    auto gpe = to_device(p0);
+    add_positions_backward(gpe, ddout, row0, R, T, C, dpos, pos_order);
+    same_bits(to_host(gpe), want_pe, ordered ? "dwpe, ordered" : "dwpe");
+    auto gpm = to_device(p0);
+    add_positions_backward(gpm, ddout, row0, R, T, C);
+    same_bits(to_host(gpm), want_pe_mod, "dwpe, row % T");
+  }
 }
 
 TEST(Elementwise, BiasNormAndNonFinite) {
