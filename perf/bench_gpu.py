@@ -11,8 +11,15 @@ stays under --memory-fraction of the GPU's memory; should that run fail anyway, 
 one is tried (at most twice, and the report says so). Trident's CUDA build (apps/pretrain_gpt from
 --build-dir, precision.dtype bf16, sequence 1024) runs --iters steps; then PyTorch (perf/
 torch_gpt.py --device cuda --dtype bf16: autocast, scaled_dot_product_attention) at the same
-micro-batch. Reports tokens/s, model TFLOP/s (Megatron's 72 B s l h^2 (1 + s/6h + V/12hl),
-V = 50304), MFU against --peak-tflops (default 989: H100/H200 SXM dense bf16), and the fraction of
+micro-batch, in eager mode and, with --peers eager,compile (the default), through torch.compile
+where the GPU machine's PyTorch has it (PyTorch 2; --compile-shapes limits it to some shapes).
+The shape "llama8b4" is a Llama-3-8B-shaped
+stack of 4 layers (hidden 4096, 32 query heads in 8 groups, SwiGLU 14336, RoPE base 500000) at
+sequence 4096 and micro-batch --llama-micro-batch (1), on the sample shards' GPT-2 vocabulary
+(the only tokenised data on the GPU machine; Llama 3's 128256 would make its LM head 2.5 times
+as large), run from perf/decks/llama_bench.ini and torch_gpt.py --arch llama. Reports tokens/s,
+model TFLOP/s (Megatron's 72 B s l h^2 (1 + s/6h + V/12hl), V = 50304, and its general form for
+the Llama stack), MFU against --peak-tflops (default 989: H100/H200 SXM dense bf16), and the fraction of
 the GPU's bf16 GEMM rate measured in the same run through PyTorch (8192^3, the ceiling a training
 step can approach). Runs are not started after --deadline (seconds since the epoch); each run is
 limited to the time left. Writes <out-dir>/gpu_<date>.{md,json}. Without a GPU it says so and
@@ -36,6 +43,10 @@ import perf_model as pm  # noqa: E402
 # "smoke" (2 x 128) is not a benchmark: tests/gpu_kit/gpu_check_logic.sh rehearses the script with it
 SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "1.3b": (24, 2048, 16), "smoke": (2, 128, 4)}
 VOCAB = 50304
+# Llama-family stacks: layers, hidden, heads, key/value groups, SwiGLU width, sequence, RoPE base
+# ("llama-smoke", like "smoke", is for the rehearsal only)
+LLAMA_SHAPES = {"llama8b4": (4, 4096, 32, 8, 14336, 4096, 500000.0), "llama-smoke": (2, 128, 4, 2, 352, 64, 10000.0)}
+PEERS = ("eager", "compile")
 
 
 def gpu_facts():
@@ -109,7 +120,18 @@ def main(argv=None):
     p.add_argument("--attention", default="flash,unfused", help="Trident attention paths to measure")
     p.add_argument("--deadline", type=float, default=0.0, help="start no run after this time (epoch s)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--peers", default="eager,compile",
+                   help="PyTorch peers: eager, and compile (torch.compile, where PyTorch 2 is there)")
+    p.add_argument("--compile-shapes", default="all",
+                   help="the shapes the torch.compile peer runs ('all', or a list: compiling costs about a minute)")
+    p.add_argument("--llama-micro-batch", type=int, default=1, help="micro-batch of the Llama stacks")
     a = p.parse_args(argv)
+    for peer in a.peers.split(","):
+        if peer not in PEERS:
+            p.error(f"--peers: unknown peer {peer!r} (eager, compile)")
+    for shape in a.shapes.split(","):
+        if shape not in SHAPES and shape not in LLAMA_SHAPES:
+            p.error(f"--shapes: unknown shape {shape!r} ({', '.join(list(SHAPES) + list(LLAMA_SHAPES))})")
     facts = gpu_facts()
     if facts is None:
         print("bench_gpu: no NVIDIA GPU here (nvidia-smi fails): nothing measured")
@@ -130,17 +152,23 @@ def main(argv=None):
         return left
 
     runner, results, started, torch_runs = bg.Runner(), [], datetime.datetime.now(), {}
-    a.batch = 0  # for bg.read_trident
     ceiling = None
     if not a.no_torch and time_left("GEMM ceiling"):
         ceiling = gemm_ceiling(a.python, min(60, deadline - time.time()))
         print(f"bf16 GEMM 8192^3 through PyTorch: {ceiling and f'{ceiling:.0f} TFLOP/s'}")
     for shape, attention in [(s, at) for s in a.shapes.split(",") for at in a.attention.split(",")]:
-        L, C, H = SHAPES[shape]
         flash = attention == "flash"
-        r = {"shape": shape, "attention": attention, "layers": L, "hidden": C, "heads": H, "seq": a.seq}
-        if a.micro_batches == "auto":
-            mb0, mem = choose_micro_batch(shape, flash, a.seq, gpu, a.memory_fraction, a.max_micro_batch)
+        llama = shape in LLAMA_SHAPES
+        if llama:
+            L, C, H, G, Fw, seq, theta = LLAMA_SHAPES[shape]
+        else:
+            (L, C, H), G, Fw, seq, theta = SHAPES[shape], 0, 0, a.seq, 0.0
+        r = {"shape": shape, "attention": attention, "layers": L, "hidden": C, "heads": H, "seq": seq}
+        if llama:
+            r.update({"arch": "llama", "groups": G, "ffn": Fw, "rotary_base": theta})
+            tries = [a.llama_micro_batch]
+        elif a.micro_batches == "auto":
+            mb0, mem = choose_micro_batch(shape, flash, seq, gpu, a.memory_fraction, a.max_micro_batch)
             r["model_micro_batch"], r["model_memory_gib"] = mb0, mem / 2**30 if mem else None
             tries = [m for m in (mb0, mb0 // 2, mb0 // 4) if m >= 1]
         else:
@@ -151,69 +179,88 @@ def main(argv=None):
                 r["skipped"] = "time budget"
                 break
             metrics = bg.fresh_metrics(os.path.join(a.work_dir, f"gpu_{shape}_{attention}_mb{mb}.csv"))
-            cmd = [app, "--deck", os.path.join(bg.REPO, "perf", "decks", "gpt_bench.ini"),
-                   "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
-                   "--model.seq_length", str(a.seq), "--model.max_position_embeddings", str(a.seq),
-                   "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
-                   "--model.flash_attention", "true" if flash else "false",
-                   "--precision.recompute", "none" if flash else "selective", "--precision.dtype", "bf16",
-                   "--train.micro_batch_size", str(mb), "--train.global_batch_size", str(mb),
-                   "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
-                   "--perf.peak_tflops", str(a.peak_tflops), "--log.metrics_file", metrics]
+            if llama:
+                shape_args = ["--deck", os.path.join(bg.REPO, "perf", "decks", "llama_bench.ini"),
+                              "--model.num_query_groups", str(G), "--model.ffn_hidden_size", str(Fw),
+                              "--model.rotary_base", str(theta)]
+            else:
+                shape_args = ["--deck", os.path.join(bg.REPO, "perf", "decks", "gpt_bench.ini")]
+            cmd = [app] + shape_args + [
+                "--model.num_layers", str(L), "--model.hidden_size", str(C), "--model.num_heads", str(H),
+                "--model.seq_length", str(seq), "--model.max_position_embeddings", str(seq),
+                "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
+                "--model.flash_attention", "true" if flash else "false",
+                "--precision.recompute", "none" if flash else "selective", "--precision.dtype", "bf16",
+                "--train.micro_batch_size", str(mb), "--train.global_batch_size", str(mb),
+                "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",
+                "--perf.peak_tflops", str(a.peak_tflops), "--log.metrics_file", metrics]
             try:
                 out = runner.run(cmd, {}, f"Trident {shape} {attention} attention, micro-batch {mb}", timeout=left)
             except RuntimeError as e:
                 print(f"  micro-batch {mb} does not run ({e})")
                 r.setdefault("failed_micro_batches", []).append(mb)
                 continue
-            a.batch = mb
-            t = bg.read_trident(metrics, out, a)
+            t = bg.read_trident(metrics, out, argparse.Namespace(iters=a.iters, warmup=a.warmup, batch=mb, seq=seq))
             t["micro_batch"] = mb
-            t["tokens_per_s"] = mb * a.seq / (t["ms_per_iter"] / 1e3)
+            t["tokens_per_s"] = mb * seq / (t["ms_per_iter"] / 1e3)
             t["mfu"] = t["tflops"] / a.peak_tflops if t["tflops"] else None
             r["trident"] = t
             break
         if "trident" in r and not a.no_torch:
             mb = r["trident"]["micro_batch"]
-            tj = os.path.join(a.work_dir, f"gpu_torch_{shape}_mb{mb}.json")
-            cmd = [a.python, os.path.join(bg.REPO, "perf", "torch_gpt.py"), "--device", "cuda", "--dtype", "bf16",
-                   "--layers", str(L), "--hidden", str(C), "--heads", str(H), "--batch", str(mb), "--seq", str(a.seq),
-                   "--steps", str(a.iters), "--warmup", str(a.warmup), "--dropout", str(a.dropout), "--json", tj]
-            try:
-                if (shape, mb) not in torch_runs:  # once per shape and micro-batch
-                    left = time_left(f"PyTorch {shape}")
-                    if left is None:
-                        raise RuntimeError("not run: time budget")
-                    runner.run(cmd, {}, f"PyTorch {shape}", timeout=left)
-                    with open(tj) as f:
-                        torch_runs[(shape, mb)] = json.load(f)
-                r["torch"] = dict(torch_runs[(shape, mb)])
-                r["torch"]["mfu"] = r["torch"]["tflops"] / a.peak_tflops
-            except (RuntimeError, OSError) as e:
-                r["torch_error"] = str(e)[-300:]
+            for peer in a.peers.split(","):
+                if peer == "compile" and a.compile_shapes != "all" and shape not in a.compile_shapes.split(","):
+                    continue
+                tj = os.path.join(a.work_dir, f"gpu_torch_{peer}_{shape}_mb{mb}.json")
+                cmd = [a.python, os.path.join(bg.REPO, "perf", "torch_gpt.py"), "--device", "cuda", "--dtype", "bf16",
+                       "--layers", str(L), "--hidden", str(C), "--heads", str(H), "--batch", str(mb), "--seq",
+                       str(seq), "--steps", str(a.iters), "--warmup", str(a.warmup), "--dropout", str(a.dropout),
+                       "--json", tj]
+                if llama:
+                    cmd += ["--arch", "llama", "--groups", str(G), "--ffn", str(Fw), "--rotary-base", str(theta)]
+                if peer == "compile":
+                    cmd.append("--compile")
+                try:
+                    if (peer, shape, mb) not in torch_runs:  # once per peer, shape and micro-batch
+                        left = time_left(f"PyTorch {peer} {shape}")
+                        if left is None:
+                            raise RuntimeError("not run: time budget")
+                        runner.run(cmd, {}, f"PyTorch {peer} {shape}", timeout=left)
+                        with open(tj) as f:
+                            torch_runs[(peer, shape, mb)] = json.load(f)
+                    q = dict(torch_runs[(peer, shape, mb)])
+                    q["mfu"] = q["tflops"] / a.peak_tflops
+                    r["torch" if peer == "eager" else "torch_compile"] = q
+                except (RuntimeError, OSError) as e:
+                    r[("torch" if peer == "eager" else "torch_compile") + "_error"] = str(e)[-300:]
         results.append(r)
-    lines = [f"# GPT training on one GPU, {started.date()}", "",
-             f"{gpu_name} ({gpu_mem / 2**30:.0f} GiB); bf16, sequence {a.seq}; MFU against {a.peak_tflops} TFLOP/s "
+    lines = [f"# GPT and Llama training on one GPU, {started.date()}", "",
+             f"{gpu_name} ({gpu_mem / 2**30:.0f} GiB); bf16; GPT shapes at sequence {a.seq}, the Llama stacks at their "
+             f"own; MFU against {a.peak_tflops} TFLOP/s "
              f"({a.peak_name}); bf16 GEMM 8192^3 through PyTorch in this run: "
              f"{f'{ceiling:.0f} TFLOP/s' if ceiling else 'not measured'}. Median of steps {a.warmup + 1}..{a.iters}. "
-             f"Micro-batch: {'the largest predicted by perf_model.py (' + gpu_key + ') to fit in ' + str(a.memory_fraction) + ' of the memory' if a.micro_batches == 'auto' else a.micro_batches}. "
-             "PyTorch at the same micro-batch (autocast bf16, scaled_dot_product_attention).", "",
+             f"Micro-batch: {'the largest predicted by perf_model.py (' + gpu_key + ') to fit in ' + str(a.memory_fraction) + ' of the memory' if a.micro_batches == 'auto' else a.micro_batches}"
+             f" (Llama stacks: {a.llama_micro_batch}). "
+             "PyTorch at the same micro-batch (autocast bf16, scaled_dot_product_attention), eager and through "
+             "torch.compile.", "",
              "| shape | attention | micro-batch (model: predicted GiB) | Trident tok/s | Trident TFLOP/s | Trident MFU "
-             "| of GEMM ceiling | PyTorch tok/s | PyTorch MFU | Trident / PyTorch |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| of GEMM ceiling | PyTorch eager tok/s | eager MFU | Trident / eager | compile tok/s | Trident / compile |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        t, q = r.get("trident"), r.get("torch")
+        t, q, qc = r.get("trident"), r.get("torch"), r.get("torch_compile")
         head = f"| {r['shape']} | {r['attention']} | "
         model = (f" ({r['model_micro_batch']}: {r['model_memory_gib']:.1f})" if r.get("model_memory_gib") else "")
         if not t:
             why = r.get("skipped") or f"failed at {r.get('failed_micro_batches')}"
-            lines.append(head + f"{why}{model} | - | - | - | - | - | - | - |")
+            lines.append(head + f"{why}{model} | - | - | - | - | - | - | - | - | - |")
             continue
         ceil = f"{100 * t['tflops'] / ceiling:.1f}%" if ceiling and t["tflops"] else "-"
         mine = f"{t['micro_batch']}{model} | {t['tokens_per_s']:.0f} | {t['tflops']:.1f} | {100 * t['mfu']:.1f}% | {ceil} | "
-        lines.append(head + mine + (f"{q['tokens_per_s']:.0f} | {100 * q['mfu']:.1f}% | "
-                                    f"{t['tokens_per_s'] / q['tokens_per_s']:.2f} |" if q else
-                                    f"{r.get('torch_error', '-')[:60]} | - | - |"))
+        eager = (f"{q['tokens_per_s']:.0f} | {100 * q['mfu']:.1f}% | {t['tokens_per_s'] / q['tokens_per_s']:.2f} | "
+                 if q else f"{r.get('torch_error', '-')[:60]} | - | - | ")
+        comp = (f"{qc['tokens_per_s']:.0f} | {t['tokens_per_s'] / qc['tokens_per_s']:.2f} |"
+                if qc else f"{r.get('torch_compile_error', '-')[:60]} | - |")
+        lines.append(head + mine + eager + comp)
     lines += ["", "Commands:", ""] + [f"    {c}" for c in runner.commands]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -15,6 +15,10 @@
 //   TRIDENT_KERNEL_TIMER_SKIP  "label:count": forget everything measured until the count-th call of
 //                              the kernel or region `label` has ended (e.g. "optim::adamw_step:2"
 //                              drops the first two training iterations, the warm-up).
+//   TRIDENT_KERNEL_TIMER_NVTX  "1" (a CUDA build's library only): every kernel and region is also an
+//                              NVTX push/pop range named by its label, so that Nsight Compute
+//                              profiles the launches of one label (ncu --nvtx --nvtx-include
+//                              "ops::layernorm_forward/"; scripts/gpu_check.sh's ncu phase).
 //
 // Kernels of host back-ends (Serial, and OpenMP after its implicit barrier) are synchronous, so
 // the wall time between the begin and end callbacks is the kernel's time. On asynchronous
@@ -38,9 +42,34 @@
 #include <unordered_map>
 #include <vector>
 
+#if defined(TRIDENT_KERNEL_TIMER_NVTX)
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// NVTX ranges named by the labels, when asked for (TRIDENT_KERNEL_TIMER_NVTX=1 in a CUDA build)
+#if defined(TRIDENT_KERNEL_TIMER_NVTX)
+bool nvtx_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("TRIDENT_KERNEL_TIMER_NVTX");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+#endif
+void nvtx_push([[maybe_unused]] const char* name) {
+#if defined(TRIDENT_KERNEL_TIMER_NVTX)
+  if (nvtx_on()) nvtxRangePushA(name);
+#endif
+}
+void nvtx_pop() {
+#if defined(TRIDENT_KERNEL_TIMER_NVTX)
+  if (nvtx_on()) nvtxRangePop();
+#endif
+}
 
 double seconds_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double>(t1 - t0).count();
@@ -372,28 +401,36 @@ void kokkosp_finalize_library() {
 }
 
 void kokkosp_begin_parallel_for(const char* name, const std::uint32_t /*dev*/, std::uint64_t* kid) {
+  nvtx_push(name);
   *kid = g_timer ? g_timer->begin_kernel(name, Kind::parallel_for) : 0;
 }
 void kokkosp_end_parallel_for(const std::uint64_t kid) {
   if (g_timer) g_timer->end_kernel(kid);
+  nvtx_pop();
 }
 void kokkosp_begin_parallel_reduce(const char* name, const std::uint32_t /*dev*/, std::uint64_t* kid) {
+  nvtx_push(name);
   *kid = g_timer ? g_timer->begin_kernel(name, Kind::parallel_reduce) : 0;
 }
 void kokkosp_end_parallel_reduce(const std::uint64_t kid) {
   if (g_timer) g_timer->end_kernel(kid);
+  nvtx_pop();
 }
 void kokkosp_begin_parallel_scan(const char* name, const std::uint32_t /*dev*/, std::uint64_t* kid) {
+  nvtx_push(name);
   *kid = g_timer ? g_timer->begin_kernel(name, Kind::parallel_scan) : 0;
 }
 void kokkosp_end_parallel_scan(const std::uint64_t kid) {
   if (g_timer) g_timer->end_kernel(kid);
+  nvtx_pop();
 }
 void kokkosp_push_profile_region(const char* name) {
+  nvtx_push(name);
   if (g_timer) g_timer->push_region(name);
 }
 void kokkosp_pop_profile_region() {
   if (g_timer) g_timer->pop_region();
+  nvtx_pop();
 }
 void kokkosp_begin_deep_copy(TridentSpaceHandle dst_handle, const char* dst_name, const void* /*dst_ptr*/,
                              TridentSpaceHandle src_handle, const char* src_name, const void* /*src_ptr*/,

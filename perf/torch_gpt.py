@@ -8,7 +8,8 @@ order: QK^T, mask, softmax, dropout, PV), dropout (default 0.1) where GPT-2 and 
 (embeddings, attention probabilities, each residual branch), tied input/output embeddings, init normal(0, 0.02) with output
 projections scaled by 1/sqrt(2 * layers); fp32; AdamW (no weight decay on biases and LayerNorm
 parameters, like Trident) with gradient clipping at 1.0 every step. Tokens are random (the
-speed of a dense step does not depend on them).
+speed of a dense step does not depend on them). --compile runs the same model through torch.compile
+(the GPU benchmark's second peer).
 
 Model FLOPs use Megatron's formula 72 B s l h^2 (1 + s/6h + V/12hl) with V = the PADDED vocabulary
 (50304 for GPT-2's 50257, --flops-vocab), the V Trident reports, so that both sides count the same
@@ -80,6 +81,9 @@ def parse_args(argv=None):
                    help="dropout on embeddings, attention probabilities and both residual branches (GPT-2/Megatron: 0.1)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--compile", action="store_true",
+                   help="run the model through torch.compile (PyTorch 2; the first steps compile, so give "
+                        "--warmup at least 2); the result says whether it compiled")
     p.add_argument("--json", default="", help="also write the JSON result to this file")
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
@@ -321,6 +325,11 @@ def main(argv=None):
             return loss
 
     model = (GPT() if a.arch == "gpt" else Llama()).to(dev)
+    step_model = model
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"torch_gpt: --compile needs PyTorch 2 (this is {torch.__version__})")
+        step_model = torch.compile(model)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -339,7 +348,7 @@ def main(argv=None):
         for mb in range(M):
             idx, tgt = data[step, mb, :, :-1].contiguous(), data[step, mb, :, 1:].contiguous()
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-                loss = model(idx, tgt) / M
+                loss = step_model(idx, tgt) / M
             loss.backward()
             loss_sum += float(loss)
         loss = torch.tensor(loss_sum)
@@ -363,6 +372,7 @@ def main(argv=None):
         "dtype": a.dtype,
         "device": a.device,
         "fused_attention": sdpa,
+        "compiled": a.compile,
         "torch_num_threads": torch.get_num_threads(),
         "arch": a.arch, "groups": G,
         "layers": L, "hidden": C, "heads": H, "ffn": ffn, "experts": E, "topk": K if E else 0, "expert_ffn": Fe if E else 0, "dropout": a.dropout, "vocab": a.vocab, "flops_vocab": a.flops_vocab,

@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_check.sh OUTDIR
 #
-# Phases, each under its own time limit, all within GPU_CHECK_BUDGET seconds (default 470):
+# Phases, each under its own time limit, all within GPU_CHECK_BUDGET seconds (default 420: the
+# 7 minutes of a 15-minute GPU loan left after the machine's start, the transfers and a rerun):
 #   kit        check the kit's manifest and checksums, unpack it into /tmp/trident-gpu and the
 #              sample data into data/sample
 #   start      the prebuilt apps and tests: every library resolves (ldd) and `--version` runs
@@ -14,24 +15,37 @@
 #              (GPU_CHECK_REBUILD=configure only configures: a check of the kit's headers,
 #              libraries and Kokkos that keeps the prebuilt binaries)
 #   gpu        nvidia-smi sees a GPU; without one the script stops here, says so, and exits 0
+# 1. Correctness:
 #   unit       every unit-test executable on the GPU (ops against host references and finite
 #              differences, fused against unfused kernels, bf16 conversions and GEMMs)
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
-#   tensorboard  optional (skipped when $PYTHON has no tensorboard), at most 20 s: TensorBoard's own
-#              EventAccumulator reads the fp32 GPT run's log.tensorboard_dir; every train/loss step
-#              equals float32 of the metrics file's loss
-#   llama      at most 45 s: the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU,
-#              4 heads in 2 groups, untied) for 50 iterations, fp32 against the host's fp32 losses,
-#              bf16 and bf16 + flash attention against the GPU's fp32 within the bf16 band; then the
-#              124M-class Llama of perf/bench_gpt.py --arch llama (12 x 768, 12 heads in 4 groups,
-#              F 2048) in bf16 at T = 1024, micro-batch 8, for 10 steps: tokens/s, TFLOP/s and MFU
-#              against the GPU's bf16 peak (GPU_CHECK_LLAMA_PEAK, 989 for an H100/H200)
-#   moe        at most 45 s: the mixture-of-experts deck (inputs/moe_tiny_ci.ini: llama_tiny_ci with 4
-#              SwiGLU experts per layer, top-2, load-balancing and z losses) for 50 iterations, fp32
+#   llama      the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU, 4 heads in 2
+#              groups, untied) for 50 iterations, fp32 against the host's fp32 losses, bf16 and
+#              bf16 + flash attention against the GPU's fp32 within the bf16 band
+#   moe        the mixture-of-experts deck (inputs/moe_tiny_ci.ini: llama_tiny_ci with 4 SwiGLU
+#              experts per layer, top-2, load-balancing and z losses) for 50 iterations, fp32
 #              against the host's fp32 losses and bf16 against the GPU's fp32 within the bf16 band,
 #              and the MoE metrics (aux, z, max load) of fp32 against the host's within 1e-3
+# 2. Step times against PyTorch on the same GPU:
+#   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16 (micro-batches from the memory
+#              model) and a Llama-3-8B-shaped stack of 4 layers at sequence 4096, Trident's
+#              unfused attention (cuBLAS products), against PyTorch eager and, at 124M,
+#              torch.compile; it starts no run once only the last two phases' time is left
+# 3. Where the time goes:
+#   profile    GPT-2 124M bf16 at micro-batch 8 for 4 steps under the kernel timer
+#              (perf/kernel_timer.cpp) with CUDA_LAUNCH_BLOCKING=1, the first 2 steps skipped:
+#              milliseconds and calls per step of every kernel and cuBLAS call
+#              (perf/gpu_profile.py breakdown), and the three heaviest Kokkos kernels
+# 4. Why:
+#   ncu        Nsight Compute (--clock-control none) on one launch of each of those three kernels,
+#              found by the kernel timer's NVTX ranges (TRIDENT_KERNEL_TIMER_NVTX=1): duration,
+#              SM and memory throughput (perf/gpu_profile.py ncu); where ncu cannot read the
+#              counters (gVisor machines) the phase says so and passes
+# With GPU_CHECK_EXTRA=1, after these (budget permitting; raise GPU_CHECK_BUDGET):
+#   tensorboard  at most 20 s: TensorBoard's own EventAccumulator reads the fp32 GPT run's
+#              log.tensorboard_dir; every train/loss step equals float32 of the metrics file's loss
 #   long       at most 45 s: long sequences on one GPU (cp = 1): inputs/llama_long_ci.ini at 32768 tokens
 #              (GPU_CHECK_LONG_SEQ), micro-batch 1, fused attention, 4 iterations in fp32 and in bf16:
 #              bf16 against fp32 within the bf16 band, and tokens/s and ms per iteration of each (the
@@ -45,11 +59,9 @@
 #              validation/hf_llama.py, imported and exported by convert_checkpoint; transformers'
 #              AutoModelForCausalLM (float32, TF32 off, on the GPU) scores each export within 1e-5 of
 #              `pretrain_gpt --eval.only` on the GPU, and within 1e-6 of hf_llama.py's own float64 model
-#   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16, both attention paths, micro-
-#              batches from the memory model, PyTorch on the same GPU as the peer; stops starting
-#              runs when the budget runs out
-# OUTDIR receives at most 8 files: report.md (phases with wall times, results), log.txt (all
-# output), unit.txt, train.csv, llama.csv, bench.md, bench.json. The report also goes to perf/results/.
+# OUTDIR receives at most 10 files: report.md (phases with wall times, results), log.txt (all
+# output), unit.txt, train.csv, llama.csv, bench.md, bench.json, profile.md, profile.json, ncu.md.
+# The report also goes to perf/results/.
 # Exit status: 0 when every phase that ran passed (also when it stopped at the GPU boundary),
 # 1 when a phase failed, 2 for a usage error.
 #
@@ -58,8 +70,11 @@
 # the kit's; GPU_CHECK_NO_KIT=1 skips the kit phase, the sample data being in data/sample and the
 # host's losses in GPU_CHECK_REFERENCE_DIR; GPU_CHECK_BENCH_ARGS adds arguments to bench_gpu.py;
 # GPU_CHECK_RESULTS_DIR (default perf/results, empty for none) receives copies of the reports;
-# GPU_CHECK_{UNIT,TRAIN,LLAMA,MOE,LONG,HF,HF_LLAMA,BENCH}_LIMIT change those phases' limits (120, 120, 45, 45, 45,
-# 90, 45, 400 s: a GPU's); GPU_CHECK_LONG_SEQ the long phase's sequence length; GPU_CHECK_LLAMA_SPEED_ARGS replaces the Llama speed run's shape arguments.
+# GPU_CHECK_{UNIT,TRAIN,LLAMA,MOE,PROFILE,NCU,LONG,HF,HF_LLAMA}_LIMIT change those phases' limits (45, 60,
+# 30, 30, 40, 60, 45, 90, 45 s: a GPU's), GPU_CHECK_BENCH_LIMIT the benchmark's (default: what is
+# left but the profile and ncu limits); GPU_CHECK_LONG_SEQ the long phase's sequence length;
+# GPU_CHECK_PROFILE_ARGS replaces the profile run's shape arguments; GPU_CHECK_NCU (default ncu) is
+# the Nsight Compute command.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
@@ -68,7 +83,7 @@ source "$root/scripts/gpu_common.sh"
 mkdir -p "$1" || exit 2
 out=$(cd "$1" && pwd)
 kit=${GPU_KIT:-$root/.gpu_kit}
-budget=${GPU_CHECK_BUDGET:-470}
+budget=${GPU_CHECK_BUDGET:-420}
 export PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 work=$GPU_PREFIX/work
@@ -132,7 +147,7 @@ write_report() {
       IFS='|' read -r name st dt nt <<<"$p"
       echo "| $name | $st | $dt | $nt |"
     done
-    for x in unit.txt train.csv llama.csv bench.md; do
+    for x in unit.txt train.csv llama.csv bench.md profile.md ncu.md; do
       [ -s "$out/$x" ] || continue
       echo; echo "## $x"; echo
       case $x in *.md) sed 's/^# /### /' "$out/$x" ;; *) echo '```'; cat "$out/$x"; echo '```' ;; esac
@@ -403,7 +418,7 @@ PY
   return $rc
 }
 
-# ---- the Llama-family layer: against the host, in the bf16 band, and its speed ----------------------------
+# ---- the Llama-family layer: against the host and in the bf16 band --------------------------------------
 phase_llama() {
   local dtype flash rc=0
   for run in "fp32 false" "bf16 false" "bf16 true"; do
@@ -414,17 +429,8 @@ phase_llama() {
       --log.metrics_file "$work/llama_${dtype}_${flash}.csv") >"$work/llama_${dtype}_${flash}.log" 2>&1 ||
       { echo "pretrain_gpt llama $dtype flash=$flash failed:"; tail -n 15 "$work/llama_${dtype}_${flash}.log"; rc=1; }
   done
-  local speed=${GPU_CHECK_LLAMA_SPEED_ARGS:---model.num_layers 12 --model.hidden_size 768 --model.num_heads 12 \
---model.num_query_groups 4 --model.ffn_hidden_size 2048 --model.seq_length 1024 --model.max_position_embeddings 1024 \
---train.micro_batch_size 8 --train.global_batch_size 8 --train.iters 10}
-  # shellcheck disable=SC2086
-  (cd "$root" && timeout "$(left)" "$GPU_BUILD/apps/pretrain_gpt" --deck perf/decks/llama_bench.ini $speed \
-    --precision.dtype bf16 --model.hidden_dropout 0 --model.attention_dropout 0 \
-    --perf.peak_tflops "${GPU_CHECK_LLAMA_PEAK:-989}" --log.metrics_file "$work/llama_speed.csv") \
-    >"$work/llama_speed.log" 2>&1 ||
-    { echo "the Llama speed run failed:"; tail -n 15 "$work/llama_speed.log"; rc=1; }
   "$PYTHON" - "$work" "$out/llama.csv" "${GPU_CHECK_REFERENCE_DIR:-$work/data/reference}" <<'PY' || rc=1
-import csv, os, statistics, sys
+import csv, os, sys
 work, dst, ref = sys.argv[1], sys.argv[2], sys.argv[3]
 def rows_of(p):
     return list(csv.DictReader(open(p))) if os.path.exists(p) else []
@@ -443,15 +449,6 @@ def compare(what, a, b, tol):
 compare("fp32 GPU vs fp32 host", gpu, host, tol_fp32)
 compare("bf16 vs fp32 GPU", losses(f"{work}/llama_bf16_false.csv"), gpu, band)
 compare("bf16 + flash vs fp32 GPU", losses(f"{work}/llama_bf16_true.csv"), gpu, band)
-speed = rows_of(f"{work}/llama_speed.csv")
-timed = speed[3:] if len(speed) > 3 else speed
-if timed:
-    med = lambda k: statistics.median(float(r[k]) for r in timed)  # noqa: E731
-    tok, tfl, mfu = med("tokens_per_s"), med("tflops_per_rank"), med("mfu")
-    out.append(("llama", f"speed: {tok:.0f} tok/s; {tfl:.1f} TFLOP/s; MFU {100 * mfu:.1f}% (median of {len(timed)} steps)",
-                len(speed), f"{tfl:.3f}", "-", True))
-else:
-    out.append(("llama", "speed run", 0, "missing", "-", False))
 with open(dst, "w", newline="") as f:
     w = csv.writer(f, lineterminator="\n")
     w.writerow(["model", "comparison", "steps", "worst relative loss difference", "tolerance", "pass"])
@@ -461,7 +458,7 @@ for r in out:
 sys.exit(0 if all(r[5] for r in out) else 1)
 PY
   note="$(awk -F, 'NR > 1 && NR < 5 {n++; if ($6 == "True") p++} END {print p + 0 " of " n + 0 " comparisons pass"}' \
-    "$out/llama.csv" 2>/dev/null); $(sed -n 's/^llama,\(speed: [^,]*\),.*/\1/p' "$out/llama.csv" 2>/dev/null)"
+    "$out/llama.csv" 2>/dev/null)"
   return $rc
 }
 
@@ -572,8 +569,10 @@ sys.exit(0 if r <= 1e-5 and s <= 1e-6 else 1)" "$ours" "$theirs" "$own" "$fam")"
 # ---- benchmark ---------------------------------------------------------------------------------------------
 phase_bench() {
   mkdir -p "$work/bench"
+  # shellcheck disable=SC2086
   timeout "$(left)" "$PYTHON" "$root/perf/bench_gpu.py" --build-dir "$GPU_BUILD" --work-dir "$work/bench" \
-    --out-dir "$work/bench" --deadline $((phase_deadline - 20)) --python "$PYTHON" ${GPU_CHECK_BENCH_ARGS:-}
+    --out-dir "$work/bench" --deadline $((phase_deadline - 10)) --python "$PYTHON" \
+    ${GPU_CHECK_BENCH_ARGS:---shapes 124m,350m,1.3b,llama8b4 --attention unfused --compile-shapes 124m --iters 6 --warmup 2}
   local rc=$?
   local md
   md=$(ls -t "$work"/bench/gpu_*.md 2>/dev/null | head -n1)
@@ -581,6 +580,55 @@ phase_bench() {
   [ -n "$md" ] && [ -n "$results" ] && cp "$md" "$results/" 2>/dev/null
   note="$(grep -c '^| [^ ]* | \(flash\|unfused\) |' "$out/bench.md" 2>/dev/null) rows"
   return $rc
+}
+
+# ---- per-kernel breakdown ------------------------------------------------------------------------------------
+profile_cmd() {  # the profile run's pretrain_gpt command (GPT-2 124M bf16, unfused, micro-batch 8, 4 steps)
+  local shape=${GPU_CHECK_PROFILE_ARGS:---model.num_layers 12 --model.hidden_size 768 --model.num_heads 12 \
+--model.seq_length 1024 --model.max_position_embeddings 1024 --train.micro_batch_size 8 --train.global_batch_size 8}
+  echo "$GPU_BUILD/apps/pretrain_gpt --deck perf/decks/gpt_bench.ini $shape --precision.dtype bf16" \
+    "--model.flash_attention false --precision.recompute selective --eval.interval 0 --log.interval 1"
+}
+phase_profile() {
+  local lib=$GPU_BUILD/perf/libtrident_kernel_timer.so
+  [ -f "$lib" ] || { why "no kernel timer at $lib"; return 1; }
+  # shellcheck disable=SC2046
+  (cd "$root" && KOKKOS_PROFILE_LIBRARY=$lib KOKKOS_TOOLS_LIBS=$lib CUDA_LAUNCH_BLOCKING=1 \
+    TRIDENT_KERNEL_TIMER_OUT=$out/profile.json TRIDENT_KERNEL_TIMER_SKIP=optim::adamw_step:2 \
+    timeout "$(left)" $(profile_cmd) --train.iters 4) >"$work/profile.log" 2>&1 ||
+    { why "the profiled run failed: $(tail -n 3 "$work/profile.log" | tr '\n|' ' /')"; return 1; }
+  "$PYTHON" "$root/perf/gpu_profile.py" breakdown "$out/profile.json" --steps 2 --out "$out/profile.md" \
+    --top "$work/top_kernels.txt" || { why "no kernel in the timer's report"; return 1; }
+  note="heaviest kernels: $(paste -sd ',' "$work/top_kernels.txt" | sed 's/,/, /g')"
+}
+
+# ---- Nsight Compute on the heaviest kernels -------------------------------------------------------------------
+phase_ncu() {
+  local ncu=${GPU_CHECK_NCU:-ncu} lib=$GPU_BUILD/perf/libtrident_kernel_timer.so label i=0 files=() first
+  command -v "$ncu" >/dev/null 2>&1 || { note="skipped: no $ncu here"; return 0; }
+  [ -s "$work/top_kernels.txt" ] || { why "no kernels to profile (the profile phase did not name any)"; return 1; }
+  while read -r label; do
+    i=$((i + 1))
+    { echo "# label: $label"; } >"$work/ncu_$i.csv"
+    # shellcheck disable=SC2046
+    (cd "$root" && KOKKOS_PROFILE_LIBRARY=$lib KOKKOS_TOOLS_LIBS=$lib TRIDENT_KERNEL_TIMER_NVTX=1 \
+      TRIDENT_KERNEL_TIMER_OUT=$work/ncu_timer_$i.json timeout "$(left)" "$ncu" --clock-control none --nvtx \
+      --nvtx-include "$label/" --launch-count 1 --section SpeedOfLight --csv --log-file "$work/ncu_$i.raw" \
+      $(profile_cmd) --train.iters 2) >"$work/ncu_$i.log" 2>&1
+    cat "$work/ncu_$i.raw" >>"$work/ncu_$i.csv" 2>/dev/null
+    files+=("$work/ncu_$i.csv")
+  done <"$work/top_kernels.txt"
+  if "$PYTHON" "$root/perf/gpu_profile.py" ncu "${files[@]}" --out "$out/ncu.md"; then
+    note="$(grep -c '^| .* | `' "$out/ncu.md") kernels profiled"
+    return 0
+  fi
+  first=$(grep -h -m1 -E '==ERROR==|LibraryNotLoaded|ERR_NVGPUCTRPERM' "$work"/ncu_*.raw "$work"/ncu_*.log 2>/dev/null | head -n1)
+  if [ -n "$first" ]; then  # counters unreadable here (a gVisor machine): said, not failed
+    note="skipped: ncu could not profile here: $(echo "$first" | cut -c1-150 | tr '|' '/')"
+    return 0
+  fi
+  why "ncu profiled no kernel: $(tail -n 2 "$work/ncu_1.log" | tr '\n|' ' /')"
+  return 1
 }
 
 need_rebuild=0
@@ -597,13 +645,18 @@ if [ $need_rebuild -eq 1 ]; then
 fi
 run_phase gpu 20 phase_gpu || exit 1
 [ -n "$stopped" ] && { gpu_log "gpu_check: STOP $stopped"; exit 0; }
-run_phase unit "${GPU_CHECK_UNIT_LIMIT:-120}" phase_unit
-run_phase train "${GPU_CHECK_TRAIN_LIMIT:-120}" phase_train
-run_phase tensorboard 20 phase_tensorboard
-run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-45}" phase_llama
-run_phase moe "${GPU_CHECK_MOE_LIMIT:-45}" phase_moe
-run_phase long "${GPU_CHECK_LONG_LIMIT:-45}" phase_long
-run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
-run_phase hf_llama "${GPU_CHECK_HF_LLAMA_LIMIT:-45}" phase_hf_llama
-run_phase bench "${GPU_CHECK_BENCH_LIMIT:-400}" phase_bench
+run_phase unit "${GPU_CHECK_UNIT_LIMIT:-45}" phase_unit
+run_phase train "${GPU_CHECK_TRAIN_LIMIT:-60}" phase_train
+run_phase llama "${GPU_CHECK_LLAMA_LIMIT:-30}" phase_llama
+run_phase moe "${GPU_CHECK_MOE_LIMIT:-30}" phase_moe
+profile_limit=${GPU_CHECK_PROFILE_LIMIT:-40} ncu_limit=${GPU_CHECK_NCU_LIMIT:-60}
+run_phase bench "${GPU_CHECK_BENCH_LIMIT:-$((deadline - $(date +%s) - profile_limit - ncu_limit))}" phase_bench
+run_phase profile "$profile_limit" phase_profile
+run_phase ncu "$ncu_limit" phase_ncu
+if [ "${GPU_CHECK_EXTRA:-0}" = 1 ]; then
+  run_phase tensorboard 20 phase_tensorboard
+  run_phase long "${GPU_CHECK_LONG_LIMIT:-45}" phase_long
+  run_phase hf "${GPU_CHECK_HF_LIMIT:-90}" phase_hf
+  run_phase hf_llama "${GPU_CHECK_HF_LLAMA_LIMIT:-45}" phase_hf_llama
+fi
 exit $failed
