@@ -18,9 +18,23 @@ namespace trident {
 
 namespace {
 
+// The output gradient's 16-bit copy dy16 for the backward GEMMs of 16-bit weights, and with
+// dbias the bias gradient dbias += column sums of dy: one fused pass where the bias gradient and
+// the copy come together (bias_backward_pack_half), else each alone.
+void output_grad(const Act& w, const FloatView& dy, const HalfView& dy16, std::int64_t rows, std::int64_t n_out,
+                 const FloatView& dbias) {
+  const bool bias = dbias.extent(0) > 0;
+  if (w.is_half() && bias)
+    bias_backward_pack_half(w.dt, dbias, dy16, dy, rows, n_out);
+  else if (w.is_half())
+    pack_half(w.dt, dy16, dy, rows * n_out);
+  else if (bias)
+    bias_backward(dbias, dy, rows, n_out);
+}
+
 // dx (rows, n_in) = dy (rows, n_out) W (n_out, n_in) and dW (n_out, n_in) += dy^T x: the two
-// backward GEMMs of both parallel linears. 16-bit weights: dy is rounded into dy16 first and
-// the GEMMs take 16-bit inputs with fp32 accumulation.
+// backward GEMMs of both parallel linears. 16-bit weights: the GEMMs take dy16, dy rounded to 16
+// bits (output_grad), with fp32 accumulation.
 void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_out, const FloatView& dy, const Act& w,
                            const Act& x, const FloatView& dx, const FloatView& dw, const HalfView& dy16) {
   if (!w.is_half()) {
@@ -28,21 +42,18 @@ void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_
     gemm(Trans::T, Trans::N, n_out, n_in, rows, 1.f, dy.data(), n_out, x.f.data(), n_in, 1.f, dw.data(), n_in);
     return;
   }
-  pack_half(w.dt, dy16, dy, rows * n_out);
   const GemmOperand g = operand(w.dt, dy16.data());
   gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, g, n_out, operand(w), n_in, 0.f, dx.data(), n_in);
   gemm_mixed(Trans::T, Trans::N, n_out, n_in, rows, 1.f, g, n_out, operand(x), n_in, 1.f, dw.data(), n_in);
 }
 
-// dx (rows, n_in) = dy W only (a frozen W: no weight gradient). 16-bit weights: dy is rounded
-// into dy16 first, as linear_backward_gemms does.
+// dx (rows, n_in) = dy W only (a frozen W: no weight gradient); 16-bit weights: from dy16.
 void frozen_backward_gemm(std::int64_t rows, std::int64_t n_in, std::int64_t n_out, const FloatView& dy, const Act& w,
                           const FloatView& dx, const HalfView& dy16) {
   if (!w.is_half()) {
     gemm(Trans::N, Trans::N, rows, n_in, n_out, 1.f, dy.data(), n_out, w.f.data(), n_in, 0.f, dx.data(), n_in);
     return;
   }
-  pack_half(w.dt, dy16, dy, rows * n_out);
   gemm_mixed(Trans::N, Trans::N, rows, n_in, n_out, 1.f, operand(w.dt, dy16.data()), n_out, operand(w), n_in, 0.f,
              dx.data(), n_in);
 }
@@ -221,12 +232,12 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   const FloatView dinput = tp_.sequence_parallel ? dgathered_ : dx;  // (rows, in)
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
-  if (store_->trains(w_)) {
+  const bool train_w = store_->trains(w_);
+  output_grad(w, dy, dy16, rows_, out_local_, train_w && b_ >= 0 ? store_->grad(b_) : FloatView());
+  if (train_w)
     linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
-    if (b_ >= 0) bias_backward(store_->grad(b_), dy, rows_, out_local_);
-  } else {
+  else
     frozen_backward_gemm(rows_, in_, out_local_, dy, w, dinput, dy16);
-  }
   if (lora_.on())
     lora_backward(*store_, lora_, rows_, in_, out_local_, dy_operand(w, dy, dy16), operand(input), dinput.data());
   if (tp_.sequence_parallel)
@@ -284,12 +295,15 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
-  if (b_ >= 0 && store_->trains(b_))
-    bias_backward(store_->grad(b_), dy, tp_.sequence_parallel ? rows_ / p : rows_, out_);
+  const FloatView dbias = b_ >= 0 && store_->trains(b_) ? store_->grad(b_) : FloatView();
   FloatView dfull = dy;  // (rows, out) once gathered
   if (tp_.sequence_parallel) {
+    if (dbias.extent(0) > 0) bias_backward(dbias, dy, rows_ / p, out_);
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
     dfull = dy_full_;
+    output_grad(w, dfull, dy16, rows_, out_, FloatView());
+  } else {
+    output_grad(w, dfull, dy16, rows_, out_, dbias);  // dy is every row's here: the bias gradient with the copy
   }
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
   if (store_->trains(w_))

@@ -5,9 +5,11 @@
 #include "ops/mixed_precision.hpp"
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
+#include "ops/elementwise.hpp"
 
 namespace trident {
 namespace detail {
@@ -28,6 +30,27 @@ void add_bias_pack(const HalfView& out, const FloatView& y, const HalfView& bias
   for_each_element(
       "ops::add_bias_pack_half", rows, cols,
       KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i) = F::store(y(i) + F::load(bias(c))); });
+}
+
+template <class F>
+void bias_backward_pack(const FloatView& dbias, const HalfView& dy16, const FloatView& dy, std::int64_t rows,
+                        std::int64_t cols) {
+  if constexpr (kDeviceKernels) {
+    const float* d = dy.data();
+    std::uint16_t* h = dy16.data();
+    // column_sums visits every (row, column) once, in its first kernel: the copy is written there
+    column_sums<1>(
+        "ops::bias_backward_pack_half", rows, cols,
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t c, float* acc) {
+          const float v = d[r * cols + c];
+          h[r * cols + c] = F::store(v);
+          acc[0] += v;
+        },
+        ColumnOut<1>{{dbias.data()}});
+  } else {
+    bias_backward(dbias, dy, rows, cols);
+    pack<F>(dy16, dy, rows * cols);
+  }
 }
 
 }  // namespace detail
@@ -52,6 +75,10 @@ void unpack_half(DType dt, const FloatView& out, const HalfView& in, std::int64_
 void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                         std::int64_t cols) {
   TRIDENT_HALF_CALL(dt, add_bias_pack, out, y, bias, rows, cols);
+}
+void bias_backward_pack_half(DType dt, const FloatView& dbias, const HalfView& dy16, const FloatView& dy,
+                             std::int64_t rows, std::int64_t cols) {
+  TRIDENT_HALF_CALL(dt, bias_backward_pack, dbias, dy16, dy, rows, cols);
 }
 
 }  // namespace trident

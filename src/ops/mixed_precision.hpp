@@ -18,6 +18,13 @@ void unpack_half(DType dt, const FloatView& out, const HalfView& in, std::int64_
 void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const HalfView& bias, std::int64_t rows,
                         std::int64_t cols);
 
+// dbias (cols) += the column sums of dy (rows, cols), and dy16 = round(dy): a bias gradient and the
+// 16-bit copy of the same gradient that the backward GEMMs read. Device kernels: one pass over dy
+// (bias_backward's device layout, the same sums, with the copy written on the way: 2 launches for
+// 3); host: bias_backward then pack_half, their bits.
+void bias_backward_pack_half(DType dt, const FloatView& dbias, const HalfView& dy16, const FloatView& dy,
+                             std::int64_t rows, std::int64_t cols);
+
 // The other ops take Acts (fp32 or 16-bit) and choose their kernel inside (ops/layernorm.hpp,
 // ops/gelu.hpp, ops/embedding.hpp, ops/attention.hpp, add_bias of ops/elementwise.hpp).
 

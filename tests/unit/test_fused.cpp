@@ -75,6 +75,26 @@ TEST(Fused, BiasGeluEqualsBiasThenGeluBf16) {
   EXPECT_EQ(bits(out.h), bits(ref_out));
 }
 
+// The bias gradient and the 16-bit copy of the output gradient in one pass: the bits of
+// bias_backward then pack_half (device kernels: the same column sums, the copy written on the way),
+// into a bias gradient that already holds a sum (accumulation), for bf16 and fp16 copies; over
+// more rows than one part of the device layout's column sums.
+TEST(Fused, BiasBackwardPackHalfEqualsBiasBackwardThenPack) {
+  const std::int64_t rows = 300, cols = 29;
+  const auto dy = random_vector(rows * cols, 5), db0 = random_vector(cols, 6);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    FloatView ref_db = to_device(db0), db = to_device(db0);
+    HalfView ref16 = make_half("ref16", rows * cols), dy16 = make_half("dy16", rows * cols);
+    const FloatView d = to_device(dy);
+    bias_backward(ref_db, d, rows, cols);
+    pack_half(dt, ref16, d, rows * cols);
+    bias_backward_pack_half(dt, db, dy16, d, rows, cols);
+    EXPECT_EQ(bits(db), bits(ref_db)) << dtype_name(dt);
+    EXPECT_EQ(bits(dy16), bits(ref16)) << dtype_name(dt);
+    EXPECT_NE(bits(db), bits(to_device(db0))) << "the bias gradient did not move";
+  }
+}
+
 TEST(Fused, BiasDropoutAddEqualsTheUnfusedSequence) {
   const auto branch = random_vector(kN, 5), res = random_vector(kN, 6), b = random_vector(kCols, 7);
   g_res = res;
