@@ -318,10 +318,10 @@ def read_trident(metrics_file, stdout, a):
 
 
 # ---- per-op breakdown ----------------------------------------------------------------------------
-# the host GEMMs' regions (fp32, 16-bit; grouped, batched), their names alone or, under
+# the host GEMMs' regions (fp32, 16-bit; grouped, batched, with epilogues), their names alone or, under
 # TRIDENT_GEMM_REGION_SHAPES=1, followed by the call's shape (ops/gemm_region.hpp)
-GEMM_REGION = r"^ops::gemm(_bf16|_fp16)?(_grouped|_batched)?( |$)"
-GEMM_SHAPE = re.compile(r"^ops::gemm(?:_bf16|_fp16)?(?:_batched)? (?P<op>[NT]{2}) M=(?P<M>\d+) N=(?P<N>\d+) K=(?P<K>\d+) "
+GEMM_REGION = r"^ops::gemm(_lt)?(_bf16|_fp16)?(_grouped|_batched)?( |$)"
+GEMM_SHAPE = re.compile(r"^ops::gemm(?:_lt)?(?:_bf16|_fp16)?(?:_batched)? (?P<op>[NT]{2}) M=(?P<M>\d+) N=(?P<N>\d+) K=(?P<K>\d+) "
                         r"batch=(?P<batch>\d+) beta=(?P<beta>\S+)$")
 FAMILIES = [
     (GEMM_REGION, "GEMM (oneDNN, ops::gemm regions)"),

@@ -36,6 +36,7 @@ class GeluActivation final : public MlpActivation {
   void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const override {
     gelu_forward(act(out), act(pre), rows * F);
   }
+  bool gelu_in_gemm() const override { return true; }
 };
 
 // bias + SwiGLU: fc1's [gate | up] (ops/swiglu), silu(gate) * up.

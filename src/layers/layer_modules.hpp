@@ -101,6 +101,9 @@ class MlpActivation {
                         std::int64_t F) const = 0;
   // Inference (fp32): out (rows, F) = act(pre), pre (rows, blocks F) with its bias added.
   virtual void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const = 0;
+  // Whether fc1's GEMM can apply bias and activation itself (ColumnParallelLinear::forward_gelu:
+  // the tanh GELU of one block), where it can (device kernels, 16-bit, no adapters).
+  virtual bool gelu_in_gemm() const { return false; }
 };
 std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch);
 

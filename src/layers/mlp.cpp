@@ -54,8 +54,12 @@ class DenseMlp final : public MlpModule {
     auto& k = static_cast<DenseKept&>(kept);
     auto& s = static_cast<DenseScratch&>(scratch);
     const bool half = s_.dt != DType::F32;
-    fc1_.forward(k.fc, in, w.gathered, s.dfc, false);  // (BT, F/tp) before its bias
-    act_->forward(k.fc, k.fc_act, half ? s.dfc : k.fc.f, fc1_.bias(), s_.rows(), s_.ffn_hidden_size / s_.tp.size());
+    if (half && act_->gelu_in_gemm() && fc1_.gelu_epilogue()) {  // bias and GELU in the GEMM (device)
+      fc1_.forward_gelu(k.fc, k.fc_act, in, w.gathered);
+    } else {
+      fc1_.forward(k.fc, in, w.gathered, s.dfc, false);  // (BT, F/tp) before its bias
+      act_->forward(k.fc, k.fc_act, half ? s.dfc : k.fc.f, fc1_.bias(), s_.rows(), s_.ffn_hidden_size / s_.tp.size());
+    }
     fc2_.forward(branch, k.fc_act, false);  // (R, C)
   }
   Act output_bias() const override { return fc2_.bias(); }

@@ -8,10 +8,12 @@
 
 #include <cmath>
 
+#include "common/device_parallel.hpp"
 #include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_lt.hpp"
 #include "ops/mixed_precision.hpp"
 
 namespace trident {
@@ -198,6 +200,47 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   }
 }
 
+namespace {
+// y (rows, out) = x (rows, in) W^T (W: (out, in)) through gemm_lt, with its epilogue
+GemmLt linear_lt(const Act& x, const Act& w, std::int64_t rows, std::int64_t in, std::int64_t out, const Act& y) {
+  GemmLt g;
+  g.ta = Trans::N;
+  g.tb = Trans::T;
+  g.M = rows;
+  g.N = out;
+  g.K = in;
+  g.A = operand(x);
+  g.lda = in;
+  g.B = operand(w);
+  g.ldb = in;
+  g.out_dt = y.dt;
+  g.C = y.is_half() ? static_cast<void*>(y.h.data()) : static_cast<void*>(y.f.data());
+  g.ldc = out;
+  return g;
+}
+}  // namespace
+
+bool ColumnParallelLinear::gelu_epilogue() const {
+  return kDeviceKernels && store_->dtype() != DType::F32 && !lora_.on();
+}
+
+void ColumnParallelLinear::forward_gelu(const Act& pre, const Act& out, const Act& x, const Act& gathered) {
+  TRIDENT_REQUIRE(gelu_epilogue(), "internal: forward_gelu needs device kernels, 16-bit parameters and no adapters");
+  Act input = x;
+  if (tp_.sequence_parallel) {
+    GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);
+    input = gathered;
+  }
+  const Act b = bias();
+  GemmLt g = linear_lt(input, store_->param(w_), rows_, in_, out_local_, out);
+  g.epilogue = Epilogue::GeluAuxBias;
+  g.bias = b.h.data();
+  g.bias_dt = b.dt;
+  g.aux = pre.h.data();
+  g.ldaux = out_local_;
+  gemm_lt(g);
+}
+
 void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32,
                                    bool add_bias_here) {
   const Act w = store_->param(w_);  // (out/tp, in)
@@ -205,6 +248,16 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
   if (tp_.sequence_parallel) {
     GatherFromSequenceParallelRegion::forward(tp_, gathered, x, rows_ / tp_.size(), in_);  // -> (rows, in)
     input = gathered;
+  }
+  if (kDeviceKernels && w.is_half() && add_bias_here && !lora_.on()) {  // the GEMM writes y, bias added
+    GemmLt g = linear_lt(input, w, rows_, in_, out_local_, y);
+    if (b_ >= 0) {
+      g.epilogue = Epilogue::Bias;
+      g.bias = store_->value16(b_).data();
+      g.bias_dt = w.dt;
+    }
+    gemm_lt(g);
+    return;
   }
   if (!w.is_half()) {
     gemm(Trans::N, Trans::T, rows_, out_local_, in_, 1.f, input.f.data(), in_, w.f.data(), in_, 0.f, y.f.data(),

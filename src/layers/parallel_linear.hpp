@@ -67,7 +67,14 @@ class ColumnParallelLinear {
   // accumulation) writes the fp32 workspace y32 (rows, out/tp), and y = round(y32 + bias).
   // add_bias false (Megatron's skip_bias_add): the bias is left to a fused consumer (bias +
   // GELU); y.f then holds the GEMM output (fp32), or y32 does (16-bit: y is not written).
+  // Device kernels (kDeviceKernels) with 16-bit parameters, add_bias and no adapters: one gemm_lt
+  // call writes y = round(x W^T + bias) (ops/gemm_lt.hpp; y32 unused).
   void forward(const Act& y, const Act& x, const Act& gathered, const FloatView& y32 = {}, bool add_bias = true);
+  // Whether forward_gelu applies: device kernels, 16-bit parameters, no adapters.
+  bool gelu_epilogue() const;
+  // pre = round(x W^T + bias) and out = round(gelu(x W^T + bias)) (the tanh form) in one gemm_lt
+  // call (its GeluAuxBias epilogue); only where gelu_epilogue() holds.
+  void forward_gelu(const Act& pre, const Act& out, const Act& x, const Act& gathered);
   // the bias; zeros for a layer without one (bias false: Megatron's --disable-bias-linear)
   Act bias() const { return b_ >= 0 ? store_->param(b_) : zeros_; }
   // dx (like x, fp32) from the fp32 dy (rows, out/tp); x is the forward input, `gathered` a

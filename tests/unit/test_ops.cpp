@@ -15,6 +15,7 @@
 #include "ops/gelu.hpp"
 #include "common/half.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_lt.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/mixed_precision.hpp"
 #include "test_helpers.hpp"
@@ -174,6 +175,167 @@ TEST(Gemm, BatchLevelsMergeOnlyWhereTheStridesContinue) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("write the same C"), std::string::npos) << e.what();
   }
+}
+
+// gemm_lt's plan as data: a linear layer's forward (y = x W^T) and weight gradient (dW = dy^T x) as
+// cuBLASLt's column-major calls (operands swapped, the transposes, the stored shapes and leading
+// dimensions, the bias per row of D = per column of C), and the calls it refuses, by name.
+TEST(Gemm, LtPlanIsCublasLtsColumnMajorCall) {
+  const std::int64_t rows = 6, in = 4, out = 10;
+  std::vector<std::uint16_t> x(rows * in), w(out * in), y(rows * out), aux(rows * out), b(out);
+  GemmLt f;
+  f.ta = Trans::N;
+  f.tb = Trans::T;
+  f.M = rows;
+  f.N = out;
+  f.K = in;
+  f.A = operand(DType::BF16, x.data());
+  f.lda = in;
+  f.B = operand(DType::BF16, w.data());
+  f.ldb = in;
+  f.out_dt = DType::BF16;
+  f.C = y.data();
+  f.ldc = out;
+  f.epilogue = Epilogue::GeluAuxBias;
+  f.bias = b.data();
+  f.bias_dt = DType::BF16;
+  f.aux = aux.data();
+  f.ldaux = out;
+  LtPlan p = lt_plan(f);
+  EXPECT_EQ(p.error, "");
+  EXPECT_TRUE(p.trans_a);
+  EXPECT_FALSE(p.trans_b);
+  EXPECT_EQ(std::vector<std::int64_t>({p.m, p.n, p.k}), std::vector<std::int64_t>({out, rows, in}));
+  EXPECT_EQ(p.a, static_cast<const void*>(w.data()));  // cuBLASLt's A is W: stored in x out, ld in
+  EXPECT_EQ(std::vector<std::int64_t>({p.a_rows, p.a_cols, p.lda}), std::vector<std::int64_t>({in, out, in}));
+  EXPECT_EQ(p.b, static_cast<const void*>(x.data()));  // its B is x: in x rows, ld in
+  EXPECT_EQ(std::vector<std::int64_t>({p.b_rows, p.b_cols, p.ldb}), std::vector<std::int64_t>({in, rows, in}));
+  EXPECT_EQ(p.ldd, out);
+  EXPECT_EQ(p.bias_length, out);
+  EXPECT_EQ(p.aux_ld, out);
+  EXPECT_EQ(p.epilogue, Epilogue::GeluAuxBias);
+  // the weight gradient: dW (out, in) = dy^T x, fp32 output, no epilogue
+  std::vector<float> dw(out * in);
+  GemmLt g = f;
+  g.ta = Trans::T;
+  g.tb = Trans::N;
+  g.M = out;
+  g.N = in;
+  g.K = rows;
+  g.A = operand(DType::BF16, y.data());
+  g.lda = out;
+  g.B = operand(DType::BF16, x.data());
+  g.ldb = in;
+  g.out_dt = DType::F32;
+  g.C = dw.data();
+  g.ldc = in;
+  g.epilogue = Epilogue::None;
+  p = lt_plan(g);
+  EXPECT_EQ(p.error, "");
+  EXPECT_FALSE(p.trans_a);
+  EXPECT_TRUE(p.trans_b);
+  EXPECT_EQ(std::vector<std::int64_t>({p.m, p.n, p.k}), std::vector<std::int64_t>({in, out, rows}));
+  EXPECT_EQ(std::vector<std::int64_t>({p.a_rows, p.a_cols, p.lda}), std::vector<std::int64_t>({in, rows, in}));
+  EXPECT_EQ(std::vector<std::int64_t>({p.b_rows, p.b_cols, p.ldb}), std::vector<std::int64_t>({out, rows, out}));
+  EXPECT_EQ(p.bias_length, 0);
+  // refused, each with its reason
+  auto refused = [&](GemmLt c, const char* why) {
+    const std::string e = lt_plan(c).error;
+    EXPECT_NE(e.find(why), std::string::npos) << "'" << e << "' does not say '" << why << "'";
+    EXPECT_THROW(gemm_lt(c), Error);
+  };
+  GemmLt c = f;
+  c.B = operand(reinterpret_cast<const float*>(w.data()));
+  refused(c, "operands of different types");
+  c = f;
+  c.epilogue = Epilogue::Bias;
+  c.bias = nullptr;
+  refused(c, "without a bias");
+  c = f;
+  c.aux = nullptr;
+  refused(c, "without its pre-activation");
+  c = f;
+  c.ldc = out - 1;
+  refused(c, "ldc");
+  c = f;
+  c.A = operand(reinterpret_cast<const float*>(x.data()));
+  c.B = operand(reinterpret_cast<const float*>(w.data()));
+  refused(c, "output of fp32 operands");
+}
+
+// gemm_lt's epilogues against their definition in double: C (and the GELU's pre-activation aux)
+// within one rounding of the output type of the exact values, for fp32, bf16 and fp16 outputs, with
+// a bias of the output's type; the products of 16-bit operands accumulated in fp32.
+TEST(Gemm, LtEpiloguesMatchTheirDefinition) {
+  const std::int64_t M = 7, N = 12, K = 20, ldc = N + 2;
+  const auto fa = random_vector(M * K, 41), fb = random_vector(N * K, 42), fbias = random_vector(N, 43);
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (Epilogue ep : {Epilogue::None, Epilogue::Bias, Epilogue::GeluAuxBias}) {
+      const bool half = dt != DType::F32;
+      auto round = [&](double v) {
+        const float f = static_cast<float>(v);
+        return !half ? f : dt == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : fp16_to_float(float_to_fp16(f));
+      };
+      std::vector<float> a(fa), b(fb), bias(fbias);
+      for (auto* v : {&a, &b, &bias})
+        for (float& x : *v) x = round(x);
+      auto words = [&](const std::vector<float>& v) {
+        std::vector<std::uint16_t> h(v.size());
+        for (size_t i = 0; i < v.size(); ++i) h[i] = dt == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+        return h;
+      };
+      const auto da = to_device(a), db = to_device(b), dbias = to_device(bias);
+      const auto ha = to_device(words(a)), hb = to_device(words(b)), hbias = to_device(words(bias));
+      FloatView c32 = make_float("c32", M * ldc), aux32 = make_float("aux32", M * ldc);
+      HalfView c16 = make_half("c16", M * ldc), aux16 = make_half("aux16", M * ldc);
+      GemmLt g;
+      g.ta = Trans::N;
+      g.tb = Trans::T;
+      g.M = M;
+      g.N = N;
+      g.K = K;
+      g.alpha = 0.5f;
+      g.A = half ? operand(dt, ha.data()) : operand(da.data());
+      g.lda = K;
+      g.B = half ? operand(dt, hb.data()) : operand(db.data());
+      g.ldb = K;
+      g.out_dt = dt;
+      g.C = half ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data());
+      g.ldc = ldc;
+      g.epilogue = ep;
+      g.bias = half ? static_cast<const void*>(hbias.data()) : static_cast<const void*>(dbias.data());
+      g.bias_dt = dt;
+      g.aux = half ? static_cast<void*>(aux16.data()) : static_cast<void*>(aux32.data());
+      g.ldaux = ldc;
+      gemm_lt(g);
+      auto host = [&](const FloatView& f32, const HalfView& h16) {
+        if (!half) return to_host(f32);
+        auto m = Kokkos::create_mirror_view_and_copy(HostSpace(), h16);
+        std::vector<float> v(m.extent(0));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = widen16(dt, m(i));
+        return v;
+      };
+      const auto c = host(c32, c16), aux = host(aux32, aux16);
+      const double ulp = dt == DType::F32 ? 1.2e-7 : dt == DType::BF16 ? 7.9e-3 : 9.8e-4;
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) {
+          double z = 0, mag = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            z += 0.5 * a[i * K + k] * b[j * K + k];
+            mag += std::fabs(0.5 * a[i * K + k] * b[j * K + k]);
+          }
+          const double t = z + (ep == Epilogue::None ? 0.0 : bias[j]);
+          const double gelu = 0.5 * t * (1.0 + std::tanh(0.7978845608028654 * (t + 0.044715 * t * t * t)));
+          const double want = ep == Epilogue::GeluAuxBias ? gelu : t;
+          // one rounding of the output, plus fp32 accumulation (K terms) and the tanh form's own error
+          const double tol = ulp * std::fabs(want) + 1e-6 * (mag + std::fabs(bias[j])) + 1e-6;
+          ASSERT_NEAR(c[i * ldc + j], want, tol)
+              << dtype_name(dt) << " " << epilogue_name(ep) << " (" << i << ", " << j << ")";
+          if (ep == Epilogue::GeluAuxBias)
+            ASSERT_NEAR(aux[i * ldc + j], t, ulp * std::fabs(t) + 1e-6 * (mag + std::fabs(bias[j])) + 1e-6)
+                << dtype_name(dt) << " aux (" << i << ", " << j << ")";
+        }
+    }
 }
 
 // The batched bf16 GEMM at two threads against the same products one by one through gemm_bf16
