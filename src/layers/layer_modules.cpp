@@ -37,6 +37,12 @@ class GeluActivation final : public MlpActivation {
     gelu_forward(act(out), act(pre), rows * F);
   }
   bool gelu_in_gemm() const override { return true; }
+  bool backward_half(const HalfView& dpre16, const FloatView& dbias, const FloatView& dout, const Act& pre,
+                     std::int64_t rows, std::int64_t F) const override {
+    if (!pre.is_half()) return false;
+    gelu_backward_pack_half(pre.dt, dpre16, dbias, dout, pre.h, rows, F);
+    return true;
+  }
 };
 
 // bias + SwiGLU: fc1's [gate | up] (ops/swiglu), silu(gate) * up.
@@ -53,6 +59,12 @@ class SwigluActivation final : public MlpActivation {
   }
   void infer(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F) const override {
     swiglu_forward(out, pre, rows, F);
+  }
+  bool backward_half(const HalfView& dpre16, const FloatView& dbias, const FloatView& dout, const Act& pre,
+                     std::int64_t rows, std::int64_t F) const override {
+    if (!pre.is_half() || dbias.extent(0) > 0) return false;  // a biased SwiGLU keeps the separate passes
+    swiglu_backward_pack_half(pre.dt, dpre16, dout, pre.h, rows, F);
+    return true;
   }
 };
 

@@ -104,6 +104,14 @@ class MlpActivation {
   // Whether fc1's GEMM can apply bias and activation itself (ColumnParallelLinear::forward_gelu:
   // the tanh GELU of one block), where it can (device kernels, 16-bit, no adapters).
   virtual bool gelu_in_gemm() const { return false; }
+  // The backward as fc1's output gradient in 16 bits (16-bit pre): dpre16 (rows, blocks F) =
+  // round(d act(pre)), and with dbias not empty fc1's bias gradient added in the same pass. Returns
+  // false, having done nothing, where the activation has no such pass (then backward and fc1's own
+  // rounding run).
+  virtual bool backward_half(const HalfView& /*dpre16*/, const FloatView& /*dbias*/, const FloatView& /*dout*/,
+                             const Act& /*pre*/, std::int64_t /*rows*/, std::int64_t /*F*/) const {
+    return false;
+  }
 };
 std::shared_ptr<const MlpActivation> make_mlp_activation(const ModelArch& arch);
 

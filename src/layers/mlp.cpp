@@ -3,9 +3,11 @@
 
 #include <algorithm>
 
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "layers/moe_mlp.hpp"
 #include "layers/transformer_layer.hpp"
+#include "ops/fused.hpp"
 
 namespace trident {
 
@@ -63,12 +65,27 @@ class DenseMlp final : public MlpModule {
     fc2_.forward(branch, k.fc_act, false);  // (R, C)
   }
   Act output_bias() const override { return fc2_.bias(); }
+  bool fuses_branch_dropout() const override { return kDeviceKernels && fc2_.output_grad_ready_ok(); }
   void backward(const FloatView& din, const FloatView& dbranch, const Act& in, MlpKept& kept, MlpScratch& scratch,
                 const MlpWork& w) override {
     auto& k = static_cast<DenseKept&>(kept);
     auto& s = static_cast<DenseScratch&>(scratch);
-    fc2_.backward(s.dfc_act, dbranch, k.fc_act, w.dy16);  // d act-out (BT, F/tp)
-    act_->backward(s.dfc, s.dfc_act, k.fc, s_.rows(), s_.ffn_hidden_size / s_.tp.size());
+    if (fuses_branch_dropout()) {  // the branch's dropout backward, fc2's 16-bit dy and bias gradient at once
+      dropout_backward_pack_half(s_.dt, w.dy16, fc2_.bias_grad(), dbranch, s_.local_rows(), s_.hidden_size,
+                                 w.branch_drop);
+      fc2_.backward(s.dfc_act, dbranch, k.fc_act, w.dy16, true);
+    } else {
+      fc2_.backward(s.dfc_act, dbranch, k.fc_act, w.dy16);  // d act-out (BT, F/tp)
+    }
+    const std::int64_t rows = s_.rows(), F = s_.ffn_hidden_size / s_.tp.size();
+    // device path: the activation's backward writes fc1's 16-bit output gradient (and its bias
+    // gradient) in one pass
+    if (kDeviceKernels && fc1_.output_grad_ready_ok() &&
+        act_->backward_half(w.dy16, fc1_.bias_grad(), s.dfc_act, k.fc, rows, F)) {
+      fc1_.backward(din, s.dfc, in, w.gathered, w.dy16, true);
+      return;
+    }
+    act_->backward(s.dfc, s.dfc_act, k.fc, rows, F);
     fc1_.backward(din, s.dfc, in, w.gathered, w.dy16);  // d in (R, C)
   }
   void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc,

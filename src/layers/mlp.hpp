@@ -14,6 +14,7 @@
 
 #include "layers/layer_modules.hpp"
 #include "layers/parallel_linear.hpp"
+#include "ops/dropout.hpp"
 
 namespace trident {
 
@@ -34,6 +35,9 @@ struct MlpScratch {
 struct MlpWork {
   Act gathered;
   HalfView dy16;
+  // backward, where the module fuses_branch_dropout(): dbranch is the gradient at the branch's
+  // output before this dropout's backward, which the module applies
+  DropoutSpec branch_drop;
 };
 
 class MlpModule {
@@ -53,6 +57,9 @@ class MlpModule {
   // din (R, C) fp32 (overwritten) = d MLP / d in given dbranch (R, C).
   virtual void backward(const FloatView& din, const FloatView& dbranch, const Act& in, MlpKept& k, MlpScratch& s,
                         const MlpWork& w) = 0;
+  // Whether backward applies the branch's dropout itself (MlpWork::branch_drop): the device path's
+  // dense MLP, whose fc2 takes the dropout's backward in the pass that rounds its output gradient.
+  virtual bool fuses_branch_dropout() const { return false; }
   // Inference (fp32, no sequence parallelism): out (R, C) = MLP(in) with the output bias; fc and
   // act are workspaces of mlp_infer_floats(s, R) floats each.
   virtual void infer(const FloatView& out, const FloatView& in, std::int64_t R, const FloatView& fc,

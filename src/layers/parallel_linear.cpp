@@ -276,7 +276,7 @@ void ColumnParallelLinear::forward(const Act& y, const Act& x, const Act& gather
 }
 
 void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered,
-                                    const HalfView& dy16) {
+                                    const HalfView& dy16, bool dy_ready) {
   const Act w = store_->param(w_);        // (out/tp, in)
   const FloatView dw = store_->grad(w_);  // (out/tp, in)
   if (tp_.sequence_parallel)              // re-gather the row-split input rather than keeping it
@@ -286,7 +286,8 @@ void ColumnParallelLinear::backward(const FloatView& dx, const FloatView& dy, co
   // d input (rows, in) = dy (rows, out/tp) W_local (out/tp, in): a partial sum over TP ranks;
   // dW_local += dy^T input
   const bool train_w = store_->trains(w_);
-  output_grad(w, dy, dy16, rows_, out_local_, train_w && b_ >= 0 ? store_->grad(b_) : FloatView());
+  TRIDENT_REQUIRE(!dy_ready || w.is_half(), "internal: a ready output gradient needs 16-bit parameters");
+  if (!dy_ready) output_grad(w, dy, dy16, rows_, out_local_, bias_grad());
   if (train_w)
     linear_backward_gemms(rows_, in_, out_local_, dy, w, input, dinput, dw, dy16);
   else
@@ -342,20 +343,23 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
   if (add_bias_here && b_ >= 0) add_bias(y, store_->param(b_), out_rows, out_);
 }
 
-void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16) {
+void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16,
+                                 bool dy_ready) {
   const Act w = store_->param(w_);        // (out, in/tp)
   const FloatView dw = store_->grad(w_);  // (out, in/tp)
   const std::int64_t p = tp_.size();
   // The bias was added after the reduction: its gradient is dy over this rank's rows (with
   // sequence parallelism a partial sum, all-reduced over TP with the other replicated grads).
-  const FloatView dbias = b_ >= 0 && store_->trains(b_) ? store_->grad(b_) : FloatView();
+  const FloatView dbias = bias_grad();
   FloatView dfull = dy;  // (rows, out) once gathered
-  if (tp_.sequence_parallel) {
+  TRIDENT_REQUIRE(!dy_ready || output_grad_ready_ok(),
+                  "internal: a ready output gradient needs 16-bit parameters and no sequence parallelism");
+  if (!dy_ready && tp_.sequence_parallel) {
     if (dbias.extent(0) > 0) bias_backward(dbias, dy, rows_ / p, out_);
     ReduceScatterToSequenceParallelRegion::backward(tp_, dy_full_, dy, rows_ / p, out_);
     dfull = dy_full_;
     output_grad(w, dfull, dy16, rows_, out_, FloatView());
-  } else {
+  } else if (!dy_ready) {
     output_grad(w, dfull, dy16, rows_, out_, dbias);  // dy is every row's here: the bias gradient with the copy
   }
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x

@@ -80,7 +80,15 @@ class ColumnParallelLinear {
   // dx (like x, fp32) from the fp32 dy (rows, out/tp); x is the forward input, `gathered` a
   // workspace. With 16-bit parameters dy is rounded into the workspace dy16 for the GEMMs and the
   // weight gradient accumulates in fp32.
-  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered, const HalfView& dy16 = {});
+  // dy_ready: the caller already wrote dy16 and added bias_grad() (a fused producer of dy, such as
+  // the MLP activation's backward on the device path); dy is then not read. Only where
+  // output_grad_ready_ok() holds.
+  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const Act& gathered, const HalfView& dy16 = {},
+                bool dy_ready = false);
+  // Whether backward takes dy_ready: 16-bit parameters.
+  bool output_grad_ready_ok() const { return store_->dtype() != DType::F32; }
+  // The bias gradient backward adds dy's column sums to (empty: none, or the weight is frozen).
+  FloatView bias_grad() const { return b_ >= 0 && store_->trains(w_) ? store_->grad(b_) : FloatView(); }
   std::int64_t gathered_size() const { return tp_.sequence_parallel ? rows_ * in_ : 0; }
   std::int64_t local_out() const { return out_local_; }
   // Inference (generation): y (rows, out/tp) = x (rows, in) W^T + b for any row count, fp32
@@ -110,7 +118,16 @@ class RowParallelLinear {
   Act bias() const { return b_ >= 0 ? store_->param(b_) : zeros_; }
   // dx (rows, in/tp) fp32 from the fp32 dy (like y); x is the forward input; dy16 a 16-bit
   // workspace (rows, out) with 16-bit parameters.
-  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {});
+  // dy_ready: the caller already wrote dy16 and added bias_grad() (a fused producer of dy, such as
+  // the residual branch's dropout backward on the device path); dy is then not read. Only where
+  // output_grad_ready_ok() holds.
+  void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {},
+                bool dy_ready = false);
+  // Whether backward takes dy_ready: 16-bit parameters, no sequence parallelism (which sums the bias
+  // gradient over the rank's rows and rounds the gathered gradient).
+  bool output_grad_ready_ok() const { return store_->dtype() != DType::F32 && !tp_.sequence_parallel; }
+  // The bias gradient backward adds dy's column sums to (empty: none, or the bias is frozen).
+  FloatView bias_grad() const { return b_ >= 0 && store_->trains(b_) ? store_->grad(b_) : FloatView(); }
   std::int64_t local_in() const { return in_local_; }
   // Inference (generation): y (rows, out) = x (rows, in/tp) W_local^T summed over TP, + b, for
   // any row count, fp32 parameters, no sequence parallelism.

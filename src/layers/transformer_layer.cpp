@@ -7,6 +7,7 @@
 // of (stream, step, layer, site) and are regenerated in backward ("Recomputation").
 #include "layers/transformer_layer.hpp"
 
+#include "common/device_parallel.hpp"
 #include "common/device_wait.hpp"
 #include "common/error.hpp"
 #include "ops/elementwise.hpp"
@@ -310,13 +311,24 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   const AttentionShape as = attention_shape(s_.B, s_.T);
   const DropoutSpec att_spec = spec(a.rng, s_.attention_p(), kAttentionProbs, true);
   // MLP branch: out = res2 + dropout(fc2(act(fc1(ln2))))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterFc2, sp), C);
-  mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16});  // d ln2 (R, C)
+  const DropoutSpec fc2_drop = spec(a.rng, s_.hidden_p(), kAfterFc2, sp);
+  if (mlp_->fuses_branch_dropout()) {  // the device path: the dropout's backward inside fc2's
+    mlp_->backward(s.dln, dres, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16, fc2_drop});
+  } else {
+    dropout_backward(s.dbranch, dres, R * C, fc2_drop, C);
+    mlp_->backward(s.dln, s.dbranch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()), {s.gathered, s.dy16});  // d ln2 (R, C)
+  }
   norm2_.backward(dres, s.dln, cross() ? a.res3 : a.res2, a.ln2_mean, a.ln2_rstd, R);  // dres now d(MLP input)
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
-  dropout_backward(s.dbranch, dres, R * C, spec(a.rng, s_.hidden_p(), kAfterProj, sp), C);
-  proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
+  const DropoutSpec proj_drop = spec(a.rng, s_.hidden_p(), kAfterProj, sp);
+  if (kDeviceKernels && proj_.output_grad_ready_ok()) {  // the dropout's backward, proj's 16-bit dy and bias gradient
+    dropout_backward_pack_half(s_.dt, s.dy16, proj_.bias_grad(), dres, R, C, proj_drop);
+    proj_.backward(s.datty, dres, a.atty, s.dy16, true);
+  } else {
+    dropout_backward(s.dbranch, dres, R * C, proj_drop, C);
+    proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
+  }
   core_->backward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
   pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
   qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);

@@ -8,8 +8,12 @@
 #include <type_traits>
 
 #include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
+#include "common/error.hpp"
 #include "common/host_parallel.hpp"
+#include "ops/elementwise.hpp"
 #include "ops/gelu.hpp"
+#include "ops/mixed_precision.hpp"
 
 namespace trident {
 namespace detail {
@@ -62,6 +66,35 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
       });
 }
 
+template <class F>
+void dropout_backward_pack(const HalfView& dy16, const FloatView& dbias, const FloatView& dout, std::int64_t rows,
+                           std::int64_t cols, const DropoutSpec& d) {
+  const float* g = dout.data();
+  std::uint16_t* h = dy16.data();
+  const bool on = d.active();
+  const float p = d.p, scale = on ? 1.f / (1.f - d.p) : 1.f;
+  const DropoutSpec m = d;
+  // dropout_backward's value of element i (its mask regenerated from the key)
+  const auto value = KOKKOS_LAMBDA(std::int64_t i) {
+    if (!on) return g[i];
+    const std::uint64_t ctr = m.mapped() ? m.counter(i, cols) : static_cast<std::uint64_t>(i);
+    return dropout_uniform(m.key, ctr) >= p ? g[i] * scale : 0.f;
+  };
+  if (dbias.extent(0) == 0) {
+    for_each_index(
+        "ops::dropout_backward_pack_half", rows * cols, KOKKOS_LAMBDA(std::int64_t i) { h[i] = F::store(value(i)); });
+    return;
+  }
+  column_sums<1>(
+      "ops::dropout_backward_pack_half", rows, cols,
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t c, float* acc) {
+        const float v = value(r * cols + c);
+        h[r * cols + c] = F::store(v);
+        acc[0] += v;
+      },
+      ColumnOut<1>{{dbias.data()}});
+}
+
 }  // namespace detail
 
 void bias_gelu_forward(const Act& pre, const Act& out, const FloatView& y, const Act& bias, std::int64_t rows,
@@ -80,6 +113,23 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
     case DType::BF16: detail::bias_dropout_add<Bf16Fmt>(out, residual, branch, bias.h, rows, cols, d); break;
     case DType::F16: detail::bias_dropout_add<Fp16Fmt>(out, residual, branch, bias.h, rows, cols, d); break;
   }
+}
+
+void dropout_backward_pack_half(DType dt, const HalfView& dy16, const FloatView& dbias, const FloatView& dout,
+                                std::int64_t rows, std::int64_t cols, const DropoutSpec& d) {
+  if constexpr (!kDeviceKernels) {  // the three kernels, their bits
+    const FloatView dx = make_float("dropout::dx", rows * cols);
+    dropout_backward(dx, dout, rows * cols, d, cols);
+    if (dbias.extent(0) > 0) bias_backward(dbias, dx, rows, cols);
+    pack_half(dt, dy16, dx, rows * cols);
+    return;
+  }
+  if (dt == DType::BF16)
+    detail::dropout_backward_pack<Bf16Fmt>(dy16, dbias, dout, rows, cols, d);
+  else if (dt == DType::F16)
+    detail::dropout_backward_pack<Fp16Fmt>(dy16, dbias, dout, rows, cols, d);
+  else
+    throw Error::one("internal: dropout_backward_pack_half with dtype fp32");
 }
 
 }  // namespace trident

@@ -21,4 +21,12 @@ void bias_gelu_forward(const Act& pre, const Act& out, const FloatView& y, const
 void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const Act& bias,
                       std::int64_t rows, std::int64_t cols, const DropoutSpec& d);
 
+// bias_dropout_add's backward into the branch's linear layer (the device path's row-parallel
+// linears): dy16 (rows, cols) = round(dropout_backward(dout)) in the 16-bit type dt, and, with dbias
+// not empty, dbias += the column sums of the unrounded values (the bias gradient). Device kernels:
+// one pass (column_sums' layout, the copy written on the way; the same sums as dropout_backward
+// then bias_backward); host: dropout_backward, bias_backward and pack_half on a temporary.
+void dropout_backward_pack_half(DType dt, const HalfView& dy16, const FloatView& dbias, const FloatView& dout,
+                                std::int64_t rows, std::int64_t cols, const DropoutSpec& d);
+
 }  // namespace trident

@@ -25,4 +25,10 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float v) {
 void gelu_forward(const Act& out, const Act& x, std::int64_t n);
 // dx = dout * gelu'(x)   (overwrites dx; gradients fp32, x fp32 or 16-bit)
 void gelu_backward(const FloatView& dx, const FloatView& dout, const Act& x, std::int64_t n);
+// The GELU's backward as the next linear layer's output gradient (the device path's MLP): dx16 (rows,
+// cols) = round(dout * gelu'(x)) for 16-bit x (dt), and, with dbias not empty, dbias += the column
+// sums of the unrounded dout * gelu'(x). Device kernels: one pass (column_sums' layout, the copy
+// written on the way); host: gelu_backward, bias_backward and pack_half on a temporary.
+void gelu_backward_pack_half(DType dt, const HalfView& dx16, const FloatView& dbias, const FloatView& dout,
+                             const HalfView& x, std::int64_t rows, std::int64_t cols);
 }  // namespace trident

@@ -32,6 +32,18 @@ void swiglu_grad(const FloatView& dpre, const FloatView& dout, const V& pre, std
       });
 }
 
+template <class F>
+void swiglu_grad_pack(const HalfView& dpre, const FloatView& dout, const HalfView& pre, std::int64_t rows,
+                      std::int64_t Fc) {
+  for_each_element(
+      "ops::swiglu_backward_pack_half", rows, Fc, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+        const std::int64_t g = (i - c) * 2 + c, u = g + Fc;
+        const float vg = F::load(pre(g)), vu = F::load(pre(u)), d = dout(i);
+        dpre(g) = F::store(d * vu * silu_grad(vg));
+        dpre(u) = F::store(d * silu(vg));
+      });
+}
+
 }  // namespace detail
 
 void bias_swiglu_forward(const Act& pre, const Act& out, const FloatView& y, const Act& bias, std::int64_t rows,
@@ -50,6 +62,16 @@ void swiglu_backward(const FloatView& dpre, const FloatView& dout, const Act& pr
     case DType::BF16: detail::swiglu_grad<Bf16Fmt>(dpre, dout, pre.h, rows, F); break;
     case DType::F16: detail::swiglu_grad<Fp16Fmt>(dpre, dout, pre.h, rows, F); break;
   }
+}
+
+void swiglu_backward_pack_half(DType dt, const HalfView& dpre16, const FloatView& dout, const HalfView& pre,
+                               std::int64_t rows, std::int64_t F) {
+  if (dt == DType::BF16)
+    detail::swiglu_grad_pack<Bf16Fmt>(dpre16, dout, pre, rows, F);
+  else if (dt == DType::F16)
+    detail::swiglu_grad_pack<Fp16Fmt>(dpre16, dout, pre, rows, F);
+  else
+    throw Error::one("internal: swiglu_backward_pack_half with dtype fp32");
 }
 
 void swiglu_forward(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t Fc) {

@@ -24,6 +24,10 @@ void bias_swiglu_forward(const Act& pre, const Act& out, const FloatView& y, con
 // dpre (rows, 2F): d gate = dout up silu'(gate), d up = dout silu(gate) (overwrites; gradients fp32,
 // pre fp32 or 16-bit)
 void swiglu_backward(const FloatView& dpre, const FloatView& dout, const Act& pre, std::int64_t rows, std::int64_t F);
+// The same written rounded to 16 bits (dt, pre's type) as the fc1 output gradient the backward
+// GEMMs read: dpre16 = round(swiglu_backward), one kernel (the device path's MLP without a bias).
+void swiglu_backward_pack_half(DType dt, const HalfView& dpre16, const FloatView& dout, const HalfView& pre,
+                               std::int64_t rows, std::int64_t F);
 // out (rows, F) = silu(pre_gate) * pre_up, fp32 (inference)
 void swiglu_forward(const FloatView& out, const FloatView& pre, std::int64_t rows, std::int64_t F);
 

@@ -12,6 +12,7 @@
 #include "ops/fused.hpp"
 #include "ops/gelu.hpp"
 #include "ops/mixed_precision.hpp"
+#include "ops/swiglu.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -93,6 +94,62 @@ TEST(Fused, BiasBackwardPackHalfEqualsBiasBackwardThenPack) {
     EXPECT_EQ(bits(dy16), bits(ref16)) << dtype_name(dt);
     EXPECT_NE(bits(db), bits(to_device(db0))) << "the bias gradient did not move";
   }
+}
+
+// The activations' backward written as fc1's 16-bit output gradient (the device path's MLP): the
+// bits of the backward, the bias gradient and pack_half in turn; GELU with and without the bias
+// gradient, SwiGLU ([gate | up] columns), bf16 and fp16.
+TEST(Fused, ActivationBackwardPackHalfEqualsBackwardThenPack) {
+  const std::int64_t rows = 300, F = 29;
+  const auto dout = random_vector(rows * F, 7), db0 = random_vector(2 * F, 8);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const FloatView d = to_device(dout);
+    // GELU
+    const Act pre = half_of(random_vector(rows * F, 9, 3.f), dt);
+    for (bool bias : {true, false}) {
+      FloatView ref = make_float("ref", rows * F), ref_db = to_device(db0), db = to_device(db0);
+      HalfView ref16 = make_half("ref16", rows * F), got16 = make_half("got16", rows * F);
+      gelu_backward(ref, d, pre, rows * F);
+      if (bias) bias_backward(ref_db, ref, rows, F);
+      pack_half(dt, ref16, ref, rows * F);
+      gelu_backward_pack_half(dt, got16, bias ? slice(db, 0, F) : FloatView(), d, pre.h, rows, F);
+      EXPECT_EQ(bits(got16), bits(ref16)) << dtype_name(dt) << " gelu, bias " << bias;
+      EXPECT_EQ(bits(db), bits(ref_db)) << dtype_name(dt) << " gelu bias gradient, bias " << bias;
+    }
+    // SwiGLU: pre (rows, 2F) = [gate | up]
+    const Act pre2 = half_of(random_vector(rows * 2 * F, 10, 3.f), dt);
+    FloatView ref = make_float("ref", rows * 2 * F);
+    HalfView ref16 = make_half("ref16", rows * 2 * F), got16 = make_half("got16", rows * 2 * F);
+    swiglu_backward(ref, d, pre2, rows, F);
+    pack_half(dt, ref16, ref, rows * 2 * F);
+    swiglu_backward_pack_half(dt, got16, d, pre2.h, rows, F);
+    EXPECT_EQ(bits(got16), bits(ref16)) << dtype_name(dt) << " swiglu";
+  }
+}
+
+// The residual branch's dropout backward written as the row-parallel linear's 16-bit output
+// gradient: the bits of dropout_backward, bias_backward and pack_half in turn, with the dropout on
+// and off, with and without the bias gradient, and under context parallelism's mapped counters.
+TEST(Fused, DropoutBackwardPackHalfEqualsBackwardThenPack) {
+  const std::int64_t rows = 300, cols = 29;
+  const auto dout = random_vector(rows * cols, 11), db0 = random_vector(cols, 12);
+  DropoutSpec mapped{0.25f, 77};
+  mapped.cp = 2;
+  mapped.cp_rank = 1;
+  mapped.Tl = 30;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const DropoutSpec& d : {DropoutSpec{0.1f, 1234}, DropoutSpec{}, mapped})
+      for (bool bias : {true, false}) {
+        const FloatView g = to_device(dout);
+        FloatView ref = make_float("ref", rows * cols), ref_db = to_device(db0), db = to_device(db0);
+        HalfView ref16 = make_half("ref16", rows * cols), got16 = make_half("got16", rows * cols);
+        dropout_backward(ref, g, rows * cols, d, cols);
+        if (bias) bias_backward(ref_db, ref, rows, cols);
+        pack_half(dt, ref16, ref, rows * cols);
+        dropout_backward_pack_half(dt, got16, bias ? db : FloatView(), g, rows, cols, d);
+        EXPECT_EQ(bits(got16), bits(ref16)) << dtype_name(dt) << " p " << d.p << " cp " << d.cp << " bias " << bias;
+        EXPECT_EQ(bits(db), bits(ref_db)) << dtype_name(dt) << " p " << d.p << " cp " << d.cp << " bias " << bias;
+      }
 }
 
 TEST(Fused, BiasDropoutAddEqualsTheUnfusedSequence) {
