@@ -91,6 +91,108 @@ void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::i
 }
 
 namespace {
+template <class F>
+void softmax_forward_half(const FloatView& att, const HalfView& a16, const HalfView& d16, std::int64_t BH,
+                          std::int64_t Tq, std::int64_t Tk, std::int64_t nh, float scale, const AttentionMask& mask,
+                          const DropoutSpec& drop) {
+  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
+  const IntView valid = mask.key_valid, doc = mask.doc_start;
+  const bool dropping = drop.active();
+  const float p = drop.p, dscale = dropping ? 1.f / (1.f - drop.p) : 1.f;
+  const std::uint64_t key = drop.key;
+  // masked_softmax_forward's device kernel, its probabilities stored rounded, and dropped out
+  for_each_row(
+      "ops::masked_softmax_forward_half", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
+        const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+        const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
+        auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
+        const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
+        const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
+        const float sum = team_sum(t, jend, [&](std::int64_t j) {
+          const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
+          att(base + j) = e;
+          return e;
+        });
+        const float inv = any > 0.f ? 1.f / sum : 0.f;
+        t.team_barrier();  // the exponentials are written before they are scaled
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
+          const float v = j < jend ? att(base + j) * inv : 0.f;
+          a16(base + j) = F::store(v);
+          if (dropping)
+            d16(base + j) = F::store(dropout_uniform(key, static_cast<std::uint64_t>(base + j)) >= p ? v * dscale
+                                                                                                     : 0.f);
+        });
+      });
+}
+
+template <class F>
+void softmax_backward_half(const FloatView& datt, const HalfView& a16, const HalfView& ds16, std::int64_t BH,
+                           std::int64_t Tq, std::int64_t Tk, float scale, bool causal, const DropoutSpec& drop) {
+  const bool dropping = drop.active();
+  const float p = drop.p, dscale = dropping ? 1.f / (1.f - drop.p) : 1.f;
+  const std::uint64_t key = drop.key;
+  // dropout_backward, then masked_softmax_backward's device kernel on the stored probabilities
+  for_each_row(
+      "ops::masked_softmax_backward_half", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+        auto d = [&](std::int64_t j) {
+          const float g = datt(base + j);
+          if (!dropping) return g;
+          return dropout_uniform(key, static_cast<std::uint64_t>(base + j)) >= p ? g * dscale : 0.f;
+        };
+        const float dot = team_sum(t, jend, [&](std::int64_t j) { return d(j) * F::load(a16(base + j)); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
+          ds16(base + j) = F::store(j < jend ? F::load(a16(base + j)) * (d(j) - dot) * scale : 0.f);
+        });
+      });
+}
+}  // namespace
+
+void masked_softmax_forward_half(DType dt, const FloatView& scores, const HalfView& att16, const HalfView& att_drop16,
+                                 std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh, float scale,
+                                 const AttentionMask& mask, const DropoutSpec& drop) {
+  TRIDENT_REQUIRE(!drop.mapped(), "internal: the 16-bit softmax kernels take unmapped dropout");
+  if constexpr (kDeviceKernels) {
+    if (dt == DType::BF16)
+      softmax_forward_half<Bf16Fmt>(scores, att16, att_drop16, BH, Tq, Tk, nh, scale, mask, drop);
+    else if (dt == DType::F16)
+      softmax_forward_half<Fp16Fmt>(scores, att16, att_drop16, BH, Tq, Tk, nh, scale, mask, drop);
+    else
+      throw Error::one("internal: masked_softmax_forward_half with dtype fp32");
+    return;
+  }
+  const std::int64_t A = BH * Tq * Tk;
+  masked_softmax_forward(scores, BH, Tq, Tk, nh, scale, mask);
+  pack_half(dt, att16, scores, A);
+  if (drop.active()) {
+    dropout_forward(scores, scores, A, drop);
+    pack_half(dt, att_drop16, scores, A);
+  }
+}
+
+void masked_softmax_backward_half(DType dt, const FloatView& datt, const HalfView& att16, const HalfView& ds16,
+                                  std::int64_t BH, std::int64_t Tq, std::int64_t Tk, float scale, bool causal,
+                                  const DropoutSpec& drop) {
+  TRIDENT_REQUIRE(!drop.mapped(), "internal: the 16-bit softmax kernels take unmapped dropout");
+  if constexpr (kDeviceKernels) {
+    if (dt == DType::BF16)
+      softmax_backward_half<Bf16Fmt>(datt, att16, ds16, BH, Tq, Tk, scale, causal, drop);
+    else if (dt == DType::F16)
+      softmax_backward_half<Fp16Fmt>(datt, att16, ds16, BH, Tq, Tk, scale, causal, drop);
+    else
+      throw Error::one("internal: masked_softmax_backward_half with dtype fp32");
+    return;
+  }
+  const std::int64_t A = BH * Tq * Tk;
+  if (drop.active()) dropout_backward(datt, datt, A, drop);
+  const FloatView att32 = make_float("attention::att32", A);
+  unpack_half(dt, att32, att16, A);
+  masked_softmax_backward(datt, att32, BH, Tq, Tk, scale, causal);
+  pack_half(dt, ds16, datt, A);
+}
+
+namespace {
 
 // Where the heads of q, k and v live: head h of a token's row is the contiguous block
 // h*hs..(h+1)*hs-1 from the operand's base; rows are `ld` apart, samples Tq (q) or Tk (k, v)
@@ -199,6 +301,11 @@ void probs_half(DType dt, const HalfView& att, const HalfView& att_drop, const O
                 const AttentionShape& s, const DropoutSpec& drop, const AttentionMask& mask) {
   const std::int64_t A = probs_size(s);
   scores_gemm(scores.data(), o, s);
+  if (kDeviceKernels && !drop.mapped()) {  // one kernel for the softmax, the dropout and their rounding
+    masked_softmax_forward_half(dt, scores, att, att_drop, s.B * s.nh, s.T, s.keys(), s.nh, softmax_scale(s), mask,
+                                drop);
+    return;
+  }
   masked_softmax_forward(scores, s.B * s.nh, s.T, s.keys(), s.nh, softmax_scale(s), mask);
   pack_half(dt, att, scores, A);
   if (drop.active()) {
@@ -220,6 +327,11 @@ void backward_half(DType dt, const GradOperands& g, const FloatView& dy, const O
   pack_half(dt, dy16, dy, s.B * s.T * s.C);
   value_grad_gemms(datt.data(), g, operand(dt, dy16.data()), operand(dt, (drop.active() ? att_drop : att).data()), o,
                    s);
+  if (kDeviceKernels && !drop.mapped()) {  // one kernel for the dropout's and the softmax's backward
+    masked_softmax_backward_half(dt, datt, att, ds16, s.B * s.nh, s.T, s.keys(), softmax_scale(s), mask.causal, drop);
+    query_key_grad_gemms(g, operand(dt, ds16.data()), o, s);
+    return;
+  }
   if (drop.active()) dropout_backward(datt, datt, A, drop);
   unpack_half(dt, att32, att, A);  // the stored (rounded) probabilities
   masked_softmax_backward(datt, att32, s.B * s.nh, s.T, s.keys(), softmax_scale(s), mask.causal);

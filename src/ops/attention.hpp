@@ -106,4 +106,18 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal);
 
+// The 16-bit path's probabilities in one kernel each on the device (kDeviceKernels), the bits of
+// the sequences they replace (unit Attention.HalfSoftmaxKernelsGiveTheBitsOfTheirSequences):
+// - forward: att16 = round(masked_softmax_forward(scores)) and, with drop active, att_drop16 =
+//   round(dropout_forward(that)); scores (fp32) is the kernel's scratch and is overwritten;
+// - backward: ds16 = round(masked_softmax_backward(dropout_backward(datt), float(att16))); datt is
+//   left as it was on the device and overwritten on the host.
+// The dropout's counters are the elements' indices (drop not mapped). dt: the 16-bit type.
+void masked_softmax_forward_half(DType dt, const FloatView& scores, const HalfView& att16, const HalfView& att_drop16,
+                                 std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh, float scale,
+                                 const AttentionMask& mask, const DropoutSpec& drop);
+void masked_softmax_backward_half(DType dt, const FloatView& datt, const HalfView& att16, const HalfView& ds16,
+                                  std::int64_t BH, std::int64_t Tq, std::int64_t Tk, float scale, bool causal,
+                                  const DropoutSpec& drop);
+
 }  // namespace trident

@@ -23,6 +23,7 @@ CASES = [
     ("gpt_fp32_unfused", "inputs/gpt_tiny_ci.ini", [], 1e-6, 2e-6),
     ("gpt_bf16_fused", "inputs/gpt_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16"],
      1e-4, 2e-3),
+    ("gpt_bf16_unfused", "inputs/gpt_tiny_ci.ini", ["--precision.dtype", "bf16"], 1e-4, 2e-3),
     ("llama_bf16_fused", "inputs/llama_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16"],
      1e-4, 2e-3),
     ("llama_fp32_unfused", "inputs/llama_tiny_ci.ini", [], 1e-6, 2e-6),
