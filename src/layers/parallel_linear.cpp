@@ -203,20 +203,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 namespace {
 // y (rows, out) = x (rows, in) W^T (W: (out, in)) through gemm_lt, with its epilogue
 GemmLt linear_lt(const Act& x, const Act& w, std::int64_t rows, std::int64_t in, std::int64_t out, const Act& y) {
-  GemmLt g;
-  g.ta = Trans::N;
-  g.tb = Trans::T;
-  g.M = rows;
-  g.N = out;
-  g.K = in;
-  g.A = operand(x);
-  g.lda = in;
-  g.B = operand(w);
-  g.ldb = in;
-  g.out_dt = y.dt;
-  g.C = y.is_half() ? static_cast<void*>(y.h.data()) : static_cast<void*>(y.f.data());
-  g.ldc = out;
-  return g;
+  return lt_call(Trans::N, Trans::T, rows, out, in, operand(x), in, operand(w), in, y.dt,
+                 y.is_half() ? static_cast<void*>(y.h.data()) : static_cast<void*>(y.f.data()), out);
 }
 }  // namespace
 

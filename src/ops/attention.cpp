@@ -15,29 +15,43 @@
 
 namespace trident {
 
+namespace {
+// The masked softmax's device kernel, a team per row: the exponentials written into att, then
+// write(index, probability) for every key of the row (0 past the causal end).
+template <class Write>
+void device_softmax_rows(const char* name, const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
+                         std::int64_t nh, float scale, const AttentionMask& mask, const Write& write) {
+  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
+  const IntView valid = mask.key_valid, doc = mask.doc_start;
+  for_each_row(
+      name, BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
+        const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+        const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
+        auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
+        const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
+        const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
+        const float sum = team_sum(t, jend, [&](std::int64_t j) {
+          const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
+          att(base + j) = e;
+          return e;
+        });
+        const float inv = any > 0.f ? 1.f / sum : 0.f;
+        t.team_barrier();  // the exponentials are written before they are scaled
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk),
+                             [&](std::int64_t j) { write(base + j, j < jend ? att(base + j) * inv : 0.f); });
+      });
+}
+}  // namespace
+
 void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk, std::int64_t nh,
                             float scale, const AttentionMask& mask) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
   const IntView valid = mask.key_valid, doc = mask.doc_start;
   if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
-    for_each_row(
-        "ops::masked_softmax_forward", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
-          const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
-          const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-          const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
-          auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
-          const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
-          const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
-          const float sum = team_sum(t, jend, [&](std::int64_t j) {
-            const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
-            att(base + j) = e;
-            return e;
-          });
-          const float inv = any > 0.f ? 1.f / sum : 0.f;
-          t.team_barrier();  // the exponentials are written before they are scaled
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk),
-                               [&](std::int64_t j) { att(base + j) = j < jend ? att(base + j) * inv : 0.f; });
-        });
+    device_softmax_rows(
+        "ops::masked_softmax_forward", att, BH, Tq, Tk, nh, scale, mask,
+        KOKKOS_LAMBDA(std::int64_t idx, float v) { att(idx) = v; });
     return;
   }
   for_each_index(
@@ -95,34 +109,15 @@ template <class F>
 void softmax_forward_half(const FloatView& att, const HalfView& a16, const HalfView& d16, std::int64_t BH,
                           std::int64_t Tq, std::int64_t Tk, std::int64_t nh, float scale, const AttentionMask& mask,
                           const DropoutSpec& drop) {
-  const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
-  const IntView valid = mask.key_valid, doc = mask.doc_start;
   const bool dropping = drop.active();
   const float p = drop.p, dscale = dropping ? 1.f / (1.f - drop.p) : 1.f;
   const std::uint64_t key = drop.key;
   // masked_softmax_forward's device kernel, its probabilities stored rounded, and dropped out
-  for_each_row(
-      "ops::masked_softmax_forward_half", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
-        const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
-        const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-        const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
-        auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
-        const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
-        const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
-        const float sum = team_sum(t, jend, [&](std::int64_t j) {
-          const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
-          att(base + j) = e;
-          return e;
-        });
-        const float inv = any > 0.f ? 1.f / sum : 0.f;
-        t.team_barrier();  // the exponentials are written before they are scaled
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
-          const float v = j < jend ? att(base + j) * inv : 0.f;
-          a16(base + j) = F::store(v);
-          if (dropping)
-            d16(base + j) = F::store(dropout_uniform(key, static_cast<std::uint64_t>(base + j)) >= p ? v * dscale
-                                                                                                     : 0.f);
-        });
+  device_softmax_rows(
+      "ops::masked_softmax_forward_half", att, BH, Tq, Tk, nh, scale, mask, KOKKOS_LAMBDA(std::int64_t idx, float v) {
+        a16(idx) = F::store(v);
+        if (dropping)
+          d16(idx) = F::store(dropout_uniform(key, static_cast<std::uint64_t>(idx)) >= p ? v * dscale : 0.f);
       });
 }
 

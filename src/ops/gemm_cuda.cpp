@@ -12,18 +12,10 @@
 
 #include "common/error.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_cublas_status.hpp"
 #include "ops/gemm_region.hpp"
 
-#define TRIDENT_CUBLAS(call)                                                                                \
-  do {                                                                                                      \
-    cublasStatus_t trident_st_ = (call);                                                                    \
-    if (trident_st_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      std::ostringstream trident_os_;                                                                       \
-      trident_os_ << "cuBLAS call " #call " failed with status " << static_cast<int>(trident_st_) << " at " \
-                  << __FILE__ << ":" << __LINE__;                                                           \
-      throw ::trident::Error::one(trident_os_.str());                                                       \
-    }                                                                                                       \
-  } while (0)
+#define TRIDENT_CUBLAS(call) TRIDENT_CUBLAS_STATUS("cuBLAS", call)
 
 namespace trident {
 

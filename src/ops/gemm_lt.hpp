@@ -41,6 +41,13 @@ struct GemmLt {
   std::int64_t ldaux = 0;
 };
 
+// A call without epilogue, alpha 1: C (M, N) of type out_dt = op(A) op(B); set epilogue, bias and
+// aux after it for the others.
+inline GemmLt lt_call(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, GemmOperand A,
+                      std::int64_t lda, GemmOperand B, std::int64_t ldb, DType out_dt, void* C, std::int64_t ldc) {
+  return GemmLt{ta, tb, M, N, K, 1.f, A, lda, B, ldb, out_dt, C, ldc};  // the rest as declared
+}
+
 // cuBLASLt's column-major view of a GemmLt (the row-major C is the column-major C^T = op(B)^T
 // op(A)^T: the operands swap, as gemm_cuda.cpp's cuBLAS calls do), as data: what the CUDA build
 // passes to cuBLASLt, built and checked on every backend (unit Gemm.LtPlan*).

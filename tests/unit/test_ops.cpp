@@ -183,19 +183,8 @@ TEST(Gemm, BatchLevelsMergeOnlyWhereTheStridesContinue) {
 TEST(Gemm, LtPlanIsCublasLtsColumnMajorCall) {
   const std::int64_t rows = 6, in = 4, out = 10;
   std::vector<std::uint16_t> x(rows * in), w(out * in), y(rows * out), aux(rows * out), b(out);
-  GemmLt f;
-  f.ta = Trans::N;
-  f.tb = Trans::T;
-  f.M = rows;
-  f.N = out;
-  f.K = in;
-  f.A = operand(DType::BF16, x.data());
-  f.lda = in;
-  f.B = operand(DType::BF16, w.data());
-  f.ldb = in;
-  f.out_dt = DType::BF16;
-  f.C = y.data();
-  f.ldc = out;
+  GemmLt f = lt_call(Trans::N, Trans::T, rows, out, in, operand(DType::BF16, x.data()), in,
+                     operand(DType::BF16, w.data()), in, DType::BF16, y.data(), out);
   f.epilogue = Epilogue::GeluAuxBias;
   f.bias = b.data();
   f.bias_dt = DType::BF16;
@@ -216,21 +205,8 @@ TEST(Gemm, LtPlanIsCublasLtsColumnMajorCall) {
   EXPECT_EQ(p.epilogue, Epilogue::GeluAuxBias);
   // the weight gradient: dW (out, in) = dy^T x, fp32 output, no epilogue
   std::vector<float> dw(out * in);
-  GemmLt g = f;
-  g.ta = Trans::T;
-  g.tb = Trans::N;
-  g.M = out;
-  g.N = in;
-  g.K = rows;
-  g.A = operand(DType::BF16, y.data());
-  g.lda = out;
-  g.B = operand(DType::BF16, x.data());
-  g.ldb = in;
-  g.out_dt = DType::F32;
-  g.C = dw.data();
-  g.ldc = in;
-  g.epilogue = Epilogue::None;
-  p = lt_plan(g);
+  p = lt_plan(lt_call(Trans::T, Trans::N, out, in, rows, operand(DType::BF16, y.data()), out,
+                      operand(DType::BF16, x.data()), in, DType::F32, dw.data(), in));
   EXPECT_EQ(p.error, "");
   EXPECT_FALSE(p.trans_a);
   EXPECT_TRUE(p.trans_b);
@@ -288,20 +264,10 @@ TEST(Gemm, LtEpiloguesMatchTheirDefinition) {
       const auto ha = to_device(words(a)), hb = to_device(words(b)), hbias = to_device(words(bias));
       FloatView c32 = make_float("c32", M * ldc), aux32 = make_float("aux32", M * ldc);
       HalfView c16 = make_half("c16", M * ldc), aux16 = make_half("aux16", M * ldc);
-      GemmLt g;
-      g.ta = Trans::N;
-      g.tb = Trans::T;
-      g.M = M;
-      g.N = N;
-      g.K = K;
+      GemmLt g = lt_call(Trans::N, Trans::T, M, N, K, half ? operand(dt, ha.data()) : operand(da.data()), K,
+                         half ? operand(dt, hb.data()) : operand(db.data()), K, dt,
+                         half ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data()), ldc);
       g.alpha = 0.5f;
-      g.A = half ? operand(dt, ha.data()) : operand(da.data());
-      g.lda = K;
-      g.B = half ? operand(dt, hb.data()) : operand(db.data());
-      g.ldb = K;
-      g.out_dt = dt;
-      g.C = half ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data());
-      g.ldc = ldc;
       g.epilogue = ep;
       g.bias = half ? static_cast<const void*>(hbias.data()) : static_cast<const void*>(dbias.data());
       g.bias_dt = dt;
