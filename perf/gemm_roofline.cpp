@@ -17,8 +17,9 @@
 // One GPT step (fp32, no recomputation, tokens N = B*T, hidden C, ffn 4C, padded vocab V) runs,
 // per layer, the forward GEMM, the input-gradient GEMM and the weight-gradient GEMM of the four
 // linears (qkv C->3C, proj C->C, fc1 C->4C, fc2 4C->C) and the attention GEMMs (B*heads small
-// T x T x head_dim products, forward and backward, timed as the model calls them: a strided batch
-// over the key/value groups per sample and query head of a group), and once the tied LM head (N x V x C, forward
+// T x T x head_dim products, forward and backward, timed as the model calls them: one batched call
+// per product for the micro-batch, samples and query heads of a group as the outer level, the
+// key/value groups inner), and once the tied LM head (N x V x C, forward
 // and both gradients). Their FLOPs add up to Megatron's model FLOPs
 // 72 B s l h^2 (1 + s/6h + V/12hl). The Llama family's layer (--ffn F, --groups ng, --swiglu) has
 // qkv C -> (heads + 2 ng) head_dim, fc1 C -> 2F (gate and up), fc2 F -> C, the same per-head
@@ -94,7 +95,9 @@ struct Options {
 };
 
 // One GEMM of the step: C[M,N] = op(A)[M,K] op(B)[K,N] (+ C when beta = 1), `batch` of them per
-// call (strided), `count` calls per layer (or per step for the LM head, see per_layer).
+// call (strided), `count` calls per layer (or per step for the LM head, see per_layer). With
+// `inner`, the call is gemm_mixed_batched over two levels, batch / inner outer products of `inner`
+// each (attention's samples and heads over its key/value groups, as ops/attention.cpp calls it).
 struct Shape {
   std::string name;
   Trans ta, tb;
@@ -102,6 +105,7 @@ struct Shape {
   float beta;
   bool per_layer;
   std::int64_t calls = 1;  // calls per layer (per step for the LM head)
+  std::int64_t inner = 0;
   double median_s = 0, best_s = 0;
   int reps = 0;
   double flops() const { return 2.0 * static_cast<double>(M) * N * K * batch; }
@@ -206,17 +210,18 @@ std::vector<Shape> step_shapes(const Options& o, std::size_t ci) {
   linear("proj", C, C);
   linear("fc1 ", C, o.swiglu ? 2 * F : F);  // SwiGLU: [gate; up]
   linear("fc2 ", F, C);
-  // The per-head products as ops/attention.cpp calls them: one strided batch over the G key/value
-  // groups per sample and query head of a group, B H / G calls of G products each. The key and
-  // value gradients of a group sum over its H / G query heads (beta 1 after the first).
-  const std::int64_t rep = H / G, calls = B * rep;
+  // The per-head products as ops/attention.cpp calls them: one gemm_mixed_batched call per product
+  // for the micro-batch, B H products over the samples and the H / G query heads of a group, each
+  // a strided batch of the G key/value groups. The key and value gradients of a group sum over its
+  // H / G query heads: H / G calls of B G products (beta 1 after the first).
+  const std::int64_t rep = H / G;
   const float acc = rep > 1 ? 1.f : 0.f;
-  v.push_back({"attn fwd   S=QK^T", Trans::N, Trans::T, T, T, hs, G, 0.f, true, calls});
-  v.push_back({"attn fwd   Y=PV", Trans::N, Trans::N, T, hs, T, G, 0.f, true, calls});
-  v.push_back({"attn bwd   dP=dYV^T", Trans::N, Trans::T, T, T, hs, G, 0.f, true, calls});
-  v.push_back({"attn bwd   dV=P^TdY", Trans::T, Trans::N, T, hs, T, G, acc, true, calls});
-  v.push_back({"attn bwd   dQ=dSK", Trans::N, Trans::N, T, hs, T, G, 0.f, true, calls});
-  v.push_back({"attn bwd   dK=dS^TQ", Trans::T, Trans::N, T, hs, T, G, acc, true, calls});
+  v.push_back({"attn fwd   S=QK^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true, 1, G});
+  v.push_back({"attn fwd   Y=PV", Trans::N, Trans::N, T, hs, T, B * H, 0.f, true, 1, G});
+  v.push_back({"attn bwd   dP=dYV^T", Trans::N, Trans::T, T, T, hs, B * H, 0.f, true, 1, G});
+  v.push_back({"attn bwd   dV=P^TdY", Trans::T, Trans::N, T, hs, T, B * G, acc, true, rep, G});
+  v.push_back({"attn bwd   dQ=dSK", Trans::N, Trans::N, T, hs, T, B * H, 0.f, true, 1, G});
+  v.push_back({"attn bwd   dK=dS^TQ", Trans::T, Trans::N, T, hs, T, B * G, acc, true, rep, G});
   v.push_back({"lm head fwd   logits=xE^T", Trans::N, Trans::T, N, V, C, 1, 0.f, false});
   v.push_back({"lm head bwd   dx=dlogitsE", Trans::N, Trans::N, N, C, V, 1, 0.f, false});
   v.push_back({"lm head bwd   dE+=dlogits^Tx", Trans::T, Trans::N, V, C, N, 1, 1.f, false});
@@ -240,8 +245,17 @@ void time_shape(Shape& s, double min_time, bool bf16) {
     to_bf16(hB, B);
   }
   Kokkos::fence();
+  // the model's levels (outer products, then `inner`), contiguous
+  const std::int64_t in = s.inner > 0 ? s.inner : 1, sa = rowsA * colsA, sb = rowsB * colsB, sc = s.M * s.N;
+  const trident::GemmBatch levels{{{s.batch / in, in * sa, in * sb, in * sc}, {in, sa, sb, sc}}};
   auto call = [&] {
-    if (bf16 && s.batch == 1)
+    if (s.inner > 0)
+      trident::gemm_mixed_batched(s.ta, s.tb, s.M, s.N, s.K, 1.f,
+                                  bf16 ? trident::operand(trident::DType::BF16, hA.data()) : trident::operand(A.data()),
+                                  colsA,
+                                  bf16 ? trident::operand(trident::DType::BF16, hB.data()) : trident::operand(B.data()),
+                                  colsB, s.beta, C.data(), s.N, levels);
+    else if (bf16 && s.batch == 1)
       trident::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data(), colsA, hB.data(), colsB, s.beta, C.data(), s.N);
     else if (bf16)
       trident::gemm_bf16_strided_batched(s.ta, s.tb, s.M, s.N, s.K, 1.f, hA.data(), colsA, rowsA * colsA, hB.data(),
