@@ -10,7 +10,9 @@
 #   bash tests/host_arch/host_arch_build.sh ROOT MAIN_BUILD [ARCH]     (ARCH default x86-64-v3)
 #
 # The second build lives in MAIN_BUILD/host-arch-ARCH and is kept between runs (only what changed
-# is compiled again). Exit status: 0 when everything built and passed, 1 otherwise, 77 (skipped,
+# is compiled again); with Debian's ccache its objects are cached in
+# ~/.cache/trident/ccache-host-arch (paths relative to ROOT, so a fresh clone at another path hits
+# the cache). Exit status: 0 when everything built and passed, 1 otherwise, 77 (skipped,
 # with the reason) when the main build's host code is already compiled without AVX-512 (as
 # -march=native on an AVX2 CPU): then the suite's unit tests run these paths themselves.
 set -uo pipefail
@@ -39,9 +41,16 @@ defines "$arch" >/dev/null 2>&1 || fail "$cxx does not accept -march=$arch"
 # variants, fused attention, dropout, the 16-bit conversions, the model (AdamW included)
 tests=(test_ops test_host_parallel test_fused test_layer_variants test_flash_attention test_dropout test_half test_model)
 build=$main/host-arch-$arch
-echo "host_arch: building ${tests[*]} with -DTRIDENT_HOST_ARCH=$arch in $build ($jobs jobs)"
+launcher=""
+cache_note="no ccache"
+if command -v ccache >/dev/null 2>&1; then
+  cache=${XDG_CACHE_HOME:-$HOME/.cache}/trident/ccache-host-arch
+  mkdir -p "$cache" && CCACHE_DIR=$cache ccache --set-config=max_size="${HOST_ARCH_CCACHE_SIZE:-2G}" &&
+    launcher="env;CCACHE_DIR=$cache;CCACHE_BASEDIR=$root;ccache" && cache_note="ccache $cache"
+fi
+echo "host_arch: building ${tests[*]} with -DTRIDENT_HOST_ARCH=$arch in $build ($jobs jobs, $cache_note)"
 if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_HOST_ARCH="$arch" \
-     -DCMAKE_CXX_COMPILER="$cxx" >"$build.configure.log" 2>&1; then
+     -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >"$build.configure.log" 2>&1; then
   tail -30 "$build.configure.log" >&2
   fail "configure (log: $build.configure.log)"
 fi
