@@ -2,9 +2,10 @@
 """GPU training benchmark: GPT-2 124M, 350M and 1.3B on one GPU in bf16, next to PyTorch on the
 same GPU, shapes and micro-batch in the same run.
 
-For each shape and attention path (--attention: "flash", Trident's fused kernel; "unfused", QK^T
-and PV as cuBLAS strided-batched GEMMs on tensor cores with the softmax kernel between them and
-selective recomputation): the micro-batch is chosen from the memory model (perf/perf_model.py:
+For each attention path (--attention: "cudnn", cuDNN's fused attention on tensor cores,
+model.attention_backend cudnn; "flash", Trident's fused kernel, attention_backend local;
+"unfused", QK^T and PV as batched cuBLAS GEMMs on tensor cores with the softmax kernel between
+them and selective recomputation), the paths in the order given, and each shape: the micro-batch is chosen from the memory model (perf/perf_model.py:
 parameters, gradients and optimizer state at Megatron's bytes per parameter, Korthikanti et al.'s
 activations, the logits), the largest power of two up to --max-micro-batch whose predicted memory
 stays under --memory-fraction of the GPU's memory; should that run fail anyway, the next smaller
@@ -117,7 +118,7 @@ def main(argv=None):
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out-dir", default=os.path.join(bg.REPO, "perf", "results"))
     p.add_argument("--work-dir", default=os.path.join(bg.REPO, "perf", "work"))
-    p.add_argument("--attention", default="flash,unfused", help="Trident attention paths to measure")
+    p.add_argument("--attention", default="cudnn,unfused", help="Trident attention paths to measure: cudnn, flash, unfused")
     p.add_argument("--deadline", type=float, default=0.0, help="start no run after this time (epoch s)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--peers", default="eager,compile",
@@ -156,8 +157,8 @@ def main(argv=None):
     if not a.no_torch and time_left("GEMM ceiling"):
         ceiling = gemm_ceiling(a.python, min(60, deadline - time.time()))
         print(f"bf16 GEMM 8192^3 through PyTorch: {ceiling and f'{ceiling:.0f} TFLOP/s'}")
-    for shape, attention in [(s, at) for s in a.shapes.split(",") for at in a.attention.split(",")]:
-        flash = attention == "flash"
+    for shape, attention in [(s, at) for at in a.attention.split(",") for s in a.shapes.split(",")]:
+        flash = attention in ("flash", "cudnn")
         llama = shape in LLAMA_SHAPES
         if llama:
             L, C, H, G, Fw, seq, theta = LLAMA_SHAPES[shape]
@@ -190,6 +191,7 @@ def main(argv=None):
                 "--model.seq_length", str(seq), "--model.max_position_embeddings", str(seq),
                 "--model.hidden_dropout", str(a.dropout), "--model.attention_dropout", str(a.dropout),
                 "--model.flash_attention", "true" if flash else "false",
+                "--model.attention_backend", "cudnn" if attention == "cudnn" else "local" if flash else "auto",
                 "--precision.recompute", "none" if flash else "selective", "--precision.dtype", "bf16",
                 "--train.micro_batch_size", str(mb), "--train.global_batch_size", str(mb),
                 "--train.iters", str(a.iters), "--eval.interval", "0", "--log.interval", "1",

@@ -20,7 +20,8 @@
 #              differences, fused against unfused kernels, bf16 conversions and GEMMs)
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
-#              bf16 + flash attention against the GPU's fp32 within the bf16 band (2^-9)
+#              bf16 + flash attention (cuDNN's fused attention, model.attention_backend auto, where
+#              the kit has its frontend) against the GPU's fp32 within the bf16 band (2^-9)
 #   llama      the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU, 4 heads in 2
 #              groups, untied) for 50 iterations, fp32 against the host's fp32 losses, bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band
@@ -30,8 +31,9 @@
 #              and the MoE metrics (aux, z, max load) of fp32 against the host's within 1e-3
 # 2. Step times against PyTorch on the same GPU:
 #   bench      perf/bench_gpu.py: GPT-2 124M, 350M and 1.3B in bf16 (micro-batches from the memory
-#              model) and a Llama-3-8B-shaped stack of 4 layers at sequence 4096, Trident's
-#              unfused attention (cuBLAS products), against PyTorch eager and, at 124M,
+#              model) and a Llama-3-8B-shaped stack of 4 layers at sequence 4096, with cuDNN's
+#              fused attention (model.attention_backend cudnn), then Trident's unfused attention
+#              (cuBLAS products) as time allows, against PyTorch eager and, at 124M,
 #              torch.compile; it starts no run once only the last two phases' time is left
 # 3. Where the time goes:
 #   profile    GPT-2 124M bf16 at micro-batch 8 for 4 steps under the kernel timer
@@ -572,22 +574,22 @@ phase_bench() {
   # shellcheck disable=SC2086
   timeout "$(left)" "$PYTHON" "$root/perf/bench_gpu.py" --build-dir "$GPU_BUILD" --work-dir "$work/bench" \
     --out-dir "$work/bench" --deadline $((phase_deadline - 10)) --python "$PYTHON" \
-    ${GPU_CHECK_BENCH_ARGS:---shapes 124m,350m,1.3b,llama8b4 --attention unfused --compile-shapes 124m --iters 6 --warmup 2}
+    ${GPU_CHECK_BENCH_ARGS:---shapes 124m,350m,1.3b,llama8b4 --attention cudnn,unfused --compile-shapes 124m --iters 6 --warmup 2}
   local rc=$?
   local md
   md=$(ls -t "$work"/bench/gpu_*.md 2>/dev/null | head -n1)
   [ -n "$md" ] && cp "$md" "$out/bench.md" && cp "${md%.md}.json" "$out/bench.json" 2>/dev/null
   [ -n "$md" ] && [ -n "$results" ] && cp "$md" "$results/" 2>/dev/null
-  note="$(grep -c '^| [^ ]* | \(flash\|unfused\) |' "$out/bench.md" 2>/dev/null) rows"
+  note="$(grep -c '^| [^ ]* | \(cudnn\|flash\|unfused\) |' "$out/bench.md" 2>/dev/null) rows"
   return $rc
 }
 
 # ---- per-kernel breakdown ------------------------------------------------------------------------------------
-profile_cmd() {  # the profile run's pretrain_gpt command (GPT-2 124M bf16, unfused, micro-batch 8, 4 steps)
+profile_cmd() {  # the profile run's pretrain_gpt command (GPT-2 124M bf16, fused attention as auto picks it, micro-batch 8, 4 steps)
   local shape=${GPU_CHECK_PROFILE_ARGS:---model.num_layers 12 --model.hidden_size 768 --model.num_heads 12 \
 --model.seq_length 1024 --model.max_position_embeddings 1024 --train.micro_batch_size 8 --train.global_batch_size 8}
   echo "$GPU_BUILD/apps/pretrain_gpt --deck perf/decks/gpt_bench.ini $shape --precision.dtype bf16" \
-    "--model.flash_attention false --precision.recompute selective --eval.interval 0 --log.interval 1"
+    "--model.flash_attention true --precision.recompute none --eval.interval 0 --log.interval 1"
 }
 phase_profile() {
   local lib=$GPU_BUILD/perf/libtrident_kernel_timer.so

@@ -7,11 +7,13 @@
 #   $GPU_PREFIX/deps     Debian packages unpacked with dpkg -x (runtime libraries, headers, mpiexec)
 #   $GPU_PREFIX/kokkos   a CUDA-enabled Kokkos install
 #   $GPU_PREFIX/build    Trident's CUDA build (prebuilt here)
+#   $GPU_PREFIX/cudnn-frontend  the cuDNN frontend's headers, for the cudnn attention entry
 GPU_PREFIX=${TRIDENT_GPU_PREFIX:-/tmp/trident-gpu}
 GPU_DEPS=$GPU_PREFIX/deps
 GPU_LIBDIR=$GPU_DEPS/usr/lib/x86_64-linux-gnu
 GPU_KOKKOS=$GPU_PREFIX/kokkos
 GPU_BUILD=$GPU_PREFIX/build
+GPU_CUDNN_FE=$GPU_PREFIX/cudnn-frontend  # the cuDNN frontend's headers (header-only; include/)
 GPU_ARCH=${CUDA_ARCH:-90}
 # Where the GPU scripts keep what they build outside the repository (Kokkos builds, the kit's Debian
 # packages and host reference, the rehearsal's chroot, cuda_build's build directory).
@@ -148,7 +150,16 @@ gpu_configure() {
     -DMPIEXEC_EXECUTABLE="$GPU_DEPS/usr/bin/mpiexec.hydra" \
     -DHDF5_ROOT="$GPU_LIBDIR/hdf5/mpich" -DHDF5_C_COMPILER_EXECUTABLE="$GPU_DEPS/usr/bin/h5pcc.mpich" \
     -DICU_ROOT="$GPU_DEPS/usr" -DBoost_ROOT="$GPU_DEPS/usr" -DGTest_ROOT="$GPU_DEPS/usr" \
-    -DNCCL_LIBRARY="$nccl" -DNCCL_INCLUDE_DIR="$inc" "$@"
+    -DNCCL_LIBRARY="$nccl" -DNCCL_INCLUDE_DIR="$inc" \
+    ${GPU_CUDNN_FE:+$([ -f "$GPU_CUDNN_FE/include/cudnn_frontend.h" ] && echo "-DTRIDENT_CUDNN_FRONTEND=$GPU_CUDNN_FE")} "$@"
+}
+
+# The version of a cuDNN frontend source tree (its include/cudnn_frontend_version.h), e.g. 1.23.0
+gpu_cudnn_fe_version() {  # DIR
+  local h=$1/include/cudnn_frontend_version.h
+  [ -f "$h" ] || return 1
+  printf '%s.%s.%s\n' "$(awk '/define CUDNN_FRONTEND_MAJOR_VERSION/ {print $3}' "$h")" \
+    "$(awk '/define CUDNN_FRONTEND_MINOR_VERSION/ {print $3}' "$h")" "$(awk '/define CUDNN_FRONTEND_PATCH_VERSION/ {print $3}' "$h")"
 }
 
 # The short training runs repeated on the GPU and, for the reference, on the host (fp32): the tiny

@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_kit.sh --kokkos-src DIR   # a Kokkos source tree (4.x); built here for CUDA
 #   bash scripts/gpu_kit.sh --kokkos-root DIR  # or a CUDA-enabled Kokkos install to carry as it is
-#   bash scripts/gpu_kit.sh --kokkos-only --kokkos-src DIR
+#   bash scripts/gpu_kit.sh --kokkos-only --kokkos-src DIR [--cudnn-frontend-src DIR]
 #                                              # only the cached CUDA Kokkos (step 3 below), which
 #                                              # the CTest `cuda_build` builds Trident against;
 #                                              # needs nvcc, cmake and g++, not the host build;
@@ -14,7 +14,12 @@
 #                                              # its time limit, so that its build directory and
 #                                              # ccache are warm before the suite's first run
 #   options: --kit DIR (default .gpu_kit), --jobs N, --arch SM (default 90), --max-mib N (60),
-#            --no-prewarm (--kokkos-only: only the Kokkos, no cuda_build run)
+#            --no-prewarm (--kokkos-only: only the Kokkos, no cuda_build run),
+#            --cudnn-frontend-src DIR (a source tree of NVIDIA's cuDNN frontend, header-only, as the
+#            search tool's fetch of NVIDIA/cudnn-frontend gives it: its include/ is cached, once
+#            per version, in $TRIDENT_GPU_CACHE/cudnn-frontend-<version>/ with the link
+#            $TRIDENT_GPU_CACHE/cudnn-frontend, which cuda_build and later kits use; the kit
+#            needs it, for the cudnn attention entry)
 #
 # The cached CUDA Kokkos: $TRIDENT_GPU_CACHE (default ~/.cache/trident-gpu)/kokkos-<version>-
 # cuda<nvcc major>-sm<arch>/, built once per version, nvcc, compat header and options (a stamp), with
@@ -28,7 +33,8 @@
 #                  ICU and what they load), plus the headers, CMake configs and compiler wrappers
 #                  that a rebuild on the GPU machine needs (Boost's headers cut to those Trident
 #                  includes). Wrappers are rewritten for that prefix.
-#   kokkos.tar.xz  the CUDA-enabled Kokkos install (/tmp/trident-gpu/kokkos), built here with this
+#   kokkos.tar.xz  the CUDA-enabled Kokkos install (/tmp/trident-gpu/kokkos), and the cuDNN
+#                  frontend's headers (/tmp/trident-gpu/cudnn-frontend); the Kokkos built here with this
 #                  machine's nvcc outside the repository (--kokkos-src), or copied (--kokkos-root).
 #                  Kokkos older than 4.7 gets scripts/gpu/cuda13_compat.h force-included when nvcc
 #                  is 13 or newer (two runtime-API signatures CUDA 13 removed).
@@ -44,7 +50,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/gpu_common.sh
 source "$root/scripts/gpu_common.sh"
 
-kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60 kokkos_only=0 prewarm=1
+kit=$root/.gpu_kit kokkos_src="" kokkos_root="" jobs=$(nproc) max_mib=60 kokkos_only=0 prewarm=1 cudnn_fe_src=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --kit) kit=$2; shift 2 ;;
@@ -55,6 +61,7 @@ while [ $# -gt 0 ]; do
     --max-mib) max_mib=$2; shift 2 ;;
     --kokkos-only) kokkos_only=1; shift ;;
     --no-prewarm) prewarm=0; shift ;;
+    --cudnn-frontend-src) cudnn_fe_src=$2; shift 2 ;;
     -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "gpu_kit: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -112,6 +119,26 @@ cached_cuda_kokkos() {
   ln -sfn "$kstage" "$cache/cuda-kokkos-sm$GPU_ARCH"
 }
 
+# cached_cudnn_frontend: the frontend's include/ (and licence) copied from --cudnn-frontend-src into
+# the cache once per version, and the link $cache/cudnn-frontend to it; without the option, the link
+# made earlier. Sets fe_dir (empty: none).
+cached_cudnn_frontend() {
+  local v
+  fe_dir=""
+  if [ -n "$cudnn_fe_src" ]; then
+    v=$(gpu_cudnn_fe_version "$cudnn_fe_src") || die "--cudnn-frontend-src $cudnn_fe_src has no include/cudnn_frontend_version.h"
+    if [ ! -f "$cache/cudnn-frontend-$v/include/cudnn_frontend.h" ]; then
+      rm -rf "$cache/cudnn-frontend-$v"
+      mkdir -p "$cache/cudnn-frontend-$v"
+      cp -r "$cudnn_fe_src/include" "$cache/cudnn-frontend-$v/"
+      cp "$cudnn_fe_src"/LICENSE* "$cache/cudnn-frontend-$v/" 2>/dev/null || true
+    fi
+    ln -sfn "cudnn-frontend-$v" "$cache/cudnn-frontend"
+  fi
+  [ -f "$cache/cudnn-frontend/include/cudnn_frontend.h" ] && fe_dir=$(readlink -f "$cache/cudnn-frontend")
+  return 0
+}
+
 # ---- 0. what this needs here --------------------------------------------------------------------
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$nvcc" ] || die "nvcc not found (the CUDA toolkit, /usr/local/cuda)"
@@ -122,6 +149,8 @@ if [ $kokkos_only -eq 1 ]; then
   [ -n "$kokkos_src" ] || die "--kokkos-only needs --kokkos-src DIR (a Kokkos 4.x source tree)"
   mkdir -p "$cache"
   cached_cuda_kokkos
+  cached_cudnn_frontend
+  gpu_log "gpu_kit: the cuDNN frontend: ${fe_dir:-none (cuda_build skips without it: pass --cudnn-frontend-src DIR)}"
   gpu_log "gpu_kit: the cached CUDA Kokkos is $cache/cuda-kokkos-sm$GPU_ARCH -> $kstage ($(du -sm "$kstage" | cut -f1) MiB, $(( $(date +%s) - t0 )) s)"
   if [ $prewarm -eq 1 ]; then
     # the CTest cuda_build once, without its time limit: a cold build can take longer than CTest
@@ -260,6 +289,13 @@ fi
 echo "$compat_flags" >"$GPU_KOKKOS/trident_cuda_flags"
 phase "Kokkos (CUDA) in $GPU_KOKKOS ($(du -sm "$GPU_KOKKOS" | cut -f1) MiB)${compat_flags:+, with the CUDA 13 compat header}"
 
+# the cuDNN frontend's headers -> $GPU_CUDNN_FE (gpu_configure passes them to CMake)
+cached_cudnn_frontend
+[ -n "$fe_dir" ] || die "no cuDNN frontend: pass --cudnn-frontend-src DIR (a source tree of NVIDIA/cudnn-frontend, e.g. the search tool's fetch of it), once per machine"
+rm -rf "$GPU_CUDNN_FE"
+cp -r "$fe_dir" "$GPU_CUDNN_FE"
+phase "cuDNN frontend $(gpu_cudnn_fe_version "$GPU_CUDNN_FE") in $GPU_CUDNN_FE ($(du -sm "$GPU_CUDNN_FE" | cut -f1) MiB)"
+
 # ---- 4. Trident's CUDA build, against the kit -----------------------------------------------------
 gpu_env
 digest=$(gpu_source_digest "$root")
@@ -284,7 +320,7 @@ pack() {  # NAME DIR [paths relative to DIR...]
   tar -C "$dir" -cf - "$@" | xz -T"$jobs" -9 >"$stage/$name.tar.xz"
 }
 pack deps "$GPU_PREFIX" deps
-pack kokkos "$GPU_PREFIX" kokkos
+pack kokkos "$GPU_PREFIX" kokkos cudnn-frontend
 build_files=(build/CMakeCache.txt build/src/libtrident_core.so build/perf/gemm_roofline build/perf/libtrident_kernel_timer.so)
 for a in "${GPU_APPS[@]}"; do build_files+=("build/apps/$a"); done
 for t in "$root"/tests/unit/test_*.cpp; do build_files+=("build/tests/unit/$(basename "${t%.cpp}")"); done

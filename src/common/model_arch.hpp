@@ -57,6 +57,11 @@ struct ModelArch {
   double norm_epsilon = 1e-5, init_method_std = 0.02;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   bool flash_attention = false;  // fused attention kernel (Megatron's --use-flash-attn)
+  // Which library serves the fused attention on the device path (Megatron's --attention-backend):
+  // auto (cuDNN's fused attention where the build has it and it can express the call, else
+  // Trident's kernel), cudnn (cuDNN or an error), local (Trident's kernel). Host builds always run
+  // Trident's kernel. Run-time only: it shapes no weight.
+  std::string attention_backend = "auto";
   // The modules in the layer's slots (layers/layer_modules: each name one registry entry).
   std::string normalization = "LayerNorm";  // every norm of the stack (Megatron's --normalization)
   bool swiglu = false;                      // the MLP's activation: GELU, or SiLU-gated (Megatron's --swiglu)

@@ -104,6 +104,8 @@ class Registry {
     add("model.attention_dropout", &d.model.attention_dropout, "dropout on attention probabilities");
     add("model.flash_attention", &d.model.flash_attention,
         "fused attention kernel (online softmax, no (T, T) probabilities stored; Megatron's --use-flash-attn)");
+    add("model.attention_backend", &d.model.attention_backend,
+        "the fused attention's library on a GPU: auto | cudnn | local (Trident's kernel); Megatron's --attention-backend");
     add("moe.num_experts", &d.model.moe.num_experts, "experts per MoE layer (0: dense MLPs)");
     add("moe.router_topk", &d.model.moe.router_topk, "experts each token is routed to");
     add("moe.ffn_hidden_size", &d.model.moe.ffn_hidden_size, "each expert's hidden width (0: model.ffn_hidden_size)");
@@ -440,6 +442,10 @@ void validate(const Deck& d, bool stored) {
   positive("parallel.cp", d.parallel.cp);
   check_choice("parallel.cp_comm_type", d.parallel.cp_comm_type, {"p2p", "a2a"});
   check_choice("parallel.mpi_wait", d.parallel.mpi_wait, {"auto", "spin", "yield"});
+  check_choice("model.attention_backend", d.model.attention_backend, {"auto", "cudnn", "local"});
+  TRIDENT_REQUIRE(d.model.attention_backend != "cudnn" || d.model.flash_attention,
+                  "deck: model.attention_backend = cudnn needs model.flash_attention = true (cuDNN's fused attention "
+                  "keeps no (T, T) probabilities, as the fused kernel)");
   if (d.parallel.cp > 1) {
     const std::int64_t cp = d.parallel.cp;
     TRIDENT_REQUIRE(d.model.moe.num_experts == 0,

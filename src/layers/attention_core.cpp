@@ -2,13 +2,17 @@
 // class and one line to the registry below.
 #include "layers/attention_core.hpp"
 
+#include <cstdio>
 #include <functional>
 #include <sstream>
 #include <utility>
 
 #include "common/error.hpp"
 #include "layers/transformer_layer.hpp"
+#include "common/device_parallel.hpp"
 #include "ops/flash_attention.hpp"
+#include "ops/mixed_precision.hpp"
+#include "ops/sdpa.hpp"
 
 namespace trident {
 
@@ -148,6 +152,100 @@ class FusedCore final : public AttentionCore {
   FusedKind kind_;
 };
 
+// ---- cudnn: cuDNN's fused attention (ops/sdpa), a log-sum-exp per row kept as the fused kernel's ----
+
+// The core attention of the shape as one TP rank sees it.
+AttentionShape rank_shape(const TransformerShape& s) {
+  const std::int64_t p = s.tp.size();
+  AttentionShape as{s.B, s.T, s.q_width() / p, s.num_heads / p};
+  as.ng = s.groups() / p;
+  return as;
+}
+
+// "" when the cudnn entry can serve the shape's self-attention, else why not.
+std::string cudnn_refusal(const TransformerShape& s) {
+  if (!kDeviceKernels) return "a host build (the cudnn entry serves the device path)";
+  if (s.tp.cp_size() > 1) return "context parallelism (ring and a2a run Trident's kernel)";
+  const std::string why = sdpa_unavailable();
+  if (!why.empty()) return why;
+  return sdpa_plan(rank_shape(s), s.dt, s.causal, s.attention_p()).error;
+}
+
+struct CudnnKept final : AttentionKept {
+  FloatView lse;  // (B, nh/tp, T)
+  // this micro-batch's mask is one cuDNN cannot express (sdpa_mask_error): Trident's fused kernel
+  // ran its forward pass and runs its backward pass
+  bool local = false;
+  std::int64_t bytes() const override { return static_cast<std::int64_t>(lse.span()) * 4; }
+};
+struct CudnnScratch final : AttentionCoreScratch {
+  HalfView dy16, dqkv16;  // the backward pass's 16-bit incoming gradient and dq|dk|dv
+  FloatView delta;        // Trident's kernel's backward pass (a mask cuDNN cannot express)
+  std::int64_t bytes() const override {
+    return static_cast<std::int64_t>(dy16.span() + dqkv16.span()) * 2 + static_cast<std::int64_t>(delta.span()) * 4;
+  }
+};
+
+class CudnnCore final : public AttentionCore {
+ public:
+  explicit CudnnCore(const TransformerShape& s) : s_(s) {
+    const std::string why = cudnn_refusal(s);
+    TRIDENT_REQUIRE(why.empty(), "cuDNN's fused attention cannot serve this model: " << why);
+  }
+  const char* kind() const override { return "cudnn"; }
+  std::shared_ptr<AttentionCoreScratch> make_scratch(bool) const override {
+    auto w = std::make_shared<CudnnScratch>();
+    const std::int64_t p = s_.tp.size(), BT = s_.rows();
+    w->dy16 = make_half("scratch::sdpa_dy16", BT * (s_.q_width() / p));
+    w->dqkv16 = make_half("scratch::sdpa_dqkv16", BT * (s_.qkv_width() / p));
+    w->delta = make_float("scratch::delta", s_.B * (s_.num_heads / p) * s_.T);
+    return w;
+  }
+  std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch&, bool) const override {
+    auto k = std::make_shared<CudnnKept>();
+    k->lse = make_float("layer::lse", s_.B * (s_.num_heads / s_.tp.size()) * s_.T);
+    return k;
+  }
+  void forward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
+               const DropoutSpec& drop) const override {
+    auto& k = static_cast<CudnnKept&>(kept);
+    const std::string why = sdpa_mask_error(io.mask);
+    k.local = !why.empty();
+    if (k.local) {
+      note_local(why);
+      flash_attention_forward(io.atty, k.lse, io.qkv, as, drop, io.mask);
+      return;
+    }
+    sdpa_forward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, k.lse, drop);
+  }
+  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
+                const DropoutSpec& drop) const override {
+    auto& k = static_cast<CudnnKept&>(kept);
+    auto& w = static_cast<CudnnScratch&>(scratch);
+    if (k.local) {
+      flash_attention_backward(io.dqkv, io.datty, io.qkv, io.atty, k.lse, w.delta, as, drop, io.mask);
+      return;
+    }
+    const std::int64_t ny = as.B * as.T * as.C, nqkv = as.B * as.T * (as.C + 2 * as.kv_C());
+    pack_half(s_.dt, w.dy16, io.datty, ny);
+    sdpa_backward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, w.dy16, k.lse, w.dqkv16, drop);
+    unpack_half(s_.dt, io.dqkv, w.dqkv16, nqkv);
+  }
+
+ private:
+  // Trident's kernel serves a micro-batch whose mask cuDNN cannot express; said once per process
+  static void note_local(const std::string& why) {
+    static bool said = false;
+    if (said) return;
+    said = true;
+    std::fprintf(stderr,
+                 "attention: cuDNN's fused attention cannot express %s; Trident's fused kernel serves those "
+                 "micro-batches\n",
+                 why.c_str());
+  }
+  TransformerShape s_;
+};
+
 using Factory = std::function<std::unique_ptr<AttentionCore>(const TransformerShape&)>;
 struct Entry {
   std::string name;
@@ -161,6 +259,7 @@ const std::vector<Entry>& registry() {
       {"fused", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::fused); }},
       {"ring", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::ring); }},
       {"a2a", [](const TransformerShape& s) { return std::make_unique<FusedCore>(s, FusedKind::a2a); }},
+      {"cudnn", [](const TransformerShape& s) { return std::make_unique<CudnnCore>(s); }},
   };
   return r;
 }
@@ -169,7 +268,12 @@ const std::vector<Entry>& registry() {
 
 std::string attention_core_name(const TransformerShape& s) {
   if (s.tp.cp_size() > 1) return s.tp.cp_a2a ? "a2a" : "ring";
-  return s.flash_attention ? "fused" : "unfused";
+  if (!s.flash_attention) return "unfused";
+  if (s.attention_backend == "local") return "fused";
+  const std::string why = cudnn_refusal(s);
+  TRIDENT_REQUIRE(why.empty() || s.attention_backend != "cudnn",
+                  "model.attention_backend = cudnn: cuDNN's fused attention cannot serve this model: " << why);
+  return why.empty() ? "cudnn" : "fused";
 }
 
 std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s) {

@@ -9,6 +9,9 @@
 //            (ops/flash_attention; ModelArch::flash_attention)
 //   ring     context parallelism over the group's ring (parallel.cp > 1, cp_comm_type p2p)
 //   a2a      context parallelism by an all-to-all over heads (cp_comm_type a2a)
+//   cudnn    cuDNN's fused attention on tensor cores (ops/sdpa; device builds that have it, 16-bit,
+//            head sizes up to 128): a log-sum-exp per row kept, as fused; a micro-batch whose mask
+//            cuDNN cannot express (key padding, document starts) takes Trident's fused kernel
 // An entry keeps what its backward pass needs in an AttentionKept of its own (one per layer and
 // micro-batch in flight, owned by the layer's activations) and shares an AttentionCoreScratch
 // (one per model chunk, sized for one layer). The cross-attention of decoder layers is not this
@@ -64,8 +67,9 @@ class AttentionCore {
                         const DropoutSpec& drop) const = 0;
 };
 
-// The entry a shape takes: a2a or ring with context parallelism, else fused under
-// ModelArch::flash_attention, else unfused.
+// The entry a shape takes: a2a or ring with context parallelism; else, under
+// ModelArch::flash_attention, cudnn where ModelArch::attention_backend (auto, cudnn) allows and the
+// build and shape can run it, else fused; else unfused.
 std::string attention_core_name(const TransformerShape& s);
 // The entry `name` for the shape (an unknown name, or one the shape cannot run, is an error).
 std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s);

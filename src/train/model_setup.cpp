@@ -105,9 +105,9 @@ std::string model_differences(const std::string& file, const char* family, Model
   const auto num = [](std::int64_t v) { return std::to_string(v); };
   std::vector<Row> rows = {{"model.num_layers", num(got.num_layers), num(want.num_layers)},
                            {"model.max_position_embeddings", num(got.max_positions), num(want.max_positions)}};
-  static const std::set<std::string> run_time = {"model.hidden_dropout", "model.attention_dropout",
-                                                 "model.flash_attention", "model.init_method_std",
-                                                 "moe.router_bias_update_rate"};
+  static const std::set<std::string> run_time = {"model.hidden_dropout",  "model.attention_dropout",
+                                                 "model.flash_attention", "model.attention_backend",
+                                                 "model.init_method_std", "moe.router_bias_update_rate"};
   const auto saved_arch = model_arch_keys(got), run_arch = model_arch_keys(want);
   for (size_t i = 0; i < saved_arch.size(); ++i)
     if (!run_time.count(saved_arch[i].first))

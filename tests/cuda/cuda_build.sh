@@ -12,7 +12,8 @@
 # The toolkit: $CUDACXX, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; NCCL next to it.
 # Exit status: 0 when everything built, 1 when the configure or the build failed (its first errors
 # are printed) or did not finish in time (the lock, the limit below), 77 (skipped, with the
-# reason) without a toolkit, NCCL or a CUDA Kokkos, or outside a git checkout.
+# reason) without a toolkit, NCCL, a CUDA Kokkos or the cuDNN frontend's headers (the cudnn attention
+# entry, ops/sdpa_cudnn_cuda.cpp, compiles against them), or outside a git checkout.
 #
 # One build directory is reused between runs, so that only what changed is compiled again:
 # $TRIDENT_GPU_CACHE/cuda-build-sm<arch>/ holds a mirror of the tree (src/) and its build
@@ -68,6 +69,12 @@ else
     "make it once with: bash scripts/gpu_kit.sh --kokkos-only --kokkos-src <Kokkos 4.x source tree>"
 fi
 kokkos=$(readlink -f "$kokkos")
+# the cuDNN frontend (header-only) for the cudnn attention entry: $TRIDENT_CUDNN_FRONTEND, else the
+# cached one gpu_kit.sh --cudnn-frontend-src keeps
+cudnn_fe=${TRIDENT_CUDNN_FRONTEND:-$cache/cudnn-frontend}
+[ -f "$cudnn_fe/include/cudnn_frontend.h" ] || skip "no cuDNN frontend ($cudnn_fe/include/cudnn_frontend.h);" \
+  "cache it once with: bash scripts/gpu_kit.sh --kokkos-only --kokkos-src <Kokkos source> --cudnn-frontend-src <cudnn-frontend source>"
+cudnn_fe=$(readlink -f "$cudnn_fe")
 grep -qs "^#define KOKKOS_ENABLE_CUDA" "$kokkos/include/KokkosCore_config.h" ||
   fail "$kokkos is not a CUDA-enabled Kokkos install (include/KokkosCore_config.h defines no KOKKOS_ENABLE_CUDA)"
 # NCCL as the GPU kit finds it (the toolkit's, a PyTorch wheel's, ldconfig's)
@@ -127,7 +134,7 @@ if ! cmake -S "$work/src" -B "$work/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Releas
     -DTRIDENT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch-virtual" -DCMAKE_CUDA_COMPILER="$nvcc" \
     -DCUDAToolkit_ROOT="$cuda_home" -DBUILD_SHARED_LIBS=ON -UKokkos_DIR -DKokkos_ROOT="$kokkos" \
     "-DCMAKE_CUDA_FLAGS=$cuda_flags" -DPython3_EXECUTABLE="$python" -DNCCL_LIBRARY="$nccl_lib" -DNCCL_INCLUDE_DIR="$nccl_inc" \
-    >"$work/configure.log" 2>&1; then
+    -DTRIDENT_CUDNN_FRONTEND="$cudnn_fe" >"$work/configure.log" 2>&1; then
   tail -n 40 "$work/configure.log"
   fail "configuring the CUDA build failed (log: $work/configure.log)"
 fi

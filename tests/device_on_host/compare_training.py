@@ -24,6 +24,9 @@ CASES = [
     ("gpt_bf16_fused", "inputs/gpt_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16"],
      1e-4, 2e-3),
     ("gpt_bf16_unfused", "inputs/gpt_tiny_ci.ini", ["--precision.dtype", "bf16"], 1e-4, 2e-3),
+    # the bf16 fused cases above take the cudnn entry (its host stand-in); this one Trident's kernel
+    ("gpt_bf16_fused_local", "inputs/gpt_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16",
+                                                        "--model.attention_backend", "local"], 1e-4, 2e-3),
     ("llama_bf16_fused", "inputs/llama_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16"],
      1e-4, 2e-3),
     ("llama_fp32_unfused", "inputs/llama_tiny_ci.ini", [], 1e-6, 2e-6),

@@ -1,10 +1,17 @@
 // Fused (FlashAttention-style) attention against the unfused reference ops (GEMMs + softmax +
 // dropout) and against finite differences under a padding mask; 16-bit storage against fp32.
+// cuDNN's fused attention (ops/sdpa): its plan as data (the tensors cuDNN is given address
+// Trident's layout), the host's stand-in against the fused kernel, and the slot's choice of entry.
 #include <cmath>
 
 #include "common/half.hpp"
 #include "ops/attention.hpp"
+#include "common/device_parallel.hpp"
+#include "common/error.hpp"
+#include "layers/attention_core.hpp"
+#include "layers/transformer_layer.hpp"
 #include "ops/flash_attention.hpp"
+#include "ops/sdpa.hpp"
 #include "test_helpers.hpp"
 
 using namespace trident;
@@ -129,4 +136,125 @@ TEST(FlashAttention, Bf16StorageMatchesFp32OnRoundedInputs) {
   const auto b = to_host(y32.f);
   for (size_t i = 0; i < b.size(); ++i)
     ASSERT_EQ(a(i), float_to_bf16(b[i])) << i;  // same fp32 arithmetic, rounded once
+}
+
+// The plan's (b, h, s, d) views address exactly the elements Trident's kernels read: query head h
+// of token (b, t) at channel h hs of its qkv row, key and value group g at C + g hs and
+// C + Ckv + g hs, the output at h hs of y's row, the statistics at lse((b nh + h) T + t).
+TEST(Sdpa, PlanAddressesTridentsLayoutAndRefusesWhatCudnnCannotRun) {
+  AttentionShape s{2, 5, 32, 4};  // hs 8
+  s.ng = 2;
+  const SdpaPlan p = sdpa_plan(s, DType::BF16, true, 0.1f);
+  ASSERT_TRUE(p.error.empty()) << p.error;
+  const std::int64_t hs = 8, W = s.C + 2 * s.kv_C();
+  EXPECT_EQ(p.h_q, 4);
+  EXPECT_EQ(p.h_kv, 2);
+  EXPECT_FLOAT_EQ(p.scale, 1.f / std::sqrt(8.f));
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t t = 0; t < s.T; ++t)
+      for (std::int64_t c = 0; c < hs; ++c) {
+        for (std::int64_t h = 0; h < s.nh; ++h) {
+          ASSERT_EQ(p.q.at(b, h, t, c), (b * s.T + t) * W + h * hs + c);
+          ASSERT_EQ(p.o.at(b, h, t, c), (b * s.T + t) * s.C + h * hs + c);
+          ASSERT_EQ(p.stats.at(b, h, t, 0), (b * s.nh + h) * s.T + t);
+        }
+        for (std::int64_t g = 0; g < s.groups(); ++g) {
+          ASSERT_EQ(p.k.at(b, g, t, c), (b * s.T + t) * W + s.C + g * hs + c);
+          ASSERT_EQ(p.v.at(b, g, t, c), (b * s.T + t) * W + s.C + s.kv_C() + g * hs + c);
+        }
+      }
+  // the graph cache tells apart what shapes a graph
+  EXPECT_NE(p.key(), sdpa_plan(s, DType::BF16, false, 0.1f).key());
+  EXPECT_NE(p.key(), sdpa_plan(s, DType::BF16, true, 0.f).key());
+  EXPECT_NE(p.key(), sdpa_plan(s, DType::F16, true, 0.1f).key());
+  // refused, each with its reason
+  EXPECT_NE(sdpa_plan(s, DType::F32, true, 0.f).error.find("fp32"), std::string::npos);
+  AttentionShape big{1, 4, 2 * 160, 2}, odd{1, 4, 2 * 12, 2}, cross{1, 4, 32, 4, 6};
+  EXPECT_NE(sdpa_plan(big, DType::BF16, true, 0.f).error.find("head size 160"), std::string::npos);
+  EXPECT_NE(sdpa_plan(odd, DType::BF16, true, 0.f).error.find("head size 12"), std::string::npos);
+  EXPECT_NE(sdpa_plan(cross, DType::BF16, false, 0.f).error.find("cross-attention"), std::string::npos);
+  // the masks: causal and full are cuDNN's; per-key padding and document starts are not
+  AttentionMask m;
+  EXPECT_EQ(sdpa_mask_error(m), "");
+  m.causal = false;
+  EXPECT_EQ(sdpa_mask_error(m), "");
+  m.key_valid = to_device(std::vector<std::int32_t>(10, 1));
+  EXPECT_NE(sdpa_mask_error(m).find("key-padding"), std::string::npos);
+  AttentionMask docs;
+  docs.doc_start = to_device(std::vector<std::int32_t>(10, 0));
+  EXPECT_NE(sdpa_mask_error(docs).find("document"), std::string::npos);
+}
+
+// The stand-in computes what the plan says cuDNN computes: the fused kernel's function on the same
+// 16-bit inputs (grouped-query heads, causal or not, with and without dropout: its masks are the
+// fused kernel's), with dq, dk, dv rounded to 16 bits as cuDNN writes them.
+TEST(Sdpa, StandInMatchesTheFusedKernel) {
+  for (const DType dt : {DType::BF16, DType::F16})
+    for (const bool causal : {true, false})
+      for (const float p : {0.f, 0.2f}) {
+        AttentionShape s{2, 13, 64, 4};  // hs 16
+        s.ng = 2;
+        const std::int64_t BT = s.B * s.T, W = s.C + 2 * s.kv_C();
+        DropoutSpec d;
+        d.p = p;
+        d.key = 424242;
+        AttentionMask mask;
+        mask.causal = causal;
+        auto qkv_h = random_vector(BT * W, 71);
+        auto dy_h = random_vector(BT * s.C, 72);
+        const Act qkv = to_half(dt, qkv_h), dy16 = to_half(dt, dy_h);
+        Act y = make_act(dt, "y", BT * s.C), y_ref = make_act(dt, "y_ref", BT * s.C);
+        FloatView lse = make_float("lse", s.B * s.nh * s.T), lse_ref = make_float("lse_ref", s.B * s.nh * s.T);
+        const SdpaPlan plan = sdpa_plan(s, dt, causal, p);
+        ASSERT_TRUE(plan.error.empty()) << plan.error;
+        sdpa_forward(plan, qkv, y, lse, d);
+        flash_attention_forward(y_ref, lse_ref, qkv, s, d, mask);
+        const auto widen = [&](const std::vector<std::uint16_t>& w) {
+          std::vector<double> o(w.size());
+          for (size_t i = 0; i < w.size(); ++i) o[i] = widen16(dt, w[i]);
+          return o;
+        };
+        const std::string what = std::string(dtype_name(dt)) + (causal ? " causal" : " full") +
+                                 " p=" + std::to_string(p);
+        // the same fp32 function, summed in another order, then rounded once to 16 bits
+        const double ulp = dt == DType::BF16 ? 1.0 / 128 : 1.0 / 1024;
+        expect_close(widen(words(y)), widen(words(y_ref)), ulp, ulp / 4,
+                     ("stand-in forward vs fused, " + what).c_str());
+        expect_close(as_double(to_host(lse)), as_double(to_host(lse_ref)), 1e-5, 1e-5, ("lse, " + what).c_str());
+        HalfView dqkv16 = make_half("dqkv16", BT * W);
+        sdpa_backward(plan, qkv, y, dy16.h, lse, dqkv16, d);
+        FloatView dqkv = make_float("dqkv", BT * W), delta = make_float("delta", s.B * s.nh * s.T);
+        flash_attention_backward(dqkv, to_device(dy_h), qkv, y, lse, delta, s, d, mask);
+        std::vector<double> want;
+        for (float g : to_host(dqkv)) want.push_back(widen16(dt, round16(dt, g)));
+        expect_close(widen(words(Act(dt, dqkv16))), want, 2 * ulp, ulp / 2,
+                     ("stand-in backward vs fused, " + what).c_str());
+      }
+}
+
+// The slot's choice: the cudnn entry where a device build can run it and the deck allows it; the
+// fused kernel otherwise, and an error where model.attention_backend = cudnn cannot be honoured.
+TEST(Sdpa, TheSlotTakesCudnnWhereTheBuildAndShapeAllow) {
+  TransformerShape s;
+  s.hidden_size = 64;
+  s.num_heads = 4;
+  s.B = 2;
+  s.T = 8;
+  s.flash_attention = true;
+  s.dt = DType::BF16;
+  const bool device = kDeviceKernels && sdpa_unavailable().empty();
+  EXPECT_EQ(attention_core_name(s), device ? "cudnn" : "fused");
+  s.attention_backend = "local";
+  EXPECT_EQ(attention_core_name(s), "fused");
+  s.attention_backend = "cudnn";
+  if (device)
+    EXPECT_EQ(attention_core_name(s), "cudnn");
+  else
+    EXPECT_THROW(attention_core_name(s), trident::Error);
+  s.dt = DType::F32;  // cuDNN's fused attention is 16-bit
+  EXPECT_THROW(attention_core_name(s), trident::Error);
+  s.attention_backend = "auto";
+  EXPECT_EQ(attention_core_name(s), "fused");
+  s.flash_attention = false;
+  EXPECT_EQ(attention_core_name(s), "unfused");
 }
