@@ -16,6 +16,7 @@
 
 #include "common/model_arch.hpp"
 #include "layers/param_store.hpp"
+#include "ops/fused.hpp"
 #include "ops/rope.hpp"
 
 namespace trident {
@@ -26,8 +27,9 @@ namespace trident {
 class NormModule {
  public:
   virtual ~NormModule() = default;
-  virtual void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
-                       std::int64_t N) const = 0;
+  // pre on: x = pre.residual + dropout(pre.branch + pre.bias) first, stored (ops/fused.hpp ResidualAdd)
+  virtual void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N,
+                       const ResidualAdd& pre = {}) const = 0;
   virtual void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
                         const FloatView& rstd, std::int64_t N) const = 0;
 };
@@ -38,8 +40,9 @@ class Norm {
  public:
   Norm() = default;
   Norm(ParamStore& store, const std::string& name, std::int64_t C, const ModelArch& arch);
-  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N) const {
-    m_->forward(out, mean, rstd, x, N);
+  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N,
+               const ResidualAdd& pre = {}) const {
+    m_->forward(out, mean, rstd, x, N, pre);
   }
   void forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
                std::int64_t N) const {

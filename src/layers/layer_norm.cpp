@@ -16,8 +16,8 @@ LayerNorm::LayerNorm(ParamStore& store, const std::string& name, std::int64_t C,
 }
 
 void LayerNorm::forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
-                        std::int64_t N) const {
-  layernorm_forward(out, mean, rstd, x, store_->param(w_), store_->param(b_), N, C_, eps_);
+                        std::int64_t N, const ResidualAdd& pre) const {
+  layernorm_forward(out, mean, rstd, x, store_->param(w_), store_->param(b_), N, C_, eps_, pre);
 }
 
 void LayerNorm::backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,

@@ -17,8 +17,8 @@ class LayerNorm final : public NormModule {
   LayerNorm(ParamStore& store, const std::string& name, std::int64_t C, float eps);
   // x (N, C) fp32 -> out (N, C): fp32, or 16-bit words with 16-bit parameters (statistics and
   // arithmetic stay fp32).
-  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
-               std::int64_t N) const override;
+  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N,
+               const ResidualAdd& pre = {}) const override;
   void forward(const FloatView& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
                std::int64_t N) const {
     forward(act(out), mean, rstd, x, N);

@@ -10,9 +10,9 @@ RMSNorm::RMSNorm(ParamStore& store, const std::string& name, std::int64_t C, flo
   w_ = store.declare(name + "/weight", {C}, false, 0.f, 1.f);
 }
 
-void RMSNorm::forward(const Act& out, const FloatView&, const FloatView& rstd, const FloatView& x,
-                      std::int64_t N) const {
-  rmsnorm_forward(out, rstd, x, store_->param(w_), N, C_, eps_);
+void RMSNorm::forward(const Act& out, const FloatView&, const FloatView& rstd, const FloatView& x, std::int64_t N,
+                      const ResidualAdd& pre) const {
+  rmsnorm_forward(out, rstd, x, store_->param(w_), N, C_, eps_, pre);
 }
 
 void RMSNorm::backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView&,

@@ -13,8 +13,8 @@ class RMSNorm final : public NormModule {
  public:
   RMSNorm(ParamStore& store, const std::string& name, std::int64_t C, float eps);
   // x (N, C) fp32 -> out (N, C); rstd (N) kept for the backward pass; mean is not used.
-  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x,
-               std::int64_t N) const override;
+  void forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, std::int64_t N,
+               const ResidualAdd& pre = {}) const override;
   void backward(const FloatView& dx, const FloatView& dout, const FloatView& x, const FloatView& mean,
                 const FloatView& rstd, std::int64_t N) const override;
 

@@ -223,10 +223,15 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
   proj_.forward(s.branch, a.atty, false);  // (R, C), bias left to the fused kernel
   const DropoutSpec proj_spec = spec(rng, s_.hidden_p(), kAfterProj, sp);
   record_dropout("after_proj", index_, proj_spec, {R, C});
-  bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, proj_spec);
-  if (cross()) cross_forward(a, s, enc_valid);
+  const ResidualAdd after_attention{x, s.branch, proj_.bias(), proj_spec};  // res2 = x + dropout(branch + bias)
+  if (cross()) {
+    bias_dropout_add(a.res2, x, s.branch, proj_.bias(), R, C, proj_spec);
+    cross_forward(a, s, enc_valid);
+    norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res3, R);
+  } else {
+    norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, R, after_attention);  // one kernel on the device path
+  }
   const FloatView& mlp_in = cross() ? a.res3 : a.res2;  // (R, C)
-  norm2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, R);
   mlp_->forward(s.branch, a.ln2, *a.mlp, *s.mlp.at(mlp_->kind()),
                 {s.gathered, s.dy16});  // (R, C) before its output bias
   const DropoutSpec fc2_spec = spec(rng, s_.hidden_p(), kAfterFc2, sp);

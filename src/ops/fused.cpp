@@ -31,8 +31,7 @@ void bias_gelu(const V& pre, const V& out, const FloatView& y, const V& bias, st
 template <class F, class V>
 void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const V& bias,
                       std::int64_t rows, std::int64_t cols, DropoutSpec d) {
-  const float p = d.p, scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
-  const std::uint64_t key = d.key;
+  const float scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
   // Row by row with the column index, not i % cols, so that the loop vectorises (the mask's
   // 64-bit hash included; about 6x faster on the host than per element), with the rounding
   // written out: a kept element is fma(v, scale, residual) (dfma) with fp32 and bf16 biases and
@@ -45,24 +44,12 @@ void bias_dropout_add(const FloatView& out, const FloatView& residual, const Flo
         KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i) = residual(i) + (branch(i) + F::load(bias(c))); });
     return;
   }
-  constexpr bool fused = !std::is_same_v<F, Fp16Fmt>;
-  if (d.mapped()) {  // context parallelism: the counters of the elements' places in whole sequences
-    const DropoutSpec m = d;
-    for_each_element(
-        "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
-          const float v = branch(i) + F::load(bias(c));
-          const bool keep = dropout_uniform(key, m.counter(i, cols)) >= p;
-          const float r = residual(i);
-          out(i) = keep ? (fused ? dfma(v, scale, r) : dmul(v, scale) + r) : r + 0.f;
-        });
-    return;
-  }
+  // kept: fma(v, scale, residual), or (fp16) v * scale rounded and added; context parallelism: the
+  // counters of the elements' places in whole sequences (DropoutSpec::counter)
+  const DropoutSpec m = d;
   for_each_element(
       "ops::bias_dropout_add", rows, cols, KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
-        const float v = branch(i) + F::load(bias(c));
-        const bool keep = dropout_uniform(key, static_cast<std::uint64_t>(i)) >= p;
-        const float r = residual(i);
-        out(i) = keep ? (fused ? dfma(v, scale, r) : dmul(v, scale) + r) : r + 0.f;
+        out(i) = bias_dropout_add_value<F>(m, scale, residual(i), branch(i) + F::load(bias(c)), i, cols);
       });
 }
 

@@ -4,6 +4,11 @@
 // dropout + add the compiler may contract the scaling and the add into one fused multiply-add
 // (the unfused path rounds in between), a difference of at most one rounding (1 ulp).
 #pragma once
+#include <type_traits>
+
+#include "common/device_math.hpp"
+#include "common/device_parallel.hpp"
+#include "common/error.hpp"
 #include "common/half.hpp"
 #include "ops/dropout.hpp"
 
@@ -20,6 +25,64 @@ void bias_gelu_forward(const Act& pre, const Act& out, const FloatView& y, const
 // out may alias residual or branch.
 void bias_dropout_add(const FloatView& out, const FloatView& residual, const FloatView& branch, const Act& bias,
                       std::int64_t rows, std::int64_t cols, const DropoutSpec& d);
+
+// bias_dropout_add's value of element i (column i % cols) of a call with spec d: the residual r
+// plus v = branch + bias (the bias loaded from format F) after dropout, rounded as that function
+// rounds it; scale = 1 / (1 - d.p).
+template <class F>
+KOKKOS_INLINE_FUNCTION float bias_dropout_add_value(const DropoutSpec& d, float scale, float r, float v, std::int64_t i,
+                                                    std::int64_t cols) {
+  if (!d.active()) return r + v;
+  const std::uint64_t ctr = d.mapped() ? d.counter(i, cols) : static_cast<std::uint64_t>(i);
+  if (dropout_uniform(d.key, ctr) < d.p) return r + 0.f;
+  if constexpr (std::is_same_v<F, Fp16Fmt>)
+    return dmul(v, scale) + r;
+  else
+    return dfma(v, scale, r);
+}
+
+// A residual add done by the kernel that normalises its result (ops/layernorm, ops/rmsnorm: their
+// forward's x = residual + dropout(branch + bias), bias_dropout_add's arguments and bits, x
+// written as the norm reads it). Device kernels: one kernel, a row's elements added and stored,
+// the team synchronised, then the row normalised; host: bias_dropout_add, then the norm.
+struct ResidualAdd {
+  FloatView residual, branch;  // (rows, cols) fp32
+  Act bias;                    // (cols), the norm's parameter type
+  DropoutSpec d;
+  bool on() const { return branch.extent(0) > 0; }
+};
+
+// A norm's device row kernel's residual add (ResidualAdd, F the bias's format and VW its view):
+// the team stores its row of x, then synchronises.
+template <class F, class VW>
+struct ResidualRow {
+  bool on = false;
+  FloatView residual, branch;
+  VW bias;
+  DropoutSpec d;
+  float scale = 1.f;
+  explicit ResidualRow(const ResidualAdd& a) : on(a.on()) {
+    if (!on) return;
+    TRIDENT_REQUIRE(a.bias.dt == F::dtype, "internal: a residual add's bias is not of the norm's type");
+    residual = a.residual;
+    branch = a.branch;
+    d = a.d;
+    scale = d.active() ? 1.f / (1.f - d.p) : 1.f;
+    if constexpr (std::is_same_v<VW, FloatView>)
+      bias = a.bias.f;
+    else
+      bias = a.bias.h;
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const RowTeam& t, const FloatView& x, std::int64_t base,
+                                         std::int64_t cols) const {
+    if (!on) return;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
+      const std::int64_t i = base + c;
+      x(i) = bias_dropout_add_value<F>(d, scale, residual(i), branch(i) + F::load(bias(c)), i, cols);
+    });
+    t.team_barrier();
+  }
+};
 
 // bias_dropout_add's backward into the branch's linear layer (the device path's row-parallel
 // linears): dy16 (rows, cols) = round(dropout_backward(dout)) in the 16-bit type dt, and, with dbias

@@ -8,6 +8,7 @@
 #include "common/half.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
+#include "ops/fused.hpp"
 
 namespace trident {
 
@@ -38,11 +39,14 @@ inline float affine(float xhat, float w, float b) {
 // statistics and every gradient are fp32.
 template <class F, class VO, class VW>
 void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const VW& w,
-                       const VW& b, std::int64_t N, std::int64_t C, float eps) {
+                       const VW& b, std::int64_t N, std::int64_t C, float eps, const ResidualAdd& pre) {
   if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    const ResidualRow<F, VW> add(pre);
     for_each_row(
-        "ops::layernorm_forward", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        add.on ? "ops::residual_layernorm_forward" : "ops::layernorm_forward", N, C,
+        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
+          add(t, x, base, C);
           const float m = team_sum(t, C, [&](std::int64_t c) { return x(base + c); }) / C;
           const float v = team_sum(t, C,
                                    [&](std::int64_t c) {
@@ -60,6 +64,7 @@ void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rs
           });
         });
   } else {
+    if (pre.on()) bias_dropout_add(x, pre.residual, pre.branch, pre.bias, N, C, pre.d);
     // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
     const float* xd = x.data();
     for_each_row_block<kRowBlock>("ops::layernorm_forward", N, [=](auto rows, std::int64_t n0) {
@@ -194,14 +199,14 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
 }  // namespace detail
 
 void layernorm_forward(const Act& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const Act& w,
-                       const Act& b, std::int64_t N, std::int64_t C, float eps) {
+                       const Act& b, std::int64_t N, std::int64_t C, float eps, const ResidualAdd& pre) {
   if (w.dt != out.dt || b.dt != out.dt) throw Error::one("internal: layernorm_forward with mixed storage types");
   if (out.dt == DType::F32)
-    detail::layernorm_forward<F32Fmt>(out.f, mean, rstd, x, w.f, b.f, N, C, eps);
+    detail::layernorm_forward<F32Fmt>(out.f, mean, rstd, x, w.f, b.f, N, C, eps, pre);
   else if (out.dt == DType::BF16)
-    detail::layernorm_forward<Bf16Fmt>(out.h, mean, rstd, x, w.h, b.h, N, C, eps);
+    detail::layernorm_forward<Bf16Fmt>(out.h, mean, rstd, x, w.h, b.h, N, C, eps, pre);
   else
-    detail::layernorm_forward<Fp16Fmt>(out.h, mean, rstd, x, w.h, b.h, N, C, eps);
+    detail::layernorm_forward<Fp16Fmt>(out.h, mean, rstd, x, w.h, b.h, N, C, eps, pre);
 }
 
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,

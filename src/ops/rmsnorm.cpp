@@ -9,6 +9,7 @@
 #include "common/half.hpp"
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
+#include "ops/fused.hpp"
 
 namespace trident {
 
@@ -20,11 +21,14 @@ constexpr int kRowBlock = 8;
 
 template <class F, class VO, class VW>
 void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, const VW& w, std::int64_t N,
-                     std::int64_t C, float eps) {
+                     std::int64_t C, float eps, const ResidualAdd& pre) {
   if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+    const ResidualRow<F, VW> add(pre);
     for_each_row(
-        "ops::rmsnorm_forward", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        add.on ? "ops::residual_rmsnorm_forward" : "ops::rmsnorm_forward", N, C,
+        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
+          add(t, x, base, C);
           const float ms = team_sum(t, C, [&](std::int64_t c) { return x(base + c) * x(base + c); }) / C;
           const float r = 1.f / dsqrt(ms + eps);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C),
@@ -32,6 +36,7 @@ void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, c
           Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(n) = r; });
         });
   } else {
+    if (pre.on()) bias_dropout_add(x, pre.residual, pre.branch, pre.bias, N, C, pre.d);
     // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
     const float* xd = x.data();
     for_each_row_block<kRowBlock>("ops::rmsnorm_forward", N, [=](auto rows, std::int64_t n0) {
@@ -126,14 +131,14 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
 }  // namespace detail
 
 void rmsnorm_forward(const Act& out, const FloatView& rstd, const FloatView& x, const Act& w, std::int64_t N,
-                     std::int64_t C, float eps) {
+                     std::int64_t C, float eps, const ResidualAdd& pre) {
   if (w.dt != out.dt) throw Error::one("internal: rmsnorm_forward with mixed storage types");
   if (out.dt == DType::F32)
-    detail::rmsnorm_forward<F32Fmt>(out.f, rstd, x, w.f, N, C, eps);
+    detail::rmsnorm_forward<F32Fmt>(out.f, rstd, x, w.f, N, C, eps, pre);
   else if (out.dt == DType::BF16)
-    detail::rmsnorm_forward<Bf16Fmt>(out.h, rstd, x, w.h, N, C, eps);
+    detail::rmsnorm_forward<Bf16Fmt>(out.h, rstd, x, w.h, N, C, eps, pre);
   else
-    detail::rmsnorm_forward<Fp16Fmt>(out.h, rstd, x, w.h, N, C, eps);
+    detail::rmsnorm_forward<Fp16Fmt>(out.h, rstd, x, w.h, N, C, eps, pre);
 }
 
 void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const Act& w,

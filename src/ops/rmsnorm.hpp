@@ -6,12 +6,14 @@
 #pragma once
 #include "common/half.hpp"
 #include "common/types.hpp"
+#include "ops/fused.hpp"
 
 namespace trident {
 
-// out (N, C) = x * rstd * w; saves rstd (N). out and w share one storage type.
+// out (N, C) = x * rstd * w; saves rstd (N). out and w share one storage type. With pre on, x is
+// the residual add's result, computed and stored first (as layernorm_forward).
 void rmsnorm_forward(const Act& out, const FloatView& rstd, const FloatView& x, const Act& w, std::int64_t N,
-                     std::int64_t C, float eps);
+                     std::int64_t C, float eps, const ResidualAdd& pre = {});
 // dx (N, C) += d out/dx applied to dout; dw (C) += sum over rows of dout * x * rstd (fp32; w fp32 or
 // 16-bit)
 void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const Act& w,

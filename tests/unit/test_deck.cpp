@@ -87,8 +87,7 @@ TEST(Deck, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--optim.min_lr", "1"}).find("optim.min_lr"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.num_layers", "0"}).find("model.num_layers"), std::string::npos);
-  EXPECT_NE(error_of(kDeck, {"--model.attention_backend", "flash"}).find("model.attention_backend"),
-            std::string::npos);
+  EXPECT_NE(error_of(kDeck, {"--model.attention_backend", "flash"}).find("model.attention_backend"), std::string::npos);
   EXPECT_NE(error_of(kDeck, {"--model.attention_backend", "cudnn"}).find("model.flash_attention"), std::string::npos);
   // the [bert] and [t5] keys are checked with the deck, before any data is read
   for (const char* key : {"--bert.mask_prob", "--t5.mask_prob"})

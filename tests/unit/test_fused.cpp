@@ -11,6 +11,8 @@
 #include "ops/elementwise.hpp"
 #include "ops/fused.hpp"
 #include "ops/gelu.hpp"
+#include "ops/layernorm.hpp"
+#include "ops/rmsnorm.hpp"
 #include "ops/mixed_precision.hpp"
 #include "ops/swiglu.hpp"
 #include "test_helpers.hpp"
@@ -225,4 +227,55 @@ TEST(Fused, BiasDropoutAddGivesTheBitsOfItsFormula) {
       if (p > 0) EXPECT_GT(dropped, 0);
     }
   }
+}
+
+// A norm's forward with its residual add (ResidualAdd: one kernel on the device path) gives the
+// bits of bias_dropout_add followed by the norm: the sum stored, the normalised rows and their
+// statistics; LayerNorm and RMSNorm, fp32, bf16 and fp16, with and without dropout, context-parallel
+// counters too.
+TEST(Fused, NormWithItsResidualAddEqualsAddThenNorm) {
+  const std::int64_t rows = 37, cols = 96, n = rows * cols;
+  const auto branch = random_vector(n, 21), res = random_vector(n, 22), b = random_vector(cols, 23);
+  const auto w = random_vector(cols, 24), beta = random_vector(cols, 25);
+  DropoutSpec mapped{0.2f, 99};
+  mapped.cp = 2;
+  mapped.cp_rank = 0;
+  mapped.Tl = 37;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (const DropoutSpec& d : {DropoutSpec{}, DropoutSpec{0.1f, 4321}, mapped})
+      for (bool rms : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " p " << d.p << " cp " << d.cp
+                                        << (rms ? " RMSNorm" : " LayerNorm"));
+        const auto param = [&](const std::vector<float>& v) {
+          return dt == DType::F32 ? act(to_device(v)) : half_of(v, dt);
+        };
+        const Act bias = param(b), wv = param(w), bv = param(beta);
+        const auto run = [&](bool fused, FloatView& x, Act& out, FloatView& mean, FloatView& rstd) {
+          x = make_float("x", n);
+          out = make_act(dt, "out", n);
+          mean = make_float("mean", rows);
+          rstd = make_float("rstd", rows);
+          const FloatView r = to_device(res), br = to_device(branch);
+          ResidualAdd pre;
+          if (fused)
+            pre = ResidualAdd{r, br, bias, d};
+          else
+            bias_dropout_add(x, r, br, bias, rows, cols, d);
+          if (rms)
+            rmsnorm_forward(out, rstd, x, wv, rows, cols, 1e-5f, pre);
+          else
+            layernorm_forward(out, mean, rstd, x, wv, bv, rows, cols, 1e-5f, pre);
+        };
+        FloatView x0, m0, r0, x1, m1, r1;
+        Act o0, o1;
+        run(false, x0, o0, m0, r0);
+        run(true, x1, o1, m1, r1);
+        EXPECT_EQ(bits(x1), bits(x0));
+        EXPECT_EQ(bits(r1), bits(r0));
+        EXPECT_EQ(bits(m1), bits(m0));
+        if (dt == DType::F32)
+          EXPECT_EQ(bits(o1.f), bits(o0.f));
+        else
+          EXPECT_EQ(bits(o1.h), bits(o0.h));
+      }
 }
