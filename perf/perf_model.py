@@ -572,10 +572,13 @@ def predict(M, L, gpu, fitted=None):
         T_f = (layer_f * n_d + moe["layer_f"] * n_m) / p
         T_b = (layer_b * n_d + moe["layer_b"] * n_m) / p
     T_stage = T_f + T_b
-    # the last stage: logits (vocabulary split over tp) and the fp32 cross entropy: ~5 passes over the
-    # fp32 logits in memory on a GPU (separate kernels for the cast, max, exp-sum, loss and gradient)
+    # the last stage: logits (vocabulary split over tp) and the cross entropy. fp32: ~5 passes over the
+    # fp32 logits in memory on a GPU (separate kernels for the cast, max, exp-sum, loss and gradient);
+    # 16 bits: the GPU's 16-bit classifier, the logits written in 16 bits by their GEMM and read by the
+    # max, the exp-sum and the gradient pass, which writes the gradient over them (4 passes of 2 bytes)
     logit_gemms = gemm(T, V / t, h) + gemm(T, h, V / t) + gemm(V / t, h, T)
-    cross_entropy = g.get("logit_passes", 5) * 4 * T * V / t / hbm
+    lb = g.get("logit_bytes", e)  # 2: the 16-bit classifier (GPUs in 16 bits); a CPU keeps fp32 logits
+    cross_entropy = (g.get("logit_passes", 4 if lb == 2 else 5) * lb) * T * V / t / hbm
     T_logits = logit_gemms + cross_entropy
     t_compute = m * (T_stage + T_logits)
     t_bubble = (p - 1) / v * T_stage if p > 1 else 0.0
@@ -658,7 +661,9 @@ def predict(M, L, gpu, fitted=None):
         states += expert_params * bytes_per_param(L.dtype, L.distributed, edp)
     in_flight = l * (1 + ((p - 1) / (p * v) if v > 1 else 0))  # layers' activations held on stage 0
     acts = activation_stage_bytes(M, L, e) * in_flight
-    logits = 4 * T * M.V / t * 2  # fp32 logits and their gradient on the last stage (the rank's tokens)
+    # on the last stage (the rank's tokens): fp32 logits and their gradient, or the 16-bit classifier's
+    # one 16-bit buffer (the gradient written over the logits)
+    logits = (2 if lb == 2 else 8) * T * M.V / t
     memory = states + max(acts, activation_stage_bytes(M, L, e) * l / p + logits) + 2.0 * 2**30
     return dict(time=total, tflops=M.model_flops(L.B) / total / N / 1e12, hw_tflops=flops / total / N / 1e12,
                 tokens_per_s=L.B * s / total, memory=memory, fits=memory <= g["hbm_gb"] * 1e9 * 0.95,
@@ -1448,9 +1453,9 @@ def deck(path, gpus, gpu="h100-sxm", top=5, check=False, vocab=0, expect_params=
           f"(Korthikanti et al. 2022; {M.l} layers' worth in flight)")
     if L.pp > 1:
         print(f"  last stage          {(r['activations_last'] + r['logits']) / GiB:8.2f}   its layers' activations "
-              f"{r['activations_last'] / GiB:.2f} + fp32 logits and their gradient {r['logits'] / GiB:.2f}")
+              f"{r['activations_last'] / GiB:.2f} + logits and their gradient {r['logits'] / GiB:.2f}")
     else:
-        print(f"  logits              {r['logits'] / GiB:8.2f}   fp32 logits and their gradient (counted when larger "
+        print(f"  logits              {r['logits'] / GiB:8.2f}   logits and their gradient (fp32; 16-bit: one buffer) (counted when larger "
               "than the in-flight activations)")
     print(f"  reserve             {r['reserve'] / GiB:8.2f}")
     other = predict(M, deck_layout(M, lay, gpus, distributed=not L.distributed), g)
@@ -1585,7 +1590,7 @@ def host_device(build, threads, layers=4, hidden=128, seq=128, tokens=512):
     # measured here, so nothing is taken from model/fitted.json: a flat GEMM curve at the measured rate
     # logit_passes 1: a row of logits stays in the CPU's cache between the cross entropy's passes
     return dict(name="host", peak={"fp32": peak / 1e12}, hbm_gb=24, hbm_tbps=bw / 1e12, nvlink_gbps=5.0,
-                net_gbps=5.0, per_node=2, eff_max=rate / peak, k0=0.0, link_eff=1.0, latency_us=5.0, logit_passes=1)
+                net_gbps=5.0, per_node=2, eff_max=rate / peak, k0=0.0, link_eff=1.0, latency_us=5.0, logit_passes=1, logit_bytes=4)
 
 
 def local(build, out_md=None, iters=8):

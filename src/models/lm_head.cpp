@@ -7,6 +7,7 @@
 #include "ops/cross_entropy.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/gemm.hpp"
+#include "ops/gemm_lt.hpp"
 #include "ops/mixed_precision.hpp"
 
 namespace trident {
@@ -29,8 +30,9 @@ LmHead::LmHead(ParamStore& store, ParamId wte, std::int64_t B, std::int64_t T, s
       per_target_mean_(per_target_mean) {
   if (with_bias) bias_ = declare_lm_head_bias(store, V_, Vl_, start_);
   const std::int64_t BT = B * T;
+  half_logits_ = kDeviceKernels && dt != DType::F32 && !with_bias;
   if (dt != DType::F32) dlogits16_ = make_half("lm_head::dlogits16", BT * Vl_);
-  logits_ = make_float("lm_head::logits", BT * Vl_);
+  if (!half_logits_) logits_ = make_float("lm_head::logits", BT * Vl_);
   losses_ = make_float("lm_head::losses", BT);
   loss_sum_ = View1<double>("lm_head::loss_sum", 2);
   ce_scratch_ = make_float("lm_head::ce_scratch", 3 * BT);
@@ -56,16 +58,23 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
                    const FloatView& dx) {
   const std::int64_t C = C_, T = T_, BT = B_ * T_, Vl = Vl_;
   const Act wte = store_->param(wte_);
-  // logits (BT, Vl) in fp32 (16-bit inputs, fp32 accumulation): the cross-entropy is fp32
-  gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(x), C, operand(wte), C, 0.f, logits_.data(), Vl);
-  if (bias_ >= 0) {  // this rank's vocabulary columns of the bias
-    add_bias(logits_, store_->param(bias_), BT, Vl);
+  // logits (BT, Vl): fp32 (16-bit inputs, fp32 accumulation) for the fp32 cross-entropy, or, on the
+  // device path with 16-bit parameters, rounded to 16 bits by the GEMM for the 16-bit classifier
+  if (half_logits_) {
+    gemm_lt(lt_call(Trans::N, Trans::T, BT, Vl, C, operand(x), C, operand(wte), C, wte.dt, dlogits16_.data(), Vl));
+  } else {
+    gemm_mixed(Trans::N, Trans::T, BT, Vl, C, 1.f, operand(x), C, operand(wte), C, 0.f, logits_.data(), Vl);
+    if (bias_ >= 0) add_bias(logits_, store_->param(bias_), BT, Vl);  // this rank's vocabulary columns
   }
   const double per_target = per_target_mean_ ? 1.0 / static_cast<double>(std::max<std::int64_t>(mb.num_targets, 1))
                                              : 1.0;
   if (per_target_mean_) dscale = static_cast<float>(dscale * per_target);
   const std::int64_t count = training ? BT : samples * T;
-  token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm, ce_scratch_);
+  if (half_logits_)
+    token_cross_entropy_half(wte.dt, losses_, dlogits16_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm,
+                             ce_scratch_);
+  else
+    token_cross_entropy(losses_, logits_, mb.targets, BT, V_, Vl, start_, dscale, training, tp_.comm, ce_scratch_);
   const bool on_device = kDeviceKernels && training && !per_target_mean_;
   double loss_sum = on_device ? 0.0 : sum_losses(losses_, count);
   if (on_device) add_losses(loss_sum_, losses_, count);
@@ -78,7 +87,9 @@ double LmHead::run(const Act& x, const MicroBatch& mb, bool training, float dsca
   const bool trains = store_->trains(wte_);  // frozen under LoRA: no weight gradient
   if (bias_ >= 0 && trains) bias_backward(store_->grad(bias_), logits_, BT, Vl);  // logits_ holds d logits
   GemmOperand dlogits = operand(logits_.data());
-  if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
+  if (half_logits_) {  // the gradient is in place of the 16-bit logits
+    dlogits = operand(wte.dt, dlogits16_.data());
+  } else if (wte.is_half()) {  // the logits' gradient enters the GEMMs in 16 bits
     pack_half(wte.dt, dlogits16_, logits_, BT * Vl);
     dlogits = operand(wte.dt, dlogits16_.data());
   }

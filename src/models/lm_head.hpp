@@ -38,11 +38,16 @@ class LmHead : public ModelHead {
   TensorParallel tp_;
   bool per_target_mean_;
   LossParts parts_;
+  // The 16-bit classifier of the device path (16-bit parameters, no bias): the logits written in 16
+  // bits by their GEMM into dlogits16_ and their gradient rounded over them (ops/cross_entropy's
+  // token_cross_entropy_half); no fp32 logits
+  bool half_logits_ = false;
   FloatView logits_;        // (BT, Vl) this rank's vocabulary columns; their gradient after backward
   FloatView losses_;        // (BT) token losses
   View1<double> loss_sum_;  // (2) the device-side sum of the training losses, and one micro-batch's
   FloatView ce_scratch_;    // (3 BT) vocabulary-parallel cross-entropy reductions
-  HalfView dlogits16_;      // (BT, Vl) 16-bit copy of the logits' gradient for the backward GEMMs
+  HalfView dlogits16_;      // (BT, Vl) 16-bit copy of the logits' gradient for the backward GEMMs (or, with
+                            // half_logits_, the 16-bit logits and then their gradient)
 };
 
 }  // namespace trident

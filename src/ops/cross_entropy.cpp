@@ -6,6 +6,8 @@
 #include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
 #include "common/device_wait.hpp"
+#include "common/error.hpp"
+#include "common/half.hpp"
 
 #include "common/host_parallel.hpp"
 #include "common/simd.hpp"
@@ -27,23 +29,26 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
 }
 
 // The device layout (common/device_parallel.hpp): a team per row, the max and the sum of
-// exponentials as two team reductions, the gradient written by the team in one more pass.
-template <bool kBackward>
-void cross_entropy_device(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
-                          std::int64_t V, std::int64_t Vp, float dscale) {
+// exponentials as two team reductions, the gradient written by the team in one more pass. F: the
+// logits' format (F32Fmt, or the 16-bit classifier's Bf16Fmt / Fp16Fmt: the values loaded from
+// 16-bit words and the gradient rounded into them); W: their word.
+template <bool kBackward, class F, class W>
+void cross_entropy_device(const FloatView& losses, W* logits, const IntView& targets, std::int64_t N, std::int64_t V,
+                          std::int64_t Vp, float dscale) {
   for_each_row(
       kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N, Vp,
       KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        float* row = logits.data() + n * Vp;
+        W* row = logits + n * Vp;
         const std::int64_t tgt = targets(n);
         if (tgt < 0) {
           Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = 0.f; });
-          if (kBackward) Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) { row[j] = 0.f; });
+          if (kBackward)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) { row[j] = F::store(0.f); });
           return;
         }
-        const float mx = team_max(t, V, [&](std::int64_t j) { return row[j]; });
-        const float sum = team_sum(t, V, [&](std::int64_t j) { return fast_exp(row[j] - mx); });
-        const float target_logit = row[tgt];
+        const float mx = team_max(t, V, [&](std::int64_t j) { return F::load(row[j]); });
+        const float sum = team_sum(t, V, [&](std::int64_t j) { return fast_exp(F::load(row[j]) - mx); });
+        const float target_logit = F::load(row[tgt]);
         t.team_barrier();  // every thread has read the target's logit before the gradient replaces it
         Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = mx + dlog(sum) - target_logit; });
         if (kBackward) {
@@ -51,10 +56,10 @@ void cross_entropy_device(const FloatView& losses, const FloatView& logits, cons
           Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) {
             float g = 0.f;
             if (j < V) {
-              g = fast_exp(row[j] - mx) * s;
+              g = fast_exp(F::load(row[j]) - mx) * s;
               if (j == tgt) g -= dscale;
             }
-            row[j] = g;
+            row[j] = F::store(g);
           });
         }
       });
@@ -64,7 +69,7 @@ template <bool kBackward>
 void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                         std::int64_t V, std::int64_t Vp, float dscale) {
   if constexpr (kDeviceKernels) {
-    cross_entropy_device<kBackward>(losses, logits, targets, N, V, Vp, dscale);
+    cross_entropy_device<kBackward, F32Fmt>(losses, logits.data(), targets, N, V, Vp, dscale);
     return;
   }
   for_each_index(
@@ -101,32 +106,34 @@ void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const 
       });
 }
 
-// vocab_parallel_cross_entropy's device layout: a team per row for each of its three kernels.
-void vocab_parallel_device(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
-                           std::int64_t Vl, std::int64_t start, std::int64_t nvalid, float dscale, bool backward,
+// vocab_parallel_cross_entropy's device layout: a team per row for each of its three kernels (F, W:
+// the logits' format and word, as cross_entropy_device).
+template <class F, class W>
+void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& targets, std::int64_t N, std::int64_t Vl,
+                           std::int64_t start, std::int64_t nvalid, float dscale, bool backward,
                            const Communicator& comm, const FloatView& rowmax, const FloatView& sums) {
   for_each_row(
       "ops::vocab_parallel_ce_max", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        const float* row = logits.data() + n * Vl;
-        const float mx = team_max(t, nvalid, [&](std::int64_t j) { return row[j]; });
+        const W* row = logits + n * Vl;
+        const float mx = team_max(t, nvalid, [&](std::int64_t j) { return F::load(row[j]); });
         Kokkos::single(Kokkos::PerTeam(t), [&]() { rowmax(n) = mx; });
       });
   comm.allreduce_max(rowmax.data(), N);
   for_each_row(
       "ops::vocab_parallel_ce_sum", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        const float* row = logits.data() + n * Vl;
+        const W* row = logits + n * Vl;
         const float mx = rowmax(n);
-        const float s = team_sum(t, nvalid, [&](std::int64_t j) { return fast_exp(row[j] - mx); });
+        const float s = team_sum(t, nvalid, [&](std::int64_t j) { return fast_exp(F::load(row[j]) - mx); });
         Kokkos::single(Kokkos::PerTeam(t), [&]() {
           const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
           sums(n) = s;
-          sums(N + n) = (tl >= 0 && tl < nvalid) ? row[tl] : 0.f;
+          sums(N + n) = (tl >= 0 && tl < nvalid) ? F::load(row[tl]) : 0.f;
         });
       });
   comm.allreduce_sum(sums.data(), 2 * N);
   for_each_row(
       "ops::vocab_parallel_ce_loss", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        float* row = logits.data() + n * Vl;
+        W* row = logits + n * Vl;
         const bool ignored = targets(n) < 0;
         Kokkos::single(Kokkos::PerTeam(t),
                        [&]() { losses(n) = ignored ? 0.f : rowmax(n) + dlog(sums(n)) - sums(N + n); });
@@ -136,12 +143,17 @@ void vocab_parallel_device(const FloatView& losses, const FloatView& logits, con
         Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vl), [&](std::int64_t j) {
           float g = 0.f;
           if (!ignored && j < nvalid) {
-            g = fast_exp(row[j] - mx) * s;
+            g = fast_exp(F::load(row[j]) - mx) * s;
             if (j == tl) g -= dscale;
           }
-          row[j] = g;
+          row[j] = F::store(g);
         });
       });
+}
+
+// columns of this rank that are real vocabulary entries: [0, nvalid)
+std::int64_t valid_columns(std::int64_t V, std::int64_t Vl, std::int64_t start) {
+  return V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
 }
 }  // namespace
 
@@ -158,11 +170,11 @@ void cross_entropy_forward_backward(const FloatView& losses, const FloatView& lo
 void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets,
                                   std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
                                   bool backward, const Communicator& comm, const FloatView& scratch) {
-  // columns of this rank that are real vocabulary entries: [0, nvalid)
-  const std::int64_t nvalid = V - start < 0 ? 0 : (V - start < Vl ? V - start : Vl);
+  const std::int64_t nvalid = valid_columns(V, Vl, start);
   const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);  // sums: (sum exp, target logit)
   if constexpr (kDeviceKernels) {
-    vocab_parallel_device(losses, logits, targets, N, Vl, start, nvalid, dscale, backward, comm, rowmax, sums);
+    vocab_parallel_device<F32Fmt>(losses, logits.data(), targets, N, Vl, start, nvalid, dscale, backward, comm, rowmax,
+                                  sums);
     return;
   }
   for_each_index(
@@ -233,6 +245,38 @@ void token_cross_entropy(const FloatView& losses, const FloatView& logits, const
     cross_entropy_forward_backward(losses, logits, targets, N, V, Vl, dscale);
   else
     cross_entropy_forward(losses, logits, targets, N, V, Vl);
+}
+
+namespace {
+template <class F>
+void cross_entropy_half(const FloatView& losses, std::uint16_t* logits, const IntView& targets, std::int64_t N,
+                        std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale, bool backward,
+                        const Communicator* comm, const FloatView& scratch) {
+  if (comm && comm->size() > 1) {
+    const FloatView rowmax = slice(scratch, 0, N), sums = slice(scratch, N, 2 * N);
+    vocab_parallel_device<F>(losses, logits, targets, N, Vl, start, valid_columns(V, Vl, start), dscale, backward,
+                             *comm, rowmax, sums);
+  } else if (backward) {
+    cross_entropy_device<true, F>(losses, logits, targets, N, V, Vl, dscale);
+  } else {
+    cross_entropy_device<false, F>(losses, logits, targets, N, V, Vl, dscale);
+  }
+}
+}  // namespace
+
+void token_cross_entropy_half(DType dt, const FloatView& losses, const HalfView& logits, const IntView& targets,
+                              std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
+                              bool backward, const Communicator* comm, const FloatView& scratch) {
+  if constexpr (!kDeviceKernels) {
+    throw Error::one("internal: the 16-bit classifier serves the device path only");
+  } else {
+    if (dt == DType::BF16)
+      cross_entropy_half<Bf16Fmt>(losses, logits.data(), targets, N, V, Vl, start, dscale, backward, comm, scratch);
+    else if (dt == DType::F16)
+      cross_entropy_half<Fp16Fmt>(losses, logits.data(), targets, N, V, Vl, start, dscale, backward, comm, scratch);
+    else
+      throw Error::one("internal: token_cross_entropy_half with fp32 logits");
+  }
 }
 
 }  // namespace trident

@@ -4,6 +4,7 @@
 // loss is 0 and its row of the gradient is 0.
 #pragma once
 #include "comm/communicator.hpp"
+#include "common/half.hpp"
 #include "common/types.hpp"
 
 namespace trident {
@@ -28,6 +29,14 @@ void vocab_parallel_cross_entropy(const FloatView& losses, const FloatView& logi
 void token_cross_entropy(const FloatView& losses, const FloatView& logits, const IntView& targets, std::int64_t N,
                          std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale, bool backward,
                          const Communicator* comm, const FloatView& scratch);
+// The device path's 16-bit classifier (docs/DESIGN.md "Kernels on a GPU"): token_cross_entropy over
+// logits held as 16-bit words of type dt (the LM head's GEMM writes them so), each loaded to fp32
+// for the max, the sum of exponentials and the loss; with backward, the gradient rounded to dt
+// replaces them in place (what the head's backward GEMMs read). Device kernels only (a host build
+// without TRIDENT_DEVICE_KERNELS_ON_HOST throws).
+void token_cross_entropy_half(DType dt, const FloatView& losses, const HalfView& logits, const IntView& targets,
+                              std::int64_t N, std::int64_t V, std::int64_t Vl, std::int64_t start, float dscale,
+                              bool backward, const Communicator* comm, const FloatView& scratch);
 // sum over n of losses[n], accumulated in double
 double sum_losses(const FloatView& losses, std::int64_t N);
 // The same sum kept on the device (no wait): sums (2) holds the running total in sums(0) and the

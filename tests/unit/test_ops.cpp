@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/device_parallel.hpp"
 #include "common/error.hpp"
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
@@ -748,6 +749,36 @@ TEST(CrossEntropy, PaddedColumnsNeverMatterAndGradientMatchesFiniteDifferences) 
   expect_close(pick(g, idx), num, kGradRtol, kGradAtol, "cross-entropy dlogits");
   for (int n = 0; n < N; ++n)
     for (int j = V; j < Vp; ++j) EXPECT_EQ(g[n * Vp + j], 0.f);
+}
+
+// The device path's 16-bit classifier: from logits held in 16 bits, the losses of the fp32 kernel
+// on the same values, and the gradient that kernel computes rounded once into the logits' words
+// (bitwise; bf16 and fp16, an ignored position, padded columns). A host build refuses it.
+TEST(CrossEntropy, SixteenBitClassifierGivesTheFp32KernelsLossAndRoundedGradient) {
+  const std::int64_t N = 5, V = 45, Vp = 48;
+  const std::vector<std::int32_t> tgt = {0, 44, -1, 7, 20};
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    auto logits = random_vector(N * Vp, 41, 4.f);
+    const Act h = to_half(dt, logits);  // logits now the 16-bit values
+    FloatView l16 = make_float("l16", N), scratch = make_float("scratch", 3 * N);
+    if constexpr (!kDeviceKernels) {
+      EXPECT_THROW(token_cross_entropy_half(dt, l16, h.h, to_device(tgt), N, V, Vp, 0, 0.5f, true, nullptr, scratch),
+                   Error);
+      continue;
+    }
+    token_cross_entropy_half(dt, l16, h.h, to_device(tgt), N, V, Vp, 0, 0.5f, true, nullptr, scratch);
+    FloatView l32 = make_float("l32", N), g32 = to_device(logits);
+    token_cross_entropy(l32, g32, to_device(tgt), N, V, Vp, 0, 0.5f, true, nullptr, scratch);
+    EXPECT_EQ(to_host(l16), to_host(l32)) << dtype_name(dt);
+    const auto g = to_host(g32);
+    const auto w = words(h);
+    for (std::int64_t i = 0; i < N * Vp; ++i) ASSERT_EQ(w[i], round16(dt, g[i])) << dtype_name(dt) << " " << i;
+    // forward only: the losses, the logits untouched
+    Act h2 = to_half(dt, logits);
+    token_cross_entropy_half(dt, l16, h2.h, to_device(tgt), N, V, Vp, 0, 0.f, false, nullptr, scratch);
+    EXPECT_EQ(to_host(l16), to_host(l32)) << dtype_name(dt);
+    EXPECT_EQ(words(h2), words(to_half(dt, logits)));
+  }
 }
 
 TEST(Embedding, ForwardAndScatterBackward) {
