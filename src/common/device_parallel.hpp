@@ -22,11 +22,20 @@
 //       team_sum / team_max reduce over [0, n) and give every thread of the team the result, and
 //       Kokkos::TeamThreadRange shares a row's element-wise work.
 //
+//   for_each_vector<W>(name, n, aligned, vec, one)
+//       16-byte accesses for element-wise kernels: one thread per group of W consecutive elements
+//       of [0, n). Where `aligned` (every buffer the kernel reads or writes by packs is 16-byte
+//       aligned: aligned16), vec(i0) does a whole group [i0, i0 + W) with load_pack / store_pack
+//       (Pack<T, N>: 16 bytes, e.g. 4 floats or 8 16-bit words); the last, partial group, and
+//       every group where not aligned, goes element by element through one(i). vec must compute
+//       what one computes, element for element, so the bits do not depend on the alignment.
+//
 // The partial sums live in device_scratch(), one buffer per process that grows to the largest
 // request and is freed when Kokkos finalizes. Every kernel runs in order on the default execution
 // space instance, so the next request may reuse the buffer; call it only from the thread that
 // launches the model's kernels.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -79,6 +88,37 @@ void column_sums(const char* name, std::int64_t rows, std::int64_t cols, const T
           float s = 0.f;
           for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
           out.p[k][c] += s;
+        }
+      });
+}
+
+// 16 bytes of T: the unit of a vectorised load or store
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+template <int N, class T>
+KOKKOS_INLINE_FUNCTION Pack<T, N> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <int N, class T>
+KOKKOS_INLINE_FUNCTION void store_pack(T* p, const Pack<T, N>& v) {
+  *reinterpret_cast<Pack<T, N>*>(p) = v;
+}
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+template <int W, class Vec, class One>
+void for_each_vector(const char* name, std::int64_t n, bool aligned, const Vec& vec, const One& one) {
+  if (n <= 0) return;
+  const std::int64_t whole = aligned ? n / W : 0;
+  Kokkos::parallel_for(
+      name, range((n + W - 1) / W), KOKKOS_LAMBDA(std::int64_t g) {
+        const std::int64_t i0 = g * W;
+        if (g < whole) {
+          vec(i0);
+        } else {
+          const std::int64_t i1 = i0 + W < n ? i0 + W : n;
+          for (std::int64_t i = i0; i < i1; ++i) one(i);
         }
       });
 }

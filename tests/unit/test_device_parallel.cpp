@@ -10,7 +10,10 @@
 #include <cstring>
 #include <vector>
 
+#include "common/device_math.hpp"
 #include "common/device_parallel.hpp"
+#include "ops/fused.hpp"
+#include "ops/mixed_precision.hpp"
 #include "test_helpers.hpp"
 
 namespace trident {
@@ -132,4 +135,55 @@ TEST(DeviceParallel, ScratchGrowsAndKeepsItsSizeForSmallerRequests) {
 }
 
 }  // namespace
+}  // namespace trident
+
+// The vectorised element-wise kernels (for_each_vector: 16-byte packs where every buffer is
+// aligned, element by element otherwise and for the tail) give each element's own bits whatever
+// the alignment and the length: pack_half, unpack_half and bias_dropout_add on views that start
+// 0 to 7 elements into their buffers, with lengths that are and are not whole groups.
+namespace trident {
+TEST(DeviceParallel, VectorisedKernelsGiveEachElementsBitsAtAnyAlignment) {
+  using namespace test;
+  const auto src = random_vector(80, 31), res = random_vector(80, 32), bias = random_vector(3, 33);
+  for (const DType dt : {DType::BF16, DType::F16})
+    for (std::int64_t off = 0; off < 8; ++off)
+      for (const std::int64_t n : {0, 5, 8, 36, 64}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " offset " << off << " n " << n);
+        const FloatView in = to_device(src);
+        HalfView h = make_half("h", 80);
+        pack_half(dt, slice(h, off, n), slice(in, off, n), n);
+        const auto w = Kokkos::create_mirror_view_and_copy(HostSpace(), h);
+        for (std::int64_t i = 0; i < 80; ++i) ASSERT_EQ(w(i), i >= off && i < off + n ? round16(dt, src[i]) : 0) << i;
+        FloatView back = make_float("back", 80);
+        unpack_half(dt, slice(back, off, n), slice(h, off, n), n);
+        const auto b = to_host(back);
+        for (std::int64_t i = 0; i < 80; ++i)
+          ASSERT_EQ(b[i], i >= off && i < off + n ? widen16(dt, round16(dt, src[i])) : 0.f) << i;
+      }
+  // bias + dropout + residual, 3 columns (a group spans rows), against one element at a time
+  for (std::int64_t off = 0; off < 4; ++off)
+    for (const float p : {0.f, 0.3f}) {
+      const std::int64_t rows = 11, cols = 3, n = rows * cols;
+      DropoutSpec d;
+      d.p = p;
+      d.key = 77;
+      FloatView out = make_float("out", 80);
+      bias_dropout_add(slice(out, off, n), slice(to_device(res), off, n), slice(to_device(src), off, n),
+                       act(to_device(bias)), rows, cols, d);
+      const auto o = to_host(out);
+      const float scale = p > 0.f ? 1.f / (1.f - p) : 1.f;
+      for (std::int64_t i = 0; i < n; ++i) {
+        // the documented rounding (test_fused's BiasDropoutAddGivesTheBitsOfItsFormula)
+        volatile float v = src[off + i] + bias[i % cols];
+        volatile float scaled = v * scale;
+        volatile float sum = p > 0.f ? scaled + res[off + i] : res[off + i] + v;
+        float want = sum;
+        if (p > 0.f && dropout_uniform(d.key, static_cast<std::uint64_t>(i)) < p)
+          want = res[off + i] + 0.f;
+        else if (p > 0.f && dfma_fuses())
+          want = std::fma(static_cast<float>(v), scale, res[off + i]);
+        ASSERT_EQ(std::memcmp(&o[off + i], &want, 4), 0) << "offset " << off << " p " << p << " element " << i;
+      }
+    }
+}
 }  // namespace trident
