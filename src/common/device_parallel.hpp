@@ -22,6 +22,15 @@
 //       team_sum / team_max reduce over [0, n) and give every thread of the team the result, and
 //       Kokkos::TeamThreadRange shares a row's element-wise work.
 //
+//   rows_with_column_sums<K>(name, rows, cols, row, term, out)
+//       for_each_row's row(team, n) for every row and column_sums' sums of term, in one kernel plus
+//       the column reduction (a norm's backward pass: its input gradient and its weights'
+//       gradients reading the rows once): a team per part of kRowsPerPart consecutive rows runs
+//       row(team, n) on each of its rows in order and, after each, its threads add term(n, c, acc)
+//       into the part's sums of their columns; then one thread per column adds the parts in part
+//       order. The order of every addition depends only on rows and cols. term must not read
+//       what row writes.
+//
 //   for_each_vector<W>(name, n, aligned, vec, one)
 //       16-byte accesses for element-wise kernels: one thread per group of W consecutive elements
 //       of [0, n). Where `aligned` (every buffer the kernel reads or writes by packs is 16-byte
@@ -139,6 +148,45 @@ void for_each_row(const char* name, std::int64_t rows, std::int64_t cols, const 
   Kokkos::parallel_for(
       name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(rows), row_team_size(cols)),
       KOKKOS_LAMBDA(const RowTeam& t) { f(t, static_cast<std::int64_t>(t.league_rank())); });
+}
+
+// Rows per team of rows_with_column_sums: enough teams to fill a GPU at the shapes that matter
+// (16384 rows: 1024 teams), few enough parts for the column reduction.
+inline constexpr std::int64_t kRowsPerPart = 16;
+
+template <int K, class Row, class Term>
+void rows_with_column_sums(const char* name, std::int64_t rows, std::int64_t cols, const Row& row, const Term& term,
+                           ColumnOut<K> out) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t parts = (rows + kRowsPerPart - 1) / kRowsPerPart;
+  float* part = device_scratch(K * parts * cols).data();
+  Kokkos::parallel_for(
+      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(parts), row_team_size(cols)),
+      KOKKOS_LAMBDA(const RowTeam& t) {
+        const std::int64_t p = t.league_rank(), n0 = p * kRowsPerPart;
+        const std::int64_t n1 = n0 + kRowsPerPart < rows ? n0 + kRowsPerPart : rows;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
+          for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = 0.f;
+        });
+        for (std::int64_t n = n0; n < n1; ++n) {
+          t.team_barrier();
+          row(t, n);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
+            float acc[K];
+            for (int k = 0; k < K; ++k) acc[k] = part[(k * parts + p) * cols + c];
+            term(n, c, acc);
+            for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = acc[k];
+          });
+        }
+      });
+  Kokkos::parallel_for(
+      std::string(name) + "_parts", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
+        for (int k = 0; k < K; ++k) {
+          float s = 0.f;
+          for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
+          out.p[k][c] += s;
+        }
+      });
 }
 
 // sum over j < n of g(j), on every thread of the team

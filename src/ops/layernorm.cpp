@@ -103,9 +103,13 @@ template <class F, class VW>
 void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& db, const FloatView& dout,
                         const FloatView& x, const VW& w, const FloatView& mean, const FloatView& rstd, std::int64_t N,
                         std::int64_t C) {
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
-    for_each_row(
-        "ops::layernorm_backward_input", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+  if constexpr (kDeviceKernels) {
+    // a team per part of the rows: each row's input gradient (team reductions), and the weight and
+    // bias gradients' sums of the same rows, in one kernel (common/device_parallel.hpp)
+    const float *xd = x.data(), *dd = dout.data(), *md = mean.data(), *rd = rstd.data();
+    rows_with_column_sums<2>(
+        "ops::layernorm_backward", N, C,
+        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           const float m = mean(n), r = rstd(n);
           const float mean_d = team_sum(t, C, [&](std::int64_t c) { return dout(base + c) * F::load(w(c)); }) / C;
@@ -119,7 +123,14 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
             const float dn = dout(base + c) * F::load(w(c));
             dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
           });
-        });
+        },
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {
+          const float d = dd[n * C + c];
+          acc[0] += d * (xd[n * C + c] - md[n]) * rd[n];
+          acc[1] += d;
+        },
+        ColumnOut<2>{{dw.data(), db.data()}});
+    return;
   } else {
     // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
     const float *xd = x.data(), *dd = dout.data();
@@ -165,17 +176,6 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
   // Kokkos' own dispatch, not common/host_parallel: with C / 64 blocks (12 at C = 768) the host
   // threads made it slower (GPT-2 124M: 24-54 us per call on one thread, 168-215 us on two), so it
   // stays on one thread under a Serial Kokkos.
-  if constexpr (kDeviceKernels) {  // a GPU: one thread per (part of the rows, channel)
-    column_sums<2>(
-        "ops::layernorm_backward_params", N, C,
-        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {
-          const float d = dd[n * C + c];
-          acc[0] += d * (xd[n * C + c] - md[n]) * rd[n];
-          acc[1] += d;
-        },
-        ColumnOut<2>{{dwd, dbd}});
-    return;
-  }
   Kokkos::parallel_for(
       "ops::layernorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;

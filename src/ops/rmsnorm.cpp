@@ -65,9 +65,13 @@ void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, c
 template <class F, class VW>
 void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const VW& w,
                       const FloatView& rstd, std::int64_t N, std::int64_t C) {
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
-    for_each_row(
-        "ops::rmsnorm_backward_input", N, C, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+  if constexpr (kDeviceKernels) {
+    // a team per part of the rows: each row's input gradient and the weight gradient's sums of the
+    // same rows in one kernel (as ops/layernorm)
+    const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
+    rows_with_column_sums<1>(
+        "ops::rmsnorm_backward", N, C,
+        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           const float r = rstd(n);
           const float mean_dx =
@@ -76,7 +80,10 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
             const float xhat = x(base + c) * r;
             dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
           });
-        });
+        },
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += dd[n * C + c] * xd[n * C + c] * rd[n]; },
+        ColumnOut<1>{{dw.data()}});
+    return;
   } else {
     // the host: kRowBlock rows at a time, their sums side by side (each row's as a row alone)
     const float *xd = x.data(), *dd = dout.data();
@@ -107,13 +114,6 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
   constexpr std::int64_t kCols = 64;
   const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
   float* dwd = dw.data();
-  if constexpr (kDeviceKernels) {  // a GPU: one thread per (part of the rows, channel)
-    column_sums<1>(
-        "ops::rmsnorm_backward_params", N, C,
-        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += dd[n * C + c] * xd[n * C + c] * rd[n]; },
-        ColumnOut<1>{{dwd}});
-    return;
-  }
   Kokkos::parallel_for(
       "ops::rmsnorm_backward_params", range((C + kCols - 1) / kCols), KOKKOS_LAMBDA(std::int64_t blk) {
         const std::int64_t c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;

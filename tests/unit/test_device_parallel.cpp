@@ -79,6 +79,40 @@ TEST(DeviceParallel, ColumnSumsAddInTheirDocumentedOrder) {
   }
 }
 
+// rows_with_column_sums: every row's row() ran once (it writes the row's index into its own cells)
+// and the sums are added in the documented order: each part of kRowsPerPart rows in row order, the
+// parts in order, added to what the outputs held.
+TEST(DeviceParallel, RowsWithColumnSumsRunEveryRowAndAddInTheirDocumentedOrder) {
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 3}, {15, 5}, {16, 64}, {17, 7}, {1000, 130}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    const auto a = random_vector(static_cast<size_t>(rows * cols), 31 + rows);
+    const std::vector<float> init = random_vector(static_cast<size_t>(cols), 7);
+    FloatView in = to_device(a), seen = make_float("seen", rows * cols), out = to_device(init);
+    const float* ad = in.data();
+    rows_with_column_sums<1>(
+        "test::rows_with_column_sums", rows, cols,
+        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols),
+                               [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
+        },
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += ad[n * cols + c]; },
+        ColumnOut<1>{{out.data()}});
+    const auto got = to_host(out), rows_seen = to_host(seen);
+    for (std::int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(rows_seen[i], static_cast<float>(i / cols + 1)) << i;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      float total = 0.f;
+      for (std::int64_t p0 = 0; p0 < rows; p0 += kRowsPerPart) {
+        float part = 0.f;
+        for (std::int64_t n = p0; n < std::min(rows, p0 + kRowsPerPart); ++n) part += a[n * cols + c];
+        total += part;
+      }
+      const float want = init[c] + total;
+      EXPECT_EQ(std::memcmp(&got[c], &want, 4), 0) << "column " << c << ": " << got[c] << " vs " << want;
+    }
+  }
+}
+
 TEST(DeviceParallel, ColumnSumsOfNoRowsChangeNothing) {
   FloatView a = to_device(std::vector<float>(4, 1.f)), out0 = to_device(std::vector<float>{1, 2}),
             out1 = to_device(std::vector<float>{3, 4});
