@@ -66,11 +66,12 @@ class UnfusedCore final : public AttentionCore {
     attention_context(io.atty, drop.active() ? k.att_drop : k.att, io.qkv, as, io.work);  // (BT, C/tp)
   }
   // selective recomputation: the probabilities (and their dropout) again from the kept qkv
-  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
+  bool backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
                 const DropoutSpec& drop) const override {
     auto& k = static_cast<UnfusedKept&>(kept);
     if (!k.own) attention_probs(k.att, k.att_drop, io.qkv, as, drop, io.mask, io.work);
     attention_backward(io.dqkv, io.datty, io.qkv, k.att, k.att_drop, io.work.scores, as, drop, io.mask, io.work);
+    return false;
   }
 
  private:
@@ -129,7 +130,7 @@ class FusedCore final : public AttentionCore {
       case FusedKind::a2a: ulysses_attention_forward(io.atty, lse, io.qkv, as, drop, io.mask, *s_.tp.cp, w.a2a); break;
     }
   }
-  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
+  bool backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
                 const DropoutSpec& drop) const override {
     const FloatView& lse = static_cast<LseKept&>(kept).lse;
     auto& w = static_cast<FusedScratch&>(scratch);
@@ -145,6 +146,7 @@ class FusedCore final : public AttentionCore {
                                    w.a2a);
         break;
     }
+    return false;
   }
 
  private:
@@ -218,18 +220,27 @@ class CudnnCore final : public AttentionCore {
     }
     sdpa_forward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, k.lse, drop);
   }
-  void backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
+  // cuDNN reads a 16-bit dO: the output projection may write it straight into the entry's buffer
+  HalfView output_grad16(AttentionKept& kept, AttentionCoreScratch& scratch) const override {
+    return static_cast<CudnnKept&>(kept).local ? HalfView() : static_cast<CudnnScratch&>(scratch).dy16;
+  }
+  // the 16-bit dq|dk|dv straight into io.dqkv16 where the layer gives it (no widening), else
+  // widened into io.dqkv
+  bool backward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
                 const DropoutSpec& drop) const override {
     auto& k = static_cast<CudnnKept&>(kept);
     auto& w = static_cast<CudnnScratch&>(scratch);
     if (k.local) {
       flash_attention_backward(io.dqkv, io.datty, io.qkv, io.atty, k.lse, w.delta, as, drop, io.mask);
-      return;
+      return false;
     }
     const std::int64_t ny = as.B * as.T * as.C, nqkv = as.B * as.T * (as.C + 2 * as.kv_C());
-    pack_half(s_.dt, w.dy16, io.datty, ny);
-    sdpa_backward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, w.dy16, k.lse, w.dqkv16, drop);
-    unpack_half(s_.dt, io.dqkv, w.dqkv16, nqkv);
+    const bool direct = static_cast<std::int64_t>(io.dqkv16.extent(0)) >= nqkv;
+    const HalfView dqkv16 = direct ? io.dqkv16 : w.dqkv16;
+    if (io.datty16.extent(0) == 0) pack_half(s_.dt, w.dy16, io.datty, ny);
+    sdpa_backward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, w.dy16, k.lse, dqkv16, drop);
+    if (!direct) unpack_half(s_.dt, io.dqkv, dqkv16, nqkv);
+    return direct;
   }
 
  private:

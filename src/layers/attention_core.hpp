@@ -44,11 +44,16 @@ struct AttentionCoreScratch {
 // The layer's buffers an entry reads and writes: its input qkv (kept by the layer), its output
 // atty (kept), the backward pass's fp32 gradients dqkv (out) and datty (in), and the layer's
 // shared attention workspaces (the GEMM path's scores, widened probabilities and 16-bit copies).
+// dqkv16, where the layer gives one (16-bit parameters, nothing between the core and the qkv
+// projection's backward): an entry whose gradient is 16-bit anyway (cudnn) may write it there
+// instead of widening it into dqkv, and says so by backward's result. datty16: the incoming
+// gradient already in 16 bits, in the entry's own buffer (output_grad16), datty then not read.
 struct AttentionIo {
   Act qkv, atty;
   FloatView dqkv, datty;
   AttentionScratch work;
   AttentionMask mask;
+  HalfView dqkv16 = {}, datty16 = {};
 };
 
 class AttentionCore {
@@ -63,7 +68,11 @@ class AttentionCore {
   virtual std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch& s, bool keep_attention) const = 0;
   virtual void forward(const AttentionIo& io, AttentionKept& k, AttentionCoreScratch& s, const AttentionShape& as,
                        const DropoutSpec& drop) const = 0;
-  virtual void backward(const AttentionIo& io, AttentionKept& k, AttentionCoreScratch& s, const AttentionShape& as,
+  // Where an entry takes its incoming gradient in 16 bits for this micro-batch (the layer's output
+  // projection then writes it there, io.datty16): the buffer (B T, nh d/tp), else empty.
+  virtual HalfView output_grad16(AttentionKept&, AttentionCoreScratch&) const { return {}; }
+  // true: the input gradient is in io.dqkv16 (16 bits) and io.dqkv was not written
+  virtual bool backward(const AttentionIo& io, AttentionKept& k, AttentionCoreScratch& s, const AttentionShape& as,
                         const DropoutSpec& drop) const = 0;
 };
 

@@ -86,6 +86,7 @@ class RotaryPositions final : public PositionEncoding {
   void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const override {
     rope_backward(dqkv, table_, l, positions);
   }
+  bool turns_qkv() const override { return true; }
 
  private:
   RopeTable table_;

@@ -128,6 +128,8 @@ class PositionEncoding {
   // qkv (l.rows, l.width) in place; positions (l.rows) or empty: row % l.T
   virtual void apply(const Act& qkv, const RopeLayout& l, const IntView& positions) const {}
   virtual void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const {}
+  // whether apply / apply_backward change qkv (the layer may then not skip them)
+  virtual bool turns_qkv() const { return false; }
 };
 // hs: the head dimension; positions: the longest sequence the model runs (model.max_position_embeddings).
 std::shared_ptr<const PositionEncoding> make_position_encoding(const ModelArch& arch, std::int64_t hs,

@@ -38,7 +38,15 @@ void output_grad(const Act& w, const FloatView& dy, const HalfView& dy16, std::i
 // backward GEMMs of both parallel linears. 16-bit weights: the GEMMs take dy16, dy rounded to 16
 // bits (output_grad), with fp32 accumulation.
 void linear_backward_gemms(std::int64_t rows, std::int64_t n_in, std::int64_t n_out, const FloatView& dy, const Act& w,
-                           const Act& x, const FloatView& dx, const FloatView& dw, const HalfView& dy16) {
+                           const Act& x, const FloatView& dx, const FloatView& dw, const HalfView& dy16,
+                           const HalfView& dx16 = {}) {
+  if (dx16.extent(0) > 0) {  // dx in 16 bits from its GEMM (RowParallelLinear::input_grad_half_ok)
+    const GemmOperand g = operand(w.dt, dy16.data());
+    gemm_lt(lt_call(Trans::N, Trans::N, rows, n_in, n_out, g, n_out, operand(w), n_in, w.dt, dx16.data(), n_in));
+    if (dw.extent(0) > 0)
+      gemm_mixed(Trans::T, Trans::N, n_out, n_in, rows, 1.f, g, n_out, operand(x), n_in, 1.f, dw.data(), n_in);
+    return;
+  }
   if (!w.is_half()) {
     gemm(Trans::N, Trans::N, rows, n_in, n_out, 1.f, dy.data(), n_out, w.f.data(), n_in, 0.f, dx.data(), n_in);
     gemm(Trans::T, Trans::N, n_out, n_in, rows, 1.f, dy.data(), n_out, x.f.data(), n_in, 1.f, dw.data(), n_in);
@@ -332,7 +340,7 @@ void RowParallelLinear::forward(const FloatView& y, const Act& x, bool add_bias_
 }
 
 void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16,
-                                 bool dy_ready) {
+                                 bool dy_ready, const HalfView& dx16) {
   const Act w = store_->param(w_);        // (out, in/tp)
   const FloatView dw = store_->grad(w_);  // (out, in/tp)
   const std::int64_t p = tp_.size();
@@ -351,8 +359,14 @@ void RowParallelLinear::backward(const FloatView& dx, const FloatView& dy, const
     output_grad(w, dfull, dy16, rows_, out_, dbias);  // dy is every row's here: the bias gradient with the copy
   }
   // dx (rows, in/tp) = dy (rows, out) W_local (out, in/tp); dW_local += dy^T x
+  const bool half_dx = dx16.extent(0) > 0;
+  TRIDENT_REQUIRE(!half_dx || input_grad_half_ok(),
+                  "internal: a 16-bit input gradient needs 16-bit parameters and "
+                  "no adapters");
   if (store_->trains(w_))
-    linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16);
+    linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, dw, dy16, dx16);
+  else if (half_dx)
+    linear_backward_gemms(rows_, in_local_, out_, dfull, w, x, dx, FloatView(), dy16, dx16);
   else
     frozen_backward_gemm(rows_, in_local_, out_, dfull, w, dx, dy16);
   if (lora_.on())

@@ -121,11 +121,15 @@ class RowParallelLinear {
   // dy_ready: the caller already wrote dy16 and added bias_grad() (a fused producer of dy, such as
   // the residual branch's dropout backward on the device path); dy is then not read. Only where
   // output_grad_ready_ok() holds.
+  // dx16 (where input_grad_half_ok()): the input gradient written in 16 bits there by its GEMM
+  // (cuBLASLt), dx not written.
   void backward(const FloatView& dx, const FloatView& dy, const Act& x, const HalfView& dy16 = {},
-                bool dy_ready = false);
+                bool dy_ready = false, const HalfView& dx16 = {});
   // Whether backward takes dy_ready: 16-bit parameters, no sequence parallelism (which sums the bias
   // gradient over the rank's rows and rounds the gathered gradient).
   bool output_grad_ready_ok() const { return store_->dtype() != DType::F32 && !tp_.sequence_parallel; }
+  // Whether backward takes dx16: 16-bit parameters, no adapters (which add into an fp32 dx).
+  bool input_grad_half_ok() const { return store_->dtype() != DType::F32 && !lora_.on(); }
   // The bias gradient backward adds dy's column sums to (empty: none, or the bias is frozen).
   FloatView bias_grad() const { return b_ >= 0 && store_->trains(b_) ? store_->grad(b_) : FloatView(); }
   std::int64_t local_in() const { return in_local_; }

@@ -327,17 +327,27 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
   if (cross()) cross_backward(dres, a, s, denc);                                       // dres now d res2
   // Attention branch: res2 = x + dropout(proj(attention(ln1)))
   const DropoutSpec proj_drop = spec(a.rng, s_.hidden_p(), kAfterProj, sp);
+  // the attention's incoming gradient in 16 bits from proj's GEMM where the core takes it so
+  AttentionIo io = attention_io(a, s);
+  if (kDeviceKernels && proj_.input_grad_half_ok()) io.datty16 = core_->output_grad16(*a.core, core_scratch(s));
   if (kDeviceKernels && proj_.output_grad_ready_ok()) {  // the dropout's backward, proj's 16-bit dy and bias gradient
     dropout_backward_pack_half(s_.dt, s.dy16, proj_.bias_grad(), dres, R, C, proj_drop);
-    proj_.backward(s.datty, dres, a.atty, s.dy16, true);
+    proj_.backward(s.datty, dres, a.atty, s.dy16, true, io.datty16);
   } else {
     dropout_backward(s.dbranch, dres, R * C, proj_drop, C);
-    proj_.backward(s.datty, s.dbranch, a.atty, s.dy16);
+    proj_.backward(s.datty, s.dbranch, a.atty, s.dy16, false, io.datty16);
   }
-  core_->backward(attention_io(a, s), *a.core, core_scratch(s), as, att_spec);
-  pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
-  qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);
-  qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
+  // the core's 16-bit input gradient straight into qkv's backward where nothing lies between them
+  // (device path, 16-bit parameters, no rotary positions or q/k norms): no fp32 dqkv
+  if (kDeviceKernels && qkv_.output_grad_ready_ok() && !pos_->turns_qkv() && !qk_norm_.on()) io.dqkv16 = s.dy16;
+  if (core_->backward(io, *a.core, core_scratch(s), as, att_spec)) {
+    bias_backward_half(s_.dt, qkv_.bias_grad(), s.dy16, s_.rows(), qkv_local());
+    qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16, true);
+  } else {
+    pos_->apply_backward(s.dqkv, rope_layout(s_.rows()), a.positions);
+    qk_norm_.backward(s.dqkv, s_.rows(), a.qk_x, a.qk_mean, a.qk_rstd, s.qk_dout, s.qk_dx);
+    qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16);
+  }
   norm1_.backward(dres, s.dln, x, a.ln1_mean, a.ln1_rstd, R);  // dres now d x
 }
 

@@ -89,6 +89,21 @@ void bias_backward_pack(const FloatView& dbias, const HalfView& dy16, const Floa
   }
 }
 
+template <class F>
+void bias_backward_of_half(const FloatView& dbias, const HalfView& dy16, std::int64_t rows, std::int64_t cols) {
+  if constexpr (kDeviceKernels) {
+    const std::uint16_t* h = dy16.data();
+    column_sums<1>(
+        "ops::bias_backward_half", rows, cols,
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t c, float* acc) { acc[0] += F::load(h[r * cols + c]); },
+        ColumnOut<1>{{dbias.data()}});
+  } else {
+    const FloatView dy = make_float("bias_backward_half::dy", rows * cols);
+    unpack<F>(dy, dy16, rows * cols);
+    bias_backward(dbias, dy, rows, cols);
+  }
+}
+
 }  // namespace detail
 
 // One dispatch on the run-time type per call.
@@ -115,6 +130,11 @@ void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const
 void bias_backward_pack_half(DType dt, const FloatView& dbias, const HalfView& dy16, const FloatView& dy,
                              std::int64_t rows, std::int64_t cols) {
   TRIDENT_HALF_CALL(dt, bias_backward_pack, dbias, dy16, dy, rows, cols);
+}
+
+void bias_backward_half(DType dt, const FloatView& dbias, const HalfView& dy16, std::int64_t rows, std::int64_t cols) {
+  if (dbias.extent(0) == 0) return;
+  TRIDENT_HALF_CALL(dt, bias_backward_of_half, dbias, dy16, rows, cols);
 }
 
 }  // namespace trident

@@ -24,6 +24,10 @@ void add_bias_pack_half(DType dt, const HalfView& out, const FloatView& y, const
 // 3); host: bias_backward then pack_half, their bits.
 void bias_backward_pack_half(DType dt, const FloatView& dbias, const HalfView& dy16, const FloatView& dy,
                              std::int64_t rows, std::int64_t cols);
+// dbias (cols) += the column sums of the 16-bit dy16 (rows, cols) of type dt (widened exactly; an
+// empty dbias: nothing), in column_sums' order on the device path: the bias gradient of a linear
+// whose output gradient arrives in 16 bits (the cudnn attention's dq|dk|dv).
+void bias_backward_half(DType dt, const FloatView& dbias, const HalfView& dy16, std::int64_t rows, std::int64_t cols);
 
 // The other ops take Acts (fp32 or 16-bit) and choose their kernel inside (ops/layernorm.hpp,
 // ops/gelu.hpp, ops/embedding.hpp, ops/attention.hpp, add_bias of ops/elementwise.hpp).

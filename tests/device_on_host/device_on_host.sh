@@ -84,6 +84,9 @@ print(', '.join(f'{k} {d[k]:g}' for k in ('launches_per_step', 'launches_per_lay
 }
 # 4 of the decks' layers: launches per layer and waits per step do not depend on the layer count
 profile gpt2_124m --deck "$root/inputs/gpt2_124m.ini" --micro-batch 16 --layers 4
+# the same with the fused attention, which the GPU runs through cuDNN (the cudnn entry)
+profile gpt2_124m_cudnn --deck "$root/inputs/gpt2_124m.ini" --micro-batch 16 --layers 4 \
+  --set model.flash_attention true
 profile llama3_8b --deck "$root/inputs/llama3_8b.ini" --micro-batch 1 --layers 4
 echo "device_on_host: $([ $status -eq 0 ] && echo PASS || echo FAIL) in $(($(date +%s) - t0)) s"
 exit $status

@@ -79,6 +79,22 @@ TEST(DeviceParallel, ColumnSumsAddInTheirDocumentedOrder) {
   }
 }
 
+// rows_with_column_sums<1> with row(n) adding n + 1 to each of its cells of `seen` and the column
+// sums of `in` added into out (a function of its own: nvcc takes no device lambda in a test body)
+void rows_and_sums(const FloatView& in, const FloatView& seen, const FloatView& out, std::int64_t rows,
+                   std::int64_t cols) {
+  const float* ad = in.data();
+  rows_with_column_sums<1>(
+      "test::rows_with_column_sums", rows, cols,
+      KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols),
+                             [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
+      },
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += ad[n * cols + c]; },
+      ColumnOut<1>{{out.data()}});
+  Kokkos::fence();
+}
+
 // rows_with_column_sums: every row's row() ran once (it writes the row's index into its own cells)
 // and the sums are added in the documented order: each part of kRowsPerPart rows in row order, the
 // parts in order, added to what the outputs held.
@@ -88,16 +104,8 @@ TEST(DeviceParallel, RowsWithColumnSumsRunEveryRowAndAddInTheirDocumentedOrder) 
     SCOPED_TRACE(testing::Message() << rows << " x " << cols);
     const auto a = random_vector(static_cast<size_t>(rows * cols), 31 + rows);
     const std::vector<float> init = random_vector(static_cast<size_t>(cols), 7);
-    FloatView in = to_device(a), seen = make_float("seen", rows * cols), out = to_device(init);
-    const float* ad = in.data();
-    rows_with_column_sums<1>(
-        "test::rows_with_column_sums", rows, cols,
-        KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols),
-                               [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
-        },
-        KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += ad[n * cols + c]; },
-        ColumnOut<1>{{out.data()}});
+    FloatView seen = make_float("seen", rows * cols), out = to_device(init);
+    rows_and_sums(to_device(a), seen, out, rows, cols);
     const auto got = to_host(out), rows_seen = to_host(seen);
     for (std::int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(rows_seen[i], static_cast<float>(i / cols + 1)) << i;
     for (std::int64_t c = 0; c < cols; ++c) {

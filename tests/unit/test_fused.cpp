@@ -95,6 +95,13 @@ TEST(Fused, BiasBackwardPackHalfEqualsBiasBackwardThenPack) {
     EXPECT_EQ(bits(db), bits(ref_db)) << dtype_name(dt);
     EXPECT_EQ(bits(dy16), bits(ref16)) << dtype_name(dt);
     EXPECT_NE(bits(db), bits(to_device(db0))) << "the bias gradient did not move";
+    // the same gradient arriving in 16 bits (the cudnn attention's dq|dk|dv into qkv's bias): the
+    // sums of the widened words, bitwise those of the fp32 path on the widened values
+    FloatView db16 = to_device(db0), ref_db16 = to_device(db0), wide = make_float("wide", rows * cols);
+    unpack_half(dt, wide, ref16, rows * cols);
+    bias_backward(ref_db16, wide, rows, cols);
+    bias_backward_half(dt, db16, ref16, rows, cols);
+    EXPECT_EQ(bits(db16), bits(ref_db16)) << dtype_name(dt);
   }
 }
 
