@@ -166,7 +166,7 @@ AttentionShape rank_shape(const TransformerShape& s) {
 
 // "" when the cudnn entry can serve the shape's self-attention, else why not.
 std::string cudnn_refusal(const TransformerShape& s) {
-  if (!kDeviceKernels) return "a host build (the cudnn entry serves the device path)";
+  if (!kDeviceKernels) return "a host build, where the cudnn entry does not run";
   if (s.tp.cp_size() > 1) return "context parallelism (ring and a2a run Trident's kernel)";
   const std::string why = sdpa_unavailable();
   if (!why.empty()) return why;
@@ -285,6 +285,20 @@ std::string attention_core_name(const TransformerShape& s) {
   TRIDENT_REQUIRE(why.empty() || s.attention_backend != "cudnn",
                   "model.attention_backend = cudnn: cuDNN's fused attention cannot serve this model: " << why);
   return why.empty() ? "cudnn" : "fused";
+}
+
+std::string attention_core_summary(const TransformerShape& s) {
+  const std::string name = attention_core_name(s);
+  if (name == "cudnn")
+    return kDeviceOnHost ? "cudnn: cuDNN's fused attention as the host's stand-in computes it (ops/sdpa.hpp)"
+                         : "cudnn: cuDNN's fused attention (tensor cores)";
+  if (name == "unfused") return "unfused: scores and context by GEMMs, the masked softmax between";
+  if (name == "ring" || name == "a2a")
+    return name + ": context parallelism on Trident's fused kernel" +
+           (name == "ring" ? std::string(" (ring exchange of keys and values)")
+                           : std::string(" (all-to-all over heads)"));
+  if (s.attention_backend == "local") return "fused: Trident's fused kernel (model.attention_backend = local)";
+  return "fused: Trident's fused kernel (not cuDNN's: " + cudnn_refusal(s) + ")";
 }
 
 std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s) {

@@ -80,6 +80,10 @@ class AttentionCore {
 // ModelArch::flash_attention, cudnn where ModelArch::attention_backend (auto, cudnn) allows and the
 // build and shape can run it, else fused; else unfused.
 std::string attention_core_name(const TransformerShape& s);
+// The entry a shape takes, said for a person: its name, what it is and, where cuDNN's entry is not
+// taken under ModelArch::flash_attention, why not (e.g. "fused: Trident's fused kernel (not
+// cuDNN's: a host build ...)").
+std::string attention_core_summary(const TransformerShape& s);
 // The entry `name` for the shape (an unknown name, or one the shape cannot run, is an error).
 std::unique_ptr<AttentionCore> make_attention_core(const std::string& name, const TransformerShape& s);
 

@@ -200,6 +200,8 @@ DropoutSpec TransformerLayer::spec(const DropoutStreams& rng, float p, std::uint
   return d;
 }
 
+std::string TransformerLayer::attention_summary() const { return attention_core_summary(s_); }
+
 AttentionIo TransformerLayer::attention_io(const LayerActivations& a, const TransformerScratch& s) const {
   return {a.qkv, a.atty, s.dqkv, s.datty, s.attention(), a.mask};
 }

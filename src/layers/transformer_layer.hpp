@@ -173,6 +173,8 @@ class TransformerLayer {
   void backward(const FloatView& dres, const FloatView& x, LayerActivations& a, TransformerScratch& s,
                 const FloatView& denc = {});
   bool cross() const { return s_.Tk > 0; }
+  // the core attention's entry and why (attention_core_summary), for the run's banner
+  std::string attention_summary() const;
 
   // Inference with a key-value cache (generation; a causal self-attention layer, fp32, no
   // dropout, no sequence parallelism): x (R, C) -> x (R, C) in place for R = B n rows, B samples

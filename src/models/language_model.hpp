@@ -116,6 +116,10 @@ class LanguageModel {
   double layer_activation_bytes() const;
   int num_slots() const { return static_cast<int>(slots_.size()); }
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
+  // the first layer's core-attention entry and why (TransformerLayer::attention_summary); "" without layers
+  std::string attention_summary() const {
+    return layers_.empty() ? std::string() : layers_.front()->attention_summary();
+  }
   std::int64_t micro_batch() const { return B_; }
   // Model FLOPs per step, Megatron's formula without recomputation: GPT-2's layer
   // 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with V the padded vocabulary; another MLP width, a

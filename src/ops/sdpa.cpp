@@ -217,7 +217,7 @@ void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::ui
 }  // namespace
 
 std::string sdpa_unavailable() {
-  if constexpr (!kDeviceOnHost) return "a host build (the cudnn entry serves the device path)";
+  if constexpr (!kDeviceOnHost) return "a host build, where the cudnn entry does not run";
   return "";
 }
 

@@ -244,6 +244,8 @@ TEST(Sdpa, TheSlotTakesCudnnWhereTheBuildAndShapeAllow) {
   s.dt = DType::BF16;
   const bool device = kDeviceKernels && sdpa_unavailable().empty();
   EXPECT_EQ(attention_core_name(s), device ? "cudnn" : "fused");
+  // the banner's line says the entry and, where cuDNN is not taken, why
+  EXPECT_EQ(attention_core_summary(s).rfind(device ? "cudnn: " : "fused: ", 0), 0u) << attention_core_summary(s);
   s.attention_backend = "local";
   EXPECT_EQ(attention_core_name(s), "fused");
   s.attention_backend = "cudnn";
@@ -255,6 +257,8 @@ TEST(Sdpa, TheSlotTakesCudnnWhereTheBuildAndShapeAllow) {
   EXPECT_THROW(attention_core_name(s), trident::Error);
   s.attention_backend = "auto";
   EXPECT_EQ(attention_core_name(s), "fused");
+  const std::string why = !kDeviceKernels ? "host build" : sdpa_unavailable().empty() ? "fp32" : sdpa_unavailable();
+  EXPECT_NE(attention_core_summary(s).find(why), std::string::npos) << attention_core_summary(s);
   s.flash_attention = false;
   EXPECT_EQ(attention_core_name(s), "unfused");
 }
