@@ -77,6 +77,20 @@ KOKKOS_INLINE_FUNCTION std::int64_t rows_per_part(std::int64_t rows) {
   return even > 32 ? even : 32;
 }
 
+// The second kernel of column_sums and rows_with_column_sums: out.p[k][c] += the parts' sums of
+// column c, added in part order (part: K x parts x cols).
+template <int K>
+void add_column_parts(const char* name, std::int64_t parts, std::int64_t cols, const float* part, ColumnOut<K> out) {
+  Kokkos::parallel_for(
+      std::string(name) + "_parts", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
+        for (int k = 0; k < K; ++k) {
+          float s = 0.f;
+          for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
+          out.p[k][c] += s;
+        }
+      });
+}
+
 template <int K, class Term>
 void column_sums(const char* name, std::int64_t rows, std::int64_t cols, const Term& term, ColumnOut<K> out) {
   if (rows <= 0 || cols <= 0) return;
@@ -91,14 +105,7 @@ void column_sums(const char* name, std::int64_t rows, std::int64_t cols, const T
         for (std::int64_t n = p * per; n < n1; ++n) term(n, c, acc);
         for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = acc[k];
       });
-  Kokkos::parallel_for(
-      std::string(name) + "_parts", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
-        for (int k = 0; k < K; ++k) {
-          float s = 0.f;
-          for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
-          out.p[k][c] += s;
-        }
-      });
+  add_column_parts<K>(name, parts, cols, part, out);
 }
 
 // 16 bytes of T: the unit of a vectorised load or store
@@ -179,14 +186,7 @@ void rows_with_column_sums(const char* name, std::int64_t rows, std::int64_t col
           });
         }
       });
-  Kokkos::parallel_for(
-      std::string(name) + "_parts", range(cols), KOKKOS_LAMBDA(std::int64_t c) {
-        for (int k = 0; k < K; ++k) {
-          float s = 0.f;
-          for (std::int64_t p = 0; p < parts; ++p) s += part[(k * parts + p) * cols + c];
-          out.p[k][c] += s;
-        }
-      });
+  add_column_parts<K>(name, parts, cols, part, out);
 }
 
 // sum over j < n of g(j), on every thread of the team

@@ -158,14 +158,6 @@ void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::ui
   const auto at = [&](std::int64_t r, std::int64_t& b, std::int64_t& h, std::int64_t& i) {
     b = r / (p.h_q * p.s), h = (r / p.s) % p.h_q, i = r % p.s;
   };
-#if defined(TRIDENT_HOST_OPENMP)
-#pragma omp parallel for if (rows * p.d > 65536)
-#endif
-  for (std::int64_t r = 0; r < rows; ++r) {
-    std::int64_t b, h, i;
-    at(r, b, h, i);
-    D[static_cast<size_t>(r)] = S.dot(dy, p.o.at(b, h, i, 0), y, p.o.at(b, h, i, 0));
-  }
   // dp_ij = dO_i v_j; ds_ij = p_ij (keep_ij dp_ij - D_i)
   const auto grad = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, float& pd) {
     const float pr = std::exp(S.score(qkv, b, h, i, j) - lse[p.stats.at(b, h, i, 0)]), z = S.keep(b, h, i, j);
@@ -173,13 +165,14 @@ void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::ui
     const float dp = S.dot(dy, p.o.at(b, h, i, 0), qkv, p.v.at(b, h / rep, j, 0));
     return pr * (z * dp - D[static_cast<size_t>((b * p.h_q + h) * p.s + i)]);
   };
-  // dq_i = scale sum_j ds_ij k_j, one query row per index
+  // D_i, then dq_i = scale sum_j ds_ij k_j, one query row per index
 #if defined(TRIDENT_HOST_OPENMP)
 #pragma omp parallel for if (rows * p.s > 65536)
 #endif
   for (std::int64_t r = 0; r < rows; ++r) {
     std::int64_t b, h, i;
     at(r, b, h, i);
+    D[static_cast<size_t>(r)] = S.dot(dy, p.o.at(b, h, i, 0), y, p.o.at(b, h, i, 0));
     std::vector<float> dq(static_cast<size_t>(p.d), 0.f);
     for (std::int64_t j = 0; j <= S.last_key(i); ++j) {
       float pd;
