@@ -83,10 +83,9 @@ class RotaryPositions final : public PositionEncoding {
   void apply(const Act& qkv, const RopeLayout& l, const IntView& positions) const override {
     rope_forward(qkv, table_, l, positions);
   }
-  void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const override {
+  void apply_backward(const Act& dqkv, const RopeLayout& l, const IntView& positions) const override {
     rope_backward(dqkv, table_, l, positions);
   }
-  bool turns_qkv() const override { return true; }
 
  private:
   RopeTable table_;

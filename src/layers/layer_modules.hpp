@@ -127,9 +127,8 @@ class PositionEncoding {
   virtual bool learned_table() const { return false; }
   // qkv (l.rows, l.width) in place; positions (l.rows) or empty: row % l.T
   virtual void apply(const Act& qkv, const RopeLayout& l, const IntView& positions) const {}
-  virtual void apply_backward(const FloatView& dqkv, const RopeLayout& l, const IntView& positions) const {}
-  // whether apply / apply_backward change qkv (the layer may then not skip them)
-  virtual bool turns_qkv() const { return false; }
+  // dqkv fp32, or 16-bit words (the device path's gradient from cuDNN's attention)
+  virtual void apply_backward(const Act& dqkv, const RopeLayout& l, const IntView& positions) const {}
 };
 // hs: the head dimension; positions: the longest sequence the model runs (model.max_position_embeddings).
 std::shared_ptr<const PositionEncoding> make_position_encoding(const ModelArch& arch, std::int64_t hs,

@@ -339,10 +339,11 @@ void TransformerLayer::backward(const FloatView& dres, const FloatView& x, Layer
     dropout_backward(s.dbranch, dres, R * C, proj_drop, C);
     proj_.backward(s.datty, s.dbranch, a.atty, s.dy16, false, io.datty16);
   }
-  // the core's 16-bit input gradient straight into qkv's backward where nothing lies between them
-  // (device path, 16-bit parameters, no rotary positions or q/k norms): no fp32 dqkv
-  if (kDeviceKernels && qkv_.output_grad_ready_ok() && !pos_->turns_qkv() && !qk_norm_.on()) io.dqkv16 = s.dy16;
+  // the core's 16-bit input gradient straight into qkv's backward (device path, 16-bit parameters,
+  // no q/k norms; rotary positions turn the 16-bit words back): no fp32 dqkv
+  if (kDeviceKernels && qkv_.output_grad_ready_ok() && !qk_norm_.on()) io.dqkv16 = s.dy16;
   if (core_->backward(io, *a.core, core_scratch(s), as, att_spec)) {
+    pos_->apply_backward(Act(s_.dt, s.dy16), rope_layout(s_.rows()), a.positions);
     bias_backward_half(s_.dt, qkv_.bias_grad(), s.dy16, s_.rows(), qkv_local());
     qkv_.backward(s.dln, s.dqkv, a.ln1, s.gathered, s.dy16, true);
   } else {

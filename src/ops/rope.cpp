@@ -87,8 +87,12 @@ void rope_forward(const Act& x, const RopeTable& t, const RopeLayout& l, const I
   }
 }
 
-void rope_backward(const FloatView& dx, const RopeTable& t, const RopeLayout& l, const IntView& positions) {
-  detail::rope_apply<F32Fmt>(dx, t, l, positions, -1.f);
+void rope_backward(const Act& dx, const RopeTable& t, const RopeLayout& l, const IntView& positions) {
+  switch (dx.dt) {
+    case DType::F32: detail::rope_apply<F32Fmt>(dx.f, t, l, positions, -1.f); break;
+    case DType::BF16: detail::rope_apply<Bf16Fmt>(dx.h, t, l, positions, -1.f); break;
+    case DType::F16: detail::rope_apply<Fp16Fmt>(dx.h, t, l, positions, -1.f); break;
+  }
 }
 
 }  // namespace trident

@@ -41,6 +41,8 @@ struct RopeLayout {
 // turn).
 void rope_forward(const Act& x, const RopeTable& t, const RopeLayout& l, const IntView& positions = {});
 // The adjoint (the inverse turn) on a gradient, in place: dx of the rotated heads -> dx before them.
-void rope_backward(const FloatView& dx, const RopeTable& t, const RopeLayout& l, const IntView& positions = {});
+// dx fp32, or 16-bit words (the device path's gradient from cuDNN's attention: each pair widened
+// exactly, turned in fp32 and rounded once, what a widen-turn-round sequence gives).
+void rope_backward(const Act& dx, const RopeTable& t, const RopeLayout& l, const IntView& positions = {});
 
 }  // namespace trident

@@ -206,6 +206,16 @@ TEST(Rope, SixteenBitStorageIsTheFp32TurnOfTheRoundedInputs) {
     const auto a = words(x16);
     const auto b = to_host(x32);
     for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(a[i], round16(dt, b[i])) << i;
+    // the backward turn of a 16-bit gradient (cuDNN's dq|dk|dv on the device path): the fp32 turn
+    // of its widened words, rounded once
+    std::vector<float> wide(a.size());
+    for (size_t i = 0; i < a.size(); ++i) wide[i] = widen16(dt, a[i]);
+    rope_backward(x16, t, l);
+    FloatView back = to_device(wide);
+    rope_backward(back, t, l);
+    const auto c = words(x16);
+    const auto d = to_host(back);
+    for (size_t i = 0; i < d.size(); ++i) ASSERT_EQ(c[i], round16(dt, d[i])) << "backward " << i;
   }
 }
 
