@@ -83,8 +83,8 @@ print(', '.join(f'{k} {d[k]:g}' for k in ('launches_per_step', 'launches_per_lay
   fi
 }
 # 4 of the decks' layers: launches per layer and waits per step do not depend on the layer count
-profile gpt2_124m --deck "$root/inputs/gpt2_124m.ini" --micro-batch 16 --layers 4
-# the same with the fused attention, which the GPU runs through cuDNN (the cudnn entry)
+# GPT-2 124M with the fused attention, which the GPU runs through cuDNN (the cudnn entry; the
+# unfused attention's launches per layer, 19, are in perf/results/step_profile_2026-12-07.md)
 profile gpt2_124m_cudnn --deck "$root/inputs/gpt2_124m.ini" --micro-batch 16 --layers 4 \
   --set model.flash_attention true
 profile llama3_8b --deck "$root/inputs/llama3_8b.ini" --micro-batch 1 --layers 4
