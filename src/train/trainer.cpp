@@ -493,6 +493,7 @@ void TrainingRun::print_banner() const {
   const TransformerConfig& cfg = cfg_;
   const Topology& topo = topo_;
   const LanguageModel& model = *chunks_.front();
+  const std::string attention = model.attention_summary();
   const FamilyTask& task = task_;
   const ParamStore& store = store_;
   const TensorParallel& tp = tp_;
@@ -541,7 +542,7 @@ void TrainingRun::print_banner() const {
                     (deck.parallel.cp_comm_type == "a2a" ? " (all-to-all over heads, a2a)" : " (ring attention, p2p)")
               : std::string())
       << "; dropout hidden " << cfg.hidden_dropout << ", attention " << cfg.attention_dropout << "\n"
-      << (model.attention_summary().empty() ? std::string() : "attention: " + model.attention_summary() + "\n")
+      << (attention.empty() ? std::string() : "attention: " + attention + "\n")
       << "MPI waits: " << mpi_job::describe_wait_choice() << "\n"
       << (cfg.moe.on() ? "experts: ep " + std::to_string(topo.ep_size()) + ", expert_tp " +
                              std::to_string(topo.etp_size()) + ", expert_dp " + std::to_string(topo.edp_size()) + " (" +
