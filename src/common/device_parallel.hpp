@@ -16,20 +16,24 @@
 //       The order of every addition depends only on rows and cols, so the result is the same on
 //       every run and every device (not the host layout's bits: another order of additions).
 //
-//   for_each_row(name, rows, cols, f)
-//       f(team, row) for every row, a team of row_team_size(cols) threads per row (a fixed function
-//       of cols, so that the team reductions below add in the same order on every device). Inside,
-//       team_sum / team_max reduce over [0, n) and give every thread of the team the result, and
-//       Kokkos::TeamThreadRange shares a row's element-wise work.
+//   for_each_row(name, rows, f)
+//       f(t, row) for every row, a warp per row: kRowLanes lanes (Kokkos' vector lanes of one team
+//       thread), kRowsPerTeam rows to a team. Inside, row_sum / row_max reduce over [0, n) by warp
+//       shuffles and give every lane the result, row_for shares a row's element-wise work, and
+//       row_once runs on one lane; no barrier of the team. Every loop of a row gives column j to
+//       the same lane, so a lane may overwrite after a reduction what it read in it. The *_groups
+//       forms take the row in groups of kGroup consecutive columns (lane l the groups l, l + 32,
+//       ...) for 16-byte loads and stores (load_group / store_group, where rows_packed). The order
+//       of every addition is a fixed function of the row's length.
 //
 //   rows_with_column_sums<K>(name, rows, cols, row, term, out)
-//       for_each_row's row(team, n) for every row and column_sums' sums of term, in one kernel plus
+//       for_each_row's row(t, n) for every row and column_sums' sums of term, in one kernel plus
 //       the column reduction (a norm's backward pass: its input gradient and its weights'
-//       gradients reading the rows once): a team per part of kRowsPerPart consecutive rows runs
-//       row(team, n) on each of its rows in order and, after each, its threads add term(n, c, acc)
-//       into the part's sums of their columns; then one thread per column adds the parts in part
-//       order. The order of every addition depends only on rows and cols. term must not read
-//       what row writes.
+//       gradients reading the rows once): a team per part of kRowsPerPart consecutive rows, its
+//       warps taking the part's rows, then (after one barrier) each of its threads adding
+//       term(n, c, acc) over the part's rows in row order into the part's sums of its columns;
+//       then one thread per column adds the parts in part order. The order of every addition
+//       depends only on rows and cols. term must not read what row writes.
 //
 //   for_each_vector<W>(name, n, aligned, vec, one)
 //       16-byte accesses for element-wise kernels: one thread per group of W consecutive elements
@@ -139,22 +143,27 @@ void for_each_vector(const char* name, std::int64_t n, bool aligned, const Vec& 
       });
 }
 
+// A row's lanes: the vector lanes of one thread of a team (a warp on a GPU). The kernels of
+// for_each_row and rows_with_column_sums get the team member and reduce or loop over their row
+// through the row_* functions below, which never synchronise the team.
 using RowTeam = Kokkos::TeamPolicy<ExecSpace>::member_type;
 
-// Threads per row of for_each_row (1 under a host execution space, whose teams are one thread:
-// with kDeviceOnHost the device's kernels run with teams of one, which add a row in another order
-// than a GPU's team reductions).
-inline int row_team_size(std::int64_t cols) {
-  if constexpr (!kDeviceKernels || kDeviceOnHost) return 1;
-  return cols >= 4096 ? 256 : (cols >= 512 ? 128 : 32);
-}
+// Lanes per row, and rows (warps) per team: 32 and 4 on a device; 1 and 1 under a host execution
+// space, whose teams are one thread (with kDeviceOnHost the device's kernels run with one lane per
+// row, which adds a row in another order than a warp's shuffles).
+inline constexpr int kRowLanes = (!kDeviceKernels || kDeviceOnHost) ? 1 : 32;
+inline constexpr int kRowsPerTeam = (!kDeviceKernels || kDeviceOnHost) ? 1 : 4;
 
 template <class F>
-void for_each_row(const char* name, std::int64_t rows, std::int64_t cols, const F& f) {
+void for_each_row(const char* name, std::int64_t rows, const F& f) {
   if (rows <= 0) return;
+  const std::int64_t teams = (rows + kRowsPerTeam - 1) / kRowsPerTeam;
   Kokkos::parallel_for(
-      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(rows), row_team_size(cols)),
-      KOKKOS_LAMBDA(const RowTeam& t) { f(t, static_cast<std::int64_t>(t.league_rank())); });
+      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(teams), kRowsPerTeam, kRowLanes),
+      KOKKOS_LAMBDA(const RowTeam& t) {
+        const std::int64_t n = static_cast<std::int64_t>(t.league_rank()) * kRowsPerTeam + t.team_rank();
+        if (n < rows) f(t, n);
+      });
 }
 
 // Rows per team of rows_with_column_sums: enough teams to fill a GPU at the shapes that matter
@@ -168,47 +177,147 @@ void rows_with_column_sums(const char* name, std::int64_t rows, std::int64_t col
   const std::int64_t parts = (rows + kRowsPerPart - 1) / kRowsPerPart;
   float* part = device_scratch(K * parts * cols).data();
   Kokkos::parallel_for(
-      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(parts), row_team_size(cols)),
+      name, Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(parts), kRowsPerTeam, kRowLanes),
       KOKKOS_LAMBDA(const RowTeam& t) {
         const std::int64_t p = t.league_rank(), n0 = p * kRowsPerPart;
         const std::int64_t n1 = n0 + kRowsPerPart < rows ? n0 + kRowsPerPart : rows;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
-          for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = 0.f;
+        // each warp its rows, a row at a time
+        for (std::int64_t n = n0 + t.team_rank(); n < n1; n += kRowsPerTeam) row(t, n);
+        t.team_barrier();
+        // then every thread of the team its columns, over the part's rows in order
+        Kokkos::parallel_for(Kokkos::TeamVectorRange(t, cols), [&](std::int64_t c) {
+          float acc[K];
+          for (int k = 0; k < K; ++k) acc[k] = 0.f;
+          for (std::int64_t n = n0; n < n1; ++n) term(n, c, acc);
+          for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = acc[k];
         });
-        for (std::int64_t n = n0; n < n1; ++n) {
-          t.team_barrier();
-          row(t, n);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
-            float acc[K];
-            for (int k = 0; k < K; ++k) acc[k] = part[(k * parts + p) * cols + c];
-            term(n, c, acc);
-            for (int k = 0; k < K; ++k) part[(k * parts + p) * cols + c] = acc[k];
-          });
-        }
       });
   add_column_parts<K>(name, parts, cols, part, out);
 }
 
-// sum over j < n of g(j), on every thread of the team
+// Inside a row's kernel: f(j) for every j < n, lane l of the row taking j = l, l + lanes, ...
+template <class F>
+KOKKOS_INLINE_FUNCTION void row_for(const RowTeam& t, std::int64_t n, const F& f) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), f);
+}
+// f() once per row (on its first lane)
+template <class F>
+KOKKOS_INLINE_FUNCTION void row_once(const RowTeam& t, const F& f) {
+  Kokkos::single(Kokkos::PerThread(t), f);
+}
+// sum over j < n of g(j), on every lane of the row (the lanes' partial sums, added by shuffles)
 template <class G>
-KOKKOS_INLINE_FUNCTION float team_sum(const RowTeam& t, std::int64_t n, const G& g) {
+KOKKOS_INLINE_FUNCTION float row_sum(const RowTeam& t, std::int64_t n, const G& g) {
   float s = 0.f;
   Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(t, n), [&](std::int64_t j, float& a) { a += g(j); }, s);
+      Kokkos::ThreadVectorRange(t, n), [&](std::int64_t j, float& a) { a += g(j); }, s);
   return s;
 }
-// max over j < n of g(j) (-3e38 for n = 0), on every thread of the team
+// max over j < n of g(j) (-3e38 for n = 0), on every lane of the row
 template <class G>
-KOKKOS_INLINE_FUNCTION float team_max(const RowTeam& t, std::int64_t n, const G& g) {
+KOKKOS_INLINE_FUNCTION float row_max(const RowTeam& t, std::int64_t n, const G& g) {
   float m = -3.0e38f;
   Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(t, n),
+      Kokkos::ThreadVectorRange(t, n),
       [&](std::int64_t j, float& a) {
         const float v = g(j);
         a = v > a ? v : a;
       },
       Kokkos::Max<float>(m));
   return m > -3.0e38f ? m : -3.0e38f;
+}
+
+// 16-byte access along a row: its columns in groups of kGroup consecutive ones, lane l taking the
+// groups l, l + lanes, ... . A group is [c0, c0 + cnt), cnt = kGroup but for the row's last.
+inline constexpr int kGroup = 8;
+KOKKOS_INLINE_FUNCTION std::int64_t groups_of(std::int64_t n) { return (n + kGroup - 1) / kGroup; }
+KOKKOS_INLINE_FUNCTION int group_count(std::int64_t n, std::int64_t c0) {
+  return n - c0 < kGroup ? static_cast<int>(n - c0) : kGroup;
+}
+// f(c0, cnt) for every group of [0, n)
+template <class F>
+KOKKOS_INLINE_FUNCTION void row_for_groups(const RowTeam& t, std::int64_t n, const F& f) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, groups_of(n)), [&](std::int64_t gi) {
+    const std::int64_t c0 = gi * kGroup;
+    f(c0, group_count(n, c0));
+  });
+}
+// the sum over the groups of [0, n) of g(c0, cnt) (a group's sum, added in column order)
+template <class G>
+KOKKOS_INLINE_FUNCTION float row_sum_groups(const RowTeam& t, std::int64_t n, const G& g) {
+  float s = 0.f;
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(t, groups_of(n)),
+      [&](std::int64_t gi, float& a) {
+        const std::int64_t c0 = gi * kGroup;
+        a += g(c0, group_count(n, c0));
+      },
+      s);
+  return s;
+}
+// the max over the groups of [0, n) of g(c0, cnt) (-3e38 for n = 0)
+template <class G>
+KOKKOS_INLINE_FUNCTION float row_max_groups(const RowTeam& t, std::int64_t n, const G& g) {
+  float m = -3.0e38f;
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(t, groups_of(n)),
+      [&](std::int64_t gi, float& a) {
+        const std::int64_t c0 = gi * kGroup;
+        const float v = g(c0, group_count(n, c0));
+        a = v > a ? v : a;
+      },
+      Kokkos::Max<float>(m));
+  return m > -3.0e38f ? m : -3.0e38f;
+}
+
+// A group's values as floats: v[k] = F::load(p[k]) for k < cnt (0 after), by 16-byte loads where
+// `packed` (every array of the kernel 16-byte aligned and the rows a whole number of groups:
+// rows_packed) and the group is whole; store_group the other way. Either way the same values, so
+// the results do not depend on the alignment.
+template <class F, class T>
+KOKKOS_INLINE_FUNCTION void load_group(const T* p, int cnt, bool packed, float (&v)[kGroup]) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "load_group: 32- or 16-bit words");
+  if (packed && cnt == kGroup) {
+    if constexpr (sizeof(T) == 4) {
+      const Pack<T, 4> a = load_pack<4>(p), b = load_pack<4>(p + 4);
+      for (int k = 0; k < 4; ++k) {
+        v[k] = F::load(a.v[k]);
+        v[4 + k] = F::load(b.v[k]);
+      }
+    } else {
+      const Pack<T, 8> a = load_pack<8>(p);
+      for (int k = 0; k < kGroup; ++k) v[k] = F::load(a.v[k]);
+    }
+    return;
+  }
+  for (int k = 0; k < kGroup; ++k) v[k] = k < cnt ? F::load(p[k]) : 0.f;
+}
+template <class F, class T>
+KOKKOS_INLINE_FUNCTION void store_group(T* p, int cnt, bool packed, const float (&v)[kGroup]) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "store_group: 32- or 16-bit words");
+  if (packed && cnt == kGroup) {
+    if constexpr (sizeof(T) == 4) {
+      Pack<T, 4> a, b;
+      for (int k = 0; k < 4; ++k) {
+        a.v[k] = F::store(v[k]);
+        b.v[k] = F::store(v[4 + k]);
+      }
+      store_pack<4>(p, a);
+      store_pack<4>(p + 4, b);
+    } else {
+      Pack<T, 8> a;
+      for (int k = 0; k < kGroup; ++k) a.v[k] = F::store(v[k]);
+      store_pack<8>(p, a);
+    }
+    return;
+  }
+  for (int k = 0; k < cnt; ++k) p[k] = F::store(v[k]);
+}
+// Whether rows of `cols` words over these arrays can take packed groups: cols a whole number of
+// groups and every array 16-byte aligned.
+template <class... P>
+bool rows_packed(std::int64_t cols, const P*... p) {
+  return cols % kGroup == 0 && (aligned16(p) && ...);
 }
 
 }  // namespace trident

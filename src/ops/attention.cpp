@@ -16,30 +16,29 @@
 namespace trident {
 
 namespace {
-// The masked softmax's device kernel, a team per row: the exponentials written into att, then
-// write(index, probability) for every key of the row (0 past the causal end).
+// The masked softmax's device kernel, a warp per row: the exponentials written into att, then
+// write(index, probability) for every key of the row (0 past the causal end); each lane reads back
+// the exponentials it wrote (for_each_row's loops give a key to the same lane).
 template <class Write>
 void device_softmax_rows(const char* name, const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
                          std::int64_t nh, float scale, const AttentionMask& mask, const Write& write) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
   const IntView valid = mask.key_valid, doc = mask.doc_start;
   for_each_row(
-      name, BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+      name, BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
         const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
         const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
         auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
-        const float mx = team_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
-        const float any = team_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
-        const float sum = team_sum(t, jend, [&](std::int64_t j) {
+        const float mx = row_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
+        const float any = row_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
+        const float sum = row_sum(t, jend, [&](std::int64_t j) {
           const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
           att(base + j) = e;
           return e;
         });
         const float inv = any > 0.f ? 1.f / sum : 0.f;
-        t.team_barrier();  // the exponentials are written before they are scaled
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk),
-                             [&](std::int64_t j) { write(base + j, j < jend ? att(base + j) * inv : 0.f); });
+        row_for(t, Tk, [&](std::int64_t j) { write(base + j, j < jend ? att(base + j) * inv : 0.f); });
       });
 }
 }  // namespace
@@ -48,7 +47,7 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
                             float scale, const AttentionMask& mask) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
   const IntView valid = mask.key_valid, doc = mask.doc_start;
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+  if constexpr (kDeviceKernels) {  // a warp per row (common/device_parallel.hpp)
     device_softmax_rows(
         "ops::masked_softmax_forward", att, BH, Tq, Tk, nh, scale, mask,
         KOKKOS_LAMBDA(std::int64_t idx, float v) { att(idx) = v; });
@@ -81,13 +80,13 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal) {
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+  if constexpr (kDeviceKernels) {  // a warp per row (common/device_parallel.hpp)
     for_each_row(
-        "ops::masked_softmax_backward", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        "ops::masked_softmax_backward", BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
           const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-          const float dot = team_sum(t, jend, [&](std::int64_t j) { return datt(base + j) * att(base + j); });
-          t.team_barrier();  // every thread has read its part of datt before the team overwrites it
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
+          // each lane overwrites only the keys of datt it read (for_each_row's loops)
+          const float dot = row_sum(t, jend, [&](std::int64_t j) { return datt(base + j) * att(base + j); });
+          row_for(t, Tk, [&](std::int64_t j) {
             datt(base + j) = j < jend ? att(base + j) * (datt(base + j) - dot) * scale : 0.f;
           });
         });
@@ -129,15 +128,15 @@ void softmax_backward_half(const FloatView& datt, const HalfView& a16, const Hal
   const std::uint64_t key = drop.key;
   // dropout_backward, then masked_softmax_backward's device kernel on the stored probabilities
   for_each_row(
-      "ops::masked_softmax_backward_half", BH * Tq, Tk, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+      "ops::masked_softmax_backward_half", BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
         auto d = [&](std::int64_t j) {
           const float g = datt(base + j);
           if (!dropping) return g;
           return dropout_uniform(key, static_cast<std::uint64_t>(base + j)) >= p ? g * dscale : 0.f;
         };
-        const float dot = team_sum(t, jend, [&](std::int64_t j) { return d(j) * F::load(a16(base + j)); });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Tk), [&](std::int64_t j) {
+        const float dot = row_sum(t, jend, [&](std::int64_t j) { return d(j) * F::load(a16(base + j)); });
+        row_for(t, Tk, [&](std::int64_t j) {
           ds16(base + j) = F::store(j < jend ? F::load(a16(base + j)) * (d(j) - dot) * scale : 0.f);
         });
       });

@@ -28,38 +28,60 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
   return true;
 }
 
-// The device layout (common/device_parallel.hpp): a team per row, the max and the sum of
-// exponentials as two team reductions, the gradient written by the team in one more pass. F: the
-// logits' format (F32Fmt, or the 16-bit classifier's Bf16Fmt / Fp16Fmt: the values loaded from
-// 16-bit words and the gradient rounded into them); W: their word.
+// The device layout (common/device_parallel.hpp): a warp per row in 16-byte groups, the max and the
+// sum of exponentials as two of its reductions, the gradient written by the warp in one more pass.
+// F: the logits' format (F32Fmt, or the 16-bit classifier's Bf16Fmt / Fp16Fmt: the values loaded
+// from 16-bit words and the gradient rounded into them); W: their word.
 template <bool kBackward, class F, class W>
 void cross_entropy_device(const FloatView& losses, W* logits, const IntView& targets, std::int64_t N, std::int64_t V,
                           std::int64_t Vp, float dscale) {
+  const bool packed = rows_packed(Vp, logits);
   for_each_row(
-      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N, Vp,
+      kBackward ? "ops::cross_entropy_forward_backward" : "ops::cross_entropy_forward", N,
       KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         W* row = logits + n * Vp;
         const std::int64_t tgt = targets(n);
         if (tgt < 0) {
-          Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = 0.f; });
+          row_once(t, [&]() { losses(n) = 0.f; });
           if (kBackward)
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) { row[j] = F::store(0.f); });
+            row_for_groups(t, Vp, [&](std::int64_t c0, int cnt) {
+              const float z[kGroup] = {};
+              store_group<F>(row + c0, cnt, packed, z);
+            });
           return;
         }
-        const float mx = team_max(t, V, [&](std::int64_t j) { return F::load(row[j]); });
-        const float sum = team_sum(t, V, [&](std::int64_t j) { return fast_exp(F::load(row[j]) - mx); });
-        const float target_logit = F::load(row[tgt]);
-        t.team_barrier();  // every thread has read the target's logit before the gradient replaces it
-        Kokkos::single(Kokkos::PerTeam(t), [&]() { losses(n) = mx + dlog(sum) - target_logit; });
+        // the target's logit, read by one lane and given to all before any lane writes the row
+        const float target_logit = row_sum(t, 1, [&](std::int64_t) { return F::load(row[tgt]); });
+        const float mx = row_max_groups(t, V, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(row + c0, cnt, packed, v);
+          float m = -3.0e38f;
+          for (int k = 0; k < cnt; ++k) m = v[k] > m ? v[k] : m;
+          return m;
+        });
+        const float sum = row_sum_groups(t, V, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(row + c0, cnt, packed, v);
+          float e = 0.f;
+          for (int k = 0; k < cnt; ++k) e += fast_exp(v[k] - mx);
+          return e;
+        });
+        row_once(t, [&]() { losses(n) = mx + dlog(sum) - target_logit; });
         if (kBackward) {
           const float s = dscale / sum;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vp), [&](std::int64_t j) {
-            float g = 0.f;
-            if (j < V) {
-              g = fast_exp(F::load(row[j]) - mx) * s;
-              if (j == tgt) g -= dscale;
+          row_for_groups(t, Vp, [&](std::int64_t c0, int cnt) {
+            float v[kGroup];
+            load_group<F>(row + c0, cnt, packed, v);
+            for (int k = 0; k < kGroup; ++k) {
+              const std::int64_t j = c0 + k;
+              float g = 0.f;
+              if (j < V) {
+                g = fast_exp(v[k] - mx) * s;
+                if (j == tgt) g -= dscale;
+              }
+              v[k] = g;
             }
-            row[j] = F::store(g);
+            store_group<F>(row + c0, cnt, packed, v);
           });
         }
       });
@@ -106,25 +128,38 @@ void cross_entropy_impl(const FloatView& losses, const FloatView& logits, const 
       });
 }
 
-// vocab_parallel_cross_entropy's device layout: a team per row for each of its three kernels (F, W:
-// the logits' format and word, as cross_entropy_device).
+// vocab_parallel_cross_entropy's device layout: a warp per row in 16-byte groups for each of its
+// three kernels (F, W: the logits' format and word, as cross_entropy_device).
 template <class F, class W>
 void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& targets, std::int64_t N, std::int64_t Vl,
                            std::int64_t start, std::int64_t nvalid, float dscale, bool backward,
                            const Communicator& comm, const FloatView& rowmax, const FloatView& sums) {
+  const bool packed = rows_packed(Vl, logits);
   for_each_row(
-      "ops::vocab_parallel_ce_max", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+      "ops::vocab_parallel_ce_max", N, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         const W* row = logits + n * Vl;
-        const float mx = team_max(t, nvalid, [&](std::int64_t j) { return F::load(row[j]); });
-        Kokkos::single(Kokkos::PerTeam(t), [&]() { rowmax(n) = mx; });
+        const float mx = row_max_groups(t, nvalid, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(row + c0, cnt, packed, v);
+          float m = -3.0e38f;
+          for (int k = 0; k < cnt; ++k) m = v[k] > m ? v[k] : m;
+          return m;
+        });
+        row_once(t, [&]() { rowmax(n) = mx; });
       });
   comm.allreduce_max(rowmax.data(), N);
   for_each_row(
-      "ops::vocab_parallel_ce_sum", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+      "ops::vocab_parallel_ce_sum", N, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         const W* row = logits + n * Vl;
         const float mx = rowmax(n);
-        const float s = team_sum(t, nvalid, [&](std::int64_t j) { return fast_exp(F::load(row[j]) - mx); });
-        Kokkos::single(Kokkos::PerTeam(t), [&]() {
+        const float s = row_sum_groups(t, nvalid, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(row + c0, cnt, packed, v);
+          float e = 0.f;
+          for (int k = 0; k < cnt; ++k) e += fast_exp(v[k] - mx);
+          return e;
+        });
+        row_once(t, [&]() {
           const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
           sums(n) = s;
           sums(N + n) = (tl >= 0 && tl < nvalid) ? F::load(row[tl]) : 0.f;
@@ -132,21 +167,26 @@ void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& ta
       });
   comm.allreduce_sum(sums.data(), 2 * N);
   for_each_row(
-      "ops::vocab_parallel_ce_loss", N, Vl, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
+      "ops::vocab_parallel_ce_loss", N, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         W* row = logits + n * Vl;
         const bool ignored = targets(n) < 0;
-        Kokkos::single(Kokkos::PerTeam(t),
-                       [&]() { losses(n) = ignored ? 0.f : rowmax(n) + dlog(sums(n)) - sums(N + n); });
+        row_once(t, [&]() { losses(n) = ignored ? 0.f : rowmax(n) + dlog(sums(n)) - sums(N + n); });
         if (!backward) return;
         const float mx = rowmax(n), s = dscale / sums(n);
         const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, Vl), [&](std::int64_t j) {
-          float g = 0.f;
-          if (!ignored && j < nvalid) {
-            g = fast_exp(F::load(row[j]) - mx) * s;
-            if (j == tl) g -= dscale;
+        row_for_groups(t, Vl, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(row + c0, cnt, packed, v);
+          for (int k = 0; k < kGroup; ++k) {
+            const std::int64_t j = c0 + k;
+            float g = 0.f;
+            if (!ignored && j < nvalid) {
+              g = fast_exp(v[k] - mx) * s;
+              if (j == tl) g -= dscale;
+            }
+            v[k] = g;
           }
-          row[j] = F::store(g);
+          store_group<F>(row + c0, cnt, packed, v);
         });
       });
 }

@@ -43,8 +43,8 @@ KOKKOS_INLINE_FUNCTION float bias_dropout_add_value(const DropoutSpec& d, float 
 
 // A residual add done by the kernel that normalises its result (ops/layernorm, ops/rmsnorm: their
 // forward's x = residual + dropout(branch + bias), bias_dropout_add's arguments and bits, x
-// written as the norm reads it). Device kernels: one kernel, a row's elements added and stored,
-// the team synchronised, then the row normalised; host: bias_dropout_add, then the norm.
+// written as the norm reads it). Device kernels: one kernel, the row's lanes storing their groups of
+// x, then the row normalised; host: bias_dropout_add, then the norm.
 struct ResidualAdd {
   FloatView residual, branch;  // (rows, cols) fp32
   Act bias;                    // (cols), the norm's parameter type
@@ -53,7 +53,8 @@ struct ResidualAdd {
 };
 
 // A norm's device row kernel's residual add (ResidualAdd, F the bias's format and VW its view):
-// the team stores its row of x, then synchronises.
+// the row's lanes store their groups of x (for_each_row's groups, so each lane later reads back
+// what it wrote; no barrier).
 template <class F, class VW>
 struct ResidualRow {
   bool on = false;
@@ -73,14 +74,20 @@ struct ResidualRow {
     else
       bias = a.bias.h;
   }
-  KOKKOS_INLINE_FUNCTION void operator()(const RowTeam& t, const FloatView& x, std::int64_t base,
-                                         std::int64_t cols) const {
+  // whether its arrays take packed groups of rows of `cols` (rows_packed)
+  bool packed(std::int64_t cols) const { return !on || rows_packed(cols, residual.data(), branch.data(), bias.data()); }
+  KOKKOS_INLINE_FUNCTION void operator()(const RowTeam& t, const FloatView& x, std::int64_t base, std::int64_t cols,
+                                         bool packed) const {
     if (!on) return;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols), [&](std::int64_t c) {
-      const std::int64_t i = base + c;
-      x(i) = bias_dropout_add_value<F>(d, scale, residual(i), branch(i) + F::load(bias(c)), i, cols);
+    row_for_groups(t, cols, [&](std::int64_t c0, int cnt) {
+      float r[kGroup], v[kGroup], bv[kGroup];
+      load_group<F32Fmt>(residual.data() + base + c0, cnt, packed, r);
+      load_group<F32Fmt>(branch.data() + base + c0, cnt, packed, v);
+      load_group<F>(bias.data() + c0, cnt, packed, bv);
+      for (int k = 0; k < kGroup; ++k)
+        r[k] = bias_dropout_add_value<F>(d, scale, r[k], v[k] + bv[k], base + c0 + k, cols);
+      store_group<F32Fmt>(x.data() + base + c0, cnt, packed, r);
     });
-    t.team_barrier();
   }
 };
 

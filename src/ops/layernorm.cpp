@@ -40,25 +40,45 @@ inline float affine(float xhat, float w, float b) {
 template <class F, class VO, class VW>
 void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rstd, const FloatView& x, const VW& w,
                        const VW& b, std::int64_t N, std::int64_t C, float eps, const ResidualAdd& pre) {
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+  if constexpr (kDeviceKernels) {  // a warp per row, 16-byte groups (common/device_parallel.hpp)
     const ResidualRow<F, VW> add(pre);
+    const float* xd = x.data();
+    auto* od = out.data();
+    const auto *wd = w.data(), *bd = b.data();
+    const bool packed = rows_packed(C, xd, od, wd, bd) && add.packed(C);
     for_each_row(
-        add.on ? "ops::residual_layernorm_forward" : "ops::layernorm_forward", N, C,
+        add.on ? "ops::residual_layernorm_forward" : "ops::layernorm_forward", N,
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
-          add(t, x, base, C);
-          const float m = team_sum(t, C, [&](std::int64_t c) { return x(base + c); }) / C;
-          const float v = team_sum(t, C,
-                                   [&](std::int64_t c) {
-                                     const float d = x(base + c) - m;
-                                     return d * d;
-                                   }) /
+          add(t, x, base, C, packed);
+          const float m = row_sum_groups(t, C,
+                                         [&](std::int64_t c0, int cnt) {
+                                           float v[kGroup];
+                                           load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
+                                           float s = 0.f;
+                                           for (int k = 0; k < cnt; ++k) s += v[k];
+                                           return s;
+                                         }) /
                           C;
-          const float r = 1.f / dsqrt(v + eps);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
-            out(base + c) = F::store((x(base + c) - m) * r * F::load(w(c)) + F::load(b(c)));
+          const float var = row_sum_groups(t, C,
+                                           [&](std::int64_t c0, int cnt) {
+                                             float v[kGroup];
+                                             load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
+                                             float s = 0.f;
+                                             for (int k = 0; k < cnt; ++k) s += (v[k] - m) * (v[k] - m);
+                                             return s;
+                                           }) /
+                            C;
+          const float r = 1.f / dsqrt(var + eps);
+          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
+            float v[kGroup], wv[kGroup], bv[kGroup];
+            load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
+            load_group<F>(wd + c0, cnt, packed, wv);
+            load_group<F>(bd + c0, cnt, packed, bv);
+            for (int k = 0; k < kGroup; ++k) v[k] = (v[k] - m) * r * wv[k] + bv[k];
+            store_group<F>(od + base + c0, cnt, packed, v);
           });
-          Kokkos::single(Kokkos::PerTeam(t), [&]() {
+          row_once(t, [&]() {
             mean(n) = m;
             rstd(n) = r;
           });
@@ -104,24 +124,50 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
                         const FloatView& x, const VW& w, const FloatView& mean, const FloatView& rstd, std::int64_t N,
                         std::int64_t C) {
   if constexpr (kDeviceKernels) {
-    // a team per part of the rows: each row's input gradient (team reductions), and the weight and
-    // bias gradients' sums of the same rows, in one kernel (common/device_parallel.hpp)
+    // a team per part of the rows: each row's input gradient (a warp per row, 16-byte groups), and
+    // the weight and bias gradients' sums of the same rows, in one kernel (common/device_parallel.hpp)
     const float *xd = x.data(), *dd = dout.data(), *md = mean.data(), *rd = rstd.data();
+    float* dxd = dx.data();
+    const auto* wd = w.data();
+    const bool packed = rows_packed(C, xd, dd, dxd, wd);
     rows_with_column_sums<2>(
         "ops::layernorm_backward", N, C,
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           const float m = mean(n), r = rstd(n);
-          const float mean_d = team_sum(t, C, [&](std::int64_t c) { return dout(base + c) * F::load(w(c)); }) / C;
-          const float mean_dx = team_sum(t, C,
-                                         [&](std::int64_t c) {
-                                           return dout(base + c) * F::load(w(c)) * ((x(base + c) - m) * r);
-                                         }) /
+          // dn = dout w: the row's means of dn and of dn xhat
+          const float mean_d = row_sum_groups(t, C,
+                                              [&](std::int64_t c0, int cnt) {
+                                                float d[kGroup], wv[kGroup];
+                                                load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
+                                                load_group<F>(wd + c0, cnt, packed, wv);
+                                                float a = 0.f;
+                                                for (int k = 0; k < cnt; ++k) a += d[k] * wv[k];
+                                                return a;
+                                              }) /
+                               C;
+          const float mean_dx = row_sum_groups(t, C,
+                                               [&](std::int64_t c0, int cnt) {
+                                                 float d[kGroup], wv[kGroup], xv[kGroup];
+                                                 load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
+                                                 load_group<F>(wd + c0, cnt, packed, wv);
+                                                 load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
+                                                 float a = 0.f;
+                                                 for (int k = 0; k < cnt; ++k) a += d[k] * wv[k] * ((xv[k] - m) * r);
+                                                 return a;
+                                               }) /
                                 C;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
-            const float xhat = (x(base + c) - m) * r;
-            const float dn = dout(base + c) * F::load(w(c));
-            dx(base + c) += r * (dn - mean_d - xhat * mean_dx);
+          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
+            float d[kGroup], wv[kGroup], xv[kGroup], g[kGroup];
+            load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
+            load_group<F>(wd + c0, cnt, packed, wv);
+            load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
+            load_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
+            for (int k = 0; k < kGroup; ++k) {
+              const float xhat = (xv[k] - m) * r;
+              g[k] += r * (d[k] * wv[k] - mean_d - xhat * mean_dx);
+            }
+            store_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
           });
         },
         KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {

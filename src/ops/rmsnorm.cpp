@@ -22,18 +22,35 @@ constexpr int kRowBlock = 8;
 template <class F, class VO, class VW>
 void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, const VW& w, std::int64_t N,
                      std::int64_t C, float eps, const ResidualAdd& pre) {
-  if constexpr (kDeviceKernels) {  // a team per row (common/device_parallel.hpp)
+  if constexpr (kDeviceKernels) {  // a warp per row, 16-byte groups (common/device_parallel.hpp)
     const ResidualRow<F, VW> add(pre);
+    const float* xd = x.data();
+    auto* od = out.data();
+    const auto* wd = w.data();
+    const bool packed = rows_packed(C, xd, od, wd) && add.packed(C);
     for_each_row(
-        add.on ? "ops::residual_rmsnorm_forward" : "ops::rmsnorm_forward", N, C,
+        add.on ? "ops::residual_rmsnorm_forward" : "ops::rmsnorm_forward", N,
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
-          add(t, x, base, C);
-          const float ms = team_sum(t, C, [&](std::int64_t c) { return x(base + c) * x(base + c); }) / C;
+          add(t, x, base, C, packed);
+          const float ms = row_sum_groups(t, C,
+                                          [&](std::int64_t c0, int cnt) {
+                                            float v[kGroup];
+                                            load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
+                                            float s = 0.f;
+                                            for (int k = 0; k < cnt; ++k) s += v[k] * v[k];
+                                            return s;
+                                          }) /
+                           C;
           const float r = 1.f / dsqrt(ms + eps);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C),
-                               [&](std::int64_t c) { out(base + c) = F::store(x(base + c) * r * F::load(w(c))); });
-          Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(n) = r; });
+          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
+            float v[kGroup], wv[kGroup];
+            load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
+            load_group<F>(wd + c0, cnt, packed, wv);
+            for (int k = 0; k < kGroup; ++k) v[k] = v[k] * r * wv[k];
+            store_group<F>(od + base + c0, cnt, packed, v);
+          });
+          row_once(t, [&]() { rstd(n) = r; });
         });
   } else {
     if (pre.on()) bias_dropout_add(x, pre.residual, pre.branch, pre.bias, N, C, pre.d);
@@ -66,19 +83,36 @@ template <class F, class VW>
 void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView& dout, const FloatView& x, const VW& w,
                       const FloatView& rstd, std::int64_t N, std::int64_t C) {
   if constexpr (kDeviceKernels) {
-    // a team per part of the rows: each row's input gradient and the weight gradient's sums of the
-    // same rows in one kernel (as ops/layernorm)
+    // a team per part of the rows: each row's input gradient (a warp per row, 16-byte groups) and
+    // the weight gradient's sums of the same rows in one kernel (as ops/layernorm)
     const float *xd = x.data(), *dd = dout.data(), *rd = rstd.data();
+    float* dxd = dx.data();
+    const auto* wd = w.data();
+    const bool packed = rows_packed(C, xd, dd, dxd, wd);
     rows_with_column_sums<1>(
         "ops::rmsnorm_backward", N, C,
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           const float r = rstd(n);
-          const float mean_dx =
-              team_sum(t, C, [&](std::int64_t c) { return dout(base + c) * F::load(w(c)) * x(base + c) * r; }) / C;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, C), [&](std::int64_t c) {
-            const float xhat = x(base + c) * r;
-            dx(base + c) += r * (dout(base + c) * F::load(w(c)) - xhat * mean_dx);
+          const float mean_dx = row_sum_groups(t, C,
+                                               [&](std::int64_t c0, int cnt) {
+                                                 float d[kGroup], wv[kGroup], xv[kGroup];
+                                                 load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
+                                                 load_group<F>(wd + c0, cnt, packed, wv);
+                                                 load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
+                                                 float a = 0.f;
+                                                 for (int k = 0; k < cnt; ++k) a += d[k] * wv[k] * xv[k] * r;
+                                                 return a;
+                                               }) /
+                                C;
+          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
+            float d[kGroup], wv[kGroup], xv[kGroup], g[kGroup];
+            load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
+            load_group<F>(wd + c0, cnt, packed, wv);
+            load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
+            load_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
+            for (int k = 0; k < kGroup; ++k) g[k] += r * (d[k] * wv[k] - xv[k] * r * mean_dx);
+            store_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
           });
         },
         KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += dd[n * C + c] * xd[n * C + c] * rd[n]; },

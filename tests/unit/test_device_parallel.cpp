@@ -2,8 +2,9 @@
 // (the host's Serial Kokkos here, the GPU in the CUDA build of scripts/gpu_check.sh):
 // column_sums adds each column in its documented order (parts of rows_per_part rows, then the parts
 // in order: bitwise against that order evaluated here in float) and agrees with double sums;
-// for_each_row's team reductions give every row's sum and maximum (the empty row's maximum is the
-// -3e38 sentinel); device_scratch keeps what it gave until a larger request.
+// for_each_row's warp reductions give every row's sum and maximum (the empty row's maximum is the
+// -3e38 sentinel), and its 16-byte groups the same values as word-by-word access; device_scratch keeps what it gave
+// until a larger request.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -87,8 +88,7 @@ void rows_and_sums(const FloatView& in, const FloatView& seen, const FloatView& 
   rows_with_column_sums<1>(
       "test::rows_with_column_sums", rows, cols,
       KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols),
-                             [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
+        row_for(t, cols, [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
       },
       KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += ad[n * cols + c]; },
       ColumnOut<1>{{out.data()}});
@@ -129,15 +129,15 @@ TEST(DeviceParallel, ColumnSumsOfNoRowsChangeNothing) {
   EXPECT_EQ(to_host(out1), (std::vector<float>{3, 4}));
 }
 
-// sums(r) and maxima(r) of the rows of x (rows x cols) through for_each_row's team reductions
+// sums(r) and maxima(r) of the rows of x (rows x cols) through for_each_row's warp reductions
 void row_sums_and_maxima(const FloatView& x, std::int64_t rows, std::int64_t cols, const FloatView& sums,
                          const FloatView& maxima) {
   const float* xp = x.data();
   for_each_row(
-      "test::rows", rows, cols, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
-        const float s = team_sum(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
-        const float m = team_max(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
-        Kokkos::single(Kokkos::PerTeam(t), [&]() {
+      "test::rows", rows, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const float s = row_sum(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
+        const float m = row_max(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
+        row_once(t, [&]() {
           sums(r) = s;
           maxima(r) = m;
         });
@@ -145,11 +145,11 @@ void row_sums_and_maxima(const FloatView& x, std::int64_t rows, std::int64_t col
   Kokkos::fence();
 }
 
-TEST(DeviceParallel, RowTeamsReduceEveryRow) {
-  // row lengths on each side of the team-size steps (512, 4096), and an empty row
-  for (const std::int64_t cols : {0, 1, 100, 511, 512, 4096, 5000}) {
+TEST(DeviceParallel, RowWarpsReduceEveryRow) {
+  // rows not a whole number of teams, row lengths around a warp's 32 lanes, and an empty row
+  for (const std::int64_t cols : {0, 1, 31, 32, 33, 100, 4096, 5000}) {
     SCOPED_TRACE(testing::Message() << "cols " << cols);
-    const std::int64_t rows = 6;
+    const std::int64_t rows = 9;
     const auto x = random_vector(static_cast<size_t>(rows * cols) + 1, 7 + cols);
     FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows);
     row_sums_and_maxima(to_device(x), rows, cols, sums, maxima);
@@ -165,6 +165,91 @@ TEST(DeviceParallel, RowTeamsReduceEveryRow) {
       EXPECT_EQ(m[r], mx);
     }
   }
+}
+
+// Through the 16-byte groups (F the words' format): out, a copy of the rows of x by load_group and
+// store_group, and each row's sum and maximum by row_sum_groups and row_max_groups
+template <class F, class T>
+void group_rows(const T* x, T* out, std::int64_t rows, std::int64_t cols, bool packed, const FloatView& sums,
+                const FloatView& maxima) {
+  for_each_row(
+      "test::group_rows", rows, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
+        const T* xr = x + r * cols;
+        T* orow = out + r * cols;
+        const float s = row_sum_groups(t, cols, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(xr + c0, cnt, packed, v);
+          float a = 0.f;
+          for (int k = 0; k < cnt; ++k) a += v[k];
+          return a;
+        });
+        const float m = row_max_groups(t, cols, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(xr + c0, cnt, packed, v);
+          float a = -3.0e38f;
+          for (int k = 0; k < cnt; ++k) a = v[k] > a ? v[k] : a;
+          return a;
+        });
+        row_for_groups(t, cols, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F>(xr + c0, cnt, packed, v);
+          store_group<F>(orow + c0, cnt, packed, v);
+        });
+        row_once(t, [&]() {
+          sums(r) = s;
+          maxima(r) = m;
+        });
+      });
+  Kokkos::fence();
+}
+
+// The groups of a row, by 16-byte packs (aligned arrays, rows a whole number of groups) or word by
+// word (the same arrays one word off their alignment): the same copy, bitwise, and the same sums
+// and maxima, bitwise, near the exact sums; for fp32 and bf16 words.
+template <class F, class T>
+void check_groups(DType dt) {
+  for (const std::int64_t cols : {0, 1, 7, 8, 9, 64, 100, 768}) {
+    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " cols " << cols);
+    const std::int64_t rows = 9, n = rows * cols;
+    const auto xf = random_vector(static_cast<size_t>(n), 11 + cols);
+    std::vector<T> xw(static_cast<size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) xw[i] = F::store(xf[i]);
+    std::vector<float> got_sum[2], got_max[2];
+    for (const int offset : {0, 1}) {
+      View1<T> x("test::x", n + 8), out("test::out", n + 8);
+      auto xh = Kokkos::create_mirror_view(x);
+      for (std::int64_t i = 0; i < n; ++i) xh(offset + i) = xw[i];
+      Kokkos::deep_copy(x, xh);
+      const T* xp = x.data() + offset;
+      T* op = out.data() + offset;
+      const bool packed = rows_packed(cols, xp, op);
+      EXPECT_EQ(packed, offset == 0 && cols % kGroup == 0);
+      FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows);
+      group_rows<F>(xp, op, rows, cols, packed, sums, maxima);
+      auto oh = Kokkos::create_mirror_view(out);
+      Kokkos::deep_copy(oh, out);
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(std::memcmp(&oh(offset + i), &xw[i], sizeof(T)), 0) << i;
+      got_sum[offset] = to_host(sums);
+      got_max[offset] = to_host(maxima);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double exact = 0;
+      float mx = -3.0e38f;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        exact += F::load(xw[r * cols + j]);
+        mx = std::max(mx, F::load(xw[r * cols + j]));
+      }
+      EXPECT_EQ(std::memcmp(&got_sum[0][r], &got_sum[1][r], 4), 0) << got_sum[0][r] << " vs " << got_sum[1][r];
+      EXPECT_NEAR(got_sum[0][r], exact, 1e-5 * (1 + std::sqrt(static_cast<double>(cols))));
+      EXPECT_EQ(got_max[0][r], mx);
+      EXPECT_EQ(got_max[1][r], mx);
+    }
+  }
+}
+
+TEST(DeviceParallel, RowGroupsGiveTheSameValuesPackedOrWordByWord) {
+  check_groups<F32Fmt, float>(DType::F32);
+  check_groups<Bf16Fmt, std::uint16_t>(DType::BF16);
 }
 
 TEST(DeviceParallel, ScratchGrowsAndKeepsItsSizeForSmallerRequests) {
