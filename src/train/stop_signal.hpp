@@ -19,9 +19,10 @@ inline constexpr int kExitStoppedNoCheckpoint = 4;  // stopped by a signal, chec
 
 // Blocks SIGUSR1 and SIGTERM in the calling thread (so in every thread created after it) and
 // starts the watcher thread that takes them. Call before MPI_Init (the app driver does). Without a
-// StopSignal alive (start-up, shut-down, apps without a training loop) a signal ends the process at
-// once with a message (printed by rank 0) and kExitStoppedNoCheckpoint: nothing was trained that a
-// checkpoint could keep.
+// StopSignal armed (start-up, shut-down, apps without a training loop) a signal ends the process
+// with a message and kExitStoppedNoCheckpoint (nothing was trained that a checkpoint could keep):
+// rank 0 at once; another rank after up to 2 s, in which the launcher may end it with the job
+// (rank 0 took the signal too), or the training loop may start and take the signal as its own.
 void install_stop_signal_watcher();
 // The world rank, for the watcher's message (the app driver sets it after MPI_Init).
 void set_stop_signal_rank(int rank);
@@ -30,7 +31,7 @@ class StopSignal {
  public:
   StopSignal();
   // From now on (the training loop starts) SIGUSR1 and SIGTERM are recorded instead of ending the
-  // process, until destruction; before, during start-up, they end it at once (exit code 4).
+  // process, until destruction; before, during start-up, they end it (exit code 4).
   void arm();
   ~StopSignal();
   StopSignal(const StopSignal&) = delete;

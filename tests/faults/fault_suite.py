@@ -109,6 +109,17 @@ class Job:
                 out.append(int(pid))
         return sorted(out)
 
+    def rank_pid(self, rank):
+        """pid of the job's rank `rank` (by the PMI_RANK that MPICH's launcher gives it)."""
+        for pid in self.ranks():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"PMI_RANK={rank}".encode() in f.read().split(b"\0"):
+                        return pid
+            except OSError:
+                continue
+        raise CaseError(f"no process of rank {rank}")
+
     def wait_until(self, predicate, timeout, what):
         t0 = time.time()
         while time.time() - t0 < timeout:
@@ -712,9 +723,11 @@ def group_signals(s):
         5, "past its deadline", bound=40, errors=None, during=stop_rank,
         protect=(os.path.join(ck3, "iter_0000002"),))
     # SIGTERM during start-up (here: while the data index of a long run is built), sent to every
-    # rank as Slurm signals a job step's tasks. (Sent to one rank only, that rank exits with 4 and
-    # the launcher kills the other: the job ends either way, but MPICH's mpiexec then reports
-    # whichever status it collects, 4 or the peer's SIGKILL 9, so the code is not asserted then.)
+    # rank as Slurm signals a job step's tasks: rank 0's message, exit 4. Then sent to rank 1 only,
+    # without checkpoint.save: after its grace of up to 2 s it names itself and exits 4 (and the
+    # launcher kills the other: MPICH's mpiexec then reports whichever status it collects, 4 or the
+    # peer's SIGKILL 9), or, where the training loop started meanwhile, the loop stops every rank
+    # at its next iteration boundary with its own message; either way one message and a failure.
     ck4 = s.path("ck_start")
     good_run(s, 2, "--train.iters", "2", "--checkpoint.save", ck4)
     def term_at_start(job):
@@ -725,6 +738,16 @@ def group_signals(s):
                                             "--checkpoint.save", ck4, "--checkpoint.load", "auto"),
            4, "during start-up", bound=30, errors=0, during=term_at_start, protect=(ck4,),
            after=lambda out: ["training ran"] if any(l.startswith(" iter ") for l in out.splitlines()) else [])
+    def term_one_at_start(job):
+        job.wait_line("Topology: world", 60)
+        os.kill(job.rank_pid(1), signal.SIGTERM)
+    def one_message(out):
+        n = sum("received SIGTERM" in l for l in out.splitlines())
+        return [] if n == 1 else [f"{n} messages about the signal, expected 1"]
+    s.case("SIGTERM of one rank during start-up", s.cmd(2, *QUICK, "--train.iters", "2000000", "--optim.decay_iters",
+                                                        "2000000"),
+           "nonzero", ("rank 1 received SIGTERM outside the training loop", "received SIGTERM: stopping after"),
+           bound=30, errors=0, during=term_one_at_start, after=one_message)
 
 
 # checkpoint.async_save's cases (group async; its disk-full case in group disk_full): the background
