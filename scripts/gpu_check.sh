@@ -21,7 +21,8 @@
 #   train      the tiny GPT, BERT and T5 decks for 50 iterations without dropout: fp32 on the GPU
 #              against the host's fp32 losses carried in the kit, and for GPT and BERT bf16 and
 #              bf16 + flash attention (cuDNN's fused attention, model.attention_backend auto, where
-#              the kit has its frontend) against the GPU's fp32 within the bf16 band (2^-9)
+#              the kit has its frontend; BERT's padding as its padding mask) against the GPU's fp32
+#              within the bf16 band (2^-9)
 #   llama      the Llama-family deck (inputs/llama_tiny_ci.ini: RoPE, RMSNorm, SwiGLU, 4 heads in 2
 #              groups, untied) for 50 iterations, fp32 against the host's fp32 losses, bf16 and
 #              bf16 + flash attention against the GPU's fp32 within the bf16 band

@@ -183,8 +183,10 @@ struct CudnnKept final : AttentionKept {
 struct CudnnScratch final : AttentionCoreScratch {
   HalfView dy16, dqkv16;  // the backward pass's 16-bit incoming gradient and dq|dk|dv
   FloatView delta;        // Trident's kernel's backward pass (a mask cuDNN cannot express)
+  IntView q_len;          // (B) T: every query row of a padded sample is computed (SdpaLengths::q)
   std::int64_t bytes() const override {
-    return static_cast<std::int64_t>(dy16.span() + dqkv16.span()) * 2 + static_cast<std::int64_t>(delta.span()) * 4;
+    return static_cast<std::int64_t>(dy16.span() + dqkv16.span()) * 2 +
+           static_cast<std::int64_t>(delta.span() + q_len.span()) * 4;
   }
 };
 
@@ -201,6 +203,8 @@ class CudnnCore final : public AttentionCore {
     w->dy16 = make_half("scratch::sdpa_dy16", BT * (s_.q_width() / p));
     w->dqkv16 = make_half("scratch::sdpa_dqkv16", BT * (s_.qkv_width() / p));
     w->delta = make_float("scratch::delta", s_.B * (s_.num_heads / p) * s_.T);
+    w->q_len = make_int("scratch::sdpa_q_len", s_.B);
+    Kokkos::deep_copy(w->q_len, static_cast<std::int32_t>(s_.T));
     return w;
   }
   std::shared_ptr<AttentionKept> make_kept(AttentionCoreScratch&, bool) const override {
@@ -208,7 +212,7 @@ class CudnnCore final : public AttentionCore {
     k->lse = make_float("layer::lse", s_.B * (s_.num_heads / s_.tp.size()) * s_.T);
     return k;
   }
-  void forward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch&, const AttentionShape& as,
+  void forward(const AttentionIo& io, AttentionKept& kept, AttentionCoreScratch& scratch, const AttentionShape& as,
                const DropoutSpec& drop) const override {
     auto& k = static_cast<CudnnKept&>(kept);
     const std::string why = sdpa_mask_error(io.mask);
@@ -218,7 +222,7 @@ class CudnnCore final : public AttentionCore {
       flash_attention_forward(io.atty, k.lse, io.qkv, as, drop, io.mask);
       return;
     }
-    sdpa_forward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, k.lse, drop);
+    sdpa_forward(plan(io, as, drop), io.qkv, io.atty, k.lse, drop, lengths(io, scratch));
   }
   // cuDNN reads a 16-bit dO: the output projection may write it straight into the entry's buffer
   HalfView output_grad16(AttentionKept& kept, AttentionCoreScratch& scratch) const override {
@@ -238,12 +242,21 @@ class CudnnCore final : public AttentionCore {
     const bool direct = static_cast<std::int64_t>(io.dqkv16.extent(0)) >= nqkv;
     const HalfView dqkv16 = direct ? io.dqkv16 : w.dqkv16;
     if (io.datty16.extent(0) == 0) pack_half(s_.dt, w.dy16, io.datty, ny);
-    sdpa_backward(sdpa_plan(as, s_.dt, io.mask.causal, drop.p), io.qkv, io.atty, w.dy16, k.lse, dqkv16, drop);
+    sdpa_backward(plan(io, as, drop), io.qkv, io.atty, w.dy16, k.lse, dqkv16, drop, lengths(io, scratch));
     if (!direct) unpack_half(s_.dt, io.dqkv, dqkv16, nqkv);
     return direct;
   }
 
  private:
+  // the call's plan: a key-padding mask goes to cuDNN as one length per sample (sdpa_mask_error
+  // has checked that the mask came with them)
+  SdpaPlan plan(const AttentionIo& io, const AttentionShape& as, const DropoutSpec& drop) const {
+    return sdpa_plan(as, s_.dt, io.mask.causal, drop.p, io.mask.key_len.extent(0) > 0);
+  }
+  static SdpaLengths lengths(const AttentionIo& io, AttentionCoreScratch& scratch) {
+    if (io.mask.key_len.extent(0) == 0) return {};
+    return {static_cast<CudnnScratch&>(scratch).q_len, io.mask.key_len};
+  }
   // Trident's kernel serves a micro-batch whose mask cuDNN cannot express; said once per process
   static void note_local(const std::string& why) {
     static bool said = false;

@@ -210,7 +210,7 @@ void TransformerLayer::forward(const FloatView& x, const DropoutStreams& rng, La
                                TransformerScratch& s, const TokenInfo& tok, const Act& enc, const IntView& enc_valid) {
   a.rng = rng;
   a.enc = enc;
-  a.mask = AttentionMask{s_.causal, tok.key_valid, tok.doc_start};
+  a.mask = AttentionMask{s_.causal, tok.key_valid, tok.doc_start, tok.key_len};
   a.positions = tok.positions;
   const std::int64_t R = s_.local_rows(), C = s_.hidden_size, p = s_.tp.size();
   const bool sp = s_.tp.sequence_parallel;

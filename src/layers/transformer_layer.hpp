@@ -81,8 +81,10 @@ struct DropoutStreams {
 //              the first key it attends to (Megatron's --reset-attention-mask)
 //   positions  packed documents: each token's position within its document, for the rotary
 //              embedding (Megatron's --reset-position-ids)
+//   key_len    (B) device kernels: key_valid as one length per sample, where each sample's valid
+//              keys are a prefix (AttentionMask::key_len); empty otherwise
 struct TokenInfo {
-  IntView key_valid, doc_start, positions;
+  IntView key_valid, doc_start, positions, key_len;
 };
 
 struct LayerActivations {

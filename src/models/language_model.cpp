@@ -191,6 +191,7 @@ MicroBatch LanguageModel::allocate_micro_batch() const {
   if constexpr (kDeviceKernels) {
     mb.token_order = make_int("micro_batch::token_order", rows);
     if (cfg_.reset_position_ids) mb.position_order = make_int("micro_batch::position_order", rows);
+    if (cfg_.padding_mask()) mb.padding_len = make_int("micro_batch::padding_len", B_);
   }
   if (cfg_.encoder_decoder()) mb.dec_tokens = make_int("micro_batch::dec_tokens", dec_rows_);
   allocate_head_inputs(mb);
@@ -235,6 +236,7 @@ LanguageModel::Slot& LanguageModel::slot(int i) {
     if constexpr (kDeviceKernels) {
       if (stage_.pre) s.token_order = make_int("model::token_order", rows_);
       if (stage_.pre && cfg_.reset_position_ids) s.position_order = make_int("model::position_order", rows_);
+      if (cfg_.padding_mask()) s.padding_len = make_int("model::padding_len", B_);
     }
     if (cfg_.reset_attention_mask) s.doc_start = make_int("model::doc_start", rows_);
     if (dec_start_ >= 0) {
@@ -290,10 +292,10 @@ std::int64_t LanguageModel::activation_bytes_per_slot() const {
   if (slots_.empty()) return 0;
   const Slot& s = slots_.front();
   std::int64_t n = static_cast<std::int64_t>(s.input.span() + s.head_grad.span() + s.tokens.span() + s.types.span() +
-                                             s.padding.span() + s.positions.span() + s.doc_start.span() +
-                                             s.token_order.span() + s.position_order.span() + s.dec_tokens.span() +
-                                             s.dec_input.span() + s.enc_mean.span() + s.enc_rstd.span() +
-                                             s.denc.span() + s.send.span()) *
+                                             s.padding.span() + s.padding_len.span() + s.positions.span() +
+                                             s.doc_start.span() + s.token_order.span() + s.position_order.span() +
+                                             s.dec_tokens.span() + s.dec_input.span() + s.enc_mean.span() +
+                                             s.enc_rstd.span() + s.denc.span() + s.send.span()) *
                        4 +
                    s.enc_out.bytes();
   for (const auto& a : s.acts) n += a.bytes();
@@ -415,7 +417,8 @@ void LanguageModel::run_layer_forward(Slot& s, std::int64_t l, const FloatView& 
   if (part(l))  // decoder layer: cross-attention over the encoder output
     layers_[l]->forward(x, s.rng, a, *scratch_[1], TokenInfo{}, s.enc_out, s.padding);
   else
-    layers_[l]->forward(x, s.rng, a, *scratch_[0], TokenInfo{s.padding, s.doc_start, s.positions});
+    layers_[l]->forward(x, s.rng, a, *scratch_[0],
+                        TokenInfo{s.padding, s.doc_start, s.positions, s.padding_lengths ? s.padding_len : IntView()});
 }
 
 double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const FloatView& input, bool training,
@@ -424,6 +427,8 @@ double LanguageModel::stage_forward(int slot_index, const MicroBatch& mb, const 
   s.rng = training ? rng : DropoutStreams{};
   // the per-token masks and positions are kept until the slot's backward pass
   if (cfg_.padding_mask()) device_copy(s.padding, mb.padding);
+  s.padding_lengths = mb.padding_lengths && mb.padding_len.extent(0) == s.padding_len.extent(0);
+  if (s.padding_lengths) device_copy(s.padding_len, mb.padding_len);
   if (cfg_.reset_position_ids) device_copy(s.positions, mb.positions);
   if (cfg_.reset_attention_mask) device_copy(s.doc_start, mb.doc_start);
   if (stage_.pre) {

@@ -154,6 +154,8 @@ class LanguageModel {
     IntView tokens;                // (BT) tokens, for the embedding backward (pre)
     IntView types;                 // (BT) token types (num_token_types > 0, pre)
     IntView padding;               // (BT) the micro-batch's padding mask (padding-masked layers): their key mask
+    IntView padding_len;           // (B) device kernels: the same as lengths (MicroBatch::padding_len)
+    bool padding_lengths = false;  // whether the micro-batch held in this slot came with them
     IntView positions, doc_start;  // (BT) packed documents: the micro-batch's (kept until the backward pass)
     // (BT) device kernels: the micro-batch's row orders (MicroBatch::token_order) and whether the
     // micro-batch held in this slot came with them

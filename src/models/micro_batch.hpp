@@ -27,6 +27,11 @@ struct MicroBatch {
   // (ops/embedding.hpp). Filled by every upload (train/family_task.hpp Batch::finish).
   IntView token_order, position_order;                   // as tokens, positions
   bool token_ordered = false, position_ordered = false;  // whether this upload filled them
+  // Device kernels, padding-masked models: the padding as one length per sample (B), where every
+  // sample's valid positions are a prefix of at least one (cuDNN's padding mask; ops/sdpa.hpp), and
+  // whether this upload filled it.
+  IntView padding_len;
+  bool padding_lengths = false;
   std::int64_t num_targets = 0, num_sentences = 0;
 };
 

@@ -42,6 +42,10 @@ struct AttentionMask {
   // j >= doc_start(b * T + i), the first position of its document (Megatron's
   // --reset-attention-mask); empty: no document bound.
   IntView doc_start;
+  // (B), where given with key_valid: every sample's valid keys are its first key_len(b) >= 1 (the
+  // same mask as one length per sample: cuDNN's padding mask, ops/sdpa). Trident's kernels read
+  // key_valid.
+  IntView key_len;
 };
 
 // Storage: the activations (qkv, q, kv, the probabilities att and att_drop, the output y) are

@@ -2,6 +2,7 @@
 // calls into ops/sdpa_cudnn_cuda.cpp.
 #include "ops/sdpa.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <vector>
@@ -21,11 +22,22 @@ std::string SdpaPlan::key() const {
     for (int i = 0; i < 4; ++i) out << t->dim[i] << ':' << t->stride[i] << (i < 3 ? "," : "");
     out << '+' << t->offset << ']';
   }
-  out << " scale" << scale << " causal" << causal << " dropout" << dropout;
+  out << " scale" << scale << " causal" << causal << " dropout" << dropout << " padded" << padded;
   return out.str();
 }
 
-SdpaPlan sdpa_plan(const AttentionShape& s, DType dt, bool causal, float dropout) {
+bool SdpaPlan::same_graph(const SdpaPlan& o) const {
+  const auto same = [](const SdpaTensor& a, const SdpaTensor& b) {
+    for (int i = 0; i < 4; ++i)
+      if (a.dim[i] != b.dim[i] || a.stride[i] != b.stride[i]) return false;
+    return a.offset == b.offset;
+  };
+  return bf16 == o.bf16 && b == o.b && h_q == o.h_q && h_kv == o.h_kv && s == o.s && d == o.d && same(q, o.q) &&
+         same(k, o.k) && same(v, o.v) && same(this->o, o.o) && same(stats, o.stats) && scale == o.scale &&
+         causal == o.causal && dropout == o.dropout && padded == o.padded;
+}
+
+SdpaPlan sdpa_plan(const AttentionShape& s, DType dt, bool causal, float dropout, bool padded) {
   SdpaPlan p;
   std::ostringstream why;
   const std::int64_t d = s.hs(), W = s.C + 2 * s.kv_C();
@@ -70,18 +82,22 @@ SdpaPlan sdpa_plan(const AttentionShape& s, DType dt, bool causal, float dropout
   p.scale = 1.f / std::sqrt(static_cast<float>(d));
   p.causal = causal;
   p.dropout = dropout;
+  p.padded = padded;
   return p;
 }
 
 std::string sdpa_mask_error(const AttentionMask& mask) {
-  if (mask.key_valid.extent(0) > 0) return "a key-padding mask (cuDNN's padding masks take a length per sample)";
+  if (mask.key_valid.extent(0) > 0 && mask.key_len.extent(0) == 0)
+    return "a key-padding mask that is not a prefix of every sample's keys (cuDNN's padding masks take a length "
+           "per sample)";
   if (mask.doc_start.extent(0) > 0) return "document starts (packed documents would need cuDNN's ragged layout)";
   return "";
 }
 
 namespace {
 
-void check_call(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop) {
+void check_call(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop,
+                const SdpaLengths& len) {
   TRIDENT_REQUIRE(p.error.empty(), "sdpa: " << p.error);
   const DType dt = p.bf16 ? DType::BF16 : DType::F16;
   TRIDENT_REQUIRE(qkv.dt == dt && y.dt == dt, "internal: sdpa: qkv and y must be " << dtype_name(dt));
@@ -91,6 +107,10 @@ void check_call(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView
                   "internal: sdpa: buffers smaller than the plan");
   TRIDENT_REQUIRE(drop.p == p.dropout && !drop.mapped() && drop.heads == 0,
                   "internal: sdpa: the call's dropout is not the plan's");
+  TRIDENT_REQUIRE(p.padded ? static_cast<std::int64_t>(len.q.extent(0)) >= p.b &&
+                                 static_cast<std::int64_t>(len.kv.extent(0)) >= p.b
+                           : len.kv.extent(0) == 0,
+                  "internal: sdpa: the call's sequence lengths are not the plan's");
 }
 
 }  // namespace
@@ -103,8 +123,11 @@ template <class F>
 struct StandIn {
   const SdpaPlan& p;
   const DropoutSpec& drop;
+  const std::int32_t* kv_len;  // (b) the valid keys of each sample, where padded
   std::int64_t rep() const { return p.h_q / p.h_kv; }
-  std::int64_t last_key(std::int64_t i) const { return p.causal ? i : p.s - 1; }
+  // keys of sample b: [0, keys(b)); the last key query i attends to
+  std::int64_t keys(std::int64_t b) const { return p.padded ? kv_len[b] : p.s; }
+  std::int64_t last_key(std::int64_t b, std::int64_t i) const { return std::min(p.causal ? i : p.s - 1, keys(b) - 1); }
   // the dropout factor of probability (b, h, i, j): 0 or 1 / (1 - p)
   float keep(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     if (!drop.active()) return 1.f;
@@ -124,21 +147,21 @@ struct StandIn {
 
 template <class F>
 void stand_in_forward(const SdpaPlan& p, const DropoutSpec& drop, const std::uint16_t* qkv, std::uint16_t* y,
-                      float* lse) {
-  const StandIn<F> S{p, drop};
+                      float* lse, const std::int32_t* kv_len) {
+  const StandIn<F> S{p, drop, kv_len};
   const std::int64_t rows = p.b * p.h_q * p.s;
 #if defined(TRIDENT_HOST_OPENMP)
 #pragma omp parallel for if (rows * p.s > 65536)
 #endif
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t b = r / (p.h_q * p.s), h = (r / p.s) % p.h_q, i = r % p.s, g = h / S.rep();
-    std::vector<float> sc(static_cast<size_t>(S.last_key(i) + 1)), o(static_cast<size_t>(p.d), 0.f);
+    const std::int64_t last = S.last_key(b, i);
+    std::vector<float> sc(static_cast<size_t>(last + 1)), o(static_cast<size_t>(p.d), 0.f);
     float m = -INFINITY;
-    for (std::int64_t j = 0; j <= S.last_key(i); ++j)
-      m = std::max(m, sc[static_cast<size_t>(j)] = S.score(qkv, b, h, i, j));
+    for (std::int64_t j = 0; j <= last; ++j) m = std::max(m, sc[static_cast<size_t>(j)] = S.score(qkv, b, h, i, j));
     float l = 0.f;
     for (float& e : sc) l += (e = std::exp(e - m));
-    for (std::int64_t j = 0; j <= S.last_key(i); ++j) {
+    for (std::int64_t j = 0; j <= last; ++j) {
       const float w = sc[static_cast<size_t>(j)] / l * S.keep(b, h, i, j);
       if (w == 0.f) continue;
       const std::int64_t vj = p.v.at(b, g, j, 0);
@@ -151,8 +174,8 @@ void stand_in_forward(const SdpaPlan& p, const DropoutSpec& drop, const std::uin
 
 template <class F>
 void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::uint16_t* qkv, const std::uint16_t* y,
-                       const std::uint16_t* dy, const float* lse, std::uint16_t* dqkv) {
-  const StandIn<F> S{p, drop};
+                       const std::uint16_t* dy, const float* lse, std::uint16_t* dqkv, const std::int32_t* kv_len) {
+  const StandIn<F> S{p, drop, kv_len};
   const std::int64_t rows = p.b * p.h_q * p.s, rep = S.rep();
   std::vector<float> D(static_cast<size_t>(rows));  // rowsum(dO o): the softmax backward's delta
   const auto at = [&](std::int64_t r, std::int64_t& b, std::int64_t& h, std::int64_t& i) {
@@ -174,7 +197,7 @@ void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::ui
     at(r, b, h, i);
     D[static_cast<size_t>(r)] = S.dot(dy, p.o.at(b, h, i, 0), y, p.o.at(b, h, i, 0));
     std::vector<float> dq(static_cast<size_t>(p.d), 0.f);
-    for (std::int64_t j = 0; j <= S.last_key(i); ++j) {
+    for (std::int64_t j = 0; j <= S.last_key(b, i); ++j) {
       float pd;
       const float ds = grad(b, h, i, j, pd) * p.scale;
       const std::int64_t kj = p.k.at(b, h / rep, j, 0);
@@ -190,7 +213,7 @@ void stand_in_backward(const SdpaPlan& p, const DropoutSpec& drop, const std::ui
   for (std::int64_t r = 0; r < krows; ++r) {
     const std::int64_t b = r / (p.h_kv * p.s), g = (r / p.s) % p.h_kv, j = r % p.s;
     std::vector<float> dk(static_cast<size_t>(p.d), 0.f), dv(static_cast<size_t>(p.d), 0.f);
-    for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h)
+    for (std::int64_t h = g * rep; h < (g + 1) * rep && j < S.keys(b); ++h)  // a padded key: zero
       for (std::int64_t i = p.causal ? j : 0; i < p.s; ++i) {
         float pd;
         const float ds = grad(b, h, i, j, pd) * p.scale;
@@ -214,26 +237,29 @@ std::string sdpa_unavailable() {
   return "";
 }
 
-void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop) {
-  check_call(p, qkv, y, lse, drop);
+void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop,
+                  const SdpaLengths& len) {
+  check_call(p, qkv, y, lse, drop, len);
   const GemmRegion region("ops::sdpa_forward");
   if (p.bf16)
-    stand_in_forward<Bf16Fmt>(p, drop, qkv.h.data(), y.h.data(), lse.data());
+    stand_in_forward<Bf16Fmt>(p, drop, qkv.h.data(), y.h.data(), lse.data(), len.kv.data());
   else
-    stand_in_forward<Fp16Fmt>(p, drop, qkv.h.data(), y.h.data(), lse.data());
+    stand_in_forward<Fp16Fmt>(p, drop, qkv.h.data(), y.h.data(), lse.data(), len.kv.data());
 }
 
 void sdpa_backward(const SdpaPlan& p, const Act& qkv, const Act& y, const HalfView& dy16, const FloatView& lse,
-                   const HalfView& dqkv16, const DropoutSpec& drop) {
-  check_call(p, qkv, y, lse, drop);
+                   const HalfView& dqkv16, const DropoutSpec& drop, const SdpaLengths& len) {
+  check_call(p, qkv, y, lse, drop, len);
   TRIDENT_REQUIRE(dy16.extent(0) >= static_cast<size_t>(y.size()) &&
                       dqkv16.extent(0) >= static_cast<size_t>(qkv.size()),
                   "internal: sdpa: gradient buffers smaller than the plan");
   const GemmRegion region("ops::sdpa_backward");
   if (p.bf16)
-    stand_in_backward<Bf16Fmt>(p, drop, qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data());
+    stand_in_backward<Bf16Fmt>(p, drop, qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data(),
+                               len.kv.data());
   else
-    stand_in_backward<Fp16Fmt>(p, drop, qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data());
+    stand_in_backward<Fp16Fmt>(p, drop, qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data(),
+                               len.kv.data());
 }
 #else
 // ---- CUDA: cuDNN (ops/sdpa_cudnn_cuda.cpp) ----------------------------------------------------------
@@ -267,24 +293,28 @@ std::string sdpa_unavailable() {
 #endif
 }
 
-void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop) {
-  check_call(p, qkv, y, lse, drop);
+void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop,
+                  const SdpaLengths& len) {
+  check_call(p, qkv, y, lse, drop, len);
 #if defined(TRIDENT_HAVE_CUDNN)
   const std::int64_t* rng = rng_state(drop);
   const GemmRegion region("ops::sdpa_forward");
-  cudnn_sdpa::forward(p, stream(), qkv.h.data(), y.h.data(), lse.data(), rng);
+  cudnn_sdpa::forward(p, stream(), qkv.h.data(), y.h.data(), lse.data(), rng, len.q.data(), len.kv.data());
 #else
   TRIDENT_REQUIRE(false, "sdpa: " << sdpa_unavailable());
 #endif
 }
 
 void sdpa_backward(const SdpaPlan& p, const Act& qkv, const Act& y, const HalfView& dy16, const FloatView& lse,
-                   const HalfView& dqkv16, const DropoutSpec& drop) {
-  check_call(p, qkv, y, lse, drop);
+                   const HalfView& dqkv16, const DropoutSpec& drop, const SdpaLengths& len) {
+  check_call(p, qkv, y, lse, drop, len);
 #if defined(TRIDENT_HAVE_CUDNN)
   const std::int64_t* rng = rng_state(drop);
+  // the padded keys' dk and dv are zero: set here, not left to what cuDNN writes past a length
+  if (p.padded) Kokkos::deep_copy(ExecSpace(), dqkv16, std::uint16_t{0});
   const GemmRegion region("ops::sdpa_backward");
-  cudnn_sdpa::backward(p, stream(), qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data(), rng);
+  cudnn_sdpa::backward(p, stream(), qkv.h.data(), y.h.data(), dy16.data(), lse.data(), dqkv16.data(), rng, len.q.data(),
+                       len.kv.data());
 #else
   (void)dy16;
   (void)dqkv16;

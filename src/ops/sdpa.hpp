@@ -23,18 +23,29 @@ namespace trident {
 // The plan of self-attention of shape s over 16-bit qkv of type dt, with dropout probability p
 // (plan.error says why cuDNN cannot serve it: fp32, cross-attention, a head size it does not take,
 // context-parallel dropout).
-SdpaPlan sdpa_plan(const AttentionShape& s, DType dt, bool causal, float dropout);
-// "" when cuDNN can express the mask of a call (causal or not), else why not: a key-padding mask
-// (cuDNN's padding masks take a length per sample, not a flag per key) or document starts
-// (packed documents would need cuDNN's ragged layout, one sequence per document).
+// padded: the calls give each sample's key count (SdpaLengths; cuDNN's padding mask).
+SdpaPlan sdpa_plan(const AttentionShape& s, DType dt, bool causal, float dropout, bool padded = false);
+// "" when cuDNN can express the mask of a call (causal or not; a key-padding mask given also as one
+// key count per sample, AttentionMask::key_len), else why not: a key-padding mask that is not a
+// prefix of each sample's keys (cuDNN's padding masks take a length per sample, not a flag per
+// key) or document starts (packed documents would need cuDNN's ragged layout, one sequence per
+// document).
 std::string sdpa_mask_error(const AttentionMask& mask);
+// A padded plan's sequence lengths, b int32 each (device memory): q the valid queries of each
+// sample (Trident gives s: every query row is computed, as its own kernels do), kv its valid keys
+// (AttentionMask::key_len). Empty for a plan that is not padded.
+struct SdpaLengths {
+  IntView q, kv;
+};
 // "" where this build can run sdpa_forward / sdpa_backward, else why not.
 std::string sdpa_unavailable();
 
 // qkv (B, T, C + 2 Ckv) -> y (B, T, C), lse (B, nh, T); qkv and y 16-bit of the plan's type.
-void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop);
-// dy16 (B, T, C) 16-bit -> dqkv16 (B, T, C + 2 Ckv) 16-bit (overwritten); qkv, y, lse the forward's.
+void sdpa_forward(const SdpaPlan& p, const Act& qkv, const Act& y, const FloatView& lse, const DropoutSpec& drop,
+                  const SdpaLengths& len = {});
+// dy16 (B, T, C) 16-bit -> dqkv16 (B, T, C + 2 Ckv) 16-bit (overwritten, zero at padded keys); qkv,
+// y, lse the forward's.
 void sdpa_backward(const SdpaPlan& p, const Act& qkv, const Act& y, const HalfView& dy16, const FloatView& lse,
-                   const HalfView& dqkv16, const DropoutSpec& drop);
+                   const HalfView& dqkv16, const DropoutSpec& drop, const SdpaLengths& len = {});
 
 }  // namespace trident

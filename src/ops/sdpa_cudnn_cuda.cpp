@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+#include <vector>
 
 #include "common/error.hpp"
 #include "ops/sdpa_plan.hpp"
@@ -27,7 +28,7 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // the graphs' tensor ids
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset, kSeqQ, kSeqKV };
 
 constexpr std::size_t kMinVersion = 90100;  // grouped-query heads in the backward graph
 
@@ -84,6 +85,15 @@ std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph& g, const 
                       .set_stride({1, 1, 1, 1})
                       .set_data_type(fe::DataType_t::INT64));
 }
+// a padded plan's sequence lengths: one int32 per sample
+std::shared_ptr<fe::graph::Tensor_attributes> lengths(fe::graph::Graph& g, const char* name, Uid uid, std::int64_t b) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({b, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT32));
+}
 void set_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const SdpaTensor& s) {
   t->set_output(true)
       .set_uid(uid)
@@ -109,6 +119,10 @@ void common_options(Attr& a, const SdpaPlan& p, fe::graph::Graph& g) {
   a.set_attn_scale(p.scale);
   if (p.causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (p.dropout > 0.f) a.set_dropout(p.dropout, scalar(g, "seed", kSeed), scalar(g, "offset", kOffset));
+  if (p.padded)
+    a.set_padding_mask(true)
+        .set_seq_len_q(lengths(g, "seq_len_q", kSeqQ, p.b))
+        .set_seq_len_kv(lengths(g, "seq_len_kv", kSeqKV, p.b));
 }
 
 void finish(Built& b, const SdpaPlan& p, cudnnHandle_t h) {
@@ -152,11 +166,17 @@ Built build_backward(const SdpaPlan& p, cudnnHandle_t h) {
   return b;
 }
 
-// The graphs built so far (per direction and plan key) and one workspace for all, grown to the
-// largest; building happens on a plan's first call only.
+// The graphs built so far (per direction and plan: a few per model, found by comparing the plans'
+// fields, SdpaPlan::same_graph) and one workspace for all, grown to the largest; building happens
+// on a plan's first call only.
+struct Entry {
+  SdpaPlan plan;
+  bool backward = false;
+  Built built;
+};
 struct Cache {
   std::mutex m;
-  std::unordered_map<std::string, Built> graphs;
+  std::vector<std::unique_ptr<Entry>> graphs;
   void* workspace = nullptr;
   std::int64_t workspace_bytes = 0;
 };
@@ -168,19 +188,24 @@ Cache& cache() {
 const Built& graph_for(const SdpaPlan& p, bool backward, cudnnHandle_t h, void*& workspace) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.m);
-  const std::string key = (backward ? "bwd " : "fwd ") + p.key();
-  auto it = c.graphs.find(key);
-  if (it == c.graphs.end()) {
-    it = c.graphs.emplace(key, backward ? build_backward(p, h) : build_forward(p, h)).first;
-    if (it->second.workspace > c.workspace_bytes) {
-      if (c.workspace) cudaFree(c.workspace);
-      TRIDENT_REQUIRE(cudaMalloc(&c.workspace, static_cast<std::size_t>(it->second.workspace)) == cudaSuccess,
-                      "cuDNN fused attention: no device memory for its " << it->second.workspace << "-byte workspace");
-      c.workspace_bytes = it->second.workspace;
+  for (const auto& e : c.graphs)
+    if (e->backward == backward && e->plan.same_graph(p)) {
+      workspace = c.workspace;
+      return e->built;
     }
+  auto e = std::make_unique<Entry>();
+  e->plan = p;
+  e->backward = backward;
+  e->built = backward ? build_backward(p, h) : build_forward(p, h);
+  if (e->built.workspace > c.workspace_bytes) {
+    if (c.workspace) cudaFree(c.workspace);  // (cudaFree waits for the device's queued work)
+    TRIDENT_REQUIRE(cudaMalloc(&c.workspace, static_cast<std::size_t>(e->built.workspace)) == cudaSuccess,
+                    "cuDNN fused attention: no device memory for its " << e->built.workspace << "-byte workspace");
+    c.workspace_bytes = e->built.workspace;
   }
+  c.graphs.push_back(std::move(e));
   workspace = c.workspace;
-  return it->second;
+  return c.graphs.back()->built;
 }
 
 void* at(const void* base, const SdpaTensor& t) {  // element (0, 0, 0, 0) of a 16-bit tensor
@@ -188,10 +213,14 @@ void* at(const void* base, const SdpaTensor& t) {  // element (0, 0, 0, 0) of a 
 }
 
 void run(const SdpaPlan& p, const Built& b, cudnnHandle_t h, std::unordered_map<std::int64_t, void*>& pack,
-         void* workspace, const std::int64_t* rng) {
+         void* workspace, const std::int64_t* rng, const std::int32_t* seq_q, const std::int32_t* seq_kv) {
   if (p.dropout > 0.f) {
     pack[kSeed] = const_cast<std::int64_t*>(rng);
     pack[kOffset] = const_cast<std::int64_t*>(rng + 1);
+  }
+  if (p.padded) {
+    pack[kSeqQ] = const_cast<std::int32_t*>(seq_q);
+    pack[kSeqKV] = const_cast<std::int32_t*>(seq_kv);
   }
   check(b.graph->execute(h, pack, workspace), "execute", p);
 }
@@ -203,18 +232,19 @@ std::string unavailable() {
   return why;
 }
 
-void forward(const SdpaPlan& p, void* stream, const void* qkv, void* y, float* stats, const std::int64_t* rng) {
+void forward(const SdpaPlan& p, void* stream, const void* qkv, void* y, float* stats, const std::int64_t* rng,
+             const std::int32_t* seq_q, const std::int32_t* seq_kv) {
   TRIDENT_REQUIRE(unavailable().empty(), "cuDNN fused attention: " << unavailable());
   const cudnnHandle_t h = handle(stream);
   void* workspace = nullptr;
   const Built& b = graph_for(p, false, h, workspace);
   std::unordered_map<std::int64_t, void*> pack = {
       {kQ, at(qkv, p.q)}, {kK, at(qkv, p.k)}, {kV, at(qkv, p.v)}, {kO, at(y, p.o)}, {kStats, stats}};
-  run(p, b, h, pack, workspace, rng);
+  run(p, b, h, pack, workspace, rng, seq_q, seq_kv);
 }
 
 void backward(const SdpaPlan& p, void* stream, const void* qkv, const void* y, const void* dy, const float* stats,
-              void* dqkv, const std::int64_t* rng) {
+              void* dqkv, const std::int64_t* rng, const std::int32_t* seq_q, const std::int32_t* seq_kv) {
   TRIDENT_REQUIRE(unavailable().empty(), "cuDNN fused attention: " << unavailable());
   const cudnnHandle_t h = handle(stream);
   void* workspace = nullptr;
@@ -224,7 +254,7 @@ void backward(const SdpaPlan& p, void* stream, const void* qkv, const void* y, c
                                                   {kDO, at(dy, p.o)},   {kStats, const_cast<float*>(stats)},
                                                   {kDQ, at(dqkv, p.q)}, {kDK, at(dqkv, p.k)},
                                                   {kDV, at(dqkv, p.v)}};
-  run(p, b, h, pack, workspace, rng);
+  run(p, b, h, pack, workspace, rng, seq_q, seq_kv);
 }
 
 }  // namespace cudnn_sdpa

@@ -29,11 +29,25 @@ bool Batch::upload_order(const StagingView& keys, std::int64_t n, const StagingV
   return true;
 }
 
+bool Batch::upload_padding_lengths(const StagingView& pad, const StagingView& staged, const IntView& len) {
+  if (static_cast<std::int64_t>(len.extent(0)) != B) return false;
+  for (std::int64_t j = 0; j < B; ++j) {
+    std::int64_t n = 0;
+    while (n < S && pad(j * S + n) != 0) ++n;
+    if (n == 0) return false;
+    for (std::int64_t t = n; t < S; ++t)
+      if (pad(j * S + t) != 0) return false;  // a hole: not a prefix
+    staged(j) = static_cast<std::int32_t>(n);
+  }
+  device_copy(len, Kokkos::subview(staged, std::make_pair(std::int64_t{0}, B)));
+  return true;
+}
+
 void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   Staging& st = stage_[next_];
   next_ ^= 1;
   if (st.uploaded.recorded() && !st.uploaded.passed()) st.uploaded.wait();
-  mb.token_ordered = mb.position_ordered = false;
+  mb.token_ordered = mb.position_ordered = mb.padding_lengths = false;
   auto check = [&](std::int32_t id) {
     if (id < 0 || id >= vocab)
       throw Error::one("data: token id " + std::to_string(id) + " is outside the vocabulary of " +
@@ -62,6 +76,7 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
     device_copy(mb.tokens, st.h_tokens);
     mb.token_ordered = upload_order(st.h_tokens, B * S, st.h_token_order, mb.token_order);
     device_copy(mb.padding, st.h_padding);
+    mb.padding_lengths = upload_padding_lengths(st.h_padding, st.h_padding_len, mb.padding_len);
     device_copy(mb.dec_tokens, st.h_dec);
     device_copy(mb.targets, st.h_targets);
     mb.num_targets = labelled;
@@ -152,6 +167,7 @@ void Batch::finish(std::int64_t vocab, MicroBatch& mb) {
   }
   device_copy(mb.types, st.h_types);
   device_copy(mb.padding, st.h_padding);
+  mb.padding_lengths = upload_padding_lengths(st.h_padding, st.h_padding_len, mb.padding_len);
   device_copy(mb.sentence_order, st.h_order);
   mb.num_targets = labelled;
   mb.num_sentences = ordered;

@@ -48,6 +48,7 @@ struct Batch {
       s.h_padding = StagingView("batch::h_padding", B * S);
       s.h_order = StagingView("batch::h_order", B);
       s.h_dec = StagingView("batch::h_dec", B * Sd);
+      s.h_padding_len = StagingView("batch::h_padding_len", B);
       if constexpr (kDeviceKernels) {
         s.h_token_order = StagingView("batch::h_token_order", B * S);
         s.h_position_order = StagingView("batch::h_position_order", B * S);
@@ -98,6 +99,7 @@ struct Batch {
     StagingView l_tokens, l_targets, l_positions, l_doc_start;  // this rank's rows (cp > 1)
     StagingView h_tokens, h_targets, h_types, h_padding, h_order, h_dec, h_positions, h_doc_start;
     StagingView h_token_order, h_position_order;  // MicroBatch::token_order, position_order (device kernels)
+    StagingView h_padding_len;                    // MicroBatch::padding_len
     StreamMark uploaded;                          // after this buffer's last copies
   };
 
@@ -107,6 +109,10 @@ struct Batch {
   // Device kernels: uploads into `order` (when sized n) the rows of keys[0, n) sorted by key, ties by
   // row, staged in `staged`; returns whether it did.
   bool upload_order(const StagingView& keys, std::int64_t n, const StagingView& staged, const IntView& order);
+  // Uploads into `len` (when sized B: the models of device kernels size it) each sample's count of
+  // valid positions of the padding mask `pad` (B x S), staged in `staged`, where every sample's
+  // valid positions are a prefix of at least one; returns whether it did.
+  bool upload_padding_lengths(const StagingView& pad, const StagingView& staged, const IntView& len);
   std::vector<std::uint64_t> sort_keys_;
 };
 

@@ -36,15 +36,22 @@ CASES = [
     # two ranks, tensor-parallel: the vocabulary-parallel 16-bit classifier and the sequence-parallel kernels
     ("gpt_bf16_tp2_sp", "inputs/gpt_tiny_ci.ini", ["--parallel.tp", "2", "--parallel.sequence_parallel", "true",
                                                    "--precision.dtype", "bf16"], 1e-4, 2e-3),
+    # BERT's padded samples: the cudnn entry with the padding as one length per sample
+    ("bert_bf16_fused", "inputs/bert_tiny_ci.ini", ["--model.flash_attention", "true", "--precision.dtype", "bf16"],
+     1e-4, 2e-3),
 ]
 RANKS = {"gpt_bf16_tp2_sp": 2}  # cases run on more than one rank (mpiexec -n)
+# cases of another app than pretrain_gpt: (app, shards and vocabulary under data/sample)
+APPS = {"bert_bf16_fused": ("pretrain_bert", "kjv_bert_*.h5", ["--data.vocab_file", "bert/vocab.txt"])}
+# cases whose device run must take the cudnn entry for every micro-batch (no fallback note)
+CUDNN_ONLY = {"bert_bf16_fused"}
 ITERS = 8
 
 
-def train(app, root, deck, extra, metrics, log, ranks=1):
-    cmd = ([os.environ.get("MPIEXEC", "mpiexec"), "-n", str(ranks)] if ranks > 1 else []) + [app, "--deck", os.path.join(root, deck), "--data.train_shards",
-           os.path.join(root, "data", "sample", "kjv_gpt2_*.h5"), "--train.iters", str(ITERS),
-           "--eval.interval", "0", "--log.metrics_file", metrics] + extra
+def train(app, root, deck, extra, metrics, log, ranks=1, shards="kjv_gpt2_*.h5"):
+    cmd = ([os.environ.get("MPIEXEC", "mpiexec"), "-n", str(ranks)] if ranks > 1 else []) + [
+        app, "--deck", os.path.join(root, deck), "--data.train_shards", os.path.join(root, "data", "sample", shards),
+        "--train.iters", str(ITERS), "--eval.interval", "0", "--log.metrics_file", metrics] + extra
     with open(log, "w") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=300).returncode
     if rc != 0:
@@ -71,11 +78,20 @@ def main():
     failed = 0
     for name, deck, extra, tol_loss, tol_norm in CASES:
         runs = {}
+        exe, shards, more = APPS.get(name, ("pretrain_gpt", "kjv_gpt2_*.h5", []))
+        more = [more[0], os.path.join(a.root, "data", "sample", more[1])] if more else []
         for build, app in (("host", a.host_app), ("device", a.device_app)):
             d = os.path.join(a.work, name, build)
             os.makedirs(d)
-            runs[build] = train(app, a.root, deck, extra, os.path.join(d, "metrics.csv"), os.path.join(d, "out.txt"),
-                                RANKS.get(name, 1))
+            runs[build] = train(os.path.join(os.path.dirname(app), exe), a.root, deck, extra + more,
+                                os.path.join(d, "metrics.csv"), os.path.join(d, "out.txt"), RANKS.get(name, 1), shards)
+        if name in CUDNN_ONLY:
+            with open(os.path.join(a.work, name, "device", "out.txt")) as f:
+                out = f.read()
+            if "attention: cudnn" not in out or "cannot express" in out:
+                print(f"compare_training: {name}: the device run did not take the cudnn entry for every micro-batch")
+                failed += 1
+                continue
         h, g = runs["host"], runs["device"]
         if len(h) != ITERS or len(g) != ITERS:
             print(f"compare_training: {name}: {len(h)} and {len(g)} iterations written, {ITERS} expected")

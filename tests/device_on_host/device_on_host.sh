@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The kernels' device layouts run on the host (CTest device_on_host, label device_on_host): CI has no
-# GPU, so the branches a CUDA build takes (common/device_parallel.hpp kDeviceKernels: a team per
+# GPU, so the branches a CUDA build takes (common/device_parallel.hpp kDeviceKernels: a warp per
 # row, two-pass column sums, the fused attention's device kernels, the optimizer's one value per
 # thread) would otherwise never run before a GPU is lent. This script configures a second build of
-# the same tree with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON, builds the unit tests of the kernels and
-# pretrain_gpt, runs the unit tests (each checks its kernels against a definition or finite
-# differences), and trains GPT and Llama tiny decks in both builds, comparing the losses and gradient
-# norms of every iteration: the device layouts add in other orders than the host's, so they agree
-# to rounding, not bitwise. Last, it profiles the device path's launches and waits per training
-# step (perf/step_profile.py) at GPT-2 124M and Llama-3-8B shapes and holds them to their budgets.
+# the same tree with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON, builds the unit tests of the kernels,
+# pretrain_gpt and pretrain_bert, runs the unit tests (each checks its kernels against a definition
+# or finite differences), and trains GPT, Llama, MoE and BERT tiny decks in both builds, comparing
+# the losses and gradient norms of every iteration: the device layouts add in other orders than the
+# host's, so they agree to rounding, not bitwise. Last, it profiles the device path's launches and
+# waits per training step (perf/step_profile.py) at GPT-2 124M and Llama-3-8B shapes and holds them
+# to their budgets.
 #
 #   bash tests/device_on_host/device_on_host.sh ROOT MAIN_BUILD
 #
@@ -40,7 +41,7 @@ if command -v ccache >/dev/null 2>&1; then
 fi
 tests=(test_ops test_fused test_flash_attention test_grouped_attention test_packed_sequences test_ring_attention test_layer_variants test_dropout test_moe test_model test_model_families test_device_parallel)
 build=$main/device-on-host
-echo "device_on_host: building ${tests[*]} pretrain_gpt with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON in $build" \
+echo "device_on_host: building ${tests[*]} pretrain_gpt pretrain_bert with -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON in $build" \
   "($jobs jobs, $cache_note)"
 if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_DEVICE_KERNELS_ON_HOST=ON \
   -DTRIDENT_HOST_ARCH="$(cache_value TRIDENT_HOST_ARCH)" -DCMAKE_CXX_COMPILER="$cxx" \
@@ -49,7 +50,7 @@ if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_DEVICE_KE
   fail "configure (log: $build.configure.log)"
 fi
 grep -q "^TRIDENT_DEVICE_KERNELS_ON_HOST:BOOL=ON" "$build/CMakeCache.txt" || fail "the second build did not take the option"
-if ! cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt trident_kernel_timer >"$build.build.log" 2>&1; then
+if ! cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt pretrain_bert trident_kernel_timer >"$build.build.log" 2>&1; then
   grep -m 20 -E "error|Error" "$build.build.log" >&2
   fail "build (log: $build.build.log)"
 fi

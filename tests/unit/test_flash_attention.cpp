@@ -163,23 +163,37 @@ TEST(Sdpa, PlanAddressesTridentsLayoutAndRefusesWhatCudnnCannotRun) {
           ASSERT_EQ(p.v.at(b, g, t, c), (b * s.T + t) * W + s.C + s.kv_C() + g * hs + c);
         }
       }
-  // the graph cache tells apart what shapes a graph
-  EXPECT_NE(p.key(), sdpa_plan(s, DType::BF16, false, 0.1f).key());
-  EXPECT_NE(p.key(), sdpa_plan(s, DType::BF16, true, 0.f).key());
-  EXPECT_NE(p.key(), sdpa_plan(s, DType::F16, true, 0.1f).key());
+  // the graph cache tells apart what shapes a graph, by its fields as by its text
+  AttentionShape longer = s, wider{2, 5, 64, 4}, grouped = s;
+  longer.T = 6;
+  grouped.ng = 4;
+  for (const SdpaPlan& o : {sdpa_plan(s, DType::BF16, false, 0.1f), sdpa_plan(s, DType::BF16, true, 0.f),
+                            sdpa_plan(s, DType::F16, true, 0.1f), sdpa_plan(s, DType::BF16, true, 0.1f, true),
+                            sdpa_plan(longer, DType::BF16, true, 0.1f), sdpa_plan(wider, DType::BF16, true, 0.1f),
+                            sdpa_plan(grouped, DType::BF16, true, 0.1f)}) {
+    EXPECT_NE(p.key(), o.key());
+    EXPECT_FALSE(p.same_graph(o)) << o.key();
+  }
+  EXPECT_TRUE(p.same_graph(sdpa_plan(s, DType::BF16, true, 0.1f)));
+  SdpaPlan moved = p;
+  moved.o.offset = 1;
+  EXPECT_FALSE(p.same_graph(moved));
   // refused, each with its reason
   EXPECT_NE(sdpa_plan(s, DType::F32, true, 0.f).error.find("fp32"), std::string::npos);
   AttentionShape big{1, 4, 2 * 160, 2}, odd{1, 4, 2 * 12, 2}, cross{1, 4, 32, 4, 6};
   EXPECT_NE(sdpa_plan(big, DType::BF16, true, 0.f).error.find("head size 160"), std::string::npos);
   EXPECT_NE(sdpa_plan(odd, DType::BF16, true, 0.f).error.find("head size 12"), std::string::npos);
   EXPECT_NE(sdpa_plan(cross, DType::BF16, false, 0.f).error.find("cross-attention"), std::string::npos);
-  // the masks: causal and full are cuDNN's; per-key padding and document starts are not
+  // the masks: causal and full are cuDNN's, and key padding given as lengths too; per-key padding
+  // alone and document starts are not
   AttentionMask m;
   EXPECT_EQ(sdpa_mask_error(m), "");
   m.causal = false;
   EXPECT_EQ(sdpa_mask_error(m), "");
   m.key_valid = to_device(std::vector<std::int32_t>(10, 1));
   EXPECT_NE(sdpa_mask_error(m).find("key-padding"), std::string::npos);
+  m.key_len = to_device(std::vector<std::int32_t>{5, 5});
+  EXPECT_EQ(sdpa_mask_error(m), "");
   AttentionMask docs;
   docs.doc_start = to_device(std::vector<std::int32_t>(10, 0));
   EXPECT_NE(sdpa_mask_error(docs).find("document"), std::string::npos);
@@ -187,49 +201,63 @@ TEST(Sdpa, PlanAddressesTridentsLayoutAndRefusesWhatCudnnCannotRun) {
 
 // The stand-in computes what the plan says cuDNN computes: the fused kernel's function on the same
 // 16-bit inputs (grouped-query heads, causal or not, with and without dropout: its masks are the
-// fused kernel's), with dq, dk, dv rounded to 16 bits as cuDNN writes them.
+// fused kernel's; a key-padding mask as lengths, {13, 7} keys of 13, against the fused kernel's
+// per-key mask), with dq, dk, dv rounded to 16 bits as cuDNN writes them (and zero at padded keys,
+// over what the buffer held).
 TEST(Sdpa, StandInMatchesTheFusedKernel) {
   for (const DType dt : {DType::BF16, DType::F16})
     for (const bool causal : {true, false})
-      for (const float p : {0.f, 0.2f}) {
-        AttentionShape s{2, 13, 64, 4};  // hs 16
-        s.ng = 2;
-        const std::int64_t BT = s.B * s.T, W = s.C + 2 * s.kv_C();
-        DropoutSpec d;
-        d.p = p;
-        d.key = 424242;
-        AttentionMask mask;
-        mask.causal = causal;
-        auto qkv_h = random_vector(BT * W, 71);
-        auto dy_h = random_vector(BT * s.C, 72);
-        const Act qkv = to_half(dt, qkv_h), dy16 = to_half(dt, dy_h);
-        Act y = make_act(dt, "y", BT * s.C), y_ref = make_act(dt, "y_ref", BT * s.C);
-        FloatView lse = make_float("lse", s.B * s.nh * s.T), lse_ref = make_float("lse_ref", s.B * s.nh * s.T);
-        const SdpaPlan plan = sdpa_plan(s, dt, causal, p);
-        ASSERT_TRUE(plan.error.empty()) << plan.error;
-        sdpa_forward(plan, qkv, y, lse, d);
-        flash_attention_forward(y_ref, lse_ref, qkv, s, d, mask);
-        const auto widen = [&](const std::vector<std::uint16_t>& w) {
-          std::vector<double> o(w.size());
-          for (size_t i = 0; i < w.size(); ++i) o[i] = widen16(dt, w[i]);
-          return o;
-        };
-        const std::string what = std::string(dtype_name(dt)) + (causal ? " causal" : " full") +
-                                 " p=" + std::to_string(p);
-        // the same fp32 function, summed in another order, then rounded once to 16 bits
-        const double ulp = dt == DType::BF16 ? 1.0 / 128 : 1.0 / 1024;
-        expect_close(widen(words(y)), widen(words(y_ref)), ulp, ulp / 4,
-                     ("stand-in forward vs fused, " + what).c_str());
-        expect_close(as_double(to_host(lse)), as_double(to_host(lse_ref)), 1e-5, 1e-5, ("lse, " + what).c_str());
-        HalfView dqkv16 = make_half("dqkv16", BT * W);
-        sdpa_backward(plan, qkv, y, dy16.h, lse, dqkv16, d);
-        FloatView dqkv = make_float("dqkv", BT * W), delta = make_float("delta", s.B * s.nh * s.T);
-        flash_attention_backward(dqkv, to_device(dy_h), qkv, y, lse, delta, s, d, mask);
-        std::vector<double> want;
-        for (float g : to_host(dqkv)) want.push_back(widen16(dt, round16(dt, g)));
-        expect_close(widen(words(Act(dt, dqkv16))), want, 2 * ulp, ulp / 2,
-                     ("stand-in backward vs fused, " + what).c_str());
-      }
+      for (const float p : {0.f, 0.2f})
+        for (const bool padded : {false, true}) {
+          AttentionShape s{2, 13, 64, 4};  // hs 16
+          s.ng = 2;
+          const std::int64_t BT = s.B * s.T, W = s.C + 2 * s.kv_C();
+          DropoutSpec d;
+          d.p = p;
+          d.key = 424242;
+          AttentionMask mask;
+          mask.causal = causal;
+          SdpaLengths len;
+          if (padded) {
+            const std::vector<std::int32_t> keys = {13, 7};
+            std::vector<std::int32_t> valid(static_cast<size_t>(BT), 0);
+            for (std::int64_t b = 0; b < s.B; ++b)
+              for (std::int64_t t = 0; t < keys[b]; ++t) valid[b * s.T + t] = 1;
+            mask.key_valid = to_device(valid);
+            mask.key_len = len.kv = to_device(keys);
+            len.q = to_device(std::vector<std::int32_t>(2, static_cast<std::int32_t>(s.T)));
+          }
+          auto qkv_h = random_vector(BT * W, 71);
+          auto dy_h = random_vector(BT * s.C, 72);
+          const Act qkv = to_half(dt, qkv_h), dy16 = to_half(dt, dy_h);
+          Act y = make_act(dt, "y", BT * s.C), y_ref = make_act(dt, "y_ref", BT * s.C);
+          FloatView lse = make_float("lse", s.B * s.nh * s.T), lse_ref = make_float("lse_ref", s.B * s.nh * s.T);
+          const SdpaPlan plan = sdpa_plan(s, dt, causal, p, padded);
+          ASSERT_TRUE(plan.error.empty()) << plan.error;
+          ASSERT_EQ(sdpa_mask_error(mask), "");
+          sdpa_forward(plan, qkv, y, lse, d, len);
+          flash_attention_forward(y_ref, lse_ref, qkv, s, d, mask);
+          const auto widen = [&](const std::vector<std::uint16_t>& w) {
+            std::vector<double> o(w.size());
+            for (size_t i = 0; i < w.size(); ++i) o[i] = widen16(dt, w[i]);
+            return o;
+          };
+          const std::string what = std::string(dtype_name(dt)) + (causal ? " causal" : " full") +
+                                   " p=" + std::to_string(p) + (padded ? " padded" : "");
+          // the same fp32 function, summed in another order, then rounded once to 16 bits
+          const double ulp = dt == DType::BF16 ? 1.0 / 128 : 1.0 / 1024;
+          expect_close(widen(words(y)), widen(words(y_ref)), ulp, ulp / 4,
+                       ("stand-in forward vs fused, " + what).c_str());
+          expect_close(as_double(to_host(lse)), as_double(to_host(lse_ref)), 1e-5, 1e-5, ("lse, " + what).c_str());
+          HalfView dqkv16 = to_device(std::vector<std::uint16_t>(static_cast<size_t>(BT * W), round16(dt, 3.f)));
+          sdpa_backward(plan, qkv, y, dy16.h, lse, dqkv16, d, len);
+          FloatView dqkv = make_float("dqkv", BT * W), delta = make_float("delta", s.B * s.nh * s.T);
+          flash_attention_backward(dqkv, to_device(dy_h), qkv, y, lse, delta, s, d, mask);
+          std::vector<double> want;
+          for (float g : to_host(dqkv)) want.push_back(widen16(dt, round16(dt, g)));
+          expect_close(widen(words(Act(dt, dqkv16))), want, 2 * ulp, ulp / 2,
+                       ("stand-in backward vs fused, " + what).c_str());
+        }
 }
 
 // The slot's choice: the cudnn entry where a device build can run it and the deck allows it; the

@@ -6,7 +6,7 @@
 //     fused kernel in bf16 storage;
 //   - learned positions per token (add_positions with positions) and their backward;
 //   - Batch::finish's staging of positions, document starts and masked targets (Megatron's
-//     get_ltor_masks_and_position_ids);
+//     get_ltor_masks_and_position_ids), and of BERT's padding as lengths (cuDNN's padding mask);
 //   - a packed GPT micro-batch (GPT-2's layer and the Llama-family layer) equal to its documents
 //     run one by one: loss and every gradient within fp32 tolerance.
 #include <cmath>
@@ -235,6 +235,51 @@ TEST(PackedBatch, StagingFollowsMegatron) {
   // packing needs the corpus's end-of-document id
   Batch none(B, S, ModelFamily::Gpt);
   EXPECT_THROW(none.set_packing(false, true, false, -1), Error);
+}
+
+// BERT's padding goes also as one length per sample (MicroBatch::padding_len, cuDNN's padding mask)
+// where every sample's valid positions are a prefix of at least one: not with a hole, not for an
+// empty sample, and not where the micro-batch has no room for them (a host model's).
+TEST(PackedBatch, BertPaddingGoesAsLengthsWherePrefixes) {
+  const std::int64_t B = 2, S = 4;
+  Batch batch(B, S, ModelFamily::Bert);
+  ASSERT_EQ(batch.width, 4 * S + 1);
+  const auto record = [&](std::vector<std::int32_t> pad0, std::vector<std::int32_t> pad1) {
+    std::vector<std::int32_t> w;
+    for (const auto* pad : {&pad0, &pad1}) {
+      for (std::int64_t t = 0; t < S; ++t) w.push_back(static_cast<std::int32_t>(t + 1));  // tokens
+      for (std::int64_t t = 0; t < S; ++t) w.push_back(0);                                 // types
+      for (std::int64_t t = 0; t < S; ++t) w.push_back(t == 1 ? 3 : -1);                   // labels
+      w.insert(w.end(), pad->begin(), pad->end());
+      w.push_back(0);  // sentence order
+    }
+    return w;
+  };
+  MicroBatch mb;
+  mb.tokens = make_int("t", B * S);
+  mb.targets = make_int("y", B * S);
+  mb.types = make_int("ty", B * S);
+  mb.padding = make_int("pad", B * S);
+  mb.sentence_order = make_int("so", B);
+  mb.padding_len = make_int("len", B);
+  batch.window = record({1, 1, 1, 0}, {1, 1, 0, 0});
+  batch.finish(10, mb);
+  EXPECT_TRUE(mb.padding_lengths);
+  EXPECT_EQ(ints(mb.padding_len), (std::vector<std::int32_t>{3, 2}));
+  EXPECT_EQ(ints(mb.padding), (std::vector<std::int32_t>{1, 1, 1, 0, 1, 1, 0, 0}));
+  batch.window = record({1, 1, 1, 1}, {1, 0, 1, 0});  // a hole
+  batch.finish(10, mb);
+  EXPECT_FALSE(mb.padding_lengths);
+  batch.window = record({1, 1, 1, 1}, {0, 0, 0, 0});  // an empty sample
+  batch.finish(10, mb);
+  EXPECT_FALSE(mb.padding_lengths);
+  batch.window = record({1, 1, 1, 1}, {1, 1, 1, 1});
+  batch.finish(10, mb);
+  EXPECT_TRUE(mb.padding_lengths);
+  EXPECT_EQ(ints(mb.padding_len), (std::vector<std::int32_t>{4, 4}));
+  mb.padding_len = IntView();
+  batch.finish(10, mb);
+  EXPECT_FALSE(mb.padding_lengths);
 }
 
 // Instruction fine-tuning records (data/sft_dataset.hpp: tokens, targets, conversation per
