@@ -313,6 +313,29 @@ KOKKOS_INLINE_FUNCTION void store_group(T* p, int cnt, bool packed, const float 
   }
   for (int k = 0; k < cnt; ++k) p[k] = F::store(v[k]);
 }
+// The sum and the max over the first n values of the row p (format F, words T) of f(value), by
+// groups: on every lane (the max -3e38 for n = 0).
+template <class F, class T, class G>
+KOKKOS_INLINE_FUNCTION float row_sum_values(const RowTeam& t, std::int64_t n, const T* p, bool packed, const G& f) {
+  return row_sum_groups(t, n, [&](std::int64_t c0, int cnt) {
+    float v[kGroup];
+    load_group<F>(p + c0, cnt, packed, v);
+    float s = 0.f;
+    for (int k = 0; k < cnt; ++k) s += f(v[k]);
+    return s;
+  });
+}
+template <class F, class T, class G>
+KOKKOS_INLINE_FUNCTION float row_max_values(const RowTeam& t, std::int64_t n, const T* p, bool packed, const G& f) {
+  return row_max_groups(t, n, [&](std::int64_t c0, int cnt) {
+    float v[kGroup];
+    load_group<F>(p + c0, cnt, packed, v);
+    float m = -3.0e38f;
+    for (int k = 0; k < cnt; ++k) m = f(v[k]) > m ? f(v[k]) : m;
+    return m;
+  });
+}
+
 // Whether rows of `cols` words over these arrays can take packed groups: cols a whole number of
 // groups and every array 16-byte aligned.
 template <class... P>

@@ -28,6 +28,37 @@ KOKKOS_INLINE_FUNCTION bool ignore_position(std::int32_t target, float& loss, fl
   return true;
 }
 
+// A row's pieces of the device layout (F, W: the logits' format and word; packed: rows_packed):
+// the max of the first n logits, the sum of exp(logit - mx) over them, and the gradient written in
+// place over the row's `width` columns, exp(logit - mx) * s for the first n and dscale less at
+// column tgt, 0 after n (and everywhere where `ignored`).
+template <class F, class W>
+KOKKOS_INLINE_FUNCTION float logit_max(const RowTeam& t, const W* row, std::int64_t n, bool packed) {
+  return row_max_values<F>(t, n, row, packed, [](float v) { return v; });
+}
+template <class F, class W>
+KOKKOS_INLINE_FUNCTION float exp_sum(const RowTeam& t, const W* row, std::int64_t n, float mx, bool packed) {
+  return row_sum_values<F>(t, n, row, packed, [&](float v) { return fast_exp(v - mx); });
+}
+template <class F, class W>
+KOKKOS_INLINE_FUNCTION void write_gradient(const RowTeam& t, W* row, std::int64_t width, std::int64_t n, float mx,
+                                           float s, std::int64_t tgt, float dscale, bool ignored, bool packed) {
+  row_for_groups(t, width, [&](std::int64_t c0, int cnt) {
+    float v[kGroup];
+    load_group<F>(row + c0, cnt, packed, v);
+    for (int k = 0; k < kGroup; ++k) {
+      const std::int64_t j = c0 + k;
+      float g = 0.f;
+      if (!ignored && j < n) {
+        g = fast_exp(v[k] - mx) * s;
+        if (j == tgt) g -= dscale;
+      }
+      v[k] = g;
+    }
+    store_group<F>(row + c0, cnt, packed, v);
+  });
+}
+
 // The device layout (common/device_parallel.hpp): a warp per row in 16-byte groups, the max and the
 // sum of exponentials as two of its reductions, the gradient written by the warp in one more pass.
 // F: the logits' format (F32Fmt, or the 16-bit classifier's Bf16Fmt / Fp16Fmt: the values loaded
@@ -43,47 +74,15 @@ void cross_entropy_device(const FloatView& losses, W* logits, const IntView& tar
         const std::int64_t tgt = targets(n);
         if (tgt < 0) {
           row_once(t, [&]() { losses(n) = 0.f; });
-          if (kBackward)
-            row_for_groups(t, Vp, [&](std::int64_t c0, int cnt) {
-              const float z[kGroup] = {};
-              store_group<F>(row + c0, cnt, packed, z);
-            });
+          if (kBackward) write_gradient<F>(t, row, Vp, V, 0.f, 0.f, tgt, dscale, true, packed);
           return;
         }
         // the target's logit, read by one lane and given to all before any lane writes the row
         const float target_logit = row_sum(t, 1, [&](std::int64_t) { return F::load(row[tgt]); });
-        const float mx = row_max_groups(t, V, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(row + c0, cnt, packed, v);
-          float m = -3.0e38f;
-          for (int k = 0; k < cnt; ++k) m = v[k] > m ? v[k] : m;
-          return m;
-        });
-        const float sum = row_sum_groups(t, V, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(row + c0, cnt, packed, v);
-          float e = 0.f;
-          for (int k = 0; k < cnt; ++k) e += fast_exp(v[k] - mx);
-          return e;
-        });
+        const float mx = logit_max<F>(t, row, V, packed);
+        const float sum = exp_sum<F>(t, row, V, mx, packed);
         row_once(t, [&]() { losses(n) = mx + dlog(sum) - target_logit; });
-        if (kBackward) {
-          const float s = dscale / sum;
-          row_for_groups(t, Vp, [&](std::int64_t c0, int cnt) {
-            float v[kGroup];
-            load_group<F>(row + c0, cnt, packed, v);
-            for (int k = 0; k < kGroup; ++k) {
-              const std::int64_t j = c0 + k;
-              float g = 0.f;
-              if (j < V) {
-                g = fast_exp(v[k] - mx) * s;
-                if (j == tgt) g -= dscale;
-              }
-              v[k] = g;
-            }
-            store_group<F>(row + c0, cnt, packed, v);
-          });
-        }
+        if (kBackward) write_gradient<F>(t, row, Vp, V, mx, dscale / sum, tgt, dscale, false, packed);
       });
 }
 
@@ -138,13 +137,7 @@ void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& ta
   for_each_row(
       "ops::vocab_parallel_ce_max", N, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         const W* row = logits + n * Vl;
-        const float mx = row_max_groups(t, nvalid, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(row + c0, cnt, packed, v);
-          float m = -3.0e38f;
-          for (int k = 0; k < cnt; ++k) m = v[k] > m ? v[k] : m;
-          return m;
-        });
+        const float mx = logit_max<F>(t, row, nvalid, packed);
         row_once(t, [&]() { rowmax(n) = mx; });
       });
   comm.allreduce_max(rowmax.data(), N);
@@ -152,13 +145,7 @@ void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& ta
       "ops::vocab_parallel_ce_sum", N, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
         const W* row = logits + n * Vl;
         const float mx = rowmax(n);
-        const float s = row_sum_groups(t, nvalid, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(row + c0, cnt, packed, v);
-          float e = 0.f;
-          for (int k = 0; k < cnt; ++k) e += fast_exp(v[k] - mx);
-          return e;
-        });
+        const float s = exp_sum<F>(t, row, nvalid, mx, packed);
         row_once(t, [&]() {
           const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
           sums(n) = s;
@@ -174,20 +161,7 @@ void vocab_parallel_device(const FloatView& losses, W* logits, const IntView& ta
         if (!backward) return;
         const float mx = rowmax(n), s = dscale / sums(n);
         const std::int64_t tl = static_cast<std::int64_t>(targets(n)) - start;
-        row_for_groups(t, Vl, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(row + c0, cnt, packed, v);
-          for (int k = 0; k < kGroup; ++k) {
-            const std::int64_t j = c0 + k;
-            float g = 0.f;
-            if (!ignored && j < nvalid) {
-              g = fast_exp(v[k] - mx) * s;
-              if (j == tl) g -= dscale;
-            }
-            v[k] = g;
-          }
-          store_group<F>(row + c0, cnt, packed, v);
-        });
+        write_gradient<F>(t, row, Vl, nvalid, mx, s, tl, dscale, ignored, packed);
       });
 }
 

@@ -91,6 +91,37 @@ struct ResidualRow {
   }
 };
 
+// A norm's device backward row (ops/layernorm, ops/rmsnorm), over the row's 16-byte groups (as
+// for_each_row's *_groups) of dout, the weight w (format F), x and dx at row offset base:
+// norm_row_sum, the row's sum of term(dn, x) with dn = dout w, on every lane; norm_row_add, dx +=
+// grad(dn, x) for every column.
+template <class F, class WT, class Term>
+KOKKOS_INLINE_FUNCTION float norm_row_sum(const RowTeam& t, std::int64_t C, std::int64_t base, bool packed,
+                                          const float* dout, const WT* w, const float* x, const Term& term) {
+  return row_sum_groups(t, C, [&](std::int64_t c0, int cnt) {
+    float d[kGroup], wv[kGroup], xv[kGroup];
+    load_group<F32Fmt>(dout + base + c0, cnt, packed, d);
+    load_group<F>(w + c0, cnt, packed, wv);
+    load_group<F32Fmt>(x + base + c0, cnt, packed, xv);
+    float a = 0.f;
+    for (int k = 0; k < cnt; ++k) a += term(d[k] * wv[k], xv[k]);
+    return a;
+  });
+}
+template <class F, class WT, class Grad>
+KOKKOS_INLINE_FUNCTION void norm_row_add(const RowTeam& t, std::int64_t C, std::int64_t base, bool packed,
+                                         const float* dout, const WT* w, const float* x, float* dx, const Grad& grad) {
+  row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
+    float d[kGroup], wv[kGroup], xv[kGroup], g[kGroup];
+    load_group<F32Fmt>(dout + base + c0, cnt, packed, d);
+    load_group<F>(w + c0, cnt, packed, wv);
+    load_group<F32Fmt>(x + base + c0, cnt, packed, xv);
+    load_group<F32Fmt>(dx + base + c0, cnt, packed, g);
+    for (int k = 0; k < kGroup; ++k) g[k] += grad(d[k] * wv[k], xv[k]);
+    store_group<F32Fmt>(dx + base + c0, cnt, packed, g);
+  });
+}
+
 // bias_dropout_add's backward into the branch's linear layer (the device path's row-parallel
 // linears): dy16 (rows, cols) = round(dropout_backward(dout)) in the 16-bit type dt, and, with dbias
 // not empty, dbias += the column sums of the unrounded values (the bias gradient). Device kernels:

@@ -51,23 +51,9 @@ void layernorm_forward(const VO& out, const FloatView& mean, const FloatView& rs
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           add(t, x, base, C, packed);
-          const float m = row_sum_groups(t, C,
-                                         [&](std::int64_t c0, int cnt) {
-                                           float v[kGroup];
-                                           load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
-                                           float s = 0.f;
-                                           for (int k = 0; k < cnt; ++k) s += v[k];
-                                           return s;
-                                         }) /
-                          C;
-          const float var = row_sum_groups(t, C,
-                                           [&](std::int64_t c0, int cnt) {
-                                             float v[kGroup];
-                                             load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
-                                             float s = 0.f;
-                                             for (int k = 0; k < cnt; ++k) s += (v[k] - m) * (v[k] - m);
-                                             return s;
-                                           }) /
+          const float m = row_sum_values<F32Fmt>(t, C, xd + base, packed, [](float v) { return v; }) / C;
+          const float var = row_sum_values<F32Fmt>(t, C, xd + base, packed,
+                                                   [&](float v) { return (v - m) * (v - m); }) /
                             C;
           const float r = 1.f / dsqrt(var + eps);
           row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
@@ -136,39 +122,12 @@ void layernorm_backward(const FloatView& dx, const FloatView& dw, const FloatVie
           const std::int64_t base = n * C;
           const float m = mean(n), r = rstd(n);
           // dn = dout w: the row's means of dn and of dn xhat
-          const float mean_d = row_sum_groups(t, C,
-                                              [&](std::int64_t c0, int cnt) {
-                                                float d[kGroup], wv[kGroup];
-                                                load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
-                                                load_group<F>(wd + c0, cnt, packed, wv);
-                                                float a = 0.f;
-                                                for (int k = 0; k < cnt; ++k) a += d[k] * wv[k];
-                                                return a;
-                                              }) /
-                               C;
-          const float mean_dx = row_sum_groups(t, C,
-                                               [&](std::int64_t c0, int cnt) {
-                                                 float d[kGroup], wv[kGroup], xv[kGroup];
-                                                 load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
-                                                 load_group<F>(wd + c0, cnt, packed, wv);
-                                                 load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
-                                                 float a = 0.f;
-                                                 for (int k = 0; k < cnt; ++k) a += d[k] * wv[k] * ((xv[k] - m) * r);
-                                                 return a;
-                                               }) /
+          const float mean_d = norm_row_sum<F>(t, C, base, packed, dd, wd, xd, [](float dn, float) { return dn; }) / C;
+          const float mean_dx = norm_row_sum<F>(t, C, base, packed, dd, wd, xd,
+                                                [&](float dn, float xv) { return dn * ((xv - m) * r); }) /
                                 C;
-          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
-            float d[kGroup], wv[kGroup], xv[kGroup], g[kGroup];
-            load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
-            load_group<F>(wd + c0, cnt, packed, wv);
-            load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
-            load_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
-            for (int k = 0; k < kGroup; ++k) {
-              const float xhat = (xv[k] - m) * r;
-              g[k] += r * (d[k] * wv[k] - mean_d - xhat * mean_dx);
-            }
-            store_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
-          });
+          norm_row_add<F>(t, C, base, packed, dd, wd, xd, dxd,
+                          [&](float dn, float xv) { return r * (dn - mean_d - (xv - m) * r * mean_dx); });
         },
         KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) {
           const float d = dd[n * C + c];

@@ -33,15 +33,7 @@ void rmsnorm_forward(const VO& out, const FloatView& rstd, const FloatView& x, c
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           add(t, x, base, C, packed);
-          const float ms = row_sum_groups(t, C,
-                                          [&](std::int64_t c0, int cnt) {
-                                            float v[kGroup];
-                                            load_group<F32Fmt>(xd + base + c0, cnt, packed, v);
-                                            float s = 0.f;
-                                            for (int k = 0; k < cnt; ++k) s += v[k] * v[k];
-                                            return s;
-                                          }) /
-                           C;
+          const float ms = row_sum_values<F32Fmt>(t, C, xd + base, packed, [](float v) { return v * v; }) / C;
           const float r = 1.f / dsqrt(ms + eps);
           row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
             float v[kGroup], wv[kGroup];
@@ -94,26 +86,11 @@ void rmsnorm_backward(const FloatView& dx, const FloatView& dw, const FloatView&
         KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
           const std::int64_t base = n * C;
           const float r = rstd(n);
-          const float mean_dx = row_sum_groups(t, C,
-                                               [&](std::int64_t c0, int cnt) {
-                                                 float d[kGroup], wv[kGroup], xv[kGroup];
-                                                 load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
-                                                 load_group<F>(wd + c0, cnt, packed, wv);
-                                                 load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
-                                                 float a = 0.f;
-                                                 for (int k = 0; k < cnt; ++k) a += d[k] * wv[k] * xv[k] * r;
-                                                 return a;
-                                               }) /
+          const float mean_dx = norm_row_sum<F>(t, C, base, packed, dd, wd, xd,
+                                                [&](float dn, float xv) { return dn * xv * r; }) /
                                 C;
-          row_for_groups(t, C, [&](std::int64_t c0, int cnt) {
-            float d[kGroup], wv[kGroup], xv[kGroup], g[kGroup];
-            load_group<F32Fmt>(dd + base + c0, cnt, packed, d);
-            load_group<F>(wd + c0, cnt, packed, wv);
-            load_group<F32Fmt>(xd + base + c0, cnt, packed, xv);
-            load_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
-            for (int k = 0; k < kGroup; ++k) g[k] += r * (d[k] * wv[k] - xv[k] * r * mean_dx);
-            store_group<F32Fmt>(dxd + base + c0, cnt, packed, g);
-          });
+          norm_row_add<F>(t, C, base, packed, dd, wd, xd, dxd,
+                          [&](float dn, float xv) { return r * (dn - xv * r * mean_dx); });
         },
         KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += dd[n * C + c] * xd[n * C + c] * rd[n]; },
         ColumnOut<1>{{dw.data()}});
