@@ -16,29 +16,53 @@
 namespace trident {
 
 namespace {
-// The masked softmax's device kernel, a warp per row: the exponentials written into att, then
-// write(index, probability) for every key of the row (0 past the causal end); each lane reads back
-// the exponentials it wrote (for_each_row's loops give a key to the same lane).
+// The masked softmax's device kernel, a warp per row in 16-byte groups (packed: rows_packed over the
+// kernel's arrays): the exponentials written into att, then write(index, cnt, probabilities) for
+// every group of the row (0 past the causal end); each lane reads back the exponentials it wrote
+// (for_each_row's loops give a group to the same lane).
 template <class Write>
 void device_softmax_rows(const char* name, const FloatView& att, std::int64_t BH, std::int64_t Tq, std::int64_t Tk,
-                         std::int64_t nh, float scale, const AttentionMask& mask, const Write& write) {
+                         std::int64_t nh, float scale, const AttentionMask& mask, bool packed, const Write& write) {
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
   const IntView valid = mask.key_valid, doc = mask.doc_start;
+  float* ad = att.data();
   for_each_row(
       name, BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, key0 = (r / (nh * Tq)) * Tk;
         const std::int64_t jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
         const std::int64_t jbeg = docs ? static_cast<std::int64_t>(doc((r / (nh * Tq)) * Tq + i)) : 0;
         auto on = [&](std::int64_t j) { return j >= jbeg && (!padded || valid(key0 + j) != 0); };
-        const float mx = row_max(t, jend, [&](std::int64_t j) { return on(j) ? att(base + j) * scale : -3.0e38f; });
-        const float any = row_sum(t, jend, [&](std::int64_t j) { return on(j) ? 1.f : 0.f; });
-        const float sum = row_sum(t, jend, [&](std::int64_t j) {
-          const float e = on(j) ? fast_exp(att(base + j) * scale - mx) : 0.f;
-          att(base + j) = e;
-          return e;
+        const float mx = row_max_groups(t, jend, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F32Fmt>(ad + base + c0, cnt, packed, v);
+          float m = -3.0e38f;
+          for (int k = 0; k < cnt; ++k)
+            if (on(c0 + k)) m = dmax(m, v[k] * scale);
+          return m;
+        });
+        const float any = row_sum_groups(t, jend, [&](std::int64_t c0, int cnt) {
+          float n = 0.f;
+          for (int k = 0; k < cnt; ++k) n += on(c0 + k) ? 1.f : 0.f;
+          return n;
+        });
+        const float sum = row_sum_groups(t, jend, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F32Fmt>(ad + base + c0, cnt, packed, v);
+          float s = 0.f;
+          for (int k = 0; k < cnt; ++k) {
+            v[k] = on(c0 + k) ? fast_exp(v[k] * scale - mx) : 0.f;
+            s += v[k];
+          }
+          store_group<F32Fmt>(ad + base + c0, cnt, packed, v);
+          return s;
         });
         const float inv = any > 0.f ? 1.f / sum : 0.f;
-        row_for(t, Tk, [&](std::int64_t j) { write(base + j, j < jend ? att(base + j) * inv : 0.f); });
+        row_for_groups(t, Tk, [&](std::int64_t c0, int cnt) {
+          float v[kGroup];
+          load_group<F32Fmt>(ad + base + c0, cnt, packed, v);
+          for (int k = 0; k < kGroup; ++k) v[k] = c0 + k < jend ? v[k] * inv : 0.f;
+          write(base + c0, cnt, v);
+        });
       });
 }
 }  // namespace
@@ -48,9 +72,13 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
   const bool causal = mask.causal, padded = mask.key_valid.extent(0) > 0, docs = mask.doc_start.extent(0) > 0;
   const IntView valid = mask.key_valid, doc = mask.doc_start;
   if constexpr (kDeviceKernels) {  // a warp per row (common/device_parallel.hpp)
+    float* ad = att.data();
+    const bool packed = rows_packed(Tk, ad);
     device_softmax_rows(
-        "ops::masked_softmax_forward", att, BH, Tq, Tk, nh, scale, mask,
-        KOKKOS_LAMBDA(std::int64_t idx, float v) { att(idx) = v; });
+        "ops::masked_softmax_forward", att, BH, Tq, Tk, nh, scale, mask, packed,
+        KOKKOS_LAMBDA(std::int64_t i0, int cnt, const float(&v)[kGroup]) {
+          store_group<F32Fmt>(ad + i0, cnt, packed, v);
+        });
     return;
   }
   for_each_index(
@@ -80,14 +108,28 @@ void masked_softmax_forward(const FloatView& att, std::int64_t BH, std::int64_t 
 
 void masked_softmax_backward(const FloatView& datt, const FloatView& att, std::int64_t BH, std::int64_t Tq,
                              std::int64_t Tk, float scale, bool causal) {
-  if constexpr (kDeviceKernels) {  // a warp per row (common/device_parallel.hpp)
+  if constexpr (kDeviceKernels) {  // a warp per row in 16-byte groups (common/device_parallel.hpp)
+    float* dd = datt.data();
+    const float* ad = att.data();
+    const bool packed = rows_packed(Tk, dd, ad);
     for_each_row(
         "ops::masked_softmax_backward", BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
           const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-          // each lane overwrites only the keys of datt it read (for_each_row's loops)
-          const float dot = row_sum(t, jend, [&](std::int64_t j) { return datt(base + j) * att(base + j); });
-          row_for(t, Tk, [&](std::int64_t j) {
-            datt(base + j) = j < jend ? att(base + j) * (datt(base + j) - dot) * scale : 0.f;
+          // each lane overwrites only the groups of datt it read (for_each_row's loops)
+          const float dot = row_sum_groups(t, jend, [&](std::int64_t c0, int cnt) {
+            float g[kGroup], a[kGroup];
+            load_group<F32Fmt>(dd + base + c0, cnt, packed, g);
+            load_group<F32Fmt>(ad + base + c0, cnt, packed, a);
+            float s = 0.f;
+            for (int k = 0; k < cnt; ++k) s += g[k] * a[k];
+            return s;
+          });
+          row_for_groups(t, Tk, [&](std::int64_t c0, int cnt) {
+            float g[kGroup], a[kGroup];
+            load_group<F32Fmt>(dd + base + c0, cnt, packed, g);
+            load_group<F32Fmt>(ad + base + c0, cnt, packed, a);
+            for (int k = 0; k < kGroup; ++k) g[k] = c0 + k < jend ? a[k] * (g[k] - dot) * scale : 0.f;
+            store_group<F32Fmt>(dd + base + c0, cnt, packed, g);
           });
         });
     return;
@@ -112,11 +154,17 @@ void softmax_forward_half(const FloatView& att, const HalfView& a16, const HalfV
   const float p = drop.p, dscale = dropping ? 1.f / (1.f - drop.p) : 1.f;
   const std::uint64_t key = drop.key;
   // masked_softmax_forward's device kernel, its probabilities stored rounded, and dropped out
+  std::uint16_t *a16d = a16.data(), *d16d = d16.data();
+  const bool packed = rows_packed(Tk, att.data(), a16d) && (!dropping || aligned16(d16d));
   device_softmax_rows(
-      "ops::masked_softmax_forward_half", att, BH, Tq, Tk, nh, scale, mask, KOKKOS_LAMBDA(std::int64_t idx, float v) {
-        a16(idx) = F::store(v);
-        if (dropping)
-          d16(idx) = F::store(dropout_uniform(key, static_cast<std::uint64_t>(idx)) >= p ? v * dscale : 0.f);
+      "ops::masked_softmax_forward_half", att, BH, Tq, Tk, nh, scale, mask, packed,
+      KOKKOS_LAMBDA(std::int64_t i0, int cnt, const float(&v)[kGroup]) {
+        store_group<F>(a16d + i0, cnt, packed, v);
+        if (!dropping) return;
+        float dv[kGroup];
+        for (int k = 0; k < kGroup; ++k)
+          dv[k] = dropout_uniform(key, static_cast<std::uint64_t>(i0 + k)) >= p ? v[k] * dscale : 0.f;
+        store_group<F>(d16d + i0, cnt, packed, dv);
       });
 }
 
@@ -126,18 +174,35 @@ void softmax_backward_half(const FloatView& datt, const HalfView& a16, const Hal
   const bool dropping = drop.active();
   const float p = drop.p, dscale = dropping ? 1.f / (1.f - drop.p) : 1.f;
   const std::uint64_t key = drop.key;
-  // dropout_backward, then masked_softmax_backward's device kernel on the stored probabilities
+  // dropout_backward, then masked_softmax_backward's device kernel on the stored probabilities, a
+  // warp per row in 16-byte groups
+  const float* dd = datt.data();
+  const std::uint16_t* a16d = a16.data();
+  std::uint16_t* ds16d = ds16.data();
+  const bool packed = rows_packed(Tk, dd, a16d, ds16d);
   for_each_row(
       "ops::masked_softmax_backward_half", BH * Tq, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
         const std::int64_t i = r % Tq, base = r * Tk, jend = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-        auto d = [&](std::int64_t j) {
-          const float g = datt(base + j);
-          if (!dropping) return g;
-          return dropout_uniform(key, static_cast<std::uint64_t>(base + j)) >= p ? g * dscale : 0.f;
+        // the group's incoming gradient after dropout's backward, and its stored probabilities
+        auto load = [&](std::int64_t c0, int cnt, float(&g)[kGroup], float(&a)[kGroup]) {
+          load_group<F32Fmt>(dd + base + c0, cnt, packed, g);
+          load_group<F>(a16d + base + c0, cnt, packed, a);
+          if (dropping)
+            for (int k = 0; k < kGroup; ++k)
+              g[k] = dropout_uniform(key, static_cast<std::uint64_t>(base + c0 + k)) >= p ? g[k] * dscale : 0.f;
         };
-        const float dot = row_sum(t, jend, [&](std::int64_t j) { return d(j) * F::load(a16(base + j)); });
-        row_for(t, Tk, [&](std::int64_t j) {
-          ds16(base + j) = F::store(j < jend ? F::load(a16(base + j)) * (d(j) - dot) * scale : 0.f);
+        const float dot = row_sum_groups(t, jend, [&](std::int64_t c0, int cnt) {
+          float g[kGroup], a[kGroup];
+          load(c0, cnt, g, a);
+          float s = 0.f;
+          for (int k = 0; k < cnt; ++k) s += g[k] * a[k];
+          return s;
+        });
+        row_for_groups(t, Tk, [&](std::int64_t c0, int cnt) {
+          float g[kGroup], a[kGroup];
+          load(c0, cnt, g, a);
+          for (int k = 0; k < kGroup; ++k) g[k] = c0 + k < jend ? a[k] * (g[k] - dot) * scale : 0.f;
+          store_group<F>(ds16d + base + c0, cnt, packed, g);
         });
       });
 }
