@@ -18,13 +18,14 @@
 //
 //   for_each_row(name, rows, f)
 //       f(t, row) for every row, a warp per row: kRowLanes lanes (Kokkos' vector lanes of one team
-//       thread), kRowsPerTeam rows to a team. Inside, row_sum / row_max reduce over [0, n) by warp
-//       shuffles and give every lane the result, row_for shares a row's element-wise work, and
-//       row_once runs on one lane; no barrier of the team. Every loop of a row gives column j to
-//       the same lane, so a lane may overwrite after a reduction what it read in it. The *_groups
-//       forms take the row in groups of kGroup consecutive columns (lane l the groups l, l + 32,
-//       ...) for 16-byte loads and stores (load_group / store_group, where rows_packed). The order
-//       of every addition is a fixed function of the row's length.
+//       thread), kRowsPerTeam rows to a team. Inside, the row is taken in groups of kGroup
+//       consecutive columns, lane l the groups l, l + 32, ...: row_sum_groups / row_max_groups
+//       (row_sum_values / row_max_values over one array) reduce by warp shuffles and give every
+//       lane the result, row_for_groups shares the row's element-wise work, load_group /
+//       store_group move a group by 16-byte words (where rows_packed), row_once runs on one lane,
+//       row_share gives one lane's value to all; no barrier of the team. Every loop of a row gives a group to the same
+//       lane, so a lane may overwrite after a reduction what it read in it. The order of every addition is a fixed
+//       function of the row's length.
 //
 //   rows_with_column_sums<K>(name, rows, cols, row, term, out)
 //       for_each_row's row(t, n) for every row and column_sums' sums of term, in one kernel plus
@@ -195,36 +196,19 @@ void rows_with_column_sums(const char* name, std::int64_t rows, std::int64_t col
   add_column_parts<K>(name, parts, cols, part, out);
 }
 
-// Inside a row's kernel: f(j) for every j < n, lane l of the row taking j = l, l + lanes, ...
-template <class F>
-KOKKOS_INLINE_FUNCTION void row_for(const RowTeam& t, std::int64_t n, const F& f) {
-  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), f);
-}
 // f() once per row (on its first lane)
 template <class F>
 KOKKOS_INLINE_FUNCTION void row_once(const RowTeam& t, const F& f) {
   Kokkos::single(Kokkos::PerThread(t), f);
 }
-// sum over j < n of g(j), on every lane of the row (the lanes' partial sums, added by shuffles)
+// g(), read on the row's first lane and given to every lane by a shuffle (so no lane passes it
+// before that read is done)
 template <class G>
-KOKKOS_INLINE_FUNCTION float row_sum(const RowTeam& t, std::int64_t n, const G& g) {
+KOKKOS_INLINE_FUNCTION float row_share(const RowTeam& t, const G& g) {
   float s = 0.f;
   Kokkos::parallel_reduce(
-      Kokkos::ThreadVectorRange(t, n), [&](std::int64_t j, float& a) { a += g(j); }, s);
+      Kokkos::ThreadVectorRange(t, 1), [&](std::int64_t, float& a) { a += g(); }, s);
   return s;
-}
-// max over j < n of g(j) (-3e38 for n = 0), on every lane of the row
-template <class G>
-KOKKOS_INLINE_FUNCTION float row_max(const RowTeam& t, std::int64_t n, const G& g) {
-  float m = -3.0e38f;
-  Kokkos::parallel_reduce(
-      Kokkos::ThreadVectorRange(t, n),
-      [&](std::int64_t j, float& a) {
-        const float v = g(j);
-        a = v > a ? v : a;
-      },
-      Kokkos::Max<float>(m));
-  return m > -3.0e38f ? m : -3.0e38f;
 }
 
 // 16-byte access along a row: its columns in groups of kGroup consecutive ones, lane l taking the
@@ -331,7 +315,10 @@ KOKKOS_INLINE_FUNCTION float row_max_values(const RowTeam& t, std::int64_t n, co
     float v[kGroup];
     load_group<F>(p + c0, cnt, packed, v);
     float m = -3.0e38f;
-    for (int k = 0; k < cnt; ++k) m = f(v[k]) > m ? f(v[k]) : m;
+    for (int k = 0; k < cnt; ++k) {
+      const float x = f(v[k]);
+      m = x > m ? x : m;
+    }
     return m;
   });
 }

@@ -78,7 +78,7 @@ void cross_entropy_device(const FloatView& losses, W* logits, const IntView& tar
           return;
         }
         // the target's logit, read by one lane and given to all before any lane writes the row
-        const float target_logit = row_sum(t, 1, [&](std::int64_t) { return F::load(row[tgt]); });
+        const float target_logit = row_share(t, [&]() { return F::load(row[tgt]); });
         const float mx = logit_max<F>(t, row, V, packed);
         const float sum = exp_sum<F>(t, row, V, mx, packed);
         row_once(t, [&]() { losses(n) = mx + dlog(sum) - target_logit; });

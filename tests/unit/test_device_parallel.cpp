@@ -2,8 +2,8 @@
 // (the host's Serial Kokkos here, the GPU in the CUDA build of scripts/gpu_check.sh):
 // column_sums adds each column in its documented order (parts of rows_per_part rows, then the parts
 // in order: bitwise against that order evaluated here in float) and agrees with double sums;
-// for_each_row's warp reductions give every row's sum and maximum (the empty row's maximum is the
-// -3e38 sentinel), and its 16-byte groups the same values as word-by-word access; device_scratch keeps what it gave
+// for_each_row's warps give every row's sum, maximum (the empty row's the -3e38 sentinel) and first
+// value, and its 16-byte groups the same values as word-by-word access; device_scratch keeps what it gave
 // until a larger request.
 #include <gtest/gtest.h>
 
@@ -88,7 +88,9 @@ void rows_and_sums(const FloatView& in, const FloatView& seen, const FloatView& 
   rows_with_column_sums<1>(
       "test::rows_with_column_sums", rows, cols,
       KOKKOS_LAMBDA(const RowTeam& t, std::int64_t n) {
-        row_for(t, cols, [&](std::int64_t c) { seen(n * cols + c) += static_cast<float>(n + 1); });
+        row_for_groups(t, cols, [&](std::int64_t c0, int cnt) {
+          for (int k = 0; k < cnt; ++k) seen(n * cols + c0 + k) += static_cast<float>(n + 1);
+        });
       },
       KOKKOS_LAMBDA(std::int64_t n, std::int64_t c, float* acc) { acc[0] += ad[n * cols + c]; },
       ColumnOut<1>{{out.data()}});
@@ -129,67 +131,19 @@ TEST(DeviceParallel, ColumnSumsOfNoRowsChangeNothing) {
   EXPECT_EQ(to_host(out1), (std::vector<float>{3, 4}));
 }
 
-// sums(r) and maxima(r) of the rows of x (rows x cols) through for_each_row's warp reductions
-void row_sums_and_maxima(const FloatView& x, std::int64_t rows, std::int64_t cols, const FloatView& sums,
-                         const FloatView& maxima) {
-  const float* xp = x.data();
-  for_each_row(
-      "test::rows", rows, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
-        const float s = row_sum(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
-        const float m = row_max(t, cols, [&](std::int64_t j) { return xp[r * cols + j]; });
-        row_once(t, [&]() {
-          sums(r) = s;
-          maxima(r) = m;
-        });
-      });
-  Kokkos::fence();
-}
-
-TEST(DeviceParallel, RowWarpsReduceEveryRow) {
-  // rows not a whole number of teams, row lengths around a warp's 32 lanes, and an empty row
-  for (const std::int64_t cols : {0, 1, 31, 32, 33, 100, 4096, 5000}) {
-    SCOPED_TRACE(testing::Message() << "cols " << cols);
-    const std::int64_t rows = 9;
-    const auto x = random_vector(static_cast<size_t>(rows * cols) + 1, 7 + cols);
-    FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows);
-    row_sums_and_maxima(to_device(x), rows, cols, sums, maxima);
-    const auto s = to_host(sums), m = to_host(maxima);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      double exact = 0;
-      float mx = -3.0e38f;
-      for (std::int64_t j = 0; j < cols; ++j) {
-        exact += x[r * cols + j];
-        mx = std::max(mx, x[r * cols + j]);
-      }
-      EXPECT_NEAR(s[r], exact, 1e-5 * (1 + std::sqrt(static_cast<double>(cols))));
-      EXPECT_EQ(m[r], mx);
-    }
-  }
-}
-
-// Through the 16-byte groups (F the words' format): out, a copy of the rows of x by load_group and
-// store_group, and each row's sum and maximum by row_sum_groups and row_max_groups
+// Through for_each_row's warps and 16-byte groups (F the words' format): out, a copy of the rows of
+// x by load_group and store_group; each row's sum and maximum by row_sum_values and row_max_values;
+// and its first value as row_share gives it to every lane (0 for an empty row)
 template <class F, class T>
 void group_rows(const T* x, T* out, std::int64_t rows, std::int64_t cols, bool packed, const FloatView& sums,
-                const FloatView& maxima) {
+                const FloatView& maxima, const FloatView& firsts) {
   for_each_row(
       "test::group_rows", rows, KOKKOS_LAMBDA(const RowTeam& t, std::int64_t r) {
         const T* xr = x + r * cols;
         T* orow = out + r * cols;
-        const float s = row_sum_groups(t, cols, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(xr + c0, cnt, packed, v);
-          float a = 0.f;
-          for (int k = 0; k < cnt; ++k) a += v[k];
-          return a;
-        });
-        const float m = row_max_groups(t, cols, [&](std::int64_t c0, int cnt) {
-          float v[kGroup];
-          load_group<F>(xr + c0, cnt, packed, v);
-          float a = -3.0e38f;
-          for (int k = 0; k < cnt; ++k) a = v[k] > a ? v[k] : a;
-          return a;
-        });
+        const float s = row_sum_values<F>(t, cols, xr, packed, [](float v) { return v; });
+        const float m = row_max_values<F>(t, cols, xr, packed, [](float v) { return v; });
+        const float first = cols > 0 ? row_share(t, [&]() { return F::load(xr[0]); }) : 0.f;
         row_for_groups(t, cols, [&](std::int64_t c0, int cnt) {
           float v[kGroup];
           load_group<F>(xr + c0, cnt, packed, v);
@@ -198,17 +152,20 @@ void group_rows(const T* x, T* out, std::int64_t rows, std::int64_t cols, bool p
         row_once(t, [&]() {
           sums(r) = s;
           maxima(r) = m;
+          firsts(r) = first;
         });
       });
   Kokkos::fence();
 }
 
-// The groups of a row, by 16-byte packs (aligned arrays, rows a whole number of groups) or word by
-// word (the same arrays one word off their alignment): the same copy, bitwise, and the same sums
-// and maxima, bitwise, near the exact sums; for fp32 and bf16 words.
+// The rows through for_each_row's warps (9 rows: not a whole number of teams; lengths around a
+// group's 8 and a warp's 32 lanes, long ones, and empty rows), by 16-byte packs (aligned arrays, rows
+// a whole number of groups) or word by word (the same arrays one word off their alignment): the same
+// copy, bitwise, and the same sums and maxima, bitwise, the sums near the exact ones and the
+// maxima exact (-3e38 for an empty row); for fp32 and bf16 words.
 template <class F, class T>
 void check_groups(DType dt) {
-  for (const std::int64_t cols : {0, 1, 7, 8, 9, 64, 100, 768}) {
+  for (const std::int64_t cols : {0, 1, 7, 8, 9, 31, 32, 33, 64, 100, 768, 4096, 5000}) {
     SCOPED_TRACE(testing::Message() << dtype_name(dt) << " cols " << cols);
     const std::int64_t rows = 9, n = rows * cols;
     const auto xf = random_vector(static_cast<size_t>(n), 11 + cols);
@@ -224,13 +181,16 @@ void check_groups(DType dt) {
       T* op = out.data() + offset;
       const bool packed = rows_packed(cols, xp, op);
       EXPECT_EQ(packed, offset == 0 && cols % kGroup == 0);
-      FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows);
-      group_rows<F>(xp, op, rows, cols, packed, sums, maxima);
+      FloatView sums = make_float("test::sums", rows), maxima = make_float("test::max", rows),
+                firsts = make_float("test::first", rows);
+      group_rows<F>(xp, op, rows, cols, packed, sums, maxima, firsts);
       auto oh = Kokkos::create_mirror_view(out);
       Kokkos::deep_copy(oh, out);
       for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(std::memcmp(&oh(offset + i), &xw[i], sizeof(T)), 0) << i;
       got_sum[offset] = to_host(sums);
       got_max[offset] = to_host(maxima);
+      const auto first = to_host(firsts);
+      for (std::int64_t r = 0; r < rows && cols > 0; ++r) ASSERT_EQ(first[r], F::load(xw[r * cols])) << r;
     }
     for (std::int64_t r = 0; r < rows; ++r) {
       double exact = 0;
@@ -247,7 +207,7 @@ void check_groups(DType dt) {
   }
 }
 
-TEST(DeviceParallel, RowGroupsGiveTheSameValuesPackedOrWordByWord) {
+TEST(DeviceParallel, RowWarpsGiveTheSameValuesPackedOrWordByWord) {
   check_groups<F32Fmt, float>(DType::F32);
   check_groups<Bf16Fmt, std::uint16_t>(DType::BF16);
 }
